@@ -1,0 +1,175 @@
+"""Plain data shared by the pure core, the adapters and the command line.
+
+Everything here is immutable and built from plain dicts (the shapes the API server serves),
+so the same values flow from informer caches, admission requests and manifest files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Mapping
+
+# Annotations and labels egress-placer reads or writes.
+PLACEMENT_ANNOTATION = "egress-placer.io/placement"  # on a run: auto | none | <pool name>
+NAMESPACE_POOLS_ANNOTATION = "egress-placer.io/pools"  # on a Namespace: "pool-a,pool-b"
+DECISION_ANNOTATION = "egress-placer.io/decision"  # written on admitted runs and pods (JSON)
+TAINT_KEY = "egress-placer.io/pool"  # default taint key; its value is the pool name
+PREFERRED_NODE_WEIGHT = 100  # weight of the preferred-node term egress-placer writes
+POOL_PREFERENCE_WEIGHT = 80  # weight of the pool term when a pool's placement is "preferred"
+
+
+class Reason(StrEnum):
+    """Why a run goes (or does not go) to a pool. Values are the `explain` contract."""
+
+    IMAGE_MATCH = "image-match"
+    OPT_IN = "opt-in"
+    OPT_OUT = "opt-out"
+    NO_MATCH = "no-match"
+    NAMESPACE_NOT_ALLOWED = "namespace-not-allowed"
+    UNKNOWN_POOL = "unknown-pool"
+    UNRESOLVED = "unresolved"
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str | None
+    effect: str  # NoSchedule | PreferNoSchedule | NoExecute
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Taint":
+        return cls(key=d["key"], value=d.get("value") or None, effect=d["effect"])
+
+    def to_dict(self) -> dict[str, str]:
+        out = {"key": self.key, "effect": self.effect}
+        if self.value:
+            out["value"] = self.value
+        return out
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What the core needs to know about a node (trimmed from the Node object)."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    ready: bool = True
+    unschedulable: bool = False
+    allocatable_pods: int = 110
+
+    @classmethod
+    def from_node(cls, node: Mapping[str, Any]) -> "NodeState":
+        meta = node.get("metadata") or {}
+        spec = node.get("spec") or {}
+        status = node.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+        try:
+            pods = int(str((status.get("allocatable") or {}).get("pods", "110")))
+        except ValueError:
+            pods = 110
+        return cls(
+            name=meta["name"],
+            labels=dict(meta.get("labels") or {}),
+            taints=tuple(Taint.from_dict(t) for t in spec.get("taints") or []),
+            ready=ready,
+            unschedulable=bool(spec.get("unschedulable")),
+            allocatable_pods=pods,
+        )
+
+
+@dataclass(frozen=True)
+class NamespaceState:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_namespace(cls, ns: Mapping[str, Any]) -> "NamespaceState":
+        meta = ns.get("metadata") or {}
+        return cls(
+            name=meta["name"],
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """Load of one pool node as the balancer sees it."""
+
+    name: str
+    placed: int  # pods egress-placer placed there that are pending or running
+    assumed: int  # placements chosen at admission whose pods have not appeared yet
+    capacity: int  # runs the node should take (pool setting or allocatable pods)
+
+    @property
+    def total(self) -> int:
+        return self.placed + self.assumed
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    """The images a run or pod will use, as far as they can be known."""
+
+    images: tuple[str, ...] = ()  # resolved images, sorted, no duplicates
+    unresolved: tuple[str, ...] = ()  # one human-readable cause per image that could not be known
+
+    @property
+    def complete(self) -> bool:
+        return not self.unresolved
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer for one run, pipeline task or pod."""
+
+    pool: str | None
+    reason: Reason
+    images: tuple[str, ...] = ()
+    unresolved: tuple[str, ...] = ()
+    message: str = ""  # one sentence for Events, the decision annotation and logs
+
+    @property
+    def placed(self) -> bool:
+        return self.pool is not None
+
+
+@dataclass(frozen=True)
+class PodState:
+    """What the core needs to know about a pod (trimmed from the Pod object)."""
+
+    namespace: str
+    name: str
+    node_name: str | None = None
+    phase: str = "Pending"
+    owner_kinds: tuple[str, ...] = ()  # kinds of the ownerReferences, e.g. ("DaemonSet",)
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    deleting: bool = False
+
+    @property
+    def active(self) -> bool:
+        """Pending or running, and not being deleted: it takes a place on its node."""
+        return self.phase in ("Pending", "Running") and not self.deleting
+
+    @classmethod
+    def from_pod(cls, pod: Mapping[str, Any]) -> "PodState":
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        return cls(
+            namespace=meta.get("namespace") or "default",
+            name=meta["name"],
+            node_name=spec.get("nodeName") or None,
+            phase=status.get("phase") or "Pending",
+            owner_kinds=tuple(o.get("kind", "") for o in meta.get("ownerReferences") or []),
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            tolerations=tuple(spec.get("tolerations") or ()),
+            deleting=bool(meta.get("deletionTimestamp")),
+        )
