@@ -1,0 +1,38 @@
+# egress-placer: the two commands a new user needs are `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test unit cluster-build bench bench-quick clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip==25.3
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $(STAMP)
+
+# Build (or find in the cache) the local cluster's binaries: minutes the first time, nothing after.
+cluster-build: $(STAMP)
+	$(PY) -m devcluster build
+
+# The main job: a local cluster, Tekton, the controller under its k8s/ identity, a mix of runs, and where they went.
+demo: cluster-build
+	$(PY) -m devcluster demo
+
+# Every test: the pure core, the adapters and the end-to-end tests on a real local cluster.
+test: cluster-build
+	$(PY) -m pytest
+
+# Only the tests that need no cluster (seconds).
+unit: $(STAMP)
+	$(PY) -m pytest -m "not cluster"
+
+bench: cluster-build
+	$(PY) -m bench --mode full
+
+bench-quick: cluster-build
+	$(PY) -m bench --mode quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

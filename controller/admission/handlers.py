@@ -1,0 +1,564 @@
+"""AdmissionReview v1 in, AdmissionReview v1 out: where Tekton runs and pods are placed.
+
+Everything is answered from memory (`ClusterState` and the pure core): no API call, no I/O on
+this path. `Admission.review` never raises for a well-formed review: an internal error admits the
+object unchanged with a warning (fail-open). A malformed review raises `MalformedReview`, which
+the server turns into HTTP 400.
+
+- TaskRun CREATE: decide from the run's images; place into `spec.podTemplate` (pool toleration,
+  pool affinity, the least-loaded node preferred) or strip a pool placement the user copied in.
+  Coscheduled TaskRuns (affinity assistant) never get a placement added here.
+- PipelineRun CREATE: a per-task summary. Coscheduled runs are moved whole to a pool through
+  `taskRunTemplate.podTemplate` (v1; `spec.podTemplate` in v1beta1) when their tasks agree on one.
+- Pod CREATE: Tekton pods are placed again with fresh load (their images are final); DaemonSet
+  pods tolerate every pool taint; any other pod loses pool tolerations and pool constraints.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
+
+from loguru import logger
+
+from controller.core.balance import choose_node, ledger_key
+from controller.core.decide import decide
+from controller.core.images import WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
+from controller.core.model import DECISION_ANNOTATION, Decision, NamespaceState, NodeLoad, Reason
+from controller.core.patches import json_patch, place, tolerates, unplace
+from controller.core.policy import PlacementPolicy, Pool
+from controller.metrics import Metrics
+from controller.settings import Settings
+from controller.state import ClusterState, pod_key, taskrun_key
+
+ADMISSION_API_VERSION = "admission.k8s.io/v1"
+AFFINITY_ASSISTANT_ANNOTATION = "pipeline.tekton.dev/affinity-assistant"
+MANAGED_BY_LABEL, TEKTON_MANAGER = "app.kubernetes.io/managed-by", "tekton-pipelines"
+COMPONENT_LABEL, AFFINITY_ASSISTANT_COMPONENT = "app.kubernetes.io/component", "affinity-assistant"
+TASKRUN_LABEL = "tekton.dev/taskRun"
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+MAX_IMAGES_IN_ANNOTATION = 20
+# Tekton's `coschedule` feature flag (feature-flags ConfigMap).
+WARNING_REASONS = {Reason.UNRESOLVED: "Unresolved", Reason.UNKNOWN_POOL: "UnknownPool"}
+_SPEC_PLACEMENT_FIELDS = ("tolerations", "affinity")
+
+
+class MalformedReview(ValueError):
+    """The body is not an AdmissionReview v1 request this webhook can answer (HTTP 400)."""
+
+
+class EventSink(Protocol):
+    """Where Kubernetes Events go. Never blocks, never raises (the writer queues and sends them)."""
+
+    def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None: ...
+
+
+Patch = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Request:
+    """The parts of an AdmissionReview request the handlers use, checked for shape."""
+
+    uid: str
+    group: str
+    version: str
+    kind: str
+    operation: str
+    namespace: str
+    object: Mapping[str, Any]
+    dry_run: bool
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        meta = self.object.get("metadata")
+        return meta if isinstance(meta, Mapping) else {}
+
+    @property
+    def name(self) -> str:
+        """The object's name, or its generateName when the API server has not named it yet."""
+        return _text(self.metadata.get("name")) or _text(self.metadata.get("generateName"))
+
+    @property
+    def named(self) -> bool:
+        return bool(_text(self.metadata.get("name")))
+
+    @property
+    def key_name(self) -> str:
+        """The name for load-ledger keys: the name, or generateName plus the request uid, so that
+        objects sharing a generateName are counted apart (their pods cannot settle them by name;
+        their assumptions expire)."""
+        return self.name if self.named else f"{self.name}{self.uid}"
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return _text_map(self.metadata.get("labels"))
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return _text_map(self.metadata.get("annotations"))
+
+    def regarding(self) -> dict[str, Any]:
+        api_version = _text(self.object.get("apiVersion")) or "/".join(p for p in (self.group, self.version) if p)
+        return {"apiVersion": api_version, "kind": self.kind, "namespace": self.namespace, "name": self.name}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What happens to a pod template: the new template, where it sends the pod, and why not."""
+
+    template: dict[str, Any]
+    pool: str | None = None
+    node: str | None = None
+    loads: Mapping[str, NodeLoad] = field(default_factory=dict)
+    note: str = ""  # why the decision's pool was not (or not wholly) applied
+
+
+def parse_review(body: Any) -> Request:
+    """Check the AdmissionReview envelope; raise MalformedReview with a short reason."""
+    if not isinstance(body, Mapping):
+        raise MalformedReview("the body is not a JSON object")
+    if body.get("apiVersion") != ADMISSION_API_VERSION or body.get("kind") != "AdmissionReview":
+        raise MalformedReview(f"expected apiVersion {ADMISSION_API_VERSION} and kind AdmissionReview")
+    request = body.get("request")
+    if not isinstance(request, Mapping):
+        raise MalformedReview("request is missing or not an object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise MalformedReview("request.uid is missing or not a string")
+    kind = request.get("kind")
+    if not isinstance(kind, Mapping) or not all(isinstance(kind.get(k, ""), str) for k in ("group", "version", "kind")):
+        raise MalformedReview("request.kind is missing or not a group/version/kind object")
+    operation = request.get("operation")
+    if not isinstance(operation, str):
+        raise MalformedReview("request.operation is missing or not a string")
+    obj = request.get("object")
+    if operation == "CREATE" and not isinstance(obj, Mapping):
+        raise MalformedReview("request.object of a CREATE is missing or not an object")
+    obj = obj if isinstance(obj, Mapping) else {}
+    meta = obj.get("metadata")
+    if meta is not None and not isinstance(meta, Mapping):
+        raise MalformedReview("request.object.metadata is not an object")
+    namespace = request.get("namespace")
+    if namespace is not None and not isinstance(namespace, str):
+        raise MalformedReview("request.namespace is not a string")
+    return Request(
+        uid=uid,
+        group=kind.get("group") or "",
+        version=kind.get("version") or "",
+        kind=kind.get("kind") or "",
+        operation=operation,
+        namespace=namespace or _text((meta or {}).get("namespace")) or "default",
+        object=obj,
+        dry_run=request.get("dryRun") is True,
+    )
+
+
+def review_response(uid: str, patch: Patch, warnings: Sequence[str] = ()) -> dict[str, Any]:
+    """An AdmissionReview v1 response that allows the object, with its JSON patch when there is one."""
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch, separators=(",", ":")).encode()).decode()
+    if warnings:
+        response["warnings"] = list(warnings)
+    return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+class Admission:
+    """Answers AdmissionReviews for TaskRuns, PipelineRuns and Pods from the cluster state in memory.
+
+    Tekton's `coschedule` feature flag comes from the state (its informer keeps it current);
+    "workspaces", Tekton's default, while it is unknown.
+    `clock` only times the requests for `metrics.admission_seconds`.
+    """
+
+    def __init__(
+        self,
+        state: ClusterState,
+        metrics: Metrics,
+        events: EventSink,
+        settings: Settings,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.state = state
+        self.metrics = metrics
+        self.events = events
+        self.settings = settings
+        self.clock = clock
+
+    def review(self, body: Any) -> dict[str, Any]:
+        """The whole AdmissionReview response for `body`. Raises only MalformedReview."""
+        try:
+            request = parse_review(body)
+        except MalformedReview:
+            self.metrics.admission_errors.labels(kind="malformed").inc()
+            raise
+        kind = request.kind if request.kind in ("TaskRun", "PipelineRun", "Pod") else "other"
+        started = self.clock()
+        warnings: list[str] = []
+        try:
+            patch = self._dispatch(request, warnings)
+        except Exception as error:  # noqa: BLE001 - fail-open: never block a run because of a bug here
+            self.metrics.admission_errors.labels(kind=kind).inc()
+            logger.bind(kind=request.kind, namespace=request.namespace, name=request.name).opt(exception=error).error(
+                "admission failed; admitting unchanged"
+            )
+            patch = []
+            warnings = [f"egress-placer: internal error ({type(error).__name__}); admitted without placement"]
+        finally:
+            self.metrics.admission_seconds.labels(kind=kind).observe(max(self.clock() - started, 0.0))
+        return review_response(request.uid, patch, warnings)
+
+    def _dispatch(self, request: Request, warnings: list[str]) -> Patch:
+        if request.operation != "CREATE":
+            return []
+        if request.group == "tekton.dev" and request.version in ("v1", "v1beta1"):
+            if request.kind == "TaskRun":
+                return self._taskrun(request, warnings)
+            if request.kind == "PipelineRun":
+                return self._pipelinerun(request, warnings)
+        if request.group == "" and request.version == "v1" and request.kind == "Pod":
+            return self._pod(request)
+        return []
+
+    # -- TaskRun ------------------------------------------------------------------------------------
+
+    def _taskrun(self, request: Request, warnings: list[str]) -> Patch:
+        policy = self.state.policy
+        namespace = self.state.namespace(request.namespace)
+        run = _with_namespace(request)
+        decision = decide(policy, namespace, request.annotations, taskrun_images(run, self.state.tekton))
+        template = _at(request.object, ("spec", "podTemplate"))
+        if AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
+            placement = _keep_if_allowed(template, policy, namespace, "coscheduled: its PipelineRun places the whole run")
+        else:
+            placement = self._place(
+                template, decision.pool, policy, taskrun_key(request.namespace, request.key_name), request.name, request.dry_run
+            )
+        self._count(request.kind, decision, placement)
+        patch = _ops_at(request.object, ("spec", "podTemplate"), placement.template)
+        patch += _annotation_ops(request.object, DECISION_ANNOTATION, _record(decision, placement))
+        if decision.reason == Reason.UNKNOWN_POOL:
+            warnings.append(f"egress-placer: {decision.message}")
+        self._emit(request, decision, placement)
+        return patch
+
+    # -- PipelineRun --------------------------------------------------------------------------------
+
+    def _pipelinerun(self, request: Request, warnings: list[str]) -> Patch:
+        policy = self.state.policy
+        namespace = self.state.namespace(request.namespace)
+        per_task = [
+            (task if task != WHOLE_RUN else "(run)", decide(policy, namespace, request.annotations, images))
+            for task, images in pipelinerun_images(_with_namespace(request), self.state.tekton)
+        ]
+        for _, decision in per_task:
+            self.metrics.decisions.labels(kind=request.kind, reason=str(decision.reason), pool=decision.pool or "").inc()
+        wanted = sorted({d.pool for _, d in per_task if d.pool})
+        path = ("spec", "taskRunTemplate", "podTemplate") if request.version == "v1" else ("spec", "podTemplate")
+        template = _at(request.object, path)
+        summary = "; ".join(f"{task} -> {d.pool or 'none'} ({d.reason})" for task, d in per_task) or "no tasks"
+        placement, message = self._whole_run(request, template, wanted, policy, namespace)
+        patch = _ops_at(request.object, path, placement.template) if placement is not None else []
+        record: dict[str, Any] = {
+            "pool": placement.pool if placement else None,
+            "node": placement.node if placement else None,
+            "message": message,
+            "tasks": {task: {"pool": d.pool, "reason": str(d.reason)} for task, d in per_task},
+        }
+        if placement is not None and placement.loads:
+            record["loads"] = _loads(placement.loads)
+        patch += _annotation_ops(request.object, DECISION_ANNOTATION, _compact(record))
+        unknown = [d for _, d in per_task if d.reason == Reason.UNKNOWN_POOL]
+        if unknown:
+            warnings.append(f"egress-placer: {unknown[0].message}")
+        if placement is not None and placement.node:
+            reason, type_ = "Placed", "Normal"
+            note = f"{message}, node {placement.node} preferred{_load_note(placement)}: {summary}"
+        elif unknown:
+            reason, type_, note = "UnknownPool", "Warning", f"{unknown[0].message} ({summary})"
+        elif placement is not None and wanted:
+            reason, type_, note = "NotPlaced", "Warning", f"{message} ({summary})"
+        else:
+            reason, type_, note = "TasksDecided", "Normal", f"{summary}; {message}"
+        self._send(request, type_, reason, note)
+        return patch
+
+    def _whole_run(
+        self, request: Request, template: Any, wanted: list[str], policy: PlacementPolicy, namespace: NamespaceState
+    ) -> tuple[Placement | None, str]:
+        """The placement of a PipelineRun's own template (None: left untouched) and why.
+
+        Only coscheduled runs are placed here: the assistant pod takes its placement from this
+        template, and every pod of the run follows the assistant."""
+        if not self._coscheduled(request.object):
+            return None, "each task is placed when its TaskRun is created"
+        if len(wanted) == 1 and self.settings.coscheduled == "whole-run":
+            key = ledger_key("pipelinerun", request.namespace, request.key_name)
+            placement = self._place(template, wanted[0], policy, key, request.name, request.dry_run)
+            if placement.pool:
+                return placement, f"coscheduled run moved whole to pool {placement.pool}"
+            return placement, f"coscheduled run left on ordinary nodes: {placement.note}"
+        if not wanted:
+            why = "no task needs a pool"
+        elif len(wanted) > 1:
+            why = f"its tasks need different pools ({', '.join(wanted)}) and one assistant pod cannot follow them all"
+        else:
+            why = f"tasks need pool {wanted[0]} but moving coscheduled runs is off (setting coscheduled=off)"
+        return _keep_if_allowed(template, policy, namespace, why), f"coscheduled run (affinity assistant) left as it is: {why}"
+
+    def _coscheduled(self, run: Mapping[str, Any]) -> bool:
+        """Does Tekton's affinity assistant coschedule this PipelineRun's pods?"""
+        mode = self.state.tekton_coschedule or "workspaces"
+        if mode in ("pipelineruns", "isolate-pipelinerun"):
+            return True
+        if mode == "disabled":
+            return False
+        bindings = _at(run, ("spec", "workspaces"))
+        return isinstance(bindings, list) and any(
+            isinstance(b, Mapping) and (b.get("persistentVolumeClaim") or b.get("volumeClaimTemplate")) for b in bindings
+        )
+
+    # -- Pod ----------------------------------------------------------------------------------------
+
+    def _pod(self, request: Request) -> Patch:
+        policy = self.state.policy
+        pod = request.object
+        spec = pod.get("spec")
+        if not isinstance(spec, Mapping) or MIRROR_POD_ANNOTATION in request.annotations:
+            return []
+        if "DaemonSet" in _owner_kinds(request.metadata):
+            tolerations = _daemonset_tolerations(spec.get("tolerations"), policy)
+            return _ops_at(pod, ("spec", "tolerations"), tolerations)
+        if request.namespace in policy.exempt_namespaces:
+            return []
+        current = {k: spec[k] for k in _SPEC_PLACEMENT_FIELDS if spec.get(k) is not None}
+        namespace = self.state.namespace(request.namespace)
+        labels = request.labels
+        if labels.get(COMPONENT_LABEL) == AFFINITY_ASSISTANT_COMPONENT or AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
+            placement = _keep_if_allowed(current, policy, namespace, "coscheduled")
+            return json_patch(current, placement.template, "/spec")
+        if labels.get(MANAGED_BY_LABEL) == TEKTON_MANAGER and is_tekton_pod(pod):
+            return self._tekton_pod(request, current, namespace, policy)
+        if _carries_pool_toleration(current.get("tolerations"), policy):
+            return json_patch(current, unplace(current, policy), "/spec")
+        return []
+
+    def _tekton_pod(
+        self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy
+    ) -> Patch:
+        decision = decide(policy, namespace, request.annotations, pod_images(request.object))
+        placement = self._place(
+            current, decision.pool, policy, pod_key(request.namespace, request.key_name), request.name, request.dry_run
+        )
+        taskrun = request.labels.get(TASKRUN_LABEL)
+        if taskrun and not request.dry_run:
+            # The pod exists now: it (or its own assumption) counts, the TaskRun's assumption must not.
+            self.state.forget(taskrun_key(request.namespace, taskrun))
+        self._count(request.kind, decision, placement)
+        patch = json_patch(current, placement.template, "/spec")
+        patch += _annotation_ops(request.object, DECISION_ANNOTATION, _record(decision, placement))
+        if placement.pool or decision.reason in WARNING_REASONS:
+            self._emit(request, decision, placement)
+        return patch
+
+    # -- shared -------------------------------------------------------------------------------------
+
+    def _place(
+        self, template: Any, pool_name: str | None, policy: PlacementPolicy, key: str, salt: str, dry_run: bool
+    ) -> Placement:
+        """Send the template to `pool_name` and its least-loaded node (assumed under `key`), or, with no
+        pool (or a pool without a ready node), strip any pool placement."""
+        pool = policy.pool(pool_name) if pool_name else None
+        if pool is None:
+            return Placement(unplace(template, policy))
+        node, loads = self._choose(pool, key, salt, dry_run)
+        if node is None:
+            return Placement(unplace(template, policy), loads=loads, note=f"pool {pool.name} has no ready node")
+        return Placement(place(unplace(template, policy, keep_pool=pool.name), pool, node), pool.name, node, loads)
+
+    def _choose(self, pool: Pool, key: str, salt: str, dry_run: bool) -> tuple[str | None, Mapping[str, NodeLoad]]:
+        if dry_run:  # a dry run has no side effects: nothing is assumed
+            loads = self.state.loads(pool)
+            return choose_node(self.state.pool_nodes(pool), loads, salt=salt), loads
+        return self.state.choose_and_assume(pool, key, salt=salt)
+
+    def _count(self, kind: str, decision: Decision, placement: Placement) -> None:
+        self.metrics.decisions.labels(kind=kind, reason=str(decision.reason), pool=placement.pool or "").inc()
+        logger.bind(kind=kind, pool=placement.pool, node=placement.node).debug(
+            "{}: {} {}", decision.reason, decision.message, placement.note
+        )
+
+    def _emit(self, request: Request, decision: Decision, placement: Placement) -> None:
+        if placement.pool:
+            where = f"node {placement.node}{_load_note(placement)}" if placement.node else placement.note
+            note = f"Pool {placement.pool}, {where}: {decision.message}"
+            self._send(request, "Normal", "Placed", note)
+        elif decision.reason in WARNING_REASONS:
+            self._send(request, "Warning", WARNING_REASONS[decision.reason], decision.message)
+        else:
+            why = "; ".join(p for p in (decision.message, placement.note) if p)
+            self._send(request, "Warning" if placement.note else "Normal", "NotPlaced", why)
+
+    def _send(self, request: Request, type_: str, reason: str, note: str) -> None:
+        if request.dry_run:
+            return
+        if not request.named:
+            logger.bind(kind=request.kind, namespace=request.namespace, name=request.name).info(
+                "no Event for a {} that has only generateName (no name yet): {}", request.kind, reason
+            )
+            return
+        self.events.emit(request.regarding(), type_, reason, note[:1024], "Admit")
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _text_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def _at(obj: Any, path: Sequence[str]) -> Any:
+    """The value at `path` in nested mappings, or None."""
+    for part in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def _with_namespace(request: Request) -> Mapping[str, Any]:
+    """The object with `metadata.namespace` set (a CREATE may leave it to the request URL)."""
+    if request.metadata.get("namespace") == request.namespace:
+        return request.object
+    return {**request.object, "metadata": {**request.metadata, "namespace": request.namespace}}
+
+
+def _pointer(path: Sequence[str]) -> str:
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def _ops_at(obj: Mapping[str, Any], path: Sequence[str], new: Any) -> Patch:
+    """JSON patch making the value at `path` equal to `new`, adding missing parents (nothing when
+    `new` is empty and the path is absent)."""
+    node: Any = obj
+    for i, part in enumerate(path):
+        if not isinstance(node, Mapping):
+            raise TypeError(f"{_pointer(path[:i]) or 'the object'} is not a JSON object")
+        if node.get(part) is None:
+            if not new:
+                return []
+            value = new
+            for inner in reversed(path[i + 1 :]):
+                value = {inner: value}
+            return [{"op": "add", "path": _pointer(path[: i + 1]), "value": value}]
+        node = node[part]
+    return json_patch(node, new, _pointer(path))
+
+
+def _annotation_ops(obj: Mapping[str, Any], key: str, value: str) -> Patch:
+    if not isinstance(_at(obj, ("metadata", "annotations")), Mapping):
+        return _ops_at(obj, ("metadata", "annotations"), {key: value})
+    return [{"op": "add", "path": _pointer(("metadata", "annotations", key)), "value": value}]
+
+
+def _placed_pool(template: Any, policy: PlacementPolicy) -> Pool | None:
+    """The pool whose own (Equal) toleration the template carries, first in policy order."""
+    tolerations = template.get("tolerations") if isinstance(template, Mapping) else None
+    for pool in policy.pools:
+        for t in tolerations or ():
+            if (
+                isinstance(t, Mapping)
+                and t.get("key") == pool.taint.key
+                and (t.get("operator") or "Equal") == "Equal"
+                and tolerates(t, pool.taint_for())
+            ):
+                return pool
+    return None
+
+
+def _keep_if_allowed(template: Any, policy: PlacementPolicy, namespace: NamespaceState, why: str) -> Placement:
+    """Coscheduled pods follow their assistant: keep a pool placement the namespace may use, add none."""
+    pool = _placed_pool(template, policy)
+    if pool is not None and pool.allows(namespace):
+        return Placement(unplace(template, policy, keep_pool=pool.name), pool=pool.name, note=why)
+    return Placement(unplace(template, policy), note=why)
+
+
+def _carries_pool_toleration(tolerations: Any, policy: PlacementPolicy) -> bool:
+    owned = policy.owned_taint_keys()
+    for t in tolerations or ():
+        if not isinstance(t, Mapping):
+            continue
+        if t.get("key") in owned or any(tolerates(t, p.taint_for()) for p in policy.pools):
+            return True
+    return False
+
+
+def _daemonset_tolerations(tolerations: Any, policy: PlacementPolicy) -> list[Any]:
+    """The pod's tolerations plus one `Exists` toleration per pool taint key and effect not yet tolerated."""
+    out = list(tolerations or [])
+    for pool in policy.pools:
+        taint = pool.taint_for()
+        if not any(isinstance(t, Mapping) and tolerates(t, taint) for t in out):
+            out.append({"key": taint.key, "operator": "Exists", "effect": taint.effect})
+    return out
+
+
+def _owner_kinds(meta: Mapping[str, Any]) -> list[str]:
+    owners = meta.get("ownerReferences")
+    return [_text(o.get("kind")) for o in owners if isinstance(o, Mapping)] if isinstance(owners, list) else []
+
+
+def _loads(loads: Mapping[str, NodeLoad]) -> dict[str, str]:
+    return {name: f"{load.total}/{load.capacity}" for name, load in sorted(loads.items())}
+
+
+def _load_note(placement: Placement) -> str:
+    load = placement.loads.get(placement.node or "")
+    return f" (load {load.total}/{load.capacity} before this run)" if load else ""
+
+
+def _compact(record: Mapping[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"), sort_keys=False)
+
+
+def _record(decision: Decision, placement: Placement) -> str:
+    """The `egress-placer.io/decision` annotation: compact JSON of the decision and where it went."""
+    record: dict[str, Any] = {
+        "pool": placement.pool,
+        "reason": str(decision.reason),
+        "node": placement.node,
+        "images": list(decision.images[:MAX_IMAGES_IN_ANNOTATION]),
+        "message": "; ".join(p for p in (decision.message, placement.note) if p),
+    }
+    if len(decision.images) > MAX_IMAGES_IN_ANNOTATION:
+        record["moreImages"] = len(decision.images) - MAX_IMAGES_IN_ANNOTATION
+    if decision.unresolved:
+        record["unresolved"] = list(decision.unresolved[:MAX_IMAGES_IN_ANNOTATION])
+    if decision.pool and decision.pool != placement.pool:
+        record["wanted"] = decision.pool
+    if placement.loads:
+        record["loads"] = _loads(placement.loads)
+    return _compact(record)
+
+
+__all__ = [
+    "Admission",
+    "EventSink",
+    "MalformedReview",
+    "Placement",
+    "Request",
+    "parse_review",
+    "review_response",
+]

@@ -1,0 +1,156 @@
+"""The admission webhook's HTTPS server and the plain HTTP server for health and metrics (aiohttp).
+
+- HTTPS on `settings.webhook_host:webhook_port`: `POST /mutate` (and `/mutate/<anything>`), one
+  route for every kind. The TLS context is `ServingTLS.context`: certificate rotation swaps the
+  certificate on that same context, so the server never restarts. Bodies above 3 MiB (the API
+  server's own limit) get 413; bodies that are not JSON or not an AdmissionReview get 400.
+  The handler runs inline: it is sub-millisecond and makes no I/O.
+- HTTP on `settings.health_host:health_port`: `/healthz` (the process answers), `/readyz` (200 only
+  when the readiness callable has no objection and a certificate is loaded, else 503 with the
+  reason), `/metrics` (Prometheus text of `metrics.registry`).
+
+`stop()` closes the listening sockets first, then lets in-flight requests finish (up to
+`shutdown_timeout` seconds).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from aiohttp import web
+from loguru import logger
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from controller.admission.certs import ServingTLS
+from controller.admission.handlers import Admission, MalformedReview
+from controller.metrics import Metrics
+from controller.settings import Settings
+
+MAX_REVIEW_BYTES = 3 * 1024 * 1024  # the API server's request size limit
+# Returns None when the controller is ready (caches synced, policy loaded), else the reason it is not.
+Readiness = Callable[[], str | None]
+
+
+def _text(status: int, message: str) -> web.Response:
+    return web.Response(status=status, text=message + "\n")
+
+
+class AdmissionServer:
+    """Both servers. `start()` binds them; ports 0 pick free ports (see `webhook_port`, `health_port`)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        admission: Admission,
+        metrics: Metrics,
+        tls: ServingTLS,
+        readiness: Readiness,
+        shutdown_timeout: float = 10.0,
+    ) -> None:
+        self.settings = settings
+        self.admission = admission
+        self.metrics = metrics
+        self.tls = tls
+        self.readiness = readiness
+        self.shutdown_timeout = shutdown_timeout
+        self._runners: list[web.AppRunner] = []
+        self._webhook: web.AppRunner | None = None
+        self._health: web.AppRunner | None = None
+
+    # -- applications -------------------------------------------------------------------------------
+
+    def webhook_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_REVIEW_BYTES)
+        app.router.add_post("/mutate", self.mutate)
+        app.router.add_post("/mutate/{rest:.*}", self.mutate)
+        return app
+
+    def health_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/metrics", self.metrics_text)
+        return app
+
+    # -- handlers -----------------------------------------------------------------------------------
+
+    async def mutate(self, request: web.Request) -> web.Response:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self.metrics.admission_errors.labels(kind="malformed").inc()
+            raise
+        try:
+            body: Any = json.loads(raw)
+        except (UnicodeDecodeError, ValueError):
+            self.metrics.admission_errors.labels(kind="malformed").inc()
+            return _text(400, "the body is not JSON")
+        try:
+            answer = self.admission.review(body)
+        except MalformedReview as error:
+            logger.bind(path=request.path).warning("malformed AdmissionReview: {}", error)
+            return _text(400, f"malformed AdmissionReview: {error}")
+        return web.json_response(answer, dumps=_dumps)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return _text(200, "ok")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        try:
+            reason = self.readiness()
+        except Exception as error:  # noqa: BLE001 - a failing check means not ready, not a crash
+            reason = f"readiness check failed: {error}"
+        if reason is None and not self.tls.loaded:
+            reason = "no serving certificate loaded"
+        if reason is not None:
+            return _text(503, f"not ready: {reason}")
+        return _text(200, "ready")
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        self._health = await self._serve(self.health_app(), s.health_host, s.health_port, None)
+        self._webhook = await self._serve(self.webhook_app(), s.webhook_host, s.webhook_port, self.tls)
+        logger.info(
+            "webhook on https://{}:{}/mutate, health on http://{}:{}",
+            s.webhook_host, self.webhook_port, s.health_host, self.health_port,
+        )
+
+    async def _serve(self, app: web.Application, host: str, port: int, tls: ServingTLS | None) -> web.AppRunner:
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.shutdown_timeout)
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, host, port, ssl_context=tls.context if tls else None)
+        await site.start()
+        return runner
+
+    async def stop(self) -> None:
+        """Stop accepting, finish in-flight requests, close. Webhook first, health last."""
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+        self._webhook = self._health = None
+
+    @property
+    def webhook_port(self) -> int:
+        return _bound_port(self._webhook)
+
+    @property
+    def health_port(self) -> int:
+        return _bound_port(self._health)
+
+
+def _bound_port(runner: web.AppRunner | None) -> int:
+    addresses = runner.addresses if runner is not None else []
+    if not addresses:
+        raise RuntimeError("the server is not running")
+    return int(addresses[0][1])
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))

@@ -1,0 +1,184 @@
+"""Wiring: settings in, a running controller out (`egress-placer run`).
+
+Start order: logging, API client, state, policy (an invalid policy at start is fatal and names the
+bad field), informers (ready after their first list), leader election, reconcilers (leader only),
+the serving certificate, then the HTTPS webhook and the health/metrics server. SIGTERM or SIGINT
+stops it in reverse order: stop accepting, finish in-flight reviews, release the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+import time
+from typing import Callable
+
+from loguru import logger
+
+from controller.admission.certs import CertificateKeeper
+from controller.admission.handlers import Admission
+from controller.admission.server import AdmissionServer
+from controller.core.policy import PlacementPolicy
+from controller.kube.client import KubeApi, make_api_client
+from controller.kube.informer import Informer, cluster_informers
+from controller.kube.leader import LeaderElector
+from controller.kube.policy_source import PolicySource
+from controller.kube.writer import EventRecorder, KubeWriter
+from controller.metrics import Metrics
+from controller.reconcile.intruders import IntruderReconciler
+from controller.reconcile.loop import ReconcileLoop
+from controller.reconcile.taints import TaintReconciler
+from controller.settings import Settings
+from controller.state import ClusterState
+
+STARTUP_TIMEOUT = 120.0
+CERT_CHECK_SECONDS = 60.0
+
+
+class StartupError(RuntimeError):
+    """The controller cannot start (e.g. an invalid policy); the message says why."""
+
+
+def configure_logging(settings: Settings) -> None:
+    logger.remove()
+    logger.add(sys.stderr, level=settings.log_level.upper(), serialize=settings.log_format == "json", backtrace=False)
+
+
+class PolicyGate:
+    """Stands between the policy source and the state: remembers whether a policy was ever loaded
+    and why the last one was refused, so start-up can fail on an invalid first policy."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+        self.loaded = threading.Event()
+
+    def set_policy(self, policy: PlacementPolicy) -> None:
+        self.state.set_policy(policy)
+        self.loaded.set()
+
+
+class Controller:
+    """All the parts of one replica, built from settings; `serve()` runs it until stopped."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
+        self.state = ClusterState(PlacementPolicy(pools=[]), clock=clock, assumption_ttl=settings.assumption_ttl_seconds)
+        self.writer = KubeWriter(self.api, self.metrics)
+        self.events = EventRecorder(self.writer, self.metrics, settings.identity, default_namespace=settings.namespace)
+        self.policy_gate = PolicyGate(self.state)
+        self.policy_source = PolicySource(settings, self.policy_gate, self.metrics, self.events, api=self.api)
+        self.informers: list[Informer] = cluster_informers(self.api, self.state, settings, self.metrics)
+        self.reconcile_loop: ReconcileLoop | None = None
+        self.leader = LeaderElector(
+            self.api,
+            namespace=settings.namespace,
+            name=settings.lease_name,
+            identity=settings.identity,
+            metrics=self.metrics,
+            lease_duration=settings.lease_duration_seconds,
+            renew_deadline=settings.renew_deadline_seconds,
+            retry_period=settings.retry_period_seconds,
+            on_started_leading=self._started_leading,
+        )
+        self.reconcile_loop = ReconcileLoop(
+            self.state,
+            [
+                TaintReconciler(self.state, self.writer, self.metrics),
+                IntruderReconciler(self.state, self.writer, self.events, self.metrics, settings.intruder_mode),
+            ],
+            is_leader=self.is_leader,
+            resync_seconds=settings.resync_seconds,
+        )
+        self.certs = CertificateKeeper(settings, self.writer, clock)
+        self.admission = Admission(self.state, self.metrics, self.events, settings)
+        self.server = AdmissionServer(settings, self.admission, self.metrics, self.certs.tls, self.not_ready_because)
+
+    def is_leader(self) -> bool:
+        return self.leader.is_leader if self.settings.leader_election else True
+
+    def _started_leading(self) -> None:
+        logger.info("leading: taints, evictions and the webhook certificate are this replica's now")
+        if self.reconcile_loop is not None:
+            self.reconcile_loop.wake()
+
+    def not_ready_because(self) -> str | None:
+        if not self.policy_gate.loaded.is_set():
+            return "no valid policy loaded"
+        waiting = [i.resource.name for i in self.informers if not i.synced.is_set()]
+        if waiting:
+            return "caches not synced: " + ", ".join(waiting)
+        return None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start_watching(self) -> None:
+        """Policy first (fatal when the first one is invalid), then the caches, then leadership."""
+        self.events.start()
+        self.policy_source.start()
+        if not self.policy_source.synced.wait(STARTUP_TIMEOUT):
+            raise StartupError(f"no answer from the policy source ({self.policy_source.source}) in {STARTUP_TIMEOUT:.0f}s")
+        if not self.policy_gate.loaded.is_set():
+            problem = getattr(self.policy_source, "last_error", None) or "no policy found"
+            raise StartupError(f"invalid policy at start ({self.policy_source.source}): {problem}")
+        for informer in self.informers:
+            informer.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        for informer in self.informers:
+            if not informer.synced.wait(max(0.0, deadline - time.monotonic())):
+                raise StartupError(f"the {informer.resource.name} cache did not sync in {STARTUP_TIMEOUT:.0f}s")
+        logger.bind(nodes=len(self.state.nodes), pods=len(self.state.pods)).info("caches synced")
+        if self.settings.leader_election:
+            self.leader.start()
+        assert self.reconcile_loop is not None
+        self.reconcile_loop.start()
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        await asyncio.to_thread(self.start_watching)
+        await self.certs.ensure_async(self.is_leader())
+        await self.server.start()
+        logger.info("egress-placer running as {}", self.settings.identity)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=self._cert_check_interval())
+            except asyncio.TimeoutError:
+                await self.certs.ensure_async(self.is_leader())
+        await self.shutdown()
+
+    def _cert_check_interval(self) -> float:
+        # Until a certificate is loaded (a follower waits for the leader to write it), check often.
+        return CERT_CHECK_SECONDS if self.certs.ready else 1.0
+
+    async def shutdown(self) -> None:
+        logger.info("shutting down")
+        await self.server.stop()
+        assert self.reconcile_loop is not None
+        self.reconcile_loop.stop()
+        if self.settings.leader_election:
+            await asyncio.to_thread(self.leader.stop)
+        for informer in self.informers:
+            informer.stop()
+        self.policy_source.stop()
+        self.events.stop()
+
+
+def run(settings: Settings) -> int:
+    configure_logging(settings)
+    controller = Controller(settings)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await controller.serve(stop)
+
+    try:
+        asyncio.run(main())
+    except StartupError as error:
+        logger.error("egress-placer cannot start: {}", error)
+        print(f"egress-placer: {error}", file=sys.stderr)
+        return 2
+    return 0

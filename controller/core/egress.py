@@ -1,0 +1,205 @@
+"""Load that means egress: how busy a pool node's outbound link is, combined with its run count.
+
+`EgressLoad` is the optional `egressLoad` block of a pool (where measured throughput comes from and
+how much a node can send). `egress_ratio` turns one node's runs and its measured bytes per second
+into the load ratio node choice ranks by; `rank_nodes` does it for a pool. `docs/egress-load.md`
+explains the formula.
+
+Pure: the time is passed in; measurements are plain values fetched elsewhere
+(`controller.egress_source`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, Literal, Mapping
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from controller.core.model import NodeLoad
+
+DEFAULT_EGRESS_QUERY = (
+    'sum by (instance) (rate(node_network_transmit_bytes_total{device!~"lo|veth.*|cali.*|flannel.*|cni.*"}[1m]))'
+)
+GIGABIT_BYTES_PER_SECOND = 125_000_000.0
+
+# -- durations ------------------------------------------------------------------------------------
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a number of seconds or a string like "500ms", "15s", "1m", "1h" or "1m30s"."""
+    if isinstance(value, bool):
+        raise ValueError("a duration is a number of seconds or a string like '15s', '1m' or '500ms'")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if _DURATION_PART.sub("", text) == "" and text:
+            return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(text))
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    raise ValueError(f"{value!r} is not a duration: use seconds or a string like '15s', '1m' or '500ms'")
+
+
+# Finite and above zero: seconds, or bytes per second.
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Duration = Annotated[Positive, BeforeValidator(parse_duration)]
+
+
+# -- configuration --------------------------------------------------------------------------------
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+
+class PrometheusSource(_Model):
+    """Where a pool's per-node outbound throughput (bytes per second) is read from."""
+
+    url: HttpUrl
+    query: str = DEFAULT_EGRESS_QUERY
+    # The result label that names the node; "node-1:9100" matches node "node-1" (the part before ":").
+    node_label: str = "instance"
+    interval: Duration = 15.0
+    timeout: Duration = 3.0
+    max_age: Duration = 60.0
+
+    @field_validator("query")
+    @classmethod
+    def _query_not_empty(cls, query: str) -> str:
+        if not query.strip():
+            raise ValueError("the query must not be empty")
+        return query
+
+    @field_validator("node_label")
+    @classmethod
+    def _is_label_name(cls, name: str) -> str:
+        if not _PROMETHEUS_LABEL.fullmatch(name):
+            raise ValueError(f"{name!r} is not a Prometheus label name")
+        return name
+
+    @model_validator(mode="after")
+    def _figures_outlive_a_poll(self) -> "PrometheusSource":
+        if self.max_age <= self.interval:
+            raise ValueError(
+                f"maxAge ({self.max_age:g}s) must be longer than interval ({self.interval:g}s), "
+                "or every figure goes stale before the next poll"
+            )
+        return self
+
+
+class EgressLoad(_Model):
+    """A pool's `egressLoad`: measured throughput and each node's outbound capacity."""
+
+    prometheus: PrometheusSource
+    bandwidth_bytes_per_second: Positive = GIGABIT_BYTES_PER_SECOND
+    node_bandwidth: dict[str, Positive] = Field(default_factory=dict)
+
+    def bandwidth_of(self, node: str) -> float:
+        """Outbound capacity of `node` in bytes per second (its override, else the pool's)."""
+        return self.node_bandwidth.get(node, self.bandwidth_bytes_per_second)
+
+
+# -- the combination ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Outbound throughput of one node, and when it was sampled (seconds, the clock of `now`)."""
+
+    bytes_per_second: float
+    sampled_at: float
+
+
+@dataclass(frozen=True)
+class RatioFigure:
+    """The load ratio of one node (1.0 = full) and where it came from."""
+
+    ratio: float
+    source: Literal["measured", "runs"]
+    note: str
+
+
+def measurement_age(measurement: Measurement, now: float) -> float:
+    """Seconds since the sample; never negative (a sample stamped in the future counts as new)."""
+    return max(0.0, now - measurement.sampled_at)
+
+
+def is_fresh(measurement: Measurement | None, now: float, max_age: float) -> bool:
+    """There is a usable figure: present, finite, not negative and at most `max_age` seconds old."""
+    return (
+        measurement is not None
+        and math.isfinite(measurement.bytes_per_second)
+        and measurement.bytes_per_second >= 0
+        and measurement_age(measurement, now) <= max_age
+    )
+
+
+def _runs_figure(load: NodeLoad, why: str) -> RatioFigure:
+    ratio = load.total / load.capacity
+    return RatioFigure(ratio, "runs", f"{why}: runs {load.placed}+{load.assumed} of {load.capacity}")
+
+
+def egress_ratio(
+    load: NodeLoad, measurement: Measurement | None, bandwidth_bps: float, now: float, max_age: float
+) -> RatioFigure:
+    """The load ratio of one node.
+
+    With a fresh measurement: max(measured / bandwidth, placed / capacity) + assumed / capacity.
+    The measurement already carries the runs that move bytes; assumed placements have no bytes yet
+    and are added on top; the run count is a floor so idle-but-many runs still count. Without one
+    (missing, stale, not finite, or no bandwidth): (placed + assumed) / capacity. A node with
+    capacity <= 0 takes no runs: its ratio is infinite.
+    """
+    if load.capacity <= 0:
+        return RatioFigure(math.inf, "runs", f"capacity {load.capacity}: the node takes no runs")
+    if measurement is None:
+        return _runs_figure(load, "no measurement")
+    if not is_fresh(measurement, now, max_age):
+        if not math.isfinite(measurement.bytes_per_second) or measurement.bytes_per_second < 0:
+            return _runs_figure(load, f"unusable measurement {measurement.bytes_per_second!r}")
+        age = measurement_age(measurement, now)
+        return _runs_figure(load, f"measurement {age:.0f}s old (max {max_age:g}s)")
+    if not (math.isfinite(bandwidth_bps) and bandwidth_bps > 0):
+        return _runs_figure(load, f"unusable bandwidth {bandwidth_bps!r}")
+    link = measurement.bytes_per_second / bandwidth_bps
+    runs = load.placed / load.capacity
+    ratio = max(link, runs) + load.assumed / load.capacity
+    floor = "link" if link >= runs else "runs"
+    return RatioFigure(
+        ratio,
+        "measured",
+        f"{floor} dominates: sending {measurement.bytes_per_second:.0f} of {bandwidth_bps:.0f} B/s ({link:.2f}), "
+        f"runs {load.placed} of {load.capacity} ({runs:.2f}), +{load.assumed} assumed",
+    )
+
+
+def rank_nodes(
+    loads: Mapping[str, NodeLoad],
+    measurements: Mapping[str, Measurement],
+    bandwidth: Callable[[str], float],
+    now: float,
+    max_age: float,
+) -> dict[str, RatioFigure]:
+    """The figure of every node in `loads`, least loaded first (ties by name)."""
+    figures = {
+        name: egress_ratio(load, measurements.get(name), bandwidth(name), now, max_age) for name, load in loads.items()
+    }
+    return dict(sorted(figures.items(), key=lambda item: (item[1].ratio, item[0])))

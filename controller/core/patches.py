@@ -1,0 +1,346 @@
+"""The placement written into a pod-spec-like object (a Tekton podTemplate or a Pod's spec), its
+removal, and the RFC 6902 JSON patch an admission response carries.
+
+Only `tolerations` and `affinity.nodeAffinity` are touched. `nodeSelector` is never touched:
+Tekton replaces that map whole when it merges pod templates, so a key written there could wipe
+or be wiped by the user's own.
+
+Shapes written (Kubernetes NodeSelectorTerm): the pool constraint is "all selector labels" OR
+"metadata.name is one of the listed nodes". Label requirements go in `matchExpressions` as
+`key In [value]`; node names go in `matchFields` as `metadata.name In [name]`, ONE name per term,
+because the API server refuses a node field selector `In` with more than one value
+(`validateNodeFieldSelectorRequirement`: "must be only one value ..."). Hence a pool is a list
+of alternative terms (`pool_terms`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+import jsonpatch
+
+from controller.core.model import POOL_PREFERENCE_WEIGHT, PREFERRED_NODE_WEIGHT, Taint
+from controller.core.policy import PlacementPolicy, Pool
+
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+NODE_NAME_FIELD = "metadata.name"
+_KINDS = ("matchExpressions", "matchFields")
+
+Term = dict[str, Any]  # a NodeSelectorTerm
+Requirement = Mapping[str, Any]  # a NodeSelectorRequirement
+
+
+def pool_terms(pool: Pool) -> list[Term]:
+    """The pool constraint as ORed node selector terms: one for the label selector (labels ANDed),
+    then one per listed node name. Empty when the pool names neither."""
+    terms: list[Term] = []
+    if pool.node_selector:
+        terms.append(
+            {
+                "matchExpressions": [
+                    {"key": k, "operator": "In", "values": [v]} for k, v in sorted(pool.node_selector.items())
+                ]
+            }
+        )
+    for name in dict.fromkeys(pool.nodes):
+        terms.append({"matchFields": [_node_name_requirement(name)]})
+    return terms
+
+
+def node_preference(node: str) -> dict[str, Any]:
+    """The preferred-node term egress-placer writes for the node `choose_node` picked."""
+    return {"weight": PREFERRED_NODE_WEIGHT, "preference": {"matchFields": [_node_name_requirement(node)]}}
+
+
+def place(template: Mapping[str, Any] | None, pool: Pool, node: str | None) -> dict[str, Any]:
+    """A new template that sends the pod to `pool` (and prefers `node`), keeping the user's own
+    constraints. Idempotent: placing a placed template changes nothing.
+
+    - the pool's toleration is appended unless an identical one is there;
+    - `required`: every existing required term (terms are ORed) is ANDed with each pool
+      alternative; a term that already holds a whole alternative is left as is, and so is an
+      empty term (it matches no node, with or without the pool); no terms: one per alternative;
+    - `preferred`: one preference of weight POOL_PREFERENCE_WEIGHT per alternative, unless present
+      (a node both labelled and listed by name gets both weights);
+    - the preferred-node term egress-placer wrote before (weight PREFERRED_NODE_WEIGHT and exactly
+      one `metadata.name In [x]` field, nothing else) is dropped and, when `node` is given, replaced.
+
+    Constraints of OTHER pools are not removed here: call `unplace(t, policy, keep_pool=pool.name)` first.
+    """
+    new: dict[str, Any] = copy.deepcopy(dict(template or {}))
+    _add_toleration(new, pool.toleration())
+
+    affinity = dict(new.get("affinity") or {})
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    alternatives = pool_terms(pool)
+
+    if pool.placement == "required" and alternatives:
+        selector = dict(node_affinity.get(REQUIRED) or {})
+        selector["nodeSelectorTerms"] = _constrain(list(selector.get("nodeSelectorTerms") or []), alternatives)
+        node_affinity[REQUIRED] = selector
+
+    preferences = [p for p in node_affinity.get(PREFERRED) or [] if not _is_node_preference(p)]
+    if pool.placement == "preferred":
+        for alternative in alternatives:
+            entry = {"weight": POOL_PREFERENCE_WEIGHT, "preference": alternative}
+            if not any(_same_preference(entry, p) for p in preferences):
+                preferences.append(entry)
+    if node is not None:
+        preferences.append(node_preference(node))
+    if preferences:
+        node_affinity[PREFERRED] = preferences
+    elif node_affinity.get(PREFERRED):  # it held only our old preferred-node term
+        del node_affinity[PREFERRED]
+
+    if node_affinity or "nodeAffinity" in affinity:
+        affinity["nodeAffinity"] = node_affinity
+    if affinity or "affinity" in new:
+        new["affinity"] = affinity
+    return new
+
+
+def unplace(
+    template: Mapping[str, Any] | None, policy: PlacementPolicy, keep_pool: str | None = None
+) -> dict[str, Any]:
+    """A new template without what would let the pod onto a pool, except pool `keep_pool`.
+
+    Tolerations removed:
+    - any toleration with an owned taint key (any operator, any value), except the `Equal`
+      toleration of `keep_pool`'s own taint;
+    - a toleration with no key and operator Exists (it tolerates every taint) when it tolerates
+      the taint of any pool other than `keep_pool`. The pod then also loses the foreign taints it
+      covered: a pod must not reach a pool without admission, and no toleration can say
+      "everything but the pools".
+    Node affinity requirements removed (required terms and preferences):
+    - expressions on a label key any pool selects on (the user's `zone NotIn` on a pool key too),
+    - `metadata.name` fields naming a node a pool lists,
+    - egress-placer's preferred-node term (recognised by weight and shape),
+    except the exact requirements `place` writes for `keep_pool`. A term or preference emptied by
+    this is dropped (an emptied term would match nothing, a dropped one leaves the others), and so
+    are containers it empties. Nodes a pool claims only by label cannot be recognised by name.
+    An unknown `keep_pool` keeps nothing.
+    """
+    new: dict[str, Any] = copy.deepcopy(dict(template or {}))
+    keep = policy.pool(keep_pool) if keep_pool else None
+
+    tolerations = new.get("tolerations")
+    if tolerations:
+        kept = [t for t in tolerations if not _strips_toleration(t, policy, keep)]
+        if kept:
+            new["tolerations"] = kept
+        else:
+            del new["tolerations"]
+
+    affinity: dict[str, Any] = new.get("affinity") or {}
+    node_affinity = affinity.get("nodeAffinity")
+    if not node_affinity:
+        return new
+    targets = _PoolTargets(policy, keep)
+
+    selector = node_affinity.get(REQUIRED)
+    if selector and selector.get("nodeSelectorTerms"):
+        terms: list[Term] = []
+        for term in selector["nodeSelectorTerms"]:
+            stripped, changed = targets.strip(term)
+            if (_has_requirements(stripped) or not changed) and stripped not in terms:
+                terms.append(stripped)
+        if terms:
+            selector["nodeSelectorTerms"] = terms
+        else:
+            del node_affinity[REQUIRED]
+
+    preferences = node_affinity.get(PREFERRED)
+    if preferences:
+        kept_preferences = []
+        for entry in preferences:
+            if _is_node_preference(entry):
+                continue
+            stripped, changed = targets.strip(entry.get("preference") or {})
+            if _has_requirements(stripped) or not changed:
+                kept_preferences.append({**entry, "preference": stripped})
+        if kept_preferences:
+            node_affinity[PREFERRED] = kept_preferences
+        else:
+            del node_affinity[PREFERRED]
+
+    if not node_affinity:
+        del affinity["nodeAffinity"]
+        if not affinity:
+            del new["affinity"]
+    return new
+
+
+def json_patch(old: Any, new: Any, base: str) -> list[dict[str, Any]]:
+    """RFC 6902 operations turning the value at JSON pointer `base` of the admitted object from
+    `old` into `new`. `base` is an escaped JSON pointer ("" for the whole object, else "/a/b").
+
+    `old` None means absent: one `add` of the whole `new` at `base`; every parent of `base` must
+    exist already (the caller adds missing parents first, e.g. `{"op": "add", "path": "/spec/podTemplate"}`).
+    """
+    if base and not base.startswith("/"):
+        raise ValueError(f"not a JSON pointer: {base!r}")
+    if old is None:
+        return [{"op": "add", "path": base, "value": copy.deepcopy(new)}]
+    ops: list[dict[str, Any]] = copy.deepcopy(jsonpatch.make_patch(old, new).patch)
+    for op in ops:
+        op["path"] = base + op["path"]
+        if "from" in op:
+            op["from"] = base + op["from"]
+    return ops
+
+
+# --- tolerations -------------------------------------------------------------------------
+
+
+def _toleration_identity(t: Mapping[str, Any]) -> tuple[str, str, str, str, Any]:
+    return (
+        t.get("key") or "",
+        t.get("operator") or "Equal",
+        t.get("value") or "",
+        t.get("effect") or "",
+        t.get("tolerationSeconds"),
+    )
+
+
+def _add_toleration(spec: dict[str, Any], toleration: Mapping[str, Any]) -> None:
+    tolerations = list(spec.get("tolerations") or [])
+    if not any(_toleration_identity(t) == _toleration_identity(toleration) for t in tolerations):
+        tolerations.append(dict(toleration))
+    spec["tolerations"] = tolerations
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Taint) -> bool:
+    """The Kubernetes rule: does `toleration` tolerate `taint`?"""
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.effect:
+        return False
+    key = toleration.get("key") or ""
+    operator = toleration.get("operator") or "Equal"
+    if not key:
+        return operator == "Exists"
+    if key != taint.key:
+        return False
+    return operator == "Exists" or (toleration.get("value") or "") == (taint.value or "")
+
+
+def _strips_toleration(toleration: Mapping[str, Any], policy: PlacementPolicy, keep: Pool | None) -> bool:
+    key = toleration.get("key") or ""
+    if key in policy.owned_taint_keys():
+        return not (
+            keep is not None
+            and (toleration.get("operator") or "Equal") == "Equal"
+            and tolerates(toleration, keep.taint_for())
+        )
+    if not key:
+        return any(tolerates(toleration, p.taint_for()) for p in policy.pools if keep is None or p.name != keep.name)
+    return False
+
+
+# --- node selector terms ------------------------------------------------------------------
+
+
+def _node_name_requirement(node: str) -> dict[str, Any]:
+    return {"key": NODE_NAME_FIELD, "operator": "In", "values": [node]}
+
+
+def _requirement_identity(r: Requirement) -> tuple[str, str, tuple[str, ...]]:
+    return (r.get("key") or "", r.get("operator") or "", tuple(sorted(r.get("values") or ())))
+
+
+def _has_requirements(term: Mapping[str, Any]) -> bool:
+    return any(term.get(kind) for kind in _KINDS)
+
+
+def _includes(term: Mapping[str, Any], part: Mapping[str, Any]) -> bool:
+    """Does `term` already require everything `part` requires?"""
+    for kind in _KINDS:
+        present = {_requirement_identity(r) for r in term.get(kind) or ()}
+        if any(_requirement_identity(r) not in present for r in part.get(kind) or ()):
+            return False
+    return True
+
+
+def _conjoin(term: Mapping[str, Any], part: Mapping[str, Any]) -> Term:
+    """`term` AND `part`, without repeating a requirement `term` already has."""
+    out: Term = copy.deepcopy(dict(term))
+    for kind in _KINDS:
+        for requirement in part.get(kind) or ():
+            present = {_requirement_identity(r) for r in out.get(kind) or ()}
+            if _requirement_identity(requirement) not in present:
+                out[kind] = [*(out.get(kind) or []), copy.deepcopy(dict(requirement))]
+    return out
+
+
+def _constrain(terms: list[Term], alternatives: list[Term]) -> list[Term]:
+    """(t1 OR t2 ...) AND (a1 OR a2 ...), distributed, without duplicate terms."""
+    if not terms:
+        return copy.deepcopy(alternatives)
+    out: list[Term] = []
+    for term in terms:
+        if not _has_requirements(term) or any(_includes(term, a) for a in alternatives):
+            candidates = [term]
+        else:
+            candidates = [_conjoin(term, a) for a in alternatives]
+        out.extend(c for c in candidates if c not in out)
+    return out
+
+
+def _same_preference(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    pa, pb = a.get("preference") or {}, b.get("preference") or {}
+    return a.get("weight") == b.get("weight") and _includes(pa, pb) and _includes(pb, pa)
+
+
+def _is_node_preference(entry: Mapping[str, Any]) -> bool:
+    """Is this the preferred-node term egress-placer writes (weight and shape)?"""
+    preference = entry.get("preference") or {}
+    fields = preference.get("matchFields") or []
+    return (
+        entry.get("weight") == PREFERRED_NODE_WEIGHT
+        and not preference.get("matchExpressions")
+        and set(preference) <= set(_KINDS)
+        and len(fields) == 1
+        and fields[0].get("key") == NODE_NAME_FIELD
+        and fields[0].get("operator") == "In"
+        and len(fields[0].get("values") or ()) == 1
+    )
+
+
+class _PoolTargets:
+    """Which node selector requirements are about pool membership, and which belong to the kept pool."""
+
+    def __init__(self, policy: PlacementPolicy, keep: Pool | None) -> None:
+        self.label_keys = {k for p in policy.pools for k in p.node_selector}
+        self.node_names = {n for p in policy.pools for n in p.nodes}
+        self.kept = {
+            _requirement_identity(r)
+            for term in (pool_terms(keep) if keep else [])
+            for kind in _KINDS
+            for r in term.get(kind) or ()
+        }
+
+    def targets_pool(self, kind: str, r: Requirement) -> bool:
+        if _requirement_identity(r) in self.kept:
+            return False
+        if kind == "matchExpressions":
+            return r.get("key") in self.label_keys
+        return r.get("key") == NODE_NAME_FIELD and bool(self.node_names.intersection(r.get("values") or ()))
+
+    def strip(self, term: Mapping[str, Any]) -> tuple[Term, bool]:
+        """`term` without pool requirements, and whether anything was removed."""
+        out: Term = dict(term)
+        changed = False
+        for kind in _KINDS:
+            requirements = term.get(kind)
+            if not requirements:
+                continue
+            kept = [r for r in requirements if not self.targets_pool(kind, r)]
+            if len(kept) != len(requirements):
+                changed = True
+                if kept:
+                    out[kind] = kept
+                else:
+                    del out[kind]
+        return out, changed

@@ -1,0 +1,162 @@
+"""`egress-placer explain`: what the admission webhook would decide for the runs and pods in manifest files.
+
+Every YAML document of every manifest is read first (and must be understood); Namespaces, Tasks,
+StepActions and Pipelines among them are context. Then each TaskRun, each pipeline task (and finally
+task) of a PipelineRun and each Tekton pod gives one JSON line, in input order, built by the same core
+functions admission uses: `taskrun_images` / `pipelinerun_images` / `pod_images`, then `decide`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence, TextIO
+
+import yaml
+
+from controller.core.decide import decide
+from controller.core.images import (
+    WHOLE_RUN,
+    TektonObjects,
+    is_tekton_pod,
+    pipelinerun_images,
+    pod_images,
+    taskrun_images,
+)
+from controller.core.model import Decision, ImageSet, NamespaceState
+from controller.core.policy import PlacementPolicy, PolicyError, load_policy, yaml_problem
+
+CONTEXT_KINDS = ("Task", "StepAction", "Pipeline")
+
+
+class ManifestError(ValueError):
+    """A manifest cannot be read. The message names the file, the document and the line."""
+
+
+@dataclass(frozen=True)
+class Document:
+    source: str
+    index: int  # 1-based position of the YAML document in its file
+    line: int  # 1-based line where the object starts
+    obj: Mapping[str, Any]
+
+
+def read_documents(text: str, source: str) -> list[Document]:
+    """The Kubernetes objects of a multi-document YAML text (`kind: List` items spread out)."""
+    documents: list[Document] = []
+    loader = yaml.SafeLoader(text)
+    index = 0
+    try:
+        while True:
+            index += 1  # the document being read, so that an error names it
+            if not loader.check_node():
+                break
+            node = loader.get_node()
+            obj = loader.construct_document(node)
+            if obj is None:
+                continue
+            documents.extend(_objects(obj, node, source, index))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = f" (line {mark.line + 1})" if mark else ""
+        raise ManifestError(f"{source}: document {index}{line}: invalid YAML: {yaml_problem(e)}") from None
+    finally:
+        loader.dispose()
+    return documents
+
+
+def _objects(obj: Any, node: yaml.Node, source: str, index: int) -> Iterator[Document]:
+    where = f"{source}: document {index} (line {node.start_mark.line + 1})"
+    _check_object(obj, where)
+    if obj["kind"] != "List":
+        yield Document(source, index, node.start_mark.line + 1, obj)
+        return
+    items = obj.get("items") or []
+    if not isinstance(items, list):
+        raise ManifestError(f"{where}: the items of a List must be a list")
+    item_nodes = next((v.value for k, v in node.value if k.value == "items" and isinstance(v, yaml.SequenceNode)), [])
+    for i, item in enumerate(items):
+        line = item_nodes[i].start_mark.line + 1 if i < len(item_nodes) else node.start_mark.line + 1
+        _check_object(item, f"{source}: document {index} (line {line}): items[{i}]")
+        yield Document(source, index, line, item)
+
+
+def _check_object(obj: Any, where: str) -> None:
+    if not isinstance(obj, dict):
+        raise ManifestError(f"{where}: expected a Kubernetes object (a mapping), got {type(obj).__name__}")
+    if not isinstance(obj.get("kind"), str) or not obj["kind"]:
+        raise ManifestError(f"{where}: the object has no kind")
+    if obj.get("metadata") is not None and not isinstance(obj["metadata"], dict):
+        raise ManifestError(f"{where}: metadata must be a mapping")
+
+
+def explain_documents(policy: PlacementPolicy, documents: Sequence[Document]) -> list[dict[str, Any]]:
+    """One result per TaskRun, pipeline task and Tekton pod, in input order (context read first)."""
+    objects = TektonObjects()
+    namespaces: dict[str, NamespaceState] = {}
+    for doc in documents:
+        kind, meta = doc.obj["kind"], doc.obj.get("metadata") or {}
+        if kind in CONTEXT_KINDS:
+            objects.put(doc.obj)
+        elif kind == "Namespace" and meta.get("name"):
+            namespaces[str(meta["name"])] = NamespaceState.from_namespace(doc.obj)
+
+    results: list[dict[str, Any]] = []
+    for doc in documents:
+        kind, meta = doc.obj["kind"], doc.obj.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "default")
+        name = str(meta.get("name") or meta.get("generateName") or "")
+        ns = namespaces.get(namespace) or NamespaceState(name=namespace)
+        annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
+
+        def line(task: str | None, images: ImageSet) -> dict[str, Any]:
+            decision: Decision = decide(policy, ns, annotations, images)
+            return {
+                "kind": kind,
+                "namespace": namespace,
+                "name": name,
+                "task": task,
+                "pool": decision.pool,
+                "reason": decision.reason.value,
+                "images": list(decision.images),
+            }
+
+        if kind == "TaskRun":
+            results.append(line(None, taskrun_images(doc.obj, objects)))
+        elif kind == "PipelineRun":
+            for task, images in pipelinerun_images(doc.obj, objects):
+                results.append(line(None if task == WHOLE_RUN else task, images))
+        elif kind == "Pod" and is_tekton_pod(doc.obj):
+            results.append(line(None, pod_images(doc.obj)))
+    return results
+
+
+def run_explain(policy_path: str, manifest_paths: Sequence[str], out: TextIO, err: TextIO) -> int:
+    """Read everything, print one JSON line per result. Exit status 0, or 2 (and nothing on `out`)."""
+    errors: list[str] = []
+    policy: PlacementPolicy | None = None
+    try:
+        policy = load_policy(_read(policy_path), source=policy_path)
+    except (PolicyError, ManifestError) as e:
+        errors.append(str(e))
+    documents: list[Document] = []
+    for path in manifest_paths:  # every file is checked, so that one run shows every broken file
+        try:
+            documents.extend(read_documents(_read(path), source=path))
+        except ManifestError as e:
+            errors.append(str(e))
+    if errors or policy is None:
+        for error in errors:
+            print(f"egress-placer explain: {error}", file=err)
+        return 2
+    for result in explain_documents(policy, documents):
+        print(json.dumps(result), file=out)
+    return 0
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{path}: cannot read the file: {e}") from None

@@ -1,0 +1,429 @@
+"""Informers: list then watch one resource, keeping plain trimmed dicts, in a daemon thread.
+
+Why not `kubernetes.informer.SharedInformer` (shipped with the pinned client): it deserializes every
+object into a pydantic model (too slow and too big for 20,000 pods), lists without `limit`, does not
+ask for bookmarks, waits a fixed 5 s after errors (no backoff, no jitter), treats an ERROR event
+other than 410 as a normal event, and keeps its own cache of whole objects. This one reads raw JSON,
+trims each object to what the controller needs, and hands it to the consumer (ClusterState is the
+cache; the informer keeps only the resourceVersion).
+
+Protocol: list (paginated) -> `on_replace(objs)` -> watch from the list's resourceVersion with
+`allowWatchBookmarks` and a server timeout -> `on_event(type, obj)` per event -> on timeout, watch
+again from the last resourceVersion (bookmarks advance it) -> on 410 Gone or an ERROR event, relist.
+Errors back off exponentially with jitter (tenacity); restarts are counted in
+`metrics.watch_restarts{resource, cause}`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import tenacity
+from kubernetes.watch.watch import iter_resp_lines
+from loguru import logger
+
+from controller.kube.client import KubeApi, status_of
+from controller.metrics import Metrics
+from controller.settings import Settings
+
+Obj = dict[str, Any]
+Trim = Callable[[Mapping[str, Any]], Obj]
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+# Tekton's CRDs in v1.15.0 (config/300-crds): Task and Pipeline store v1; StepAction stores v1beta1.
+TEKTON_GROUP = "tekton.dev"
+TEKTON_FEATURE_FLAGS = "feature-flags"
+
+
+# -- trimming: keep only what the controller reads --------------------------------------------------
+
+
+def trim_metadata(meta: Mapping[str, Any]) -> Obj:
+    out: Obj = {"name": meta.get("name")}
+    for key in ("namespace", "uid", "resourceVersion", "deletionTimestamp", "labels"):
+        if meta.get(key):
+            out[key] = meta[key]
+    annotations = meta.get("annotations")
+    if annotations:
+        out["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    owners = meta.get("ownerReferences")
+    if owners:
+        out["ownerReferences"] = [
+            {k: o[k] for k in ("apiVersion", "kind", "name", "uid", "controller") if k in o} for o in owners
+        ]
+    return out
+
+
+def _head(obj: Mapping[str, Any], api_version: str, kind: str) -> Obj:
+    return {"apiVersion": api_version, "kind": kind, "metadata": trim_metadata(obj.get("metadata") or {})}
+
+
+def trim_node(obj: Mapping[str, Any]) -> Obj:
+    out = _head(obj, "v1", "Node")
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    out["spec"] = {"taints": spec.get("taints") or [], "unschedulable": bool(spec.get("unschedulable"))}
+    ready = [{"type": "Ready", "status": c.get("status")} for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    allocatable = {"pods": status["allocatable"]["pods"]} if "pods" in (status.get("allocatable") or {}) else {}
+    out["status"] = {"conditions": ready, "allocatable": allocatable}
+    return out
+
+
+def trim_pod(obj: Mapping[str, Any]) -> Obj:
+    out = _head(obj, "v1", "Pod")
+    spec = obj.get("spec") or {}
+    out["spec"] = {
+        "nodeName": spec.get("nodeName"),
+        "tolerations": spec.get("tolerations") or [],
+        "containers": [{"name": c.get("name"), "image": c.get("image")} for c in spec.get("containers") or []],
+    }
+    out["status"] = {"phase": (obj.get("status") or {}).get("phase") or "Pending"}
+    return out
+
+
+def trimmer(api_version: str, kind: str, keep: Sequence[str] = ()) -> Trim:
+    """Metadata plus the top-level fields in `keep` (e.g. "spec" of a Task, "data" of a ConfigMap)."""
+
+    def trim(obj: Mapping[str, Any]) -> Obj:
+        out = _head(obj, api_version, kind)
+        for key in keep:
+            if key in obj:
+                out[key] = obj[key]
+        return out
+
+    return trim
+
+
+# -- resources ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One collection to list and watch."""
+
+    name: str  # for metrics and logs: "pods", "tasks", "configmap egress-placer/policy"
+    kind: str  # the kind the consumer sees: "Pod", "Task"...
+    path: str  # collection URL: /api/v1/pods, /apis/tekton.dev/v1/tasks, /api/v1/namespaces/x/configmaps
+    trim: Trim
+    field_selector: str | None = None
+    label_selector: str | None = None
+
+
+def nodes() -> Resource:
+    return Resource("nodes", "Node", "/api/v1/nodes", trim_node)
+
+
+def namespaces() -> Resource:
+    return Resource("namespaces", "Namespace", "/api/v1/namespaces", trimmer("v1", "Namespace"))
+
+
+def pods() -> Resource:
+    return Resource("pods", "Pod", "/api/v1/pods", trim_pod)
+
+
+TEKTON_RESOURCES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    # kind: (version, plural, top-level fields kept)
+    "Task": ("v1", "tasks", ("spec",)),
+    "Pipeline": ("v1", "pipelines", ("spec",)),
+    "StepAction": ("v1beta1", "stepactions", ("spec",)),
+    "TaskRun": ("v1", "taskruns", ()),  # metadata only: finds runs admitted without a decision
+    "PipelineRun": ("v1", "pipelineruns", ()),
+}
+
+
+def tekton(kind: str) -> Resource:
+    version, plural, keep = TEKTON_RESOURCES[kind]
+    api_version = f"{TEKTON_GROUP}/{version}"
+    return Resource(plural, kind, f"/apis/{api_version}/{plural}", trimmer(api_version, kind, keep))
+
+
+def config_map(namespace: str, name: str) -> Resource:
+    """One ConfigMap, by name (a field selector), with its data."""
+    return Resource(
+        f"configmap {namespace}/{name}",
+        "ConfigMap",
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        trimmer("v1", "ConfigMap", ("data",)),
+        field_selector=f"metadata.name={name}",
+    )
+
+
+# -- the informer ------------------------------------------------------------------------------------
+
+
+class WatchExpired(Exception):
+    """410 Gone: the resourceVersion is too old; the informer relists."""
+
+
+class WatchError(Exception):
+    """An ERROR event in the watch stream (other than 410)."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Waits between failed list/watch attempts: exponential from `initial` to `maximum`, with jitter."""
+
+    initial: float = 0.5
+    maximum: float = 30.0
+    jitter: float = 1.0
+
+
+class Informer:
+    """List + watch of one Resource in a daemon thread; see the module docstring."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        resource: Resource,
+        on_replace: Callable[[list[Obj]], None],
+        on_event: Callable[[str, Obj], None],
+        metrics: Metrics,
+        *,
+        page_size: int = 500,
+        watch_timeout_seconds: int = 300,
+        backoff: Backoff = Backoff(),
+    ) -> None:
+        self.api = api
+        self.resource = resource
+        self.on_replace = on_replace
+        self.on_event = on_event
+        self.metrics = metrics
+        self.page_size = page_size
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self.synced = threading.Event()
+        self.resource_version: str | None = None  # None: the next session lists first
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._response_lock = threading.Lock()
+        self._response: Any = None
+        self._log = logger.bind(resource=resource.name)
+        self._retrying = tenacity.Retrying(
+            wait=tenacity.wait_exponential_jitter(multiplier=backoff.initial, max=backoff.maximum, jitter=backoff.jitter),
+            retry=tenacity.retry_if_exception(lambda e: not self._stop.is_set()),
+            sleep=self._stop.wait,
+            before_sleep=self._before_retry,
+            reraise=True,
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self.run, name=f"informer {self.resource.name}", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop promptly: the open watch connection is shut down, the thread joined."""
+        self._stop.set()
+        with self._response_lock:
+            _shutdown(self._response)
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._retrying(self._session)
+            except Exception:  # only when stopping: retry covers everything else
+                if not self._stop.is_set():
+                    self._log.exception("informer loop failed")
+
+    # -- one session: (re)list if needed, then one watch until it ends ------------------------------
+    def _session(self) -> None:
+        if self._stop.is_set():
+            return
+        if self.resource_version is None:
+            self._list()
+        try:
+            self._watch()
+        except WatchExpired:
+            self._restart("gone", relist=True)
+            return
+        if not self._stop.is_set():
+            self._restart("timeout", relist=False)
+
+    def _restart(self, cause: str, relist: bool) -> None:
+        self.metrics.watch_restarts.labels(resource=self.resource.name, cause=cause).inc()
+        if relist:
+            self.resource_version = None
+        self._log.bind(cause=cause).debug("watch restarts")
+
+    def _before_retry(self, state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        if isinstance(error, WatchExpired):  # 410 on a paginated list (expired continue token)
+            cause, relist = "gone", True
+        elif isinstance(error, WatchError):
+            cause, relist = "error-event", True
+        else:
+            cause, relist = "failure", False
+        self._restart(cause, relist)
+        wait = state.next_action.sleep if state.next_action else 0.0
+        self._log.bind(cause=cause, attempt=state.attempt_number).warning(
+            "list/watch failed, retrying in {:.1f}s: {}", wait, _short(error)
+        )
+
+    def _list(self) -> None:
+        items: list[Obj] = []
+        token: str | None = None
+        while True:
+            query = {
+                "limit": self.page_size,
+                "continue": token,
+                "fieldSelector": self.resource.field_selector,
+                "labelSelector": self.resource.label_selector,
+            }
+            try:
+                page = self.api.call("GET", self.resource.path, query=query)
+            except Exception as e:
+                if status_of(e) == 410:
+                    raise WatchExpired(str(e)) from e
+                raise
+            trim = self.resource.trim
+            items.extend(trim(o) for o in page.get("items") or [])
+            meta = page.get("metadata") or {}
+            token = meta.get("continue") or None
+            if token is None:
+                rv = meta.get("resourceVersion")
+                break
+            if self._stop.is_set():
+                return
+        self.on_replace(items)
+        self.resource_version = rv
+        self.synced.set()
+        self._log.bind(count=len(items), resource_version=rv).debug("listed")
+
+    def _watch(self) -> None:
+        query = {
+            "watch": True,
+            "resourceVersion": self.resource_version,
+            "allowWatchBookmarks": True,
+            "timeoutSeconds": self.watch_timeout_seconds,
+            "fieldSelector": self.resource.field_selector,
+            "labelSelector": self.resource.label_selector,
+        }
+        # The read timeout is a safety net for a dead connection; the server ends the watch first.
+        timeout = (self.api.timeout, self.watch_timeout_seconds + 30.0)
+        try:
+            response = self.api.stream(self.resource.path, query=query, timeout=timeout)
+        except Exception as e:
+            if status_of(e) == 410:
+                raise WatchExpired(str(e)) from e
+            raise
+        with self._response_lock:
+            self._response = response
+        try:
+            if self._stop.is_set():
+                return
+            for line in iter_resp_lines(response):
+                if self._stop.is_set():
+                    return
+                if line:
+                    self._handle(json.loads(line))
+        except Exception:
+            if self._stop.is_set():
+                return  # the connection was shut down on purpose
+            raise
+        finally:
+            with self._response_lock:
+                self._response = None
+            response.close()  # a half-read stream must not go back to the pool as is
+            response.release_conn()
+
+    def _handle(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise WatchExpired(obj.get("message", "410 Gone"))
+            raise WatchError(f"{obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
+        rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self.on_event(kind, self.resource.trim(obj))
+        if rv:
+            self.resource_version = rv  # BOOKMARKs only move this forward
+
+
+def _shutdown(response: Any) -> None:
+    """Unblock a thread reading `response` (the same trick as kubernetes.watch.Watch.stop)."""
+    if response is None:
+        return
+    try:
+        sock = getattr(getattr(response, "connection", None), "sock", None)
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+
+
+def _short(error: BaseException | None) -> str:
+    if error is None:
+        return ""
+    status = status_of(error)
+    if status is not None:
+        return f"HTTP {status} {getattr(error, 'reason', '')}".strip()
+    return f"{type(error).__name__}: {error}"[:300]
+
+
+# -- wiring: every informer the controller needs ------------------------------------------------------
+
+
+class ObjectSink(Protocol):
+    """Where cluster objects go (ClusterState implements it)."""
+
+    def replace(self, kind: str, objs: list[Obj]) -> None: ...
+
+    def apply(self, kind: str, event: str, obj: Obj) -> None: ...
+
+    def set_tekton_coschedule(self, value: str | None) -> None: ...
+
+
+def coschedule_of(feature_flags: Mapping[str, Any] | None) -> str | None:
+    """The `coschedule` value of Tekton's feature-flags ConfigMap (None when absent)."""
+    if not feature_flags:
+        return None
+    return (feature_flags.get("data") or {}).get("coschedule") or None
+
+
+def cluster_informers(
+    api: KubeApi, sink: ObjectSink, settings: Settings, metrics: Metrics, *, backoff: Backoff = Backoff()
+) -> list[Informer]:
+    """The informers that feed the controller's state (not started). The policy ConfigMap has its own
+    (see policy_source)."""
+    resources = [nodes(), namespaces(), pods(), *(tekton(k) for k in TEKTON_RESOURCES)]
+    out = [
+        Informer(
+            api,
+            r,
+            on_replace=lambda objs, kind=r.kind: sink.replace(kind, objs),
+            on_event=lambda event, obj, kind=r.kind: sink.apply(kind, event, obj),
+            metrics=metrics,
+            watch_timeout_seconds=settings.watch_timeout_seconds,
+            backoff=backoff,
+        )
+        for r in resources
+    ]
+    def flags_replaced(objs: list[Obj]) -> None:
+        sink.set_tekton_coschedule(coschedule_of(objs[0] if objs else None))
+
+    def flags_changed(event: str, obj: Obj) -> None:
+        sink.set_tekton_coschedule(None if event == "DELETED" else coschedule_of(obj))
+
+    out.append(
+        Informer(
+            api,
+            config_map(settings.tekton_namespace, TEKTON_FEATURE_FLAGS),
+            on_replace=flags_replaced,
+            on_event=flags_changed,
+            metrics=metrics,
+            watch_timeout_seconds=settings.watch_timeout_seconds,
+            backoff=backoff,
+        )
+    )
+    return out

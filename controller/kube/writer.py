@@ -1,0 +1,406 @@
+"""Every write egress-placer makes to the API server, with ONE place that classifies errors.
+
+`classify` decides, for any error: retry (429 from the API server's flow control, 5xx, connection
+errors: exponential backoff with jitter, at least the server's Retry-After), done (404), conflict
+(409: methods that take a resourceVersion re-read and retry), refused (429 from a
+PodDisruptionBudget on an eviction: "not now") or fail (any other 4xx: raise WriteError at once).
+"""
+
+from __future__ import annotations
+
+import base64
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any, Callable, Mapping, Sequence, TypeVar
+
+import tenacity
+import urllib3
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+from loguru import logger
+
+from controller.core.model import Taint
+from controller.kube.client import JSON, MERGE_PATCH, KubeApi, error_body, status_of
+from controller.metrics import Metrics
+
+T = TypeVar("T")
+
+REPORTING_CONTROLLER = "egress-placer.io/controller"
+MAX_CONFLICT_ATTEMPTS = 5
+MAX_NOTE = 1024  # events.k8s.io/v1 refuses longer notes
+
+
+class Outcome(Enum):
+    RETRY = "retry"
+    NOT_FOUND = "not-found"
+    CONFLICT = "conflict"
+    REFUSED = "refused"  # an eviction a PodDisruptionBudget does not allow now
+    FAIL = "fail"
+
+
+def classify(error: BaseException) -> tuple[Outcome, str]:
+    """What to do about `error`, and a short cause for metrics and logs."""
+    status = status_of(error)
+    if status is None:
+        if isinstance(error, (urllib3.exceptions.HTTPError, OSError, ApiException)):
+            return Outcome.RETRY, "connection"  # ApiException with status 0: TLS/connection trouble
+        return Outcome.FAIL, type(error).__name__
+    if status == 429:
+        causes = (error_body(error).get("details") or {}).get("causes") or []
+        if any(c.get("reason") == "DisruptionBudget" for c in causes):  # StatusCause.Type is "reason" in JSON
+            return Outcome.REFUSED, "disruption-budget"
+        return Outcome.RETRY, "throttled"
+    if status >= 500:
+        return Outcome.RETRY, "server-error"
+    if status == 404:
+        return Outcome.NOT_FOUND, "not-found"
+    if status == 409:
+        return Outcome.CONFLICT, "conflict"
+    return Outcome.FAIL, f"http-{status}"
+
+
+class WriteError(RuntimeError):
+    """A write that did not succeed: a refusal by the API server, or retries exhausted."""
+
+    def __init__(self, operation: str, outcome: Outcome, cause: str, error: BaseException) -> None:
+        message = (error_body(error).get("message") or getattr(error, "reason", None) or str(error)).strip()
+        super().__init__(f"{operation} failed ({cause}): {message}")
+        self.operation = operation
+        self.outcome = outcome
+        self.cause = cause
+        self.status = status_of(error)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Timings of retried writes (settings data; tests shrink them)."""
+
+    attempts: int = 6
+    initial: float = 0.2
+    maximum: float = 10.0
+    jitter: float = 0.5
+
+
+def _retry_after(error: BaseException | None) -> float:
+    headers = getattr(error, "headers", None) or {}
+    try:
+        return max(0.0, float(headers.get("Retry-After") or 0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def micro_time(ts: float) -> str:
+    """A MicroTime as the API server writes it: 2026-07-01T12:00:00.000000Z."""
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class KubeWriter:
+    """Node taints, evictions, Secrets, the webhook's CA bundle and Events, on plain JSON."""
+
+    def __init__(
+        self,
+        api_client: ApiClient | KubeApi,
+        metrics: Metrics,
+        *,
+        retry: RetryPolicy = RetryPolicy(),
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.api = api_client if isinstance(api_client, KubeApi) else KubeApi(api_client)
+        self.metrics = metrics
+        backoff = tenacity.wait_exponential_jitter(multiplier=retry.initial, max=retry.maximum, jitter=retry.jitter)
+        self._retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception(lambda e: classify(e)[0] is Outcome.RETRY),
+            wait=lambda state: max(backoff(state), min(_retry_after(state.outcome.exception()), retry.maximum)),
+            stop=tenacity.stop_after_attempt(retry.attempts),
+            sleep=sleep,
+            reraise=True,
+        )
+
+    # -- the one retrying call -----------------------------------------------------------------------
+    def call(self, operation: str, fn: Callable[[], T]) -> T:
+        """Run `fn` with retries on transient errors; any other outcome raises WriteError."""
+
+        def count(state: tenacity.RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            cause = classify(error)[1] if error else "unknown"
+            self.metrics.api_write_retries.labels(operation=operation, cause=cause).inc()
+            logger.bind(operation=operation, cause=cause, attempt=state.attempt_number).debug("write retried")
+
+        try:
+            return self._retrying.copy(before_sleep=count)(fn)
+        except Exception as e:
+            outcome, cause = classify(e)
+            raise WriteError(operation, outcome, cause, e) from e
+
+    # -- nodes ----------------------------------------------------------------------------------------
+    def set_node_taints(
+        self,
+        node: str,
+        taints: Sequence[Taint],
+        resource_version: str | None,
+        *,
+        rebase: Callable[[tuple[Taint, ...]], Sequence[Taint]] | None = None,
+    ) -> None:
+        """Make `taints` the node's whole taint list, if the node is still at `resource_version`.
+
+        On a conflict the node is re-read; with `rebase` the list is recomputed from the fresh taints
+        (e.g. `TaintChange.apply`, so a taint added meanwhile by someone else is kept), without it
+        `taints` is written again. A node that is gone is done.
+        """
+        path = f"/api/v1/nodes/{node}"
+        for _ in range(MAX_CONFLICT_ATTEMPTS):
+            body: dict[str, Any] = {"spec": {"taints": [t.to_dict() for t in taints] or None}}
+            if resource_version:
+                body["metadata"] = {"resourceVersion": resource_version}
+            try:
+                self.call("set-node-taints", lambda: self.api.call("PATCH", path, body=body, content_type=MERGE_PATCH))
+                return
+            except WriteError as e:
+                if e.outcome is Outcome.NOT_FOUND:
+                    return
+                if e.outcome is not Outcome.CONFLICT:
+                    raise
+            try:
+                fresh = self.call("read-node", lambda: self.api.call("GET", path))
+            except WriteError as e:
+                if e.outcome is Outcome.NOT_FOUND:
+                    return
+                raise
+            current = tuple(Taint.from_dict(t) for t in (fresh.get("spec") or {}).get("taints") or [])
+            resource_version = fresh["metadata"]["resourceVersion"]
+            if rebase is not None:
+                taints = tuple(rebase(current))
+            if tuple(taints) == current:
+                return
+        raise WriteError(
+            "set-node-taints", Outcome.CONFLICT, "conflict", RuntimeError(f"node {node} kept changing under us")
+        )
+
+    # -- pods -----------------------------------------------------------------------------------------
+    def evict(self, namespace: str, name: str) -> bool:
+        """Evict a pod (policy/v1 Eviction, so PodDisruptionBudgets are honoured).
+
+        True when the pod is being evicted or is already gone; False when a PodDisruptionBudget
+        does not allow it now (try again later).
+        """
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
+        try:
+            self.call("evict", lambda: self.api.call("POST", path, body=body))
+        except WriteError as e:
+            if e.outcome is Outcome.NOT_FOUND:
+                return True
+            if e.outcome is Outcome.REFUSED:
+                return False
+            raise
+        return True
+
+    # -- secrets --------------------------------------------------------------------------------------
+    def read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None:
+        """(data, resourceVersion) of a Secret, None when it does not exist."""
+        path = f"/api/v1/namespaces/{namespace}/secrets/{name}"
+        try:
+            secret = self.call("read-secret", lambda: self.api.call("GET", path))
+        except WriteError as e:
+            if e.outcome is Outcome.NOT_FOUND:
+                return None
+            raise
+        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+        return data, secret["metadata"]["resourceVersion"]
+
+    def write_secret(self, namespace: str, name: str, data: dict[str, bytes], resource_version: str | None) -> None:
+        """Create the Secret (`resource_version` None) or update its data if it is still at that version.
+
+        Secrets are not re-read and retried on a conflict: someone else (another replica) wrote it
+        meanwhile, and the caller must read it and decide again. That raises WriteError with outcome
+        CONFLICT (also when a Secret to create already exists).
+        """
+        encoded = {k: _b64(v) for k, v in data.items()}
+        if resource_version is None:
+            body = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": name, "namespace": namespace},
+                "type": "Opaque",
+                "data": encoded,
+            }
+            path = f"/api/v1/namespaces/{namespace}/secrets"
+            self.call("create-secret", lambda: self.api.call("POST", path, body=body))
+            return
+        # A merge patch keeps the Secret's type, labels and annotations; the version is a precondition.
+        patch = {"metadata": {"resourceVersion": resource_version}, "data": encoded}
+        path = f"/api/v1/namespaces/{namespace}/secrets/{name}"
+        self.call("update-secret", lambda: self.api.call("PATCH", path, body=patch, content_type=MERGE_PATCH))
+
+    # -- webhook configuration ------------------------------------------------------------------------
+    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes) -> bool:
+        """Give every webhook of the MutatingWebhookConfiguration `config_name` this CA bundle.
+
+        True when something changed; False when all webhooks had it already or the configuration
+        does not exist (nothing to do).
+        """
+        path = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{config_name}"
+        wanted = _b64(ca_pem)
+        for _ in range(MAX_CONFLICT_ATTEMPTS):
+            try:
+                current = self.call("read-webhook-config", lambda: self.api.call("GET", path))
+            except WriteError as e:
+                if e.outcome is Outcome.NOT_FOUND:
+                    return False
+                raise
+            webhooks = current.get("webhooks") or []
+            if all((w.get("clientConfig") or {}).get("caBundle") == wanted for w in webhooks):
+                return False
+            for w in webhooks:
+                w.setdefault("clientConfig", {})["caBundle"] = wanted
+            try:  # PUT carries metadata.resourceVersion: a conflict means someone wrote in between
+                self.call("set-webhook-ca-bundle", lambda: self.api.call("PUT", path, body=current))
+                return True
+            except WriteError as e:
+                if e.outcome is Outcome.NOT_FOUND:
+                    return False
+                if e.outcome is not Outcome.CONFLICT:
+                    raise
+        raise WriteError(
+            "set-webhook-ca-bundle", Outcome.CONFLICT, "conflict", RuntimeError(f"{config_name} kept changing under us")
+        )
+
+    # -- events ---------------------------------------------------------------------------------------
+    def create_event(self, event: Mapping[str, Any]) -> dict[str, Any]:
+        namespace = event["metadata"]["namespace"]
+        path = f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
+        return self.call("create-event", lambda: self.api.call("POST", path, body=dict(event)))
+
+    def patch_event(self, namespace: str, name: str, patch: Mapping[str, Any]) -> dict[str, Any]:
+        path = f"/apis/events.k8s.io/v1/namespaces/{namespace}/events/{name}"
+        return self.call(
+            "update-event", lambda: self.api.call("PATCH", path, body=dict(patch), content_type=MERGE_PATCH)
+        )
+
+
+@dataclass
+class _Series:
+    namespace: str
+    name: str
+    count: int
+
+
+class EventRecorder:
+    """events.k8s.io/v1 Events written from a background thread.
+
+    `emit` never blocks and never raises: when the bounded queue is full the event is dropped and
+    counted in `metrics.events_dropped`. A repeat of the same (object, type, reason, note) within
+    `series_window` seconds updates the first Event's `series` (count, lastObservedTime) instead of
+    creating another.
+    """
+
+    def __init__(
+        self,
+        writer: KubeWriter,
+        metrics: Metrics,
+        identity: str,
+        *,
+        max_queue: int = 1000,
+        series_window: float = 600.0,
+        clock: Callable[[], float] = time.time,
+        default_namespace: str = "default",
+    ) -> None:
+        self.writer = writer
+        self.metrics = metrics
+        self.identity = identity
+        self.series_window = series_window
+        self.clock = clock
+        self.default_namespace = default_namespace
+        self._queue: queue.Queue[tuple[dict[str, Any], str, str, str, str, float] | None] = queue.Queue(max_queue)
+        self._series: OrderedDict[tuple[str, ...], tuple[_Series, float]] = OrderedDict()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="event recorder", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Write what is queued (within `timeout`), then stop."""
+        if self._thread is None:
+            return
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+        self._thread.join(timeout)
+        self._thread = None
+
+    def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None:
+        try:
+            self._queue.put_nowait((dict(regarding), type, reason, note, action, self.clock()))
+        except queue.Full:
+            self.metrics.events_dropped.inc()
+        except Exception:  # never let reporting break the caller
+            logger.opt(exception=True).debug("event not queued")
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until every queued event was handled (for tests and shutdown)."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self._queue.unfinished_tasks
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._write(*item)
+            except Exception as e:
+                logger.bind(reason=item[2] if item else "").warning("event not written: {}", e)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str, ts: float) -> None:
+        namespace = regarding.get("namespace") or self.default_namespace
+        note = note[:MAX_NOTE]
+        key = (namespace, regarding.get("kind", ""), regarding.get("name", ""), regarding.get("uid", ""), type, reason, note)
+        known = self._series.get(key)
+        if known is not None and ts - known[1] < self.series_window:
+            series = known[0]
+            series.count += 1
+            try:
+                self.writer.patch_event(
+                    series.namespace,
+                    series.name,
+                    {"series": {"count": series.count, "lastObservedTime": micro_time(ts)}},
+                )
+                self._series.move_to_end(key)
+                return
+            except WriteError as e:
+                if e.outcome is not Outcome.NOT_FOUND:
+                    raise
+        event = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            # Named as client-go names them: <object>.<nanoseconds in hex>.
+            "metadata": {"name": f"{regarding.get('name') or 'egress-placer'}.{time.time_ns():x}", "namespace": namespace},
+            "eventTime": micro_time(ts),
+            "reportingController": REPORTING_CONTROLLER,
+            "reportingInstance": self.identity,
+            "action": action or reason,
+            "reason": reason,
+            "type": type,
+            "note": note,
+            "regarding": {k: v for k, v in regarding.items() if v},
+        }
+        created = self.writer.create_event(event)
+        self._series[key] = (_Series(namespace, created["metadata"]["name"], 1), ts)
+        while len(self._series) > 1000:
+            self._series.popitem(last=False)

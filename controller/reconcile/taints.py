@@ -1,0 +1,100 @@
+"""Taint reconciler: every pool node carries its pool's taint, no other node carries an owned one.
+
+Level-based: desired taints from the cached nodes and the policy (`plan_taints`), diff with the
+cached taints, write the difference. Safe to repeat; taints with keys the policy does not own are
+never touched (a conflicting write is rebased on the node's fresh taints).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Protocol, Sequence
+
+from loguru import logger
+
+from controller.core.model import NodeState, Taint
+from controller.core.policy import PlacementPolicy
+from controller.core.taints import TaintChange, plan_taints
+from controller.metrics import Metrics
+
+
+class TaintWriter(Protocol):
+    def set_node_taints(
+        self,
+        node: str,
+        taints: Sequence[Taint],
+        resource_version: str | None,
+        *,
+        rebase: Callable[[tuple[Taint, ...]], Sequence[Taint]] | None = None,
+    ) -> None: ...
+
+
+class NodeSource(Protocol):
+    @property
+    def policy(self) -> PlacementPolicy: ...
+
+    def node_list(self) -> list[NodeState]: ...
+
+    def node_resource_version(self, name: str) -> str | None: ...
+
+
+class TaintReconciler:
+    def __init__(
+        self,
+        state: NodeSource,
+        writer: TaintWriter,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        in_flight_seconds: float = 30.0,
+    ) -> None:
+        self.state = state
+        self.writer = writer
+        self.metrics = metrics
+        self.clock = clock
+        self.in_flight_seconds = in_flight_seconds
+        # node -> (resourceVersion we wrote against, when): until the cache moves past that version
+        # (or the time runs out) the change is in flight and is not written again.
+        self._in_flight: dict[str, tuple[str | None, float]] = {}
+
+    def __call__(self) -> list[TaintChange]:
+        return self.reconcile()
+
+    def reconcile(self) -> list[TaintChange]:
+        """One pass; the changes written. A failed node is logged and left for the next pass."""
+        policy = self.state.policy
+        nodes = {n.name: n for n in self.state.node_list()}
+        now = self.clock()
+        # Forget writes the cache has caught up with (or that are too old to trust).
+        self._in_flight = {
+            n: (v, t)
+            for n, (v, t) in self._in_flight.items()
+            if n in nodes and self.state.node_resource_version(n) == v and now - t < self.in_flight_seconds
+        }
+        written = []
+        for change in plan_taints(policy, nodes.values()):
+            version = self.state.node_resource_version(change.node)
+            if change.node in self._in_flight:
+                continue
+            log = logger.bind(kind="Node", name=change.node)
+            try:
+                self.writer.set_node_taints(
+                    change.node, change.apply(nodes[change.node].taints), version, rebase=change.apply
+                )
+            except Exception as e:
+                log.warning("taints not written: {}", e)
+                continue
+            self._in_flight[change.node] = (version, now)
+            for taint in change.add:
+                self.metrics.taint_changes.labels(pool=taint.value or "", action="add").inc()
+            for taint in change.remove:
+                self.metrics.taint_changes.labels(pool=taint.value or "", action="remove").inc()
+            log.bind(
+                added=[_show(t) for t in change.add], removed=[_show(t) for t in change.remove]
+            ).info("node taints reconciled")
+            written.append(change)
+        return written
+
+
+def _show(taint: Taint) -> str:
+    return f"{taint.key}={taint.value or ''}:{taint.effect}"

@@ -1,0 +1,67 @@
+"""Controller settings: one typed object read from the environment (prefix EGRESS_PLACER_).
+
+Validated at start and passed explicitly; tests build it with keyword arguments.
+`config/settings.md` documents every field.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="EGRESS_PLACER_", extra="ignore")
+
+    # Where the cluster is: a kubeconfig path, or in-cluster credentials when empty.
+    kubeconfig: str | None = None
+    # The controller's own namespace (Lease, TLS Secret, policy ConfigMap, Events about itself).
+    namespace: str = "egress-placer"
+    # Identity of this replica in the leader Lease.
+    identity: str = Field(default_factory=socket.gethostname)
+
+    # Policy: a file (reloaded when it changes) or, when no file is given, a ConfigMap key.
+    policy_file: str | None = None
+    policy_configmap: str = "egress-placer-policy"
+    policy_key: str = "policy.yaml"
+
+    # Admission webhook (HTTPS) and the plain HTTP port for /healthz, /readyz, /metrics.
+    webhook_host: str = "0.0.0.0"
+    webhook_port: int = 8443
+    health_host: str = "0.0.0.0"
+    health_port: int = 8080
+    webhook_config_name: str = "egress-placer"
+    # The serving certificate: made by the controller, kept in this Secret, renewed before it expires.
+    tls_secret: str = "egress-placer-webhook-tls"
+    tls_hosts: list[str] = ["egress-placer-webhook.egress-placer.svc", "127.0.0.1", "localhost"]
+    tls_cert_days: int = 90
+    tls_renew_before_days: int = 30
+
+    # Leader election (taints and evictions are done by the leader only).
+    leader_election: bool = True
+    lease_name: str = "egress-placer-leader"
+    lease_duration_seconds: float = 15.0
+    renew_deadline_seconds: float = 10.0
+    retry_period_seconds: float = 2.0
+
+    # Load: how long an admission-time placement counts before its pod appears.
+    assumption_ttl_seconds: float = 120.0
+    # Intruders: evict them, or only report (Event + metric + log) on a first install.
+    intruder_mode: Literal["evict", "report"] = "evict"
+    # Coscheduled PipelineRuns (Tekton's affinity assistant): move the whole run to the pool when a
+    # task needs it ("whole-run"), or leave the whole run on ordinary nodes ("off").
+    coscheduled: Literal["whole-run", "off"] = "whole-run"
+    # Tekton's coschedule mode (feature-flags ConfigMap); read from the cluster when it can be.
+    tekton_namespace: str = "tekton-pipelines"
+
+    # Level-based reconcile: a full pass at least this often, whatever the events.
+    resync_seconds: float = 30.0
+    # API client: per-request timeout and the watch's server-side timeout.
+    request_timeout_seconds: float = 10.0
+    watch_timeout_seconds: int = 300
+
+    log_format: Literal["json", "text"] = "json"
+    log_level: str = "INFO"

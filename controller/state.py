@@ -1,0 +1,245 @@
+"""The controller's in-memory picture of the cluster: what admission reads and reconcilers act on.
+
+Informers feed it (`apply` and `replace`); the admission handlers and reconcilers read it. It makes
+no API call. Every method is thread-safe: informers run in threads, admission in the event loop.
+Only the fields the core needs are kept (NodeState, NamespaceState, PodState, the TektonObjects
+index, run names), so memory stays small on big clusters.
+
+`subscribe(callback)` tells the reconcile loop that something it acts on changed: nodes,
+namespaces, the policy, Tekton's coschedule flag, and pods on pool nodes (other pods do not wake it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any, Callable, Iterable, Mapping
+
+from controller.core.balance import LoadLedger, choose_node, eligible_nodes
+from controller.core.images import TektonObjects
+from controller.core.model import DECISION_ANNOTATION, NamespaceState, NodeLoad, NodeState, PodState
+from controller.core.policy import PlacementPolicy, Pool
+
+TEKTON_KINDS = ("Task", "StepAction", "Pipeline")
+RUN_KINDS = ("TaskRun", "PipelineRun")
+TASKRUN_LABEL = "tekton.dev/taskRun"  # on the pods Tekton makes: the TaskRun's name
+POLICY = "Policy"  # the kind passed to subscribers when the policy changes
+TEKTON_FLAGS = "TektonFeatureFlags"  # ... and when Tekton's coschedule flag changes
+
+PodKey = tuple[str, str]
+RunKey = tuple[str, str, str]  # kind, namespace, name
+
+
+class ClusterState:
+    def __init__(self, policy: PlacementPolicy, clock: Callable[[], float], assumption_ttl: float = 60.0) -> None:
+        self._lock = threading.RLock()
+        self._policy = policy
+        self._clock = clock
+        self.assumption_ttl = assumption_ttl
+        self.nodes: dict[str, NodeState] = {}
+        self.namespaces: dict[str, NamespaceState] = {}
+        self.pods: dict[PodKey, PodState] = {}
+        self._pods_by_node: dict[str, set[PodKey]] = {}
+        self.tekton = TektonObjects()
+        self.ledger = LoadLedger()
+        self.tekton_coschedule: str | None = None  # Tekton's feature-flags `coschedule` (None: unknown)
+        self._node_versions: dict[str, str] = {}
+        self._runs: dict[RunKey, bool] = {}  # run -> has the decision annotation
+        self._subscribers: list[Callable[[str], None]] = []
+
+    # -- change notification ------------------------------------------------------------------
+    def subscribe(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(kind)` after each change the reconcilers care about. It runs on the
+        informer's thread, outside the lock: it must be quick (e.g. set a threading.Event)."""
+        with self._lock:
+            self._subscribers.append(callback)
+
+    def _notify(self, kind: str) -> None:
+        for callback in list(self._subscribers):
+            try:
+                callback(kind)
+            except Exception:  # a subscriber must never break an informer
+                pass
+
+    # -- policy -------------------------------------------------------------------------------
+    @property
+    def policy(self) -> PlacementPolicy:
+        return self._policy
+
+    def set_policy(self, policy: PlacementPolicy) -> None:
+        with self._lock:
+            self._policy = policy
+        self._notify(POLICY)
+
+    def set_tekton_coschedule(self, value: str | None) -> None:
+        with self._lock:
+            changed = value != self.tekton_coschedule
+            self.tekton_coschedule = value
+        if changed:
+            self._notify(TEKTON_FLAGS)
+
+    # -- informer input -----------------------------------------------------------------------
+    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        """One watch event: ADDED, MODIFIED or DELETED of a plain object dict."""
+        deleted = event == "DELETED"
+        notify = kind in ("Node", "Namespace")
+        with self._lock:
+            if kind == "Node":
+                name = obj["metadata"]["name"]
+                if deleted:
+                    self.nodes.pop(name, None)
+                    self._node_versions.pop(name, None)
+                else:
+                    self.nodes[name] = NodeState.from_node(obj)
+                    self._node_versions[name] = obj["metadata"].get("resourceVersion") or ""
+            elif kind == "Namespace":
+                name = obj["metadata"]["name"]
+                if deleted:
+                    self.namespaces.pop(name, None)
+                else:
+                    self.namespaces[name] = NamespaceState.from_namespace(obj)
+            elif kind == "Pod":
+                notify = self._apply_pod(PodState.from_pod(obj), deleted)
+            elif kind in TEKTON_KINDS:
+                meta = obj["metadata"]
+                if deleted:
+                    self.tekton.remove(kind, meta.get("namespace") or "default", meta["name"])
+                else:
+                    self.tekton.put(dict(obj), kind)
+            elif kind in RUN_KINDS:
+                key = _run_key(kind, obj)
+                if deleted:
+                    self._runs.pop(key, None)
+                else:
+                    self._runs[key] = DECISION_ANNOTATION in (obj["metadata"].get("annotations") or {})
+        if notify:
+            self._notify(kind)
+
+    def replace(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
+        """A full list (first sync or relist after 410): the state of `kind` becomes exactly `objs`."""
+        objs = list(objs)
+        with self._lock:
+            if kind == "Node":
+                self.nodes = {o["metadata"]["name"]: NodeState.from_node(o) for o in objs}
+                self._node_versions = {o["metadata"]["name"]: o["metadata"].get("resourceVersion") or "" for o in objs}
+            elif kind == "Namespace":
+                self.namespaces = {o["metadata"]["name"]: NamespaceState.from_namespace(o) for o in objs}
+            elif kind == "Pod":
+                self.pods.clear()
+                self._pods_by_node.clear()
+                for o in objs:
+                    self._apply_pod(PodState.from_pod(o), False)
+            elif kind in TEKTON_KINDS:
+                self.tekton.replace_kind(kind, [dict(o) for o in objs])
+            elif kind in RUN_KINDS:
+                self._runs = {k: v for k, v in self._runs.items() if k[0] != kind}
+                for o in objs:
+                    self._runs[_run_key(kind, o)] = DECISION_ANNOTATION in (o["metadata"].get("annotations") or {})
+        if kind in ("Node", "Namespace", "Pod"):
+            self._notify(kind)
+
+    def _apply_pod(self, pod: PodState, deleted: bool) -> bool:
+        """Record one pod; True when it is (or was) on a pool node, so reconcilers should look."""
+        key = (pod.namespace, pod.name)
+        old = self.pods.pop(key, None)
+        if old is not None and old.node_name:
+            self._pods_by_node.get(old.node_name, set()).discard(key)
+        on_pool = self._on_pool_node(old.node_name if old is not None else None)
+        if deleted:
+            return on_pool
+        self.pods[key] = pod
+        if pod.node_name:
+            self._pods_by_node.setdefault(pod.node_name, set()).add(key)
+            # The scheduler has bound it: from now on the pod itself is counted.
+            self.ledger.settle(pod_key(pod.namespace, pod.name))
+            taskrun = pod.labels.get(TASKRUN_LABEL)
+            if taskrun:
+                self.ledger.settle(taskrun_key(pod.namespace, taskrun))
+            on_pool = on_pool or self._on_pool_node(pod.node_name)
+        return on_pool
+
+    def _on_pool_node(self, node: str | None) -> bool:
+        if not node:
+            return False
+        return self._policy.pool_of(self.nodes.get(node) or NodeState(name=node)) is not None
+
+    # -- readers ------------------------------------------------------------------------------
+    def node_list(self) -> list[NodeState]:
+        """A snapshot of every node (for reconcilers: no lock held while they write)."""
+        with self._lock:
+            return list(self.nodes.values())
+
+    def namespace_map(self) -> dict[str, NamespaceState]:
+        with self._lock:
+            return dict(self.namespaces)
+
+    def node_resource_version(self, name: str) -> str | None:
+        """The node's resourceVersion as last seen (the precondition of a taint write)."""
+        with self._lock:
+            return self._node_versions.get(name) or None
+
+    def runs_without_decision(self) -> list[RunKey]:
+        """TaskRuns and PipelineRuns with no decision annotation (created while the webhook was not
+        called, or before egress-placer was installed), sorted."""
+        with self._lock:
+            return sorted(k for k, placed in self._runs.items() if not placed)
+
+    def namespace(self, name: str) -> NamespaceState:
+        with self._lock:
+            return self.namespaces.get(name) or NamespaceState(name=name)
+
+    def pods_on(self, node: str) -> list[PodState]:
+        with self._lock:
+            return [self.pods[k] for k in self._pods_by_node.get(node, ())]
+
+    def placed_counts(self, nodes: Iterable[str]) -> dict[str, int]:
+        """Active pods that take a run's place on each node (DaemonSet pods do not count)."""
+        with self._lock:
+            out: Counter[str] = Counter()
+            for node in nodes:
+                for key in self._pods_by_node.get(node, ()):
+                    pod = self.pods[key]
+                    if pod.active and "DaemonSet" not in pod.owner_kinds:
+                        out[node] += 1
+            return {n: out[n] for n in nodes}
+
+    def pool_nodes(self, pool: Pool) -> list[NodeState]:
+        with self._lock:
+            return eligible_nodes(pool, self._policy, self.nodes.values())
+
+    def loads(self, pool: Pool) -> dict[str, NodeLoad]:
+        with self._lock:
+            self.ledger.expire(self._clock(), self.assumption_ttl)
+            nodes = eligible_nodes(pool, self._policy, self.nodes.values())
+            placed = self.placed_counts([n.name for n in nodes])
+            return self.ledger.loads(nodes, placed, pool.capacity)
+
+    def choose_and_assume(self, pool: Pool, key: str, salt: str) -> tuple[str | None, dict[str, NodeLoad]]:
+        """Pick the least-loaded node of `pool` and count the placement at once (so a burst spreads).
+
+        Returns the node (None when the pool has no eligible node) and the loads that were seen.
+        """
+        with self._lock:
+            loads = self.loads(pool)
+            nodes = [n for n in self.pool_nodes(pool)]
+            node = choose_node(nodes, loads, salt=salt)
+            if node is not None:
+                self.ledger.assume(key, pool.name, node, self._clock())
+            return node, loads
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self.ledger.settle(key)
+
+
+def _run_key(kind: str, obj: Mapping[str, Any]) -> RunKey:
+    meta = obj["metadata"]
+    return (kind, meta.get("namespace") or "default", meta["name"])
+
+
+def pod_key(namespace: str, name: str) -> str:
+    return f"pod/{namespace}/{name}"
+
+
+def taskrun_key(namespace: str, name: str) -> str:
+    return f"taskrun/{namespace}/{name}"

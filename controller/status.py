@@ -1,0 +1,103 @@
+"""`egress-placer status`: each pool node, its taint, its load, and what is wrong there.
+
+One read of the cluster (nodes, namespaces, pods, the policy) through the kube adapter, then the same
+core the controller uses: `plan_taints` says whether the taint is right, `find_intruders` who should
+not be there, `ClusterState.loads` the load the balancer would see (without admission-time
+assumptions, which live only in the running controller's memory).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from controller.core.intruders import find_intruders
+from controller.core.policy import PlacementPolicy, load_policy
+from controller.core.taints import desired_taints
+from controller.kube.client import KubeApi, make_api_client
+from controller.settings import Settings
+from controller.state import ClusterState
+
+
+@dataclass(frozen=True)
+class PoolNodeRow:
+    pool: str
+    node: str
+    ready: bool
+    cordoned: bool
+    taint: str  # "ok", "missing" or "wrong"
+    placed: int
+    capacity: int
+    intruders: int
+    egress: str = "-"  # measured outbound throughput and its age, when the pool has an egress load source
+
+
+def read_policy(settings: Settings, api: KubeApi) -> PlacementPolicy:
+    if settings.policy_file:
+        return load_policy(Path(settings.policy_file).read_text(), source=settings.policy_file)
+    cm = api.call("GET", f"/api/v1/namespaces/{settings.namespace}/configmaps/{settings.policy_configmap}")
+    source = f"configmap {settings.namespace}/{settings.policy_configmap}:{settings.policy_key}"
+    return load_policy((cm.get("data") or {}).get(settings.policy_key, ""), source=source)
+
+
+def _items(api: KubeApi, path: str) -> list[dict[str, Any]]:
+    return list(api.call("GET", path).get("items") or [])
+
+
+def pool_rows(state: ClusterState) -> list[PoolNodeRow]:
+    policy = state.policy
+    intruders = find_intruders(policy, state.nodes, state.pods.values(), state.namespace_map())
+    rows = []
+    for pool in policy.pools:
+        loads = state.loads(pool)
+        members = [n for n in state.node_list() if (owner := policy.pool_of(n)) is not None and owner.name == pool.name]
+        for node in sorted(members, key=lambda n: n.name):
+            want = set(desired_taints(node, policy))
+            owned = {t for t in node.taints if t.key in policy.owned_taint_keys()}
+            taint = "ok" if owned == want else ("missing" if not owned else "wrong")
+            load = loads.get(node.name)
+            placed = state.placed_counts([node.name])[node.name]
+            rows.append(
+                PoolNodeRow(
+                    pool=pool.name,
+                    node=node.name,
+                    ready=node.ready,
+                    cordoned=node.unschedulable,
+                    taint=taint,
+                    placed=placed,
+                    capacity=load.capacity if load else (pool.capacity or node.allocatable_pods),
+                    intruders=sum(1 for i in intruders if i.node == node.name),
+                )
+            )
+    return rows
+
+
+def print_rows(rows: list[PoolNodeRow], out: TextIO) -> None:
+    header = f"{'POOL':<14}{'NODE':<22}{'READY':<7}{'CORDONED':<10}{'TAINT':<9}{'LOAD':>10}  {'INTRUDERS':>9}  EGRESS"
+    print(header, file=out)
+    for r in rows:
+        load = f"{r.placed}/{r.capacity}"
+        print(
+            f"{r.pool:<14}{r.node:<22}{str(r.ready).lower():<7}{str(r.cordoned).lower():<10}{r.taint:<9}"
+            f"{load:>10}  {r.intruders:>9}  {r.egress}",
+            file=out,
+        )
+    if not rows:
+        print("(no pool has a node)", file=out)
+
+
+def run_status(settings: Settings, out: TextIO, as_json: bool = False) -> int:
+    api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
+    state = ClusterState(read_policy(settings, api), clock=time.time)
+    state.replace("Node", _items(api, "/api/v1/nodes"))
+    state.replace("Namespace", _items(api, "/api/v1/namespaces"))
+    state.replace("Pod", _items(api, "/api/v1/pods"))
+    rows = pool_rows(state)
+    if as_json:
+        print(json.dumps([asdict(r) for r in rows]), file=out)
+    else:
+        print_rows(rows, out)
+    return 0 if all(r.taint == "ok" and r.intruders == 0 for r in rows) else 1

@@ -1,0 +1,84 @@
+"""Command line: `python -m devcluster {build,up,down,status,kubeconfig}` (thin over `Cluster`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from devcluster.build import BuildError, ensure_built
+from devcluster.cluster import DEFAULT_POD_SECONDS, POD_SECONDS_ENV, Cluster, ClusterError
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m devcluster", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build the binaries into the cache (nothing when it is complete)")
+
+    def with_dir(name: str, help: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help)
+        cmd.add_argument("--dir", required=True, type=Path, help="the cluster directory")
+        return cmd
+
+    up = with_dir("up", "start a cluster in DIR (builds first if needed)")
+    up.add_argument("--nodes", type=int, default=3, help="ordinary nodes node-N (default 3)")
+    up.add_argument("--egress-nodes", type=int, default=3, help="egress nodes egress-N (default 3)")
+    up.add_argument(
+        "--pod-seconds",
+        type=float,
+        default=None,
+        help=f"how long a Tekton pod runs on a fake node (env {POD_SECONDS_ENV}, default {DEFAULT_POD_SECONDS})",
+    )
+    with_dir("down", "stop every process the cluster in DIR started")
+    with_dir("status", "what runs; exit status 1 when something is down")
+    kc = with_dir("kubeconfig", "mint a client-certificate kubeconfig for a user")
+    kc.add_argument("--user", required=True, help="e.g. system:serviceaccount:NS:NAME")
+    kc.add_argument("--group", action="append", help="override the groups (repeatable)")
+    kc.add_argument("--out", type=Path, help="where to write it (default DIR/users/USER.kubeconfig)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "build":
+            ensure_built(_log)
+            return 0
+        if args.command == "up":
+            cluster = Cluster(
+                args.dir, nodes=args.nodes, egress_nodes=args.egress_nodes, pod_seconds=args.pod_seconds, log=_log
+            )
+            cluster.up()
+            print(f"export KUBECONFIG={cluster.kubeconfig}")
+            return 0
+        cluster = Cluster(args.dir, log=_log)
+        if args.command == "down":
+            cluster.down()
+            _log(f"[devcluster] down: nothing of {cluster.dir} runs")
+            return 0
+        if args.command == "status":
+            rows = cluster.status()
+            if not rows:
+                _log(f"[devcluster] nothing runs in {cluster.dir}")
+                return 1
+            _log(f"{'COMPONENT':<26}{'PID':>8}  {'ALIVE':<6}{'HEALTHY':<8}PORT")
+            for r in rows:
+                _log(f"{r.name:<26}{r.pid:>8}  {str(r.alive).lower():<6}{str(r.healthy).lower():<8}{r.port or '-'}")
+            return 0 if all(r.alive and r.healthy for r in rows) else 1
+        if args.command == "kubeconfig":
+            if not cluster.state():
+                raise ClusterError(f"no cluster in {cluster.dir}")
+            print(cluster.mint_kubeconfig(args.user, args.group, args.out))
+            return 0
+    except (BuildError, ClusterError) as err:
+        print(f"[devcluster] error: {err}", file=sys.stderr, flush=True)
+        return 1
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

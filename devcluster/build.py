@@ -1,0 +1,257 @@
+"""Builds the cluster's binaries from the Go tool modules into a cache outside the repository.
+
+Each tool module under `devcluster/tools/` pins one upstream project (separate modules so Go's
+minimal version selection never unifies their k8s.io versions). The cache directory is keyed by
+the pinned versions, a hash of the modules' go.mod/go.sum and the Go version; it is filled in a
+temporary directory and renamed into place, so it is either complete or absent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+TOOLS_DIR = Path(__file__).resolve().parent / "tools"
+RECIPE_VERSION = "1"  # bump when the build commands below change in a way the key does not see
+TEKTON_MODULE = "github.com/tektoncd/pipeline"
+
+Log = Callable[[str], None]
+
+
+class BuildError(RuntimeError):
+    """A component failed to build; the message carries the tail of Go's output."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """One tool module and the binaries built from it."""
+
+    module: str  # directory under tools/
+    pin: str  # the upstream module whose version names the component
+    binaries: dict[str, str]  # output binary name -> Go package
+    why: str  # why a cold build takes long (printed with progress)
+    stamp_kubernetes_version: bool = False
+
+
+COMPONENTS: tuple[Component, ...] = (
+    Component(
+        module="kubernetes",
+        pin="k8s.io/kubernetes",
+        binaries={
+            "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+            "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+            "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+        },
+        why="compiles ~2,500 packages of k8s.io/kubernetes: ~5.5 min cold on 2 cores",
+        stamp_kubernetes_version=True,
+    ),
+    Component(
+        module="etcd",
+        pin="go.etcd.io/etcd/server/v3",
+        binaries={"etcd": "go.etcd.io/etcd/server/v3"},
+        why="etcd server with gRPC and bbolt: ~20 s cold",
+    ),
+    Component(
+        module="kwok",
+        pin="sigs.k8s.io/kwok",
+        binaries={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
+        why="KWOK with client-go and its stage engine: ~1 min cold",
+    ),
+    Component(
+        module="tekton",
+        pin=TEKTON_MODULE,
+        # Tekton's cmd/controller with loopback-only probes (see tools/tekton/controller/main.go).
+        binaries={"tekton-controller": "egress-placer/devcluster/tools/tekton/controller"},
+        why="Tekton controller with knative, cloud SDKs and sigstore: ~1.5 min cold on 2 cores",
+    ),
+)
+
+
+def pinned_version(component: Component) -> str:
+    """The version of `component.pin` required in the tool module's go.mod."""
+    text = (TOOLS_DIR / component.module / "go.mod").read_text()
+    match = re.search(rf"^\s*{re.escape(component.pin)}\s+(v\S+)", text, re.MULTILINE)
+    if match is None:
+        raise BuildError(f"{component.pin} is not required in tools/{component.module}/go.mod")
+    return match.group(1)
+
+
+def kubernetes_ldflags(version: str) -> str:
+    """Link flags that stamp the Kubernetes version (Tekton refuses to start on v0.0.0-master)."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = ["-s", "-w"]
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X {pkg}.gitVersion={version}", f"-X {pkg}.gitMajor={major}", f"-X {pkg}.gitMinor={minor}"]
+    return " ".join(flags)
+
+
+def ldflags(component: Component) -> str:
+    return kubernetes_ldflags(pinned_version(component)) if component.stamp_kubernetes_version else "-s -w"
+
+
+def cache_root() -> Path:
+    """`${EGRESS_PLACER_CACHE:-~/.cache/egress-placer}/devcluster`."""
+    base = os.environ.get("EGRESS_PLACER_CACHE") or "~/.cache/egress-placer"
+    return Path(base).expanduser() / "devcluster"
+
+
+def go_version() -> str | None:
+    """`go env GOVERSION`, or None when Go is not installed."""
+    if shutil.which("go") is None:
+        return None
+    return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def tools_digest() -> str:
+    """Hash of the recipe, the link flags and every tool module's go.mod, go.sum and Go files."""
+    digest = hashlib.sha256(RECIPE_VERSION.encode())
+    for component in COMPONENTS:
+        module = TOOLS_DIR / component.module
+        for path in sorted([module / "go.mod", module / "go.sum", *module.rglob("*.go")]):
+            digest.update(f"{path.relative_to(TOOLS_DIR)}\0".encode())
+            digest.update(path.read_bytes())
+        digest.update(ldflags(component).encode())
+    return digest.hexdigest()[:12]
+
+
+def key_prefix() -> str:
+    """The part of the cache key that does not depend on the Go toolchain."""
+    k8s, etcd, kwok, tekton = (pinned_version(c) for c in COMPONENTS)
+    return f"k8s-{k8s}_etcd-{etcd}_kwok-{kwok}_tekton-{tekton}_{tools_digest()}"
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """A cache directory holding `bin/` and Tekton's `tekton-config/`."""
+
+    root: Path
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "bin"
+
+    @property
+    def tekton_config(self) -> Path:
+        return self.root / "tekton-config"
+
+    def binary(self, name: str) -> Path:
+        return self.bin_dir / name
+
+    def complete(self) -> bool:
+        names = [name for c in COMPONENTS for name in c.binaries]
+        return all(os.access(self.binary(n), os.X_OK) for n in names) and (self.tekton_config / "300-crds").is_dir()
+
+
+def find_artifacts() -> Artifacts | None:
+    """The complete cache for the current pins, or None. Without Go, any Go version's cache fits."""
+    prefix, version = key_prefix(), go_version()
+    if version is not None:
+        candidates = [cache_root() / f"{prefix}_{version}"]
+    else:
+        candidates = sorted(cache_root().glob(f"{prefix}_go*"), reverse=True)
+    return next((Artifacts(c) for c in candidates if Artifacts(c).complete()), None)
+
+
+def ensure_built(log: Log = print) -> Artifacts:
+    """Return the complete cache, building it first when it is missing."""
+    found = find_artifacts()
+    if found is not None:
+        log(f"[build] cache complete, nothing to build: {found.root}")
+        return found
+    version = go_version()
+    if version is None:
+        raise BuildError("the binaries are not cached and `go` is not on PATH")
+    final = cache_root() / f"{key_prefix()}_{version}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    log(f"[build] building into {final} (Go build cache: later builds take seconds)")
+    started = time.monotonic()
+    staging = Artifacts(Path(tempfile.mkdtemp(prefix=".building-", dir=final.parent)))
+    try:
+        staging.bin_dir.mkdir()
+        for component in COMPONENTS:
+            _build_component(component, staging.bin_dir, log)
+        _copy_tekton_config(staging.tekton_config)
+        os.rename(staging.root, final)
+    except BaseException:
+        shutil.rmtree(staging.root, ignore_errors=True)
+        if not Artifacts(final).complete():  # unless another build finished first
+            raise
+    log(f"[build] all components built in {time.monotonic() - started:.0f} s")
+    return Artifacts(final)
+
+
+def _go_env() -> dict[str, str]:
+    return {**os.environ, "GOTOOLCHAIN": "local", "GOWORK": "off", "GOFLAGS": "-buildvcs=false"}
+
+
+def _go_output_name(package: str) -> str:
+    """The file name `go build -o DIR/` gives a main package (major-version suffixes skipped)."""
+    parts = package.split("/")
+    return parts[-2] if re.fullmatch(r"v\d+", parts[-1]) else parts[-1]
+
+
+def _build_component(component: Component, bin_dir: Path, log: Log) -> None:
+    names = ", ".join(component.binaries)
+    log(f"[build] {component.module} {pinned_version(component)} ({names}): {component.why}")
+    started = time.monotonic()
+    out_dir = Path(tempfile.mkdtemp(prefix=f".{component.module}-", dir=bin_dir))
+    packages = list(component.binaries.values())
+    argv = ["go", "build", "-trimpath", "-ldflags", ldflags(component), "-o", f"{out_dir}/", *packages]
+    with tempfile.TemporaryFile(mode="w+") as output:
+        proc = subprocess.Popen(argv, cwd=TOOLS_DIR / component.module, env=_go_env(), stdout=output, stderr=output)
+        while True:
+            try:
+                proc.wait(timeout=60)
+                break
+            except subprocess.TimeoutExpired:
+                log(f"[build]   still building {component.module}: {time.monotonic() - started:.0f} s")
+            except BaseException:
+                proc.kill()
+                proc.wait()
+                raise
+        if proc.returncode != 0:
+            output.seek(0)
+            tail = "\n".join(output.read().splitlines()[-40:])
+            raise BuildError(f"building {component.module} failed (exit {proc.returncode}):\n{tail}")
+    for name, package in component.binaries.items():
+        os.rename(out_dir / _go_output_name(package), bin_dir / name)
+    out_dir.rmdir()
+    log(f"[build] {component.module} done in {time.monotonic() - started:.0f} s")
+
+
+def tekton_module_dir() -> Path:
+    """Where the pinned Tekton module lives in the Go module cache (downloaded when missing)."""
+    out = subprocess.run(
+        ["go", "list", "-m", "-json", TEKTON_MODULE],
+        cwd=TOOLS_DIR / "tekton",
+        env=_go_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    module_dir = json.loads(out).get("Dir")
+    if not module_dir:
+        subprocess.run(["go", "mod", "download", TEKTON_MODULE], cwd=TOOLS_DIR / "tekton", env=_go_env(), check=True)
+        return tekton_module_dir()
+    return Path(module_dir)
+
+
+def _copy_tekton_config(dest: Path) -> None:
+    """Copy the v1 CRDs, the namespace and the ConfigMaps the controller needs (as writable files)."""
+    config = tekton_module_dir() / "config"
+    files = [*sorted((config / "300-crds").glob("*.yaml")), *sorted((config / "100-namespace").glob("*.yaml"))]
+    files += sorted(config.glob("config-*.yaml"))
+    for src in files:
+        target = dest / src.relative_to(config)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(src.read_bytes())

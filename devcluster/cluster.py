@@ -1,0 +1,658 @@
+"""A real Kubernetes control plane with Tekton on fake (KWOK) nodes, all as local processes.
+
+`Cluster(dir)` owns one cluster directory:
+
+    DIR/kubeconfig          cluster-admin kubeconfig (embedded certificates)
+    DIR/cluster.json        ports, paths, owner and every process started (pid + start time)
+    DIR/pids/NAME.pid       one pid file per process
+    DIR/logs/NAME.log       each process's output
+    DIR/pki/                CA, serving certs, service-account key
+    DIR/etcd/               etcd data
+
+Every process listens on 127.0.0.1 only, except the Tekton controller's profiling server, which
+knative binds on all interfaces (an ephemeral port; see README). Processes are stopped by pid, never by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import requests
+import yaml
+
+from devcluster import build, certs
+from devcluster.process import ProcessRecord, free_port, is_alive, spawn, start_time_of, stop
+
+Log = Callable[[str], None]
+
+EGRESS_POOL_LABEL = "egress-placer.io/pool"
+EGRESS_POOL = "overseas"
+KWOK_NODE_SELECTOR = "type=kwok"
+TEKTON_NAMESPACE = "tekton-pipelines"
+PROBE_NAMESPACE = "devcluster-probe"
+POD_SECONDS_ENV = "EGRESS_PLACER_DEVCLUSTER_POD_SECONDS"
+DEFAULT_POD_SECONDS = 1.5
+STAGES_FILE = Path(__file__).resolve().parent / "kwok-stages.yaml"
+# Stop order: clients of the API server first, then the API server, then etcd.
+_CONTROL_PLANE = ("kube-apiserver", "etcd")
+_CONTROLLERS = (
+    "serviceaccount-controller,serviceaccount-token-controller,namespace-controller,garbage-collector-controller,"
+    "node-lifecycle-controller,taint-eviction-controller,root-ca-certificate-publisher-controller,"
+    "clusterrole-aggregation-controller,replicaset-controller,deployment-controller,statefulset-controller,"
+    "daemonset-controller,job-controller,ttl-after-finished-controller,pod-garbage-collector-controller,"
+    "disruption-controller,endpointslice-controller,resourcequota-controller"
+)
+
+
+class ClusterError(RuntimeError):
+    """A component did not come up (the message carries its log tail) or the cluster is unusable."""
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    pid: int
+    alive: bool
+    healthy: bool
+    port: int | None
+
+
+def _tail(path: str | Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def pod_seconds_default() -> float:
+    """Seconds a Tekton pod runs on a fake node: env EGRESS_PLACER_DEVCLUSTER_POD_SECONDS or 1.5."""
+    return float(os.environ.get(POD_SECONDS_ENV) or DEFAULT_POD_SECONDS)
+
+
+def render_stages(pod_seconds: float) -> str:
+    """The KWOK stages with the run time of Tekton (and Job) pods set to `pod_seconds`."""
+    stages = list(yaml.safe_load_all(STAGES_FILE.read_text()))
+    for stage in stages:
+        if stage["metadata"]["name"] in ("tekton-pod-complete", "job-pod-complete"):
+            stage["spec"]["delay"]["durationMilliseconds"] = int(pod_seconds * 1000)
+    return yaml.dump_all(stages, Dumper=_LiteralDumper, sort_keys=False)
+
+
+class _LiteralDumper(yaml.SafeDumper):
+    """Dumps multi-line strings (the stage templates) as literal blocks."""
+
+
+_LiteralDumper.add_representer(
+    str,
+    lambda dumper, s: dumper.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None),
+)
+
+
+def node_manifest(name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    """A fake node KWOK manages: Ready once KWOK sees it, no taints, room for 110 pods."""
+    resources = {"cpu": "64", "memory": "256Gi", "pods": "110", "ephemeral-storage": "1Ti"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                **labels,
+            },
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {},
+        "status": {"allocatable": resources, "capacity": resources},
+    }
+
+
+def probe_taskrun(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "TaskRun",
+        "metadata": {"name": name, "namespace": PROBE_NAMESPACE},
+        "spec": {"taskSpec": {"steps": [{"name": "probe", "image": "busybox", "script": "true"}]}},
+    }
+
+
+def _registry_entry(directory: Path) -> Path:
+    digest = hashlib.sha256(str(directory).encode()).hexdigest()[:16]
+    return build.cache_root() / "clusters" / f"{digest}.json"
+
+
+def reap_stale_clusters(log: Log = print) -> list[Path]:
+    """Bring down clusters whose owner process died (e.g. a killed pytest run); return their dirs."""
+    reaped = []
+    for entry in sorted((build.cache_root() / "clusters").glob("*.json")):
+        try:
+            data = json.loads(entry.read_text())
+        except (OSError, ValueError):
+            entry.unlink(missing_ok=True)
+            continue
+        owner = data.get("owner")
+        directory = Path(data["dir"])
+        if owner and is_alive(owner["pid"], owner["start_time"]):
+            continue
+        if not owner and (directory / "cluster.json").exists():
+            continue  # started from the command line: lives until `down`
+        log(f"[devcluster] reaping a cluster whose owner is gone: {directory}")
+        Cluster(directory, log=log).down()
+        entry.unlink(missing_ok=True)
+        reaped.append(directory)
+    return reaped
+
+
+def _http_ok(url: str) -> bool:
+    session = requests.Session()
+    session.trust_env = False
+    try:
+        return session.get(url, timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+class _Api:
+    """Minimal JSON client for the launcher's own calls (admin client certificate)."""
+
+    def __init__(self, url: str, ca: Path, cert: Path, key: Path) -> None:
+        self.url = url
+        self.session = requests.Session()
+        self.session.trust_env = False  # else REQUESTS_CA_BUNDLE overrides `verify` (psf/requests#3829)
+        self.session.verify = str(ca)
+        self.session.cert = (str(cert), str(key))
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        resp = self.session.get(self.url + path, timeout=5)
+        if resp.status_code == 404:
+            return None
+        resp.raise_for_status()
+        return resp.json()
+
+    def create(self, path: str, body: Mapping[str, Any]) -> None:
+        resp = self.session.post(self.url + path, json=body, timeout=10)
+        if resp.status_code != 409:
+            resp.raise_for_status()
+
+    def delete(self, path: str) -> None:
+        resp = self.session.delete(self.url + path, timeout=10)
+        if resp.status_code != 404:
+            resp.raise_for_status()
+
+    def ok(self, path: str) -> bool:
+        try:
+            return self.session.get(self.url + path, timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+
+class Cluster:
+    """One local cluster, identified by its directory."""
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        nodes: int = 3,
+        egress_nodes: int = 3,
+        pod_seconds: float | None = None,
+        log: Log = print,
+    ) -> None:
+        self.dir = Path(directory).resolve()
+        self.nodes = nodes
+        self.egress_nodes = egress_nodes
+        self.pod_seconds = pod_seconds_default() if pod_seconds is None else pod_seconds
+        self.log = log
+        self.pki = certs.Pki(self.dir / "pki")
+
+    # ---- paths and recorded state -------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.pki.ca_cert
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "cluster.json"
+
+    @property
+    def api_url(self) -> str:
+        return self.state()["api_url"]
+
+    def state(self) -> dict[str, Any]:
+        """The contents of DIR/cluster.json ({} when no cluster was brought up here)."""
+        try:
+            return json.loads(self.state_file.read_text())
+        except FileNotFoundError:
+            return {}
+
+    def processes(self) -> list[ProcessRecord]:
+        return [ProcessRecord.from_dict(p) for p in self.state().get("processes", [])]
+
+    def process(self, name: str) -> ProcessRecord | None:
+        return next((p for p in self.processes() if p.name == name), None)
+
+    def binary(self, name: str) -> Path:
+        """Path of a cached binary (kubectl, kube-apiserver, ...)."""
+        return Path(self.state()["bin_dir"]) / name
+
+    @contextlib.contextmanager
+    def _locked_state(self) -> Iterator[dict[str, Any]]:
+        """Read-modify-write DIR/cluster.json under a file lock (other processes may add to it)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            state = self.state()
+            yield state
+            tmp = self.state_file.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(state, indent=2) + "\n")
+            os.replace(tmp, self.state_file)
+
+    def is_running(self) -> bool:
+        procs = self.processes()
+        return bool(procs) and all(p.alive() for p in procs)
+
+    # ---- processes --------------------------------------------------------------------------
+    def _owned_by_me(self) -> bool:
+        owner = self.state().get("owner")
+        return bool(owner) and owner["pid"] == os.getpid()
+
+    def start_process(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        *,
+        port: int | None = None,
+        health_url: str | None = None,
+    ) -> ProcessRecord:
+        """Start a process and record it (pid file, cluster.json) so `down` stops it too."""
+        current = self.process(name)
+        if current is not None and current.alive():
+            raise ClusterError(f"{name} already runs (pid {current.pid})")
+        extra = {"health_url": health_url} if health_url else {}
+        record = spawn(
+            name,
+            argv,
+            self.dir / "logs" / f"{name}.log",
+            env,
+            port=port,
+            die_with_parent=self._owned_by_me(),
+            extra=extra,
+        )
+        with self._locked_state() as state:
+            state["processes"] = [p for p in state.get("processes", []) if p["name"] != name] + [record.to_dict()]
+        (self.dir / "pids").mkdir(exist_ok=True)
+        (self.dir / "pids" / f"{name}.pid").write_text(f"{record.pid}\n")
+        return record
+
+    def stop_process(self, name: str, timeout: float = 10.0) -> None:
+        """Stop one recorded process (SIGTERM, then SIGKILL) and forget it."""
+        record = self.process(name)
+        if record is None:
+            return
+        left = stop([record], timeout)
+        if left:
+            raise ClusterError(f"{name} (pid {record.pid}) survived SIGKILL")
+        with self._locked_state() as state:
+            state["processes"] = [p for p in state.get("processes", []) if p["name"] != name]
+        (self.dir / "pids" / f"{name}.pid").unlink(missing_ok=True)
+
+    # ---- certificates -----------------------------------------------------------------------
+    def mint_kubeconfig(self, user: str, groups: Sequence[str] | None = None, out: str | Path | None = None) -> Path:
+        """A kubeconfig whose client certificate says CN=`user`, O=`groups` (ServiceAccount groups
+        by default for `system:serviceaccount:NS:NAME`), signed by the cluster's client CA."""
+        groups = certs.service_account_groups(user) if groups is None else tuple(groups)
+        credentials = certs.issue_client_cert(self.pki, user, groups)
+        path = Path(out) if out else self.dir / "users" / (re.sub(r"[^A-Za-z0-9_.-]+", "_", user) + ".kubeconfig")
+        return certs.write_kubeconfig(path.resolve(), self.api_url, self.pki, user, credentials)
+
+    # ---- up ---------------------------------------------------------------------------------
+    def up(self, owner_pid: int | None = None) -> None:
+        """Build if needed, start every component and return once Tekton ran a probe TaskRun.
+
+        `owner_pid`: the process whose death means the cluster must go (the pytest run); its
+        children get SIGTERM when it dies, and the next `up` reaps what is left.
+        """
+        reap_stale_clusters(self.log)
+        if any(p.alive() for p in self.processes()):
+            raise ClusterError(f"a cluster already runs in {self.dir}; run `down` first")
+        started = time.monotonic()
+        artifacts = build.ensure_built(self.log)
+        self._prepare(artifacts, owner_pid)
+        try:
+            self._start_all(artifacts)
+        except BaseException as err:
+            self.log(f"[devcluster] bringing the cluster down after: {err!r}"[:2000])
+            self.down()
+            raise
+        self.log(f"[devcluster] up in {time.monotonic() - started:.1f} s: {self.api_url}")
+
+    def _prepare(self, artifacts: build.Artifacts, owner_pid: int | None) -> None:
+        for sub in ("logs", "pids", "etcd", "users"):
+            path = self.dir / sub
+            if sub == "etcd":
+                shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True, exist_ok=True)
+        for old in (self.dir / "pids").glob("*.pid"):
+            old.unlink()
+        certs.create_pki(self.pki.dir)
+        ports = {name: free_port() for name in (
+            "etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+            "tekton-probes", "tekton-metrics",
+        )}
+        api_url = f"https://127.0.0.1:{ports['kube-apiserver']}"
+        owner = None
+        if owner_pid is not None:
+            owner = {"pid": owner_pid, "start_time": start_time_of(owner_pid)}
+        state = {
+            "dir": str(self.dir),
+            "api_url": api_url,
+            "kubeconfig": str(self.kubeconfig),
+            "ca_file": str(self.ca_file),
+            "bin_dir": str(artifacts.bin_dir),
+            "tekton_config": str(artifacts.tekton_config),
+            "ports": ports,
+            "nodes": self.nodes,
+            "egress_nodes": self.egress_nodes,
+            "pod_seconds": self.pod_seconds,
+            "owner": owner,
+            "processes": [],
+        }
+        with self._locked_state() as current:
+            current.clear()
+            current.update(state)
+        entry = _registry_entry(self.dir)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.write_text(json.dumps({"dir": str(self.dir), "owner": owner}))
+        admin = certs.issue_client_cert(self.pki, certs.ADMIN_USER, certs.ADMIN_GROUPS)
+        certs.write_kubeconfig(self.kubeconfig, api_url, self.pki, certs.ADMIN_USER, admin)
+        admin_dir = self.pki.dir / "admin"
+        admin_dir.mkdir(exist_ok=True)
+        (admin_dir / "admin.crt").write_bytes(admin.cert_pem)
+        (admin_dir / "admin.key").touch(mode=0o600)
+        (admin_dir / "admin.key").write_bytes(admin.key_pem)
+        (self.dir / "kwok.yaml").write_text(render_stages(self.pod_seconds))
+
+    def api(self) -> _Api:
+        admin = self.pki.dir / "admin"
+        return _Api(self.api_url, self.ca_file, admin / "admin.crt", admin / "admin.key")
+
+    def _wait(self, what: str, check: Callable[[], bool], components: Sequence[str], timeout: float = 60) -> None:
+        """Poll `check` until true; fail with the log tail of a dead or of the first component."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for name in components:
+                record = self.process(name)
+                if record is not None and not record.alive():
+                    raise ClusterError(f"{name} exited while waiting for {what}; last log lines:\n{_tail(record.log)}")
+            with contextlib.suppress(requests.RequestException):
+                if check():
+                    return
+            if time.monotonic() > deadline:
+                record = self.process(components[0])
+                tail = _tail(record.log) if record else "(not started)"
+                raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}; {components[0]} log:\n{tail}")
+            time.sleep(0.25)
+
+    def _start_all(self, artifacts: build.Artifacts) -> None:
+        state = self.state()
+        ports: dict[str, int] = state["ports"]
+        binary = artifacts.binary
+        kubeconfig = str(self.kubeconfig)
+        t0 = time.monotonic()
+
+        def step(msg: str) -> None:
+            self.log(f"[devcluster] {time.monotonic() - t0:5.1f} s  {msg}")
+
+        etcd_url = f"http://127.0.0.1:{ports['etcd']}"
+        peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
+        self.start_process(
+            "etcd",
+            [
+                str(binary("etcd")), "--name=devcluster", f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+                f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=devcluster={peer_url}", "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=8589934592", "--log-level=warn",
+            ],
+            port=ports["etcd"],
+            health_url=f"{etcd_url}/health",
+        )
+        self._wait("etcd health", lambda: _http_ok(f"{etcd_url}/health"), ["etcd"])
+        step("etcd ready")
+
+        pki = self.pki
+        self.start_process(
+            "kube-apiserver",
+            [
+                str(binary("kube-apiserver")), f"--etcd-servers={etcd_url}",
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={ports['kube-apiserver']}",
+                f"--cert-dir={pki.dir}", f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+                f"--client-ca-file={pki.ca_cert}", "--authorization-mode=RBAC", "--anonymous-auth=false",
+                "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki.service_account_pub}",
+                f"--service-account-signing-key-file={pki.service_account_key}",
+                "--endpoint-reconciler-type=none",
+                "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
+                "--enable-priority-and-fairness=false",
+            ],
+            port=ports["kube-apiserver"],
+            health_url=f"{state['api_url']}/readyz",
+        )
+        api = self.api()
+        self._wait("the API server's /readyz", lambda: api.ok("/readyz"), ["kube-apiserver", "etcd"], timeout=90)
+        step("kube-apiserver ready")
+
+        for name in ("kube-controller-manager", "kube-scheduler"):
+            serving = certs.issue_serving_cert(pki, name)
+            (pki.dir / f"{name}.crt").write_bytes(serving.cert_pem)
+            (pki.dir / f"{name}.key").touch(mode=0o600)
+            (pki.dir / f"{name}.key").write_bytes(serving.key_pem)
+        common = lambda name: [  # noqa: E731
+            f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}", "--leader-elect=false", "--bind-address=127.0.0.1",
+            f"--secure-port={ports[name]}", f"--tls-cert-file={pki.dir / (name + '.crt')}",
+            f"--tls-private-key-file={pki.dir / (name + '.key')}",
+        ]
+        self.start_process(
+            "kube-controller-manager",
+            [
+                str(binary("kube-controller-manager")), *common("kube-controller-manager"),
+                f"--controllers={_CONTROLLERS}",
+                f"--service-account-private-key-file={pki.service_account_key}", f"--root-ca-file={pki.ca_cert}",
+                "--kube-api-qps=200", "--kube-api-burst=400", "--concurrent-gc-syncs=10",
+            ],
+            port=ports["kube-controller-manager"],
+            health_url=f"https://127.0.0.1:{ports['kube-controller-manager']}/healthz",
+        )
+        self.start_process(
+            "kube-scheduler",
+            [str(binary("kube-scheduler")), *common("kube-scheduler"), "--kube-api-qps=200", "--kube-api-burst=400"],
+            port=ports["kube-scheduler"],
+            health_url=f"https://127.0.0.1:{ports['kube-scheduler']}/healthz",
+        )
+        self.start_process(
+            "kwok",
+            [
+                str(binary("kwok")), f"--kubeconfig={kubeconfig}", "--manage-all-nodes=false",
+                f"--manage-nodes-with-label-selector={KWOK_NODE_SELECTOR}", f"--config={self.dir / 'kwok.yaml'}",
+                f"--server-address=127.0.0.1:{ports['kwok']}", "--node-lease-duration-seconds=40",
+                "--cidr=10.128.0.1/16", "--node-ip=10.127.0.1",
+            ],
+            port=ports["kwok"],
+            health_url=f"http://127.0.0.1:{ports['kwok']}/healthz",
+        )
+        step("controller-manager, scheduler and kwok started")
+
+        for i in range(1, self.nodes + 1):
+            api.create("/api/v1/nodes", node_manifest(f"node-{i}", {}))
+        for i in range(1, self.egress_nodes + 1):
+            api.create("/api/v1/nodes", node_manifest(f"egress-{i}", {EGRESS_POOL_LABEL: EGRESS_POOL}))
+        self.install_tekton_config()
+        crds = sorted(p.stem for p in (artifacts.tekton_config / "300-crds").glob("*.yaml"))
+        crd_names = self._crd_names(artifacts)
+        self._wait(f"Tekton CRDs Established ({', '.join(crds)})", lambda: all(
+            self._crd_established(api, name) for name in crd_names), ["kube-apiserver"])
+        step("nodes created, Tekton CRDs established")
+
+        tekton_env = {
+            "SYSTEM_NAMESPACE": TEKTON_NAMESPACE,
+            "KUBERNETES_MIN_VERSION": "v1.28.0",
+            "CONFIG_DEFAULTS_NAME": "config-defaults",
+            "CONFIG_LOGGING_NAME": "config-logging",
+            "CONFIG_OBSERVABILITY_NAME": "config-observability",
+            "CONFIG_FEATURE_FLAGS_NAME": "feature-flags",
+            "CONFIG_LEADERELECTION_NAME": "config-leader-election-controller",
+            "CONFIG_SPIRE": "config-spire",
+            "METRICS_DOMAIN": "tekton.dev/pipeline",
+            "PROBES_ADDRESS": f"127.0.0.1:{ports['tekton-probes']}",
+            # knative binds the profiling server to ":PORT" (all interfaces); 0 = an ephemeral port,
+            # and it answers 404 unless runtime-profiling is enabled in config-observability.
+            "PROFILING_PORT": "0",
+            "METRICS_PROMETHEUS_HOST": "127.0.0.1",
+            "METRICS_PROMETHEUS_PORT": str(ports["tekton-metrics"]),
+        }
+        image = "devcluster.invalid/tekton"
+        self.start_process(
+            "tekton-controller",
+            [
+                str(binary("tekton-controller")), f"-kubeconfig={kubeconfig}", "-disable-ha",
+                "-kube-api-qps=50", "-kube-api-burst=100", "-threads-per-controller=4",
+                f"-entrypoint-image={image}/entrypoint", f"-nop-image={image}/nop",
+                f"-sidecarlogresults-image={image}/sidecarlogresults", f"-shell-image={image}/busybox",
+                f"-shell-image-win={image}/powershell", f"-workingdirinit-image={image}/workingdirinit",
+            ],
+            env=tekton_env,
+            port=ports["tekton-probes"],
+            health_url=f"http://127.0.0.1:{ports['tekton-probes']}/health",
+        )
+        self._wait("nodes Ready and schedulable", lambda: self._nodes_ready(api), ["kwok", "kube-controller-manager"])
+        step(f"{self.nodes + self.egress_nodes} nodes Ready")
+        self._wait(
+            "the default ServiceAccount", lambda: self._default_sa(api), ["kube-controller-manager"]
+        )
+        self._probe_tekton(api)
+        step("Tekton ran the probe TaskRun")
+
+    def install_tekton_config(self) -> None:
+        """Apply Tekton's namespace, CRDs and ConfigMaps (server-side apply: the CRDs are large)."""
+        config = Path(self.state()["tekton_config"])
+        files = [*sorted((config / "100-namespace").glob("*.yaml")), *sorted((config / "300-crds").glob("*.yaml"))]
+        files += sorted(config.glob("config-*.yaml"))
+        argv = [str(self.binary("kubectl")), f"--kubeconfig={self.kubeconfig}", "apply", "--server-side",
+                "--force-conflicts", "--field-manager=devcluster"]
+        for f in files:
+            argv += ["-f", str(f)]
+        result = subprocess.run(argv, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise ClusterError(f"kubectl apply of Tekton's config failed:\n{result.stderr[-3000:]}")
+
+    @staticmethod
+    def _crd_names(artifacts: build.Artifacts) -> list[str]:
+        names = []
+        for path in sorted((artifacts.tekton_config / "300-crds").glob("*.yaml")):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if doc and doc.get("kind") == "CustomResourceDefinition":
+                    names.append(doc["metadata"]["name"])
+        return names
+
+    @staticmethod
+    def _crd_established(api: _Api, name: str) -> bool:
+        crd = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        conditions = (crd or {}).get("status", {}).get("conditions", [])
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    def _nodes_ready(self, api: _Api) -> bool:
+        nodes = (api.get(f"/api/v1/nodes?labelSelector={KWOK_NODE_SELECTOR}") or {}).get("items", [])
+        if len(nodes) < self.nodes + self.egress_nodes:
+            return False
+        for node in nodes:
+            conditions = node.get("status", {}).get("conditions", [])
+            if not any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+                return False
+            if any(t["key"].startswith("node.kubernetes.io/") for t in node["spec"].get("taints", [])):
+                return False
+        return True
+
+    @staticmethod
+    def _default_sa(api: _Api) -> bool:
+        api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PROBE_NAMESPACE}})
+        return api.get(f"/api/v1/namespaces/{PROBE_NAMESPACE}/serviceaccounts/default") is not None
+
+    def _probe_tekton(self, api: _Api) -> None:
+        """Create a TaskRun and wait until Tekton, the scheduler and KWOK together finish it."""
+        path = f"/apis/tekton.dev/v1/namespaces/{PROBE_NAMESPACE}/taskruns"
+        name = f"probe-{int(time.time())}"
+        api.create(path, probe_taskrun(name))
+
+        def succeeded() -> bool:
+            run = api.get(f"{path}/{name}") or {}
+            for c in run.get("status", {}).get("conditions", []):
+                if c["type"] == "Succeeded" and c["status"] == "False":
+                    raise ClusterError(f"the probe TaskRun failed: {c.get('reason')}: {c.get('message')}")
+                if c["type"] == "Succeeded" and c["status"] == "True":
+                    return True
+            return False
+
+        components = ["tekton-controller", "kube-scheduler", "kwok", "kube-apiserver"]
+        self._wait("the Tekton controller to run a probe TaskRun", succeeded, components, timeout=60 + self.pod_seconds)
+        api.delete(f"{path}/{name}")
+
+    # ---- status and down --------------------------------------------------------------------
+    def status(self) -> list[ComponentStatus]:
+        """What runs: every recorded process, whether it is alive and answers its health URL."""
+        session = requests.Session()
+        session.trust_env = False
+        session.verify = str(self.ca_file)
+        admin = self.pki.dir / "admin"
+        session.cert = (str(admin / "admin.crt"), str(admin / "admin.key"))
+        out = []
+        for p in self.processes():
+            alive = p.alive()
+            url = p.extra.get("health_url")
+            healthy = alive
+            if alive and url:
+                try:
+                    healthy = session.get(url, timeout=2).status_code == 200
+                except requests.RequestException:
+                    healthy = False
+            out.append(ComponentStatus(p.name, p.pid, alive, healthy, p.port))
+        return out
+
+    def down(self, timeout: float = 10.0) -> None:
+        """Stop every recorded process (clients first, then the API server, then etcd); idempotent."""
+        procs = self.processes()
+        stages = [
+            [p for p in procs if p.name not in _CONTROL_PLANE],
+            [p for p in procs if p.name == "kube-apiserver"],
+            [p for p in procs if p.name == "etcd"],
+        ]
+        survivors = [r for stage in stages for r in stop(stage, timeout)]
+        if survivors:
+            raise ClusterError(f"still running after SIGKILL: {[(r.name, r.pid) for r in survivors]}")
+        if self.state_file.exists():
+            with self._locked_state() as state:
+                state["processes"] = []
+        for pid_file in (self.dir / "pids").glob("*.pid"):
+            pid_file.unlink()
+        _registry_entry(self.dir).unlink(missing_ok=True)
+

@@ -1,0 +1,204 @@
+"""Run egress-placer on the local cluster the way it runs in a real one, but as local processes.
+
+`start_controller` applies the `k8s/` manifests (rendered by the cached kubectl's kustomize) except the
+Deployment, Service and PDB, points the MutatingWebhookConfiguration at a loopback URL
+(`clientConfig.url`; the controller fills its `caBundle` itself, as in a cluster), puts the given
+policy into the policy ConfigMap, mints a kubeconfig for the manifests' ServiceAccount, and starts
+`egress-placer run` under that identity, one process per replica. It returns once every replica
+answers `/readyz` and the webhook's caBundle is set. The processes are recorded in the cluster's
+state, so `python -m devcluster down` stops them too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import requests
+import yaml
+
+from devcluster.cluster import Cluster, ClusterError
+from devcluster.process import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+K8S_DIR = REPO / "k8s"
+NAMESPACE = "egress-placer"
+SERVICE_ACCOUNT = "egress-placer"
+POLICY_CONFIGMAP = "egress-placer-policy"
+WEBHOOK_CONFIG = "egress-placer"
+LOCAL_ONLY_KINDS = {"Deployment", "Service", "PodDisruptionBudget"}  # the controller runs as a local process instead
+READY_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class ControllerReplica:
+    name: str
+    identity: str
+    webhook_port: int
+    health_port: int
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.health_port}"
+
+    @property
+    def webhook_url(self) -> str:
+        return f"https://127.0.0.1:{self.webhook_port}/mutate"
+
+
+def service_account_user() -> str:
+    return f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+
+
+def render_manifests(cluster: Cluster) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [str(cluster.binary("kubectl")), "kustomize", str(K8S_DIR)], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise ClusterError(f"kubectl kustomize {K8S_DIR} failed: {out.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def local_manifests(docs: Iterable[Mapping[str, Any]], policy_text: str, webhook_url: str) -> list[dict[str, Any]]:
+    """The manifests as they apply to a controller that runs as a local process."""
+    result = []
+    for doc in docs:
+        doc = json.loads(json.dumps(doc))  # a deep copy
+        kind = doc.get("kind")
+        if kind in LOCAL_ONLY_KINDS:
+            continue
+        if kind == "MutatingWebhookConfiguration":
+            for hook in doc.get("webhooks") or []:
+                ca = (hook.get("clientConfig") or {}).get("caBundle")
+                hook["clientConfig"] = {"url": webhook_url, **({"caBundle": ca} if ca else {})}
+        if kind == "ConfigMap" and doc["metadata"]["name"] == POLICY_CONFIGMAP:
+            doc["data"] = {"policy.yaml": policy_text}
+        result.append(doc)
+    return result
+
+
+def kubectl(cluster: Cluster, *args: str, stdin: str | None = None, kubeconfig: Path | None = None) -> str:
+    out = subprocess.run(
+        [str(cluster.binary("kubectl")), "--kubeconfig", str(kubeconfig or cluster.kubeconfig), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise ClusterError(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+def apply_policy(cluster: Cluster, policy_text: str) -> None:
+    """Replace the policy ConfigMap's content (the running controller reloads it)."""
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": POLICY_CONFIGMAP, "namespace": NAMESPACE},
+        "data": {"policy.yaml": policy_text},
+    }
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=json.dumps(cm))
+
+
+def replicas_of(cluster: Cluster) -> list[ControllerReplica]:
+    return [ControllerReplica(**r) for r in cluster.state().get("controller", {}).get("replicas", [])]
+
+
+def start_controller(
+    cluster: Cluster,
+    policy_file: Path,
+    *,
+    replicas: int = 1,
+    env: Mapping[str, str] | None = None,
+    webhook_port: int | None = None,
+) -> list[ControllerReplica]:
+    """Install the manifests (local form) and start `replicas` controller processes; see the module docstring.
+
+    The webhook URL points at the first replica's port (the API server calls one URL); every replica
+    serves admission on its own port, and they elect one leader for taints and evictions.
+    """
+    if not cluster.state():
+        raise ClusterError(f"no cluster in {cluster.dir}: run `python -m devcluster up --dir {cluster.dir}` first")
+    policy_text = Path(policy_file).read_text()
+    ports = [webhook_port or free_port()] + [free_port() for _ in range(replicas - 1)]
+    planned = [
+        ControllerReplica(name=f"egress-placer-{i}", identity=f"egress-placer-{i}", webhook_port=ports[i], health_port=free_port())
+        for i in range(replicas)
+    ]
+    docs = local_manifests(render_manifests(cluster), policy_text, planned[0].webhook_url)
+    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs))
+    kubeconfig = cluster.mint_kubeconfig(service_account_user())
+    for replica in planned:
+        cluster.start_process(
+            replica.name,
+            [sys.executable, "-m", "controller", "run"],
+            {**controller_env(replica, kubeconfig), **(env or {})},
+            port=replica.webhook_port,
+            health_url=replica.health_url + "/healthz",
+        )
+    with cluster._locked_state() as state:  # noqa: SLF001 - the cluster's own state file, under its lock
+        state["controller"] = {"replicas": [r.__dict__ for r in planned], "policy": str(Path(policy_file).resolve())}
+    wait_ready(cluster, planned)
+    return planned
+
+
+def controller_env(replica: ControllerReplica, kubeconfig: Path) -> dict[str, str]:
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("EGRESS_PLACER_")},
+        "PYTHONPATH": str(REPO),
+        "EGRESS_PLACER_KUBECONFIG": str(kubeconfig),
+        "EGRESS_PLACER_NAMESPACE": NAMESPACE,
+        "EGRESS_PLACER_IDENTITY": replica.identity,
+        "EGRESS_PLACER_WEBHOOK_HOST": "127.0.0.1",
+        "EGRESS_PLACER_WEBHOOK_PORT": str(replica.webhook_port),
+        "EGRESS_PLACER_HEALTH_HOST": "127.0.0.1",
+        "EGRESS_PLACER_HEALTH_PORT": str(replica.health_port),
+        "EGRESS_PLACER_TLS_HOSTS": json.dumps(["127.0.0.1", "localhost"]),
+        "EGRESS_PLACER_LOG_FORMAT": "json",
+        # Short leader timings: the local cluster has no network delays to absorb.
+        "EGRESS_PLACER_LEASE_DURATION_SECONDS": "6",
+        "EGRESS_PLACER_RENEW_DEADLINE_SECONDS": "4",
+        "EGRESS_PLACER_RETRY_PERIOD_SECONDS": "1",
+    }
+
+
+def wait_ready(cluster: Cluster, replicas: Iterable[ControllerReplica], timeout: float = READY_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(replicas)
+    while pending and time.monotonic() < deadline:
+        for replica in list(pending):
+            record = cluster.process(replica.name)
+            if record is None or not record.alive():
+                log = cluster.dir / "logs" / f"{replica.name}.log"
+                tail = log.read_text()[-4000:] if log.exists() else ""
+                raise ClusterError(f"{replica.name} exited while starting; log tail:\n{tail}")
+            try:
+                if requests.get(replica.health_url + "/readyz", timeout=2).status_code == 200:
+                    pending.remove(replica)
+            except requests.RequestException:
+                pass
+        time.sleep(0.3)
+    if pending:
+        names = ", ".join(r.name for r in pending)
+        tails = "\n".join(
+            (cluster.dir / "logs" / f"{r.name}.log").read_text()[-3000:] for r in pending if (cluster.dir / "logs" / f"{r.name}.log").exists()
+        )
+        raise ClusterError(f"{names} not ready within {timeout:.0f}s; log tail:\n{tails}")
+    while time.monotonic() < deadline:
+        hooks = json.loads(kubectl(cluster, "get", "mutatingwebhookconfiguration", WEBHOOK_CONFIG, "-o", "json"))
+        if all((h.get("clientConfig") or {}).get("caBundle") for h in hooks.get("webhooks") or []):
+            return
+        time.sleep(0.3)
+    raise ClusterError(f"the webhook configuration {WEBHOOK_CONFIG} got no caBundle within {timeout:.0f}s")
+
+
+def stop_controller(cluster: Cluster) -> None:
+    for replica in replicas_of(cluster):
+        cluster.stop_process(replica.name)

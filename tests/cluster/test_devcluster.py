@@ -1,0 +1,256 @@
+"""End-to-end checks of the local cluster (marker `cluster`): the real Tekton controller finishes
+TaskRuns and PipelineRuns on KWOK nodes, the real scheduler obeys node selectors and taints, RBAC
+refuses a ServiceAccount without rights, and the command line's up/status/kubeconfig/down leave
+no process behind."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from devcluster.cluster import EGRESS_POOL, EGRESS_POOL_LABEL, Cluster
+
+pytestmark = pytest.mark.cluster
+Waiter = Callable[..., Any]  # the `wait_for` fixture (tests/cluster/conftest.py)
+
+REPO = Path(__file__).resolve().parents[2]
+TAINT = {"key": EGRESS_POOL_LABEL, "value": EGRESS_POOL, "effect": "NoSchedule"}
+
+
+def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), None)
+
+
+def _finished_run(kube: client.ApiClient, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
+    """The run once Succeeded=True; fails the test at once on Succeeded=False."""
+    run = client.CustomObjectsApi(kube).get_namespaced_custom_object("tekton.dev", "v1", namespace, plural, name)
+    succeeded = _condition(run, "Succeeded")
+    if succeeded and succeeded["status"] == "False":
+        pytest.fail(f"{plural}/{name} failed: {succeeded.get('reason')}: {succeeded.get('message')}")
+    return run if succeeded and succeeded["status"] == "True" else None
+
+
+def _create(kube: client.ApiClient, namespace: str, plural: str, body: dict[str, Any]) -> None:
+    client.CustomObjectsApi(kube).create_namespaced_custom_object("tekton.dev", "v1", namespace, plural, body)
+
+
+def _step(name: str) -> dict[str, Any]:
+    return {"name": name, "image": "busybox", "script": f"echo {name}"}
+
+
+def _time(stamp: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def test_taskrun_with_inline_task_runs_on_a_kwok_node_and_succeeds(
+    kube: client.ApiClient, namespace: str, wait_for: Waiter
+) -> None:
+    body = {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "TaskRun",
+        "metadata": {"name": "hello"},
+        "spec": {"taskSpec": {"steps": [_step("hello"), _step("bye")]}},
+    }
+    _create(kube, namespace, "taskruns", body)
+
+    run = wait_for("TaskRun hello to succeed", lambda: _finished_run(kube, namespace, "taskruns", "hello"))
+
+    core = client.CoreV1Api(kube)
+    pod = core.read_namespaced_pod(run["status"]["podName"], namespace)
+    assert pod.status.phase == "Succeeded"
+    assert core.read_node(pod.spec.node_name).metadata.labels["type"] == "kwok"
+    steps = run["status"]["steps"]
+    assert [s["name"] for s in steps] == ["hello", "bye"]
+    assert all(s["terminated"]["exitCode"] == 0 for s in steps)
+
+
+def test_pipelinerun_runs_its_second_task_after_the_first_and_succeeds(
+    kube: client.ApiClient, namespace: str, wait_for: Waiter
+) -> None:
+    body = {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "PipelineRun",
+        "metadata": {"name": "two-tasks"},
+        "spec": {
+            "pipelineSpec": {
+                "tasks": [
+                    {"name": "first", "taskSpec": {"steps": [_step("one")]}},
+                    {"name": "second", "runAfter": ["first"], "taskSpec": {"steps": [_step("two")]}},
+                ]
+            }
+        },
+    }
+    _create(kube, namespace, "pipelineruns", body)
+
+    run = wait_for("PipelineRun two-tasks to succeed", lambda: _finished_run(kube, namespace, "pipelineruns", "two-tasks"))
+
+    children = {c["pipelineTaskName"]: c["name"] for c in run["status"]["childReferences"]}
+    assert set(children) == {"first", "second"}
+    custom = client.CustomObjectsApi(kube)
+    first, second = (
+        custom.get_namespaced_custom_object("tekton.dev", "v1", namespace, "taskruns", children[task])
+        for task in ("first", "second")
+    )
+    assert _time(second["status"]["startTime"]) >= _time(first["status"]["completionTime"])
+
+
+@contextlib.contextmanager
+def _egress_nodes_tainted(core: client.CoreV1Api, tainted: bool) -> Iterator[list[str]]:
+    """Put the pool taint on every egress node for the duration (removed afterwards)."""
+    names = [n.metadata.name for n in core.list_node(label_selector=f"{EGRESS_POOL_LABEL}={EGRESS_POOL}").items]
+    assert names, "the cluster has no egress nodes"
+    if not tainted:
+        yield names
+        return
+    for name in names:
+        core.patch_node(name, {"spec": {"taints": [TAINT]}})
+    try:
+        yield names
+    finally:
+        for name in names:
+            core.patch_node(name, {"spec": {"taints": None}})
+
+
+def _pod(name: str, selector: bool, toleration: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
+    if selector:
+        spec["nodeSelector"] = {EGRESS_POOL_LABEL: EGRESS_POOL}
+    if toleration:
+        spec["tolerations"] = [{**TAINT, "operator": "Equal"}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def _scheduling_outcome(core: client.CoreV1Api, namespace: str, name: str) -> str | None:
+    """The node a pod was bound to, "unschedulable" once the scheduler gave up on it, else None."""
+    pod = core.read_namespaced_pod(name, namespace)
+    if pod.spec.node_name:
+        return pod.spec.node_name
+    for condition in pod.status.conditions or []:
+        if condition.type == "PodScheduled" and condition.status == "False" and condition.reason == "Unschedulable":
+            return "unschedulable"
+    return None
+
+
+PODS_PER_CASE = 6  # twice the egress nodes: a scheduler ignoring the taint would use some of them
+
+
+@pytest.mark.parametrize(
+    ("tainted", "selector", "toleration", "expected"),
+    [
+        pytest.param(False, True, False, "egress", id="selector-lands-on-egress"),
+        pytest.param(True, False, False, "ordinary", id="taint-keeps-plain-pods-off"),
+        pytest.param(True, True, False, "unschedulable", id="selector-without-toleration-stays-pending"),
+        pytest.param(True, True, True, "egress", id="selector-with-toleration-lands-on-egress"),
+    ],
+)
+def test_scheduler_enforces_selector_and_taint(
+    kube: client.ApiClient,
+    namespace: str,
+    wait_for: Waiter,
+    tainted: bool,
+    selector: bool,
+    toleration: bool,
+    expected: str,
+) -> None:
+    core = client.CoreV1Api(kube)
+    with _egress_nodes_tainted(core, tainted) as egress_nodes:
+        names = [f"pod-{i}" for i in range(PODS_PER_CASE)]
+        for name in names:
+            core.create_namespaced_pod(namespace, _pod(name, selector, toleration))
+        outcomes = [
+            wait_for(f"the scheduler to decide on {name}", lambda n=name: _scheduling_outcome(core, namespace, n))
+            for name in names
+        ]
+
+    if expected == "unschedulable":
+        assert outcomes == ["unschedulable"] * PODS_PER_CASE
+    elif expected == "egress":
+        assert all(node in egress_nodes for node in outcomes), outcomes
+    else:
+        assert all(node != "unschedulable" and node not in egress_nodes for node in outcomes), outcomes
+
+
+def test_service_account_without_rights_is_refused_until_granted(
+    devcluster: Cluster, kube: client.ApiClient, namespace: str, wait_for: Waiter, tmp_path: Path
+) -> None:
+    user = f"system:serviceaccount:{namespace}:nobody"
+    as_nobody = config.new_client_from_config(config_file=str(devcluster.mint_kubeconfig(user, out=tmp_path / "k")))
+
+    review = client.AuthenticationV1Api(as_nobody).create_self_subject_review(
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    )
+    assert review.status.user_info.username == user
+    assert {"system:serviceaccounts", f"system:serviceaccounts:{namespace}"} <= set(review.status.user_info.groups)
+    with pytest.raises(ApiException) as refused:
+        client.CoreV1Api(as_nobody).list_namespaced_pod(namespace)
+    assert refused.value.status == 403
+
+    # Control: the same identity is allowed once a Role is bound to the ServiceAccount.
+    rbac = client.RbacAuthorizationV1Api(kube)
+    rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "list-pods"}, "rules": [rule]})
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "nobody-lists-pods"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "list-pods"},
+            "subjects": [{"kind": "ServiceAccount", "name": "nobody", "namespace": namespace}],
+        },
+    )
+
+    def allowed() -> bool:
+        try:
+            client.CoreV1Api(as_nobody).list_namespaced_pod(namespace)
+            return True
+        except ApiException as err:
+            assert err.status == 403
+            return False
+
+    wait_for("the RoleBinding to take effect", allowed)
+    as_nobody.close()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "devcluster", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_cli_up_status_kubeconfig_down_leaves_no_process(tmp_path: Path) -> None:
+    directory = (tmp_path / f"cli-{uuid.uuid4().hex[:6]}").resolve()
+    try:
+        up = _cli("up", "--dir", str(directory), "--nodes", "1", "--egress-nodes", "1")
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert up.stdout.strip().splitlines()[-1] == f"export KUBECONFIG={directory}/kubeconfig"
+
+        cluster = Cluster(directory)
+        cluster.start_process("sleeper", ["sleep", "600"])  # an extra process `down` must stop too
+        records = cluster.processes()
+        assert {r.name for r in records} == {
+            "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "tekton-controller", "sleeper",
+        }
+        assert all((directory / "pids" / f"{r.name}.pid").read_text().strip() == str(r.pid) for r in records)
+        assert _cli("status", "--dir", str(directory)).returncode == 0
+
+        minted = _cli("kubeconfig", "--dir", str(directory), "--user", "system:serviceaccount:default:someone")
+        assert minted.returncode == 0, minted.stderr
+        assert Path(minted.stdout.strip()).is_file()
+
+        down = _cli("down", "--dir", str(directory))
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert [r.name for r in records if r.alive()] == []
+        assert _cli("status", "--dir", str(directory)).returncode == 1
+        assert _cli("down", "--dir", str(directory)).returncode == 0  # idempotent
+    finally:
+        Cluster(directory).down()

@@ -1,0 +1,192 @@
+"""Checks of the devcluster's parts that need no cluster: certificates and the identities they
+carry, the build cache key, KWOK stage rendering, fake node manifests, and stopping or reaping
+processes by pid (with pid-reuse protection)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from devcluster import build, certs
+from devcluster.cluster import EGRESS_POOL, EGRESS_POOL_LABEL, Cluster, node_manifest, reap_stale_clusters, render_stages
+from devcluster.process import ProcessRecord, is_alive, spawn, start_time_of, stop
+
+
+@pytest.mark.parametrize(
+    ("user", "groups"),
+    [
+        ("system:serviceaccount:ns:sa", ("system:serviceaccounts", "system:serviceaccounts:ns", "system:authenticated")),
+        ("system:serviceaccount:egress-placer:controller", (
+            "system:serviceaccounts", "system:serviceaccounts:egress-placer", "system:authenticated",
+        )),
+        ("system:serviceaccount:ns", ("system:authenticated",)),
+        ("system:serviceaccount::sa", ("system:authenticated",)),
+        ("alice", ("system:authenticated",)),
+    ],
+)
+def test_service_account_groups(user: str, groups: tuple[str, ...]) -> None:
+    assert certs.service_account_groups(user) == groups
+
+
+@pytest.mark.parametrize(
+    ("user", "groups"),
+    [("system:serviceaccount:ns:sa", ("system:serviceaccounts", "system:serviceaccounts:ns")), ("admin", ("system:masters",))],
+)
+def test_client_cert_names_the_user_and_groups_and_is_signed_by_the_ca(
+    tmp_path: Path, user: str, groups: tuple[str, ...]
+) -> None:
+    pki = certs.create_pki(tmp_path / "pki")
+    issued = certs.issue_client_cert(pki, user, groups)
+
+    cert = x509.load_pem_x509_certificate(issued.cert_pem)
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    cert.verify_directly_issued_by(ca)
+    assert [a.value for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)] == [user]
+    assert tuple(a.value for a in cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)) == groups
+
+
+def test_serving_cert_covers_loopback(tmp_path: Path) -> None:
+    pki = certs.create_pki(tmp_path / "pki")
+    cert = x509.load_pem_x509_certificate(pki.serving_cert.read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "localhost" in names.get_values_for_type(x509.DNSName)
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert oct(pki.ca_key.stat().st_mode & 0o777) == "0o600"
+
+
+def test_kubeconfig_embeds_server_and_credentials(tmp_path: Path) -> None:
+    pki = certs.create_pki(tmp_path / "pki")
+    issued = certs.issue_client_cert(pki, "bob", ())
+    path = certs.write_kubeconfig(tmp_path / "kc", "https://127.0.0.1:6443", pki, "bob", issued)
+
+    config = yaml.safe_load(path.read_text())
+    assert config["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:6443"
+    assert config["users"][0]["user"]["client-certificate-data"]
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+def test_kubernetes_ldflags_stamp_the_version() -> None:
+    flags = build.kubernetes_ldflags("v1.37.2")
+    for expected in ("version.gitVersion=v1.37.2", "version.gitMajor=1", "version.gitMinor=37"):
+        assert f"k8s.io/component-base/{expected}" in flags
+        assert f"k8s.io/client-go/pkg/{expected}" in flags
+
+
+@pytest.mark.parametrize(
+    ("package", "name"),
+    [
+        ("k8s.io/kubernetes/cmd/kube-apiserver", "kube-apiserver"),
+        ("go.etcd.io/etcd/server/v3", "server"),
+        ("egress-placer/devcluster/tools/tekton/controller", "controller"),
+    ],
+)
+def test_go_output_name(package: str, name: str) -> None:
+    assert build._go_output_name(package) == name
+
+
+def test_cache_key_changes_with_any_tool_module_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tools = tmp_path / "tools"
+    shutil.copytree(build.TOOLS_DIR, tools)
+    monkeypatch.setattr(build, "TOOLS_DIR", tools)
+    before = build.key_prefix()
+    assert build.key_prefix() == before
+    with open(tools / "kwok" / "go.sum", "a") as go_sum:
+        go_sum.write("example.com/x v1.0.0 h1:AAAA\n")
+    assert build.key_prefix() != before
+
+
+def test_cache_root_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EGRESS_PLACER_CACHE", str(tmp_path))
+    assert build.cache_root() == tmp_path / "devcluster"
+
+
+@pytest.mark.parametrize("seconds", [0.0, 1.5, 30.0])
+def test_rendered_stages_set_the_run_time_of_tekton_pods(seconds: float) -> None:
+    stages = {s["metadata"]["name"]: s for s in yaml.safe_load_all(render_stages(seconds))}
+    tekton = stages["tekton-pod-complete"]
+    assert tekton["spec"]["delay"]["durationMilliseconds"] == int(seconds * 1000)
+    expressions = {e["key"]: e.get("values") for e in tekton["spec"]["selector"]["matchExpressions"]}
+    assert expressions['.metadata.labels["app.kubernetes.io/managed-by"]'] == ["tekton-pipelines"]
+    assert "exitCode: 0" in tekton["spec"]["next"]["statusTemplate"]
+    assert "phase: Succeeded" in tekton["spec"]["next"]["statusTemplate"]
+    assert {"node-initialize", "node-heartbeat-with-lease", "pod-ready", "pod-delete"} <= set(stages)
+
+
+@pytest.mark.parametrize(
+    ("name", "labels", "egress"),
+    [("node-1", {}, False), ("egress-1", {EGRESS_POOL_LABEL: EGRESS_POOL}, True)],
+)
+def test_node_manifest(name: str, labels: dict[str, str], egress: bool) -> None:
+    node = node_manifest(name, labels)
+    assert node["metadata"]["labels"]["kubernetes.io/hostname"] == name
+    assert node["metadata"]["labels"]["type"] == "kwok"
+    assert (node["metadata"]["labels"].get(EGRESS_POOL_LABEL) == EGRESS_POOL) is egress
+    assert node["status"]["allocatable"]["pods"] == "110"
+    assert "taints" not in node["spec"]
+
+
+def _sleeper(tmp_path: Path, ignore_sigterm: bool = False) -> ProcessRecord:
+    code = "import signal, time\n"
+    if ignore_sigterm:
+        code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    code += "print('ready', flush=True)\ntime.sleep(600)\n"
+    record = spawn("sleeper", [sys.executable, "-c", code], tmp_path / "sleeper.log")
+    deadline = time.monotonic() + 30
+    while "ready" not in (tmp_path / "sleeper.log").read_text():  # its signal handler is in place
+        assert time.monotonic() < deadline, "the sleeper never started"
+        time.sleep(0.02)
+    return record
+
+
+@pytest.mark.parametrize("ignore_sigterm", [False, True], ids=["sigterm", "needs-sigkill"])
+def test_stop_ends_the_process(tmp_path: Path, ignore_sigterm: bool) -> None:
+    record = _sleeper(tmp_path, ignore_sigterm)
+    assert record.alive()
+
+    assert stop([record], timeout=0.5) == []
+    assert not record.alive()
+
+
+def test_a_reused_pid_is_not_the_recorded_process(tmp_path: Path) -> None:
+    record = _sleeper(tmp_path)
+    try:
+        assert is_alive(record.pid, record.start_time)
+        assert not is_alive(record.pid, record.start_time + 1)
+        assert stop([ProcessRecord("other", record.pid, record.start_time + 1, [], "")]) == []
+        assert record.alive()  # the mismatching record was never signalled
+    finally:
+        stop([record])
+
+
+def test_reaping_downs_clusters_whose_owner_died(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EGRESS_PLACER_CACHE", str(tmp_path / "cache"))
+    dead_owner = subprocess.Popen(["true"])
+    dead_owner.wait()
+    clusters = {}
+    for label, owner_pid in (("orphaned", dead_owner.pid), ("owned", None)):
+        cluster = Cluster(tmp_path / label, log=lambda _: None)
+        with cluster._locked_state() as state:
+            state["processes"] = []
+        record = cluster.start_process("sleeper", ["sleep", "600"])
+        owner = {"pid": owner_pid, "start_time": 0} if owner_pid else {"pid": 1, "start_time": start_time_of(1)}
+        entry = build.cache_root() / "clusters" / f"{label}.json"
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        entry.write_text(json.dumps({"dir": str(cluster.dir), "owner": owner}))
+        clusters[label] = (record, entry)
+
+    try:
+        assert reap_stale_clusters(log=lambda _: None) == [(tmp_path / "orphaned").resolve()]
+        assert not clusters["orphaned"][0].alive()
+        assert not clusters["orphaned"][1].exists()
+        assert clusters["owned"][0].alive()  # its owner (pid 1) is alive
+    finally:
+        stop([record for record, _ in clusters.values()])

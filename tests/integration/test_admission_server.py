@@ -1,0 +1,242 @@
+"""Checks the admission server (controller/admission/server.py) over real TLS on 127.0.0.1, no cluster:
+a real HTTPS client verifying the self-made CA posts AdmissionReviews to /mutate and /mutate/<kind>;
+bad JSON, wrong shapes and oversized bodies are refused; /healthz, /readyz (503 until ready, with the
+reason) and /metrics answer on the plain port; a certificate rotation by the keeper is presented on
+the next handshake without restarting the server; stop() closes both ports."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import json
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from controller.admission.certs import CA_CERT, TLS_CERT, CertificateKeeper
+from controller.admission.handlers import Admission
+from controller.admission.server import MAX_REVIEW_BYTES, AdmissionServer
+from controller.core.policy import load_policy
+from controller.metrics import Metrics
+from controller.settings import Settings
+from controller.state import ClusterState
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "admission"
+CATALOG = Path(__file__).resolve().parents[3] / "shared" / "catalog"  # shared/ beside the repository
+if not CATALOG.is_dir():
+    CATALOG = Path(__file__).resolve().parents[3] / "shared" / "catalog"
+DAY = 86400.0
+
+
+class MemorySecrets:
+    """In-memory SecretWriter (one Secret, the caBundle)."""
+
+    def __init__(self) -> None:
+        self.secret: tuple[dict[str, bytes], str] | None = None
+        self.ca_bundle: bytes | None = None
+
+    def read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None:
+        return self.secret
+
+    def write_secret(self, namespace: str, name: str, data: dict[str, bytes], resource_version: str | None) -> bool:
+        self.secret = (dict(data), str(int(resource_version or 0) + 1))
+        return True
+
+    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes) -> bool:
+        self.ca_bundle = ca_pem
+        return True
+
+
+class NoEvents:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+
+    def emit(self, regarding: dict, type: str, reason: str, note: str, action: str = "") -> None:
+        self.sent.append((type, reason))
+
+
+class Running:
+    """The servers running in an event loop in a background thread."""
+
+    def __init__(self, tmp: Path) -> None:
+        # The keeper's clock starts 80 days ago: the first certificate (90 days) has 10 days left now,
+        # valid for the client's real clock, and due for renewal when the fake clock reaches today.
+        self.now = time.time() - 80 * DAY
+        self.settings = Settings(webhook_host="127.0.0.1", webhook_port=0, health_host="127.0.0.1", health_port=0,
+                                 tls_hosts=["127.0.0.1", "localhost"])
+        policy = load_policy((DATA / "policy.yaml").read_text())
+        self.state = ClusterState(policy, clock=lambda: self.now)
+        for doc in yaml.safe_load_all((DATA / "cluster.yaml").read_text()):
+            self.state.apply(doc["kind"], "ADDED", doc)
+        task = yaml.safe_load((CATALOG / "tasks/kaniko/0.7/kaniko.yaml").read_text())
+        task["metadata"]["namespace"] = "team-ci"
+        self.state.apply("Task", "ADDED", task)
+        self.metrics = Metrics()
+        self.events = NoEvents()
+        self.store = MemorySecrets()
+        self.keeper = CertificateKeeper(self.settings, self.store, clock=lambda: self.now)
+        self.synced = False
+        self.server = AdmissionServer(
+            self.settings,
+            Admission(self.state, self.metrics, self.events, self.settings),
+            self.metrics,
+            self.keeper.tls,
+            readiness=lambda: None if self.synced else "caches not synced",
+            shutdown_timeout=2.0,
+        )
+        self.ca_file = tmp / "ca.crt"
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.call(self.server.start())
+
+    def call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout=30)
+
+    def rotate(self, leader: bool = True) -> None:
+        self.call(self.keeper.ensure_async(leader))
+        assert self.store.secret is not None
+        self.ca_file.write_bytes(self.store.secret[0][CA_CERT])
+
+    @property
+    def webhook(self) -> str:
+        return f"https://127.0.0.1:{self.server.webhook_port}"
+
+    @property
+    def health(self) -> str:
+        return f"http://127.0.0.1:{self.server.health_port}"
+
+    def presented_certificate(self) -> bytes:
+        """The DER certificate the server presents on a new, verified handshake."""
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        with socket.create_connection(("127.0.0.1", self.server.webhook_port), timeout=10) as raw:
+            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                return tls.getpeercert(binary_form=True) or b""
+
+    def close(self) -> None:
+        try:
+            self.call(self.server.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+            self.keeper.tls.close()
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[Running]:
+    r = Running(tmp_path)
+    r.rotate()
+    try:
+        yield r
+    finally:
+        r.close()
+
+
+def review(obj: dict, uid: str = "uid-1") -> dict:
+    group, _, version = obj["apiVersion"].rpartition("/")
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": uid, "kind": {"group": group, "version": version, "kind": obj["kind"]},
+                    "operation": "CREATE", "namespace": obj["metadata"]["namespace"], "object": obj},
+    }
+
+
+KANIKO_RUN = {
+    "apiVersion": "tekton.dev/v1",
+    "kind": "TaskRun",
+    "metadata": {"name": "build-1", "namespace": "team-ci"},
+    "spec": {"taskRef": {"name": "kaniko"}, "params": [{"name": "IMAGE", "value": "r.example.com/app"}]},
+}
+
+
+@pytest.mark.parametrize("path", ["/mutate", "/mutate/tekton.dev/v1/taskruns"])
+def test_mutate_places_a_taskrun_over_verified_tls(running: Running, path: str) -> None:
+    answer = requests.post(running.webhook + path, json=review(copy.deepcopy(KANIKO_RUN)), verify=running.ca_file, timeout=10)
+    assert answer.status_code == 200
+    response = answer.json()["response"]
+    assert response["uid"] == "uid-1" and response["allowed"] is True and response["patchType"] == "JSONPatch"
+    patch = json.loads(base64.b64decode(response["patch"]))
+    assert {"op": "add", "path": "/spec/podTemplate"}.items() <= patch[0].items()
+    assert running.events.sent == [("Normal", "Placed")]
+
+
+@pytest.mark.parametrize(
+    "body, status",
+    [
+        pytest.param(b"{not json", 400, id="not-json"),
+        pytest.param(b"\xff\xfe", 400, id="not-utf8"),
+        pytest.param(json.dumps({"apiVersion": "v1", "kind": "Pod"}).encode(), 400, id="not-a-review"),
+        pytest.param(json.dumps([1, 2]).encode(), 400, id="a-list"),
+        pytest.param(b" " * (MAX_REVIEW_BYTES + 1), 413, id="too-large"),
+    ],
+)
+def test_bad_bodies_are_refused(running: Running, body: bytes, status: int) -> None:
+    answer = requests.post(running.webhook + "/mutate", data=body, headers={"Content-Type": "application/json"},
+                           verify=running.ca_file, timeout=30)
+    assert answer.status_code == status
+
+
+def test_only_post_to_mutate(running: Running) -> None:
+    assert requests.get(running.webhook + "/mutate", verify=running.ca_file, timeout=10).status_code == 405
+    assert requests.post(running.webhook + "/other", json={}, verify=running.ca_file, timeout=10).status_code == 404
+
+
+def test_health_readiness_and_metrics(running: Running) -> None:
+    assert requests.get(running.health + "/healthz", timeout=10).status_code == 200
+    not_ready = requests.get(running.health + "/readyz", timeout=10)
+    assert not_ready.status_code == 503 and "caches not synced" in not_ready.text
+    running.synced = True
+    assert requests.get(running.health + "/readyz", timeout=10).status_code == 200
+    requests.post(running.webhook + "/mutate", json=review(copy.deepcopy(KANIKO_RUN)), verify=running.ca_file, timeout=10)
+    metrics = requests.get(running.health + "/metrics", timeout=10)
+    assert metrics.status_code == 200 and metrics.headers["Content-Type"].startswith("text/plain")
+    assert 'egress_placer_decisions_total{kind="TaskRun",pool="egress",reason="image-match"} 1.0' in metrics.text
+    assert 'egress_placer_admission_duration_seconds_count{kind="TaskRun"} 1.0' in metrics.text
+
+
+def test_not_ready_without_a_certificate(tmp_path: Path) -> None:
+    r = Running(tmp_path)  # the Secret does not exist and this replica is a follower
+    try:
+        r.synced = True
+        r.call(r.keeper.ensure_async(leader=False))
+        answer = requests.get(r.health + "/readyz", timeout=10)
+        assert answer.status_code == 503 and "certificate" in answer.text
+    finally:
+        r.close()
+
+
+def test_rotation_is_presented_without_restart(running: Running) -> None:
+    first = running.presented_certificate()
+    assert first == _der(running.store.secret[0][TLS_CERT])  # type: ignore[index]
+    running.now = time.time()  # 10 days left of 90: the leader renews
+    running.rotate()
+    second = running.presented_certificate()
+    assert second != first and second == _der(running.store.secret[0][TLS_CERT])  # type: ignore[index]
+    answer = requests.post(running.webhook + "/mutate", json=review(copy.deepcopy(KANIKO_RUN)), verify=running.ca_file, timeout=10)
+    assert answer.status_code == 200
+
+
+def test_stop_closes_both_ports(tmp_path: Path) -> None:
+    r = Running(tmp_path)
+    r.rotate()
+    ports = (r.server.webhook_port, r.server.health_port)
+    r.close()
+    for port in ports:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def _der(pem: bytes) -> bytes:
+    return x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)

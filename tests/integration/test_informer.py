@@ -1,0 +1,180 @@
+"""Informers on the real API server: first sync through a paginated list, watch events in order and
+trimmed, relist after 410 Gone (a watch started from a compacted resourceVersion), backoff and
+restart counting on errors, and a prompt stop of a long watch."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+import pytest
+
+from controller.kube.client import KubeApi, make_api_client
+from controller.kube.informer import LAST_APPLIED, Backoff, Informer, Resource, pods, tekton, trimmer
+from controller.metrics import Metrics
+from controller.settings import Settings
+
+pytestmark = pytest.mark.cluster
+
+FAST = Backoff(initial=0.05, maximum=0.2, jitter=0.05)
+
+
+@pytest.fixture(scope="module")
+def api(devcluster) -> KubeApi:
+    return KubeApi(make_api_client(Settings(kubeconfig=str(devcluster.kubeconfig))))
+
+
+@pytest.fixture
+def namespace(api):
+    name = f"itest-inf-{uuid.uuid4().hex[:8]}"
+    api.call("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
+    yield name
+    api.call("DELETE", f"/api/v1/namespaces/{name}")
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not true within {timeout}s: {check}")
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.replaced: list[list[dict[str, Any]]] = []
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def on_replace(self, objs: list[dict[str, Any]]) -> None:
+        with self.lock:
+            self.replaced.append(objs)
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            self.events.append((kind, obj))
+
+
+def configmaps(namespace: str) -> Resource:
+    """The test's ConfigMaps (not the kube-root-ca.crt every namespace gets)."""
+    return Resource(
+        "configmaps",
+        "ConfigMap",
+        f"/api/v1/namespaces/{namespace}/configmaps",
+        trimmer("v1", "ConfigMap", ("data",)),
+        label_selector="itest=informer",
+    )
+
+
+def configmap(name: str, **data: str) -> dict[str, Any]:
+    meta = {"name": name, "labels": {"itest": "informer"}, "annotations": {LAST_APPLIED: "{...}", "keep": "me"}}
+    return {"metadata": meta, "data": data}
+
+
+def task(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "Task",
+        "metadata": {"name": name},
+        "spec": {"steps": [{"name": "s", "image": "alpine:3", "script": "echo hi"}]},
+    }
+
+
+@pytest.fixture
+def started():
+    informers: list[Informer] = []
+
+    def start(inf: Informer) -> Informer:
+        informers.append(inf)
+        inf.start()
+        return inf
+
+    yield start
+    for inf in informers:
+        inf.stop()
+
+
+def test_first_sync_pages_through_the_list_then_watches_in_order(api, namespace, started):
+    for i in range(5):
+        api.call("POST", f"/api/v1/namespaces/{namespace}/configmaps", body=configmap(f"cm-{i}", n=str(i)))
+    rec, metrics = Recorder(), Metrics()
+    inf = started(Informer(api, configmaps(namespace), rec.on_replace, rec.on_event, metrics, page_size=2, backoff=FAST))
+    assert inf.synced.wait(10)
+    [listed] = rec.replaced
+    assert sorted(o["metadata"]["name"] for o in listed) == [f"cm-{i}" for i in range(5)]
+    first = next(o for o in listed if o["metadata"]["name"] == "cm-0")
+    assert first["kind"] == "ConfigMap" and first["data"] == {"n": "0"}
+    assert first["metadata"]["annotations"] == {"keep": "me"}  # last-applied-configuration trimmed
+    assert "managedFields" not in first["metadata"] and "creationTimestamp" not in first["metadata"]
+
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    api.call("POST", path, body=configmap("new", n="new"))
+    api.call("PATCH", f"{path}/new", body={"data": {"n": "changed"}}, content_type="application/merge-patch+json")
+    api.call("DELETE", f"{path}/cm-1")
+    wait_for(lambda: len(rec.events) >= 3)
+    assert [(k, o["metadata"]["name"]) for k, o in rec.events] == [("ADDED", "new"), ("MODIFIED", "new"), ("DELETED", "cm-1")]
+    assert rec.events[1][1]["data"] == {"n": "changed"}
+    assert inf.resource_version == rec.events[-1][1]["metadata"]["resourceVersion"]
+
+
+def test_pods_are_trimmed_to_what_the_controller_reads(api, namespace, started):
+    body = {
+        "metadata": {"name": "p", "labels": {"app": "x"}},
+        "spec": {
+            "nodeName": "node-1",
+            "tolerations": [{"key": "k", "operator": "Exists"}],
+            "containers": [{"name": "c", "image": "alpine:3", "command": ["sleep", "1"], "env": [{"name": "A", "value": "b"}]}],
+        },
+    }
+    api.call("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
+    rec = Recorder()
+    resource = pods()
+    resource = Resource(resource.name, resource.kind, f"/api/v1/namespaces/{namespace}/pods", resource.trim)
+    started(Informer(api, resource, rec.on_replace, rec.on_event, Metrics(), backoff=FAST)).synced.wait(10)
+    [[p]] = rec.replaced
+    assert set(p) == {"apiVersion", "kind", "metadata", "spec", "status"}
+    assert p["spec"]["nodeName"] == "node-1"
+    assert p["spec"]["containers"] == [{"name": "c", "image": "alpine:3"}]
+    assert {"key": "k", "operator": "Exists"} in p["spec"]["tolerations"]
+    assert set(p["status"]) == {"phase"}
+    assert p["metadata"]["labels"] == {"app": "x"} and p["metadata"]["uid"]
+
+
+def test_a_watch_from_a_too_old_version_relists(api, namespace, started):
+    """Start the Task watch from resourceVersion 1, older than anything the API server's watch
+    cache for the CRD holds: it answers 410 Gone; the informer counts it, relists, and events flow."""
+    path = f"/apis/tekton.dev/v1/namespaces/{namespace}/tasks"
+    api.call("POST", path, body=task("before"))
+    rec, metrics = Recorder(), Metrics()
+    tasks = tekton("Task")
+    resource = Resource(tasks.name, tasks.kind, path, tasks.trim)
+    inf = Informer(api, resource, rec.on_replace, rec.on_event, metrics, backoff=FAST)
+    inf.resource_version = "1"  # as if this informer had been disconnected for a long time
+    started(inf)
+    assert inf.synced.wait(10)
+    [listed] = rec.replaced
+    assert [o["metadata"]["name"] for o in listed] == ["before"]
+    assert listed[0]["kind"] == "Task" and listed[0]["spec"]["steps"][0]["image"] == "alpine:3"
+    assert metrics.watch_restarts.labels(resource="tasks", cause="gone")._value.get() == 1
+    api.call("POST", path, body=task("after"))
+    wait_for(lambda: any(o["metadata"]["name"] == "after" for _, o in rec.events))
+
+
+def test_errors_back_off_and_are_counted_until_the_resource_exists(api, started):
+    rec, metrics = Recorder(), Metrics()
+    missing = Resource("missing", "Thing", "/apis/itest.example.invalid/v1/things", trimmer("itest.example.invalid/v1", "Thing"))
+    inf = started(Informer(api, missing, rec.on_replace, rec.on_event, metrics, backoff=FAST))
+    wait_for(lambda: metrics.watch_restarts.labels(resource="missing", cause="failure")._value.get() >= 3)
+    assert not inf.synced.is_set() and rec.replaced == [] and inf.running
+
+
+def test_stop_ends_a_long_watch_at_once(api, namespace, started):
+    inf = started(Informer(api, configmaps(namespace), Recorder().on_replace, Recorder().on_event, Metrics(), watch_timeout_seconds=300))
+    assert inf.synced.wait(10)
+    time.sleep(0.2)  # let the watch request be in flight
+    inf.stop(timeout=5)
+    assert not inf.running

@@ -1,0 +1,116 @@
+"""Leader election on a real Lease: one of two electors leads and the other waits; a graceful stop
+releases the lease and the other takes over at once; a crashed leader (no release) is replaced
+once its lease expires; callbacks, `is_leader` and the `is_leader` metric follow."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Callable
+
+import pytest
+
+from controller.kube.client import KubeApi, make_api_client
+from controller.kube.leader import LeaderElector
+from controller.metrics import Metrics
+from controller.settings import Settings
+
+pytestmark = pytest.mark.cluster
+
+LEASE_DURATION = 3.0
+
+
+@pytest.fixture(scope="module")
+def api(devcluster) -> KubeApi:
+    return KubeApi(make_api_client(Settings(kubeconfig=str(devcluster.kubeconfig))))
+
+
+@pytest.fixture
+def namespace(api):
+    name = f"itest-lease-{uuid.uuid4().hex[:8]}"
+    api.call("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
+    yield name
+    api.call("DELETE", f"/api/v1/namespaces/{name}")
+
+
+def wait_for(check: Callable[[], Any], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not true within {timeout}s: {check}")
+
+
+class Candidate:
+    def __init__(self, api: KubeApi, namespace: str, identity: str) -> None:
+        self.calls: list[str] = []
+        self.metrics = Metrics()
+        self.elector = LeaderElector(
+            api,
+            namespace=namespace,
+            name="itest-leader",
+            identity=identity,
+            metrics=self.metrics,
+            lease_duration=LEASE_DURATION,
+            renew_deadline=2.0,
+            retry_period=0.5,
+            on_started_leading=lambda: self.calls.append("started"),
+            on_stopped_leading=lambda: self.calls.append("stopped"),
+        )
+
+    @property
+    def gauge(self) -> float:
+        return self.metrics.is_leader._value.get()
+
+
+@pytest.fixture
+def candidates(api, namespace):
+    made: list[Candidate] = []
+
+    def make(identity: str) -> Candidate:
+        c = Candidate(api, namespace, identity)
+        made.append(c)
+        c.elector.start()
+        return c
+
+    yield make
+    for c in made:
+        c.elector.stop()
+
+
+def holder(api: KubeApi, namespace: str) -> str | None:
+    return api.call("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/itest-leader")["spec"].get("holderIdentity")
+
+
+def test_one_leads_the_other_waits_and_takes_over_after_a_graceful_stop(api, namespace, candidates):
+    a = candidates("replica-a")
+    wait_for(lambda: a.elector.is_leader, 10)
+    b = candidates("replica-b")
+    # b tries every retry period; a renews every retry period: b stays a follower.
+    time.sleep(LEASE_DURATION + 1)
+    assert a.elector.is_leader and not b.elector.is_leader
+    assert holder(api, namespace) == "replica-a" and (a.gauge, b.gauge) == (1, 0)
+
+    a.elector.stop(release=True)
+    assert a.calls == ["started", "stopped"] and a.gauge == 0
+    # Released: b does not have to wait for the lease to expire, only for its next try.
+    wait_for(lambda: b.elector.is_leader, 2.0)
+    assert holder(api, namespace) == "replica-b" and b.calls == ["started"] and b.gauge == 1
+
+
+def test_a_crashed_leader_is_replaced_when_its_lease_expires(api, namespace, candidates):
+    a = candidates("replica-a")
+    wait_for(lambda: a.elector.is_leader, 10)
+    b = candidates("replica-b")
+    a.elector.stop(release=False)  # a crash: the lease still names a
+    assert holder(api, namespace) == "replica-a"
+    wait_for(lambda: b.elector.is_leader, LEASE_DURATION + 3)
+    lease = api.call("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/itest-leader")["spec"]
+    assert lease["holderIdentity"] == "replica-b" and lease["leaseTransitions"] == 1
+
+
+def test_timings_must_be_ordered(api):
+    with pytest.raises(ValueError):
+        LeaderElector(api, namespace="x", name="y", identity="z", metrics=Metrics(), lease_duration=2, renew_deadline=3)

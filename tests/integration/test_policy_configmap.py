@@ -1,0 +1,92 @@
+"""The policy from a ConfigMap on the real API server: a valid policy is loaded into the state; an
+invalid edit is refused (Warning Event PolicyRefused on the ConfigMap naming the line, metrics) and
+the last good policy stays in force; fixing it loads again; deleting it keeps the last good one."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Callable
+
+import pytest
+
+from controller.core.policy import load_policy
+from controller.kube.client import MERGE_PATCH, KubeApi, make_api_client
+from controller.kube.informer import Backoff
+from controller.kube.policy_source import PolicySource
+from controller.kube.writer import EventRecorder, KubeWriter
+from controller.metrics import Metrics
+from controller.settings import Settings
+from controller.state import ClusterState
+
+pytestmark = pytest.mark.cluster
+
+EMPTY = "apiVersion: egress-placer.io/v1alpha1\nkind: PlacementPolicy\n"
+
+
+def policy(pool: str) -> str:
+    return EMPTY + f"pools:\n  - name: {pool}\n    nodes: [egress-1]\n"
+
+
+BROKEN = EMPTY + "pools:\n  - name: Not_A_Name\n    nodes: [egress-1]\n"  # line 4 is wrong
+
+
+@pytest.fixture(scope="module")
+def api(devcluster) -> KubeApi:
+    return KubeApi(make_api_client(Settings(kubeconfig=str(devcluster.kubeconfig))))
+
+
+@pytest.fixture
+def namespace(api):
+    name = f"itest-pol-{uuid.uuid4().hex[:8]}"
+    api.call("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
+    yield name
+    api.call("DELETE", f"/api/v1/namespaces/{name}")
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not true within {timeout}s: {check}")
+
+
+def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):
+    cm_path = f"/api/v1/namespaces/{namespace}/configmaps"
+    settings = Settings(kubeconfig="unused", namespace=namespace, policy_configmap="policy", policy_key="policy.yaml")
+    api.call("POST", cm_path, body={"metadata": {"name": "policy"}, "data": {"policy.yaml": policy("first")}})
+    metrics = Metrics()
+    state = ClusterState(load_policy(EMPTY), clock=time.time)
+    events = EventRecorder(KubeWriter(api, metrics), metrics, identity="itest")
+    source = PolicySource(settings, state, metrics, events, api=api, backoff=Backoff(0.05, 0.5, 0.05))
+    events.start()
+    source.start()
+    try:
+        assert source.synced.wait(10)
+        assert [p.name for p in state.policy.pools] == ["first"]
+
+        def edit(text: str) -> None:
+            api.call("PATCH", f"{cm_path}/policy", body={"data": {"policy.yaml": text}}, content_type=MERGE_PATCH)
+
+        edit(BROKEN)
+        wait_for(lambda: metrics.policy_reloads.labels(result="refused")._value.get() == 1)
+        assert [p.name for p in state.policy.pools] == ["first"] and metrics.policy_generation._value.get() == 0
+        assert events.flush(10)
+        [refusal] = [e for e in api.call("GET", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events")["items"]]
+        assert refusal["reason"] == "PolicyRefused" and refusal["type"] == "Warning"
+        assert refusal["regarding"]["kind"] == "ConfigMap" and refusal["regarding"]["name"] == "policy"
+        assert f"configmap {namespace}/policy:policy.yaml:4: pools[0].name" in refusal["note"]
+
+        edit(policy("second"))
+        wait_for(lambda: [p.name for p in state.policy.pools] == ["second"])
+        assert metrics.policy_reloads.labels(result="loaded")._value.get() == 2 and metrics.policy_generation._value.get() == 1
+
+        api.call("DELETE", f"{cm_path}/policy")
+        time.sleep(0.5)  # the DELETED event arrives and is ignored
+        assert [p.name for p in state.policy.pools] == ["second"]
+    finally:
+        source.stop()
+        events.stop()

@@ -1,0 +1,663 @@
+"""Checks the AdmissionReview handlers (controller/admission/handlers.py) with the REAL core and a REAL
+ClusterState filled from plain objects (tests/data/admission, Tasks from the Tekton catalog):
+TaskRun placement, stripping and opt-in/out; Pod CREATE node choice, spreading and the TaskRun
+assumption handover; DaemonSet, affinity-assistant, exempt and bare pods; coscheduled PipelineRuns
+(whole run, mixed pools, setting off, not coscheduled); malformed reviews; fail-open on internal
+errors; metrics. Every returned JSON patch is applied with `jsonpatch` to the admitted object.
+Property: any JSON body gives a well-formed AdmissionReview response (whose patch applies) or
+MalformedReview, never another exception."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controller.admission.handlers import Admission, MalformedReview
+from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION
+from controller.core.policy import load_policy
+from controller.metrics import Metrics
+from controller.settings import Settings
+from controller.state import ClusterState, pod_key, taskrun_key
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "admission"
+CATALOG = Path(__file__).resolve().parents[3] / "shared" / "catalog"  # shared/ beside the repository
+if not CATALOG.is_dir():
+    CATALOG = Path(__file__).resolve().parents[3] / "shared" / "catalog"
+TASKS = ["kaniko/0.7/kaniko.yaml", "git-clone/0.10/git-clone.yaml", "golang-build/0.3/golang-build.yaml", "curl/0.1/curl.yaml"]
+POOL_KEY = "egress-placer.io/pool"
+EGRESS_TOLERATION = {"key": POOL_KEY, "operator": "Equal", "value": "egress", "effect": "NoSchedule"}
+LAB_TOLERATION = {"key": POOL_KEY, "operator": "Equal", "value": "lab", "effect": "NoSchedule"}
+EGRESS_NODES = {"egress-1", "egress-2", "egress-3"}
+KANIKO_IMAGE = "gcr.io/kaniko-project/executor:v1.5.1"
+
+
+class RecordingEvents:
+    """An in-memory EventSink: records what would be sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def emit(self, regarding: dict, type: str, reason: str, note: str, action: str = "") -> None:
+        self.sent.append({"regarding": regarding, "type": type, "reason": reason, "note": note, "action": action})
+
+
+class Env:
+    """An Admission wired to a real ClusterState, with a fixed clock."""
+
+    def __init__(self, **settings_kw: Any) -> None:
+        self.now = 1000.0
+        policy = load_policy((DATA / "policy.yaml").read_text(), "policy.yaml")
+        self.state = ClusterState(policy, clock=lambda: self.now, assumption_ttl=120.0)
+        for doc in yaml.safe_load_all((DATA / "cluster.yaml").read_text()):
+            self.state.apply(doc["kind"], "ADDED", doc)
+        for namespace in ("team-ci", "team-other"):
+            for path in TASKS:
+                self._tekton(yaml.safe_load((CATALOG / "tasks" / path).read_text()), namespace)
+            self._tekton(_catalog_docs("tasks/kaniko/0.7/tests/run.yaml", "Pipeline")[0], namespace)
+            for doc in yaml.safe_load_all((DATA / "pipelines.yaml").read_text()):
+                self._tekton(doc, namespace)
+        self.metrics = Metrics()
+        self.events = RecordingEvents()
+        self.admission = Admission(self.state, self.metrics, self.events, Settings(**settings_kw))
+
+    def _tekton(self, obj: dict, namespace: str) -> None:
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["namespace"] = namespace
+        self.state.apply(obj["kind"], "ADDED", obj)
+
+    def add_pod(self, namespace: str, name: str, node: str) -> None:
+        self.state.apply("Pod", "ADDED", {
+            "metadata": {"namespace": namespace, "name": name},
+            "spec": {"nodeName": node},
+            "status": {"phase": "Running"},
+        })
+
+    def review(self, obj: dict, *, operation: str = "CREATE", dry_run: bool = False) -> tuple[dict, dict, list[dict]]:
+        """(response, patched object, patch) for admitting `obj`."""
+        group, _, version = obj.get("apiVersion", "v1").rpartition("/")
+        body = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "uid-1",
+                "kind": {"group": group, "version": version, "kind": obj["kind"]},
+                "resource": {"group": group, "version": version, "resource": obj["kind"].lower() + "s"},
+                "operation": operation,
+                "namespace": obj["metadata"].get("namespace", "default"),
+                "object": obj,
+                "dryRun": dry_run,
+            },
+        }
+        answer = self.admission.review(json.loads(json.dumps(body)))
+        response = answer["response"]
+        assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
+        assert response["uid"] == "uid-1" and response["allowed"] is True
+        patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+        if patch:
+            assert response["patchType"] == "JSONPatch"
+        patched = jsonpatch.apply_patch(obj, patch)
+        json.dumps(patched)  # still plain JSON
+        return response, patched, patch
+
+
+def _catalog_docs(path: str, kind: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((CATALOG / path).read_text()) if d and d.get("kind") == kind]
+
+
+def taskrun(task: str = "kaniko", namespace: str = "team-ci", name: str | None = "build-1", *,
+            annotations: dict | None = None, pod_template: dict | None = None, api: str = "tekton.dev/v1",
+            params: list | None = None) -> dict:
+    meta: dict[str, Any] = {"namespace": namespace}
+    if name:
+        meta["name"] = name
+    else:
+        meta["generateName"] = "build-"
+    if annotations is not None:
+        meta["annotations"] = annotations
+    spec: dict[str, Any] = {"taskRef": {"name": task}, "params": params or [{"name": "IMAGE", "value": "r.example.com/app"}]}
+    if pod_template is not None:
+        spec["podTemplate"] = pod_template
+    return {"apiVersion": api, "kind": "TaskRun", "metadata": meta, "spec": spec}
+
+
+def tekton_pod(image: str = KANIKO_IMAGE, namespace: str = "team-ci", name: str = "build-1-pod", *,
+               taskrun_name: str = "build-1", annotations: dict | None = None, spec_extra: dict | None = None) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "namespace": namespace,
+            "name": name,
+            "labels": {"app.kubernetes.io/managed-by": "tekton-pipelines", "tekton.dev/taskRun": taskrun_name},
+            "annotations": annotations or {},
+            "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": taskrun_name, "uid": "u"}],
+        },
+        "spec": {
+            "initContainers": [{"name": "prepare", "image": "ghcr.io/tektoncd/pipeline/entrypoint:v1"}],
+            "containers": [{"name": "step-build", "image": image}],
+            **(spec_extra or {}),
+        },
+    }
+
+
+def plain_pod(namespace: str = "team-other", *, tolerations: list | None = None, owner: str | None = None,
+              labels: dict | None = None, annotations: dict | None = None, affinity: dict | None = None) -> dict:
+    meta: dict[str, Any] = {"namespace": namespace, "generateName": "web-", "labels": labels or {}}
+    if annotations:
+        meta["annotations"] = annotations
+    if owner:
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": "x", "uid": "u"}]
+    spec: dict[str, Any] = {"containers": [{"name": "web", "image": "nginx:1.27"}]}
+    if tolerations is not None:
+        spec["tolerations"] = tolerations
+    if affinity is not None:
+        spec["affinity"] = affinity
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def decision_of(obj: dict) -> dict:
+    return json.loads(obj["metadata"]["annotations"][DECISION_ANNOTATION])
+
+
+def required_terms(template: dict) -> list[dict]:
+    return template["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+
+def preferred_node(template: dict) -> str | None:
+    for entry in template.get("affinity", {}).get("nodeAffinity", {}).get("preferredDuringSchedulingIgnoredDuringExecution", []):
+        fields = entry["preference"].get("matchFields") or []
+        if entry["weight"] == 100 and len(fields) == 1 and fields[0]["key"] == "metadata.name":
+            return fields[0]["values"][0]
+    return None
+
+
+def assert_valid_pod_template(template: dict) -> None:
+    """The shapes the API server accepts for the fields egress-placer writes."""
+    for t in template.get("tolerations", []):
+        assert set(t) <= {"key", "operator", "value", "effect", "tolerationSeconds"}
+        assert t.get("operator", "Equal") in ("Equal", "Exists")
+    node_affinity = template.get("affinity", {}).get("nodeAffinity", {})
+    for term in node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution", {}).get("nodeSelectorTerms", []):
+        assert term.get("matchExpressions") or term.get("matchFields")
+        for f in term.get("matchFields", []):
+            assert f["key"] == "metadata.name" and len(f["values"]) == 1
+
+
+# --- TaskRun CREATE ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "run, pool, reason, event",
+    [
+        pytest.param(taskrun("kaniko"), "egress", "image-match", ("Normal", "Placed"), id="matching-image"),
+        pytest.param(taskrun("kaniko", api="tekton.dev/v1beta1"), "egress", "image-match", ("Normal", "Placed"), id="v1beta1"),
+        pytest.param(taskrun("golang-build", params=[{"name": "package", "value": "x"}]), "lab", "image-match",
+                     ("Normal", "Placed"), id="pool-by-node-names"),
+        pytest.param(taskrun("curl", params=[{"name": "url", "value": "https://example.com"}]), None, "no-match",
+                     ("Normal", "NotPlaced"), id="no-match"),
+        pytest.param(taskrun("kaniko", annotations={PLACEMENT_ANNOTATION: "none"}), None, "opt-out",
+                     ("Normal", "NotPlaced"), id="opt-out"),
+        pytest.param(taskrun("curl", annotations={PLACEMENT_ANNOTATION: "egress"}, params=[{"name": "url", "value": "u"}]),
+                     "egress", "opt-in", ("Normal", "Placed"), id="opt-in"),
+        pytest.param(taskrun("kaniko", namespace="team-other"), None, "namespace-not-allowed",
+                     ("Normal", "NotPlaced"), id="namespace-not-allowed"),
+        pytest.param(taskrun("no-such-task"), None, "unresolved", ("Warning", "Unresolved"), id="unresolved"),
+        pytest.param(taskrun("kaniko", annotations={PLACEMENT_ANNOTATION: "moon"}), None, "unknown-pool",
+                     ("Warning", "UnknownPool"), id="unknown-pool"),
+    ],
+)
+def test_taskrun_decision_table(run: dict, pool: str | None, reason: str, event: tuple[str, str]) -> None:
+    env = Env()
+    response, patched, _ = env.review(run)
+    record = decision_of(patched)
+    assert (record["pool"], record["reason"]) == (pool, reason)
+    template = patched["spec"].get("podTemplate", {})
+    assert_valid_pod_template(template)
+    if pool:
+        toleration = EGRESS_TOLERATION if pool == "egress" else LAB_TOLERATION
+        assert template["tolerations"] == [toleration]
+        assert required_terms(template)
+        assert preferred_node(template) == record["node"]
+        assert record["node"] in (EGRESS_NODES if pool == "egress" else {"lab-1", "lab-2"})
+        assert record["loads"] and all("/" in v for v in record["loads"].values())
+        assert taskrun_key(run["metadata"]["namespace"], run["metadata"]["name"]) in env.state.ledger
+    else:
+        assert "podTemplate" not in patched["spec"]  # only the annotation was written
+        assert len(env.state.ledger) == 0
+    [sent] = env.events.sent
+    assert (sent["type"], sent["reason"]) == event
+    assert sent["regarding"] == {"apiVersion": run["apiVersion"], "kind": "TaskRun", "namespace": run["metadata"]["namespace"],
+                                 "name": "build-1"}
+    assert ("warnings" in response) == (reason == "unknown-pool")
+    assert env.metrics.decisions.labels(kind="TaskRun", reason=reason, pool=pool or "")._value.get() == 1
+
+
+def test_taskrun_keeps_the_users_own_template() -> None:
+    env = Env()
+    mine = {
+        "nodeSelector": {"kubernetes.io/arch": "amd64"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+        "securityContext": {"runAsNonRoot": True},
+    }
+    _, patched, _ = env.review(taskrun("kaniko", pod_template=copy.deepcopy(mine)))
+    template = patched["spec"]["podTemplate"]
+    assert template["nodeSelector"] == mine["nodeSelector"]
+    assert template["securityContext"] == mine["securityContext"]
+    assert template["tolerations"] == mine["tolerations"] + [EGRESS_TOLERATION]
+
+
+@pytest.mark.parametrize(
+    "namespace, copied, kept",
+    [
+        pytest.param("team-other", [EGRESS_TOLERATION], [], id="foreign-namespace-stripped"),
+        pytest.param("team-other", [{"operator": "Exists"}], [], id="tolerate-all-stripped"),
+        pytest.param("team-ci", [LAB_TOLERATION, {"key": "gpu", "operator": "Exists"}], [{"key": "gpu", "operator": "Exists"}],
+                     id="no-match-stripped-other-kept"),
+    ],
+)
+def test_taskrun_copied_pool_placement_is_stripped(namespace: str, copied: list, kept: list) -> None:
+    env = Env()
+    template = {
+        "tolerations": copied,
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "egress-placer.io/egress", "operator": "In", "values": ["fast"]}]}]}}},
+    }
+    run = taskrun("curl", namespace=namespace, pod_template=template, params=[{"name": "url", "value": "u"}])
+    _, patched, _ = env.review(run)
+    stripped = patched["spec"]["podTemplate"]
+    assert stripped.get("tolerations", []) == kept
+    assert "affinity" not in stripped
+    assert decision_of(patched)["pool"] is None
+
+
+def test_taskrun_with_only_generate_name_is_placed_without_an_event() -> None:
+    env = Env()
+    _, patched, _ = env.review(taskrun("kaniko", name=None))
+    assert decision_of(patched)["pool"] == "egress"
+    assert env.events.sent == []
+    assert taskrun_key("team-ci", "build-uid-1") in env.state.ledger  # generateName + uid: runs counted apart
+
+
+def test_taskrun_dry_run_has_no_side_effects() -> None:
+    env = Env()
+    _, patched, _ = env.review(taskrun("kaniko"), dry_run=True)
+    assert patched["spec"]["podTemplate"]["tolerations"] == [EGRESS_TOLERATION]
+    assert env.events.sent == [] and len(env.state.ledger) == 0
+
+
+@pytest.mark.parametrize(
+    "namespace, tolerations, kept",
+    [
+        pytest.param("team-ci", [EGRESS_TOLERATION], [EGRESS_TOLERATION], id="allowed-pool-kept"),
+        pytest.param("team-other", [EGRESS_TOLERATION], None, id="foreign-pool-stripped"),
+        pytest.param("team-ci", None, None, id="none-added"),
+    ],
+)
+def test_coscheduled_taskrun_never_gets_a_placement_added(namespace: str, tolerations: list | None, kept: list | None) -> None:
+    env = Env()
+    template = {"tolerations": tolerations} if tolerations else None
+    run = taskrun("kaniko", namespace=namespace, pod_template=template,
+                  annotations={"pipeline.tekton.dev/affinity-assistant": "affinity-assistant-abc"})
+    _, patched, _ = env.review(run)
+    assert patched["spec"].get("podTemplate", {}).get("tolerations") == kept
+    assert len(env.state.ledger) == 0
+    assert decision_of(patched)["reason"] == ("image-match" if namespace == "team-ci" else "namespace-not-allowed")
+
+
+def test_pool_without_ready_node_places_nothing() -> None:
+    env = Env()
+    for name in EGRESS_NODES:
+        env.state.apply("Node", "DELETED", {"metadata": {"name": name}})
+    _, patched, _ = env.review(taskrun("kaniko"))
+    assert "podTemplate" not in patched["spec"]
+    record = decision_of(patched)
+    assert record["pool"] is None and record["wanted"] == "egress" and "no ready node" in record["message"]
+    assert env.events.sent[0]["type"] == "Warning"
+
+
+# --- Pod CREATE ----------------------------------------------------------------------------------
+
+
+def test_tekton_pod_goes_to_the_least_loaded_node() -> None:
+    env = Env()
+    for i in range(3):
+        env.add_pod("team-ci", f"a{i}", "egress-1")
+    env.add_pod("team-ci", "b0", "egress-2")
+    for i in range(2):
+        env.add_pod("team-ci", f"c{i}", "egress-3")
+    _, patched, _ = env.review(tekton_pod())
+    assert preferred_node(patched["spec"]) == "egress-2"
+    assert patched["spec"]["tolerations"] == [EGRESS_TOLERATION]
+    record = decision_of(patched)
+    assert record["loads"] == {"egress-1": "3/110", "egress-2": "1/110", "egress-3": "2/110"}
+    assert env.events.sent[0]["reason"] == "Placed" and "egress-2" in env.events.sent[0]["note"]
+
+
+def test_a_burst_of_pods_spreads_evenly() -> None:
+    env = Env()
+    chosen = Counter()
+    for i in range(30):
+        _, patched, _ = env.review(tekton_pod(name=f"run-{i}-pod", taskrun_name=f"run-{i}"))
+        chosen[preferred_node(patched["spec"])] += 1
+    assert chosen == {"egress-1": 10, "egress-2": 10, "egress-3": 10}
+
+
+def test_pod_takes_over_the_taskrun_assumption() -> None:
+    env = Env()
+    _, run, _ = env.review(taskrun("kaniko"))
+    assert taskrun_key("team-ci", "build-1") in env.state.ledger
+    pod = tekton_pod(annotations=run["metadata"]["annotations"], spec_extra=copy.deepcopy(run["spec"]["podTemplate"]))
+    _, patched, _ = env.review(pod)
+    assert taskrun_key("team-ci", "build-1") not in env.state.ledger
+    assert pod_key("team-ci", "build-1-pod") in env.state.ledger
+    assert len(env.state.ledger) == 1  # counted once, not twice
+    assert patched["spec"]["tolerations"] == [EGRESS_TOLERATION]  # the run's placement, not duplicated
+    assert len(required_terms(patched["spec"])) == 1
+
+
+def test_pod_of_an_unresolved_taskrun_is_placed_by_its_final_images() -> None:
+    env = Env()
+    _, run, _ = env.review(taskrun("no-such-task"))
+    assert decision_of(run)["reason"] == "unresolved"
+    _, patched, _ = env.review(tekton_pod(annotations=run["metadata"]["annotations"]))
+    assert decision_of(patched)["pool"] == "egress"
+    assert patched["spec"]["tolerations"] == [EGRESS_TOLERATION]
+
+
+def test_opted_out_pod_loses_the_run_placement() -> None:
+    env = Env()
+    pod = tekton_pod(annotations={PLACEMENT_ANNOTATION: "none"}, spec_extra={"tolerations": [EGRESS_TOLERATION]})
+    _, patched, _ = env.review(pod)
+    assert "tolerations" not in patched["spec"]
+    assert decision_of(patched)["reason"] == "opt-out"
+
+
+@pytest.mark.parametrize(
+    "pod, expected_tolerations",
+    [
+        pytest.param(plain_pod(owner="DaemonSet"), [{"key": POOL_KEY, "operator": "Exists", "effect": "NoSchedule"}],
+                     id="daemonset-gets-toleration"),
+        pytest.param(plain_pod(namespace="kube-system", owner="DaemonSet"),
+                     [{"key": POOL_KEY, "operator": "Exists", "effect": "NoSchedule"}], id="daemonset-in-exempt-namespace"),
+        pytest.param(plain_pod(owner="DaemonSet", tolerations=[{"operator": "Exists"}]), [{"operator": "Exists"}],
+                     id="daemonset-tolerating-all-unchanged"),
+        pytest.param(plain_pod(tolerations=[EGRESS_TOLERATION]), None, id="bare-pod-stripped"),
+        pytest.param(plain_pod(owner="ReplicaSet", tolerations=[EGRESS_TOLERATION, {"key": "x", "operator": "Exists"}]),
+                     [{"key": "x", "operator": "Exists"}], id="deployment-pod-stripped"),
+        pytest.param(plain_pod(namespace="team-ci", tolerations=[{"operator": "Exists"}]), None,
+                     id="tolerate-all-pod-stripped"),
+        pytest.param(plain_pod(namespace="kube-system", tolerations=[EGRESS_TOLERATION]), [EGRESS_TOLERATION],
+                     id="exempt-namespace-left-alone"),
+        pytest.param(plain_pod(tolerations=[EGRESS_TOLERATION], annotations={"kubernetes.io/config.mirror": "x"}),
+                     [EGRESS_TOLERATION], id="mirror-pod-left-alone"),
+        pytest.param(plain_pod(labels={"app.kubernetes.io/component": "affinity-assistant"}, namespace="team-ci",
+                               tolerations=[EGRESS_TOLERATION]), [EGRESS_TOLERATION], id="assistant-allowed-kept"),
+        pytest.param(plain_pod(labels={"app.kubernetes.io/component": "affinity-assistant"}, namespace="team-other",
+                               tolerations=[EGRESS_TOLERATION]), None, id="assistant-foreign-stripped"),
+        pytest.param(plain_pod(labels={"app.kubernetes.io/component": "affinity-assistant"}, namespace="team-ci"), None,
+                     id="assistant-nothing-added"),
+    ],
+)
+def test_other_pods(pod: dict, expected_tolerations: list | None) -> None:
+    env = Env()
+    _, patched, patch = env.review(pod)
+    assert patched["spec"].get("tolerations") == expected_tolerations
+    assert all(op["path"].startswith("/spec/") for op in patch)
+    assert env.events.sent == [] and len(env.state.ledger) == 0
+
+
+def test_coscheduled_tekton_pod_is_not_moved() -> None:
+    env = Env()
+    pod = tekton_pod(annotations={"pipeline.tekton.dev/affinity-assistant": "aa-1"})
+    _, patched, patch = env.review(pod)
+    assert patch == [] and "tolerations" not in patched["spec"]
+
+
+def test_bare_pod_loses_pool_affinity_too() -> None:
+    env = Env()
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["lab-1"]}]}]}}}
+    _, patched, _ = env.review(plain_pod(tolerations=[LAB_TOLERATION], affinity=affinity))
+    assert "affinity" not in patched["spec"] and "tolerations" not in patched["spec"]
+
+
+# --- PipelineRun CREATE --------------------------------------------------------------------------
+
+
+def kaniko_pipelinerun(**overrides: Any) -> dict:
+    run = copy.deepcopy(_catalog_docs("tasks/kaniko/0.7/tests/run.yaml", "PipelineRun")[0])
+    run["metadata"]["namespace"] = "team-ci"
+    run["spec"].update(overrides)
+    return run
+
+
+def mixed_pipelinerun() -> dict:
+    return {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "PipelineRun",
+        "metadata": {"name": "mixed-1", "namespace": "team-ci"},
+        "spec": {
+            "pipelineRef": {"name": "build-and-compile"},
+            "workspaces": [{"name": "source", "volumeClaimTemplate": {"spec": {"accessModes": ["ReadWriteOnce"]}}}],
+        },
+    }
+
+
+def test_coscheduled_pipelinerun_moves_whole_to_the_pool() -> None:
+    env = Env()
+    _, patched, _ = env.review(kaniko_pipelinerun())
+    template = patched["spec"]["taskRunTemplate"]["podTemplate"]
+    assert template["tolerations"] == [EGRESS_TOLERATION]
+    assert preferred_node(template) in EGRESS_NODES
+    assert_valid_pod_template(template)
+    record = decision_of(patched)
+    assert record["pool"] == "egress"
+    assert record["tasks"]["kaniko"] == {"pool": "egress", "reason": "image-match"}
+    assert record["tasks"]["fetch-repository"]["pool"] is None
+    assert env.events.sent[0]["reason"] == "Placed"
+    assert env.metrics.decisions.labels(kind="PipelineRun", reason="image-match", pool="egress")._value.get() == 1
+
+
+def test_coscheduled_v1beta1_pipelinerun_uses_spec_pod_template() -> None:
+    env = Env()
+    run = kaniko_pipelinerun()
+    run["apiVersion"] = "tekton.dev/v1beta1"
+    _, patched, _ = env.review(run)
+    assert patched["spec"]["podTemplate"]["tolerations"] == [EGRESS_TOLERATION]
+    assert "taskRunTemplate" not in patched["spec"]
+
+
+@pytest.mark.parametrize(
+    "run, settings_kw, words",
+    [
+        pytest.param(mixed_pipelinerun(), {}, "different pools", id="mixed-pools"),
+        pytest.param(kaniko_pipelinerun(), {"coscheduled": "off"}, "coscheduled=off", id="setting-off"),
+    ],
+)
+def test_coscheduled_pipelinerun_left_alone(run: dict, settings_kw: dict, words: str) -> None:
+    env = Env(**settings_kw)
+    _, patched, _ = env.review(run)
+    assert "taskRunTemplate" not in patched["spec"]
+    record = decision_of(patched)
+    assert record["pool"] is None and words in record["message"]
+    [sent] = env.events.sent
+    assert (sent["type"], sent["reason"]) == ("Warning", "NotPlaced") and words in sent["note"]
+    assert len(env.state.ledger) == 0
+
+
+@pytest.mark.parametrize(
+    "mode, workspaces, coscheduled",
+    [
+        ("workspaces", [{"name": "shared-workspace", "emptyDir": {}}], False),
+        ("workspaces", [{"name": "shared-workspace", "persistentVolumeClaim": {"claimName": "c"}}], True),
+        ("disabled", [{"name": "shared-workspace", "persistentVolumeClaim": {"claimName": "c"}}], False),
+        ("pipelineruns", [{"name": "shared-workspace", "emptyDir": {}}], True),
+        ("isolate-pipelinerun", [{"name": "shared-workspace", "emptyDir": {}}], True),
+    ],
+)
+def test_coschedule_mode(mode: str, workspaces: list, coscheduled: bool) -> None:
+    env = Env()
+    env.state.set_tekton_coschedule(mode)
+    _, patched, _ = env.review(kaniko_pipelinerun(workspaces=workspaces))
+    assert ("taskRunTemplate" in patched["spec"]) == coscheduled
+    reason = env.events.sent[0]["reason"]
+    assert reason == ("Placed" if coscheduled else "TasksDecided")
+    if not coscheduled:
+        assert "kaniko -> egress" in env.events.sent[0]["note"]
+
+
+def test_pipelinerun_naming_an_unknown_pool_warns() -> None:
+    env = Env()
+    run = kaniko_pipelinerun(workspaces=[{"name": "shared-workspace", "emptyDir": {}}])
+    run["metadata"]["annotations"] = {PLACEMENT_ANNOTATION: "moon"}
+    response, patched, _ = env.review(run)
+    assert "moon" in response["warnings"][0]
+    assert (env.events.sent[0]["type"], env.events.sent[0]["reason"]) == ("Warning", "UnknownPool")
+    assert all(t["reason"] == "unknown-pool" for t in decision_of(patched)["tasks"].values())
+
+
+def test_not_coscheduled_pipelinerun_template_is_left_to_its_taskruns() -> None:
+    env = Env()
+    run = kaniko_pipelinerun(workspaces=[{"name": "shared-workspace", "emptyDir": {}}],
+                             taskRunTemplate={"podTemplate": {"tolerations": [LAB_TOLERATION]}})
+    _, patched, patch = env.review(run)
+    assert patched["spec"]["taskRunTemplate"] == {"podTemplate": {"tolerations": [LAB_TOLERATION]}}
+    assert [op["path"] for op in patch] == ["/metadata/annotations"]
+
+
+# --- malformed, other operations, fail-open ------------------------------------------------------
+
+
+GOOD_REQUEST = {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "operation": "CREATE", "object": {}}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param([], id="list"),
+        pytest.param("x", id="string"),
+        pytest.param({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": GOOD_REQUEST}, id="v1beta1"),
+        pytest.param({"apiVersion": "admission.k8s.io/v1", "kind": "Pod", "request": GOOD_REQUEST}, id="wrong-kind"),
+        pytest.param({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, id="no-request"),
+        pytest.param({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {**GOOD_REQUEST, "uid": 5}},
+                     id="uid-not-string"),
+        pytest.param({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {**GOOD_REQUEST, "kind": "Pod"}},
+                     id="kind-not-object"),
+        pytest.param({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                      "request": {**GOOD_REQUEST, "object": None}}, id="create-without-object"),
+        pytest.param({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                      "request": {**GOOD_REQUEST, "object": {"metadata": []}}}, id="metadata-not-object"),
+    ],
+)
+def test_malformed_reviews_are_refused(body: Any) -> None:
+    env = Env()
+    with pytest.raises(MalformedReview):
+        env.admission.review(body)
+    assert env.metrics.admission_errors.labels(kind="malformed")._value.get() == 1
+
+
+@pytest.mark.parametrize(
+    "obj, operation",
+    [
+        (taskrun("kaniko"), "UPDATE"),
+        (taskrun("kaniko"), "DELETE"),
+        ({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "team-ci"}}, "CREATE"),
+        ({"apiVersion": "tekton.dev/v1", "kind": "Pipeline", "metadata": {"name": "p", "namespace": "team-ci"}}, "CREATE"),
+    ],
+)
+def test_other_operations_and_kinds_pass_unchanged(obj: dict, operation: str) -> None:
+    env = Env()
+    response, _, patch = env.review(obj, operation=operation)
+    assert patch == [] and "warnings" not in response and env.events.sent == []
+
+
+def test_internal_error_fails_open() -> None:
+    env = Env()
+
+    def broken(name: str) -> Any:
+        raise RuntimeError("cache exploded")
+
+    env.state.namespace = broken  # type: ignore[method-assign]
+    response, _, patch = env.review(taskrun("kaniko"))
+    assert patch == []
+    assert "internal error" in response["warnings"][0]
+    assert env.metrics.admission_errors.labels(kind="TaskRun")._value.get() == 1
+
+
+def test_garbage_pod_template_fails_open() -> None:
+    env = Env()
+    response, _, patch = env.review(taskrun("kaniko", pod_template="not a template"))  # type: ignore[arg-type]
+    assert patch == [] and response["warnings"]
+
+
+def test_every_review_is_timed() -> None:
+    env = Env()
+    env.review(taskrun("kaniko"))
+    env.review(tekton_pod())
+    samples = {s.labels["kind"]: s.value for s in env.metrics.admission_seconds.collect()[0].samples if s.name.endswith("_count")}
+    assert samples == {"TaskRun": 1.0, "Pod": 1.0}
+
+
+# --- property: any JSON body ---------------------------------------------------------------------
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=25,
+)
+KEYS = st.sampled_from(["metadata", "spec", "podTemplate", "tolerations", "affinity", "annotations", "labels", "name",
+                        "namespace", "containers", "taskRef", "pipelineRef", "workspaces", "ownerReferences", "kind",
+                        "taskRunTemplate", "params", "image", "nodeAffinity"])
+SHAPED = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.sampled_from(["step-a", "DaemonSet", "kaniko", "egress"])
+    | st.just("x" * 5000),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=5),
+    max_leaves=30,
+)
+KINDS = st.sampled_from([("tekton.dev", "v1", "TaskRun"), ("tekton.dev", "v1beta1", "PipelineRun"), ("tekton.dev", "v1", "PipelineRun"),
+                         ("", "v1", "Pod"), ("x", "v1", "Thing")])
+ENV = Env()
+
+
+def _envelope(request: Any) -> dict:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+BODIES = (
+    JSON
+    | JSON.map(_envelope)
+    | st.builds(
+        lambda kind, op, obj, ns, uid, dry: _envelope(
+            {"uid": uid, "kind": dict(zip(("group", "version", "kind"), kind)), "operation": op, "object": obj,
+             "namespace": ns, "dryRun": dry}
+        ),
+        KINDS, st.sampled_from(["CREATE", "UPDATE"]), SHAPED, st.sampled_from(["team-ci", "team-other", "kube-system"]),
+        st.text(min_size=1, max_size=8), st.booleans(),
+    )
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(BODIES)
+def test_any_body_gives_a_response_or_malformed(body: Any) -> None:
+    try:
+        answer = ENV.admission.review(body)
+    except MalformedReview:
+        return
+    response = answer["response"]
+    assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
+    assert response["uid"] == body["request"]["uid"] and response["allowed"] is True
+    assert all(isinstance(w, str) for w in response.get("warnings", []))
+    if "patch" in response:
+        patch = json.loads(base64.b64decode(response["patch"]))
+        jsonpatch.apply_patch(body["request"]["object"], patch)  # applies to the admitted object

@@ -1,0 +1,288 @@
+"""Checks the webhook's self-made certificates (controller/admission/certs.py): the served certificate
+verifies against the CA for 127.0.0.1 and the DNS names; `needs_renewal` (expiry, hosts changed,
+garbage); `ServingTLS` swaps the certificate on the same SSL context and leaves no key on disk;
+`CertificateKeeper` with an in-memory Secret store and a fake clock: the leader creates, renews
+(keeping the CA and the caBundle), replaces a broken Secret, yields on a write conflict; a
+follower waits for the Secret and then loads it."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.x509.verification import PolicyBuilder, Store
+
+from controller.admission.certs import (
+    CA_CERT,
+    CA_KEY,
+    TLS_CERT,
+    TLS_KEY,
+    CertificateKeeper,
+    ServingTLS,
+    make_ca,
+    make_serving_cert,
+    needs_renewal,
+)
+from controller.settings import Settings
+
+NOW = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
+HOSTS = ["egress-placer-webhook.egress-placer.svc", "127.0.0.1", "localhost"]
+DAY = 86400.0
+
+
+def verify(cert_pem: bytes, ca_pem: bytes, host: str, at: datetime) -> None:
+    """Raises unless `cert_pem` is a valid server certificate for `host` under `ca_pem` at `at`."""
+    store = Store([x509.load_pem_x509_certificate(ca_pem)])
+    try:
+        subject: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        subject = x509.DNSName(host)
+    verifier = PolicyBuilder().store(store).time(at).build_server_verifier(subject)
+    verifier.verify(x509.load_pem_x509_certificate(cert_pem), [])
+
+
+CA = make_ca(NOW)
+SERVING = make_serving_cert(CA, HOSTS, NOW, days=90)
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_served_certificate_verifies_for_each_host(host: str) -> None:
+    verify(SERVING.cert_pem, CA.cert_pem, host, NOW)
+
+
+@pytest.mark.parametrize("host", ["10.0.0.1", "evil.example.com"])
+def test_served_certificate_does_not_verify_for_other_hosts(host: str) -> None:
+    with pytest.raises(x509.verification.VerificationError):
+        verify(SERVING.cert_pem, CA.cert_pem, host, NOW)
+
+
+def test_served_certificate_does_not_verify_under_another_ca() -> None:
+    with pytest.raises(x509.verification.VerificationError):
+        verify(SERVING.cert_pem, make_ca(NOW).cert_pem, "127.0.0.1", NOW)
+
+
+@pytest.mark.parametrize(
+    "cert_pem, at, hosts, renew",
+    [
+        pytest.param(SERVING.cert_pem, NOW, HOSTS, False, id="fresh"),
+        pytest.param(SERVING.cert_pem, NOW, list(reversed(HOSTS)), False, id="same-hosts-other-order"),
+        pytest.param(SERVING.cert_pem, NOW + timedelta(days=59), HOSTS, False, id="31-days-left"),
+        pytest.param(SERVING.cert_pem, NOW + timedelta(days=61), HOSTS, True, id="29-days-left"),
+        pytest.param(SERVING.cert_pem, NOW + timedelta(days=91), HOSTS, True, id="expired"),
+        pytest.param(SERVING.cert_pem, NOW - timedelta(days=1), HOSTS, True, id="not-yet-valid"),
+        pytest.param(SERVING.cert_pem, NOW, HOSTS + ["new.example.com"], True, id="host-added"),
+        pytest.param(SERVING.cert_pem, NOW, HOSTS[:1], True, id="host-removed"),
+        pytest.param(b"not a certificate", NOW, HOSTS, True, id="garbage"),
+    ],
+)
+def test_needs_renewal(cert_pem: bytes, at: datetime, hosts: list[str], renew: bool) -> None:
+    assert needs_renewal(cert_pem, at, 30, hosts) is renew
+
+
+def test_serving_certificate_does_not_outlive_its_ca() -> None:
+    short_ca = make_ca(NOW, days=10)
+    cert = x509.load_pem_x509_certificate(make_serving_cert(short_ca, HOSTS, NOW, days=90).cert_pem)
+    assert cert.not_valid_after_utc == x509.load_pem_x509_certificate(short_ca.cert_pem).not_valid_after_utc
+
+
+def test_serving_tls_swaps_on_the_same_context_and_leaves_no_files() -> None:
+    tls = ServingTLS()
+    context = tls.context
+    assert not tls.loaded
+    tls.load(SERVING)
+    other = make_serving_cert(CA, HOSTS, NOW, days=90)
+    tls.load(other)
+    assert tls.context is context and tls.cert_pem == other.cert_pem
+    assert os.listdir(tls._directory) == []  # noqa: SLF001 - the key must not stay on disk
+    with pytest.raises(Exception):
+        tls.load(type(SERVING)(SERVING.cert_pem, other.key_pem))  # key of another certificate
+    assert tls.cert_pem == other.cert_pem  # the old one stays
+    tls.close()
+    assert not os.path.exists(tls._directory)  # noqa: SLF001
+
+
+# --- the keeper ----------------------------------------------------------------------------------
+
+
+class Conflict(Exception):
+    """A 409 as kubernetes.client.ApiException reports it."""
+
+    status = 409
+
+
+class AdapterConflict(Exception):
+    """A 409 as the adapter's WriteError reports it (an outcome, no status)."""
+
+    outcome = "conflict"
+
+
+class MemorySecrets:
+    """An in-memory SecretWriter: one Secret store with resourceVersions, and the caBundle."""
+
+    def __init__(self) -> None:
+        self.secrets: dict[tuple[str, str], tuple[dict[str, bytes], str]] = {}
+        self.version = 0
+        self.ca_bundle: bytes | None = None
+        self.writes = 0
+        self.before_write: Any = None  # called before a write: lets a test simulate another replica
+        self.conflict: type[Exception] = Conflict
+
+    def read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None:
+        found = self.secrets.get((namespace, name))
+        return (dict(found[0]), found[1]) if found else None
+
+    def put(self, namespace: str, name: str, data: dict[str, bytes]) -> None:
+        self.version += 1
+        self.secrets[(namespace, name)] = (dict(data), str(self.version))
+
+    def write_secret(self, namespace: str, name: str, data: dict[str, bytes], resource_version: str | None) -> bool:
+        if self.before_write:
+            hook, self.before_write = self.before_write, None
+            hook()
+        current = self.secrets.get((namespace, name))
+        if (current is None) != (resource_version is None) or (current and current[1] != resource_version):
+            raise self.conflict("409 Conflict")
+        self.writes += 1
+        self.put(namespace, name, data)
+        return True
+
+    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes) -> bool:
+        changed = self.ca_bundle != ca_pem
+        self.ca_bundle = ca_pem
+        return changed
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW.timestamp()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+SETTINGS = Settings(tls_hosts=HOSTS, tls_cert_days=90, tls_renew_before_days=30)
+KEY = (SETTINGS.namespace, SETTINGS.tls_secret)
+
+
+def keeper(store: MemorySecrets, clock: Clock, settings: Settings = SETTINGS) -> CertificateKeeper:
+    return CertificateKeeper(settings, store, clock)
+
+
+def test_leader_creates_the_secret_loads_it_and_sets_the_ca_bundle() -> None:
+    store, clock = MemorySecrets(), Clock()
+    k = keeper(store, clock)
+    assert k.ensure(leader=True) is True
+    data, _ = store.secrets[KEY]
+    assert set(data) == {CA_CERT, CA_KEY, TLS_CERT, TLS_KEY}
+    assert k.tls.cert_pem == data[TLS_CERT] and store.ca_bundle == data[CA_CERT] and k.problem is None
+    verify(data[TLS_CERT], data[CA_CERT], "127.0.0.1", NOW)
+    assert k.ensure(leader=True) and store.writes == 1  # nothing to renew: no second write
+
+
+def test_follower_waits_for_the_secret_then_loads_it() -> None:
+    store, clock = MemorySecrets(), Clock()
+    follower = keeper(store, clock)
+    assert follower.ensure(leader=False) is False
+    assert "waiting for the leader" in (follower.problem or "")
+    assert store.secrets == {} and store.ca_bundle is None
+    keeper(store, clock).ensure(leader=True)
+    assert follower.ensure(leader=False) is True
+    assert follower.tls.cert_pem == store.secrets[KEY][0][TLS_CERT]
+
+
+def test_renewal_near_expiry_keeps_the_ca() -> None:
+    store, clock = MemorySecrets(), Clock()
+    k = keeper(store, clock)
+    k.ensure(leader=True)
+    first, _ = store.secrets[KEY]
+    clock.now += 50 * DAY  # 40 days left: nothing to do
+    k.ensure(leader=True)
+    assert store.secrets[KEY][0][TLS_CERT] == first[TLS_CERT]
+    clock.now += 15 * DAY  # 25 days left: renew
+    k.ensure(leader=True)
+    second, _ = store.secrets[KEY]
+    assert second[TLS_CERT] != first[TLS_CERT]
+    assert (second[CA_CERT], second[CA_KEY]) == (first[CA_CERT], first[CA_KEY])
+    assert store.ca_bundle == first[CA_CERT]
+    assert k.tls.cert_pem == second[TLS_CERT]
+    verify(second[TLS_CERT], first[CA_CERT], "127.0.0.1", datetime.fromtimestamp(clock.now, UTC))
+
+
+def test_follower_keeps_serving_an_expiring_certificate_until_the_leader_renews() -> None:
+    store, clock = MemorySecrets(), Clock()
+    keeper(store, clock).ensure(leader=True)
+    clock.now += 70 * DAY  # due for renewal, still valid
+    follower = keeper(store, clock)
+    assert follower.ensure(leader=False) is True
+    assert store.writes == 1
+
+
+def test_hosts_changed_means_a_new_certificate() -> None:
+    store, clock = MemorySecrets(), Clock()
+    keeper(store, clock).ensure(leader=True)
+    first, _ = store.secrets[KEY]
+    more = Settings(tls_hosts=HOSTS + ["egress-placer-webhook.egress-placer.svc.cluster.local"])
+    keeper(store, clock, more).ensure(leader=True)
+    second, _ = store.secrets[KEY]
+    assert second[TLS_CERT] != first[TLS_CERT] and second[CA_CERT] == first[CA_CERT]
+    verify(second[TLS_CERT], second[CA_CERT], "egress-placer-webhook.egress-placer.svc.cluster.local", NOW)
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        pytest.param(lambda d: d.pop(TLS_KEY), id="key-missing"),
+        pytest.param(lambda d: d.update({TLS_KEY: make_serving_cert(CA, HOSTS, NOW, 90).key_pem}), id="key-of-another-cert"),
+        pytest.param(lambda d: d.update({CA_CERT: b"garbage"}), id="ca-garbage"),
+        pytest.param(lambda d: d.update({TLS_CERT: SERVING.cert_pem, TLS_KEY: SERVING.key_pem}), id="cert-of-another-ca"),
+    ],
+)
+def test_leader_replaces_a_broken_secret(breakage: Any) -> None:
+    store, clock = MemorySecrets(), Clock()
+    keeper(store, clock).ensure(leader=True)
+    data, _ = store.secrets[KEY]
+    breakage(data)
+    store.put(*KEY, data)
+    k = keeper(store, clock)
+    assert k.ensure(leader=True) is True
+    fixed, _ = store.secrets[KEY]
+    verify(fixed[TLS_CERT], fixed[CA_CERT], "127.0.0.1", NOW)
+    assert store.ca_bundle == fixed[CA_CERT] and k.tls.cert_pem == fixed[TLS_CERT]
+
+
+def test_expiring_ca_is_replaced_and_the_ca_bundle_follows() -> None:
+    store, clock = MemorySecrets(), Clock()
+    old_ca = make_ca(NOW, days=100)
+    serving = make_serving_cert(old_ca, HOSTS, NOW, 90)
+    store.put(*KEY, {CA_CERT: old_ca.cert_pem, CA_KEY: old_ca.key_pem, TLS_CERT: serving.cert_pem, TLS_KEY: serving.key_pem})
+    keeper(store, clock).ensure(leader=True)
+    data, _ = store.secrets[KEY]
+    assert data[CA_CERT] != old_ca.cert_pem and store.ca_bundle == data[CA_CERT]
+
+
+@pytest.mark.parametrize("conflict", [Conflict, AdapterConflict])
+def test_write_conflict_loads_what_the_other_replica_wrote(conflict: type[Exception]) -> None:
+    store, clock = MemorySecrets(), Clock()
+    store.conflict = conflict
+    other = keeper(MemorySecrets(), clock)
+    other.ensure(leader=True)
+    theirs = other.writer.read_secret(*KEY)[0]  # type: ignore[index]
+    store.before_write = lambda: store.put(*KEY, theirs)  # the other replica wins the race
+    k = keeper(store, clock)
+    assert k.ensure(leader=True) is True
+    assert k.tls.cert_pem == theirs[TLS_CERT] and store.writes == 0
+    assert store.ca_bundle == theirs[CA_CERT]
+
+
+def test_writer_failure_is_reported_not_raised() -> None:
+    class Broken(MemorySecrets):
+        def read_secret(self, namespace: str, name: str) -> Any:
+            raise OSError("API server unreachable")
+
+    k = keeper(Broken(), Clock())
+    assert k.ensure(leader=True) is False
+    assert "unreachable" in (k.problem or "")

@@ -1,0 +1,126 @@
+"""The adapter's error handling without a cluster: how every write error is classified, that
+transient ones are retried with backoff and at least the server's Retry-After while others fail at
+once, and how the informer reads watch events (bookmarks move the resourceVersion, ERROR events end
+the watch: 410 to relist, others to back off)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from controller.kube.client import KubeApi
+from controller.kube.informer import Informer, WatchError, WatchExpired, nodes
+from controller.kube.writer import KubeWriter, Outcome, RetryPolicy, WriteError, classify
+from controller.metrics import Metrics
+
+
+def api_error(status: int, body: dict[str, Any] | None = None, retry_after: str | None = None) -> ApiException:
+    error = ApiException(status=status, reason="test")
+    error.body = json.dumps(body) if body is not None else None
+    error.headers = {"Retry-After": retry_after} if retry_after else {}
+    return error
+
+
+PDB_REFUSAL = {"kind": "Status", "code": 429, "details": {"causes": [{"reason": "DisruptionBudget", "message": "x"}]}}
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome", "cause"),
+    [
+        (api_error(429), Outcome.RETRY, "throttled"),
+        (api_error(429, PDB_REFUSAL), Outcome.REFUSED, "disruption-budget"),
+        (api_error(500), Outcome.RETRY, "server-error"),
+        (api_error(503), Outcome.RETRY, "server-error"),
+        (api_error(404), Outcome.NOT_FOUND, "not-found"),
+        (api_error(409), Outcome.CONFLICT, "conflict"),
+        (api_error(403), Outcome.FAIL, "http-403"),
+        (api_error(422), Outcome.FAIL, "http-422"),
+        (ApiException(status=0, reason="SSLError"), Outcome.RETRY, "connection"),
+        (urllib3.exceptions.MaxRetryError(None, "/"), Outcome.RETRY, "connection"),
+        (ConnectionResetError(), Outcome.RETRY, "connection"),
+        (ValueError("bug"), Outcome.FAIL, "ValueError"),
+    ],
+)
+def test_classify(error, outcome, cause):
+    assert classify(error) == (outcome, cause)
+
+
+class Flaky:
+    """Raises the given errors in turn, then answers."""
+
+    def __init__(self, *errors: BaseException) -> None:
+        self.errors = list(errors)
+        self.calls = 0
+
+    def __call__(self) -> str:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return "ok"
+
+
+def writer(sleeps: list[float], attempts: int = 4) -> KubeWriter:
+    policy = RetryPolicy(attempts=attempts, initial=0.1, maximum=5.0, jitter=0.0)
+    # No API server: these tests only use KubeWriter.call with their own functions.
+    return KubeWriter(KubeApi(None), Metrics(), retry=policy, sleep=sleeps.append)  # type: ignore[arg-type]
+
+
+def test_transient_errors_are_retried_honouring_retry_after():
+    sleeps: list[float] = []
+    w = writer(sleeps)
+    fn = Flaky(api_error(503), api_error(429, retry_after="3"))
+    assert w.call("op", fn) == "ok"
+    assert fn.calls == 3
+    assert sleeps[0] < 3 <= sleeps[1]
+    assert w.metrics.api_write_retries.labels(operation="op", cause="throttled")._value.get() == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome"),
+    [(api_error(403), Outcome.FAIL), (api_error(404), Outcome.NOT_FOUND), (api_error(409), Outcome.CONFLICT)],
+)
+def test_other_errors_are_not_retried(error, outcome):
+    sleeps: list[float] = []
+    fn = Flaky(error)
+    with pytest.raises(WriteError) as raised:
+        writer(sleeps).call("op", fn)
+    assert (fn.calls, sleeps, raised.value.outcome, raised.value.status) == (1, [], outcome, error.status)
+
+
+def test_retries_stop_after_the_last_attempt():
+    sleeps: list[float] = []
+    fn = Flaky(*[api_error(500)] * 10)
+    with pytest.raises(WriteError) as raised:
+        writer(sleeps, attempts=3).call("op", fn)
+    assert fn.calls == 3 and len(sleeps) == 2 and raised.value.outcome is Outcome.RETRY
+
+
+def informer(seen: list[tuple[str, str]]) -> Informer:
+    return Informer(
+        api=None,  # type: ignore[arg-type]  # _handle makes no request
+        resource=nodes(),
+        on_replace=lambda objs: None,
+        on_event=lambda kind, obj: seen.append((kind, obj["metadata"]["name"])),
+        metrics=Metrics(),
+    )
+
+
+def test_watch_events_advance_the_resource_version():
+    seen: list[tuple[str, str]] = []
+    inf = informer(seen)
+    inf._handle({"type": "ADDED", "object": {"metadata": {"name": "n1", "resourceVersion": "10"}}})
+    inf._handle({"type": "BOOKMARK", "object": {"kind": "Node", "metadata": {"resourceVersion": "15"}}})
+    assert seen == [("ADDED", "n1")] and inf.resource_version == "15"
+
+
+@pytest.mark.parametrize(
+    ("status", "raised"),
+    [({"code": 410, "reason": "Expired", "message": "too old"}, WatchExpired), ({"code": 500, "message": "x"}, WatchError)],
+)
+def test_error_events_end_the_watch(status, raised):
+    with pytest.raises(raised):
+        informer([])._handle({"type": "ERROR", "object": {"kind": "Status", **status}})

@@ -1,0 +1,482 @@
+"""Checks the content of the deployment manifests in k8s/ (and the Dockerfile), not a cluster.
+
+The webhooks fail open, skip the controller's namespace and send only the pods that matter (the CEL
+match condition is evaluated on sample pods); the Deployment runs locked down with the ports, probes
+and settings the controller really has; RBAC grants exactly the table below and nothing more;
+the names in the manifests agree with the defaults in `controller.settings.Settings`.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.core.model import NamespaceState
+from controller.core.policy import load_policy
+from controller.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "k8s"
+ENV_PREFIX = "EGRESS_PLACER_"
+NAMESPACE = "egress-placer"
+SERVICE_ACCOUNT = "egress-placer"
+SKIP_LABEL = ("egress-placer.io/webhook", "skip")
+POOL_TAINT_KEY = "egress-placer.io/pool"
+NOT_RESOURCES = {"kustomization.yaml", "policy.yaml"}  # kustomize input, and the policy document
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+
+
+def default(field: str) -> Any:
+    return Settings.model_fields[field].default
+
+
+# The source of truth for RBAC: (where, apiGroup, resource, verb, resourceName or None for any).
+# "cluster" is the ClusterRole; a namespace is the Role there. Nothing outside this table is granted.
+# It follows the API calls of controller/kube (informers: list+watch, single objects by a
+# metadata.name field selector; leader: get/create/update; writer: node patch, eviction create,
+# secret get/create/patch, webhook configuration get/update, events.k8s.io create/patch), plus
+# `get` wherever the same objects may already be listed.
+ANY = None
+TEKTON_NS = default("tekton_namespace")
+REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
+    *{("cluster", "", "nodes", v, ANY) for v in ("get", "list", "watch", "patch")},
+    *{("cluster", "", "namespaces", v, ANY) for v in ("get", "list", "watch")},
+    *{("cluster", "", "pods", v, ANY) for v in ("get", "list", "watch")},
+    ("cluster", "", "pods/eviction", "create", ANY),
+    *{
+        ("cluster", "tekton.dev", r, v, ANY)
+        for r in ("tasks", "stepactions", "pipelines", "taskruns", "pipelineruns")
+        for v in ("get", "list", "watch")
+    },
+    *{("cluster", "events.k8s.io", "events", v, ANY) for v in ("create", "patch")},
+    *{
+        ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", v, default("webhook_config_name"))
+        for v in ("get", "update")
+    },
+    *{(NAMESPACE, "coordination.k8s.io", "leases", v, default("lease_name")) for v in ("get", "update")},
+    (NAMESPACE, "coordination.k8s.io", "leases", "create", ANY),
+    *{(NAMESPACE, "", "secrets", v, default("tls_secret")) for v in ("get", "patch")},
+    (NAMESPACE, "", "secrets", "create", ANY),
+    *{(NAMESPACE, "", "configmaps", v, default("policy_configmap")) for v in ("get", "list", "watch")},
+    *{(TEKTON_NS, "", "configmaps", v, "feature-flags") for v in ("get", "list", "watch")},
+}
+
+# Which webhook admits what: name -> (apiGroup, versions, resource).
+EXPECTED_WEBHOOKS = {
+    "taskruns.egress-placer.io": ("tekton.dev", ["v1", "v1beta1"], "taskruns"),
+    "pipelineruns.egress-placer.io": ("tekton.dev", ["v1", "v1beta1"], "pipelineruns"),
+    "pods.egress-placer.io": ("", ["v1"], "pods"),
+}
+
+
+# -- loading ----------------------------------------------------------------------------------
+def resource_files() -> list[Path]:
+    return sorted(p for p in K8S.glob("*.yaml") if p.name not in NOT_RESOURCES)
+
+
+def load_objects() -> list[dict[str, Any]]:
+    return [doc for p in resource_files() for doc in yaml.safe_load_all(p.read_text()) if doc]
+
+
+OBJECTS = load_objects()
+KUSTOMIZATION = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+
+
+def key(obj: Mapping[str, Any]) -> tuple[str, str | None, str]:
+    return obj["kind"], obj["metadata"].get("namespace"), obj["metadata"]["name"]
+
+
+def objects(kind: str) -> list[dict[str, Any]]:
+    return [o for o in OBJECTS if o["kind"] == kind]
+
+
+def one(kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+    found = [
+        o
+        for o in objects(kind)
+        if o["metadata"]["name"] == name and o["metadata"].get("namespace") == namespace
+    ]
+    assert len(found) == 1, f"expected one {kind} {namespace}/{name}, found {len(found)}"
+    return found[0]
+
+
+DEPLOYMENT = one("Deployment", "egress-placer", NAMESPACE)
+POD_SPEC = DEPLOYMENT["spec"]["template"]["spec"]
+CONTAINER = POD_SPEC["containers"][0]
+WEBHOOKS = {w["name"]: w for w in one("MutatingWebhookConfiguration", default("webhook_config_name"))["webhooks"]}
+SERVICE = one("Service", "egress-placer-webhook", NAMESPACE)
+
+
+def walk_strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from walk_strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from walk_strings(v)
+
+
+def selector_matches(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A Kubernetes LabelSelector (matchLabels and matchExpressions) against a label set."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def container_port(name_or_number: str | int) -> int:
+    if isinstance(name_or_number, int):
+        return name_or_number
+    return next(p["containerPort"] for p in CONTAINER["ports"] if p["name"] == name_or_number)
+
+
+def env_value(name: str) -> str | None:
+    return next((e.get("value") for e in CONTAINER["env"] if e["name"] == name), None)
+
+
+def effective_setting(field: str) -> Any:
+    """The value the controller will run with: the Deployment's variable, or the default."""
+    raw = env_value(ENV_PREFIX + field.upper())
+    return default(field) if raw is None else getattr(Settings(**{field: raw}), field)
+
+
+# -- the kustomize base -----------------------------------------------------------------------
+def test_kustomization_lists_every_resource_file() -> None:
+    assert sorted(KUSTOMIZATION["resources"]) == [p.name for p in resource_files()]
+
+
+def test_kustomization_sets_no_namespace_so_the_tekton_role_stays_in_tekton_namespace() -> None:
+    assert "namespace" not in KUSTOMIZATION
+
+
+@pytest.mark.parametrize("obj", OBJECTS, ids=lambda o: f"{o['kind']}/{o['metadata']['name']}")
+def test_namespaced_objects_name_their_namespace(obj: dict[str, Any]) -> None:
+    ns = obj["metadata"].get("namespace")
+    if obj["kind"] in CLUSTER_SCOPED:
+        assert ns is None
+    else:
+        assert ns in {NAMESPACE, TEKTON_NS}
+
+
+def test_policy_configmap_is_generated_under_the_fixed_name_the_controller_watches() -> None:
+    (gen,) = KUSTOMIZATION["configMapGenerator"]
+    assert gen["name"] == default("policy_configmap")
+    assert gen["namespace"] == NAMESPACE
+    assert gen["options"]["disableNameSuffixHash"] is True
+    assert gen["files"] == [default("policy_key")]
+
+
+def test_shipped_policy_is_valid_and_sends_cdn_and_uploader_images_to_overseas() -> None:
+    policy = load_policy((K8S / "policy.yaml").read_text(), "k8s/policy.yaml")
+    (pool,) = policy.pools
+    assert pool.name == "overseas"
+    assert dict(pool.node_selector) == {POOL_TAINT_KEY: "overseas"}
+    assert pool.taint_for().key == POOL_TAINT_KEY
+    assert pool.allows(NamespaceState(name="team-cdn")) and not pool.allows(NamespaceState(name="default"))
+    assert pool.matches_image("ghcr.io/acme/cdn-sync:1.2")
+    assert pool.matches_image("docker.io/acme/s3-uploader:latest")
+    assert not pool.matches_image("docker.io/library/ubuntu:24.04")
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) is not on PATH")
+def test_kustomize_renders_every_object_and_the_policy_configmap() -> None:
+    out = subprocess.run(["kubectl", "kustomize", str(K8S)], check=True, capture_output=True, text=True).stdout
+    rendered = [d for d in yaml.safe_load_all(out) if d]
+    assert {key(d) for d in rendered} == {key(o) for o in OBJECTS} | {("ConfigMap", NAMESPACE, default("policy_configmap"))}
+    (cm,) = [d for d in rendered if d["kind"] == "ConfigMap"]
+    assert yaml.safe_load(cm["data"][default("policy_key")]) == yaml.safe_load((K8S / "policy.yaml").read_text())
+
+
+# -- namespace and webhooks -------------------------------------------------------------------
+def test_own_namespace_is_labelled_for_the_webhooks_to_skip() -> None:
+    assert one("Namespace", NAMESPACE)["metadata"]["labels"][SKIP_LABEL[0]] == SKIP_LABEL[1]
+
+
+def test_the_three_webhooks_are_there() -> None:
+    assert set(WEBHOOKS) == set(EXPECTED_WEBHOOKS)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_WEBHOOKS))
+def test_webhook_fails_open_fast_and_has_no_side_effects(name: str) -> None:
+    w = WEBHOOKS[name]
+    assert w["failurePolicy"] == "Ignore"
+    assert 1 <= w["timeoutSeconds"] <= 5
+    assert w["sideEffects"] == "None"
+    assert w["admissionReviewVersions"] == ["v1"]
+    assert w["reinvocationPolicy"] == "Never"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_WEBHOOKS))
+def test_webhook_skips_the_labelled_namespaces_only(name: str) -> None:
+    selector = WEBHOOKS[name]["namespaceSelector"]
+    own_labels = one("Namespace", NAMESPACE)["metadata"]["labels"]
+    assert not selector_matches(selector, own_labels)
+    assert not selector_matches(selector, {SKIP_LABEL[0]: SKIP_LABEL[1]})
+    assert selector_matches(selector, {})
+    assert selector_matches(selector, {"kubernetes.io/metadata.name": "team-cdn"})
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_WEBHOOKS))
+def test_webhook_calls_the_service_and_leaves_ca_bundle_to_the_controller(name: str) -> None:
+    cc = WEBHOOKS[name]["clientConfig"]
+    assert "url" not in cc
+    assert not cc.get("caBundle")
+    svc = cc["service"]
+    assert (svc["name"], svc["namespace"], svc["path"]) == (SERVICE["metadata"]["name"], NAMESPACE, "/mutate")
+    assert svc["port"] in {p["port"] for p in SERVICE["spec"]["ports"]}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_WEBHOOKS))
+def test_webhook_admits_only_creates_of_its_resource(name: str) -> None:
+    group, versions, resource = EXPECTED_WEBHOOKS[name]
+    (rule,) = WEBHOOKS[name]["rules"]
+    assert rule == {
+        "apiGroups": [group],
+        "apiVersions": versions,
+        "operations": ["CREATE"],
+        "resources": [resource],
+        "scope": "Namespaced",
+    }
+
+
+def test_tls_hosts_name_the_webhook_service() -> None:
+    assert f"{SERVICE['metadata']['name']}.{NAMESPACE}.svc" == default("tls_hosts")[0]
+
+
+def pod(
+    labels: dict[str, str] | None = None,
+    owners: list[str] | None = None,
+    tolerations: list[dict[str, str]] | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "p", "namespace": "team-cdn"}
+    if labels is not None:
+        meta["labels"] = labels
+    if owners is not None:
+        meta["ownerReferences"] = [{"kind": k, "name": "o", "apiVersion": "apps/v1", "uid": "u"} for k in owners]
+    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox"}]}
+    if tolerations is not None:
+        spec["tolerations"] = tolerations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+TEKTON = {"app.kubernetes.io/managed-by": "tekton-pipelines"}
+POD_CASES = [
+    ("bare pod", pod(), False),
+    ("other labels", pod(labels={"app": "web"}), False),
+    ("managed by someone else", pod(labels={"app.kubernetes.io/managed-by": "helm"}), False),
+    ("tekton pod", pod(labels=TEKTON), True),
+    ("daemonset pod", pod(owners=["DaemonSet"]), True),
+    ("replicaset pod", pod(owners=["ReplicaSet"]), False),
+    ("daemonset among owners", pod(owners=["ReplicaSet", "DaemonSet"]), True),
+    ("pool toleration Equal", pod(tolerations=[{"key": POOL_TAINT_KEY, "operator": "Equal", "value": "x"}]), True),
+    ("pool toleration Exists", pod(tolerations=[{"key": POOL_TAINT_KEY, "operator": "Exists"}]), True),
+    ("tolerate everything", pod(tolerations=[{"operator": "Exists"}]), True),
+    ("tolerate everything, empty key", pod(tolerations=[{"key": "", "operator": "Exists"}]), True),
+    ("other toleration", pod(tolerations=[{"key": "gpu", "operator": "Exists"}]), False),
+    ("empty tolerations", pod(tolerations=[]), False),
+    ("keyless toleration without Exists", pod(tolerations=[{"effect": "NoSchedule"}]), False),
+]
+
+
+@pytest.mark.parametrize(("case", "obj", "expected"), POD_CASES, ids=[c[0] for c in POD_CASES])
+def test_pod_match_condition_sends_only_the_pods_that_matter(case: str, obj: dict[str, Any], expected: bool) -> None:
+    celpy = pytest.importorskip("celpy")
+    (condition,) = WEBHOOKS["pods.egress-placer.io"]["matchConditions"]
+    env = celpy.Environment()
+    program = env.program(env.compile(condition["expression"]))
+    result = program.evaluate({"object": celpy.json_to_cel(obj)})
+    assert isinstance(result, celpy.celtypes.BoolType), f"{case}: evaluation error {result!r}"
+    assert bool(result) is expected
+
+
+# -- the Deployment ---------------------------------------------------------------------------
+def test_deployment_runs_two_replicas_of_the_controller() -> None:
+    assert DEPLOYMENT["spec"]["replicas"] == 2
+    assert CONTAINER["image"] == "egress-placer:0.1.0"
+    assert [*CONTAINER.get("command", []), *CONTAINER.get("args", [])] == ["egress-placer", "run"]
+    assert POD_SPEC["serviceAccountName"] == SERVICE_ACCOUNT
+    assert "priorityClassName" not in POD_SPEC
+
+
+def test_deployment_runs_non_root_read_only_without_privileges() -> None:
+    pod_sc, sc = POD_SPEC["securityContext"], CONTAINER["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True and sc["runAsNonRoot"] is True
+    assert pod_sc["runAsUser"] == sc["runAsUser"] == 65532
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not any(c.get("securityContext", {}).get("privileged") for c in POD_SPEC["containers"])
+
+
+def test_tmp_is_a_writable_empty_dir() -> None:
+    (mount,) = [m for m in CONTAINER["volumeMounts"] if m["mountPath"] == "/tmp"]
+    (volume,) = [v for v in POD_SPEC["volumes"] if v["name"] == mount["name"]]
+    assert "emptyDir" in volume
+
+
+@pytest.mark.parametrize(("probe", "path"), [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")])
+def test_probes_hit_the_health_server(probe: str, path: str) -> None:
+    get = CONTAINER[probe]["httpGet"]
+    assert get["path"] == path
+    assert container_port(get["port"]) == effective_setting("health_port")
+
+
+@pytest.mark.parametrize(("port_name", "field"), [("webhook", "webhook_port"), ("health", "health_port")])
+def test_container_ports_are_the_ports_the_controller_listens_on(port_name: str, field: str) -> None:
+    assert container_port(port_name) == effective_setting(field)
+
+
+@pytest.mark.parametrize(("service_port", "field"), [(443, "webhook_port"), (8080, "health_port")])
+def test_service_ports_map_to_the_container_ports(service_port: int, field: str) -> None:
+    (port,) = [p for p in SERVICE["spec"]["ports"] if p["port"] == service_port]
+    assert container_port(port["targetPort"]) == effective_setting(field)
+
+
+def test_scrape_annotations_point_at_the_metrics_endpoint() -> None:
+    ann = DEPLOYMENT["spec"]["template"]["metadata"]["annotations"]
+    assert ann["prometheus.io/scrape"] == "true"
+    assert int(ann["prometheus.io/port"]) == effective_setting("health_port")
+    assert ann["prometheus.io/path"] == "/metrics"
+
+
+def test_resources_are_the_agreed_requests_and_limits() -> None:
+    assert CONTAINER["resources"] == {
+        "requests": {"cpu": "50m", "memory": "96Mi"},
+        "limits": {"cpu": "500m", "memory": "256Mi"},
+    }
+
+
+@pytest.mark.parametrize("kind", ["Service", "PodDisruptionBudget"])
+def test_selectors_pick_the_controller_pods(kind: str) -> None:
+    (obj,) = objects(kind)
+    selector = obj["spec"]["selector"]
+    selector = selector if "matchLabels" in selector else {"matchLabels": selector}
+    assert selector_matches(selector, DEPLOYMENT["spec"]["template"]["metadata"]["labels"])
+
+
+def test_deployment_selector_picks_its_own_pods() -> None:
+    assert selector_matches(DEPLOYMENT["spec"]["selector"], DEPLOYMENT["spec"]["template"]["metadata"]["labels"])
+
+
+def test_pdb_keeps_one_replica() -> None:
+    assert one("PodDisruptionBudget", "egress-placer", NAMESPACE)["spec"]["minAvailable"] == 1
+
+
+def test_every_env_var_is_a_setting() -> None:
+    names = [e["name"] for e in CONTAINER["env"]]
+    assert len(names) == len(set(names))
+    unknown = [
+        n for n in names if not n.startswith(ENV_PREFIX) or n[len(ENV_PREFIX) :].lower() not in Settings.model_fields
+    ]
+    assert unknown == []
+
+
+def test_env_values_are_valid_settings() -> None:
+    values = {e["name"][len(ENV_PREFIX) :].lower(): e["value"] for e in CONTAINER["env"] if "value" in e}
+    Settings(**values)  # raises pydantic.ValidationError on a bad value
+
+
+@pytest.mark.parametrize(
+    ("variable", "field_path"), [("NAMESPACE", "metadata.namespace"), ("IDENTITY", "metadata.name")]
+)
+def test_namespace_and_identity_come_from_the_downward_api(variable: str, field_path: str) -> None:
+    (env,) = [e for e in CONTAINER["env"] if e["name"] == ENV_PREFIX + variable]
+    assert env["valueFrom"]["fieldRef"]["fieldPath"] == field_path
+
+
+def test_settings_reference_documents_every_setting() -> None:
+    text = (ROOT / "config" / "settings.md").read_text()
+    missing = [f for f in Settings.model_fields if f"`{ENV_PREFIX}{f.upper()}`" not in text]
+    assert missing == []
+
+
+# -- RBAC -------------------------------------------------------------------------------------
+def granted() -> set[tuple[str, str, str, str, str | None]]:
+    out: set[tuple[str, str, str, str, str | None]] = set()
+    for role in objects("ClusterRole") + objects("Role"):
+        where = role["metadata"].get("namespace") or "cluster"
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        for name in rule.get("resourceNames") or [ANY]:
+                            out.add((where, group, resource, verb, name))
+    return out
+
+
+def test_rbac_has_no_wildcards() -> None:
+    for role in objects("ClusterRole") + objects("Role"):
+        assert not [s for s in walk_strings(role["rules"]) if "*" in s], role["metadata"]
+
+
+def test_rbac_grants_exactly_what_the_controller_needs() -> None:
+    have = granted()
+    assert sorted(REQUIRED_GRANTS - have, key=str) == [], "missing"
+    assert sorted(have - REQUIRED_GRANTS, key=str) == [], "more than needed"
+
+
+def test_roles_live_where_the_controller_uses_them() -> None:
+    assert {(r["metadata"].get("namespace"), r["metadata"]["name"]) for r in objects("Role")} == {
+        (NAMESPACE, "egress-placer"),
+        (TEKTON_NS, "egress-placer"),
+    }
+    assert [r["metadata"]["name"] for r in objects("ClusterRole")] == ["egress-placer"]
+
+
+BINDINGS = objects("RoleBinding") + objects("ClusterRoleBinding")
+
+
+@pytest.mark.parametrize("binding", BINDINGS, ids=lambda b: "/".join(filter(None, key(b))))
+def test_every_binding_gives_its_role_to_the_controller_service_account(binding: dict[str, Any]) -> None:
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}]
+    ref = binding["roleRef"]
+    role_ns = None if ref["kind"] == "ClusterRole" else binding["metadata"]["namespace"]
+    one(ref["kind"], ref["name"], role_ns)  # the role it names exists
+    one("ServiceAccount", SERVICE_ACCOUNT, NAMESPACE)
+
+
+def test_every_role_is_bound() -> None:
+    bound = {
+        (ref["kind"], b["metadata"].get("namespace") if b["kind"] == "RoleBinding" else None, ref["name"])
+        for b in BINDINGS
+        for ref in [b["roleRef"]]
+    }
+    roles = {key(r) for r in objects("Role") + objects("ClusterRole")}
+    assert roles <= bound
+
+
+# -- the image --------------------------------------------------------------------------------
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    lines = (ROOT / "Dockerfile").read_text().replace("\\\n", " ").splitlines()
+    words = [line.split(None, 1) for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return [(op.upper(), rest.strip()) for op, rest in words]
+
+
+def test_image_runs_as_the_deployment_user_with_exec_form_entrypoint() -> None:
+    final_stage = dockerfile_instructions()
+    final_stage = final_stage[max(i for i, (op, _) in enumerate(final_stage) if op == "FROM") :]
+    ops = dict(final_stage)
+    assert ops["USER"].split(":")[0] == str(CONTAINER["securityContext"]["runAsUser"])
+    assert yaml.safe_load(ops["ENTRYPOINT"]) == ["egress-placer"]
+    assert yaml.safe_load(ops["CMD"]) == ["run"]
+    assert "PYTHONDONTWRITEBYTECODE=1" in ops["ENV"]
+    assert not [v for op, v in final_stage if op == "RUN"], "the final stage should only copy the venv"

@@ -1,0 +1,459 @@
+"""Checks the placement written into pod templates (controller/core/patches.py): `place` adds the
+pool toleration and node affinity while keeping the user's constraints, `unplace` strips pool
+tolerations and pool affinity, `json_patch` produces RFC 6902 ops rebased on a JSON pointer.
+Properties: idempotence, user terms kept, one toleration, unplace(place(t)) == t, and the
+scheduling meaning (a node fits the placed template iff it fit before and the pool claims it)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonpatch
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controller.core.model import POOL_PREFERENCE_WEIGHT, PREFERRED_NODE_WEIGHT, NodeState
+from controller.core.patches import (
+    PREFERRED,
+    REQUIRED,
+    json_patch,
+    node_preference,
+    place,
+    pool_terms,
+    unplace,
+)
+from controller.core.policy import load_policy
+
+POLICY = load_policy(
+    """
+apiVersion: egress-placer.io/v1alpha1
+kind: PlacementPolicy
+pools:
+  - name: fast
+    nodeSelector: {egress: fast, net: 10g}
+    nodes: [edge-1, edge-2]
+  - name: lab
+    nodes: [lab-1]
+  - name: soft
+    nodeSelector: {egress: soft}
+    placement: preferred
+    taint: {key: example.com/soft, effect: PreferNoSchedule}
+"""
+)
+FAST, LAB, SOFT = POLICY.pool("fast"), POLICY.pool("lab"), POLICY.pool("soft")
+FAST_TOL = {"key": "egress-placer.io/pool", "operator": "Equal", "value": "fast", "effect": "NoSchedule"}
+FAST_LABELS = [
+    {"key": "egress", "operator": "In", "values": ["fast"]},
+    {"key": "net", "operator": "In", "values": ["10g"]},
+]
+
+
+def by_name(node: str) -> dict[str, Any]:
+    return {"key": "metadata.name", "operator": "In", "values": [node]}
+
+
+def expr(key: str, op: str = "In", *values: str) -> dict[str, Any]:
+    return {"key": key, "operator": op, "values": list(values)} if values else {"key": key, "operator": op}
+
+
+def required(template: dict[str, Any]) -> list[dict[str, Any]]:
+    return template["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]
+
+
+def preferred(template: dict[str, Any]) -> list[dict[str, Any]]:
+    return template["affinity"]["nodeAffinity"].get(PREFERRED, [])
+
+
+def test_pool_terms_one_name_per_term():
+    assert pool_terms(FAST) == [
+        {"matchExpressions": FAST_LABELS},
+        {"matchFields": [by_name("edge-1")]},
+        {"matchFields": [by_name("edge-2")]},
+    ]
+    assert pool_terms(LAB) == [{"matchFields": [by_name("lab-1")]}]
+
+
+@pytest.mark.parametrize(
+    ("template", "pool", "terms"),
+    [
+        (None, LAB, [{"matchFields": [by_name("lab-1")]}]),
+        ({}, FAST, pool_terms(FAST)),
+        (  # a user term is ANDed with each pool alternative
+            {
+                "affinity": {
+                    "nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [{"matchExpressions": [expr("zone", "In", "a")]}]}}
+                }
+            },
+            FAST,
+            [
+                {"matchExpressions": [expr("zone", "In", "a"), *FAST_LABELS]},
+                {"matchExpressions": [expr("zone", "In", "a")], "matchFields": [by_name("edge-1")]},
+                {"matchExpressions": [expr("zone", "In", "a")], "matchFields": [by_name("edge-2")]},
+            ],
+        ),
+        (  # two user terms (ORed), each constrained
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        REQUIRED: {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [expr("zone", "In", "a")]},
+                                {"matchFields": [by_name("n9")]},
+                            ]
+                        }
+                    }
+                }
+            },
+            LAB,
+            [
+                {"matchExpressions": [expr("zone", "In", "a")], "matchFields": [by_name("lab-1")]},
+                {"matchFields": [by_name("n9"), by_name("lab-1")]},
+            ],
+        ),
+        (  # a term that already holds a pool alternative is kept as is (no expression repeated)
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        REQUIRED: {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [*reversed(FAST_LABELS), expr("zone", "Exists")]}
+                            ]
+                        }
+                    }
+                }
+            },
+            FAST,
+            [{"matchExpressions": [*reversed(FAST_LABELS), expr("zone", "Exists")]}],
+        ),
+        (  # a term holding part of an alternative gets only the missing requirement
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        REQUIRED: {"nodeSelectorTerms": [{"matchExpressions": [expr("egress", "In", "fast")]}]}
+                    }
+                }
+            },
+            FAST,
+            [
+                {"matchExpressions": FAST_LABELS},
+                {"matchExpressions": [expr("egress", "In", "fast")], "matchFields": [by_name("edge-1")]},
+                {"matchExpressions": [expr("egress", "In", "fast")], "matchFields": [by_name("edge-2")]},
+            ],
+        ),
+        (  # an empty term matches no node; it stays so
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        REQUIRED: {"nodeSelectorTerms": [{}, {"matchExpressions": [expr("zone", "Exists")]}]}
+                    }
+                }
+            },
+            LAB,
+            [{}, {"matchExpressions": [expr("zone", "Exists")], "matchFields": [by_name("lab-1")]}],
+        ),
+    ],
+)
+def test_place_required(template, pool, terms):
+    original = copy.deepcopy(template)
+    placed = place(template, pool, None)
+    assert required(placed) == terms
+    assert placed["tolerations"] == [pool.toleration()]
+    assert template == original  # the input is not modified
+
+
+def test_place_keeps_everything_else():
+    template = {
+        "nodeSelector": {"kubernetes.io/arch": "amd64"},
+        "tolerations": [{"key": "gpu", "operator": "Exists"}],
+        "affinity": {
+            "podAffinity": {"x": 1},
+            "nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [{"matchExpressions": [expr("zone", "In", "a")]}]}},
+        },
+        "securityContext": {"runAsUser": 1000},
+    }
+    placed = place(template, FAST, "edge-1")
+    assert placed["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
+    assert placed["tolerations"] == [{"key": "gpu", "operator": "Exists"}, FAST_TOL]
+    assert placed["affinity"]["podAffinity"] == {"x": 1}
+    assert placed["securityContext"] == {"runAsUser": 1000}
+
+
+@pytest.mark.parametrize(
+    "existing",
+    [FAST_TOL, {"key": "egress-placer.io/pool", "value": "fast", "effect": "NoSchedule"}],  # operator defaults to Equal
+)
+def test_place_does_not_duplicate_the_toleration(existing):
+    assert place({"tolerations": [existing]}, FAST, None)["tolerations"] == [existing]
+
+
+def test_place_preferred_pool():
+    placed = place({}, SOFT, None)
+    assert REQUIRED not in placed["affinity"]["nodeAffinity"]
+    assert preferred(placed) == [
+        {"weight": POOL_PREFERENCE_WEIGHT, "preference": {"matchExpressions": [expr("egress", "In", "soft")]}}
+    ]
+    assert placed["tolerations"] == [
+        {"key": "example.com/soft", "operator": "Equal", "value": "soft", "effect": "PreferNoSchedule"}
+    ]
+
+
+def test_place_node_preference_replaces_ours_and_keeps_the_users():
+    users = [
+        {"weight": 5, "preference": {"matchFields": [by_name("n7")]}},
+        {"weight": 100, "preference": {"matchExpressions": [expr("zone", "In", "a")]}},
+    ]
+    first = place({"affinity": {"nodeAffinity": {PREFERRED: copy.deepcopy(users)}}}, FAST, "edge-1")
+    assert preferred(first) == [*users, node_preference("edge-1")]
+    assert node_preference("edge-1") == {
+        "weight": PREFERRED_NODE_WEIGHT,
+        "preference": {"matchFields": [by_name("edge-1")]},
+    }
+    assert preferred(place(first, FAST, "edge-2")) == [*users, node_preference("edge-2")]
+    assert preferred(place(first, FAST, None)) == users
+
+
+@pytest.mark.parametrize(
+    ("tolerations", "keep_pool", "kept"),
+    [
+        ([FAST_TOL], None, []),
+        ([FAST_TOL], "fast", [FAST_TOL]),
+        ([FAST_TOL], "lab", []),
+        ([{"key": "egress-placer.io/pool", "operator": "Exists"}], "fast", []),  # tolerates every pool
+        ([{"key": "egress-placer.io/pool", "operator": "Equal", "value": "gone", "effect": "NoSchedule"}], None, []),
+        ([{**FAST_TOL, "effect": "NoExecute"}], "fast", []),  # wrong effect: useless, stripped
+        ([{"key": "example.com/soft", "operator": "Exists"}], None, []),  # a custom owned key
+        ([{"operator": "Exists"}], None, []),  # tolerates everything, pools included
+        ([{"operator": "Exists", "effect": "NoExecute"}], None, [{"operator": "Exists", "effect": "NoExecute"}]),
+        ([{"key": "gpu", "operator": "Exists"}, FAST_TOL], None, [{"key": "gpu", "operator": "Exists"}]),
+    ],
+)
+def test_unplace_tolerations(tolerations, keep_pool, kept):
+    stripped = unplace({"tolerations": tolerations}, POLICY, keep_pool=keep_pool)
+    assert stripped.get("tolerations", []) == kept
+
+
+def test_unplace_node_affinity():
+    template = {
+        "affinity": {
+            "nodeAffinity": {
+                REQUIRED: {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [expr("zone", "In", "a"), expr("egress", "In", "fast")]},
+                        {"matchFields": [by_name("lab-1")]},  # only pool: dropped
+                        {"matchExpressions": [expr("egress", "NotIn", "fast")], "matchFields": [by_name("n1")]},
+                    ]
+                },
+                PREFERRED: [
+                    {"weight": 80, "preference": {"matchExpressions": [expr("egress", "In", "soft")]}},
+                    {"weight": 3, "preference": {"matchExpressions": [expr("disk", "In", "ssd")]}},
+                    node_preference("n5"),
+                ],
+            },
+            "podAntiAffinity": {"y": 2},
+        }
+    }
+    assert unplace(template, POLICY)["affinity"] == {
+        "nodeAffinity": {
+            REQUIRED: {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [expr("zone", "In", "a")]},
+                    {"matchFields": [by_name("n1")]},
+                ]
+            },
+            PREFERRED: [{"weight": 3, "preference": {"matchExpressions": [expr("disk", "In", "ssd")]}}],
+        },
+        "podAntiAffinity": {"y": 2},
+    }
+
+
+def test_unplace_keeps_the_kept_pools_exact_terms():
+    placed = place({"tolerations": [{"key": "egress-placer.io/pool", "operator": "Exists"}]}, FAST, "edge-2")
+    assert unplace(placed, POLICY, keep_pool="fast") == {
+        "tolerations": [FAST_TOL],
+        "affinity": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": pool_terms(FAST)}}},
+    }
+    assert unplace(placed, POLICY) == {}
+    assert unplace(placed, POLICY, keep_pool="lab") == {}
+
+
+def test_json_patch_absent_is_one_add():
+    assert json_patch(None, {"a": 1}, "/spec/podTemplate") == [
+        {"op": "add", "path": "/spec/podTemplate", "value": {"a": 1}}
+    ]
+
+
+def test_json_patch_rejects_a_base_that_is_not_a_pointer():
+    with pytest.raises(ValueError):
+        json_patch({}, {}, "spec")
+
+
+@pytest.mark.parametrize(
+    ("base", "doc"),
+    [
+        ("/spec/podTemplate", {"spec": {"podTemplate": {"nodeSelector": {"a": "b"}}, "params": []}}),
+        (
+            "/spec/taskRunSpecs/1/podTemplate",
+            {
+                "spec": {
+                    "taskRunSpecs": [
+                        {"podTemplate": {}},
+                        {"podTemplate": {"tolerations": [{"key": "x", "operator": "Exists"}]}},
+                    ]
+                }
+            },
+        ),
+        (
+            "/metadata/annotations/egress-placer.io~1x",
+            {"metadata": {"annotations": {"egress-placer.io/x": {"k": [1, 2]}}}},
+        ),
+        ("", {"spec": {"nodeName": "n1"}}),
+    ],
+)
+def test_json_patch_applies_at_base(base, doc):
+    old = jsonpatch.JsonPointer(base).resolve(doc)
+    new = unplace(place(old, FAST, "edge-1"), POLICY, keep_pool="fast") if base != "" else {"spec": {}, "x": [1]}
+    patched = jsonpatch.apply_patch(doc, json_patch(old, new, base))
+    assert jsonpatch.JsonPointer(base).resolve(patched) == new
+    assert all(op["path"].startswith(base) for op in json_patch(old, new, base))
+
+
+# --- properties -----------------------------------------------------------------------------------
+
+USER_KEYS = ["zone", "disk", "kubernetes.io/arch"]  # no pool selects on these
+NODE_NAMES = ["edge-1", "edge-2", "lab-1", "n1", "n2"]
+LABEL_VALUES = ["a", "b", "fast", "10g", "soft"]
+
+user_expressions = st.one_of(
+    st.builds(
+        lambda k, op, vs: expr(k, op, *vs),
+        st.sampled_from(USER_KEYS),
+        st.sampled_from(["In", "NotIn"]),
+        st.lists(st.sampled_from(LABEL_VALUES), min_size=1, max_size=2, unique=True),
+    ),
+    st.builds(expr, st.sampled_from(USER_KEYS), st.sampled_from(["Exists", "DoesNotExist"])),
+)
+user_fields = st.builds(
+    lambda op, n: {"key": "metadata.name", "operator": op, "values": [n]},
+    st.sampled_from(["In", "NotIn"]),
+    st.sampled_from(["n1", "n2"]),
+)
+
+
+@st.composite
+def user_terms(draw) -> dict[str, Any]:
+    term = {}
+    exprs = draw(st.lists(user_expressions, max_size=2, unique_by=str))
+    fields = draw(st.lists(user_fields, max_size=1))
+    if exprs:
+        term["matchExpressions"] = exprs
+    if fields or not exprs:
+        term["matchFields"] = fields or [draw(user_fields)]
+    return term
+
+
+@st.composite
+def user_templates(draw) -> dict[str, Any]:
+    """A podTemplate with only the user's own constraints (nothing about any pool)."""
+    template: dict[str, Any] = {}
+    if draw(st.booleans()):
+        template["nodeSelector"] = {"kubernetes.io/os": "linux"}
+    tolerations = draw(
+        st.lists(st.builds(lambda k: {"key": k, "operator": "Exists"}, st.sampled_from(["gpu", "spot"])), max_size=2)
+    )
+    if tolerations:
+        template["tolerations"] = tolerations
+    node_affinity = {}
+    terms = draw(st.lists(user_terms(), max_size=3, unique_by=str))
+    if terms:
+        node_affinity[REQUIRED] = {"nodeSelectorTerms": terms}
+    prefs = draw(
+        st.lists(st.builds(lambda w, t: {"weight": w, "preference": t}, st.integers(1, 50), user_terms()), max_size=2)
+    )
+    if prefs:
+        node_affinity[PREFERRED] = prefs
+    if node_affinity:
+        template["affinity"] = {"nodeAffinity": node_affinity}
+    return template
+
+
+pools = st.sampled_from([FAST, LAB, SOFT])
+chosen = st.one_of(st.none(), st.sampled_from(NODE_NAMES))
+nodes = st.builds(
+    NodeState,
+    name=st.sampled_from(NODE_NAMES),
+    labels=st.fixed_dictionaries(
+        {}, optional={k: st.sampled_from(LABEL_VALUES) for k in ["egress", "net", *USER_KEYS]}
+    ),
+)
+
+
+def _requirement_holds(r: dict[str, Any], value: str | None) -> bool:
+    op, values = r["operator"], r.get("values", [])
+    return {
+        "In": value is not None and value in values,
+        "NotIn": value is None or value not in values,
+        "Exists": value is not None,
+        "DoesNotExist": value is None,
+    }[op]
+
+
+def schedulable(template: dict[str, Any], node: NodeState) -> bool:
+    """The scheduler's reading of required node affinity: terms ORed, requirements ANDed, an empty term
+    matches nothing."""
+    selector = ((template.get("affinity") or {}).get("nodeAffinity") or {}).get(REQUIRED)
+    if selector is None:
+        return True
+    return any(
+        (term.get("matchExpressions") or term.get("matchFields"))
+        and all(_requirement_holds(r, node.labels.get(r["key"])) for r in term.get("matchExpressions", []))
+        and all(_requirement_holds(r, node.name) for r in term.get("matchFields", []))
+        for term in selector["nodeSelectorTerms"]
+    )
+
+
+@given(template=user_templates(), pool=pools, node=chosen)
+def test_place_is_idempotent(template, pool, node):
+    once = place(template, pool, node)
+    twice = place(once, pool, node)
+    assert twice == once
+    assert json_patch(once, twice, "/spec/podTemplate") == []
+
+
+@given(template=user_templates(), pool=pools, node=chosen)
+def test_place_keeps_user_terms_and_tolerates_once(template, pool, node):
+    placed = place(template, pool, node)
+    assert placed.get("nodeSelector") == template.get("nodeSelector")
+    assert placed["tolerations"].count(pool.toleration()) == 1
+    before = ((template.get("affinity") or {}).get("nodeAffinity") or {}).get(REQUIRED, {}).get("nodeSelectorTerms", [])
+    after = ((placed.get("affinity") or {}).get("nodeAffinity") or {}).get(REQUIRED, {}).get("nodeSelectorTerms", [])
+    for term in before:
+        assert any(
+            all(r in t.get(kind, []) for kind in ("matchExpressions", "matchFields") for r in term.get(kind, []))
+            for t in after
+        )
+
+
+@given(template=user_templates(), pool=pools, node=chosen, candidate=nodes)
+def test_place_means_the_pool_and_what_the_user_asked(template, pool, node, candidate):
+    placed = place(template, pool, node)
+    expected = schedulable(template, candidate) and (pool.placement == "preferred" or pool.claims(candidate))
+    assert schedulable(placed, candidate) == expected
+
+
+@given(template=user_templates(), pool=pools, node=chosen, other=pools)
+def test_unplace_undoes_place(template, pool, node, other):
+    assert unplace(place(template, pool, node), POLICY) == template
+    # moving to another pool: nothing of the first pool is left
+    moved = place(unplace(place(template, pool, node), POLICY, keep_pool=other.name), other, node)
+    assert moved == place(template, other, node)
+
+
+@given(template=user_templates(), pool=pools, node=chosen)
+def test_json_patch_turns_old_into_new(template, pool, node):
+    run = {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "spec": {"podTemplate": template}}
+    new = place(template, pool, node)
+    patched = jsonpatch.apply_patch(run, json_patch(template, new, "/spec/podTemplate"))
+    assert patched["spec"]["podTemplate"] == new
+    assert run["spec"]["podTemplate"] == template

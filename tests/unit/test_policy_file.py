@@ -1,0 +1,84 @@
+"""The policy from a file (no cluster): loaded at start, reloaded when the file changes, a broken
+edit refused with the last good policy kept, a missing file keeping the current policy; and the
+judging of policy texts shared with ConfigMap mode (identical text is not reloaded)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from controller.core.policy import load_policy
+from controller.kube.policy_source import PolicySource
+from controller.metrics import Metrics
+from controller.settings import Settings
+from controller.state import ClusterState
+
+EMPTY = "apiVersion: egress-placer.io/v1alpha1\nkind: PlacementPolicy\n"
+
+
+def policy(pool: str) -> str:
+    return EMPTY + f"pools:\n  - name: {pool}\n    nodes: [egress-1]\n"
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"not true within {timeout}s")
+
+
+class Events:
+    def __init__(self) -> None:
+        self.emitted: list[str] = []
+
+    def emit(self, regarding, type, reason, note, action="") -> None:
+        self.emitted.append(reason)
+
+
+def pools(state: ClusterState) -> list[str]:
+    return [p.name for p in state.policy.pools]
+
+
+def write(path: Path, text: str, bump: int) -> None:
+    path.write_text(text)
+    os.utime(path, (1_000_000 + bump, 1_000_000 + bump))  # a distinct mtime even within one clock tick
+
+
+def test_file_policy_is_loaded_reloaded_refused_and_kept(tmp_path):
+    path = tmp_path / "policy.yaml"
+    write(path, policy("first"), 1)
+    metrics = Metrics()
+    state = ClusterState(load_policy(EMPTY), clock=time.time)
+    source = PolicySource(Settings(policy_file=str(path)), state, metrics, Events(), poll_seconds=0.02)
+    source.start()
+    try:
+        assert source.synced.wait(5) and pools(state) == ["first"]
+        write(path, "pools: [\n", 2)
+        wait_for(lambda: metrics.policy_reloads.labels(result="refused")._value.get() == 1)
+        assert pools(state) == ["first"] and metrics.policy_generation._value.get() == 0
+        write(path, policy("second"), 3)
+        wait_for(lambda: pools(state) == ["second"])
+        path.unlink()
+        time.sleep(0.1)  # several polls of a missing file
+        assert pools(state) == ["second"]
+    finally:
+        source.stop()
+
+
+def test_offer_judges_each_text_once_and_reports_refusals():
+    metrics, events = Metrics(), Events()
+    state = ClusterState(load_policy(EMPTY), clock=time.time)
+    source = PolicySource(Settings(policy_file="/nonexistent"), state, metrics, events)
+    regarding = {"kind": "ConfigMap", "name": "policy", "namespace": "egress-placer"}
+    assert source.offer(policy("a"), regarding) is not None
+    assert source.offer(policy("a"), regarding) is None  # same text: nothing to do
+    assert source.offer("kind: [", regarding) is None
+    assert source.offer(None) is None  # the source lost its policy: keep the last good one
+    assert pools(state) == ["a"] and events.emitted == ["PolicyRefused"]
+    assert metrics.policy_reloads.labels(result="loaded")._value.get() == 1
+    assert metrics.policy_reloads.labels(result="refused")._value.get() == 1

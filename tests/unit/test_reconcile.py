@@ -1,0 +1,179 @@
+"""The leader's reconcilers against a ClusterState and recording fakes (no cluster): what the taint
+reconciler writes and does not write again, how the intruder reconciler evicts or reports once per
+window and retries refused evictions, and that the loop runs only as leader and survives failures."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import pytest
+
+from controller.core.model import Taint
+from controller.core.policy import load_policy
+from controller.metrics import Metrics
+from controller.reconcile.intruders import IntruderReconciler
+from controller.reconcile.loop import ReconcileLoop
+from controller.reconcile.taints import TaintReconciler
+from controller.state import ClusterState
+
+POLICY = load_policy(
+    """
+apiVersion: egress-placer.io/v1alpha1
+kind: PlacementPolicy
+pools:
+  - name: overseas
+    nodeSelector: {egress: "yes"}
+    namespaces: ["team-*"]
+"""
+)
+POOL_TAINT = Taint("egress-placer.io/pool", "overseas", "NoSchedule")
+FOREIGN = Taint("example.com/dedicated", "gpu", "NoSchedule")
+
+
+def node(name: str, rv: str, pool: bool, taints: Sequence[Taint] = ()) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "resourceVersion": rv, "labels": {"egress": "yes"} if pool else {}},
+        "spec": {"taints": [t.to_dict() for t in taints]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+class RecordingWriter:
+    def __init__(self, fail: int = 0, evictable: bool = True) -> None:
+        self.taint_writes: list[tuple[str, tuple[Taint, ...], str | None]] = []
+        self.evictions: list[tuple[str, str]] = []
+        self.fail = fail
+        self.evictable = evictable
+
+    def set_node_taints(self, node, taints, resource_version, *, rebase=None) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("API down")
+        self.taint_writes.append((node, tuple(taints), resource_version))
+
+    def evict(self, namespace: str, name: str) -> bool:
+        self.evictions.append((namespace, name))
+        return self.evictable
+
+
+class RecordingEvents:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    def emit(self, regarding, type, reason, note, action="") -> None:
+        self.events.append((regarding["name"], type, reason))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_state(*nodes: dict[str, Any]) -> ClusterState:
+    state = ClusterState(POLICY, clock=lambda: 0.0)
+    state.replace("Node", list(nodes))
+    return state
+
+
+@pytest.mark.parametrize(
+    ("taints", "pool", "written"),
+    [
+        ((), True, (POOL_TAINT,)),
+        ((FOREIGN,), True, (FOREIGN, POOL_TAINT)),
+        ((POOL_TAINT,), True, None),
+        ((POOL_TAINT, FOREIGN), False, (FOREIGN,)),
+        ((Taint("egress-placer.io/pool", "other", "NoSchedule"),), True, (POOL_TAINT,)),
+        ((FOREIGN,), False, None),
+    ],
+    ids=["joins", "joins-keeps-foreign", "in-place", "leaves-keeps-foreign", "wrong-value", "never-member"],
+)
+def test_taint_pass_writes_the_whole_list_against_the_cached_version(taints, pool, written):
+    writer = RecordingWriter()
+    TaintReconciler(make_state(node("n1", "7", pool, taints)), writer, Metrics())()
+    assert writer.taint_writes == ([] if written is None else [("n1", written, "7")])
+
+
+def test_taint_write_in_flight_is_not_repeated_until_the_cache_moves():
+    clock = Clock()
+    state = make_state(node("n1", "7", True))
+    writer = RecordingWriter()
+    reconcile = TaintReconciler(state, writer, Metrics(), clock=clock, in_flight_seconds=30)
+    reconcile()
+    reconcile()
+    assert len(writer.taint_writes) == 1
+    state.apply("Node", "MODIFIED", node("n1", "8", True, [POOL_TAINT]))  # the write arrived
+    reconcile()
+    state.apply("Node", "MODIFIED", node("n1", "9", True))  # removed by hand: write again
+    reconcile()
+    assert [w[2] for w in writer.taint_writes] == ["7", "9"]
+    clock.now = 31  # the cache never caught up: trust it again
+    reconcile()
+    assert [w[2] for w in writer.taint_writes] == ["7", "9", "9"]
+
+
+def test_a_failed_taint_write_is_retried_next_pass_and_counted_only_when_done():
+    metrics = Metrics()
+    writer = RecordingWriter(fail=1)
+    reconcile = TaintReconciler(make_state(node("n1", "7", True)), writer, metrics)
+    assert reconcile() == []
+    assert len(reconcile()) == 1
+    assert metrics.taint_changes.labels(pool="overseas", action="add")._value.get() == 1
+
+
+def pod(ns: str, name: str, node_name: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": ns, "name": name}, "spec": {"nodeName": node_name}, "status": {"phase": "Running"}}
+
+
+def intruder_state() -> ClusterState:
+    state = make_state(node("pool-1", "1", True), node("plain-1", "1", False))
+    for obj in (pod("team-a", "allowed", "pool-1"), pod("intruders", "x", "pool-1"), pod("intruders", "y", "plain-1")):
+        state.apply("Pod", "ADDED", obj)
+    return state
+
+
+def test_evict_mode_evicts_once_per_window_with_an_event():
+    clock, writer, events, metrics = Clock(), RecordingWriter(), RecordingEvents(), Metrics()
+    reconcile = IntruderReconciler(intruder_state(), writer, events, metrics, "evict", clock=clock, evict_again_after=30)
+    reconcile()
+    reconcile()
+    assert writer.evictions == [("intruders", "x")]
+    assert events.events == [("x", "Warning", "IntruderEvicted")]
+    clock.now = 31  # still there after the window: evict again
+    reconcile()
+    assert writer.evictions == [("intruders", "x")] * 2
+    assert metrics.evictions.labels(pool="overseas", outcome="evicted")._value.get() == 2
+
+
+def test_an_eviction_a_disruption_budget_refuses_is_tried_again_next_pass():
+    writer, events = RecordingWriter(evictable=False), RecordingEvents()
+    reconcile = IntruderReconciler(intruder_state(), writer, events, Metrics(), "evict")
+    reconcile()
+    reconcile()
+    assert writer.evictions == [("intruders", "x")] * 2 and events.events == []
+
+
+def test_report_mode_reports_and_never_evicts():
+    writer, events, metrics = RecordingWriter(), RecordingEvents(), Metrics()
+    reconcile = IntruderReconciler(intruder_state(), writer, events, metrics, "report")
+    reconcile()
+    reconcile()
+    assert writer.evictions == []
+    assert events.events == [("x", "Warning", "IntruderFound")]
+    assert metrics.evictions.labels(pool="overseas", outcome="reported")._value.get() == 1
+
+
+@pytest.mark.parametrize(("leader", "passes"), [(True, 1), (False, 0)])
+def test_loop_runs_reconcilers_only_as_leader_and_survives_failures(leader, passes):
+    calls: list[str] = []
+
+    def broken() -> None:
+        calls.append("broken")
+        raise RuntimeError("boom")
+
+    loop = ReconcileLoop(make_state(), [broken, lambda: calls.append("next")], lambda: leader)
+    loop.run_once()
+    assert calls == (["broken", "next"] if leader else [])
+    assert loop.passes == passes

@@ -1,0 +1,208 @@
+"""ClusterState: what informer events and relists leave in the cache, the readers admission and the
+reconcilers use (pods per node, placed counts, node versions, runs without a decision), ledger
+settlement when pods are bound, and which changes wake the reconcile loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.core.model import DECISION_ANNOTATION
+from controller.core.policy import load_policy
+from controller.state import POLICY, TEKTON_FLAGS, ClusterState, pod_key, taskrun_key
+
+POLICY_TEXT = """
+apiVersion: egress-placer.io/v1alpha1
+kind: PlacementPolicy
+pools:
+  - name: overseas
+    nodeSelector: {egress: "yes"}
+    namespaces: ["team-*"]
+"""
+
+
+def make_state() -> ClusterState:
+    return ClusterState(load_policy(POLICY_TEXT), clock=lambda: 1000.0, assumption_ttl=60)
+
+
+def node(name: str, rv: str = "1", pool: bool = False, **spec: Any) -> dict[str, Any]:
+    labels = {"egress": "yes"} if pool else {}
+    return {
+        "metadata": {"name": name, "resourceVersion": rv, "labels": labels},
+        "spec": spec,
+        "status": {"conditions": [{"type": "Ready", "status": "True"}], "allocatable": {"pods": "10"}},
+    }
+
+
+def pod(ns: str, name: str, node_name: str | None = None, phase: str = "Running", **meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"namespace": ns, "name": name, **meta},
+        "spec": {"nodeName": node_name} if node_name else {},
+        "status": {"phase": phase},
+    }
+
+
+def run(kind: str, ns: str, name: str, decided: bool) -> dict[str, Any]:
+    annotations = {DECISION_ANNOTATION: "{}"} if decided else {}
+    return {"kind": kind, "metadata": {"namespace": ns, "name": name, "annotations": annotations}}
+
+
+@pytest.fixture
+def state() -> ClusterState:
+    s = make_state()
+    s.replace("Node", [node("pool-1", "5", pool=True), node("plain-1", "7")])
+    return s
+
+
+@pytest.mark.parametrize(
+    ("events", "on_pool", "on_plain"),
+    [
+        ([("ADDED", pod("team-a", "p", "pool-1"))], ["p"], []),
+        ([("ADDED", pod("team-a", "p", "pool-1")), ("DELETED", pod("team-a", "p", "pool-1"))], [], []),
+        ([("ADDED", pod("team-a", "p")), ("MODIFIED", pod("team-a", "p", "plain-1"))], [], ["p"]),
+        ([("ADDED", pod("x", "p", "pool-1")), ("ADDED", pod("y", "p", "plain-1"))], ["p"], ["p"]),
+    ],
+    ids=["added", "deleted", "bound-later", "same-name-two-namespaces"],
+)
+def test_pod_events_index_pods_by_node(state, events, on_pool, on_plain):
+    for event, obj in events:
+        state.apply("Pod", event, obj)
+    assert sorted(p.name for p in state.pods_on("pool-1")) == on_pool
+    assert sorted(p.name for p in state.pods_on("plain-1")) == on_plain
+
+
+@pytest.mark.parametrize(
+    ("obj", "counted"),
+    [
+        (pod("team-a", "run", "pool-1"), 1),
+        (pod("team-a", "done", "pool-1", phase="Succeeded"), 0),
+        (pod("team-a", "going", "pool-1", deletionTimestamp="2026-01-01T00:00:00Z"), 0),
+        (pod("kube-system", "ds", "pool-1", ownerReferences=[{"kind": "DaemonSet", "name": "x"}]), 0),
+    ],
+    ids=["running", "finished", "deleting", "daemonset"],
+)
+def test_placed_counts_count_active_non_daemonset_pods(state, obj, counted):
+    state.apply("Pod", "ADDED", obj)
+    assert state.placed_counts(["pool-1", "plain-1"]) == {"pool-1": counted, "plain-1": 0}
+
+
+def test_node_resource_versions_follow_events_and_relists(state):
+    assert state.node_resource_version("pool-1") == "5"
+    state.apply("Node", "MODIFIED", node("pool-1", "9", pool=True))
+    assert state.node_resource_version("pool-1") == "9"
+    state.apply("Node", "DELETED", node("pool-1", "10", pool=True))
+    assert state.node_resource_version("pool-1") is None
+    state.replace("Node", [node("other", "3")])
+    assert [n.name for n in state.node_list()] == ["other"]
+    assert state.node_resource_version("plain-1") is None
+
+
+def test_binding_a_pod_settles_its_pod_and_taskrun_assumptions(state):
+    state.ledger.assume(pod_key("team-a", "p"), "overseas", "pool-1", 1000.0)
+    state.ledger.assume(taskrun_key("team-a", "build"), "overseas", "pool-1", 1000.0)
+    state.apply("Pod", "ADDED", pod("team-a", "p"))  # not bound yet: still assumed
+    assert len(state.ledger) == 2
+    state.apply("Pod", "ADDED", pod("team-a", "build-pod", "pool-1", labels={"tekton.dev/taskRun": "build"}))
+    assert taskrun_key("team-a", "build") not in state.ledger
+    state.apply("Pod", "MODIFIED", pod("team-a", "p", "pool-1"))
+    assert len(state.ledger) == 0
+
+
+def test_runs_without_decision(state):
+    state.replace("TaskRun", [run("TaskRun", "a", "t1", True), run("TaskRun", "a", "t2", False)])
+    state.apply("PipelineRun", "ADDED", run("PipelineRun", "b", "p1", False))
+    assert state.runs_without_decision() == [("PipelineRun", "b", "p1"), ("TaskRun", "a", "t2")]
+    state.apply("TaskRun", "MODIFIED", run("TaskRun", "a", "t2", True))
+    state.replace("PipelineRun", [])
+    assert state.runs_without_decision() == []
+
+
+def test_tekton_objects_go_to_the_index(state):
+    task = {"kind": "Task", "metadata": {"namespace": "a", "name": "t"}, "spec": {"steps": [{"image": "alpine"}]}}
+    state.apply("Task", "ADDED", task)
+    assert state.tekton.task("a", "t") is not None
+    state.replace("Task", [])
+    assert state.tekton.task("a", "t") is None
+
+
+@pytest.mark.parametrize(
+    ("change", "woken"),
+    [
+        (lambda s: s.apply("Node", "MODIFIED", node("plain-1", "8")), ["Node"]),
+        (lambda s: s.apply("Namespace", "ADDED", {"metadata": {"name": "n"}}), ["Namespace"]),
+        (lambda s: s.apply("Pod", "ADDED", pod("x", "p", "pool-1")), ["Pod"]),
+        (lambda s: s.apply("Pod", "ADDED", pod("x", "p", "plain-1")), []),
+        (lambda s: s.apply("Pod", "ADDED", pod("x", "p")), []),
+        (lambda s: s.replace("Pod", []), ["Pod"]),
+        (lambda s: s.apply("Task", "ADDED", {"kind": "Task", "metadata": {"name": "t"}, "spec": {}}), []),
+        (lambda s: s.set_policy(load_policy(POLICY_TEXT)), [POLICY]),
+        (lambda s: s.set_tekton_coschedule("disabled"), [TEKTON_FLAGS]),
+    ],
+    ids=["node", "namespace", "pod-on-pool-node", "pod-elsewhere", "pod-unbound", "pod-relist", "task", "policy", "flags"],
+)
+def test_changes_that_wake_subscribers(state, change, woken):
+    seen: list[str] = []
+    state.subscribe(seen.append)
+    change(state)
+    assert seen == woken
+
+
+def test_a_pod_leaving_a_pool_node_wakes_subscribers(state):
+    state.apply("Pod", "ADDED", pod("x", "p", "pool-1"))
+    seen: list[str] = []
+    state.subscribe(seen.append)
+    state.apply("Pod", "DELETED", pod("x", "p", "pool-1"))
+    assert seen == ["Pod"]
+
+
+def test_a_failing_subscriber_does_not_break_the_informer(state):
+    def broken(kind: str) -> None:
+        raise RuntimeError("boom")
+
+    seen: list[str] = []
+    state.subscribe(broken)
+    state.subscribe(seen.append)
+    state.apply("Node", "ADDED", node("n", "1"))
+    assert seen == ["Node"] and "n" in state.nodes
+
+
+def test_coschedule_change_notifies_only_when_it_changes(state):
+    seen: list[str] = []
+    state.subscribe(seen.append)
+    state.set_tekton_coschedule("workspaces")
+    state.set_tekton_coschedule("workspaces")
+    assert state.tekton_coschedule == "workspaces" and seen == [TEKTON_FLAGS]
+
+
+POD_EVENT = st.tuples(
+    st.sampled_from(["ADDED", "MODIFIED", "DELETED"]),
+    st.sampled_from(["a", "b"]),
+    st.sampled_from(["p1", "p2", "p3"]),
+    st.sampled_from([None, "pool-1", "plain-1"]),
+    st.sampled_from(["Pending", "Running", "Succeeded"]),
+)
+
+
+@settings(max_examples=200)
+@given(st.lists(POD_EVENT, max_size=30))
+def test_events_and_a_relist_of_the_result_agree(events):
+    """Any sequence of pod events leaves the same picture as a relist of the surviving pods."""
+    by_events = make_state()
+    alive: dict[tuple[str, str], dict[str, Any]] = {}
+    for event, ns, name, node_name, phase in events:
+        obj = pod(ns, name, node_name, phase)
+        by_events.apply("Pod", event, obj)
+        if event == "DELETED":
+            alive.pop((ns, name), None)
+        else:
+            alive[(ns, name)] = obj
+    by_relist = make_state()
+    by_relist.replace("Pod", alive.values())
+    for n in ("pool-1", "plain-1"):
+        assert sorted((p.namespace, p.name) for p in by_events.pods_on(n)) == sorted(
+            (p.namespace, p.name) for p in by_relist.pods_on(n)
+        )
+    assert by_events.placed_counts(["pool-1", "plain-1"]) == by_relist.placed_counts(["pool-1", "plain-1"])

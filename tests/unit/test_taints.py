@@ -1,0 +1,136 @@
+"""Checks the taint plan (controller/core/taints.py): which owned taints each node gains or loses so
+that exactly the members of a pool carry that pool's taint. Properties: foreign taints are never
+touched, applying the plan then planning again gives nothing, a member ends with exactly its
+pool's taint and a non-member with no owned taint."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from controller.core.model import NodeState, Taint
+from controller.core.policy import load_policy
+from controller.core.taints import TaintChange, desired_taints, plan_taints
+
+POLICY = load_policy(
+    """
+apiVersion: egress-placer.io/v1alpha1
+kind: PlacementPolicy
+pools:
+  - name: fast
+    nodeSelector: {egress: fast}
+    nodes: [edge-1]
+  - name: soft
+    nodeSelector: {egress: soft}
+    taint: {key: example.com/soft, effect: PreferNoSchedule}
+"""
+)
+FAST = Taint("egress-placer.io/pool", "fast", "NoSchedule")
+SOFT = Taint("example.com/soft", "soft", "PreferNoSchedule")
+FOREIGN = Taint("node.kubernetes.io/unreachable", None, "NoExecute")
+GPU = Taint("nvidia.com/gpu", "present", "NoSchedule")
+
+
+def node(name: str, egress: str | None, *taints: Taint) -> NodeState:
+    return NodeState(name=name, labels={"egress": egress} if egress else {}, taints=taints)
+
+
+@pytest.mark.parametrize(
+    ("candidate", "add", "remove"),
+    [
+        (node("a", "fast"), (FAST,), ()),
+        (node("a", "fast", GPU, FAST), (), ()),  # already right: no change
+        (node("edge-1", None, GPU), (FAST,), ()),  # member by name
+        (node("a", "soft", FOREIGN), (SOFT,), ()),  # custom key and effect
+        (
+            node("a", "fast", Taint("egress-placer.io/pool", "soft", "NoSchedule")),
+            (FAST,),
+            (Taint("egress-placer.io/pool", "soft", "NoSchedule"),),
+        ),
+        (
+            node("a", "fast", Taint("egress-placer.io/pool", "fast", "NoExecute")),
+            (FAST,),
+            (Taint("egress-placer.io/pool", "fast", "NoExecute"),),
+        ),
+        (node("a", "slow", FAST, GPU), (), (FAST,)),  # left every pool
+        (node("a", "fast", SOFT), (FAST,), (SOFT,)),  # moved from soft to fast
+        (
+            node("a", None, Taint("egress-placer.io/pool", "gone", "NoSchedule")),
+            (),
+            (Taint("egress-placer.io/pool", "gone", "NoSchedule"),),
+        ),
+        (node("a", None, GPU, FOREIGN), (), ()),  # foreign only: never touched
+    ],
+)
+def test_plan_taints(candidate, add, remove):
+    changes = plan_taints(POLICY, [candidate])
+    if not add and not remove:
+        assert changes == []
+    else:
+        assert changes == [TaintChange(node=candidate.name, add=add, remove=remove)]
+
+
+def test_desired_taints():
+    assert desired_taints(node("a", "fast"), POLICY) == (FAST,)
+    assert desired_taints(node("a", "soft"), POLICY) == (SOFT,)
+    assert desired_taints(node("a", "other"), POLICY) == ()
+
+
+def test_apply_keeps_foreign_taints_in_order():
+    change = TaintChange(node="a", add=(FAST,), remove=(SOFT,))
+    assert change.apply((GPU, SOFT, FOREIGN)) == (GPU, FOREIGN, FAST)
+    assert change.apply((GPU, FAST)) == (GPU, FAST)  # already there: not added twice
+
+
+def test_only_nodes_that_need_a_change_appear_in_input_order():
+    nodes = [node("c", "fast"), node("b", "fast", FAST), node("a", None, FAST)]
+    assert [c.node for c in plan_taints(POLICY, nodes)] == ["c", "a"]
+
+
+taints = st.builds(
+    Taint,
+    key=st.sampled_from(
+        ["egress-placer.io/pool", "example.com/soft", "nvidia.com/gpu", "node.kubernetes.io/unreachable"]
+    ),
+    value=st.sampled_from([None, "fast", "soft", "gone"]),
+    effect=st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
+)
+nodes = st.builds(
+    NodeState,
+    name=st.sampled_from(["a", "b", "edge-1"]),
+    labels=st.dictionaries(st.just("egress"), st.sampled_from(["fast", "soft", "slow"]), max_size=1),
+    # Kubernetes keeps taints unique by key and effect
+    taints=st.lists(taints, max_size=5, unique_by=lambda t: (t.key, t.effect)).map(tuple),
+)
+
+
+def applied(candidate: NodeState) -> NodeState:
+    changes = plan_taints(POLICY, [candidate])
+    if not changes:
+        return candidate
+    return NodeState(name=candidate.name, labels=candidate.labels, taints=changes[0].apply(candidate.taints))
+
+
+@given(candidate=nodes)
+def test_foreign_taints_never_touched(candidate):
+    owned = POLICY.owned_taint_keys()
+    foreign = lambda ts: Counter(t for t in ts if t.key not in owned)  # noqa: E731
+    assert foreign(applied(candidate).taints) == foreign(candidate.taints)
+    for change in plan_taints(POLICY, [candidate]):
+        assert all(t.key in owned for t in (*change.add, *change.remove))
+
+
+@given(candidate=nodes)
+def test_plan_is_idempotent(candidate):
+    assert plan_taints(POLICY, [applied(candidate)]) == []
+
+
+@given(candidate=nodes)
+def test_member_ends_with_exactly_its_pool_taint(candidate):
+    owned = POLICY.owned_taint_keys()
+    after = [t for t in applied(candidate).taints if t.key in owned]
+    pool = POLICY.pool_of(candidate)
+    assert after == ([pool.taint_for()] if pool else [])
