@@ -9,11 +9,13 @@ stops it in reverse order: stop accepting, finish in-flight reviews, release the
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import sys
 import threading
 import time
-from typing import Callable
+import traceback
+from typing import TYPE_CHECKING, Callable
 
 from loguru import logger
 
@@ -33,6 +35,9 @@ from controller.reconcile.taints import TaintReconciler
 from controller.settings import Settings
 from controller.state import ClusterState
 
+if TYPE_CHECKING:
+    import loguru
+
 STARTUP_TIMEOUT = 120.0
 CERT_CHECK_SECONDS = 60.0
 
@@ -41,9 +46,27 @@ class StartupError(RuntimeError):
     """The controller cannot start (e.g. an invalid policy); the message says why."""
 
 
+def _json_line(record: "loguru.Record") -> str:
+    """One compact JSON object per line: time, level, message, the object's identity and other context."""
+    line = {
+        "time": record["time"].isoformat(),
+        "level": record["level"].name,
+        "message": record["message"],
+        "logger": record["name"],
+        **{k: v if isinstance(v, (str, int, float, bool, type(None), list, dict)) else str(v) for k, v in record["extra"].items()},
+    }
+    if record["exception"] is not None:
+        line["exception"] = "".join(traceback.format_exception(record["exception"].value))[-4000:]
+    record["extra"]["_json"] = json.dumps(line, default=str)
+    return "{extra[_json]}\n"
+
+
 def configure_logging(settings: Settings) -> None:
     logger.remove()
-    logger.add(sys.stderr, level=settings.log_level.upper(), serialize=settings.log_format == "json", backtrace=False)
+    if settings.log_format == "json":
+        logger.add(sys.stderr, level=settings.log_level.upper(), format=_json_line, backtrace=False, diagnose=False)
+    else:
+        logger.add(sys.stderr, level=settings.log_level.upper(), backtrace=False, diagnose=False)
 
 
 class PolicyGate:
@@ -66,7 +89,7 @@ class Controller:
         self.settings = settings
         self.metrics = Metrics()
         self.api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
-        self.state = ClusterState(PlacementPolicy(pools=[]), clock=clock, assumption_ttl=settings.assumption_ttl_seconds)
+        self.state = ClusterState(PlacementPolicy.empty(), clock=clock, assumption_ttl=settings.assumption_ttl_seconds)
         self.writer = KubeWriter(self.api, self.metrics)
         self.events = EventRecorder(self.writer, self.metrics, settings.identity, default_namespace=settings.namespace)
         self.policy_gate = PolicyGate(self.state)

@@ -77,9 +77,12 @@ def _reap(pid: int) -> None:
 
 
 def _die_with_parent() -> None:
-    """Run in the child before exec: SIGTERM it when the process that started it dies."""
+    """Run in the child before exec: SIGKILL it when the process that started it dies.
+
+    SIGKILL, not SIGTERM: all processes get the signal at once, and a kube-apiserver whose etcd
+    is already gone hangs in its graceful shutdown."""
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def spawn(

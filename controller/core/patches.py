@@ -1,9 +1,10 @@
 """The placement written into a pod-spec-like object (a Tekton podTemplate or a Pod's spec), its
 removal, and the RFC 6902 JSON patch an admission response carries.
 
-Only `tolerations` and `affinity.nodeAffinity` are touched. `nodeSelector` is never touched:
-Tekton replaces that map whole when it merges pod templates, so a key written there could wipe
-or be wiped by the user's own.
+`place` touches only `tolerations` and `affinity.nodeAffinity`, never `nodeSelector`: Tekton
+replaces that map whole when it merges pod templates, so a key written there could wipe or be
+wiped by the user's own. `unplace` does remove `nodeSelector` entries on pool label keys: a pod
+that may not use a pool would otherwise wait forever for a node it may not have.
 
 Shapes written (Kubernetes NodeSelectorTerm): the pool constraint is "all selector labels" OR
 "metadata.name is one of the listed nodes". Label requirements go in `matchExpressions` as
@@ -114,6 +115,7 @@ def unplace(
       the taint of any pool other than `keep_pool`. The pod then also loses the foreign taints it
       covered: a pod must not reach a pool without admission, and no toleration can say
       "everything but the pools".
+    `nodeSelector` entries on a label key any pool selects on, except those `keep_pool` itself selects.
     Node affinity requirements removed (required terms and preferences):
     - expressions on a label key any pool selects on (the user's `zone NotIn` on a pool key too),
     - `metadata.name` fields naming a node a pool lists,
@@ -134,11 +136,23 @@ def unplace(
         else:
             del new["tolerations"]
 
+    targets = _PoolTargets(policy, keep)
+    node_selector = new.get("nodeSelector")
+    if node_selector:
+        kept_selector = {
+            k: v
+            for k, v in node_selector.items()
+            if k not in targets.label_keys or (keep is not None and keep.node_selector.get(k) == v)
+        }
+        if kept_selector:
+            new["nodeSelector"] = kept_selector
+        else:
+            del new["nodeSelector"]
+
     affinity: dict[str, Any] = new.get("affinity") or {}
     node_affinity = affinity.get("nodeAffinity")
     if not node_affinity:
         return new
-    targets = _PoolTargets(policy, keep)
 
     selector = node_affinity.get(REQUIRED)
     if selector and selector.get("nodeSelectorTerms"):

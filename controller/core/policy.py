@@ -236,6 +236,11 @@ class PlacementPolicy(_Model):
             first[pool.name] = i
         return pools
 
+    @classmethod
+    def empty(cls) -> "PlacementPolicy":
+        """No pools: what is in force before the first policy is loaded (nothing is placed)."""
+        return cls(apiVersion="egress-placer.io/v1alpha1", kind="PlacementPolicy")
+
     def pool(self, name: str) -> Pool | None:
         return next((p for p in self.pools if p.name == name), None)
 

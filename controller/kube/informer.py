@@ -11,7 +11,10 @@ Protocol: list (paginated) -> `on_replace(objs)` -> watch from the list's resour
 `allowWatchBookmarks` and a server timeout -> `on_event(type, obj)` per event -> on timeout, watch
 again from the last resourceVersion (bookmarks advance it) -> on 410 Gone or an ERROR event, relist.
 Errors back off exponentially with jitter (tenacity); restarts are counted in
-`metrics.watch_restarts{resource, cause}`.
+`metrics.watch_restarts{resource, cause}` with cause `timeout` (the server ended the watch: normal),
+`gone` (410: relist), `error-event` (an ERROR event: relist after a backoff) or `failure` (a failed
+request or a broken connection: resume from the last resourceVersion after a backoff).
+A consumer callback that raises is logged; the informer goes on.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import socket
 import threading
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import tenacity
@@ -67,7 +71,9 @@ def trim_node(obj: Mapping[str, Any]) -> Obj:
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     out["spec"] = {"taints": spec.get("taints") or [], "unschedulable": bool(spec.get("unschedulable"))}
-    ready = [{"type": "Ready", "status": c.get("status")} for c in status.get("conditions") or [] if c.get("type") == "Ready"]
+    ready = [
+        {"type": "Ready", "status": c.get("status")} for c in status.get("conditions") or [] if c.get("type") == "Ready"
+    ]
     allocatable = {"pods": status["allocatable"]["pods"]} if "pods" in (status.get("allocatable") or {}) else {}
     out["status"] = {"conditions": ready, "allocatable": allocatable}
     return out
@@ -172,6 +178,9 @@ class Backoff:
     jitter: float = 1.0
 
 
+DEFAULT_BACKOFF = Backoff()
+
+
 class Informer:
     """List + watch of one Resource in a daemon thread; see the module docstring."""
 
@@ -185,7 +194,7 @@ class Informer:
         *,
         page_size: int = 500,
         watch_timeout_seconds: int = 300,
-        backoff: Backoff = Backoff(),
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self.api = api
         self.resource = resource
@@ -202,12 +211,17 @@ class Informer:
         self._response: Any = None
         self._log = logger.bind(resource=resource.name)
         self._retrying = tenacity.Retrying(
-            wait=tenacity.wait_exponential_jitter(multiplier=backoff.initial, max=backoff.maximum, jitter=backoff.jitter),
+            wait=tenacity.wait_exponential_jitter(
+                multiplier=backoff.initial, max=backoff.maximum, jitter=backoff.jitter
+            ),
             retry=tenacity.retry_if_exception(lambda e: not self._stop.is_set()),
-            sleep=self._stop.wait,
+            sleep=self._sleep,
             before_sleep=self._before_retry,
             reraise=True,
         )
+
+    def _sleep(self, seconds: float) -> None:
+        self._stop.wait(seconds)  # a stop ends the backoff at once
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -345,7 +359,14 @@ class Informer:
             raise WatchError(f"{obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if kind in ("ADDED", "MODIFIED", "DELETED"):
-            self.on_event(kind, self.resource.trim(obj))
+            trimmed = self.resource.trim(obj)
+            try:
+                self.on_event(kind, trimmed)
+            except Exception:  # a consumer's bug must not stall the watch on this event forever
+                meta = trimmed["metadata"]
+                self._log.bind(event=kind, namespace=meta.get("namespace"), name=meta.get("name")).exception(
+                    "event handler failed; the next relist repairs the cache"
+                )
         if rv:
             self.resource_version = rv  # BOOKMARKs only move this forward
 
@@ -392,7 +413,7 @@ def coschedule_of(feature_flags: Mapping[str, Any] | None) -> str | None:
 
 
 def cluster_informers(
-    api: KubeApi, sink: ObjectSink, settings: Settings, metrics: Metrics, *, backoff: Backoff = Backoff()
+    api: KubeApi, sink: ObjectSink, settings: Settings, metrics: Metrics, *, backoff: Backoff = DEFAULT_BACKOFF
 ) -> list[Informer]:
     """The informers that feed the controller's state (not started). The policy ConfigMap has its own
     (see policy_source)."""
@@ -401,14 +422,15 @@ def cluster_informers(
         Informer(
             api,
             r,
-            on_replace=lambda objs, kind=r.kind: sink.replace(kind, objs),
-            on_event=lambda event, obj, kind=r.kind: sink.apply(kind, event, obj),
+            on_replace=partial(sink.replace, r.kind),
+            on_event=partial(sink.apply, r.kind),
             metrics=metrics,
             watch_timeout_seconds=settings.watch_timeout_seconds,
             backoff=backoff,
         )
         for r in resources
     ]
+
     def flags_replaced(objs: list[Obj]) -> None:
         sink.set_tekton_coschedule(coschedule_of(objs[0] if objs else None))
 

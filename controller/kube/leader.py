@@ -56,6 +56,8 @@ class LeaderElector:
         self.on_stopped_leading = on_stopped_leading
         self.clock = clock
         self.wall_clock = wall_clock
+        # One lease request must not outlast the renew deadline (client-go bounds it the same way).
+        self._timeout = min(api.timeout, max(1.0, renew_deadline / 2))
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
         self._leader = threading.Event()
         self._stop = threading.Event()
@@ -109,7 +111,7 @@ class LeaderElector:
     def try_acquire_or_renew(self) -> bool:
         now_wall = micro_time(self.wall_clock())
         try:
-            lease = self.api.call("GET", self._path)
+            lease = self.api.call("GET", self._path, timeout=self._timeout)
         except Exception as e:
             if status_of(e) != 404:
                 raise
@@ -147,7 +149,7 @@ class LeaderElector:
             },
         }
         try:
-            self._lease = self.api.call("POST", self._path.rsplit("/", 1)[0], body=body)
+            self._lease = self.api.call("POST", self._path.rsplit("/", 1)[0], body=body, timeout=self._timeout)
         except Exception as e:
             if status_of(e) == 409:  # someone created it first
                 return False
@@ -156,7 +158,7 @@ class LeaderElector:
 
     def _write(self, lease: dict[str, Any]) -> bool:
         try:  # PUT with metadata.resourceVersion: a 409 means another candidate wrote first
-            self._lease = self.api.call("PUT", self._path, body=lease)
+            self._lease = self.api.call("PUT", self._path, body=lease, timeout=self._timeout)
         except Exception as e:
             if status_of(e) == 409:
                 return False
@@ -193,7 +195,7 @@ class LeaderElector:
         now_wall = micro_time(self.wall_clock())
         lease["spec"].update(holderIdentity=None, leaseDurationSeconds=1, acquireTime=now_wall, renewTime=now_wall)
         try:
-            self.api.call("PUT", self._path, body=lease)
+            self.api.call("PUT", self._path, body=lease, timeout=self._timeout)
             self._log.info("lease released")
         except Exception as e:
             self._log.warning("lease not released: {}", e)

@@ -16,7 +16,7 @@ from loguru import logger
 
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.kube.client import KubeApi
-from controller.kube.informer import Backoff, Informer, Obj, config_map
+from controller.kube.informer import DEFAULT_BACKOFF, Backoff, Informer, Obj, config_map
 from controller.metrics import Metrics
 from controller.settings import Settings
 
@@ -42,7 +42,7 @@ class PolicySource:
         *,
         api: KubeApi | None = None,
         poll_seconds: float = 1.0,
-        backoff: Backoff = Backoff(),
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self.settings = settings
         self.state = state

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
+from functools import partial
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import tenacity
@@ -25,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from loguru import logger
 
 from controller.core.model import Taint
-from controller.kube.client import JSON, MERGE_PATCH, KubeApi, error_body, status_of
+from controller.kube.client import MERGE_PATCH, KubeApi, error_body, status_of
 from controller.metrics import Metrics
 
 T = TypeVar("T")
@@ -86,6 +87,9 @@ class RetryPolicy:
     jitter: float = 0.5
 
 
+DEFAULT_RETRY = RetryPolicy()
+
+
 def _retry_after(error: BaseException | None) -> float:
     headers = getattr(error, "headers", None) or {}
     try:
@@ -111,15 +115,23 @@ class KubeWriter:
         api_client: ApiClient | KubeApi,
         metrics: Metrics,
         *,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: RetryPolicy = DEFAULT_RETRY,
         sleep: Callable[[float], None] = time.sleep,
+        timeout: float = 10.0,
     ) -> None:
-        self.api = api_client if isinstance(api_client, KubeApi) else KubeApi(api_client)
+        """`timeout` (per request) applies when an ApiClient is given; a KubeApi brings its own."""
+        self.api = api_client if isinstance(api_client, KubeApi) else KubeApi(api_client, timeout)
         self.metrics = metrics
         backoff = tenacity.wait_exponential_jitter(multiplier=retry.initial, max=retry.maximum, jitter=retry.jitter)
+
+        def wait(state: tenacity.RetryCallState) -> float:
+            """Exponential backoff with jitter, but never less than the server's Retry-After."""
+            error = state.outcome.exception() if state.outcome else None
+            return max(backoff(state), min(_retry_after(error), retry.maximum))
+
         self._retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception(lambda e: classify(e)[0] is Outcome.RETRY),
-            wait=lambda state: max(backoff(state), min(_retry_after(state.outcome.exception()), retry.maximum)),
+            wait=wait,
             stop=tenacity.stop_after_attempt(retry.attempts),
             sleep=sleep,
             reraise=True,
@@ -162,7 +174,7 @@ class KubeWriter:
             if resource_version:
                 body["metadata"] = {"resourceVersion": resource_version}
             try:
-                self.call("set-node-taints", lambda: self.api.call("PATCH", path, body=body, content_type=MERGE_PATCH))
+                self.call("set-node-taints", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH))
                 return
             except WriteError as e:
                 if e.outcome is Outcome.NOT_FOUND:
@@ -263,7 +275,7 @@ class KubeWriter:
             for w in webhooks:
                 w.setdefault("clientConfig", {})["caBundle"] = wanted
             try:  # PUT carries metadata.resourceVersion: a conflict means someone wrote in between
-                self.call("set-webhook-ca-bundle", lambda: self.api.call("PUT", path, body=current))
+                self.call("set-webhook-ca-bundle", partial(self.api.call, "PUT", path, body=current))
                 return True
             except WriteError as e:
                 if e.outcome is Outcome.NOT_FOUND:
@@ -370,7 +382,15 @@ class EventRecorder:
     def _write(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str, ts: float) -> None:
         namespace = regarding.get("namespace") or self.default_namespace
         note = note[:MAX_NOTE]
-        key = (namespace, regarding.get("kind", ""), regarding.get("name", ""), regarding.get("uid", ""), type, reason, note)
+        key = (
+            namespace,
+            regarding.get("kind", ""),
+            regarding.get("name", ""),
+            regarding.get("uid", ""),
+            type,
+            reason,
+            note,
+        )
         known = self._series.get(key)
         if known is not None and ts - known[1] < self.series_window:
             series = known[0]
@@ -390,7 +410,10 @@ class EventRecorder:
             "apiVersion": "events.k8s.io/v1",
             "kind": "Event",
             # Named as client-go names them: <object>.<nanoseconds in hex>.
-            "metadata": {"name": f"{regarding.get('name') or 'egress-placer'}.{time.time_ns():x}", "namespace": namespace},
+            "metadata": {
+                "name": f"{regarding.get('name') or 'egress-placer'}.{time.time_ns():x}",
+                "namespace": namespace,
+            },
             "eventTime": micro_time(ts),
             "reportingController": REPORTING_CONTROLLER,
             "reportingInstance": self.identity,

@@ -89,7 +89,9 @@ class IntruderReconciler:
         return acted
 
     def _act(self, intruder: Intruder) -> bool:
-        log = logger.bind(kind="Pod", namespace=intruder.namespace, name=intruder.name, node=intruder.node, pool=intruder.pool)
+        log = logger.bind(
+            kind="Pod", namespace=intruder.namespace, name=intruder.name, node=intruder.node, pool=intruder.pool
+        )
         regarding = {"apiVersion": "v1", "kind": "Pod", "namespace": intruder.namespace, "name": intruder.name}
         if self.mode == "report":
             self.metrics.evictions.labels(pool=intruder.pool, outcome="reported").inc()
@@ -110,4 +112,3 @@ class IntruderReconciler:
         self.events.emit(regarding, "Warning", "IntruderEvicted", intruder.reason, action="Evict")
         log.warning("intruder evicted: {}", intruder.reason)
         return True
-

@@ -89,9 +89,9 @@ class TaintReconciler:
                 self.metrics.taint_changes.labels(pool=taint.value or "", action="add").inc()
             for taint in change.remove:
                 self.metrics.taint_changes.labels(pool=taint.value or "", action="remove").inc()
-            log.bind(
-                added=[_show(t) for t in change.add], removed=[_show(t) for t in change.remove]
-            ).info("node taints reconciled")
+            log.bind(added=[_show(t) for t in change.add], removed=[_show(t) for t in change.remove]).info(
+                "node taints reconciled"
+            )
             written.append(change)
         return written
 

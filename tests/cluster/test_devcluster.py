@@ -1,13 +1,14 @@
 """End-to-end checks of the local cluster (marker `cluster`): the real Tekton controller finishes
 TaskRuns and PipelineRuns on KWOK nodes, the real scheduler obeys node selectors and taints, RBAC
-refuses a ServiceAccount without rights, and the command line's up/status/kubeconfig/down leave
-no process behind."""
+refuses a ServiceAccount without rights, the command line's up/status/kubeconfig/down leave
+no process behind, and the pytest fixture's cluster goes when its pytest process is killed."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -254,3 +255,49 @@ def test_cli_up_status_kubeconfig_down_leaves_no_process(tmp_path: Path) -> None
         assert _cli("down", "--dir", str(directory)).returncode == 0  # idempotent
     finally:
         Cluster(directory).down()
+
+
+INNER_SESSION = '''
+import pathlib, time
+
+def test_hold(devcluster):
+    pids = " ".join(str(p.pid) for p in devcluster.processes())
+    (pathlib.Path(__file__).parent / "cluster-pids").write_text(pids)
+    time.sleep(600)
+'''
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_fixture_cluster_goes_when_the_pytest_process_is_killed(
+    tmp_path: Path, wait_for: Waiter, signum: signal.Signals
+) -> None:
+    (tmp_path / "test_inner.py").write_text(INNER_SESSION)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "EGRESS_PLACER_DEVCLUSTER": "",
+    }
+    argv = [sys.executable, "-m", "pytest", "-p", "devcluster.pytest_plugin", "-p", "no:cacheprovider",
+            f"--basetemp={tmp_path / 'base'}", f"--rootdir={tmp_path}", str(tmp_path / "test_inner.py")]
+    inner = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pid_file = tmp_path / "cluster-pids"
+        wait_for("the inner session's cluster", lambda: pid_file.exists() or inner.poll() is not None, timeout=300)
+        assert inner.poll() is None, "the inner pytest session ended before its cluster was up"
+        pids = [int(p) for p in pid_file.read_text().split()]
+        assert len(pids) == 6
+
+        inner.send_signal(signum)
+        inner.wait(timeout=60)
+
+        def gone(pid: int) -> bool:
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith(("Z", "X"))
+            except FileNotFoundError:
+                return True
+
+        wait_for("every cluster process to be gone", lambda: all(gone(pid) for pid in pids), timeout=60)
+    finally:
+        if inner.poll() is None:
+            inner.kill()
+            inner.wait()

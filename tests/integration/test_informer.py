@@ -102,7 +102,9 @@ def test_first_sync_pages_through_the_list_then_watches_in_order(api, namespace,
     for i in range(5):
         api.call("POST", f"/api/v1/namespaces/{namespace}/configmaps", body=configmap(f"cm-{i}", n=str(i)))
     rec, metrics = Recorder(), Metrics()
-    inf = started(Informer(api, configmaps(namespace), rec.on_replace, rec.on_event, metrics, page_size=2, backoff=FAST))
+    inf = started(
+        Informer(api, configmaps(namespace), rec.on_replace, rec.on_event, metrics, page_size=2, backoff=FAST)
+    )
     assert inf.synced.wait(10)
     [listed] = rec.replaced
     assert sorted(o["metadata"]["name"] for o in listed) == [f"cm-{i}" for i in range(5)]
@@ -116,7 +118,11 @@ def test_first_sync_pages_through_the_list_then_watches_in_order(api, namespace,
     api.call("PATCH", f"{path}/new", body={"data": {"n": "changed"}}, content_type="application/merge-patch+json")
     api.call("DELETE", f"{path}/cm-1")
     wait_for(lambda: len(rec.events) >= 3)
-    assert [(k, o["metadata"]["name"]) for k, o in rec.events] == [("ADDED", "new"), ("MODIFIED", "new"), ("DELETED", "cm-1")]
+    assert [(k, o["metadata"]["name"]) for k, o in rec.events] == [
+        ("ADDED", "new"),
+        ("MODIFIED", "new"),
+        ("DELETED", "cm-1"),
+    ]
     assert rec.events[1][1]["data"] == {"n": "changed"}
     assert inf.resource_version == rec.events[-1][1]["metadata"]["resourceVersion"]
 
@@ -127,7 +133,9 @@ def test_pods_are_trimmed_to_what_the_controller_reads(api, namespace, started):
         "spec": {
             "nodeName": "node-1",
             "tolerations": [{"key": "k", "operator": "Exists"}],
-            "containers": [{"name": "c", "image": "alpine:3", "command": ["sleep", "1"], "env": [{"name": "A", "value": "b"}]}],
+            "containers": [
+                {"name": "c", "image": "alpine:3", "command": ["sleep", "1"], "env": [{"name": "A", "value": "b"}]}
+            ],
         },
     }
     api.call("POST", f"/api/v1/namespaces/{namespace}/pods", body=body)
@@ -166,14 +174,20 @@ def test_a_watch_from_a_too_old_version_relists(api, namespace, started):
 
 def test_errors_back_off_and_are_counted_until_the_resource_exists(api, started):
     rec, metrics = Recorder(), Metrics()
-    missing = Resource("missing", "Thing", "/apis/itest.example.invalid/v1/things", trimmer("itest.example.invalid/v1", "Thing"))
+    missing = Resource(
+        "missing", "Thing", "/apis/itest.example.invalid/v1/things", trimmer("itest.example.invalid/v1", "Thing")
+    )
     inf = started(Informer(api, missing, rec.on_replace, rec.on_event, metrics, backoff=FAST))
     wait_for(lambda: metrics.watch_restarts.labels(resource="missing", cause="failure")._value.get() >= 3)
     assert not inf.synced.is_set() and rec.replaced == [] and inf.running
 
 
 def test_stop_ends_a_long_watch_at_once(api, namespace, started):
-    inf = started(Informer(api, configmaps(namespace), Recorder().on_replace, Recorder().on_event, Metrics(), watch_timeout_seconds=300))
+    inf = started(
+        Informer(
+            api, configmaps(namespace), Recorder().on_replace, Recorder().on_event, Metrics(), watch_timeout_seconds=300
+        )
+    )
     assert inf.synced.wait(10)
     time.sleep(0.2)  # let the watch request be in flight
     inf.stop(timeout=5)

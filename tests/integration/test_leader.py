@@ -81,7 +81,9 @@ def candidates(api, namespace):
 
 
 def holder(api: KubeApi, namespace: str) -> str | None:
-    return api.call("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/itest-leader")["spec"].get("holderIdentity")
+    return api.call("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/itest-leader")["spec"].get(
+        "holderIdentity"
+    )
 
 
 def test_one_leads_the_other_waits_and_takes_over_after_a_graceful_stop(api, namespace, candidates):

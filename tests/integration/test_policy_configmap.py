@@ -82,7 +82,10 @@ def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):
 
         edit(policy("second"))
         wait_for(lambda: [p.name for p in state.policy.pools] == ["second"])
-        assert metrics.policy_reloads.labels(result="loaded")._value.get() == 2 and metrics.policy_generation._value.get() == 1
+        assert (
+            metrics.policy_reloads.labels(result="loaded")._value.get() == 2
+            and metrics.policy_generation._value.get() == 1
+        )
 
         api.call("DELETE", f"{cm_path}/policy")
         time.sleep(0.5)  # the DELETED event arrives and is ignored

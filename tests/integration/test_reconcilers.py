@@ -12,7 +12,6 @@ import uuid
 from typing import Any, Callable, Iterator
 
 import pytest
-from devcluster.cluster import node_manifest
 
 from controller.core.model import Taint
 from controller.core.policy import load_policy
@@ -25,6 +24,7 @@ from controller.reconcile.loop import ReconcileLoop
 from controller.reconcile.taints import TaintReconciler
 from controller.settings import Settings
 from controller.state import ClusterState
+from devcluster.cluster import node_manifest
 
 pytestmark = pytest.mark.cluster
 

@@ -98,7 +98,9 @@ def test_a_conflict_is_reread_and_rebased_keeping_what_changed_meanwhile(api, wr
 def test_a_conflict_without_rebase_writes_the_given_list_on_the_fresh_version(api, writer, clean_node):
     mine = Taint(ITEST_KEY, "mine", "NoSchedule")
     before, stale_rv = node_taints(api)
-    api.call("PATCH", f"/api/v1/nodes/{NODE}", body={"metadata": {"labels": {ITEST_KEY: "x"}}}, content_type=MERGE_PATCH)
+    api.call(
+        "PATCH", f"/api/v1/nodes/{NODE}", body={"metadata": {"labels": {ITEST_KEY: "x"}}}, content_type=MERGE_PATCH
+    )
     writer.set_node_taints(NODE, (*before, mine), stale_rv)
     assert node_taints(api)[0] == (*before, mine)
 
@@ -147,7 +149,9 @@ def test_an_eviction_a_disruption_budget_forbids_is_refused_for_now(api, writer,
     api.call("POST", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets", body=pdb)
 
     def budget_counts_the_pod() -> bool:
-        status = api.call("GET", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/guard").get("status") or {}
+        status = (
+            api.call("GET", f"/apis/policy/v1/namespaces/{namespace}/poddisruptionbudgets/guard").get("status") or {}
+        )
         return status.get("currentHealthy") == 1 and status.get("disruptionsAllowed") == 0
 
     wait_for(budget_counts_the_pod, timeout=30)
@@ -180,13 +184,25 @@ def webhook_config(api):
         return {
             "name": f"{n}.itest.egress-placer.io",
             "clientConfig": {"url": "https://127.0.0.1:9/never"},
-            "rules": [{"apiGroups": ["itest.example.invalid"], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["things"]}],
+            "rules": [
+                {
+                    "apiGroups": ["itest.example.invalid"],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE"],
+                    "resources": ["things"],
+                }
+            ],
             "failurePolicy": "Ignore",
             "sideEffects": "None",
             "admissionReviewVersions": ["v1"],
         }
 
-    body = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration", "metadata": {"name": name}, "webhooks": [hook("a"), hook("b")]}
+    body = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [hook("a"), hook("b")],
+    }
     path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
     api.call("POST", path, body=body)
     yield name
@@ -197,7 +213,9 @@ def test_webhook_ca_bundle(api, writer, webhook_config):
     import base64
 
     def bundles() -> list[bytes]:
-        config = api.call("GET", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{webhook_config}")
+        config = api.call(
+            "GET", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{webhook_config}"
+        )
         return [base64.b64decode(w["clientConfig"].get("caBundle", "")) for w in config["webhooks"]]
 
     assert writer.set_webhook_ca_bundle(webhook_config, b"CA ONE") is True

@@ -119,7 +119,10 @@ def test_watch_events_advance_the_resource_version():
 
 @pytest.mark.parametrize(
     ("status", "raised"),
-    [({"code": 410, "reason": "Expired", "message": "too old"}, WatchExpired), ({"code": 500, "message": "x"}, WatchError)],
+    [
+        ({"code": 410, "reason": "Expired", "message": "too old"}, WatchExpired),
+        ({"code": 500, "message": "x"}, WatchError),
+    ],
 )
 def test_error_events_end_the_watch(status, raised):
     with pytest.raises(raised):

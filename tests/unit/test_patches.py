@@ -457,3 +457,22 @@ def test_json_patch_turns_old_into_new(template, pool, node):
     patched = jsonpatch.apply_patch(run, json_patch(template, new, "/spec/podTemplate"))
     assert patched["spec"]["podTemplate"] == new
     assert run["spec"]["podTemplate"] == template
+
+
+@pytest.mark.parametrize(
+    ("node_selector", "keep_pool", "kept"),
+    [
+        # A pool key copied into nodeSelector is stripped: the pod would otherwise wait forever.
+        ({"egress": "fast"}, None, None),
+        ({"egress": "fast", "disk": "ssd"}, None, {"disk": "ssd"}),
+        ({"net": "10g"}, None, None),
+        # The kept pool's own selector stays; another pool's value of the same key does not.
+        ({"egress": "fast", "net": "10g"}, "fast", {"egress": "fast", "net": "10g"}),
+        ({"egress": "soft"}, "fast", None),
+        # Keys no pool selects on are the user's own.
+        ({"disk": "ssd"}, None, {"disk": "ssd"}),
+    ],
+)
+def test_unplace_node_selector(node_selector, keep_pool, kept):
+    out = unplace({"nodeSelector": node_selector, "tolerations": [FAST_TOL]}, POLICY, keep_pool=keep_pool)
+    assert out.get("nodeSelector") == kept

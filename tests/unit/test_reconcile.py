@@ -124,7 +124,11 @@ def test_a_failed_taint_write_is_retried_next_pass_and_counted_only_when_done():
 
 
 def pod(ns: str, name: str, node_name: str) -> dict[str, Any]:
-    return {"metadata": {"namespace": ns, "name": name}, "spec": {"nodeName": node_name}, "status": {"phase": "Running"}}
+    return {
+        "metadata": {"namespace": ns, "name": name},
+        "spec": {"nodeName": node_name},
+        "status": {"phase": "Running"},
+    }
 
 
 def intruder_state() -> ClusterState:
@@ -136,7 +140,9 @@ def intruder_state() -> ClusterState:
 
 def test_evict_mode_evicts_once_per_window_with_an_event():
     clock, writer, events, metrics = Clock(), RecordingWriter(), RecordingEvents(), Metrics()
-    reconcile = IntruderReconciler(intruder_state(), writer, events, metrics, "evict", clock=clock, evict_again_after=30)
+    reconcile = IntruderReconciler(
+        intruder_state(), writer, events, metrics, "evict", clock=clock, evict_again_after=30
+    )
     reconcile()
     reconcile()
     assert writer.evictions == [("intruders", "x")]

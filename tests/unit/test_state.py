@@ -141,7 +141,17 @@ def test_tekton_objects_go_to_the_index(state):
         (lambda s: s.set_policy(load_policy(POLICY_TEXT)), [POLICY]),
         (lambda s: s.set_tekton_coschedule("disabled"), [TEKTON_FLAGS]),
     ],
-    ids=["node", "namespace", "pod-on-pool-node", "pod-elsewhere", "pod-unbound", "pod-relist", "task", "policy", "flags"],
+    ids=[
+        "node",
+        "namespace",
+        "pod-on-pool-node",
+        "pod-elsewhere",
+        "pod-unbound",
+        "pod-relist",
+        "task",
+        "policy",
+        "flags",
+    ],
 )
 def test_changes_that_wake_subscribers(state, change, woken):
     seen: list[str] = []

@@ -1,4 +1,8 @@
-"""Fixtures for tests on the local cluster: a Kubernetes API client and a fresh namespace per test."""
+"""Test-wide wiring: the local cluster's pytest plugin (the session-scoped `devcluster` fixture) and
+the fixtures every test on the cluster shares: an admin API client, a fresh namespace, a poller.
+
+Tests that need the cluster carry the `cluster` marker; `pytest -m "not cluster"` runs the rest in seconds.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +15,9 @@ from kubernetes import client, config
 
 from devcluster.cluster import Cluster
 
-T = TypeVar("T")
+pytest_plugins = ["devcluster.pytest_plugin"]
 
+T = TypeVar("T")
 
 Waiter = Callable[..., Any]
 
@@ -43,15 +48,26 @@ def kube(devcluster: Cluster) -> Iterator[client.ApiClient]:
     api.close()
 
 
-@pytest.fixture
-def namespace(kube: client.ApiClient) -> Iterator[str]:
-    """A fresh namespace that has its `default` ServiceAccount (Tekton needs it); deleted afterwards."""
+def _create_namespace(kube: client.ApiClient, name: str) -> str:
+    """Create namespace `name` and wait for its `default` ServiceAccount (Tekton needs it)."""
     core = client.CoreV1Api(kube)
-    name = f"t-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     _wait_for(
         f"ServiceAccount {name}/default",
         lambda: any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items),
     )
+    return name
+
+
+@pytest.fixture(scope="session")
+def make_namespace(kube: client.ApiClient) -> Callable[[str], str]:
+    """`make_namespace(name)`: create a namespace and wait for its `default` ServiceAccount; the caller deletes it."""
+    return lambda name: _create_namespace(kube, name)
+
+
+@pytest.fixture
+def namespace(kube: client.ApiClient) -> Iterator[str]:
+    """A fresh namespace that has its `default` ServiceAccount (Tekton needs it); deleted afterwards."""
+    name = _create_namespace(kube, f"t-{uuid.uuid4().hex[:8]}")
     yield name
-    core.delete_namespace(name)
+    client.CoreV1Api(kube).delete_namespace(name)
