@@ -23,6 +23,7 @@ from controller.admission.certs import CertificateKeeper
 from controller.admission.handlers import Admission
 from controller.admission.server import AdmissionServer
 from controller.core.policy import PlacementPolicy
+from controller.egress_source import EgressPollers
 from controller.kube.client import KubeApi, make_api_client
 from controller.kube.informer import Informer, cluster_informers
 from controller.kube.leader import LeaderElector
@@ -31,6 +32,7 @@ from controller.kube.writer import EventRecorder, KubeWriter
 from controller.metrics import Metrics
 from controller.reconcile.intruders import IntruderReconciler
 from controller.reconcile.loop import ReconcileLoop
+from controller.reconcile.missed_runs import report_missed_runs
 from controller.reconcile.taints import TaintReconciler
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -73,12 +75,14 @@ class PolicyGate:
     """Stands between the policy source and the state: remembers whether a policy was ever loaded
     and why the last one was refused, so start-up can fail on an invalid first policy."""
 
-    def __init__(self, state: ClusterState) -> None:
+    def __init__(self, state: ClusterState, on_policy: Callable[[PlacementPolicy], None]) -> None:
         self.state = state
+        self.on_policy = on_policy
         self.loaded = threading.Event()
 
     def set_policy(self, policy: PlacementPolicy) -> None:
         self.state.set_policy(policy)
+        self.on_policy(policy)
         self.loaded.set()
 
 
@@ -92,10 +96,14 @@ class Controller:
         self.state = ClusterState(PlacementPolicy.empty(), clock=clock, assumption_ttl=settings.assumption_ttl_seconds)
         self.writer = KubeWriter(self.api, self.metrics)
         self.events = EventRecorder(self.writer, self.metrics, settings.identity, default_namespace=settings.namespace)
-        self.policy_gate = PolicyGate(self.state)
+        self.egress = EgressPollers(self.state, clock, registry=self.metrics.registry)
+        self.policy_gate = PolicyGate(self.state, on_policy=self.egress.sync)
         self.policy_source = PolicySource(settings, self.policy_gate, self.metrics, self.events, api=self.api)
         self.informers: list[Informer] = cluster_informers(self.api, self.state, settings, self.metrics)
         self.reconcile_loop: ReconcileLoop | None = None
+        self._missed_runs_reported = threading.Event()
+        # Set when this replica starts leading: the webhook's caBundle is now its to keep, check it soon.
+        self._certs_need_leader = False
         self.leader = LeaderElector(
             self.api,
             namespace=settings.namespace,
@@ -127,6 +135,14 @@ class Controller:
         logger.info("leading: taints, evictions and the webhook certificate are this replica's now")
         if self.reconcile_loop is not None:
             self.reconcile_loop.wake()
+        self._certs_need_leader = True
+        self._report_missed_runs()
+
+    def _report_missed_runs(self) -> None:
+        """Once per process, as leader, caches synced: the runs created while no webhook answered."""
+        if not self._missed_runs_reported.is_set():
+            self._missed_runs_reported.set()
+            report_missed_runs(self.state, self.events)
 
     def not_ready_because(self) -> str | None:
         if not self.policy_gate.loaded.is_set():
@@ -155,24 +171,33 @@ class Controller:
         logger.bind(nodes=len(self.state.nodes), pods=len(self.state.pods)).info("caches synced")
         if self.settings.leader_election:
             self.leader.start()
+        else:
+            self._report_missed_runs()
         assert self.reconcile_loop is not None
         self.reconcile_loop.start()
 
     async def serve(self, stop: asyncio.Event) -> None:
         await asyncio.to_thread(self.start_watching)
-        await self.certs.ensure_async(self.is_leader())
+        await self._ensure_certs()
         await self.server.start()
         logger.info("egress-placer running as {}", self.settings.identity)
         while not stop.is_set():
             try:
                 await asyncio.wait_for(stop.wait(), timeout=self._cert_check_interval())
             except asyncio.TimeoutError:
-                await self.certs.ensure_async(self.is_leader())
+                await self._ensure_certs()
         await self.shutdown()
 
+    async def _ensure_certs(self) -> None:
+        leader = self.is_leader()
+        await self.certs.ensure_async(leader)
+        if leader:
+            self._certs_need_leader = False
+
     def _cert_check_interval(self) -> float:
-        # Until a certificate is loaded (a follower waits for the leader to write it), check often.
-        return CERT_CHECK_SECONDS if self.certs.ready else 1.0
+        # Until a certificate is loaded (a follower waits for the leader to write it), and right after
+        # this replica starts leading (the webhook's caBundle may be missing), check often.
+        return CERT_CHECK_SECONDS if self.certs.ready and not self._certs_need_leader else 1.0
 
     async def shutdown(self) -> None:
         logger.info("shutting down")
@@ -184,6 +209,7 @@ class Controller:
         for informer in self.informers:
             informer.stop()
         self.policy_source.stop()
+        self.egress.stop()
         self.events.stop()
 
 

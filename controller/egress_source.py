@@ -12,10 +12,11 @@ import math
 import threading
 import time
 from collections import Counter
-from typing import Any, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol
 
 import requests
 from loguru import logger
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from controller.core.egress import EgressLoad, Measurement, PrometheusSource, is_fresh, measurement_age
@@ -298,3 +299,95 @@ def _node_status(figure: Measurement | None, now: float, max_age: float) -> dict
         "age": measurement_age(figure, now),
         "source": "measured" if is_fresh(figure, now, max_age) else "runs",
     }
+
+
+class EgressPollers:
+    """One poller per pool that has an `egressLoad` source, kept in step with the policy.
+
+    `sync(policy)` starts pollers for new or changed sources and stops the others; each poller's
+    snapshot is registered with the state (`set_egress_figures`), which node choice reads. The
+    figures are exported as Prometheus metrics through a collector (read at scrape time).
+    """
+
+    def __init__(self, state: "EgressTarget", clock: Callable[[], float], registry: Any | None = None) -> None:
+        self._state = state
+        self._clock = clock
+        self._running: dict[str, tuple[EgressLoad, EgressPoller, threading.Event]] = {}
+        self._lock = threading.Lock()
+        if registry is not None:
+            registry.register(_EgressCollector(self))
+
+    def sync(self, policy: Any) -> None:
+        wanted = {pool.name: pool for pool in policy.pools if pool.egress_load is not None}
+        with self._lock:
+            for name in list(self._running):
+                config, _, stop = self._running[name]
+                if name not in wanted or wanted[name].egress_load != config:
+                    stop.set()
+                    del self._running[name]
+                    self._state.set_egress_figures(name, None)
+            for name, pool in wanted.items():
+                if name in self._running:
+                    continue
+                config = pool.egress_load
+                poller = EgressPoller(
+                    name,
+                    config,
+                    PrometheusClient.for_source(config.prometheus),
+                    self._clock,
+                    node_names=lambda pool=pool: [n.name for n in self._state.pool_nodes(pool)],
+                )
+                stop = threading.Event()
+                poller.start(stop)
+                self._running[name] = (config, poller, stop)
+                self._state.set_egress_figures(name, poller.snapshot)
+
+    def statuses(self) -> list[dict[str, Any]]:
+        with self._lock:
+            pollers = [poller for _, poller, _ in self._running.values()]
+        return [p.status() for p in pollers]
+
+    def stop(self) -> None:
+        with self._lock:
+            for _, _, stop in self._running.values():
+                stop.set()
+            self._running.clear()
+
+
+class EgressTarget(Protocol):
+    def set_egress_figures(self, pool: str, snapshot: Callable[[], Mapping[str, Measurement]] | None) -> None: ...
+
+    def pool_nodes(self, pool: Any) -> list[Any]: ...
+
+
+class _EgressCollector:
+    """Prometheus metrics of the egress figures, computed when scraped."""
+
+    def __init__(self, pollers: EgressPollers) -> None:
+        self._pollers = pollers
+
+    def collect(self) -> Iterable[Any]:
+        bps = GaugeMetricFamily(
+            "egress_placer_egress_bytes_per_second", "Measured outbound throughput of a pool node.", labels=["pool", "node"]
+        )
+        age = GaugeMetricFamily(
+            "egress_placer_egress_figure_age_seconds", "Age of a pool node's egress figure.", labels=["pool", "node"]
+        )
+        fallback = GaugeMetricFamily(
+            "egress_placer_egress_fallback",
+            "1 when a pool node's load falls back to run counts (no fresh egress figure).",
+            labels=["pool", "node"],
+        )
+        scrapes = CounterMetricFamily(
+            "egress_placer_egress_scrapes", "Prometheus queries for egress figures, by result.", labels=["pool", "result"]
+        )
+        for status in self._pollers.statuses():
+            pool = status["pool"]
+            for result, count in status["scrapes"].items():
+                scrapes.add_metric([pool, result], count)
+            for node, figure in status["nodes"].items():
+                fallback.add_metric([pool, node], 1.0 if figure["source"] == "runs" else 0.0)
+                if figure["bps"] is not None:
+                    bps.add_metric([pool, node], figure["bps"])
+                    age.add_metric([pool, node], figure["age"])
+        yield from (bps, age, fallback, scrapes)

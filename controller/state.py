@@ -16,6 +16,7 @@ from collections import Counter
 from typing import Any, Callable, Iterable, Mapping
 
 from controller.core.balance import LoadLedger, choose_node, eligible_nodes
+from controller.core.egress import Measurement, RatioFigure, rank_nodes
 from controller.core.images import TektonObjects
 from controller.core.model import DECISION_ANNOTATION, NamespaceState, NodeLoad, NodeState, PodState
 from controller.core.policy import PlacementPolicy, Pool
@@ -46,6 +47,7 @@ class ClusterState:
         self._node_versions: dict[str, str] = {}
         self._runs: dict[RunKey, bool] = {}  # run -> has the decision annotation
         self._subscribers: list[Callable[[str], None]] = []
+        self._egress: dict[str, Callable[[], Mapping[str, Measurement]]] = {}  # pool -> measured egress
 
     # -- change notification ------------------------------------------------------------------
     def subscribe(self, callback: Callable[[str], None]) -> None:
@@ -214,15 +216,35 @@ class ClusterState:
             placed = self.placed_counts([n.name for n in nodes])
             return self.ledger.loads(nodes, placed, pool.capacity)
 
+    def set_egress_figures(self, pool: str, snapshot: Callable[[], Mapping[str, Measurement]] | None) -> None:
+        """Where measured egress throughput of `pool`'s nodes comes from (a poller's snapshot), or None."""
+        with self._lock:
+            if snapshot is None:
+                self._egress.pop(pool, None)
+            else:
+                self._egress[pool] = snapshot
+
+    def egress_ratios(self, pool: Pool, loads: Mapping[str, NodeLoad]) -> dict[str, RatioFigure] | None:
+        """Measured-egress load figures of the pool's nodes (None when the pool has no egress source)."""
+        snapshot = self._egress.get(pool.name)
+        if snapshot is None or pool.egress_load is None:
+            return None
+        source = pool.egress_load.prometheus
+        return rank_nodes(loads, snapshot(), pool.egress_load.bandwidth_of, self._clock(), source.max_age)
+
     def choose_and_assume(self, pool: Pool, key: str, salt: str) -> tuple[str | None, dict[str, NodeLoad]]:
         """Pick the least-loaded node of `pool` and count the placement at once (so a burst spreads).
 
-        Returns the node (None when the pool has no eligible node) and the loads that were seen.
+        The load is runs (placed + assumed) against capacity, combined with measured egress
+        throughput when the pool has an egress source (`core.egress`). Returns the node (None when
+        the pool has no eligible node) and the loads that were seen.
         """
         with self._lock:
             loads = self.loads(pool)
             nodes = [n for n in self.pool_nodes(pool)]
-            node = choose_node(nodes, loads, salt=salt)
+            figures = self.egress_ratios(pool, loads)
+            ratios = {name: f.ratio for name, f in figures.items()} if figures is not None else None
+            node = choose_node(nodes, loads, salt=salt, ratios=ratios)
             if node is not None:
                 self.ledger.assume(key, pool.name, node, self._clock())
             return node, loads

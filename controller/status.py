@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from controller.core.intruders import find_intruders
 from controller.core.policy import PlacementPolicy, load_policy
 from controller.core.taints import desired_taints
+from controller.egress_source import EgressPoller, PrometheusClient
 from controller.kube.client import KubeApi, make_api_client
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -75,6 +76,32 @@ def pool_rows(state: ClusterState) -> list[PoolNodeRow]:
     return rows
 
 
+def egress_column(state: ClusterState, clock: Callable[[], float] = time.time) -> dict[tuple[str, str], str]:
+    """One query per pool that has an egress source: each node's measured throughput and its age."""
+    out: dict[tuple[str, str], str] = {}
+    for pool in state.policy.pools:
+        if pool.egress_load is None:
+            continue
+        poller = EgressPoller(
+            pool.name,
+            pool.egress_load,
+            PrometheusClient.for_source(pool.egress_load.prometheus),
+            clock,
+            node_names=lambda pool=pool: [n.name for n in state.pool_nodes(pool)],
+        )
+        poller.poll_once(clock())
+        status = poller.status()
+        for node, figure in status["nodes"].items():
+            if figure["bps"] is None:
+                text = "no figure: run counts" + (f" ({status['last_error'][:60]})" if status["last_error"] else "")
+            else:
+                text = f"{figure['bps'] / 1e6:.2f} MB/s, {figure['age']:.0f}s old" + (
+                    "" if figure["source"] == "measured" else " (stale: run counts)"
+                )
+            out[(pool.name, node)] = text
+    return out
+
+
 def print_rows(rows: list[PoolNodeRow], out: TextIO) -> None:
     header = f"{'POOL':<14}{'NODE':<22}{'READY':<7}{'CORDONED':<10}{'TAINT':<9}{'LOAD':>10}  {'INTRUDERS':>9}  EGRESS"
     print(header, file=out)
@@ -95,7 +122,8 @@ def run_status(settings: Settings, out: TextIO, as_json: bool = False) -> int:
     state.replace("Node", _items(api, "/api/v1/nodes"))
     state.replace("Namespace", _items(api, "/api/v1/namespaces"))
     state.replace("Pod", _items(api, "/api/v1/pods"))
-    rows = pool_rows(state)
+    egress = egress_column(state)
+    rows = [replace(r, egress=egress.get((r.pool, r.node), "-")) for r in pool_rows(state)]
     if as_json:
         print(json.dumps([asdict(r) for r in rows]), file=out)
     else:

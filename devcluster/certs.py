@@ -65,7 +65,9 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _cert_pem(cert: x509.Certificate) -> bytes:
@@ -178,7 +180,10 @@ def write_kubeconfig(path: Path, server: str, pki: Pki, user: str, credentials: 
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
-            {"name": "devcluster", "cluster": {"server": server, "certificate-authority-data": b64(pki.ca_cert.read_bytes())}}
+            {
+                "name": "devcluster",
+                "cluster": {"server": server, "certificate-authority-data": b64(pki.ca_cert.read_bytes())},
+            }
         ],
         "users": [
             {

@@ -121,6 +121,120 @@ def node_manifest(name: str, labels: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Command:
+    """How to start one component: what `start_process` gets."""
+
+    name: str
+    argv: list[str]
+    port: int
+    health_url: str
+    env: dict[str, str] | None = None
+
+
+def etcd_command(artifacts: build.Artifacts, directory: Path, ports: Mapping[str, int]) -> Command:
+    client_url = f"http://127.0.0.1:{ports['etcd']}"
+    peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
+    argv = [
+        str(artifacts.binary("etcd")), "--name=devcluster", f"--data-dir={directory / 'etcd'}",
+        f"--listen-client-urls={client_url}", f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=devcluster={peer_url}", "--unsafe-no-fsync=true",
+        "--quota-backend-bytes=8589934592", "--log-level=warn",
+    ]
+    return Command("etcd", argv, ports["etcd"], f"{client_url}/health")
+
+
+def apiserver_command(artifacts: build.Artifacts, pki: certs.Pki, ports: Mapping[str, int]) -> Command:
+    port = ports["kube-apiserver"]
+    argv = [
+        str(artifacts.binary("kube-apiserver")), f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
+        f"--cert-dir={pki.dir}", f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
+        f"--client-ca-file={pki.ca_cert}", "--authorization-mode=RBAC", "--anonymous-auth=false",
+        "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki.service_account_pub}",
+        f"--service-account-signing-key-file={pki.service_account_key}",
+        "--endpoint-reconciler-type=none",
+        "--max-requests-inflight=0", "--max-mutating-requests-inflight=0", "--enable-priority-and-fairness=false",
+    ]
+    return Command("kube-apiserver", argv, port, f"https://127.0.0.1:{port}/readyz")
+
+
+def _component_flags(name: str, pki: certs.Pki, kubeconfig: Path, port: int) -> list[str]:
+    """Flags kube-controller-manager and kube-scheduler share: identity, loopback HTTPS, no leader election."""
+    return [
+        f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+        "--authentication-skip-lookup=true", f"--client-ca-file={pki.ca_cert}",
+        f"--authorization-kubeconfig={kubeconfig}", "--leader-elect=false", "--bind-address=127.0.0.1",
+        f"--secure-port={port}", f"--tls-cert-file={pki.dir / (name + '.crt')}",
+        f"--tls-private-key-file={pki.dir / (name + '.key')}", "--kube-api-qps=200", "--kube-api-burst=400",
+    ]
+
+
+def controller_manager_command(
+    artifacts: build.Artifacts, pki: certs.Pki, kubeconfig: Path, ports: Mapping[str, int]
+) -> Command:
+    name, port = "kube-controller-manager", ports["kube-controller-manager"]
+    argv = [
+        str(artifacts.binary(name)), *_component_flags(name, pki, kubeconfig, port), f"--controllers={_CONTROLLERS}",
+        f"--service-account-private-key-file={pki.service_account_key}", f"--root-ca-file={pki.ca_cert}",
+        "--concurrent-gc-syncs=10",
+    ]
+    return Command(name, argv, port, f"https://127.0.0.1:{port}/healthz")
+
+
+def scheduler_command(
+    artifacts: build.Artifacts, pki: certs.Pki, kubeconfig: Path, ports: Mapping[str, int]
+) -> Command:
+    name, port = "kube-scheduler", ports["kube-scheduler"]
+    argv = [str(artifacts.binary(name)), *_component_flags(name, pki, kubeconfig, port)]
+    return Command(name, argv, port, f"https://127.0.0.1:{port}/healthz")
+
+
+def kwok_command(artifacts: build.Artifacts, directory: Path, kubeconfig: Path, ports: Mapping[str, int]) -> Command:
+    port = ports["kwok"]
+    argv = [
+        str(artifacts.binary("kwok")), f"--kubeconfig={kubeconfig}", "--manage-all-nodes=false",
+        f"--manage-nodes-with-label-selector={KWOK_NODE_SELECTOR}", f"--config={directory / 'kwok.yaml'}",
+        f"--server-address=127.0.0.1:{port}", "--node-lease-duration-seconds=40",
+        "--cidr=10.128.0.1/16", "--node-ip=10.127.0.1",
+    ]
+    return Command("kwok", argv, port, f"http://127.0.0.1:{port}/healthz")
+
+
+def tekton_command(artifacts: build.Artifacts, kubeconfig: Path, ports: Mapping[str, int]) -> Command:
+    """Flags and environment per upstream's config/controller.yaml; images are never pulled."""
+    port = ports["tekton-probes"]
+    env = {
+        "SYSTEM_NAMESPACE": TEKTON_NAMESPACE,
+        "KUBERNETES_MIN_VERSION": "v1.28.0",
+        "CONFIG_DEFAULTS_NAME": "config-defaults",
+        "CONFIG_LOGGING_NAME": "config-logging",
+        "CONFIG_OBSERVABILITY_NAME": "config-observability",
+        "CONFIG_FEATURE_FLAGS_NAME": "feature-flags",
+        "CONFIG_LEADERELECTION_NAME": "config-leader-election-controller",
+        "CONFIG_SPIRE": "config-spire",
+        "METRICS_DOMAIN": "tekton.dev/pipeline",
+        "PROBES_ADDRESS": f"127.0.0.1:{port}",
+        # knative binds the profiling server to ":PORT" (all interfaces); 0 = an ephemeral port,
+        # and it answers 404 unless runtime-profiling is enabled in config-observability.
+        "PROFILING_PORT": "0",
+        "METRICS_PROMETHEUS_HOST": "127.0.0.1",
+        "METRICS_PROMETHEUS_PORT": str(ports["tekton-metrics"]),
+    }
+    image = "devcluster.invalid/tekton"
+    argv = [
+        str(artifacts.binary("tekton-controller")), f"-kubeconfig={kubeconfig}", "-disable-ha",
+        "-kube-api-qps=50", "-kube-api-burst=100", "-threads-per-controller=4",
+        f"-entrypoint-image={image}/entrypoint", f"-nop-image={image}/nop",
+        f"-sidecarlogresults-image={image}/sidecarlogresults", f"-shell-image={image}/busybox",
+        f"-shell-image-win={image}/powershell", f"-workingdirinit-image={image}/workingdirinit",
+    ]
+    return Command("tekton-controller", argv, port, f"http://127.0.0.1:{port}/health", env)
+
+
 def probe_taskrun(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "tekton.dev/v1",
@@ -339,6 +453,17 @@ class Cluster:
         path = Path(out) if out else self.dir / "users" / (re.sub(r"[^A-Za-z0-9_.-]+", "_", user) + ".kubeconfig")
         return certs.write_kubeconfig(path.resolve(), self.api_url, self.pki, user, credentials)
 
+    def serving_cert(self, name: str, dns_names: Sequence[str] = ("localhost",)) -> tuple[Path, Path]:
+        """A TLS serving certificate for 127.0.0.1 signed by the cluster CA (e.g. for an admission
+        webhook registered with `clientConfig.url: https://127.0.0.1:PORT/...` and `caBundle` =
+        the contents of `ca_file`). Returns (cert, key) paths under DIR/pki/."""
+        issued = certs.issue_serving_cert(self.pki, name, dns_names=dns_names)
+        cert, key = self.pki.dir / f"{name}.crt", self.pki.dir / f"{name}.key"
+        key.touch(mode=0o600, exist_ok=True)
+        key.write_bytes(issued.key_pem)
+        cert.write_bytes(issued.cert_pem)
+        return cert, key
+
     # ---- up ---------------------------------------------------------------------------------
     def up(self, owner_pid: int | None = None) -> None:
         """Build if needed, start every component and return once Tekton ran a probe TaskRun.
@@ -346,6 +471,8 @@ class Cluster:
         `owner_pid`: the process whose death means the cluster must go (the pytest run); its
         children get SIGTERM when it dies, and the next `up` reaps what is left.
         """
+        if self.nodes < 0 or self.egress_nodes < 0 or self.nodes + self.egress_nodes == 0:
+            raise ClusterError("the cluster needs at least one node")
         reap_stale_clusters(self.log)
         if any(p.alive() for p in self.processes()):
             raise ClusterError(f"a cluster already runs in {self.dir}; run `down` first")
@@ -355,19 +482,15 @@ class Cluster:
         try:
             self._start_all(artifacts)
         except BaseException as err:
-            self.log(f"[devcluster] bringing the cluster down after: {err!r}"[:2000])
+            self.log(f"[devcluster] {type(err).__name__}: stopping what was started")
             self.down()
             raise
         self.log(f"[devcluster] up in {time.monotonic() - started:.1f} s: {self.api_url}")
 
     def _prepare(self, artifacts: build.Artifacts, owner_pid: int | None) -> None:
-        for sub in ("logs", "pids", "etcd", "users"):
-            path = self.dir / sub
-            if sub == "etcd":
-                shutil.rmtree(path, ignore_errors=True)
-            path.mkdir(parents=True, exist_ok=True)
-        for old in (self.dir / "pids").glob("*.pid"):
-            old.unlink()
+        for sub in ("logs", "pids", "etcd", "users"):  # a fresh start: nothing of an earlier cluster
+            shutil.rmtree(self.dir / sub, ignore_errors=True)
+            (self.dir / sub).mkdir(parents=True)
         certs.create_pki(self.pki.dir)
         ports = {name: free_port() for name in (
             "etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
@@ -427,96 +550,32 @@ class Cluster:
                 raise ClusterError(f"timed out after {timeout:.0f} s waiting for {what}; {components[0]} log:\n{tail}")
             time.sleep(0.25)
 
+    def _start(self, command: Command) -> ProcessRecord:
+        return self.start_process(
+            command.name, command.argv, command.env, port=command.port, health_url=command.health_url
+        )
+
     def _start_all(self, artifacts: build.Artifacts) -> None:
-        state = self.state()
-        ports: dict[str, int] = state["ports"]
-        binary = artifacts.binary
-        kubeconfig = str(self.kubeconfig)
+        ports: dict[str, int] = self.state()["ports"]
         t0 = time.monotonic()
 
         def step(msg: str) -> None:
             self.log(f"[devcluster] {time.monotonic() - t0:5.1f} s  {msg}")
 
-        etcd_url = f"http://127.0.0.1:{ports['etcd']}"
-        peer_url = f"http://127.0.0.1:{ports['etcd-peer']}"
-        self.start_process(
-            "etcd",
-            [
-                str(binary("etcd")), "--name=devcluster", f"--data-dir={self.dir / 'etcd'}",
-                f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
-                f"--listen-peer-urls={peer_url}", f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=devcluster={peer_url}", "--unsafe-no-fsync=true",
-                "--quota-backend-bytes=8589934592", "--log-level=warn",
-            ],
-            port=ports["etcd"],
-            health_url=f"{etcd_url}/health",
-        )
-        self._wait("etcd health", lambda: _http_ok(f"{etcd_url}/health"), ["etcd"])
+        etcd = self._start(etcd_command(artifacts, self.dir, ports))
+        self._wait("etcd health", lambda: _http_ok(etcd.extra["health_url"]), ["etcd"])
         step("etcd ready")
 
-        pki = self.pki
-        self.start_process(
-            "kube-apiserver",
-            [
-                str(binary("kube-apiserver")), f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={ports['kube-apiserver']}",
-                f"--cert-dir={pki.dir}", f"--tls-cert-file={pki.serving_cert}", f"--tls-private-key-file={pki.serving_key}",
-                f"--client-ca-file={pki.ca_cert}", "--authorization-mode=RBAC", "--anonymous-auth=false",
-                "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                f"--service-account-key-file={pki.service_account_pub}",
-                f"--service-account-signing-key-file={pki.service_account_key}",
-                "--endpoint-reconciler-type=none",
-                "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
-                "--enable-priority-and-fairness=false",
-            ],
-            port=ports["kube-apiserver"],
-            health_url=f"{state['api_url']}/readyz",
-        )
+        self._start(apiserver_command(artifacts, self.pki, ports))
         api = self.api()
         self._wait("the API server's /readyz", lambda: api.ok("/readyz"), ["kube-apiserver", "etcd"], timeout=90)
         step("kube-apiserver ready")
 
         for name in ("kube-controller-manager", "kube-scheduler"):
-            serving = certs.issue_serving_cert(pki, name)
-            (pki.dir / f"{name}.crt").write_bytes(serving.cert_pem)
-            (pki.dir / f"{name}.key").touch(mode=0o600)
-            (pki.dir / f"{name}.key").write_bytes(serving.key_pem)
-        common = lambda name: [  # noqa: E731
-            f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
-            "--authentication-skip-lookup=true", f"--client-ca-file={pki.ca_cert}",
-            f"--authorization-kubeconfig={kubeconfig}", "--leader-elect=false", "--bind-address=127.0.0.1",
-            f"--secure-port={ports[name]}", f"--tls-cert-file={pki.dir / (name + '.crt')}",
-            f"--tls-private-key-file={pki.dir / (name + '.key')}",
-        ]
-        self.start_process(
-            "kube-controller-manager",
-            [
-                str(binary("kube-controller-manager")), *common("kube-controller-manager"),
-                f"--controllers={_CONTROLLERS}",
-                f"--service-account-private-key-file={pki.service_account_key}", f"--root-ca-file={pki.ca_cert}",
-                "--kube-api-qps=200", "--kube-api-burst=400", "--concurrent-gc-syncs=10",
-            ],
-            port=ports["kube-controller-manager"],
-            health_url=f"https://127.0.0.1:{ports['kube-controller-manager']}/healthz",
-        )
-        self.start_process(
-            "kube-scheduler",
-            [str(binary("kube-scheduler")), *common("kube-scheduler"), "--kube-api-qps=200", "--kube-api-burst=400"],
-            port=ports["kube-scheduler"],
-            health_url=f"https://127.0.0.1:{ports['kube-scheduler']}/healthz",
-        )
-        self.start_process(
-            "kwok",
-            [
-                str(binary("kwok")), f"--kubeconfig={kubeconfig}", "--manage-all-nodes=false",
-                f"--manage-nodes-with-label-selector={KWOK_NODE_SELECTOR}", f"--config={self.dir / 'kwok.yaml'}",
-                f"--server-address=127.0.0.1:{ports['kwok']}", "--node-lease-duration-seconds=40",
-                "--cidr=10.128.0.1/16", "--node-ip=10.127.0.1",
-            ],
-            port=ports["kwok"],
-            health_url=f"http://127.0.0.1:{ports['kwok']}/healthz",
-        )
+            self.serving_cert(name)
+        self._start(controller_manager_command(artifacts, self.pki, self.kubeconfig, ports))
+        self._start(scheduler_command(artifacts, self.pki, self.kubeconfig, ports))
+        self._start(kwok_command(artifacts, self.dir, self.kubeconfig, ports))
         step("controller-manager, scheduler and kwok started")
 
         for i in range(1, self.nodes + 1):
@@ -524,48 +583,18 @@ class Cluster:
         for i in range(1, self.egress_nodes + 1):
             api.create("/api/v1/nodes", node_manifest(f"egress-{i}", {EGRESS_POOL_LABEL: EGRESS_POOL}))
         self.install_tekton_config()
-        crds = sorted(p.stem for p in (artifacts.tekton_config / "300-crds").glob("*.yaml"))
         crd_names = self._crd_names(artifacts)
-        self._wait(f"Tekton CRDs Established ({', '.join(crds)})", lambda: all(
-            self._crd_established(api, name) for name in crd_names), ["kube-apiserver"])
+        self._wait(
+            f"Tekton CRDs Established ({', '.join(crd_names)})",
+            lambda: all(self._crd_established(api, name) for name in crd_names),
+            ["kube-apiserver"],
+        )
         step("nodes created, Tekton CRDs established")
 
-        tekton_env = {
-            "SYSTEM_NAMESPACE": TEKTON_NAMESPACE,
-            "KUBERNETES_MIN_VERSION": "v1.28.0",
-            "CONFIG_DEFAULTS_NAME": "config-defaults",
-            "CONFIG_LOGGING_NAME": "config-logging",
-            "CONFIG_OBSERVABILITY_NAME": "config-observability",
-            "CONFIG_FEATURE_FLAGS_NAME": "feature-flags",
-            "CONFIG_LEADERELECTION_NAME": "config-leader-election-controller",
-            "CONFIG_SPIRE": "config-spire",
-            "METRICS_DOMAIN": "tekton.dev/pipeline",
-            "PROBES_ADDRESS": f"127.0.0.1:{ports['tekton-probes']}",
-            # knative binds the profiling server to ":PORT" (all interfaces); 0 = an ephemeral port,
-            # and it answers 404 unless runtime-profiling is enabled in config-observability.
-            "PROFILING_PORT": "0",
-            "METRICS_PROMETHEUS_HOST": "127.0.0.1",
-            "METRICS_PROMETHEUS_PORT": str(ports["tekton-metrics"]),
-        }
-        image = "devcluster.invalid/tekton"
-        self.start_process(
-            "tekton-controller",
-            [
-                str(binary("tekton-controller")), f"-kubeconfig={kubeconfig}", "-disable-ha",
-                "-kube-api-qps=50", "-kube-api-burst=100", "-threads-per-controller=4",
-                f"-entrypoint-image={image}/entrypoint", f"-nop-image={image}/nop",
-                f"-sidecarlogresults-image={image}/sidecarlogresults", f"-shell-image={image}/busybox",
-                f"-shell-image-win={image}/powershell", f"-workingdirinit-image={image}/workingdirinit",
-            ],
-            env=tekton_env,
-            port=ports["tekton-probes"],
-            health_url=f"http://127.0.0.1:{ports['tekton-probes']}/health",
-        )
+        self._start(tekton_command(artifacts, self.kubeconfig, ports))
         self._wait("nodes Ready and schedulable", lambda: self._nodes_ready(api), ["kwok", "kube-controller-manager"])
         step(f"{self.nodes + self.egress_nodes} nodes Ready")
-        self._wait(
-            "the default ServiceAccount", lambda: self._default_sa(api), ["kube-controller-manager"]
-        )
+        self._wait("the default ServiceAccount", lambda: self._default_sa(api), ["kube-controller-manager"])
         self._probe_tekton(api)
         step("Tekton ran the probe TaskRun")
 
@@ -619,7 +648,8 @@ class Cluster:
 
     @staticmethod
     def _default_sa(api: _Api) -> bool:
-        api.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PROBE_NAMESPACE}})
+        namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": PROBE_NAMESPACE}}
+        api.create("/api/v1/namespaces", namespace)
         return api.get(f"/api/v1/namespaces/{PROBE_NAMESPACE}/serviceaccounts/default") is not None
 
     def _probe_tekton(self, api: _Api) -> None:

@@ -44,7 +44,13 @@ def _tie_break(salt: str, node: str) -> bytes:
     return hashlib.blake2b(f"{salt}\0{node}".encode(), digest_size=8).digest()
 
 
-def choose_node(nodes: Sequence[NodeState], loads: Mapping[str, NodeLoad], *, salt: str) -> str | None:
+def choose_node(
+    nodes: Sequence[NodeState],
+    loads: Mapping[str, NodeLoad],
+    *,
+    salt: str,
+    ratios: Mapping[str, float] | None = None,
+) -> str | None:
     """The name of the node with the lowest load ratio among `nodes`, or None when there is none.
 
     Order: ratio (placed+assumed)/capacity, then the absolute count, then a hash of salt+name, so
@@ -52,11 +58,17 @@ def choose_node(nodes: Sequence[NodeState], loads: Mapping[str, NodeLoad], *, sa
     missing from `loads` has no load and the capacity of its allocatable pods. Full nodes
     (ratio >= 1) sort after every non-full one but are still chosen when all are full: the pool
     constraint stays and the scheduler decides.
+
+    `ratios`, when given (measured egress load, `core.egress.rank_nodes`), replaces the ratio of
+    every node it names; the absolute count and the tie-break still order equal ratios.
     """
 
     def rank(node: NodeState) -> tuple[tuple[bool, Fraction, int], bytes, str]:
         load = loads.get(node.name) or NodeLoad(node.name, 0, 0, node.allocatable_pods)
-        return (_load_rank(load), _tie_break(salt, node.name), node.name)
+        no_capacity, ratio, total = _load_rank(load)
+        if ratios is not None and node.name in ratios and not no_capacity:
+            ratio = Fraction(ratios[node.name]).limit_denominator(10**9)
+        return ((no_capacity, ratio, total), _tie_break(salt, node.name), node.name)
 
     if not nodes:
         return None

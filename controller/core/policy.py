@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from controller.core.egress import EgressLoad
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION, TAINT_KEY, NamespaceState, NodeState, Taint
 
 API_VERSION = "egress-placer.io/v1alpha1"
@@ -173,6 +174,8 @@ class Pool(_Model):
     placement: Literal["required", "preferred"] = "required"
     capacity: PositiveInt | None = None
     taint: PoolTaint = Field(default_factory=PoolTaint)
+    # Optional: measured outbound throughput per node from Prometheus (docs/egress-load.md).
+    egress_load: EgressLoad | None = None
 
     _image_regex: re.Pattern[str] | None = PrivateAttr(default=None)
     _namespace_regex: re.Pattern[str] | None = PrivateAttr(default=None)

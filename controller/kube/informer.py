@@ -358,6 +358,8 @@ class Informer:
                 raise WatchExpired(obj.get("message", "410 Gone"))
             raise WatchError(f"{obj.get('code')} {obj.get('reason')}: {obj.get('message')}")
         rv = (obj.get("metadata") or {}).get("resourceVersion")
+        if rv:  # before the handler, so a consumer woken by it sees the new version (BOOKMARKs only do this)
+            self.resource_version = rv
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             trimmed = self.resource.trim(obj)
             try:
@@ -367,8 +369,6 @@ class Informer:
                 self._log.bind(event=kind, namespace=meta.get("namespace"), name=meta.get("name")).exception(
                     "event handler failed; the next relist repairs the cache"
                 )
-        if rv:
-            self.resource_version = rv  # BOOKMARKs only move this forward
 
 
 def _shutdown(response: Any) -> None:

@@ -105,8 +105,8 @@ class PolicySource:
                 self._refuse(str(e), regarding)
                 return None
             self.state.set_policy(policy)
-            self.metrics.policy_reloads.labels(result="loaded").inc()
             self.metrics.policy_generation.set(1)
+            self.metrics.policy_reloads.labels(result="loaded").inc()  # last: the counter says "done"
             logger.bind(source=self.source, pools=[p.name for p in policy.pools]).info(
                 "policy loaded: {} pool(s)", len(policy.pools)
             )
@@ -115,11 +115,11 @@ class PolicySource:
             self.synced.set()
 
     def _refuse(self, error: str, regarding: dict[str, Any] | None) -> None:
-        self.metrics.policy_reloads.labels(result="refused").inc()
         self.metrics.policy_generation.set(0)
         logger.bind(source=self.source, error=error).error("policy refused; the last good policy stays in force")
         if self.events is not None and regarding is not None:
             self.events.emit(regarding, "Warning", "PolicyRefused", error, action="LoadPolicy")
+        self.metrics.policy_reloads.labels(result="refused").inc()  # last: the counter says "done"
 
     # -- ConfigMap mode ---------------------------------------------------------------------------
     def _text_of(self, cm: Obj) -> str | None:

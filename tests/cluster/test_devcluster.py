@@ -1,7 +1,8 @@
 """End-to-end checks of the local cluster (marker `cluster`): the real Tekton controller finishes
 TaskRuns and PipelineRuns on KWOK nodes, the real scheduler obeys node selectors and taints, RBAC
 refuses a ServiceAccount without rights, the command line's up/status/kubeconfig/down leave
-no process behind, and the pytest fixture's cluster goes when its pytest process is killed."""
+no process behind, a failed `up` stops what it started, and the pytest fixture's cluster goes
+when its pytest process is killed."""
 
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from devcluster.cluster import EGRESS_POOL, EGRESS_POOL_LABEL, Cluster
+import devcluster.cluster as cluster_module
+from devcluster import build
+from devcluster.cluster import EGRESS_POOL, EGRESS_POOL_LABEL, Cluster, ClusterError
+from devcluster.process import ProcessRecord, spawn
 
 pytestmark = pytest.mark.cluster
 Waiter = Callable[..., Any]  # the `wait_for` fixture (tests/cluster/conftest.py)
@@ -93,7 +97,9 @@ def test_pipelinerun_runs_its_second_task_after_the_first_and_succeeds(
     }
     _create(kube, namespace, "pipelineruns", body)
 
-    run = wait_for("PipelineRun two-tasks to succeed", lambda: _finished_run(kube, namespace, "pipelineruns", "two-tasks"))
+    run = wait_for(
+        "PipelineRun two-tasks to succeed", lambda: _finished_run(kube, namespace, "pipelineruns", "two-tasks")
+    )
 
     children = {c["pipelineTaskName"]: c["name"] for c in run["status"]["childReferences"]}
     assert set(children) == {"first", "second"}
@@ -239,7 +245,8 @@ def test_cli_up_status_kubeconfig_down_leaves_no_process(tmp_path: Path) -> None
         cluster.start_process("sleeper", ["sleep", "600"])  # an extra process `down` must stop too
         records = cluster.processes()
         assert {r.name for r in records} == {
-            "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "tekton-controller", "sleeper",
+            "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "tekton-controller",
+            "sleeper",
         }
         assert all((directory / "pids" / f"{r.name}.pid").read_text().strip() == str(r.pid) for r in records)
         assert _cli("status", "--dir", str(directory)).returncode == 0
@@ -301,3 +308,36 @@ def test_fixture_cluster_goes_when_the_pytest_process_is_killed(
         if inner.poll() is None:
             inner.kill()
             inner.wait()
+
+
+def test_up_that_fails_reports_the_log_tail_and_stops_what_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = build.ensure_built(lambda _: None)
+    broken = build.Artifacts(tmp_path / "artifacts")
+    broken.bin_dir.mkdir(parents=True)
+    for binary in real.bin_dir.iterdir():
+        (broken.bin_dir / binary.name).symlink_to(binary)
+    broken.tekton_config.symlink_to(real.tekton_config)
+    tekton = broken.binary("tekton-controller")
+    tekton.unlink()
+    tekton.write_text("#!/bin/sh\necho 'tekton: refusing to start (test)'\nexit 3\n")
+    tekton.chmod(0o755)
+    monkeypatch.setattr(cluster_module.build, "ensure_built", lambda log: broken)
+    started: list[ProcessRecord] = []
+
+    def recording_spawn(*args: Any, **kwargs: Any) -> ProcessRecord:
+        started.append(spawn(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(cluster_module, "spawn", recording_spawn)
+    cluster = Cluster(tmp_path / "cluster", nodes=1, egress_nodes=1, log=lambda _: None)
+
+    with pytest.raises(ClusterError, match="tekton-controller exited") as failure:
+        cluster.up()
+
+    assert "refusing to start (test)" in str(failure.value)
+    assert [r.name for r in started] == [
+        "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "tekton-controller",
+    ]
+    assert [r.name for r in started if r.alive()] == []

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,17 +18,29 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from devcluster import build, certs
-from devcluster.cluster import EGRESS_POOL, EGRESS_POOL_LABEL, Cluster, node_manifest, reap_stale_clusters, render_stages
+from devcluster.cluster import (
+    EGRESS_POOL,
+    EGRESS_POOL_LABEL,
+    Cluster,
+    node_manifest,
+    reap_stale_clusters,
+    render_stages,
+    served_storage_version_only,
+)
 from devcluster.process import ProcessRecord, is_alive, spawn, start_time_of, stop
 
 
 @pytest.mark.parametrize(
     ("user", "groups"),
     [
-        ("system:serviceaccount:ns:sa", ("system:serviceaccounts", "system:serviceaccounts:ns", "system:authenticated")),
-        ("system:serviceaccount:egress-placer:controller", (
-            "system:serviceaccounts", "system:serviceaccounts:egress-placer", "system:authenticated",
-        )),
+        (
+            "system:serviceaccount:ns:sa",
+            ("system:serviceaccounts", "system:serviceaccounts:ns", "system:authenticated"),
+        ),
+        (
+            "system:serviceaccount:egress-placer:controller",
+            ("system:serviceaccounts", "system:serviceaccounts:egress-placer", "system:authenticated"),
+        ),
         ("system:serviceaccount:ns", ("system:authenticated",)),
         ("system:serviceaccount::sa", ("system:authenticated",)),
         ("alice", ("system:authenticated",)),
@@ -39,7 +52,10 @@ def test_service_account_groups(user: str, groups: tuple[str, ...]) -> None:
 
 @pytest.mark.parametrize(
     ("user", "groups"),
-    [("system:serviceaccount:ns:sa", ("system:serviceaccounts", "system:serviceaccounts:ns")), ("admin", ("system:masters",))],
+    [
+        ("system:serviceaccount:ns:sa", ("system:serviceaccounts", "system:serviceaccounts:ns")),
+        ("admin", ("system:masters",)),
+    ],
 )
 def test_client_cert_names_the_user_and_groups_and_is_signed_by_the_ca(
     tmp_path: Path, user: str, groups: tuple[str, ...]
@@ -190,3 +206,33 @@ def test_reaping_downs_clusters_whose_owner_died(tmp_path: Path, monkeypatch: py
         assert clusters["owned"][0].alive()  # its owner (pid 1) is alive
     finally:
         stop([record for record, _ in clusters.values()])
+
+
+def _crd(*versions: tuple[str, bool]) -> dict[str, Any]:
+    return {
+        "kind": "CustomResourceDefinition",
+        "spec": {
+            "versions": [{"name": name, "served": True, "storage": storage} for name, storage in versions],
+            "conversion": {"strategy": "Webhook", "webhook": {"clientConfig": {"service": {"name": "tekton"}}}},
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("versions", "served"),
+    [
+        ((("v1beta1", False), ("v1", True)), {"v1"}),
+        ((("v1alpha1", False), ("v1beta1", True)), {"v1beta1"}),
+    ],
+)
+def test_multi_version_crds_serve_only_their_storage_version(
+    versions: tuple[tuple[str, bool], ...], served: set[str]
+) -> None:
+    crd = served_storage_version_only(_crd(*versions))
+    assert {v["name"] for v in crd["spec"]["versions"] if v["served"]} == served
+    assert crd["spec"]["conversion"] == {"strategy": "None"}
+
+
+def test_single_version_crds_are_unchanged() -> None:
+    crd = {"kind": "CustomResourceDefinition", "spec": {"versions": [{"name": "v1", "served": True, "storage": True}]}}
+    assert served_storage_version_only(crd) == crd

@@ -81,11 +81,8 @@ def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):
         assert f"configmap {namespace}/policy:policy.yaml:4: pools[0].name" in refusal["note"]
 
         edit(policy("second"))
-        wait_for(lambda: [p.name for p in state.policy.pools] == ["second"])
-        assert (
-            metrics.policy_reloads.labels(result="loaded")._value.get() == 2
-            and metrics.policy_generation._value.get() == 1
-        )
+        wait_for(lambda: metrics.policy_reloads.labels(result="loaded")._value.get() == 2)
+        assert [p.name for p in state.policy.pools] == ["second"] and metrics.policy_generation._value.get() == 1
 
         api.call("DELETE", f"{cm_path}/policy")
         time.sleep(0.5)  # the DELETED event arrives and is ignored

@@ -1,0 +1,44 @@
+"""Runs created while no replica's webhook was called (egress-placer down, or not yet installed).
+
+Tekton refuses spec changes once a run exists, so such a run can no longer be placed: the leader
+reports them once per process, after its caches synced. One log line per run (its identity bound)
+and a Warning Event `NotAdmitted` on each, at most `limit` of them, plus one summary line.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from loguru import logger
+
+from controller.state import RunKey
+
+MAX_REPORTED_RUNS = 100
+NOT_ADMITTED_NOTE = (
+    "created while the egress-placer webhook was not called (controller down or not installed): "
+    "not placed, and its placement cannot change after creation"
+)
+
+
+class RunSource(Protocol):
+    def runs_without_decision(self) -> list[RunKey]: ...
+
+
+class EventSink(Protocol):
+    def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None: ...
+
+
+def report_missed_runs(state: RunSource, events: EventSink, limit: int = MAX_REPORTED_RUNS) -> list[RunKey]:
+    """Log and emit an Event for each run without a decision annotation; the runs reported."""
+    missed = state.runs_without_decision()
+    if not missed:
+        return []
+    logger.bind(count=len(missed)).warning(
+        "{} run(s) were created without egress-placer's admission: not placed", len(missed)
+    )
+    reported = missed[:limit]
+    for kind, namespace, name in reported:
+        logger.bind(kind=kind, namespace=namespace, name=name).warning("run not admitted: {}", NOT_ADMITTED_NOTE)
+        regarding = {"apiVersion": "tekton.dev/v1", "kind": kind, "namespace": namespace, "name": name}
+        events.emit(regarding, "Warning", "NotAdmitted", NOT_ADMITTED_NOTE, action="Report")
+    return reported
