@@ -1,4 +1,4 @@
-"""Command line: `python -m devcluster {build,up,down,status,kubeconfig}` (thin over `Cluster`)."""
+"""Command line: `python -m devcluster {build,up,down,status,kubeconfig,controller,demo}` (thin over `Cluster`)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,12 @@ def parser() -> argparse.ArgumentParser:
     kc.add_argument("--user", required=True, help="e.g. system:serviceaccount:NS:NAME")
     kc.add_argument("--group", action="append", help="override the groups (repeatable)")
     kc.add_argument("--out", type=Path, help="where to write it (default DIR/users/USER.kubeconfig)")
+    ctl = with_dir("controller", "start egress-placer on the cluster in DIR under the k8s/ identity, webhook registered")
+    ctl.add_argument("--policy", required=True, type=Path, help="the PlacementPolicy file (put into the policy ConfigMap)")
+    ctl.add_argument("--replicas", type=int, default=1, help="controller processes (one leader; default 1)")
+    demo = sub.add_parser("demo", help="the main job: cluster, Tekton, controller, a mix of runs, where they went")
+    demo.add_argument("--dir", type=Path, help="the cluster directory (default: a new temporary one)")
+    demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
     return p
 
 
@@ -55,7 +61,17 @@ def main(argv: list[str] | None = None) -> int:
             cluster.up()
             print(f"export KUBECONFIG={cluster.kubeconfig}")
             return 0
+        if args.command == "demo":
+            from devcluster.demo import run_demo
+
+            return run_demo(args.dir, keep=args.keep, log=_log)
         cluster = Cluster(args.dir, log=_log)
+        if args.command == "controller":
+            from devcluster.controller import start_controller
+
+            for replica in start_controller(cluster, args.policy, replicas=args.replicas):
+                _log(f"[devcluster] {replica.name} ready: webhook {replica.webhook_url}, health {replica.health_url}")
+            return 0
         if args.command == "down":
             cluster.down()
             _log(f"[devcluster] down: nothing of {cluster.dir} runs")

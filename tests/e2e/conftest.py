@@ -5,82 +5,16 @@ controller stopped, its webhook configuration deleted, its taints removed, the n
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-import requests
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from running_controller import POLICY_FILE, EgressPlacer, remove_pool_taints
 from tekton_runs import TEAM_CDN, TEAM_OTHER, Runs, Waiter
 
-from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devcluster.controller import (
-    WEBHOOK_CONFIG,
-    ControllerReplica,
-    replicas_of,
-    start_controller,
-    stop_controller,
-)
-
-DATA = Path(__file__).resolve().parents[1] / "data" / "e2e"
-POLICY_FILE = DATA / "policy.yaml"
-INVALID_POLICY_FILE = DATA / "policy-invalid.yaml"
-
-
-@dataclass(frozen=True)
-class EgressPlacer:
-    """The running controller of this module (its replica is looked up again after a restart)."""
-
-    cluster: Cluster
-
-    @property
-    def replica(self) -> ControllerReplica:
-        return replicas_of(self.cluster)[0]
-
-    @property
-    def log(self) -> Path:
-        return self.cluster.dir / "logs" / f"{self.replica.name}.log"
-
-    def log_records(self, offset: int = 0) -> list[dict[str, object]]:
-        """The JSON log lines written from byte `offset` on (other lines are skipped)."""
-        with open(self.log, "rb") as f:
-            f.seek(offset)
-            lines = f.read().decode(errors="replace").splitlines()
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
-
-    def metric(self, name: str, labels: dict[str, str]) -> float:
-        """One sample from /metrics (0 when the series does not exist yet)."""
-        text = requests.get(self.replica.health_url + "/metrics", timeout=5).text
-        wanted = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
-        for line in text.splitlines():
-            series, _, value = line.rpartition(" ")
-            if series == wanted:
-                return float(value)
-        return 0.0
-
-
-def remove_pool_taints(kube: client.ApiClient) -> None:
-    """Delete every taint with egress-placer's key from every node."""
-    core = client.CoreV1Api(kube)
-    for node in core.list_node().items:
-        taints = node.spec.taints or []
-        kept = [t for t in taints if t.key != TAINT_KEY]
-        if len(kept) != len(taints):
-            patch = [
-                {"op": "test", "path": "/metadata/resourceVersion", "value": node.metadata.resource_version},
-                {"op": "replace", "path": "/spec/taints", "value": [kube.sanitize_for_serialization(t) for t in kept]},
-            ]
-            core.patch_node(node.metadata.name, patch)
+from devcluster.controller import WEBHOOK_CONFIG, start_controller, stop_controller
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,130 @@
+"""End to end, keeping the pool for its tenants: a run of a namespace that may not use the pool does
+not get there by copying the pool's toleration and affinity into its podTemplate (stripped at
+admission), a pod put straight onto a pool node is evicted as an intruder, and the pool taint follows
+pool membership: on at start, on a node labelled into the pool, off when the label goes, and back
+when removed by hand."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from tekton_runs import (
+    MATCHING_IMAGE,
+    ORDINARY_NODES,
+    POOL,
+    POOL_NODES,
+    POOL_TOLERATION,
+    TEAM_OTHER,
+    Runs,
+    Waiter,
+    decision_of,
+    taskrun,
+)
+
+from running_controller import EgressPlacer
+from controller.core.model import TAINT_KEY
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+
+POOL_LABEL = {TAINT_KEY: POOL}  # the devcluster's pool nodes carry this label; the policy selects on it
+POOL_TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}
+TAINT_SECONDS = 5.0
+EVICTION_SECONDS = 10.0
+ORDINARY_NODE = "node-3"  # labelled into the pool (and back) by the taint test
+
+
+def pool_taints(core: client.CoreV1Api, node: str) -> list[dict[str, Any]]:
+    """The taints with egress-placer's key on `node`."""
+    taints = core.read_node(node).spec.taints or []
+    return [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints if t.key == TAINT_KEY]
+
+
+def test_a_copied_pool_placement_is_stripped_from_a_run_of_a_namespace_that_may_not_use_the_pool(runs: Runs) -> None:
+    name = runs.name("sneaky")
+    template = {
+        "tolerations": [POOL_TOLERATION],
+        "nodeSelector": POOL_LABEL,
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": TAINT_KEY, "operator": "In", "values": [POOL]}]}
+                    ]
+                }
+            }
+        },
+    }
+    runs.create(TEAM_OTHER, "taskruns", taskrun(name, MATCHING_IMAGE, pod_template=template))
+
+    done = runs.wait_succeeded(TEAM_OTHER, "taskruns", [name], timeout=60)
+    node = runs.nodes_of(TEAM_OTHER, [name])[name]
+    assert node in ORDINARY_NODES
+    assert decision_of(done[name])["reason"] == "namespace-not-allowed"
+    pod = runs.pods_by_taskrun(TEAM_OTHER)[name]
+    assert not [t for t in pod.spec.tolerations or [] if t.key == TAINT_KEY]
+
+
+def test_a_pod_put_on_a_pool_node_by_a_namespace_that_may_not_use_it_is_evicted(runs: Runs, wait_for: Waiter) -> None:
+    name = runs.name("intruder")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": "egress-1",
+            "tolerations": [POOL_TOLERATION],
+            "containers": [{"name": "app", "image": "busybox", "command": ["sleep", "3600"]}],
+        },
+    }
+    created = time.monotonic()
+    runs.create_pod(TEAM_OTHER, pod)
+
+    def evicted() -> bool:
+        try:
+            return runs.core.read_namespaced_pod(name, TEAM_OTHER).metadata.deletion_timestamp is not None
+        except ApiException as e:
+            if e.status == 404:
+                return True
+            raise
+
+    wait_for(f"pod {TEAM_OTHER}/{name} to be evicted", evicted, timeout=EVICTION_SECONDS)
+    assert time.monotonic() - created <= EVICTION_SECONDS
+    wait_for(
+        "an IntruderEvicted Event regarding the pod",
+        lambda: [e for e in runs.events(TEAM_OTHER, "IntruderEvicted") if e["regarding"]["name"] == name],
+        timeout=10,
+    )
+
+
+@pytest.fixture
+def ordinary_node(kube: client.ApiClient) -> Iterator[str]:
+    """node-3, whose labels are restored at the end (it leaves the pool again)."""
+    core = client.CoreV1Api(kube)
+    labels = dict(core.read_node(ORDINARY_NODE).metadata.labels or {})
+    yield ORDINARY_NODE
+    if TAINT_KEY not in labels:
+        core.patch_node(ORDINARY_NODE, {"metadata": {"labels": {TAINT_KEY: None}}})
+
+
+def test_the_pool_taint_follows_pool_membership(
+    egress_placer: EgressPlacer, kube: client.ApiClient, ordinary_node: str, wait_for: Waiter
+) -> None:
+    core = client.CoreV1Api(kube)
+    wait_for("every pool node to carry the pool taint", lambda: all(pool_taints(core, n) == [POOL_TAINT] for n in POOL_NODES), timeout=10)
+    assert pool_taints(core, ordinary_node) == []
+
+    core.patch_node(ordinary_node, {"metadata": {"labels": POOL_LABEL}})
+    wait_for(f"{ordinary_node}, labelled into the pool, to be tainted", lambda: pool_taints(core, ordinary_node) == [POOL_TAINT], timeout=TAINT_SECONDS)
+
+    core.patch_node(ordinary_node, {"metadata": {"labels": {TAINT_KEY: None}}})
+    wait_for(f"{ordinary_node}, out of the pool, to lose the taint", lambda: pool_taints(core, ordinary_node) == [], timeout=TAINT_SECONDS)
+
+    node = core.read_node("egress-1")
+    kept = [kube.sanitize_for_serialization(t) for t in node.spec.taints or [] if t.key != TAINT_KEY]
+    core.patch_node("egress-1", [{"op": "replace", "path": "/spec/taints", "value": kept}])
+    assert pool_taints(core, "egress-1") == []
+    wait_for("the pool taint removed by hand to come back", lambda: pool_taints(core, "egress-1") == [POOL_TAINT], timeout=TAINT_SECONDS)
