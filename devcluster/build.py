@@ -4,6 +4,10 @@ Each tool module under `devcluster/tools/` pins one upstream project (separate m
 minimal version selection never unifies their k8s.io versions). The cache directory is keyed by
 the pinned versions, a hash of the modules' go.mod/go.sum and the Go version; it is filled in a
 temporary directory and renamed into place, so it is either complete or absent.
+
+Optional components (`OPTIONAL_COMPONENTS`, e.g. Prometheus for the egress-load tests) are not part
+of that set: `ensure_optional(name)` builds one on demand into a cache key of its own, so `up` and
+the default build neither wait for them nor change when they change.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ class Component:
     binaries: dict[str, str]  # output binary name -> Go package
     why: str  # why a cold build takes long (printed with progress)
     stamp_kubernetes_version: bool = False
+    tags: tuple[str, ...] = ()  # Go build tags
+    version_variable: str | None = None  # a Go string variable stamped (-X) with the pinned version
 
 
 COMPONENTS: tuple[Component, ...] = (
@@ -77,6 +83,21 @@ COMPONENTS: tuple[Component, ...] = (
 )
 
 
+PROMETHEUS = Component(
+    module="prometheus",
+    pin="github.com/prometheus/prometheus",
+    binaries={"prometheus": "github.com/prometheus/prometheus/cmd/prometheus"},
+    why="Prometheus server with its TSDB, PromQL and remote-write stack: ~2.5 min cold on 2 cores",
+    # remove_all_sd: static scrape configs only (no cloud SDKs). Without `builtinassets` the web UI
+    # assets (built with npm upstream) are not embedded: the HTTP API works, the UI pages do not.
+    tags=("remove_all_sd",),
+    version_variable="github.com/prometheus/common/version.Version",
+)
+
+# Built only when a test or benchmark asks for them (`ensure_optional`), each into its own cache key.
+OPTIONAL_COMPONENTS: dict[str, Component] = {"prometheus": PROMETHEUS}
+
+
 def pinned_version(component: Component) -> str:
     """The version of `component.pin` required in the tool module's go.mod."""
     text = (TOOLS_DIR / component.module / "go.mod").read_text()
@@ -96,7 +117,11 @@ def kubernetes_ldflags(version: str) -> str:
 
 
 def ldflags(component: Component) -> str:
-    return kubernetes_ldflags(pinned_version(component)) if component.stamp_kubernetes_version else "-s -w"
+    if component.stamp_kubernetes_version:
+        return kubernetes_ldflags(pinned_version(component))
+    if component.version_variable:
+        return f"-s -w -X {component.version_variable}={pinned_version(component)}"
+    return "-s -w"
 
 
 def cache_root() -> Path:
@@ -112,15 +137,17 @@ def go_version() -> str | None:
     return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def tools_digest() -> str:
-    """Hash of the recipe, the link flags and every tool module's go.mod, go.sum and Go files."""
+def tools_digest(components: tuple[Component, ...] = COMPONENTS) -> str:
+    """Hash of the recipe, the link flags, the build tags and the tool modules' go.mod, go.sum and Go files."""
     digest = hashlib.sha256(RECIPE_VERSION.encode())
-    for component in COMPONENTS:
+    for component in components:
         module = TOOLS_DIR / component.module
         for path in sorted([module / "go.mod", module / "go.sum", *module.rglob("*.go")]):
             digest.update(f"{path.relative_to(TOOLS_DIR)}\0".encode())
             digest.update(path.read_bytes())
         digest.update(ldflags(component).encode())
+        if component.tags:  # only optional components have tags: the default key stays as it was
+            digest.update(f"\0tags={','.join(component.tags)}".encode())
     return digest.hexdigest()[:12]
 
 
@@ -190,6 +217,58 @@ def ensure_built(log: Log = print) -> Artifacts:
     return Artifacts(final)
 
 
+def optional_key(component: Component) -> str:
+    """The cache key of an optional component, without the Go version: its pin and its own digest."""
+    return f"{component.module}-{pinned_version(component)}_{tools_digest((component,))}"
+
+
+def _optional_component(name: str) -> Component:
+    try:
+        return OPTIONAL_COMPONENTS[name]
+    except KeyError:
+        raise BuildError(f"no optional component {name!r}; known: {', '.join(OPTIONAL_COMPONENTS)}") from None
+
+
+def _optional_complete(root: Path, component: Component) -> bool:
+    return all(os.access(root / "bin" / binary, os.X_OK) for binary in component.binaries)
+
+
+def find_optional(name: str) -> Path | None:
+    """The `bin/` directory of the complete cache of optional component `name`, or None.
+    Without Go, any Go version's cache fits."""
+    component = _optional_component(name)
+    base, version = cache_root() / "optional", go_version()
+    key = optional_key(component)
+    candidates = [base / f"{key}_{version}"] if version is not None else sorted(base.glob(f"{key}_go*"), reverse=True)
+    return next((c / "bin" for c in candidates if _optional_complete(c, component)), None)
+
+
+def ensure_optional(name: str, log: Log = print) -> Path:
+    """The `bin/` directory holding optional component `name`'s binaries, built first when missing.
+
+    Same recipe as `ensure_built` (staging directory renamed into place), its own key:
+    `<cache>/optional/<module>-<pin>_<digest>_<go version>/bin/`."""
+    component = _optional_component(name)
+    found = find_optional(name)
+    if found is not None:
+        return found
+    version = go_version()
+    if version is None:
+        raise BuildError(f"{name} is not cached and `go` is not on PATH")
+    final = cache_root() / "optional" / f"{optional_key(component)}_{version}"
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=final.parent))
+    try:
+        (staging / "bin").mkdir()
+        _build_component(component, staging / "bin", log)
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not _optional_complete(final, component):  # unless another build finished first
+            raise
+    return final / "bin"
+
+
 def _go_env() -> dict[str, str]:
     return {**os.environ, "GOTOOLCHAIN": "local", "GOWORK": "off", "GOFLAGS": "-buildvcs=false"}
 
@@ -206,7 +285,8 @@ def _build_component(component: Component, bin_dir: Path, log: Log) -> None:
     started = time.monotonic()
     out_dir = Path(tempfile.mkdtemp(prefix=f".{component.module}-", dir=bin_dir))
     packages = list(component.binaries.values())
-    argv = ["go", "build", "-trimpath", "-ldflags", ldflags(component), "-o", f"{out_dir}/", *packages]
+    tags = ["-tags", ",".join(component.tags)] if component.tags else []
+    argv = ["go", "build", "-trimpath", *tags, "-ldflags", ldflags(component), "-o", f"{out_dir}/", *packages]
     with tempfile.TemporaryFile(mode="w+") as output:
         proc = subprocess.Popen(argv, cwd=TOOLS_DIR / component.module, env=_go_env(), stdout=output, stderr=output)
         while True:

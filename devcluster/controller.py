@@ -6,7 +6,9 @@ Deployment, Service and PDB, points the MutatingWebhookConfiguration at a loopba
 policy into the policy ConfigMap, mints a kubeconfig for the manifests' ServiceAccount, and starts
 `egress-placer run` under that identity, one process per replica. It returns once every replica
 answers `/readyz` and the webhook's caBundle is set. The processes are recorded in the cluster's
-state, so `python -m devcluster down` stops them too.
+state, so `python -m devcluster down` stops them too. With `proxy=True` the webhook URL points at a
+round-robin TCP proxy in front of every replica (`devcluster.webhook_proxy`, recorded as
+`egress-placer-proxy`), so admission reaches whichever replica is alive, as through a Service.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ NAMESPACE = "egress-placer"
 SERVICE_ACCOUNT = "egress-placer"
 POLICY_CONFIGMAP = "egress-placer-policy"
 WEBHOOK_CONFIG = "egress-placer"
+PROXY_NAME = "egress-placer-proxy"
 LOCAL_ONLY_KINDS = {"Deployment", "Service", "PodDisruptionBudget"}  # the controller runs as a local process instead
 READY_TIMEOUT = 60.0
 
@@ -118,21 +121,33 @@ def start_controller(
     replicas: int = 1,
     env: Mapping[str, str] | None = None,
     webhook_port: int | None = None,
+    proxy: bool = False,
 ) -> list[ControllerReplica]:
     """Install the manifests (local form) and start `replicas` controller processes; see the module docstring.
 
-    The webhook URL points at the first replica's port (the API server calls one URL); every replica
-    serves admission on its own port, and they elect one leader for taints and evictions.
+    The webhook URL points at the first replica's port (the API server calls one URL), or with `proxy`
+    at a round-robin proxy (on `webhook_port` if given) in front of all of them; every replica serves
+    admission on its own port, and they elect one leader for taints and evictions.
     """
     if not cluster.state():
         raise ClusterError(f"no cluster in {cluster.dir}: run `python -m devcluster up --dir {cluster.dir}` first")
     policy_text = Path(policy_file).read_text()
-    ports = [webhook_port or free_port()] + [free_port() for _ in range(replicas - 1)]
+    proxy_port = (webhook_port or free_port()) if proxy else None
+    ports = [(None if proxy else webhook_port) or free_port()] + [free_port() for _ in range(replicas - 1)]
     planned = [
         ControllerReplica(name=f"egress-placer-{i}", identity=f"egress-placer-{i}", webhook_port=ports[i], health_port=free_port())
         for i in range(replicas)
     ]
-    docs = local_manifests(render_manifests(cluster), policy_text, planned[0].webhook_url)
+    webhook_url = f"https://127.0.0.1:{proxy_port}/mutate" if proxy_port else planned[0].webhook_url
+    if proxy_port:
+        backends = [arg for r in planned for arg in ("--backend", f"127.0.0.1:{r.webhook_port}")]
+        cluster.start_process(
+            PROXY_NAME,
+            [sys.executable, "-m", "devcluster.webhook_proxy", "--listen", f"127.0.0.1:{proxy_port}", *backends],
+            {"PYTHONPATH": str(REPO)},
+            port=proxy_port,
+        )
+    docs = local_manifests(render_manifests(cluster), policy_text, webhook_url)
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs))
     kubeconfig = cluster.mint_kubeconfig(service_account_user())
     for replica in planned:
@@ -144,7 +159,11 @@ def start_controller(
             health_url=replica.health_url + "/healthz",
         )
     with cluster._locked_state() as state:  # noqa: SLF001 - the cluster's own state file, under its lock
-        state["controller"] = {"replicas": [r.__dict__ for r in planned], "policy": str(Path(policy_file).resolve())}
+        state["controller"] = {
+            "replicas": [r.__dict__ for r in planned],
+            "policy": str(Path(policy_file).resolve()),
+            "webhook_url": webhook_url,
+        }
     wait_ready(cluster, planned)
     return planned
 
@@ -202,3 +221,4 @@ def wait_ready(cluster: Cluster, replicas: Iterable[ControllerReplica], timeout:
 def stop_controller(cluster: Cluster) -> None:
     for replica in replicas_of(cluster):
         cluster.stop_process(replica.name)
+    cluster.stop_process(PROXY_NAME)

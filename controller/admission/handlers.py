@@ -20,7 +20,7 @@ import base64
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from loguru import logger
 

@@ -6,42 +6,20 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+from eventually import wait_for
 
-from controller.kube.client import KubeApi, make_api_client
 from controller.kube.informer import LAST_APPLIED, Backoff, Informer, Resource, pods, tekton, trimmer
 from controller.metrics import Metrics
-from controller.settings import Settings
 
 pytestmark = pytest.mark.cluster
 
 FAST = Backoff(initial=0.05, maximum=0.2, jitter=0.05)
 
 
-@pytest.fixture(scope="module")
-def api(devcluster) -> KubeApi:
-    return KubeApi(make_api_client(Settings(kubeconfig=str(devcluster.kubeconfig))))
 
-
-@pytest.fixture
-def namespace(api):
-    name = f"itest-inf-{uuid.uuid4().hex[:8]}"
-    api.call("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
-    yield name
-    api.call("DELETE", f"/api/v1/namespaces/{name}")
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not true within {timeout}s: {check}")
 
 
 class Recorder:

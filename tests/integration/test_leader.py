@@ -5,42 +5,20 @@ once its lease expires; callbacks, `is_leader` and the `is_leader` metric follow
 from __future__ import annotations
 
 import time
-import uuid
-from typing import Any, Callable
 
 import pytest
+from eventually import wait_for
 
-from controller.kube.client import KubeApi, make_api_client
+from controller.kube.client import KubeApi
 from controller.kube.leader import LeaderElector
 from controller.metrics import Metrics
-from controller.settings import Settings
 
 pytestmark = pytest.mark.cluster
 
 LEASE_DURATION = 3.0
 
 
-@pytest.fixture(scope="module")
-def api(devcluster) -> KubeApi:
-    return KubeApi(make_api_client(Settings(kubeconfig=str(devcluster.kubeconfig))))
 
-
-@pytest.fixture
-def namespace(api):
-    name = f"itest-lease-{uuid.uuid4().hex[:8]}"
-    api.call("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
-    yield name
-    api.call("DELETE", f"/api/v1/namespaces/{name}")
-
-
-def wait_for(check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not true within {timeout}s: {check}")
 
 
 class Candidate:

@@ -5,13 +5,12 @@ the last good policy stays in force; fixing it loads again; deleting it keeps th
 from __future__ import annotations
 
 import time
-import uuid
-from typing import Any, Callable
 
 import pytest
+from eventually import wait_for
 
 from controller.core.policy import load_policy
-from controller.kube.client import MERGE_PATCH, KubeApi, make_api_client
+from controller.kube.client import MERGE_PATCH
 from controller.kube.informer import Backoff
 from controller.kube.policy_source import PolicySource
 from controller.kube.writer import EventRecorder, KubeWriter
@@ -31,27 +30,7 @@ def policy(pool: str) -> str:
 BROKEN = EMPTY + "pools:\n  - name: Not_A_Name\n    nodes: [egress-1]\n"  # line 4 is wrong
 
 
-@pytest.fixture(scope="module")
-def api(devcluster) -> KubeApi:
-    return KubeApi(make_api_client(Settings(kubeconfig=str(devcluster.kubeconfig))))
 
-
-@pytest.fixture
-def namespace(api):
-    name = f"itest-pol-{uuid.uuid4().hex[:8]}"
-    api.call("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
-    yield name
-    api.call("DELETE", f"/api/v1/namespaces/{name}")
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not true within {timeout}s: {check}")
 
 
 def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):

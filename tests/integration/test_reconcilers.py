@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
+from eventually import wait_for
 
 from controller.core.model import Taint
 from controller.core.policy import load_policy
-from controller.kube.client import MERGE_PATCH, KubeApi, make_api_client
+from controller.kube.client import MERGE_PATCH, KubeApi
 from controller.kube.informer import Backoff, cluster_informers
 from controller.kube.writer import EventRecorder, KubeWriter, RetryPolicy
 from controller.metrics import Metrics
@@ -48,19 +49,6 @@ pools:
 TAINT_WITHIN, EVICT_WITHIN = 5.0, 10.0
 
 
-@pytest.fixture(scope="module")
-def api(devcluster) -> KubeApi:
-    return KubeApi(make_api_client(Settings(kubeconfig=str(devcluster.kubeconfig))))
-
-
-def wait_for(check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"not true within {timeout}s: {check}")
 
 
 def patch_node(api: KubeApi, name: str, body: dict[str, Any]) -> None:

@@ -5,17 +5,16 @@ Events written by the EventRecorder (with series for repeats, drops counted when
 
 from __future__ import annotations
 
-import time
 import uuid
-from typing import Any, Callable
+from typing import Any
 
 import pytest
+from eventually import wait_for
 
 from controller.core.model import Taint
-from controller.kube.client import MERGE_PATCH, KubeApi, make_api_client
+from controller.kube.client import MERGE_PATCH, KubeApi
 from controller.kube.writer import REPORTING_CONTROLLER, EventRecorder, KubeWriter, Outcome, RetryPolicy, WriteError
 from controller.metrics import Metrics
-from controller.settings import Settings
 
 pytestmark = pytest.mark.cluster
 
@@ -23,32 +22,12 @@ NODE = "node-3"
 ITEST_KEY = "itest.egress-placer.io/writer"
 
 
-@pytest.fixture(scope="module")
-def api(devcluster) -> KubeApi:
-    return KubeApi(make_api_client(Settings(kubeconfig=str(devcluster.kubeconfig))))
-
 
 @pytest.fixture
 def writer(api) -> KubeWriter:
     return KubeWriter(api, Metrics(), retry=RetryPolicy(attempts=3, initial=0.05, maximum=0.5))
 
 
-@pytest.fixture
-def namespace(api):
-    name = f"itest-w-{uuid.uuid4().hex[:8]}"
-    api.call("POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
-    yield name
-    api.call("DELETE", f"/api/v1/namespaces/{name}")
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not true within {timeout}s: {check}")
 
 
 def node_taints(api: KubeApi) -> tuple[tuple[Taint, ...], str]:
@@ -134,7 +113,7 @@ def pod_going(api: KubeApi, namespace: str, name: str) -> bool:
 def test_evict(api, writer, namespace):
     make_pod(api, namespace, "victim")
     assert writer.evict(namespace, "victim") is True
-    wait_for(lambda: pod_going(api, namespace, "victim"))
+    wait_for(lambda: pod_going(api, namespace, "victim"), 15)
     assert writer.evict(namespace, "never-existed") is True  # gone is done
 
 
