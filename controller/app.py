@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 STARTUP_TIMEOUT = 120.0
 CERT_CHECK_SECONDS = 60.0
+CERT_TICK_SECONDS = 1.0
 
 
 class StartupError(RuntimeError):
@@ -181,11 +182,16 @@ class Controller:
         await self._ensure_certs()
         await self.server.start()
         logger.info("egress-placer running as {}", self.settings.identity)
+        # A tick, not one long wait: leadership can arrive (on the leader thread) just after a wait of
+        # CERT_CHECK_SECONDS began, and a new leader must write the webhook's caBundle at once.
+        next_check = time.monotonic() + self._cert_check_interval()
         while not stop.is_set():
             try:
-                await asyncio.wait_for(stop.wait(), timeout=self._cert_check_interval())
+                await asyncio.wait_for(stop.wait(), timeout=CERT_TICK_SECONDS)
             except asyncio.TimeoutError:
-                await self._ensure_certs()
+                if self._certs_need_leader or time.monotonic() >= next_check:
+                    await self._ensure_certs()
+                    next_check = time.monotonic() + self._cert_check_interval()
         await self.shutdown()
 
     async def _ensure_certs(self) -> None:

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
 
     # Load: how long an admission-time placement counts before its pod appears.
     assumption_ttl_seconds: float = 120.0
+    # Node choice inside a pool: least loaded counting the placements assumed at admission ("load"), or
+    # counting only the pods already seen ("load-without-assumptions": the benchmark's baseline).
+    balance: Literal["load", "load-without-assumptions"] = "load"
     # Intruders: evict them, or only report (Event + metric + log) on a first install.
     intruder_mode: Literal["evict", "report"] = "evict"
     # Coscheduled PipelineRuns (Tekton's affinity assistant): move the whole run to the pool when a

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
 
 from controller.core.balance import LoadLedger, choose_node, eligible_nodes
@@ -32,11 +33,15 @@ RunKey = tuple[str, str, str]  # kind, namespace, name
 
 
 class ClusterState:
-    def __init__(self, policy: PlacementPolicy, clock: Callable[[], float], assumption_ttl: float = 60.0) -> None:
+    def __init__(
+        self, policy: PlacementPolicy, clock: Callable[[], float], assumption_ttl: float = 60.0, balance: str = "load"
+    ) -> None:
         self._lock = threading.RLock()
         self._policy = policy
         self._clock = clock
         self.assumption_ttl = assumption_ttl
+        # Settings.balance: "load" counts assumed placements; "load-without-assumptions" only seen pods.
+        self.balance = balance
         self.nodes: dict[str, NodeState] = {}
         self.namespaces: dict[str, NamespaceState] = {}
         self.pods: dict[PodKey, PodState] = {}
@@ -242,9 +247,10 @@ class ClusterState:
         with self._lock:
             loads = self.loads(pool)
             nodes = [n for n in self.pool_nodes(pool)]
-            figures = self.egress_ratios(pool, loads)
+            seen = loads if self.balance == "load" else {n: replace(v, assumed=0) for n, v in loads.items()}
+            figures = self.egress_ratios(pool, seen)
             ratios = {name: f.ratio for name, f in figures.items()} if figures is not None else None
-            node = choose_node(nodes, loads, salt=salt, ratios=ratios)
+            node = choose_node(nodes, seen, salt=salt, ratios=ratios)
             if node is not None:
                 self.ledger.assume(key, pool.name, node, self._clock())
             return node, loads

@@ -50,6 +50,7 @@ class PolicySource:
         self.events = events
         self.poll_seconds = poll_seconds
         self.synced = threading.Event()
+        self.last_error: str | None = None  # why the last policy text was refused (None once one loads)
         self._last_text: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -105,6 +106,7 @@ class PolicySource:
                 self._refuse(str(e), regarding)
                 return None
             self.state.set_policy(policy)
+            self.last_error = None
             self.metrics.policy_generation.set(1)
             self.metrics.policy_reloads.labels(result="loaded").inc()  # last: the counter says "done"
             logger.bind(source=self.source, pools=[p.name for p in policy.pools]).info(
@@ -115,6 +117,7 @@ class PolicySource:
             self.synced.set()
 
     def _refuse(self, error: str, regarding: dict[str, Any] | None) -> None:
+        self.last_error = error
         self.metrics.policy_generation.set(0)
         logger.bind(source=self.source, error=error).error("policy refused; the last good policy stays in force")
         if self.events is not None and regarding is not None:

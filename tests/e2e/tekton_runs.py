@@ -149,8 +149,7 @@ class Runs:
         return {name: (pods[name].spec.node_name if name in pods else None) for name in taskruns}
 
     def events(self, namespace: str, reason: str) -> list[dict[str, Any]]:
-        """events.k8s.io Events with `reason` in `namespace`, as plain dicts (the client's typed model
-        refuses the Events other components write without an eventTime)."""
+        """events.k8s.io Events with `reason` in `namespace` (see `events`)."""
         return events(self.kube, namespace, reason)
 
     # -- clean up -----------------------------------------------------------------------------------

@@ -1,31 +1,60 @@
 """End to end, installation: the `k8s/` kustomize base is accepted by the real API server
 (`kubectl apply --dry-run=server -k k8s/`, admin credentials).
 
-It runs without the controller fixture, on a cluster where the devcluster's local form of the
-webhook configuration (a `url` instead of the Service) is not installed: applying the Service form
-over it client-side would set both and be refused, which says nothing about the manifests."""
+A server-side dry run creates nothing, so the namespaced objects need their namespace to exist:
+the test applies `k8s/namespace.yaml` for real first (the first step of an install) and deletes it
+again if it made it. It runs without the controller fixture, where the devcluster's local form of
+the webhook configuration (a `url` instead of the Service) is not installed: applying the Service
+form over it client-side would set both and be refused, which says nothing about the manifests."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from devcluster.cluster import Cluster
+from devcluster.controller import NAMESPACE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
 
 
-def test_the_k8s_base_passes_a_server_side_dry_run(devcluster: Cluster) -> None:
-    result = subprocess.run(
-        [str(devcluster.binary("kubectl")), "--kubeconfig", str(devcluster.kubeconfig), "apply", "--dry-run=server", "-k", str(K8S)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [str(cluster.binary("kubectl")), "--kubeconfig", str(cluster.kubeconfig), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def namespace_exists(core: client.CoreV1Api, name: str) -> bool:
+    try:
+        core.read_namespace(name)
+        return True
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+
+
+@pytest.fixture
+def controller_namespace(devcluster: Cluster, kube: client.ApiClient, wait_for: Callable[..., object]) -> Iterator[str]:
+    """The controller's namespace, applied from `k8s/namespace.yaml`; deleted (and gone) after if it was new."""
+    core = client.CoreV1Api(kube)
+    existed = namespace_exists(core, NAMESPACE)
+    applied = kubectl(devcluster, "apply", "-f", str(K8S / "namespace.yaml"))
+    assert applied.returncode == 0, applied.stderr
+    yield NAMESPACE
+    if not existed:
+        core.delete_namespace(NAMESPACE)
+        wait_for(f"namespace {NAMESPACE} to be gone", lambda: not namespace_exists(core, NAMESPACE), timeout=60)
+
+
+def test_the_k8s_base_passes_a_server_side_dry_run(devcluster: Cluster, controller_namespace: str) -> None:
+    result = kubectl(devcluster, "apply", "--dry-run=server", "-k", str(K8S))
 
     assert result.returncode == 0, result.stderr
     applied = [line for line in result.stdout.splitlines() if line.endswith("(server dry run)")]

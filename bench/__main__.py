@@ -1,0 +1,171 @@
+"""`python -m bench --mode quick|full [--tiny] [--out DIR] [--sections ...] [--cluster-dir DIR]`
+
+Runs the sections in this order: admission (no cluster), core, then on one local cluster: end to
+end, balance (a, b, c), scale. Writes DIR/latest.json, DIR/report.md and the PNG charts (DIR is
+bench/results by default) and prints a summary table. Exit status 1 when a section failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Callable
+
+from loguru import logger
+
+from bench import admission, balance, decision, e2e, machine, report, scale, schema
+from bench import cluster as bench_cluster
+from bench.kube import Kube
+from bench.sizes import SIZES, Sizes
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SECTIONS = ("admission", "core", "e2e", "balance", "scale")
+CLUSTER_SECTIONS = ("e2e", "balance", "scale")
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["quick", "full"], default="quick")
+    p.add_argument("--tiny", action="store_true", help="shrink every section to seconds (checks the output's shape)")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where latest.json, report.md and the charts go")
+    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument("--cluster-dir", type=Path, help="use this running devcluster instead of bringing one up")
+    p.add_argument("--keep-workdir", action="store_true", help="keep the temporary files (logs, profiles)")
+    return p
+
+
+def _section(results: dict[str, Any], name: str, work: Callable[[], Any]) -> Any:
+    """Run one section; a failure is recorded in results["errors"] and the run goes on."""
+    started = time.monotonic()
+    try:
+        value = work()
+        log(f"{name}: done in {time.monotonic() - started:.0f} s")
+        return value
+    except Exception as error:  # noqa: BLE001 - one section's failure must not lose the others' figures
+        results["errors"].append(f"{name}: {type(error).__name__}: {error}"[:2000])
+        log(f"{name}: FAILED: {error}")
+        traceback.print_exc()
+        return None
+
+
+def run_cluster_sections(results: dict[str, Any], sizes: Sizes, workdir: Path, wanted: set[str],
+                         cluster_dir: Path | None) -> None:
+    log("cluster: bringing up the local cluster" if cluster_dir is None else f"cluster: using {cluster_dir}")
+    bc = bench_cluster.up(sizes, workdir, log, cluster_dir)
+    try:
+        if wanted & {"e2e", "balance"}:
+            bc.start_controller()
+            async def prepare() -> None:
+                async with Kube(bc.cluster) as kube:
+                    await balance.prepare(bc, kube)
+            asyncio.run(prepare())
+        if "e2e" in wanted:
+            out = _section(results, "e2e", lambda: asyncio.run(e2e.run(bc, log)))
+            if out:
+                schema.merge(results["e2e"], out)
+        if "balance" in wanted:
+            rows: list[dict[str, Any]] = []
+            for case in ("a", "b"):
+                rows += _section(results, f"balance ({case})", lambda c=case: asyncio.run(balance.run_case(bc, c, log))) or []
+            bc.stop_controller()
+            bc.start_controller({"EGRESS_PLACER_BALANCE": "load-without-assumptions"}, launcher="bench.controller_run")
+            rows += _section(results, "balance (c)", lambda: asyncio.run(balance.run_case(bc, "c", log))) or []
+            bc.stop_controller()
+            schema.merge(results["balance"], balance.summarize(rows))
+        if "scale" in wanted:
+            out = _section(results, "scale", lambda: scale.run(bc, log))
+            if out:
+                schema.merge(results["scale"], out)
+            if not bc.owned:
+                asyncio.run(scale.clean(bc))
+    finally:
+        bc.down()
+
+
+def findings(results: dict[str, Any]) -> list[str]:
+    """What the profiles and figures say about each missed target."""
+    out = []
+    missed = {t["name"].split(" ")[0] for t in results["targets"] if t["met"] is False}
+    adm = results["admission"]
+    if "admission" in missed and adm["profile"]["top_inclusive"]:
+        incl = {r["function"].split(" (")[0]: r["pct"] for r in adm["profile"]["top_inclusive"]}
+        head = adm["headline"]
+        out.append(
+            f"Admission: the server's CPU per request is {head['cpu_ms_per_request']} ms against the floor's "
+            f"{head['floor_cpu_ms_per_request']} ms (aiohttp + TLS + JSON). py-spy: Admission.review "
+            f"{incl.get('Admission.review', '?')}% of the samples, of which ClusterState.choose_and_assume "
+            f"{incl.get('ClusterState.choose_and_assume', '?')}% (eligible_nodes {incl.get('eligible_nodes', '?')}%, "
+            f"ClusterState.loads {incl.get('ClusterState.loads', '?')}%), json_patch {incl.get('json_patch', '?')}%, "
+            f"events {incl.get('Admission._emit', '?')}%.")
+    if "balance" in missed:
+        for c in results["balance"]["cases"]:
+            if c["case"] == "a" and c["imbalance"] > 1.1:
+                out.append(f"Balance (a) {c['runs']} on {c['pool_nodes']}: {list(c['pods_per_node'].values())}; the "
+                           f"scheduler followed the preferred node for {c['preferred_node_honored']} of the pods.")
+    if "controller" in missed:
+        s = results["scale"]
+        out.append(f"Memory: RSS {s['rss_mb']} MB after sync, peak {s['rss_peak_mb']} MB during the first list.")
+    if "end" in missed:
+        e = results["e2e"]
+        out.append(f"End to end: p50 {e['with']['p50_s']} s vs {e['without']['p50_s']} s, p99 {e['with']['p99_s']} s "
+                   f"vs {e['without']['p99_s']} s: the webhook is called twice per run (TaskRun and Pod CREATE).")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    sizes = SIZES["tiny" if args.tiny else args.mode]
+    wanted = {s.strip() for s in args.sections.split(",") if s.strip()}
+    unknown = wanted - set(SECTIONS)
+    if unknown:
+        parser().error(f"unknown sections: {', '.join(sorted(unknown))}")
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")  # in-process Admission: production filters debug lines the same way
+    results = schema.empty()
+    results["mode"] = sizes.name
+    results["started"] = datetime.now(UTC).isoformat(timespec="seconds")
+    results["machine"] = machine.describe()
+    workdir = Path(tempfile.mkdtemp(prefix="egress-placer-bench-"))
+    started = time.monotonic()
+    log(f"mode {sizes.name}, sections {', '.join(s for s in SECTIONS if s in wanted)}, work dir {workdir}")
+    try:
+        if "admission" in wanted:
+            out = _section(results, "admission", lambda: admission.run(sizes, workdir / "admission", log))
+            if out:
+                schema.merge(results["admission"], out)
+        if "core" in wanted:
+            out = _section(results, "core", lambda: decision.run(sizes, log))
+            if out:
+                schema.merge(results["core"], out)
+        if wanted & set(CLUSTER_SECTIONS):
+            _section(results, "cluster", lambda: run_cluster_sections(results, sizes, workdir, wanted, args.cluster_dir))
+    finally:
+        results["duration_s"] = round(time.monotonic() - started, 1)
+        results["machine"]["loadavg_end"] = machine.loadavg()
+        results["targets"] = report.targets(results)
+        args.out.mkdir(parents=True, exist_ok=True)
+        images = _section(results, "charts", lambda: report.charts(results, args.out)) or []
+        (args.out / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
+        (args.out / "report.md").write_text(report.markdown(results, images, findings(results)))
+        if not args.keep_workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print()
+    print(report.summary_table(results))
+    print(f"\nwritten: {args.out / 'latest.json'}, {args.out / 'report.md'}, {', '.join(images) or 'no charts'}")
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

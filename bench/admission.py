@@ -1,0 +1,204 @@
+"""Section 1: admission over HTTPS, egress-placer against the floor, side by side.
+
+Both servers run as their own processes (bench/servers.py) for the whole section; each point of
+the plan starts a load generator process (bench/loadgen.py) against one of them, alternating which
+goes first from point to point so drift hits both alike. The server's CPU time per request is read
+from /proc around each point. A last closed-loop run is sampled with py-spy (not counted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from controller.admission.certs import make_ca, make_serving_cert
+from controller.admission.handlers import Admission
+from controller.metrics import Metrics
+from controller.settings import Settings
+from controller.state import ClusterState
+
+from bench import profiling
+from bench.sizes import Sizes
+from bench.stats import ratio
+from bench.workload import RequestMix, admission_policy, fill, inventory, request_mix
+
+REPO = Path(__file__).resolve().parents[1]
+TARGETS = ("egress-placer", "floor")
+P99_LIMIT_MS = 10.0
+DISTINCT_RUNS = 512  # run names cycle: at most this many runs are in flight (assumed) at once
+POOL_NODES = 10
+Log = Callable[[str], None]
+
+
+class NoEvents:
+    def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None:
+        pass
+
+
+def write_tls(directory: Path) -> None:
+    """A CA and a serving certificate for 127.0.0.1 (ca.crt, tls.crt, tls.key)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(UTC)
+    ca = make_ca(now)
+    serving = make_serving_cert(ca, ["127.0.0.1"], now, 2)
+    (directory / "ca.crt").write_bytes(ca.cert_pem)
+    (directory / "tls.crt").write_bytes(serving.cert_pem)
+    (directory / "tls.key").write_bytes(serving.key_pem)
+
+
+def make_mix(runs: int) -> RequestMix:
+    """The request bodies, decided by an Admission over the same inventory the server holds."""
+    state = ClusterState(admission_policy(), clock=time.time)
+    fill(state.apply, inventory(POOL_NODES, 100, 20))
+    admission = Admission(state, Metrics(), NoEvents(), Settings())
+    return request_mix(admission.review, runs)
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+class Server:
+    """One server process (`python -m bench.servers TARGET`), stopped by its pid on exit."""
+
+    def __init__(self, target: str, tls_dir: Path, log_file: Path) -> None:
+        self.target = target
+        self._log = open(log_file, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bench.servers", target, "--tls-dir", str(tls_dir), "--pool-nodes", str(POOL_NODES)],
+            stdout=subprocess.PIPE, stderr=self._log, env=_env(), cwd=REPO,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().decode().split()
+        if len(line) != 2 or line[0] != "READY":
+            self.stop()
+            raise RuntimeError(f"the {target} server did not start; see {log_file}")
+        self.url = f"https://127.0.0.1:{line[1]}/mutate"
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+def run_point(server: Server, workdir: Path, point: dict[str, Any]) -> dict[str, Any]:
+    spec = {**point, "url": server.url, "ca": str(workdir / "tls" / "ca.crt"), "bodies": str(workdir / "bodies.json")}
+    spec_file = workdir / "point.json"
+    spec_file.write_text(json.dumps(spec))
+    cpu_before = server.cpu_seconds()
+    out = subprocess.run([sys.executable, "-m", "bench.loadgen", str(spec_file)], capture_output=True, text=True,
+                         env=_env(), cwd=REPO, timeout=point["warmup"] + point["seconds"] + 120, check=False)
+    cpu = server.cpu_seconds() - cpu_before
+    if out.returncode != 0:
+        raise RuntimeError(f"load generator failed: {out.stderr[-2000:]}")
+    result = json.loads(out.stdout)
+    total = max(result["requests"], 1) * (point["warmup"] + point["seconds"]) / point["seconds"]
+    result["server_cpu_ms_per_request"] = round(1000.0 * cpu / total, 3)
+    return {"target": server.target, **{k: point[k] for k in ("concurrency", "rate_rps") if k in point}, **result}
+
+
+def _plan_order(i: int) -> tuple[str, str]:
+    return TARGETS if i % 2 == 0 else TARGETS[::-1]
+
+
+def run(sizes: Sizes, workdir: Path, log: Log) -> dict[str, Any]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_tls(workdir / "tls")
+    log("admission: building the request mix from the catalog")
+    mix = make_mix(DISTINCT_RUNS if sizes.name != "tiny" else 32)
+    (workdir / "bodies.json").write_text(json.dumps([b.decode() for b in mix.bodies]))
+    timing = {"warmup": sizes.http_warmup, "seconds": sizes.http_seconds}
+    out: dict[str, Any] = {"requests": mix.summary(), "closed_loop": [], "open_loop": []}
+    with ExitStack() as stack:
+        servers = {}
+        for target in TARGETS:
+            servers[target] = Server(target, workdir / "tls", workdir / f"server-{target}.log")
+            stack.callback(servers[target].stop)
+        for i, concurrency in enumerate(sizes.concurrencies):
+            for target in _plan_order(i):
+                row = run_point(servers[target], workdir, {"mode": "closed", "concurrency": concurrency, **timing})
+                out["closed_loop"].append(row)
+                log(f"admission: closed c={concurrency:<3} {target:<14} {row['throughput_rps']:>7} req/s  "
+                    f"p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms")
+        saturated: set[str] = set()
+        for i, rate in enumerate(sizes.rates):
+            for target in _plan_order(i):
+                if target in saturated:
+                    continue
+                row = run_point(servers[target], workdir, {"mode": "open", "rate": rate, "rate_rps": rate, **timing})
+                out["open_loop"].append(row)
+                log(f"admission: open {rate:>5} req/s {target:<14} achieved {row['throughput_rps']:>7}  "
+                    f"p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms")
+                if row["throughput_rps"] < 0.8 * rate or (row["p99_ms"] or 0) > 20 * P99_LIMIT_MS:
+                    saturated.add(target)
+        out["profile"] = profile_server(servers["egress-placer"], workdir, sizes)
+    out.update(summarize(out, sizes.headline_rate))
+    return out
+
+
+def profile_server(server: Server, workdir: Path, sizes: Sizes) -> dict[str, Any]:
+    """py-spy samples of the egress-placer server under a closed loop at concurrency 16."""
+    seconds = max(2.0, sizes.http_seconds)
+    raw = workdir / "profile-egress-placer.txt"
+    spy = profiling.start_py_spy(server.process.pid, seconds, raw)
+    if spy is None:
+        return {"tool": None, "load": None, "samples": 0, "top_self": [], "top_inclusive": []}
+    time.sleep(0.5)
+    run_point(server, workdir, {"mode": "closed", "concurrency": 16, "warmup": 0.2, "seconds": seconds})
+    spy.wait(timeout=seconds + 30)
+    summary = profiling.summarize_collapsed(raw) if raw.exists() else {"samples": 0, "top_self": [], "top_inclusive": []}
+    return {"tool": profiling.py_spy_version(), "load": "closed loop, concurrency 16", **summary}
+
+
+def sustained(rows: list[dict[str, Any]], target: str) -> float | None:
+    """The highest offered rate that was kept (>= 97 % achieved) with p99 under 10 ms."""
+    ok = [r["rate_rps"] for r in rows if r["target"] == target and r["p99_ms"] is not None
+          and r["p99_ms"] <= P99_LIMIT_MS and r["throughput_rps"] >= 0.97 * r["rate_rps"] and r["errors"] == 0]
+    return max(ok) if ok else None
+
+
+def summarize(out: dict[str, Any], headline_rate: int) -> dict[str, Any]:
+    def at_rate(target: str) -> dict[str, Any]:
+        return next((r for r in out["open_loop"] if r["target"] == target and r["rate_rps"] == headline_rate), {})
+
+    def best(target: str) -> float | None:
+        values = [r["throughput_rps"] for r in out["closed_loop"] if r["target"] == target and r["errors"] == 0]
+        return max(values) if values else None
+
+    mine, floor = at_rate("egress-placer"), at_rate("floor")
+    return {
+        "headline": {
+            "rate_rps": headline_rate,
+            "p50_ms": mine.get("p50_ms"),
+            "p99_ms": mine.get("p99_ms"),
+            "floor_p50_ms": floor.get("p50_ms"),
+            "floor_p99_ms": floor.get("p99_ms"),
+            "p99_ratio": ratio(mine.get("p99_ms"), floor.get("p99_ms")),
+            "cpu_ms_per_request": mine.get("server_cpu_ms_per_request"),
+            "floor_cpu_ms_per_request": floor.get("server_cpu_ms_per_request"),
+        },
+        "sustained_rps": sustained(out["open_loop"], "egress-placer"),
+        "floor_sustained_rps": sustained(out["open_loop"], "floor"),
+        "max_throughput_rps": best("egress-placer"),
+        "floor_max_throughput_rps": best("floor"),
+    }
+
+
+def rows_of(out: dict[str, Any], key: str, target: str) -> Iterator[dict[str, Any]]:
+    return (r for r in out[key] if r["target"] == target)

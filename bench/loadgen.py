@@ -1,0 +1,136 @@
+"""The admission load generator, a process of its own: `python -m bench.loadgen POINT.json`.
+
+POINT.json: {"url", "ca", "bodies" (a JSON file: list of request bodies), "mode": "closed" |
+"open", "concurrency" (closed) or "rate" (open), "warmup", "seconds"}. Prints one JSON result.
+
+One aiohttp ClientSession with keep-alive, verifying the server's certificate against `ca`.
+- closed loop: `concurrency` workers, each sends its next request when the previous answer came;
+  latency is send to answer; throughput is answers per second (the server's capacity).
+- open loop: requests are due at a fixed `rate` whatever the answers do; latency is counted from
+  the time a request was DUE, so a server (or generator) falling behind shows up in the latency
+  instead of silently lowering the rate. `send_lag` says how late the generator itself sent.
+Only requests started after the warmup count. The first answers of each kind are checked
+(HTTP 200, same uid, allowed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import ssl
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.stats import ms, percentile
+
+MAX_OPEN_CONNECTIONS = 256
+CHECKED_ANSWERS = 50
+
+
+class Recorder:
+    def __init__(self, bodies: list[bytes], measure_from: float) -> None:
+        self.bodies = bodies
+        self.uids = [json.loads(b)["request"]["uid"] for b in bodies]
+        self.measure_from = measure_from
+        self.latencies: list[float] = []
+        self.send_lags: list[float] = []
+        self.errors = 0
+        self.invalid = 0
+        self.checked = 0
+        self.last_answer = measure_from
+
+    async def send(self, session: aiohttp.ClientSession, url: str, index: int, due: float | None = None) -> None:
+        body = self.bodies[index % len(self.bodies)]
+        started = time.perf_counter()
+        ok = False
+        try:
+            async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+                raw = await response.read()
+                ok = response.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            raw = b""
+        done = time.perf_counter()
+        origin = due if due is not None else started
+        if origin < self.measure_from:
+            return
+        self.latencies.append(done - origin)
+        if due is not None:
+            self.send_lags.append(started - due)
+        self.last_answer = max(self.last_answer, done)
+        if not ok:
+            self.errors += 1
+        elif self.checked < CHECKED_ANSWERS:
+            self.checked += 1
+            response_part = json.loads(raw).get("response") or {}
+            if response_part.get("uid") != self.uids[index % len(self.uids)] or response_part.get("allowed") is not True:
+                self.invalid += 1
+
+    def result(self, seconds: float) -> dict[str, Any]:
+        span = max(self.last_answer - self.measure_from, seconds, 1e-9)
+        return {
+            "requests": len(self.latencies),
+            "throughput_rps": round(len(self.latencies) / span, 1),
+            "p50_ms": ms(percentile(self.latencies, 50)),
+            "p99_ms": ms(percentile(self.latencies, 99)),
+            "max_ms": ms(max(self.latencies)) if self.latencies else None,
+            "errors": self.errors + self.invalid,
+            "send_lag_p99_ms": ms(percentile(self.send_lags, 99)) if self.send_lags else None,
+        }
+
+
+async def closed_loop(url: str, context: ssl.SSLContext, bodies: list[bytes], concurrency: int,
+                      warmup: float, seconds: float) -> dict[str, Any]:
+    start = time.perf_counter()
+    recorder = Recorder(bodies, start + warmup)
+    end = start + warmup + seconds
+    counter = itertools.count()
+    connector = aiohttp.TCPConnector(limit=concurrency, ssl=context)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def worker() -> None:
+            while time.perf_counter() < end:
+                await recorder.send(session, url, next(counter))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return recorder.result(seconds)
+
+
+async def open_loop(url: str, context: ssl.SSLContext, bodies: list[bytes], rate: float,
+                    warmup: float, seconds: float) -> dict[str, Any]:
+    total = int((warmup + seconds) * rate)
+    connector = aiohttp.TCPConnector(limit=MAX_OPEN_CONNECTIONS, ssl=context)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter() + 0.05
+        recorder = Recorder(bodies, start + warmup)
+        tasks = []
+        k = 0
+        while k < total:
+            due = start + k / rate
+            now = time.perf_counter()
+            if due > now:
+                await asyncio.sleep(due - now)
+                continue
+            tasks.append(asyncio.create_task(recorder.send(session, url, k, due)))
+            k += 1
+        await asyncio.gather(*tasks)
+    result = recorder.result(seconds)
+    result["throughput_rps"] = round(min(result["throughput_rps"], rate * 1.05), 1)
+    return result
+
+
+async def run(point: dict[str, Any]) -> dict[str, Any]:
+    context = ssl.create_default_context(cafile=point["ca"])
+    bodies = [b.encode() for b in json.loads(Path(point["bodies"]).read_text())]
+    if point["mode"] == "closed":
+        return await closed_loop(point["url"], context, bodies, int(point["concurrency"]), point["warmup"], point["seconds"])
+    return await open_loop(point["url"], context, bodies, float(point["rate"]), point["warmup"], point["seconds"])
+
+
+if __name__ == "__main__":
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    print(json.dumps(asyncio.run(run(spec))), flush=True)

@@ -1,0 +1,254 @@
+"""Targets, charts (matplotlib), bench/results/report.md and the summary table printed at the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TARGET_RATE = 200
+FULL_SCALE = (5000, 20000)
+
+
+def _target(name: str, target: str, value: float | None, unit: str, limit: float, higher_is_better: bool = False) -> dict[str, Any]:
+    """One target row; `margin` = value / limit (<= 1 is met for limits, >= 1 for floors)."""
+    if value is None:
+        return {"name": name, "target": target, "value": None, "unit": unit, "met": None, "margin": None}
+    margin = round(value / limit, 3) if limit else None
+    met = value >= limit if higher_is_better else value <= limit
+    return {"name": name, "target": target, "value": value, "unit": unit, "met": met, "margin": margin}
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    adm, bal, scale, e2e = results["admission"], results["balance"], results["scale"], results["e2e"]
+    head = adm["headline"]
+    at_full = (scale["nodes"], scale["pods"]) == FULL_SCALE
+    scale_note = "" if at_full or scale["nodes"] is None else f" (measured at {scale['nodes']} nodes / {scale['pods']} pods)"
+    return [
+        _target(f"admission p99 at {head['rate_rps'] or TARGET_RATE} req/s", "<= 10 ms", head["p99_ms"], "ms", 10.0),
+        _target("admission sustained rate (p99 <= 10 ms)", ">= 500 req/s", adm["sustained_rps"], "req/s", 500.0, True),
+        _target("admission p99 / floor p99 at the same rate", "<= 2.0", head["p99_ratio"], "x", 2.0),
+        _target("balance (a) imbalance, worst burst", "<= 1.1", bal["worst_imbalance"]["a"], "x", 1.1),
+        _target("controller RSS at 5,000 nodes / 20,000 pods" + scale_note, "<= 300 MB", scale["rss_mb"], "MB", 300.0),
+        _target("end to end p50 with / without webhook", "<= 1.10", e2e["p50_ratio"], "x", 1.10),
+        _target("end to end p99 with / without webhook", "<= 1.10", e2e["p99_ratio"], "x", 1.10),
+    ]
+
+
+# --- charts ------------------------------------------------------------------------------------
+
+
+def charts(results: dict[str, Any], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    adm = results["admission"]
+    if adm["closed_loop"] or adm["open_loop"]:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for target, color in (("egress-placer", "tab:blue"), ("floor", "tab:gray")):
+            rows = [r for r in adm["closed_loop"] if r["target"] == target]
+            xs = [r["concurrency"] for r in rows]
+            left.plot(xs, [r["p50_ms"] for r in rows], "o--", color=color, label=f"{target} p50")
+            left.plot(xs, [r["p99_ms"] for r in rows], "o-", color=color, label=f"{target} p99")
+            rows = [r for r in adm["open_loop"] if r["target"] == target]
+            right.plot([r["rate_rps"] for r in rows], [r["p99_ms"] for r in rows], "o-", color=color, label=f"{target} p99")
+        left.set(xscale="log", yscale="log", xlabel="concurrency (closed loop)", ylabel="latency (ms)",
+                 title="Admission latency vs concurrency")
+        left.set_xticks(sorted({r["concurrency"] for r in adm["closed_loop"]}) or [1])
+        left.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        right.axhline(10, color="tab:red", linestyle=":", label="10 ms target")
+        right.set(yscale="log", xlabel="offered rate (req/s, open loop)", ylabel="p99 latency (ms)",
+                  title="Admission p99 vs offered rate")
+        for ax in (left, right):
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "admission_latency.png", dpi=110)
+        plt.close(fig)
+        made.append("admission_latency.png")
+    cases = results["balance"]["cases"]
+    if cases:
+        bursts = sorted({(c["runs"], c["pool_nodes"]) for c in cases})
+        kinds = sorted({c["case"] for c in cases})
+        fig, axes = plt.subplots(len(bursts), len(kinds), figsize=(3.6 * len(kinds), 2.6 * len(bursts)), squeeze=False)
+        for i, (runs, k) in enumerate(bursts):
+            for j, kind in enumerate(kinds):
+                ax = axes[i][j]
+                row = next((c for c in cases if (c["runs"], c["pool_nodes"], c["case"]) == (runs, k, kind)), None)
+                if row is None:
+                    ax.axis("off")
+                    continue
+                names = list(row["pods_per_node"])
+                ax.bar(range(len(names)), [row["pods_per_node"][n] for n in names], color="tab:blue" if kind == "a" else "tab:gray")
+                ax.axhline(row["even_share"], color="tab:red", linestyle=":", linewidth=1)
+                ax.set_xticks(range(len(names)), [n.replace("egress-", "e") for n in names], fontsize=7)
+                ax.set_title(f"({kind}) {runs} runs / {k} nodes: {row['imbalance']}x", fontsize=9)
+                ax.set_ylabel("pods", fontsize=8)
+        fig.suptitle("Pods per pool node after a burst (dotted: even share)  a=egress-placer  b=scheduler only  "
+                     "c=load without assumptions", fontsize=9)
+        fig.tight_layout()
+        fig.savefig(out / "balance.png", dpi=110)
+        plt.close(fig)
+        made.append("balance.png")
+    return made
+
+
+# --- report.md -----------------------------------------------------------------------------------
+
+
+def _v(value: Any, suffix: str = "") -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        value = f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 100 else f"{value:,.0f}"
+    elif isinstance(value, int):
+        value = f"{value:,}"
+    return f"{value}{suffix}"
+
+
+def _verdict(t: dict[str, Any]) -> str:
+    if t["met"] is None:
+        return "not measured"
+    if t["met"]:
+        return f"met ({_v(t['value'])} {t['unit']})"
+    over = abs(t["margin"] - 1) * 100 if t["margin"] is not None else 0
+    return f"**MISSED** by {over:.0f}% ({_v(t['value'])} {t['unit']})"
+
+
+def _profile(profile: dict[str, Any], title: str) -> list[str]:
+    if not profile or not profile.get("top_self"):
+        return []
+    lines = [f"**{title}** ({profile.get('tool')}, {profile.get('load')}):", "",
+             "| own time | function | | inclusive | project function |", "|---:|---|---|---:|---|"]
+    own, incl = profile["top_self"][:10], profile["top_inclusive"][:10]
+    for i in range(max(len(own), len(incl))):
+        a = own[i] if i < len(own) else {"pct": "", "function": ""}
+        b = incl[i] if i < len(incl) else {"pct": "", "function": ""}
+        lines.append(f"| {a['pct']}% | `{a['function']}` | | {b['pct']}% | `{b['function']}` |")
+    return lines + [""]
+
+
+def markdown(results: dict[str, Any], images: list[str], findings: list[str]) -> str:
+    m, adm, bal, scale, e2e = (results[k] for k in ("machine", "admission", "balance", "scale", "e2e"))
+    out = [
+        "# egress-placer benchmarks",
+        "",
+        f"Mode **{results['mode']}**, started {results['started']}, {_v(results['duration_s'])} s in all. Every figure "
+        "was measured side by side with its baseline in this one run; compare ratios, not absolute times.",
+        "",
+        "## Machine",
+        "",
+        f"- CPU: {m['cpu_model']}, {m['cores']} cores; memory {m['memory_gb']} GB; {m['os']}",
+        f"- Python {m['python']}, Go {m['go']}, aiohttp {m['aiohttp']}",
+        f"- Kubernetes {m['kubernetes']}, etcd {m['etcd']}, KWOK {m['kwok']}, Tekton {m['tekton']} (devcluster, all local processes)",
+        f"- Load average at start {m['loadavg_start']}, at end {m['loadavg_end']} (the machine is shared: other "
+        "clusters and test runs were running; the side-by-side baselines absorb that)",
+        "",
+        "## Targets",
+        "",
+        "| target | wanted | result |",
+        "|---|---|---|",
+        *[f"| {t['name']} | {t['target']} | {_verdict(t)} |" for t in results["targets"]],
+        "",
+    ]
+    if findings:
+        out += ["## What limits the missed targets", "", *[f"- {f}" for f in findings], ""]
+    r = adm["requests"]
+    head = adm["headline"]
+    out += [
+        "## 1. Admission over HTTPS",
+        "",
+        f"{_v(r['bodies'])} AdmissionReview bodies (TaskRuns of catalog Tasks and their Tekton pods, "
+        f"{_v(r['placed_fraction'])} of them placed, {_v(r['mean_body_bytes'])} bytes on average), sent by a load "
+        "generator process (aiohttp, keep-alive, verified TLS) to egress-placer's AdmissionServer and to the floor "
+        "(aiohttp, same TLS, 'allowed, no patch', no work).",
+        "",
+        f"At {head['rate_rps']} req/s (open loop): egress-placer p50 {_v(head['p50_ms'])} ms, p99 {_v(head['p99_ms'])} ms; "
+        f"floor p50 {_v(head['floor_p50_ms'])} ms, p99 {_v(head['floor_p99_ms'])} ms; p99 ratio **{_v(head['p99_ratio'])}**. "
+        f"Server CPU per request {_v(head['cpu_ms_per_request'])} ms vs {_v(head['floor_cpu_ms_per_request'])} ms.",
+        "",
+        f"Sustained (p99 <= 10 ms, rate kept): egress-placer **{_v(adm['sustained_rps'])} req/s**, floor "
+        f"{_v(adm['floor_sustained_rps'])} req/s. Max throughput (closed loop): egress-placer "
+        f"**{_v(adm['max_throughput_rps'])} req/s**, floor {_v(adm['floor_max_throughput_rps'])} req/s.",
+        "",
+        "| loop | load | target | req/s | p50 ms | p99 ms | max ms | CPU ms/req | errors |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, load in (("closed_loop", "concurrency"), ("open_loop", "rate_rps")):
+        for row in adm[key]:
+            out.append(f"| {key.split('_')[0]} | {row[load]} | {row['target']} | {_v(row['throughput_rps'])} | "
+                       f"{_v(row['p50_ms'])} | {_v(row['p99_ms'])} | {_v(row['max_ms'])} | "
+                       f"{_v(row['server_cpu_ms_per_request'])} | {row['errors']} |")
+    out += ["", *(["![admission latency](admission_latency.png)", ""] if "admission_latency.png" in images else [])]
+    out += _profile(adm["profile"], "Where the egress-placer server spends its time")
+    out += [
+        "## 2. Decision core (in-process)",
+        "",
+        "| pool nodes | decisions/s (core) | us/decision | reviews/s (handler, JSON in+out) | us/review |",
+        "|---:|---:|---:|---:|---:|",
+        *[f"| {_v(c['pool_nodes'])} | {_v(c['decisions_per_s'])} | {_v(c['decision_us'])} | "
+          f"{_v(c['handler_reviews_per_s'])} | {_v(c['handler_us'])} |" for c in results["core"]["rows"]],
+        "",
+        *_profile(results["core"]["profile"], "Profile of the handler at the largest pool"),
+        "## 3. Balance under bursts (real scheduler, KWOK nodes)",
+        "",
+        "Imbalance = most pods on one node / even share ceil(N/K). (a) egress-placer, (b) scheduler only "
+        "(pool toleration + required affinity, no webhook), (c) least-loaded without assumed placements.",
+        "",
+        "| burst | case | pods per node | max / even | imbalance | preferred node honored | all bound after |",
+        "|---|---|---|---:|---:|---:|---:|",
+        *[f"| {c['runs']} on {c['pool_nodes']} | {c['case']} | {' '.join(str(v) for v in c['pods_per_node'].values())} | "
+          f"{c['max_pods_on_a_node']} / {c['even_share']} | **{c['imbalance']}** | {_v(c['preferred_node_honored'])} | "
+          f"{c['scheduled_s']} s |" for c in bal["cases"]],
+        "",
+        *(["![balance](balance.png)", ""] if "balance.png" in images else []),
+        "## 4. Scale",
+        "",
+        f"{_v(scale['nodes'])} Node objects and {_v(scale['pods'])} bound pods created through the API in "
+        f"{_v(scale['create_s'])} s ({_v(scale['create_per_s'])} objects/s). Controller (`python -m controller run`, "
+        f"its ServiceAccount): first sync **{_v(scale['first_sync_s'])} s** after process start, ready (/readyz 200) "
+        f"{_v(scale['ready_s'])} s; RSS **{_v(scale['rss_mb'])} MB** after sync (peak {_v(scale['rss_peak_mb'])} MB, "
+        f"{_v(scale['rss_after_events_mb'])} MB after the events).",
+        "",
+        f"Events: {_v(scale['events'])} pod phase changes on pool nodes, written in {_v(scale['api_write_s'])} s, all seen by "
+        f"the controller's load {_v(scale['seen_after_s'])} s after the first write ({_v(scale['events_seen_per_s'])} "
+        f"events/s, bounded by the API's write rate; {_v(scale['lag_after_last_write_s'])} s after the last write). "
+        f"In-process capacity of the informer's event path into ClusterState: **{_v(scale['in_process_events_per_s'])} "
+        "events/s**.",
+        "",
+        "## 5. End to end (TaskRun created -> pod bound)",
+        "",
+        "| webhook | runs | p50 s | p99 s | mean s | webhook answered |",
+        "|---|---:|---:|---:|---:|---:|",
+        *[f"| {mode} | {e2e[mode]['runs']} | {_v(e2e[mode]['p50_s'])} | {_v(e2e[mode]['p99_s'])} | "
+          f"{_v(e2e[mode]['mean_s'])} | {e2e[mode]['webhook_answered']} |" for mode in ("with", "without")],
+        "",
+        f"Ratio with / without: p50 **{_v(e2e['p50_ratio'])}**, p99 **{_v(e2e['p99_ratio'])}**.",
+        "",
+    ]
+    if results["errors"]:
+        out += ["## Errors", "", *[f"- {e}" for e in results["errors"]], ""]
+    return "\n".join(out)
+
+
+def summary_table(results: dict[str, Any]) -> str:
+    adm, e2e, scale = results["admission"], results["e2e"], results["scale"]
+    rows = [
+        ("admission p99 @ rate (ms)", adm["headline"]["p99_ms"], adm["headline"]["floor_p99_ms"]),
+        ("admission sustained (req/s)", adm["sustained_rps"], adm["floor_sustained_rps"]),
+        ("admission max throughput (req/s)", adm["max_throughput_rps"], adm["floor_max_throughput_rps"]),
+        ("e2e p50 (s) with / without", e2e["with"]["p50_s"], e2e["without"]["p50_s"]),
+        ("e2e p99 (s) with / without", e2e["with"]["p99_s"], e2e["without"]["p99_s"]),
+        ("scale first sync (s) / RSS (MB)", scale["first_sync_s"], scale["rss_mb"]),
+    ]
+    lines = [f"{'figure':<36}{'egress-placer':>16}{'baseline':>12}"]
+    lines += [f"{name:<36}{_v(a):>16}{_v(b):>12}" for name, a, b in rows]
+    for c in results["balance"]["cases"]:
+        lines.append(f"{'balance (' + c['case'] + ') ' + str(c['runs']) + ' on ' + str(c['pool_nodes']):<36}"
+                     f"{_v(c['imbalance']):>16}")
+    lines.append("")
+    lines += [f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else ' -- '}  {t['name']}: {_v(t['value'])} "
+              f"{t['unit']} (want {t['target']})" for t in results["targets"]]
+    return "\n".join(lines)

@@ -1,0 +1,252 @@
+"""Section 4: the controller's caches on a big cluster.
+
+Through the API (bulk, concurrent): N Node objects `scale-NNNNN` (not managed by KWOK: label
+`bench=scale`, a kubelet-like status), P Tekton-like pods bound to them with `spec.nodeName` (no
+scheduler work), and E plain pods bound to the largest pool's nodes in a namespace that pool allows.
+Then the controller starts (`python -m controller run` under its ServiceAccount) and we read:
+- first sync: process start (/proc) to its "caches synced" log line; ready: to "egress-placer
+  running" (the /readyz 200 moment: policy loaded, caches synced, certificate loaded);
+- RSS (VmRSS) and its peak (VmHWM) from /proc/PID/status after sync and after the events;
+- events: the E pods' phase is patched to Succeeded (E watch events that lower the pool's load);
+  a dry-run AdmissionReview sent to the controller's own webhook every 20 ms reads the loads it
+  sees, until they dropped by E. Seen rate = E / (time from the first patch to the moment seen);
+  the write rate of the API server bounds it, so the lag after the last write is given too;
+- in-process: the same watch events (JSON lines of the API's pod objects) through the informer's
+  event handling and ClusterState.apply, as fast as they go: the controller's event capacity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import json
+import os
+import ssl
+import time
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import aiohttp
+
+from controller.core.policy import load_policy
+from controller.kube.informer import Informer, pods, trim_node, trim_pod
+from controller.metrics import Metrics
+from controller.state import ClusterState
+
+from bench.cluster import WEBHOOK_PATH, BenchCluster, bench_taskrun, namespace_for, read_json_lines
+from bench.kube import Kube, bounded, ensure_namespace
+from bench.workload import catalog_task, node, review, running_pod, tekton_pod
+
+SCALE_NAMESPACE = "bench-scale"
+CONCURRENCY = 64
+PROBE_INTERVAL = 0.02
+EVENTS_TIMEOUT = 120.0
+Log = Callable[[str], None]
+
+
+def scale_node(i: int) -> dict[str, Any]:
+    body = node(f"scale-{i:05d}", {"bench": "scale", "node.kubernetes.io/pool": f"ci-{i % 20}"})
+    body["metadata"].pop("resourceVersion")
+    return body
+
+
+def scale_pod(i: int, node_name: str) -> dict[str, Any]:
+    """A Tekton-like pod (git-clone), bound to `node_name`."""
+    run = bench_taskrun(SCALE_NAMESPACE, f"ci-{i:06d}")
+    pod = tekton_pod(run, f"{i:08x}-0000-4000-8000-000000000000", ["ghcr.io/tektoncd-catalog/git-clone:v1.1.0"],
+                     catalog_task("git-clone"))
+    pod["spec"]["nodeName"] = node_name
+    del pod["metadata"]["ownerReferences"]  # no such TaskRun: the garbage collector would delete the pod
+    return pod
+
+
+def _process_start(pid: int) -> float:
+    """Wall-clock start of `pid` (boot time + start ticks)."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _memory(pid: int) -> dict[str, float]:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = round(int(value.split()[0]) / 1024.0, 1)
+    return out
+
+
+def _log_time(lines: list[dict[str, Any]], message_start: str, since: float) -> float | None:
+    """The time of the first log line starting with `message_start` written after `since` (the log
+    file keeps the lines of earlier controller processes)."""
+    for line in lines:
+        if str(line.get("message", "")).startswith(message_start):
+            stamp = datetime.fromisoformat(line["time"]).timestamp()
+            if stamp >= since:
+                return stamp
+    return None
+
+
+async def create_all(kube: Kube, path_of: Callable[[dict[str, Any]], str], bodies: list[dict[str, Any]]) -> tuple[float, list[Any]]:
+    started = time.monotonic()
+    created = await bounded([lambda b=b: kube.create(path_of(b), b) for b in bodies], CONCURRENCY)
+    return time.monotonic() - started, created
+
+
+class WebhookProbe:
+    """Reads the loads the running controller sees: a dry-run review of a pool pod to its webhook."""
+
+    def __init__(self, config: dict[str, Any], namespace: str, pool_nodes: list[str]) -> None:
+        client = config["webhooks"][0]["clientConfig"]
+        self.url = client["url"]
+        self.context = ssl.create_default_context(cadata=base64.b64decode(client["caBundle"]).decode())
+        run = bench_taskrun(namespace, "probe")
+        pod = tekton_pod(run, "probe", ["ghcr.io/tektoncd-catalog/git-clone:v1.1.0"], catalog_task("git-clone"))
+        self.body = json.dumps(review(pod, "probe", dry_run=True)).encode()
+        self.nodes = set(pool_nodes)
+
+    async def load(self, session: aiohttp.ClientSession) -> int:
+        async with session.post(self.url, data=self.body, ssl=self.context,
+                                headers={"Content-Type": "application/json"}) as response:
+            answer = await response.json()
+        from bench.workload import decision_of, response_patch
+
+        decision = decision_of(response_patch(answer)) or {}
+        loads = decision.get("loads") or {}
+        return sum(int(v.split("/")[0]) for n, v in loads.items() if n in self.nodes)
+
+
+async def populate(bc: BenchCluster, log: Log) -> dict[str, Any]:
+    sizes = bc.sizes
+    k = bc.largest_pool
+    events_namespace = namespace_for("scale", k)
+    async with Kube(bc.cluster, connections=CONCURRENCY) as kube:
+        await kube.delete(WEBHOOK_PATH)  # Tekton-like pods must not call a stopped webhook; start re-applies it
+        await ensure_namespace(kube, SCALE_NAMESPACE)
+        await ensure_namespace(kube, events_namespace)
+        node_s, _ = await create_all(kube, lambda b: "/api/v1/nodes", [scale_node(i) for i in range(sizes.scale_nodes)])
+        log(f"scale: {sizes.scale_nodes} nodes created in {node_s:.1f} s")
+        names = [f"scale-{i:05d}" for i in range(sizes.scale_nodes)]
+        pod_s, created = await create_all(kube, lambda b: f"/api/v1/namespaces/{SCALE_NAMESPACE}/pods",
+                                          [scale_pod(i, names[i % len(names)]) for i in range(sizes.scale_pods)])
+        log(f"scale: {sizes.scale_pods} pods created in {pod_s:.1f} s")
+        pool = bc.pools[k]
+        event_pods = [running_pod(events_namespace, f"steady-{i:05d}", pool[i % len(pool)], tolerate=f"pool-{k}")
+                      for i in range(sizes.scale_event_pods)]
+        for pod in event_pods:
+            del pod["metadata"]["ownerReferences"]  # no such ReplicaSet: the garbage collector would delete the pod
+        await create_all(kube, lambda b: f"/api/v1/namespaces/{events_namespace}/pods", event_pods)
+    objects = sizes.scale_nodes + sizes.scale_pods
+    return {
+        "create_s": round(node_s + pod_s, 1),
+        "create_per_s": round(objects / max(node_s + pod_s, 1e-9)),
+        "sample_pods": created[: sizes.scale_event_pods],
+        "event_pods": [p["metadata"]["name"] for p in event_pods],
+        "events_namespace": events_namespace,
+    }
+
+
+async def time_events(bc: BenchCluster, made: dict[str, Any]) -> dict[str, Any]:
+    """Patch the event pods to Succeeded and time until the controller's loads drop by as many."""
+    namespace = made["events_namespace"]
+    names = made["event_pods"]
+    async with Kube(bc.cluster, connections=CONCURRENCY) as kube:
+        config = await kube.get(WEBHOOK_PATH)
+        probe = WebhookProbe(config, namespace, bc.pools[bc.largest_pool])
+        async with aiohttp.ClientSession() as session:
+            baseline = await probe.load(session)
+            target = baseline - len(names)
+            seen_at: list[float] = []
+
+            async def watch_load() -> None:
+                while True:
+                    if await probe.load(session) <= target:
+                        seen_at.append(time.monotonic())
+                        return
+                    await asyncio.sleep(PROBE_INTERVAL)
+
+            first = time.monotonic()
+            watcher = asyncio.create_task(watch_load())
+            try:
+                await bounded([lambda n=n: kube.patch(f"/api/v1/namespaces/{namespace}/pods/{n}/status",
+                                                      {"status": {"phase": "Succeeded"}}) for n in names], CONCURRENCY)
+                last = time.monotonic()
+                await asyncio.wait_for(watcher, EVENTS_TIMEOUT)
+            finally:
+                watcher.cancel()
+    seen = seen_at[0]
+    return {
+        "events": len(names),
+        "baseline_load": baseline,
+        "api_write_s": round(last - first, 3),
+        "seen_after_s": round(seen - first, 3),
+        "events_seen_per_s": round(len(names) / max(seen - first, 1e-9)),
+        "lag_after_last_write_s": round(max(seen - last, 0.0), 3),
+    }
+
+
+def in_process_events(bc: BenchCluster, sample_pods: list[dict[str, Any]], sizes_nodes: int, seconds: float = 2.0) -> int:
+    """Watch events (JSON lines of real API pod objects) through Informer._handle into a ClusterState."""
+    state = ClusterState(load_policy(bc.policy_file.read_text()), clock=time.time)
+    state.replace("Node", [trim_node(scale_node(i)) for i in range(sizes_nodes)])
+    state.replace("Pod", [trim_pod(p) for p in sample_pods])
+    informer = Informer(None, pods(), on_replace=partial(state.replace, "Pod"),  # type: ignore[arg-type]
+                        on_event=partial(state.apply, "Pod"), metrics=Metrics())
+    lines = []
+    for i, pod in enumerate(sample_pods):
+        changed = copy.deepcopy(pod)
+        changed["metadata"]["labels"]["bench/round"] = str(i)
+        changed["metadata"]["resourceVersion"] = str(10_000_000 + i)
+        lines.append(json.dumps({"type": "MODIFIED", "object": changed}).encode())
+    handled, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for line in lines:
+            informer._handle(json.loads(line))  # noqa: SLF001 - the informer's own per-event path
+        handled += len(lines)
+    return round(handled / (time.perf_counter() - started))
+
+
+def run(bc: BenchCluster, log: Log) -> dict[str, Any]:
+    sizes = bc.sizes
+    bc.stop_controller()
+    made = asyncio.run(populate(bc, log))
+    before = time.time()
+    pid = bc.start_controller()
+    start_call_s = time.time() - before
+    memory = _memory(pid)
+    lines = read_json_lines(bc.controller_log())
+    process_start = _process_start(pid)
+    synced = _log_time(lines, "caches synced", process_start)
+    running = _log_time(lines, "egress-placer running", process_start)
+    log(f"scale: controller ready; RSS {memory.get('VmRSS')} MB (peak {memory.get('VmHWM')} MB)")
+    events = asyncio.run(time_events(bc, made))
+    after = _memory(pid)
+    log(f"scale: {events['events']} pod changes seen after {events['seen_after_s']} s "
+        f"(writes took {events['api_write_s']} s)")
+    in_process = in_process_events(bc, made["sample_pods"], min(sizes.scale_nodes, 1000))
+    bc.stop_controller()
+    return {
+        "nodes": sizes.scale_nodes,
+        "pods": sizes.scale_pods,
+        "create_s": made["create_s"],
+        "create_per_s": made["create_per_s"],
+        "first_sync_s": round(synced - process_start, 2) if synced else None,
+        "ready_s": round(running - process_start, 2) if running else None,
+        "start_controller_s": round(start_call_s, 2),
+        "rss_mb": memory.get("VmRSS"),
+        "rss_peak_mb": memory.get("VmHWM"),
+        "rss_after_events_mb": after.get("VmRSS"),
+        **events,
+        "in_process_events_per_s": in_process,
+    }
+
+
+async def clean(bc: BenchCluster) -> None:
+    """Remove what `populate` made (only needed on a cluster the benchmark does not own)."""
+    async with Kube(bc.cluster) as kube:
+        await kube.delete(f"/api/v1/namespaces/{SCALE_NAMESPACE}/pods", gracePeriodSeconds=0)
+        await kube.delete(f"/api/v1/namespaces/{namespace_for('scale', bc.largest_pool)}/pods", gracePeriodSeconds=0)
+        await kube.delete("/api/v1/nodes", labelSelector="bench=scale")

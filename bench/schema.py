@@ -1,0 +1,109 @@
+"""The shape of bench/results/latest.json: every key is always there (null when a section did not
+run or failed). bench/README.md documents each key; `missing_keys` is what the test checks."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+# Keys of the rows of each list (the list itself may be empty when its section did not run).
+ROWS: dict[str, tuple[str, ...]] = {
+    "admission.closed_loop": ("target", "concurrency", "requests", "throughput_rps", "p50_ms", "p99_ms", "max_ms",
+                              "errors", "send_lag_p99_ms", "server_cpu_ms_per_request"),
+    "admission.open_loop": ("target", "rate_rps", "requests", "throughput_rps", "p50_ms", "p99_ms", "max_ms",
+                            "errors", "send_lag_p99_ms", "server_cpu_ms_per_request"),
+    "core.rows": ("pool_nodes", "decisions_per_s", "decision_us", "handler_reviews_per_s", "handler_us"),
+    "balance.cases": ("case", "runs", "pool_nodes", "pods_per_node", "pods_outside_pool", "max_pods_on_a_node",
+                      "even_share", "imbalance", "created_s", "scheduled_s", "preferred_node_honored"),
+    "targets": ("name", "target", "value", "unit", "met", "margin"),
+}
+
+PROFILE = {"tool": None, "load": None, "samples": None, "top_self": [], "top_inclusive": []}
+
+TEMPLATE: dict[str, Any] = {
+    "schema": SCHEMA_VERSION,
+    "mode": None,
+    "started": None,
+    "duration_s": None,
+    "machine": {
+        "cpu_model": None, "cores": None, "memory_gb": None, "os": None, "python": None, "go": None,
+        "kubernetes": None, "etcd": None, "kwok": None, "tekton": None, "aiohttp": None,
+        "loadavg_start": None, "loadavg_end": None,
+    },
+    "admission": {
+        "requests": {"bodies": None, "taskruns": None, "pods": None, "placed_fraction": None, "mean_body_bytes": None},
+        "closed_loop": [],
+        "open_loop": [],
+        "headline": {
+            "rate_rps": None, "p50_ms": None, "p99_ms": None, "floor_p50_ms": None, "floor_p99_ms": None,
+            "p99_ratio": None, "cpu_ms_per_request": None, "floor_cpu_ms_per_request": None,
+        },
+        "sustained_rps": None,
+        "floor_sustained_rps": None,
+        "max_throughput_rps": None,
+        "floor_max_throughput_rps": None,
+        "profile": copy.deepcopy(PROFILE),
+    },
+    "core": {"rows": [], "profile": copy.deepcopy(PROFILE)},
+    "balance": {"cases": [], "worst_imbalance": {"a": None, "b": None, "c": None}},
+    "scale": {
+        "nodes": None, "pods": None, "create_s": None, "create_per_s": None, "first_sync_s": None, "ready_s": None,
+        "start_controller_s": None, "rss_mb": None, "rss_peak_mb": None, "rss_after_events_mb": None,
+        "events": None, "baseline_load": None, "api_write_s": None, "seen_after_s": None, "events_seen_per_s": None,
+        "lag_after_last_write_s": None, "in_process_events_per_s": None,
+    },
+    "e2e": {
+        "with": {"runs": None, "p50_s": None, "p99_s": None, "mean_s": None, "webhook_answered": None},
+        "without": {"runs": None, "p50_s": None, "p99_s": None, "mean_s": None, "webhook_answered": None},
+        "p50_ratio": None,
+        "p99_ratio": None,
+    },
+    "targets": [],
+    "errors": [],
+}
+
+
+def empty() -> dict[str, Any]:
+    return copy.deepcopy(TEMPLATE)
+
+
+def merge(into: dict[str, Any], part: dict[str, Any]) -> None:
+    """Fill `into` (a template section) with `part`, keeping template keys that `part` lacks."""
+    for key, value in part.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict) and into[key]:
+            merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def missing_keys(results: dict[str, Any], template: dict[str, Any] = TEMPLATE, prefix: str = "") -> list[str]:
+    """Template keys absent from `results`, and row keys absent from any row, as dotted paths."""
+    missing = []
+    for key, value in template.items():
+        path = f"{prefix}{key}"
+        if key not in results:
+            missing.append(path)
+        elif isinstance(value, dict) and value and isinstance(results[key], dict):
+            missing += missing_keys(results[key], value, path + ".")
+        elif path in ROWS:
+            for i, row in enumerate(results[key] or []):
+                missing += [f"{path}[{i}].{k}" for k in ROWS[path] if k not in row]
+    return missing
+
+
+def documented_keys() -> set[str]:
+    """Every key name README.md must document."""
+    names: set[str] = set()
+
+    def walk(node: dict[str, Any]) -> None:
+        for key, value in node.items():
+            names.add(key)
+            if isinstance(value, dict):
+                walk(value)
+
+    walk(TEMPLATE)
+    for keys in ROWS.values():
+        names.update(keys)
+    return names

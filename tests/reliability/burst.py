@@ -1,0 +1,178 @@
+"""Bursts of TaskRuns created while something breaks, and the count of what became of them.
+
+`RetryingRuns` is the e2e tests' `Runs` whose creations are retried, as a CI system's client would:
+a refused connection, a 429, a 5xx or a timeout is tried again (tenacity, jittered backoff) until
+`deadline` seconds have passed; a 409 AlreadyExists on a retry means an earlier attempt got through.
+`Burst` creates `count` runs from a thread pool, one every `interval` seconds, so a fault can be
+injected mid-burst; `outcome()` counts, for runs that must go to the pool, what was lost or misplaced.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import tenacity
+import urllib3
+from kubernetes.client.exceptions import ApiException
+from tekton_runs import GROUP, MATCHING_IMAGE, POOL, POOL_NODES, VERSION, Runs, decision_of, succeeded, taskrun
+
+CREATE_TIMEOUT = 15.0  # seconds per attempt: with etcd down, the API server would hold a request ~60 s
+
+
+def transient(error: BaseException) -> bool:
+    """Worth another try: the API server is away, overloaded or failing (not: the request is wrong)."""
+    if isinstance(error, ApiException):
+        return not error.status or error.status == 429 or error.status >= 500
+    return isinstance(error, (urllib3.exceptions.HTTPError, OSError))
+
+
+class RetryingRuns(Runs):
+    """`Runs` whose `create_retrying` outlasts an API server restart."""
+
+    def create_retrying(self, namespace: str, plural: str, body: Mapping[str, Any], deadline: float = 120.0) -> int:
+        """Create the object, retrying transient failures for up to `deadline` s; the attempts it took."""
+        self._made.add((namespace, plural))
+        labelled = self._labelled(body)
+        attempts = 0
+
+        def once() -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                self.custom.create_namespaced_custom_object(
+                    GROUP, VERSION, namespace, plural, labelled, _request_timeout=CREATE_TIMEOUT
+                )
+            except ApiException as e:
+                if e.status == 409 and attempts > 1:
+                    return  # an earlier attempt was stored although its answer was lost
+                raise
+
+        tenacity.Retrying(
+            retry=tenacity.retry_if_exception(transient),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.2, max=2.0, jitter=0.3),
+            stop=tenacity.stop_after_delay(deadline),
+            reraise=True,
+        )(once)
+        return attempts
+
+
+@dataclass
+class Burst:
+    """`count` TaskRuns of `image` in `namespace`, one started every `interval` s, creations retried."""
+
+    runs: RetryingRuns
+    namespace: str
+    count: int
+    prefix: str = "burst"
+    image: str = MATCHING_IMAGE
+    interval: float = 0.05
+    workers: int = 8
+    names: list[str] = field(init=False)
+    attempts: dict[str, int] = field(default_factory=dict, init=False)
+    errors: dict[str, str] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.names = [self.runs.name(f"{self.prefix}-{i}") for i in range(self.count)]
+        self._futures: list[Future[None]] = []
+        self._pool = ThreadPoolExecutor(max_workers=self.workers)
+        self._submitter = threading.Thread(target=self._submit, name="burst", daemon=True)
+        self._lock = threading.Lock()
+
+    def start(self) -> "Burst":
+        self._submitter.start()
+        return self
+
+    def _submit(self) -> None:
+        for name in self.names:
+            self._futures.append(self._pool.submit(self._create, name))
+            time.sleep(self.interval)
+
+    def _create(self, name: str) -> None:
+        try:
+            attempts = self.runs.create_retrying(self.namespace, "taskruns", taskrun(name, self.image))
+        except Exception as e:  # noqa: BLE001 - counted as lost; the test reports it
+            with self._lock:
+                self.errors[name] = f"{type(e).__name__}: {str(e)[:200]}"
+            return
+        with self._lock:
+            self.attempts[name] = attempts
+
+    @property
+    def created(self) -> int:
+        with self._lock:
+            return len(self.attempts)
+
+    @property
+    def submitted(self) -> int:
+        """Creations handed to the pool so far."""
+        return len(self._futures)
+
+    @property
+    def retried(self) -> int:
+        """Runs whose creation needed more than one attempt (the API server was away)."""
+        with self._lock:
+            return sum(1 for a in self.attempts.values() if a > 1)
+
+    def wait_started(self, count: int, timeout: float = 60.0) -> None:
+        """Wait until `count` creations were handed to the pool (the burst is under way)."""
+        deadline = time.monotonic() + timeout
+        while self.submitted < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def join(self, timeout: float = 180.0) -> None:
+        """Wait until every creation succeeded or gave up."""
+        self._submitter.join(timeout)
+        for future in list(self._futures):
+            future.result(timeout)
+        self._pool.shutdown(wait=True)
+
+
+@dataclass(frozen=True)
+class PoolOutcome:
+    """What became of runs that must all run on the pool."""
+
+    total: int
+    lost: tuple[str, ...]  # never created, or gone
+    failed: tuple[str, ...]  # Succeeded=False
+    off_pool: tuple[str, ...]  # their pod ran elsewhere (or has no node)
+    without_run_decision: tuple[str, ...]  # the TaskRun has no decision annotation (its admission was missed)
+    pod_without_decision: tuple[str, ...]  # neither has the pod
+
+    @property
+    def misplaced(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self.failed) | set(self.off_pool) | set(self.pod_without_decision)))
+
+    def summary(self) -> str:
+        return (
+            f"{self.total - len(self.lost) - len(self.misplaced)}/{self.total} on the pool, "
+            f"{len(self.lost)} lost, {len(self.misplaced)} misplaced, "
+            f"{len(self.without_run_decision)} TaskRun(s) without decision"
+        )
+
+
+def pool_outcome(runs: Runs, namespace: str, names: list[str]) -> PoolOutcome:
+    listed = runs.listed(namespace, "taskruns")
+    pods = runs.pods_by_taskrun(namespace)
+    present = [n for n in names if n in listed]
+    pod_decision = {
+        n: decision_of({"metadata": {"annotations": pods[n].metadata.annotations}}) if n in pods else {}
+        for n in present
+    }
+    return PoolOutcome(
+        total=len(names),
+        lost=tuple(n for n in names if n not in listed),
+        failed=tuple(n for n in present if succeeded(listed[n]) == "False"),
+        off_pool=tuple(n for n in present if n not in pods or pods[n].spec.node_name not in POOL_NODES),
+        without_run_decision=tuple(n for n in present if decision_of(listed[n]).get("pool") != POOL),
+        pod_without_decision=tuple(n for n in present if pod_decision[n].get("pool") != POOL),
+    )
+
+
+def all_finished(runs: Runs, namespace: str, names: list[str]) -> bool:
+    """Every named run exists and has a final Succeeded condition (True or False)."""
+    listed = runs.listed(namespace, "taskruns")
+    return all(n in listed and succeeded(listed[n]) is not None for n in names)

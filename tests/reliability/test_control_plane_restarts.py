@@ -1,0 +1,85 @@
+"""Reliability, control plane restarts: in the middle of a burst of 100 matching TaskRuns in team-cdn,
+the kube-apiserver (then etcd) is killed with SIGKILL and started again with the same argv. Runs the
+client could not create while it was down are created when it is back (the client retries). Checks
+that egress-placer reconnects by itself (its watch restarts counter goes up after the API server
+kill), that a pool taint removed by hand right after the restart is back within RECOVERY_SECONDS, and
+that every run of the burst ran on the pool with its decision annotation: none lost, none misplaced."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from burst import Burst, RetryingRuns, all_finished, pool_outcome
+from cluster_view import Placer, elapsed_until, remove_pool_taint, taints_right
+from conftest import Figures
+from kubernetes import client
+from tekton_runs import TEAM_CDN
+
+from devcluster.cluster import Cluster
+from devcluster.faults import kill_component, snapshot, start_component, wait_healthy
+
+pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
+
+BURST = 100
+KILL_AFTER = 30  # runs handed out before the kill
+DOWN_SECONDS = 3.0  # how long the component stays dead
+RECOVERY_SECONDS = 30.0  # stated bound: API server back -> taints right (one removed by hand) and controller ready
+FINISH_SECONDS = 300.0
+WATCH_RESTARTS = "egress_placer_watch_restarts_total"
+
+
+@pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
+def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
+    component: str, devcluster: Cluster, kube: client.ApiClient, placer: Placer, runs: RetryingRuns, figures: Figures
+) -> None:
+    figures.fault(
+        f"{component} SIGKILLed mid-burst, restarted {DOWN_SECONDS:.0f} s later (same argv)",
+        f"{BURST} matching TaskRuns in {TEAM_CDN}, one every 50 ms; the client retries creations",
+        f"all {BURST} on the pool with a decision; a pool taint removed by hand after the restart back "
+        f"within {RECOVERY_SECONDS:.0f} s; the controller reconnects by itself",
+    )
+    core = client.CoreV1Api(kube)
+    replica = placer.replicas[0]
+    restarts_before = placer.metric(replica, WATCH_RESTARTS)
+
+    burst = Burst(runs, TEAM_CDN, BURST, prefix=f"{component[:4]}").start()
+    burst.wait_started(KILL_AFTER)
+    killed = kill_component(devcluster, component)
+    killed_at, submitted_at_kill = time.monotonic(), burst.submitted
+    time.sleep(DOWN_SECONDS)
+    start_component(devcluster, killed)
+    wait_healthy(devcluster, snapshot(devcluster, "kube-apiserver"))
+    back_at = time.monotonic()
+    submitted_while_down = burst.submitted - submitted_at_kill
+    figures.set("down_s", round(back_at - killed_at, 1))
+    figures.set("submitted_while_down", submitted_while_down)
+
+    remove_pool_taint(kube, "egress-2")
+    recovery = elapsed_until(
+        "the pool taints right and the controller ready",
+        lambda: taints_right(core) and placer.ready(replica),
+        timeout=RECOVERY_SECONDS,
+    )
+    figures.set("recovery_s", round(recovery, 1))
+
+    burst.join()
+    figures.set("creations_retried", burst.retried)
+    assert burst.errors == {}, burst.errors
+    elapsed_until(f"the {BURST} runs to finish", lambda: all_finished(runs, TEAM_CDN, burst.names), timeout=FINISH_SECONDS, interval=1.0)
+    outcome = pool_outcome(runs, TEAM_CDN, burst.names)
+    restarts = placer.metric(replica, WATCH_RESTARTS) - restarts_before
+    figures.set("watch_restarts", restarts)
+    figures.measured(
+        f"{outcome.summary()}; down {back_at - killed_at:.1f} s while {submitted_while_down} runs were being created "
+        f"({burst.retried} creations retried); "
+        f"taints right and controller ready {recovery:.1f} s after the API server was back; "
+        f"{restarts:.0f} watch restarts",
+        len(outcome.lost) + len(outcome.misplaced),
+    )
+
+    assert outcome.lost == () and outcome.misplaced == (), outcome
+    assert outcome.without_run_decision == (), outcome
+    assert submitted_while_down > 0, "the fault did not hit the burst"
+    if component == "kube-apiserver":
+        assert restarts > 0, "the controller's watches did not restart after the API server was killed"

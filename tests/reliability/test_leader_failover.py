@@ -1,0 +1,124 @@
+"""Reliability, leader failover: two egress-placer replicas behind the webhook proxy (as behind a
+Service). In the middle of a burst of matching TaskRuns the leader is killed with SIGKILL; right after,
+a pool taint is removed by hand and an intruder pod is put on a pool node. Checks that the other
+replica takes over within the lease duration plus one retry period and a reconcile (taint back,
+intruder evicted), that admission never stopped (every run on the pool, every TaskRun decided, except
+a review the API server logged as failed at the kill instant: that run's pod was still placed), that
+nothing is done twice (one IntruderEvicted Event, one taint added), and that the killed replica,
+started again, comes back as a follower."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from burst import Burst, RetryingRuns, all_finished, pool_outcome
+from cluster_view import (
+    POOL_TAINT,
+    Placer,
+    elapsed_until,
+    intruder_pod,
+    lease_holder,
+    pod_gone,
+    pool_taints,
+    remove_pool_taint,
+)
+from conftest import ControllerSpec, Figures
+from kubernetes import client
+from tekton_runs import TEAM_CDN, TEAM_OTHER, events
+
+from devcluster.cluster import Cluster
+from devcluster.controller import ControllerReplica, controller_env
+from devcluster.faults import kill_component, start_component
+
+pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
+
+CONTROLLER = ControllerSpec(replicas=2, proxy=True)
+BURST = 60
+KILL_AFTER = 20
+_TIMINGS = controller_env(ControllerReplica("-", "-", 0, 0), Path("-"))  # the devcluster's leader timings
+LEASE_SECONDS = float(_TIMINGS["EGRESS_PLACER_LEASE_DURATION_SECONDS"])
+RETRY_SECONDS = float(_TIMINGS["EGRESS_PLACER_RETRY_PERIOD_SECONDS"])
+# The follower sees the last renewal up to one (jittered) retry period late, takes the lease at its first try
+# after the lease expired (up to one more period), then runs a reconcile pass (about a second).
+TAKEOVER_SECONDS = LEASE_SECONDS + 2 * 1.2 * RETRY_SECONDS + 2.0
+FINISH_SECONDS = 240.0
+WEBHOOK_FAILURE = re.compile(r"[Ff]ailed calling webhook")
+
+
+def apiserver_log_size(cluster: Cluster) -> int:
+    return (cluster.dir / "logs" / "kube-apiserver.log").stat().st_size
+
+
+def webhook_failures_since(cluster: Cluster, offset: int) -> int:
+    """Admission reviews the API server logged as failed (and admitted unchanged: fail-open) since `offset`."""
+    with open(cluster.dir / "logs" / "kube-apiserver.log", "rb") as log:
+        log.seek(offset)
+        return sum(1 for line in log.read().decode(errors="replace").splitlines() if WEBHOOK_FAILURE.search(line))
+
+
+def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
+    devcluster: Cluster, kube: client.ApiClient, placer: Placer, runs: RetryingRuns, figures: Figures
+) -> None:
+    figures.fault(
+        "the leader replica SIGKILLed mid-burst (2 replicas behind the webhook proxy)",
+        f"{BURST} matching TaskRuns in {TEAM_CDN}; a pool taint removed by hand and an intruder pod "
+        "created right after the kill",
+        f"the follower takes over within {TAKEOVER_SECONDS:.1f} s (lease {LEASE_SECONDS:.0f} s + 2 retries + reconcile): "
+        "taint back, intruder evicted once; every run placed and decided",
+    )
+    core = client.CoreV1Api(kube)
+    elapsed_until("a leader", lambda: lease_holder(kube), timeout=30)
+    leader = placer.replica(lease_holder(kube) or "")
+    follower = next(r for r in placer.replicas if r != leader)
+    taints_added_before = placer.metric(follower, "egress_placer_taint_changes_total", {"action": "add"})
+    log_offset = apiserver_log_size(devcluster)
+
+    burst = Burst(runs, TEAM_CDN, BURST, prefix="failover").start()
+    burst.wait_started(KILL_AFTER)
+    killed = kill_component(devcluster, leader.name)
+    killed_at = time.monotonic()
+    remove_pool_taint(kube, "egress-1")
+    intruder = runs.name("intruder")
+    runs.create_pod(TEAM_OTHER, intruder_pod(intruder, node="egress-2"))
+
+    elapsed_until(
+        "the removed pool taint back", lambda: pool_taints(core, "egress-1") == [POOL_TAINT], timeout=TAKEOVER_SECONDS + 10
+    )
+    taint_back = time.monotonic() - killed_at
+    elapsed_until("the intruder evicted", lambda: pod_gone(core, TEAM_OTHER, intruder), timeout=TAKEOVER_SECONDS + 10)
+    evicted = time.monotonic() - killed_at
+    new_leader = lease_holder(kube)
+    figures.set("taint_back_s", round(taint_back, 1))
+    figures.set("intruder_evicted_s", round(evicted, 1))
+
+    burst.join()
+    assert burst.errors == {}, burst.errors
+    elapsed_until(f"the {BURST} runs to finish", lambda: all_finished(runs, TEAM_CDN, burst.names), timeout=FINISH_SECONDS, interval=1.0)
+    outcome = pool_outcome(runs, TEAM_CDN, burst.names)
+    failed_reviews = webhook_failures_since(devcluster, log_offset)
+    eviction_events = [e for e in events(kube, TEAM_OTHER, "IntruderEvicted") if e["regarding"]["name"] == intruder]
+    taints_added = placer.metric(follower, "egress_placer_taint_changes_total", {"action": "add"}) - taints_added_before
+    figures.set("failed_reviews_at_kill", failed_reviews)
+
+    restarted_at = time.monotonic()
+    start_component(devcluster, killed)
+    elapsed_until(f"{leader.name} ready again", lambda: placer.ready(leader), timeout=60)
+    rejoined = time.monotonic() - restarted_at
+    figures.set("rejoined_s", round(rejoined, 1))
+    figures.measured(
+        f"taint back {taint_back:.1f} s and intruder evicted {evicted:.1f} s after the kill; {outcome.summary()} "
+        f"({failed_reviews} review(s) failed at the kill instant); {len(eviction_events)} IntruderEvicted Event, "
+        f"{taints_added:.0f} taint added; killed replica ready again as follower in {rejoined:.1f} s",
+        len(outcome.lost) + len(outcome.misplaced),
+    )
+
+    assert new_leader == follower.identity
+    assert taint_back <= TAKEOVER_SECONDS and evicted <= TAKEOVER_SECONDS
+    assert outcome.lost == () and outcome.misplaced == (), outcome
+    assert len(outcome.without_run_decision) <= failed_reviews, outcome
+    assert len(eviction_events) == 1 and (eviction_events[0].get("series") or {}).get("count", 1) == 1, eviction_events
+    assert taints_added == 1
+    assert lease_holder(kube) == follower.identity  # the old leader came back as a follower
