@@ -93,7 +93,8 @@ def egress_column(state: ClusterState, clock: Callable[[], float] = time.time) -
         status = poller.status()
         for node, figure in status["nodes"].items():
             if figure["bps"] is None:
-                text = "no figure: run counts" + (f" ({status['last_error'][:60]})" if status["last_error"] else "")
+                error = (status["last_error"] or "").splitlines()[0] if status["last_error"] else ""
+                text = "no figure: run counts" + (f" (query failing: {error[-100:]})" if error else "")
             else:
                 text = f"{figure['bps'] / 1e6:.2f} MB/s, {figure['age']:.0f}s old" + (
                     "" if figure["source"] == "measured" else " (stale: run counts)"

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from devcluster.build import BuildError, ensure_built
+from devcluster.build import OPTIONAL_COMPONENTS, BuildError, ensure_built, ensure_optional
 from devcluster.cluster import DEFAULT_POD_SECONDS, POD_SECONDS_ENV, Cluster, ClusterError
 
 
@@ -17,7 +17,15 @@ def _log(message: str) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m devcluster", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build the binaries into the cache (nothing when it is complete)")
+    build = sub.add_parser("build", help="build the binaries into the cache (nothing when it is complete)")
+    build.add_argument(
+        "--with",
+        dest="optional",
+        action="append",
+        default=[],
+        choices=sorted(OPTIONAL_COMPONENTS),
+        help="also build an optional component (repeatable), e.g. prometheus for the egress-load tests",
+    )
 
     def with_dir(name: str, help: str) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help)
@@ -53,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             ensure_built(_log)
+            for name in args.optional:
+                _log(f"[build] {name} ready: {ensure_optional(name, _log)}")
             return 0
         if args.command == "up":
             cluster = Cluster(

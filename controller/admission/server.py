@@ -3,8 +3,10 @@
 - HTTPS on `settings.webhook_host:webhook_port`: `POST /mutate` (and `/mutate/<anything>`), one
   route for every kind. The TLS context is `ServingTLS.context`: certificate rotation swaps the
   certificate on that same context, so the server never restarts. Bodies above 3 MiB (the API
-  server's own limit) get 413; bodies that are not JSON or not an AdmissionReview get 400.
-  The handler runs inline: it is sub-millisecond and makes no I/O.
+  server's own limit) get 413; bodies that are not JSON or not an AdmissionReview get 400; a body
+  that has not arrived READ_TIMEOUT_SECONDS after its headers gets 408, and a connection that sends
+  no complete request for IDLE_TIMEOUT_SECONDS is closed (slow or stalled clients hold nothing up
+  for long). The handler runs inline: it is sub-millisecond and makes no I/O.
 - HTTP on `settings.health_host:health_port`: `/healthz` (the process answers), `/readyz` (200 only
   when the readiness callable has no objection and a certificate is loaded, else 503 with the
   reason), `/metrics` (Prometheus text of `metrics.registry`).
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Callable
 
@@ -28,6 +31,10 @@ from controller.metrics import Metrics
 from controller.settings import Settings
 
 MAX_REVIEW_BYTES = 3 * 1024 * 1024  # the API server's request size limit
+# The API server waits at most 30 s (the webhook's timeoutSeconds, 3 s here) for an answer: a client
+# slower than this is not the API server, or the answer would come too late anyway.
+READ_TIMEOUT_SECONDS = 10.0
+IDLE_TIMEOUT_SECONDS = 30.0  # a connection without a complete request (idle keep-alive or stalled headers)
 # Returns None when the controller is ready (caches synced, policy loaded), else the reason it is not.
 Readiness = Callable[[], str | None]
 
@@ -77,10 +84,14 @@ class AdmissionServer:
 
     async def mutate(self, request: web.Request) -> web.Response:
         try:
-            raw = await request.read()
+            async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+                raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self.metrics.admission_errors.labels(kind="malformed").inc()
             raise
+        except TimeoutError:
+            self.metrics.admission_errors.labels(kind="malformed").inc()
+            return _text(408, f"the request body did not arrive within {READ_TIMEOUT_SECONDS:.0f} s")
         try:
             body: Any = json.loads(raw)
         except (UnicodeDecodeError, ValueError):
@@ -122,7 +133,9 @@ class AdmissionServer:
         )
 
     async def _serve(self, app: web.Application, host: str, port: int, tls: ServingTLS | None) -> web.AppRunner:
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=self.shutdown_timeout)
+        runner = web.AppRunner(
+            app, access_log=None, shutdown_timeout=self.shutdown_timeout, keepalive_timeout=IDLE_TIMEOUT_SECONDS
+        )
         await runner.setup()
         self._runners.append(runner)
         site = web.TCPSite(runner, host, port, ssl_context=tls.context if tls else None)

@@ -258,9 +258,22 @@ class PlacementPolicy(_Model):
 # -- loading --------------------------------------------------------------------------------------
 
 
+class _PolicyLoader(yaml.SafeLoader):
+    """SafeLoader whose value errors (e.g. an integer of more than 4300 digits) name their node's line."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise yaml.constructor.ConstructorError(None, None, str(e), node.start_mark) from None
+
+
 def load_policy(text: str, source: str = "<policy>") -> PlacementPolicy:
     """Parse and validate a policy document; raise PolicyError naming source, line and field."""
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = _PolicyLoader(text)
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow (control characters, surrogates)
+        raise PolicyError(f"{source}:{text.count(chr(10), 0, e.position) + 1}: invalid YAML: {e.reason}") from None
     try:
         root = loader.get_single_node()
         if root is None:
@@ -271,14 +284,18 @@ def load_policy(text: str, source: str = "<policy>") -> PlacementPolicy:
         data = loader.construct_document(root)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        where = f"{source}:{mark.line + 1}" if mark else source
+        where = f"{source}:{mark.line + 1}" if mark else f"{source}:{loader.line + 1}"
         raise PolicyError(f"{where}: invalid YAML: {yaml_problem(e)}") from None
+    except RecursionError:
+        raise PolicyError(f"{source}:{loader.line + 1}: invalid YAML: nested too deeply") from None
     finally:
         loader.dispose()
     try:
         return PlacementPolicy.model_validate(data)
     except ValidationError as e:
         raise PolicyError("\n".join(_describe(err, root, source) for err in e.errors())) from None
+    except RecursionError:
+        raise PolicyError(f"{source}:{_line(root)}: the policy is nested too deeply") from None
 
 
 def _describe(err: Any, root: yaml.Node, source: str) -> str:
@@ -316,21 +333,37 @@ def _path(loc: tuple[str | int, ...]) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         elif part != "[key]":
-            out += f".{part}" if out else str(part)
+            text = str(part) if str(part).isprintable() else repr(str(part))  # a key with a line break stays on its line
+            out += f".{text}" if out else text
     return out
 
 
-def _refuse_duplicate_keys(node: yaml.Node, source: str) -> None:
+def _refuse_duplicate_keys(
+    node: yaml.Node, source: str, visited: set[int] | None = None, path: set[int] | None = None
+) -> None:
+    """Refuse duplicate keys, keys that are not scalars, and aliases that refer to themselves. A node
+    reached again through an alias is checked once (nine aliases of nine aliases... stay cheap)."""
+    visited = set() if visited is None else visited
+    path = set() if path is None else path
+    if id(node) in path:
+        raise PolicyError(f"{source}:{_line(node)}: an alias refers to itself")
+    if id(node) in visited:
+        return
+    visited.add(id(node))
+    path.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
         for key, value in node.value:
+            if not isinstance(key, yaml.ScalarNode):
+                raise PolicyError(f"{source}:{_line(key)}: a key must be a plain value, not {_node_kind(key)}")
             if key.value in seen:
                 raise PolicyError(f"{source}:{_line(key)}: duplicate key {key.value!r}")
             seen.add(key.value)
-            _refuse_duplicate_keys(value, source)
+            _refuse_duplicate_keys(value, source, visited, path)
     elif isinstance(node, yaml.SequenceNode):
         for item in node.value:
-            _refuse_duplicate_keys(item, source)
+            _refuse_duplicate_keys(item, source, visited, path)
+    path.discard(id(node))
 
 
 def yaml_problem(error: yaml.MarkedYAMLError) -> str:
@@ -346,4 +379,6 @@ def _line(node: yaml.Node) -> int:
 
 
 def _node_kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
     return "a list" if isinstance(node, yaml.SequenceNode) else f"the scalar {node.value!r}"

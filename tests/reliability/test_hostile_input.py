@@ -1,0 +1,389 @@
+"""Reliability, hostile input to the admission webhook of a running replica, over real HTTPS (the
+webhook's own CA): hypothesis-generated bodies (random bytes, random JSON, AdmissionReviews of every
+kind and operation with fields missing or of the wrong type, strange images, names and annotations:
+unicode, control characters, very long), enormous reviews (just under 3 MiB, among them one with
+thousands of steps; over 3 MiB with and without Content-Length; JSON nested 100,000 deep), and slow
+clients (connections that never handshake, stalled headers, stalled bodies, a body sent byte by byte).
+Checks that every answer is a well-formed AdmissionReview (uid echoed, allowed, a JSON patch that
+applies to the object) or a 4xx, never a 5xx or a dropped connection; that the server still answers
+afterwards; that its memory stays bounded (RSS before and after); that each answer comes within the
+webhook's 3 s timeout; that stalled clients hold up nobody and are cut off by the read timeout."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import ssl
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import jsonpatch
+import pytest
+import requests
+from cluster_view import Placer
+from conftest import Figures
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kubernetes import client
+from tekton_runs import MATCHING_IMAGE, TEAM_CDN, TEAM_OTHER
+
+from controller.admission.server import IDLE_TIMEOUT_SECONDS, MAX_REVIEW_BYTES, READ_TIMEOUT_SECONDS
+from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION, TAINT_KEY
+from devcluster.controller import WEBHOOK_CONFIG
+from devcluster.process import rss_bytes
+
+pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
+
+ADMISSION = "admission.k8s.io/v1"
+ANSWER_SECONDS = 3.0  # the webhook's timeoutSeconds: a slower answer is one the API server gave up on
+MAX_RSS_GROWTH = 64 * 1024 * 1024
+FUZZ_EXAMPLES = 250
+
+
+@dataclass(frozen=True)
+class Webhook:
+    url: str
+    session: requests.Session
+    pid: int
+    ca_file: Path
+
+    def post(self, body: bytes, **headers: str) -> tuple[requests.Response, float]:
+        started = time.monotonic()
+        response = self.session.post(self.url, data=body, headers={"Content-Type": "application/json", **headers}, timeout=30)
+        return response, time.monotonic() - started
+
+    def answers(self) -> bool:
+        response, _ = self.post(json.dumps(review(taskrun_object("still-there", MATCHING_IMAGE), dry_run=True)).encode())
+        return response.status_code == 200 and response.json()["response"]["allowed"] is True
+
+
+@pytest.fixture(scope="module")
+def webhook(placer: Placer, kube: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+    """The first replica's webhook, trusted through the CA in the webhook configuration's caBundle."""
+    config = client.AdmissionregistrationV1Api(kube).read_mutating_webhook_configuration(WEBHOOK_CONFIG)
+    ca_file = tmp_path_factory.mktemp("webhook-ca") / "ca.crt"
+    ca_file.write_bytes(base64.b64decode(config.webhooks[0].client_config.ca_bundle))
+    session = requests.Session()
+    session.trust_env = False  # else REQUESTS_CA_BUNDLE overrides `verify` (psf/requests#3829)
+    session.verify = str(ca_file)
+    replica = placer.replicas[0]
+    yield Webhook(replica.webhook_url, session, placer.pid(replica), ca_file)
+    session.close()
+
+
+# -- building reviews ----------------------------------------------------------------------------------
+
+
+def review(obj: Any, *, kind: tuple[str, str, str] = ("tekton.dev", "v1", "TaskRun"), operation: str = "CREATE",
+           namespace: Any = TEAM_CDN, dry_run: Any = False, uid: Any = None) -> dict[str, Any]:
+    group, version, kind_name = kind
+    return {
+        "apiVersion": ADMISSION,
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()) if uid is None else uid,
+            "kind": {"group": group, "version": version, "kind": kind_name},
+            "resource": {"group": group, "version": version, "resource": kind_name.lower() + "s"},
+            "operation": operation,
+            "namespace": namespace,
+            "userInfo": {"username": "fuzz"},
+            "object": obj,
+            "dryRun": dry_run,
+        },
+    }
+
+
+def taskrun_object(name: Any, image: Any, annotations: Any = None, pod_template: Any = None, steps: int = 1) -> dict[str, Any]:
+    spec: dict[str, Any] = {"taskSpec": {"steps": [{"name": f"s{i}", "image": image, "script": "true"} for i in range(steps)]}}
+    if pod_template is not None:
+        spec["podTemplate"] = pod_template
+    meta: dict[str, Any] = {"name": name}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": meta, "spec": spec}
+
+
+STRANGE = st.sampled_from([
+    "", " ", "\x00", "\x07\x1b[31m", "\u202eevil", "\ud7ff", "😀" * 40, "\n\r\t", "../../etc/passwd",
+    "$(params.IMAGE)", "$(params[\"x\"])", "${x}", "*", "[", "*/cdn-*", MATCHING_IMAGE, MATCHING_IMAGE + "\n",
+    "registry.example.com/cdn-x@sha256:" + "0" * 64, "overseas", "auto", "none", TAINT_KEY,
+])
+LONG = st.integers(1000, 20000).map(lambda n: "a/" * (n // 2))  # very long names, images, values
+TEXT = st.one_of(st.text(max_size=60), STRANGE, LONG)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+ANNOTATIONS = st.dictionaries(
+    st.one_of(TEXT, st.sampled_from([PLACEMENT_ANNOTATION, DECISION_ANNOTATION, "kubernetes.io/config.mirror"])),
+    st.one_of(TEXT, JSON),
+    max_size=4,
+) | JSON
+TOLERATIONS = st.lists(
+    st.fixed_dictionaries({}, optional={"key": TEXT | st.just(TAINT_KEY), "operator": st.sampled_from(["Exists", "Equal", ""]) | TEXT,
+                                        "value": TEXT, "effect": st.sampled_from(["NoSchedule", ""]) | TEXT}) | JSON,
+    max_size=3,
+) | JSON
+POD_TEMPLATE = st.fixed_dictionaries({}, optional={"tolerations": TOLERATIONS, "nodeSelector": JSON | st.just({TAINT_KEY: "overseas"}),
+                                                   "affinity": JSON}) | JSON
+KINDS = st.sampled_from([
+    ("tekton.dev", "v1", "TaskRun"), ("tekton.dev", "v1beta1", "TaskRun"), ("tekton.dev", "v1", "PipelineRun"),
+    ("tekton.dev", "v1beta1", "PipelineRun"), ("", "v1", "Pod"), ("apps", "v1", "Deployment"), ("tekton.dev", "v1", "Task"),
+]) | st.tuples(TEXT, TEXT, TEXT)
+
+
+@st.composite
+def objects(draw: st.DrawFn, kind: str) -> Any:
+    if draw(st.integers(0, 9)) == 0:
+        return draw(JSON)
+    meta = draw(st.fixed_dictionaries({}, optional={"name": TEXT | JSON, "generateName": TEXT, "namespace": TEXT,
+                                                     "labels": ANNOTATIONS, "annotations": ANNOTATIONS, "ownerReferences": JSON
+                                                     | st.just([{"kind": "DaemonSet", "name": "x", "uid": "1", "apiVersion": "apps/v1"}])}))
+    steps = st.lists(st.fixed_dictionaries({"image": TEXT | JSON}, optional={"name": TEXT, "script": TEXT, "ref": JSON}), max_size=3) | JSON
+    if kind == "Pod":
+        spec = draw(st.fixed_dictionaries({"containers": steps}, optional={"tolerations": TOLERATIONS, "nodeName": TEXT, "affinity": JSON,
+                                                                           "initContainers": steps, "nodeSelector": JSON}) | JSON)
+    elif kind == "PipelineRun":
+        task = st.fixed_dictionaries({"name": TEXT}, optional={"taskSpec": st.fixed_dictionaries({"steps": steps}), "taskRef": JSON, "params": JSON})
+        spec = draw(st.fixed_dictionaries({}, optional={"pipelineSpec": st.fixed_dictionaries({"tasks": st.lists(task, max_size=3)}) | JSON,
+                                                          "taskRunTemplate": st.fixed_dictionaries({}, optional={"podTemplate": POD_TEMPLATE}) | JSON,
+                                                          "workspaces": JSON, "params": JSON}) | JSON)
+    else:
+        spec = draw(st.fixed_dictionaries({}, optional={"taskSpec": st.fixed_dictionaries({"steps": steps}, optional={"stepTemplate": JSON, "sidecars": JSON}) | JSON,
+                                                          "taskRef": JSON, "podTemplate": POD_TEMPLATE, "params": JSON}) | JSON)
+    obj = {"metadata": meta, "spec": spec}
+    for key in draw(st.sets(st.sampled_from(["metadata", "spec"]), max_size=1)):
+        del obj[key]
+    return obj
+
+
+@st.composite
+def reviews(draw: st.DrawFn) -> dict[str, Any]:
+    kind = draw(KINDS)
+    body = review(
+        draw(objects(kind[2] if isinstance(kind[2], str) else "TaskRun")),
+        kind=kind,
+        operation=draw(st.sampled_from(["CREATE", "CREATE", "CREATE", "UPDATE", "DELETE", "CONNECT"]) | TEXT),
+        namespace=draw(st.sampled_from([TEAM_CDN, TEAM_OTHER, "kube-system", None]) | TEXT | JSON),
+        dry_run=draw(st.booleans() | JSON),
+        uid=draw(st.none() | TEXT | JSON),
+    )
+    for key in draw(st.sets(st.sampled_from(["uid", "kind", "operation", "namespace", "object", "dryRun"]), max_size=2)):
+        del body["request"][key]
+    if draw(st.integers(0, 9)) == 0:
+        body[draw(st.sampled_from(["apiVersion", "kind"]))] = draw(TEXT)
+    if draw(st.integers(0, 19)) == 0:
+        body["request"] = draw(JSON)
+    return body
+
+
+BODIES = st.one_of(
+    st.binary(max_size=300),
+    JSON.map(lambda v: json.dumps(v).encode()),
+    reviews().map(lambda r: json.dumps(r).encode()),
+    reviews().map(lambda r: json.dumps(r).encode()),
+    reviews().map(lambda r: json.dumps(r).encode()),
+)
+
+
+# -- checking answers ----------------------------------------------------------------------------------
+
+
+def check_answer(body: bytes, response: requests.Response) -> None:
+    """A well-formed AdmissionReview allowing the object with a patch that applies, or a 4xx."""
+    assert response.status_code < 500, (response.status_code, response.text[:300], body[:300])
+    if response.status_code != 200:
+        assert 400 <= response.status_code < 500, response.status_code
+        return
+    sent = json.loads(body)
+    answer = response.json()
+    assert (answer.get("apiVersion"), answer.get("kind")) == (ADMISSION, "AdmissionReview"), answer
+    result = answer["response"]
+    assert result["uid"] == sent["request"]["uid"] and result["allowed"] is True, result
+    if "patch" in result:
+        assert result["patchType"] == "JSONPatch"
+        operations = json.loads(base64.b64decode(result["patch"]))
+        jsonpatch.apply_patch(sent["request"]["object"], operations)  # raises if it does not apply
+
+
+def test_fuzzed_reviews_get_a_well_formed_answer_or_a_4xx_and_memory_stays_bounded(webhook: Webhook, figures: Figures) -> None:
+    figures.fault(
+        "hostile input to the webhook over HTTPS (hypothesis)",
+        f"{FUZZ_EXAMPLES}+ generated bodies: bytes, JSON, AdmissionReviews with missing/wrong fields, strange images "
+        "and annotations; enormous reviews (just under and over 3 MiB, thousands of steps, JSON nested 100,000 deep)",
+        f"an AdmissionReview whose patch applies, or a 4xx; never a 5xx; each answer within {ANSWER_SECONDS:.0f} s; "
+        f"RSS growth <= {MAX_RSS_GROWTH >> 20} MiB; still answering afterwards",
+    )
+    rss_before = rss_bytes(webhook.pid)
+    statuses: dict[int, int] = {}
+    slowest = 0.0
+
+    @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(BODIES)
+    def fuzz(body: bytes) -> None:
+        nonlocal slowest
+        response, seconds = webhook.post(body)
+        statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+        slowest = max(slowest, seconds)
+        check_answer(body, response)
+        assert seconds <= ANSWER_SECONDS
+
+    fuzz()
+    enormous = enormous_bodies()
+    enormous_answers = {}
+    for name, (body, chunked) in enormous.items():
+        started = time.monotonic()
+        response = webhook.session.post(webhook.url, data=iter([body]) if chunked else body, timeout=60,
+                                        headers={"Content-Type": "application/json"})
+        seconds = time.monotonic() - started
+        enormous_answers[name] = (response.status_code, round(seconds, 2))
+        check_answer(body, response)
+    rss_after = rss_bytes(webhook.pid)
+    growth = rss_after - rss_before
+    figures.set("statuses", statuses)
+    figures.set("enormous", enormous_answers)
+    figures.set("rss_growth_mib", round(growth / 2**20, 1))
+    figures.measured(
+        f"{sum(statuses.values())} fuzzed bodies: " + ", ".join(f"{n}x {s}" for s, n in sorted(statuses.items()))
+        + f", slowest {slowest * 1000:.0f} ms; enormous: "
+        + ", ".join(f"{name} -> {s} in {t:.2f} s" for name, (s, t) in enormous_answers.items())
+        + f"; RSS {rss_before >> 20} -> {rss_after >> 20} MiB",
+        0,
+    )
+
+    assert webhook.answers()
+    assert enormous_answers["just under 3 MiB"][0] == 200 and enormous_answers["many steps"][0] == 200
+    assert all(status == 413 for name, (status, _) in enormous_answers.items() if name.startswith("over 3 MiB"))
+    assert all(seconds <= ANSWER_SECONDS for _, seconds in enormous_answers.values()), enormous_answers
+    assert growth <= MAX_RSS_GROWTH, f"RSS grew by {growth >> 20} MiB"
+
+
+def enormous_bodies() -> dict[str, tuple[bytes, bool]]:
+    """Bodies near and over the 3 MiB limit: (body, send chunked without Content-Length)."""
+
+    def sized(target: int) -> bytes:
+        base = json.dumps(review(taskrun_object("big", MATCHING_IMAGE, annotations={"filler": ""}))).encode()
+        return base.replace(b'"filler": ""', b'"filler": "' + b"x" * (target - len(base)) + b'"')
+
+    step = len(json.dumps({"name": "s00000", "image": MATCHING_IMAGE, "script": "true"})) + 2
+    many_steps = json.dumps(review(taskrun_object("many", MATCHING_IMAGE, steps=(MAX_REVIEW_BYTES - 4096) // step))).encode()
+    deep = b'{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    return {
+        "just under 3 MiB": (sized(MAX_REVIEW_BYTES - 1024), False),
+        "many steps": (many_steps, False),
+        "nested 100,000 deep": (deep, False),
+        "over 3 MiB": (sized(MAX_REVIEW_BYTES + 1024), False),
+        "over 3 MiB, chunked": (sized(MAX_REVIEW_BYTES + 1024), True),
+    }
+
+
+# -- slow clients --------------------------------------------------------------------------------------
+
+
+class SlowClient(threading.Thread):
+    """One raw connection to the webhook that misbehaves: `mode` is
+    "no-handshake" (TCP only), "stalled-headers", "stalled-body" or "trickle" (a valid review, one byte
+    every `byte_seconds`). Records when the server answered or closed the connection, and its status."""
+
+    def __init__(self, webhook: Webhook, mode: str, byte_seconds: float = 0.01) -> None:
+        super().__init__(daemon=True, name=f"slow client {mode}")
+        self.webhook = webhook
+        self.mode = mode
+        self.byte_seconds = byte_seconds
+        self.status: int | None = None
+        self.closed_after: float | None = None
+
+    def run(self) -> None:
+        host, port = self.webhook.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        started = time.monotonic()
+        raw = socket.create_connection((host, int(port)), timeout=90)
+        try:
+            if self.mode == "no-handshake":
+                self._wait_closed(raw, started)
+                return
+            context = ssl.create_default_context(cafile=str(self.webhook.ca_file))
+            conn = context.wrap_socket(raw, server_hostname=host)
+            body = json.dumps(review(taskrun_object("slow", MATCHING_IMAGE), dry_run=True)).encode()
+            head = f"POST /mutate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            started = time.monotonic()
+            if self.mode == "stalled-headers":
+                conn.sendall(head[: len(head) // 2])
+            elif self.mode == "stalled-body":
+                conn.sendall(head + body[: len(body) // 2])
+            else:
+                for i in range(len(head + body)):
+                    conn.sendall((head + body)[i : i + 1])
+                    time.sleep(self.byte_seconds)
+            self._wait_closed(conn, started)
+        finally:
+            raw.close()
+
+    def _wait_closed(self, conn: socket.socket, started: float) -> None:
+        received = b""
+        try:
+            while chunk := conn.recv(65536):
+                received += chunk
+                if self.mode == "trickle" and b"\r\n\r\n" in received:
+                    break
+        except OSError:
+            pass
+        self.closed_after = time.monotonic() - started
+        if received.startswith(b"HTTP/1.1 "):
+            self.status = int(received[9:12])
+
+
+def test_slow_and_stalled_clients_hold_up_nobody_and_are_cut_off(webhook: Webhook, figures: Figures) -> None:
+    figures.fault(
+        "slow and stalled HTTPS clients on the webhook",
+        "30 connections that never handshake, 5 with stalled headers, 5 with a stalled body, 1 sending a review byte by "
+        "byte; 20 ordinary reviews meanwhile",
+        f"ordinary reviews answered within {ANSWER_SECONDS:.0f} s; the byte-by-byte review answered; a stalled body cut "
+        f"off (408) after the {READ_TIMEOUT_SECONDS:.0f} s read timeout, stalled headers after {IDLE_TIMEOUT_SECONDS:.0f} s",
+    )
+    clients = (
+        [SlowClient(webhook, "no-handshake") for _ in range(30)]
+        + [SlowClient(webhook, "stalled-headers") for _ in range(5)]
+        + [SlowClient(webhook, "stalled-body") for _ in range(5)]
+        + [SlowClient(webhook, "trickle")]
+    )
+    for c in clients:
+        c.start()
+    time.sleep(1.0)
+    ordinary = []
+    for i in range(20):
+        response, seconds = webhook.post(json.dumps(review(taskrun_object(f"ordinary-{i}", MATCHING_IMAGE), dry_run=True)).encode())
+        assert response.status_code == 200
+        ordinary.append(seconds)
+    for c in clients:
+        if c.mode != "no-handshake":
+            c.join(IDLE_TIMEOUT_SECONDS + 30)
+
+    def worst(mode: str) -> float:
+        times = [c.closed_after for c in clients if c.mode == mode]
+        assert None not in times, f"a {mode} connection was never closed"
+        return max(t for t in times if t is not None)
+
+    trickle = next(c for c in clients if c.mode == "trickle")
+    body_statuses = {c.status for c in clients if c.mode == "stalled-body"}
+    figures.set("ordinary_max_ms", round(max(ordinary) * 1000))
+    figures.set("stalled_body_cut_s", round(worst("stalled-body"), 1))
+    figures.set("stalled_headers_cut_s", round(worst("stalled-headers"), 1))
+    figures.measured(
+        f"20 ordinary reviews answered meanwhile, slowest {max(ordinary) * 1000:.0f} ms; byte-by-byte review answered "
+        f"{trickle.status} after {trickle.closed_after:.1f} s; stalled bodies got {sorted(s for s in body_statuses if s)} "
+        f"and were closed after {worst('stalled-body'):.1f} s; stalled headers closed after {worst('stalled-headers'):.1f} s",
+        0,
+    )
+
+    assert max(ordinary) <= ANSWER_SECONDS
+    assert trickle.status == 200
+    assert body_statuses == {408}
+    assert worst("stalled-body") <= READ_TIMEOUT_SECONDS + 12  # the 408, then aiohttp's lingering close
+    assert worst("stalled-headers") <= IDLE_TIMEOUT_SECONDS + 5
+    assert webhook.answers()
