@@ -1,22 +1,24 @@
 """Section 1: admission over HTTPS, egress-placer against the floor, side by side.
 
 Both servers run as their own processes (bench/servers.py) for the whole section; each point of
-the plan starts a load generator process (bench/loadgen.py) against one of them, alternating which
-goes first from point to point so drift hits both alike. The server's CPU time per request is read
-from /proc around each point. A last closed-loop run is sampled with py-spy (not counted).
+the plan (a concurrency, or an offered rate) is run `http_repeats` times per server, each run by a
+fresh load generator process (bench/loadgen.py), alternating which server goes first so drift and
+the rest of the machine hit both alike; the median of the repeats is kept. The server's CPU time
+per request is read from /proc around each run. A last closed-loop run is sampled with py-spy.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from controller.admission.certs import make_ca, make_serving_cert
 from controller.admission.handlers import Admission
@@ -27,7 +29,8 @@ from controller.state import ClusterState
 from bench import profiling
 from bench.sizes import Sizes
 from bench.stats import ratio
-from bench.workload import RequestMix, admission_policy, fill, inventory, request_mix
+from bench.servers import ORDINARY_NODES, PODS_PER_NODE
+from bench.workload import NoEvents, RequestMix, admission_policy, fill, inventory, request_mix
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = ("egress-placer", "floor")
@@ -35,11 +38,6 @@ P99_LIMIT_MS = 10.0
 DISTINCT_RUNS = 512  # run names cycle: at most this many runs are in flight (assumed) at once
 POOL_NODES = 10
 Log = Callable[[str], None]
-
-
-class NoEvents:
-    def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None:
-        pass
 
 
 def write_tls(directory: Path) -> None:
@@ -56,7 +54,7 @@ def write_tls(directory: Path) -> None:
 def make_mix(runs: int) -> RequestMix:
     """The request bodies, decided by an Admission over the same inventory the server holds."""
     state = ClusterState(admission_policy(), clock=time.time)
-    fill(state.apply, inventory(POOL_NODES, 100, 20))
+    fill(state.apply, inventory(POOL_NODES, ORDINARY_NODES, PODS_PER_NODE))
     admission = Admission(state, Metrics(), NoEvents(), Settings())
     return request_mix(admission.review, runs)
 
@@ -117,6 +115,29 @@ def _plan_order(i: int) -> tuple[str, str]:
     return TARGETS if i % 2 == 0 else TARGETS[::-1]
 
 
+def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from the repeats of a point: the median of every figure; `p99_ms_each` keeps the p99s."""
+    out = dict(rows[0])
+    for key, value in rows[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("concurrency", "rate_rps"):
+            values = [r[key] for r in rows if r[key] is not None]
+            out[key] = round(statistics.median(values), 3) if values else None
+    out["errors"] = sum(r["errors"] for r in rows)
+    out["requests"] = sum(r["requests"] for r in rows)
+    out["p99_ms_each"] = [r["p99_ms"] for r in rows]
+    return out
+
+
+def measure(servers: dict[str, Server], workdir: Path, point: dict[str, Any], repeats: int, first: int) -> dict[str, dict[str, Any]]:
+    """`repeats` runs of `point` against each server, alternating which goes first; median rows."""
+    runs: dict[str, list[dict[str, Any]]] = {t: [] for t in servers}
+    for r in range(repeats):
+        for target in _plan_order(first + r):
+            if target in servers:
+                runs[target].append(run_point(servers[target], workdir, point))
+    return {t: median_row(rows) for t, rows in runs.items()}
+
+
 def run(sizes: Sizes, workdir: Path, log: Log) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     write_tls(workdir / "tls")
@@ -131,22 +152,24 @@ def run(sizes: Sizes, workdir: Path, log: Log) -> dict[str, Any]:
             servers[target] = Server(target, workdir / "tls", workdir / f"server-{target}.log")
             stack.callback(servers[target].stop)
         for i, concurrency in enumerate(sizes.concurrencies):
-            for target in _plan_order(i):
-                row = run_point(servers[target], workdir, {"mode": "closed", "concurrency": concurrency, **timing})
+            rows = measure(servers, workdir, {"mode": "closed", "concurrency": concurrency, **timing}, sizes.http_repeats, i)
+            for target in TARGETS:
+                row = rows[target]
                 out["closed_loop"].append(row)
                 log(f"admission: closed c={concurrency:<3} {target:<14} {row['throughput_rps']:>7} req/s  "
-                    f"p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms")
-        saturated: set[str] = set()
+                    f"p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  (p99 of each run {row['p99_ms_each']})")
+        live = dict(servers)
         for i, rate in enumerate(sizes.rates):
-            for target in _plan_order(i):
-                if target in saturated:
+            rows = measure(live, workdir, {"mode": "open", "rate": rate, "rate_rps": rate, **timing}, sizes.http_repeats, i)
+            for target in TARGETS:
+                if target not in rows:
                     continue
-                row = run_point(servers[target], workdir, {"mode": "open", "rate": rate, "rate_rps": rate, **timing})
+                row = rows[target]
                 out["open_loop"].append(row)
                 log(f"admission: open {rate:>5} req/s {target:<14} achieved {row['throughput_rps']:>7}  "
-                    f"p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms")
+                    f"p50 {row['p50_ms']} ms  p99 {row['p99_ms']} ms  (p99 of each run {row['p99_ms_each']})")
                 if row["throughput_rps"] < 0.8 * rate or (row["p99_ms"] or 0) > 20 * P99_LIMIT_MS:
-                    saturated.add(target)
+                    live.pop(target)  # saturated: higher rates would only queue
         out["profile"] = profile_server(servers["egress-placer"], workdir, sizes)
     out.update(summarize(out, sizes.headline_rate))
     return out
@@ -198,7 +221,3 @@ def summarize(out: dict[str, Any], headline_rate: int) -> dict[str, Any]:
         "max_throughput_rps": best("egress-placer"),
         "floor_max_throughput_rps": best("floor"),
     }
-
-
-def rows_of(out: dict[str, Any], key: str, target: str) -> Iterator[dict[str, Any]]:
-    return (r for r in out[key] if r["target"] == target)

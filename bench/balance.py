@@ -49,11 +49,6 @@ async def prepare_namespace(kube: Kube, namespace: str) -> None:
     await kube.create(f"/apis/tekton.dev/v1/namespaces/{namespace}/tasks", task, exist_ok=True)
 
 
-async def prepare(bc: BenchCluster, kube: Kube) -> None:
-    names = [burst_namespace(c, n, k) for c in CASES for n, k in bc.sizes.bursts]
-    await asyncio.gather(*(prepare_namespace(kube, ns) for ns in names))
-
-
 async def tekton_pods(kube: Kube, namespace: str) -> list[dict[str, Any]]:
     items, _ = await kube.list(f"/api/v1/namespaces/{namespace}/pods", labelSelector=TEKTON_PODS)
     return items

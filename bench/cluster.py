@@ -85,6 +85,11 @@ class BenchCluster:
     def largest_pool(self) -> int:
         return max(self.pools)
 
+    @property
+    def probe_namespace(self) -> str:
+        """Where dry-run TaskRuns tell whether the webhook is registered (made by `prepare`)."""
+        return namespace_for("probe", self.largest_pool)
+
     # -- the controller ----------------------------------------------------------------------
     def start_controller(self, env: Mapping[str, str] | None = None, *, launcher: str | None = None) -> int:
         """Start one replica (`python -m controller run`, or `python -m <launcher>`); its pid once ready."""
@@ -135,7 +140,7 @@ class BenchCluster:
 
     async def wait_webhook(self, kube: Kube, active: bool, timeout: float = 30) -> None:
         """Until a dry-run TaskRun create is (or is not) mutated by the webhook."""
-        namespace = namespace_for("e2e", self.largest_pool)
+        namespace = self.probe_namespace
         deadline = time.monotonic() + timeout
         while True:
             body = bench_taskrun(namespace, f"probe-{int(time.monotonic() * 1000)}")

@@ -6,6 +6,7 @@
 `handler_reviews_per_s`: `Admission.review` on the admission benchmark's request mix (TaskRuns and
 their pods, half placed), JSON decoding and encoding included: everything the HTTPS server does
 per request except HTTP and TLS. The pool also has 100 ordinary nodes and 5 running pods per node.
+Each figure is the best of 5 short runs (the least disturbed by the rest of the machine).
 """
 
 from __future__ import annotations
@@ -25,30 +26,32 @@ from controller.state import ClusterState
 
 from bench import profiling
 from bench.sizes import Sizes
-from bench.workload import admission_policy, catalog_tasks, fill, inventory, request_mix, taskrun
+from bench.workload import NoEvents, admission_policy, catalog_tasks, fill, inventory, request_mix, taskrun
 
 ORDINARY_NODES = 100
 PODS_PER_NODE = 5
 RUNS = 128
+REPEATS = 5
 Log = Callable[[str], None]
 
 
-class NoEvents:
-    def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None:
-        pass
-
-
-def _timed(step: Callable[[int], None], seconds: float) -> tuple[int, float]:
-    """Call step(i) for i = 0, 1, ... for about `seconds`; (calls, elapsed)."""
-    count, start = 0, time.perf_counter()
-    deadline = start + seconds
-    while True:
-        for _ in range(50):
-            step(count)
-            count += 1
-        now = time.perf_counter()
-        if now >= deadline:
-            return count, now - start
+def _best_rate(step: Callable[[int], None], seconds: float, repeats: int = REPEATS) -> float:
+    """Calls of step(i) per second: the best of `repeats` runs of seconds/repeats each (the run the
+    rest of the machine disturbed least)."""
+    best, i = 0.0, 0
+    for _ in range(repeats):
+        count, start = 0, time.perf_counter()
+        deadline = start + seconds / repeats
+        while True:
+            for _ in range(20):
+                step(i)
+                i += 1
+                count += 1
+            now = time.perf_counter()
+            if now >= deadline:
+                break
+        best = max(best, count / (now - start))
+    return best
 
 
 def measure(pool_nodes: int, seconds: float) -> tuple[dict[str, Any], Callable[[], None]]:
@@ -84,7 +87,7 @@ def measure(pool_nodes: int, seconds: float) -> tuple[dict[str, Any], Callable[[
         template = place(unplace(None, policy, keep_pool=target.name), target, node)
         json_patch({}, template, "/spec/podTemplate")
 
-    decisions, core_elapsed = _timed(decision, seconds)
+    decisions_per_s = _best_rate(decision, seconds)
 
     # The whole handler, JSON in and out, on the request mix.
     bodies = request_mix(admission.review, RUNS // 2).bodies
@@ -92,13 +95,13 @@ def measure(pool_nodes: int, seconds: float) -> tuple[dict[str, Any], Callable[[
     def handle(i: int) -> None:
         json.dumps(admission.review(json.loads(bodies[i % len(bodies)])))
 
-    reviews, handler_elapsed = _timed(handle, seconds)
+    reviews_per_s = _best_rate(handle, seconds)
     row = {
         "pool_nodes": pool_nodes,
-        "decisions_per_s": round(decisions / core_elapsed),
-        "decision_us": round(1e6 * core_elapsed / decisions, 1),
-        "handler_reviews_per_s": round(reviews / handler_elapsed),
-        "handler_us": round(1e6 * handler_elapsed / reviews, 1),
+        "decisions_per_s": round(decisions_per_s),
+        "decision_us": round(1e6 / decisions_per_s, 1),
+        "handler_reviews_per_s": round(reviews_per_s),
+        "handler_us": round(1e6 / reviews_per_s, 1),
     }
     return row, lambda: [handle(i) for i in range(2000)]
 

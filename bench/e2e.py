@@ -3,16 +3,27 @@
 TaskRuns of the catalog's git-clone Task (their image matches pool-K, the largest pool) are created
 at a fixed rate in blocks; the registration alternates between blocks in an ABBA order (with,
 without, without, with, ...) so drift hits both modes alike. A watch on the namespace's pods
-records when each pod is first seen bound (spec.nodeName set); latency = that moment minus the
-moment just before the TaskRun's POST, both on this process's monotonic clock (API timestamps only
-have whole seconds). Whether the webhook answered is checked on each created TaskRun.
+records when each pod is first seen and first seen bound (spec.nodeName set); latency = bound
+minus the moment just before the TaskRun's POST, all on this process's monotonic clock (API
+timestamps only have whole seconds). Whether the webhook answered is checked on each created run.
+
+Where the time goes: the median of each stage per mode (the POST itself, TaskRun created to pod
+seen, pod seen to bound); the API server's own histogram of its calls to egress-placer's webhooks
+(apiserver_admission_webhook_admission_duration_seconds) and the controller's own handler histogram
+(egress_placer_admission_duration_seconds), both read around the "with" blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from devcluster.controller import replicas_of
 
 from bench.balance import clean, prepare_namespace
 from bench.cluster import BenchCluster, bench_taskrun, namespace_for
@@ -21,7 +32,51 @@ from bench.stats import percentile, ratio
 
 BLOCK_TIMEOUT = 120.0
 MODES = ("with", "without")
+HOOKS = {"taskruns": "taskruns.egress-placer.io", "pods": "pods.egress-placer.io"}
+HANDLER_KINDS = {"taskruns": "TaskRun", "pods": "Pod"}
 Log = Callable[[str], None]
+Sums = dict[str, list[float]]  # hook -> [seconds, calls]
+
+
+@dataclass
+class Run:
+    mode: str
+    sent: float  # just before the POST
+    created: float  # the POST answered
+    webhook_answered: bool
+    pod_seen: float | None = None
+    bound: float | None = None
+
+
+def _histogram(text: str, metric: str, label: str, names: dict[str, str]) -> Sums:
+    """Per hook, [sum, count] of the histogram `metric` whose `label` maps to a hook through `names`."""
+    out = {hook: [0.0, 0.0] for hook in HOOKS}
+    for family in text_string_to_metric_families(text):
+        if family.name != metric:
+            continue
+        for sample in family.samples:
+            hook = names.get(sample.labels.get(label, ""))
+            if hook and sample.name.endswith("_sum"):
+                out[hook][0] += sample.value
+            elif hook and sample.name.endswith("_count"):
+                out[hook][1] += sample.value
+    return out
+
+
+async def timings(bc: BenchCluster, kube: Kube) -> tuple[Sums, Sums]:
+    """(API server's webhook call seconds, controller's handler seconds), per hook, so far."""
+    apiserver = _histogram(await kube.text("/metrics"), "apiserver_admission_webhook_admission_duration_seconds",
+                           "name", {v: k for k, v in HOOKS.items()})
+    assert kube.session is not None
+    async with kube.session.get(replicas_of(bc.cluster)[0].health_url + "/metrics") as response:
+        handler = _histogram(await response.text(), "egress_placer_admission_duration_seconds", "kind",
+                             {v: k for k, v in HANDLER_KINDS.items()})
+    return apiserver, handler
+
+
+def _add(total: Sums, after: Sums, before: Sums) -> None:
+    for hook in total:
+        total[hook] = [total[hook][i] + after[hook][i] - before[hook][i] for i in (0, 1)]
 
 
 def block_order(blocks_per_mode: int) -> list[str]:
@@ -33,62 +88,88 @@ async def run(bc: BenchCluster, log: Log) -> dict[str, Any]:
     sizes = bc.sizes
     namespace = namespace_for("e2e", bc.largest_pool)
     per_block = max(1, sizes.e2e_runs // sizes.e2e_blocks)
-    started: dict[str, tuple[str, float]] = {}
-    bound_at: dict[str, float] = {}
-    webhook_seen: dict[str, bool] = {}
+    runs: dict[str, Run] = {}
+    calls: Sums = {hook: [0.0, 0.0] for hook in HOOKS}
+    handled: Sums = {hook: [0.0, 0.0] for hook in HOOKS}
     async with Kube(bc.cluster, connections=16) as kube:
         await prepare_namespace(kube, namespace)
         _, version = await kube.list(f"/api/v1/namespaces/{namespace}/pods")
+        seen: dict[str, float] = {}
+        bound: dict[str, float] = {}
 
         async def watch() -> None:
             async for arrived, _, pod in kube.watch(f"/api/v1/namespaces/{namespace}/pods", version):
                 run_name = (pod["metadata"].get("labels") or {}).get("tekton.dev/taskRun")
-                if run_name and (pod.get("spec") or {}).get("nodeName"):
-                    bound_at.setdefault(run_name, arrived)
+                if run_name:
+                    seen.setdefault(run_name, arrived)
+                    if (pod.get("spec") or {}).get("nodeName"):
+                        bound.setdefault(run_name, arrived)
 
         watcher = asyncio.create_task(watch())
         path = f"/apis/tekton.dev/v1/namespaces/{namespace}/taskruns"
         try:
             for b, mode in enumerate(block_order(sizes.e2e_blocks)):
                 await (bc.register(kube) if mode == "with" else bc.unregister(kube))
+                before = await timings(bc, kube)
                 names = []
                 next_due = time.monotonic()
                 for j in range(per_block):
                     await asyncio.sleep(max(0.0, next_due - time.monotonic()))
                     next_due += 1.0 / sizes.e2e_rate
                     name = f"{mode}-{b}-{j:03d}"
-                    before = time.monotonic()
+                    sent = time.monotonic()
                     created = await kube.create(path, bench_taskrun(namespace, name))
-                    started[name] = (mode, before)
-                    webhook_seen[name] = "egress-placer.io/decision" in (created["metadata"].get("annotations") or {})
+                    answered = "egress-placer.io/decision" in (created["metadata"].get("annotations") or {})
+                    runs[name] = Run(mode, sent, time.monotonic(), answered)
                     names.append(name)
                 deadline = time.monotonic() + BLOCK_TIMEOUT
-                while not all(n in bound_at for n in names):
+                while not all(n in bound for n in names):
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"e2e block {b} ({mode}): pods not bound after {BLOCK_TIMEOUT:.0f} s")
                     await asyncio.sleep(0.1)
+                if mode == "with":
+                    after = await timings(bc, kube)
+                    _add(calls, after[0], before[0])
+                    _add(handled, after[1], before[1])
                 log(f"e2e: block {b + 1}/{2 * sizes.e2e_blocks} ({mode} webhook) done")
         finally:
             watcher.cancel()
+        for name, r in runs.items():
+            r.pod_seen, r.bound = seen.get(name), bound.get(name)
         await bc.register(kube)
         await clean(kube, namespace)
-    return summarize(started, bound_at, webhook_seen)
+    return summarize(runs, calls, handled)
 
 
-def summarize(started: dict[str, tuple[str, float]], bound_at: dict[str, float],
-              webhook_seen: dict[str, bool]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _ms(sums: Sums) -> dict[str, float | None]:
+    return {hook: round(1000 * s / n, 3) if n else None for hook, (s, n) in sums.items()}
+
+
+def _median_ms(values: list[float]) -> float | None:
+    return round(1000 * statistics.median(values), 1) if values else None
+
+
+def summarize(runs: dict[str, Run], calls: Sums, handled: Sums) -> dict[str, Any]:
+    out: dict[str, Any] = {"webhook_call_ms": _ms(calls), "handler_ms": _ms(handled)}
     for mode in MODES:
-        names = [n for n, (m, _) in started.items() if m == mode]
-        latencies = [bound_at[n] - started[n][1] for n in names if n in bound_at]
+        mine = [r for r in runs.values() if r.mode == mode]
+        done = [r for r in mine if r.bound is not None and r.pod_seen is not None]
+        latencies = [r.bound - r.sent for r in done]  # type: ignore[operator]
         out[mode] = {
-            "runs": len(names),
+            "runs": len(mine),
             "p50_s": _round(percentile(latencies, 50)),
             "p99_s": _round(percentile(latencies, 99)),
             "mean_s": _round(sum(latencies) / len(latencies)) if latencies else None,
-            "webhook_answered": sum(webhook_seen[n] for n in names),
+            "webhook_answered": sum(r.webhook_answered for r in mine),
+            "stage_p50_ms": {
+                "create": _median_ms([r.created - r.sent for r in done]),
+                "to_pod": _median_ms([r.pod_seen - r.created for r in done]),  # type: ignore[operator]
+                "to_bound": _median_ms([r.bound - r.pod_seen for r in done]),  # type: ignore[operator]
+            },
         }
-    out["p50_ratio"] = ratio(out["with"]["p50_s"], out["without"]["p50_s"])
+    with_p50, without_p50 = out["with"]["p50_s"], out["without"]["p50_s"]
+    out["added_p50_ms"] = round(1000 * (with_p50 - without_p50), 1) if with_p50 is not None and without_p50 is not None else None
+    out["p50_ratio"] = ratio(with_p50, without_p50)
     out["p99_ratio"] = ratio(out["with"]["p99_s"], out["without"]["p99_s"])
     return out
 

@@ -69,6 +69,14 @@ class Kube:
                 return json.loads(text) if text else None
         raise ApiError(503, method, path, "retries exhausted")
 
+    async def text(self, path: str) -> str:
+        """A plain-text GET (e.g. /metrics)."""
+        assert self.session is not None
+        async with self.session.get(self.base + path) as response:
+            if response.status >= 400:
+                raise ApiError(response.status, "GET", path, await response.text())
+            return await response.text()
+
     async def create(self, path: str, body: Mapping[str, Any], *, exist_ok: bool = False) -> Any:
         return await self.request("POST", path, body, ok=(409,) if exist_ok else ())
 

@@ -6,9 +6,11 @@ POINT.json: {"url", "ca", "bodies" (a JSON file: list of request bodies), "mode"
 One aiohttp ClientSession with keep-alive, verifying the server's certificate against `ca`.
 - closed loop: `concurrency` workers, each sends its next request when the previous answer came;
   latency is send to answer; throughput is answers per second (the server's capacity).
-- open loop: requests are due at a fixed `rate` whatever the answers do; latency is counted from
-  the time a request was DUE, so a server (or generator) falling behind shows up in the latency
-  instead of silently lowering the rate. `send_lag` says how late the generator itself sent.
+- open loop: requests are due at a fixed `rate` whatever the answers do (each is its own task, so
+  a slow answer never delays the next send); latency is send to answer, and `send_lag` says how
+  late the generator sent against the schedule (asyncio timers wake up to ~1 ms late; a larger lag
+  means the generator, not the server, fell behind). A server that cannot keep up shows in the
+  achieved rate and in the latency of the requests queued on its connections.
 Only requests started after the warmup count. The first answers of each kind are checked
 (HTTP 200, same uid, allowed).
 """
@@ -55,10 +57,9 @@ class Recorder:
         except (aiohttp.ClientError, asyncio.TimeoutError):
             raw = b""
         done = time.perf_counter()
-        origin = due if due is not None else started
-        if origin < self.measure_from:
+        if started < self.measure_from:
             return
-        self.latencies.append(done - origin)
+        self.latencies.append(done - started)
         if due is not None:
             self.send_lags.append(started - due)
         self.last_answer = max(self.last_answer, done)

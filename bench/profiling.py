@@ -80,10 +80,10 @@ def _own(frame: str) -> bool:
 
 
 def _summary(self_time: Counter[str], inclusive: Counter[str], total: int, top: int) -> dict[str, Any]:
-    def rows(counter: Counter[str]) -> list[dict[str, Any]]:
-        return [{"function": f, "pct": round(100.0 * n / max(total, 1), 1)} for f, n in counter.most_common(top)]
+    def rows(counter: Counter[str], count: int) -> list[dict[str, Any]]:
+        return [{"function": f, "pct": round(100.0 * n / max(total, 1), 1)} for f, n in counter.most_common(count)]
 
-    return {"samples": total, "top_self": rows(self_time), "top_inclusive": rows(inclusive)}
+    return {"samples": total, "top_self": rows(self_time, top), "top_inclusive": rows(inclusive, 2 * top)}
 
 
 def cprofile(work: Callable[[], object], top: int = 12) -> dict[str, Any]:

@@ -46,14 +46,18 @@ def charts(results: dict[str, Any], out: Path) -> list[str]:
     made = []
     adm = results["admission"]
     if adm["closed_loop"] or adm["open_loop"]:
-        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+        fig, (left, right, cpu) = plt.subplots(1, 3, figsize=(15, 4.2))
         for target, color in (("egress-placer", "tab:blue"), ("floor", "tab:gray")):
             rows = [r for r in adm["closed_loop"] if r["target"] == target]
             xs = [r["concurrency"] for r in rows]
-            left.plot(xs, [r["p50_ms"] for r in rows], "o--", color=color, label=f"{target} p50")
+            left.plot(xs, [r["p50_ms"] for r in rows], "s--", color=color, label=f"{target} p50")
             left.plot(xs, [r["p99_ms"] for r in rows], "o-", color=color, label=f"{target} p99")
             rows = [r for r in adm["open_loop"] if r["target"] == target]
             right.plot([r["rate_rps"] for r in rows], [r["p99_ms"] for r in rows], "o-", color=color, label=f"{target} p99")
+            cpu.plot([r["rate_rps"] for r in rows], [r["server_cpu_ms_per_request"] for r in rows], "o-", color=color,
+                     label=target)
+        cpu.set(xlabel="offered rate (req/s, open loop)", ylabel="server CPU ms per request", ylim=(0, None),
+                title="Server CPU per request")
         left.set(xscale="log", yscale="log", xlabel="concurrency (closed loop)", ylabel="latency (ms)",
                  title="Admission latency vs concurrency")
         left.set_xticks(sorted({r["concurrency"] for r in adm["closed_loop"]}) or [1])
@@ -61,7 +65,7 @@ def charts(results: dict[str, Any], out: Path) -> list[str]:
         right.axhline(10, color="tab:red", linestyle=":", label="10 ms target")
         right.set(yscale="log", xlabel="offered rate (req/s, open loop)", ylabel="p99 latency (ms)",
                   title="Admission p99 vs offered rate")
-        for ax in (left, right):
+        for ax in (left, right, cpu):
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=8)
         fig.tight_layout()
@@ -210,7 +214,9 @@ def markdown(results: dict[str, Any], images: list[str], findings: list[str]) ->
         f"{_v(scale['create_s'])} s ({_v(scale['create_per_s'])} objects/s). Controller (`python -m controller run`, "
         f"its ServiceAccount): first sync **{_v(scale['first_sync_s'])} s** after process start, ready (/readyz 200) "
         f"{_v(scale['ready_s'])} s; RSS **{_v(scale['rss_mb'])} MB** after sync (peak {_v(scale['rss_peak_mb'])} MB, "
-        f"{_v(scale['rss_after_events_mb'])} MB after the events).",
+        f"{_v(scale['rss_after_events_mb'])} MB after the events). The same controller on the small bench cluster: "
+        f"{_v(scale['rss_baseline_mb'])} MB; a ClusterState of these trimmed nodes and pods is {_v(scale['state_mb'])} MB "
+        "of Python heap (tracemalloc, in-process).",
         "",
         f"Events: {_v(scale['events'])} pod phase changes on pool nodes, written in {_v(scale['api_write_s'])} s, all seen by "
         f"the controller's load {_v(scale['seen_after_s'])} s after the first write ({_v(scale['events_seen_per_s'])} "
@@ -218,14 +224,23 @@ def markdown(results: dict[str, Any], images: list[str], findings: list[str]) ->
         f"In-process capacity of the informer's event path into ClusterState: **{_v(scale['in_process_events_per_s'])} "
         "events/s**.",
         "",
+        *_profile(scale["profile"], "Where the controller's first sync spends its time"),
         "## 5. End to end (TaskRun created -> pod bound)",
         "",
-        "| webhook | runs | p50 s | p99 s | mean s | webhook answered |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| webhook | runs | p50 s | p99 s | mean s | webhook answered | POST ms | to pod ms | to bound ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *[f"| {mode} | {e2e[mode]['runs']} | {_v(e2e[mode]['p50_s'])} | {_v(e2e[mode]['p99_s'])} | "
-          f"{_v(e2e[mode]['mean_s'])} | {e2e[mode]['webhook_answered']} |" for mode in ("with", "without")],
+          f"{_v(e2e[mode]['mean_s'])} | {e2e[mode]['webhook_answered']} | {_v(e2e[mode]['stage_p50_ms']['create'])} | "
+          f"{_v(e2e[mode]['stage_p50_ms']['to_pod'])} | {_v(e2e[mode]['stage_p50_ms']['to_bound'])} |"
+          for mode in ("with", "without")],
         "",
-        f"Ratio with / without: p50 **{_v(e2e['p50_ratio'])}**, p99 **{_v(e2e['p99_ratio'])}**.",
+        "(stage columns are medians: the TaskRun POST, POST answered to the pod first seen, pod seen to bound)",
+        "",
+        f"Ratio with / without: p50 **{_v(e2e['p50_ratio'])}** ({_v(e2e['added_p50_ms'])} ms added), p99 "
+        f"**{_v(e2e['p99_ratio'])}**. The API server's own timing of the webhook calls: "
+        f"{_v(e2e['webhook_call_ms']['taskruns'])} ms per TaskRun CREATE, {_v(e2e['webhook_call_ms']['pods'])} ms "
+        f"per Pod CREATE; egress-placer's handler itself: {_v(e2e['handler_ms']['taskruns'])} ms and "
+        f"{_v(e2e['handler_ms']['pods'])} ms.",
         "",
     ]
     if results["errors"]:

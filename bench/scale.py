@@ -12,7 +12,10 @@ Then the controller starts (`python -m controller run` under its ServiceAccount)
   sees, until they dropped by E. Seen rate = E / (time from the first patch to the moment seen);
   the write rate of the API server bounds it, so the lag after the last write is given too;
 - in-process: the same watch events (JSON lines of the API's pod objects) through the informer's
-  event handling and ClusterState.apply, as fast as they go: the controller's event capacity.
+  event handling and ClusterState.apply, as fast as they go: the controller's event capacity;
+  and the Python heap (tracemalloc) a ClusterState of the same trimmed nodes and pods takes;
+- a py-spy profile of the controller from its start to ready (where the first sync's time goes).
+`rss_baseline_mb` (set by the caller) is the controller's RSS on the small cluster, before.
 """
 
 from __future__ import annotations
@@ -20,10 +23,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import gc
 import json
 import os
+import signal
 import ssl
+import threading
 import time
+import tracemalloc
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -36,6 +44,7 @@ from controller.kube.informer import Informer, pods, trim_node, trim_pod
 from controller.metrics import Metrics
 from controller.state import ClusterState
 
+from bench import profiling
 from bench.cluster import WEBHOOK_PATH, BenchCluster, bench_taskrun, namespace_for, read_json_lines
 from bench.kube import Kube, bounded, ensure_namespace
 from bench.workload import catalog_task, node, review, running_pod, tekton_pod
@@ -70,7 +79,7 @@ def _process_start(pid: int) -> float:
     return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _memory(pid: int) -> dict[str, float]:
+def memory(pid: int) -> dict[str, float]:
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
@@ -209,38 +218,87 @@ def in_process_events(bc: BenchCluster, sample_pods: list[dict[str, Any]], sizes
     return round(handled / (time.perf_counter() - started))
 
 
+def state_mb(bc: BenchCluster, nodes: int, pods: int) -> float:
+    """Python heap (tracemalloc) a ClusterState retains for `nodes` nodes and `pods` pods, decoded
+    from JSON and trimmed as the informer does (the decoded objects are dropped, as after a list)."""
+    node_lines = [json.dumps(scale_node(i)) for i in range(nodes)]
+    pod_lines = [json.dumps(scale_pod(i, f"scale-{i % nodes:05d}")) for i in range(pods)]
+    gc.collect()
+    tracemalloc.start()
+    state = ClusterState(load_policy(bc.policy_file.read_text()), clock=time.time)
+    state.replace("Node", [trim_node(json.loads(line)) for line in node_lines])
+    state.replace("Pod", [trim_pod(json.loads(line)) for line in pod_lines])
+    gc.collect()
+    size = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    del state
+    return round(size / 2**20, 1)
+
+
+def profile_first_sync(bc: BenchCluster, out: Path, stop: threading.Event) -> dict[str, Any]:
+    """py-spy of the controller from its start until `stop` is set (it is ready)."""
+    deadline = time.monotonic() + 30
+    record = None
+    while record is None and time.monotonic() < deadline and not stop.is_set():
+        record = bc.cluster.process("egress-placer-0")
+        time.sleep(0.02)
+    spy = None
+    for _ in range(5):  # py-spy cannot attach until the interpreter is up: retry
+        time.sleep(0.2)
+        spy = profiling.start_py_spy(record.pid, 600, out) if record is not None else None
+        if spy is None or (time.sleep(0.3) or spy.poll() is None):
+            break
+    if spy is None or spy.poll() is not None:
+        return {"tool": None, "load": None, "samples": 0, "top_self": [], "top_inclusive": []}
+    stop.wait()
+    spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled and exits
+    spy.wait(30)
+    summary = profiling.summarize_collapsed(out) if out.exists() else {"samples": 0, "top_self": [], "top_inclusive": []}
+    return {"tool": profiling.py_spy_version(), "load": "controller start to ready", **summary}
+
+
 def run(bc: BenchCluster, log: Log) -> dict[str, Any]:
     sizes = bc.sizes
     bc.stop_controller()
     made = asyncio.run(populate(bc, log))
-    before = time.time()
-    pid = bc.start_controller()
-    start_call_s = time.time() - before
-    memory = _memory(pid)
+    ready = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        profile = pool.submit(profile_first_sync, bc, bc.workdir / "profile-first-sync.txt", ready)
+        before = time.time()
+        try:
+            pid = bc.start_controller()
+        finally:
+            ready.set()
+        start_call_s = time.time() - before
+        sync_profile = profile.result()
+    rss = memory(pid)
     lines = read_json_lines(bc.controller_log())
     process_start = _process_start(pid)
-    synced = _log_time(lines, "caches synced", process_start)
-    running = _log_time(lines, "egress-placer running", process_start)
-    log(f"scale: controller ready; RSS {memory.get('VmRSS')} MB (peak {memory.get('VmHWM')} MB)")
+    synced_at = _log_time(lines, "caches synced", process_start)
+    running_at = _log_time(lines, "egress-placer running", process_start)
+    log(f"scale: controller ready; RSS {rss.get('VmRSS')} MB (peak {rss.get('VmHWM')} MB)")
     events = asyncio.run(time_events(bc, made))
-    after = _memory(pid)
+    rss_after = memory(pid)
     log(f"scale: {events['events']} pod changes seen after {events['seen_after_s']} s "
         f"(writes took {events['api_write_s']} s)")
-    in_process = in_process_events(bc, made["sample_pods"], min(sizes.scale_nodes, 1000))
     bc.stop_controller()
+    in_process = in_process_events(bc, made["sample_pods"], min(sizes.scale_nodes, 1000))
+    heap = state_mb(bc, sizes.scale_nodes, sizes.scale_pods)
     return {
         "nodes": sizes.scale_nodes,
         "pods": sizes.scale_pods,
         "create_s": made["create_s"],
         "create_per_s": made["create_per_s"],
-        "first_sync_s": round(synced - process_start, 2) if synced else None,
-        "ready_s": round(running - process_start, 2) if running else None,
+        "first_sync_s": round(synced_at - process_start, 2) if synced_at else None,
+        "ready_s": round(running_at - process_start, 2) if running_at else None,
         "start_controller_s": round(start_call_s, 2),
-        "rss_mb": memory.get("VmRSS"),
-        "rss_peak_mb": memory.get("VmHWM"),
-        "rss_after_events_mb": after.get("VmRSS"),
+        "rss_mb": rss.get("VmRSS"),
+        "rss_peak_mb": rss.get("VmHWM"),
+        "rss_after_events_mb": rss_after.get("VmRSS"),
         **events,
         "in_process_events_per_s": in_process,
+        "state_mb": heap,
+        "profile": sync_profile,
     }
 
 

@@ -11,15 +11,19 @@ SCHEMA_VERSION = 1
 # Keys of the rows of each list (the list itself may be empty when its section did not run).
 ROWS: dict[str, tuple[str, ...]] = {
     "admission.closed_loop": ("target", "concurrency", "requests", "throughput_rps", "p50_ms", "p99_ms", "max_ms",
-                              "errors", "send_lag_p99_ms", "server_cpu_ms_per_request"),
+                              "errors", "send_lag_p99_ms", "server_cpu_ms_per_request", "p99_ms_each"),
     "admission.open_loop": ("target", "rate_rps", "requests", "throughput_rps", "p50_ms", "p99_ms", "max_ms",
-                            "errors", "send_lag_p99_ms", "server_cpu_ms_per_request"),
+                            "errors", "send_lag_p99_ms", "server_cpu_ms_per_request", "p99_ms_each"),
     "core.rows": ("pool_nodes", "decisions_per_s", "decision_us", "handler_reviews_per_s", "handler_us"),
     "balance.cases": ("case", "runs", "pool_nodes", "pods_per_node", "pods_outside_pool", "max_pods_on_a_node",
                       "even_share", "imbalance", "created_s", "scheduled_s", "preferred_node_honored"),
     "targets": ("name", "target", "value", "unit", "met", "margin"),
 }
 
+E2E_MODE = {
+    "runs": None, "p50_s": None, "p99_s": None, "mean_s": None, "webhook_answered": None,
+    "stage_p50_ms": {"create": None, "to_pod": None, "to_bound": None},
+}
 PROFILE = {"tool": None, "load": None, "samples": None, "top_self": [], "top_inclusive": []}
 
 TEMPLATE: dict[str, Any] = {
@@ -52,11 +56,15 @@ TEMPLATE: dict[str, Any] = {
         "nodes": None, "pods": None, "create_s": None, "create_per_s": None, "first_sync_s": None, "ready_s": None,
         "start_controller_s": None, "rss_mb": None, "rss_peak_mb": None, "rss_after_events_mb": None,
         "events": None, "baseline_load": None, "api_write_s": None, "seen_after_s": None, "events_seen_per_s": None,
-        "lag_after_last_write_s": None, "in_process_events_per_s": None,
+        "lag_after_last_write_s": None, "in_process_events_per_s": None, "state_mb": None, "rss_baseline_mb": None,
+        "profile": copy.deepcopy(PROFILE),
     },
     "e2e": {
-        "with": {"runs": None, "p50_s": None, "p99_s": None, "mean_s": None, "webhook_answered": None},
-        "without": {"runs": None, "p50_s": None, "p99_s": None, "mean_s": None, "webhook_answered": None},
+        "with": copy.deepcopy(E2E_MODE),
+        "without": copy.deepcopy(E2E_MODE),
+        "webhook_call_ms": {"taskruns": None, "pods": None},
+        "handler_ms": {"taskruns": None, "pods": None},
+        "added_p50_ms": None,
         "p50_ratio": None,
         "p99_ratio": None,
     },

@@ -14,6 +14,7 @@ class Sizes:
     # concurrencies, open-loop offered rates (requests/s), and the rate the p99 target is read at.
     http_seconds: float
     http_warmup: float
+    http_repeats: int  # each point runs this many times per target, alternating; medians are kept
     concurrencies: tuple[int, ...]
     rates: tuple[int, ...]
     headline_rate: int
@@ -42,8 +43,9 @@ class Sizes:
 SIZES: dict[str, Sizes] = {
     "quick": Sizes(
         name="quick",
-        http_seconds=3.0,
+        http_seconds=1.5,
         http_warmup=0.5,
+        http_repeats=3,
         concurrencies=(1, 4, 16, 32),
         rates=(100, 200, 400, 600, 800),
         headline_rate=200,
@@ -59,10 +61,11 @@ SIZES: dict[str, Sizes] = {
     ),
     "full": Sizes(
         name="full",
-        http_seconds=10.0,
+        http_seconds=5.0,
         http_warmup=1.0,
+        http_repeats=3,
         concurrencies=(1, 4, 16, 32),
-        rates=(100, 200, 300, 400, 500, 600, 800, 1000),
+        rates=(100, 200, 300, 400, 500, 600, 800),
         headline_rate=200,
         core_pool_nodes=(10, 100, 1000),
         core_seconds=4.0,
@@ -78,6 +81,7 @@ SIZES: dict[str, Sizes] = {
         name="tiny",
         http_seconds=0.5,
         http_warmup=0.2,
+        http_repeats=1,
         concurrencies=(1, 4),
         rates=(100, 200),
         headline_rate=200,

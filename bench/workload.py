@@ -57,6 +57,13 @@ pools:
 """
 
 
+class NoEvents:
+    """An EventSink that drops every Event (in-process measurements)."""
+
+    def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None:
+        pass
+
+
 def catalog_docs(kind: str) -> list[dict[str, Any]]:
     """Every catalog document of `kind` (Task, StepAction, Pipeline), in path order."""
     if not CATALOG.is_dir():

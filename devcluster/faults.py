@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Sequence
 import requests
 
 from devcluster.cluster import Cluster, ClusterError
-from devcluster.process import ProcessRecord
+from devcluster.process import ProcessRecord, start_time_of
 
 DEFAULT_READY_TIMEOUT = 90.0
 
@@ -61,15 +62,43 @@ def snapshot(cluster: Cluster, name: str) -> Component:
     return Component(name, tuple(record.argv), _environ(record.pid), record.port, record.extra.get("health_url"))
 
 
+def _exited(record: ProcessRecord) -> bool:
+    """Every thread of the process has exited. A killed Go program's main thread shows Z while its
+    other threads still run their exit (and still hold its listening sockets)."""
+    try:
+        os.waitpid(record.pid, os.WNOHANG)  # our child: reaped once the whole thread group is dead
+    except ChildProcessError:
+        pass
+    if start_time_of(record.pid) != record.start_time:
+        return True  # gone (or the pid now belongs to another process)
+    try:
+        states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in Path(f"/proc/{record.pid}/task").iterdir()]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+    return all(state in ("Z", "X") for state in states)
+
+
+def _port_free(port: int) -> bool:
+    """Nothing listens on 127.0.0.1:`port` (bound as a Go server binds: SO_REUSEADDR)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def kill_component(cluster: Cluster, name: str, sig: signal.Signals = signal.SIGKILL, timeout: float = 15.0) -> Component:
-    """Signal the recorded process `name` and wait until it is gone; return how to start it again."""
+    """Signal the recorded process `name` and wait until all its threads are gone and its port is free;
+    return how to start it again."""
     component = snapshot(cluster, name)
     record = _record(cluster, name)
     os.kill(record.pid, sig)
     deadline = time.monotonic() + timeout
-    while record.alive():
+    while not _exited(record) or (component.port is not None and not _port_free(component.port)):
         if time.monotonic() > deadline:
-            raise ClusterError(f"{name} (pid {record.pid}) still runs {timeout:.0f}s after signal {sig.name}")
+            raise ClusterError(f"{name} (pid {record.pid}) still runs or holds its port {timeout:.0f}s after {sig.name}")
         time.sleep(0.02)
     return component
 

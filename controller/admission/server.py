@@ -97,6 +97,9 @@ class AdmissionServer:
         except (UnicodeDecodeError, ValueError):
             self.metrics.admission_errors.labels(kind="malformed").inc()
             return _text(400, "the body is not JSON")
+        except RecursionError:  # e.g. 100,000 nested arrays: the decoder gives up
+            self.metrics.admission_errors.labels(kind="malformed").inc()
+            return _text(400, "the body is JSON nested too deeply")
         try:
             answer = self.admission.review(body)
         except MalformedReview as error:

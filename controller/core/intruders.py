@@ -38,7 +38,7 @@ def check_pod(
     """
     if not pod.active or not pod.node_name:
         return None
-    if "DaemonSet" in pod.owner_kinds or MIRROR_POD_ANNOTATION in pod.annotations:
+    if "DaemonSet" in pod.owner_kinds or is_mirror_pod(pod):
         return None
     if pod.namespace in policy.exempt_namespaces:
         return None
@@ -55,6 +55,13 @@ def check_pod(
             f"which namespace {pod.namespace} may not use."
         ),
     )
+
+
+def is_mirror_pod(pod: PodState) -> bool:
+    """A kubelet's mirror of a static pod: the annotation AND the Node owner the kubelet must set
+    (NodeRestriction). Anyone may write the annotation; a forged Node owner is removed by the garbage
+    collector unless it carries the node's real uid."""
+    return MIRROR_POD_ANNOTATION in pod.annotations and "Node" in pod.owner_kinds
 
 
 def is_intruder(

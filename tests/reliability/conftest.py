@@ -25,21 +25,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))  # the e2e 
 
 from burst import RetryingRuns  # noqa: E402
 from cluster_view import Placer, delete_lease, elapsed_until, taints_right  # noqa: E402
-from running_controller import POLICY_FILE, remove_pool_taints  # noqa: E402
-from tekton_runs import TEAM_CDN, TEAM_OTHER, Waiter  # noqa: E402
+from running_controller import remove_pool_taints  # noqa: E402
+from tekton_runs import Waiter  # noqa: E402
 
 from devcluster.cluster import Cluster  # noqa: E402
 from devcluster.controller import WEBHOOK_CONFIG, start_controller, stop_controller  # noqa: E402
 
 FIGURES_ENV = "EGRESS_PLACER_RELIABILITY_FIGURES"  # where the figures go (JSON); report.py sets it
-TEAM_CDN_EVIL = "team-cdn-evil"  # "renamed" team-cdn: matches no namespace glob of the policy
+POLICY_FILE = Path(__file__).with_name("policy.yaml")
+# The suite's own tenants (not the e2e tests' team-cdn/team-other, so the two never wait on each other).
+TEAM_CDN = "rel-team-cdn"  # may use pool `overseas`
+TEAM_OTHER = "rel-team-other"  # may not
+TEAM_CDN_EVIL = "rel-team-cdn-evil"  # a "renamed" rel-team-cdn: matches no namespace glob of the policy
 TENANTS = (TEAM_CDN, TEAM_OTHER, TEAM_CDN_EVIL)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "reliability: breaks the local cluster on purpose and counts what was lost (tests/reliability)"
-    )
 
 
 # -- figures for docs/reliability.md -----------------------------------------------------------------
@@ -79,7 +77,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         return
     if report.when == "call" or report.failed:
         row.setdefault("outcome", report.outcome)
-        if report.failed:
+        if hasattr(report, "wasxfail"):
+            row["outcome"] = "xfailed" if report.skipped else "xpassed"
+            row["failure"] = report.wasxfail
+        elif report.failed:
             row["outcome"] = "failed"
             row["failure"] = report.longreprtext.strip().splitlines()[-1][:300] if report.longreprtext else ""
         row.setdefault("seconds", 0.0)
@@ -107,10 +108,10 @@ def _exists(core: client.CoreV1Api, namespace: str) -> bool:
 
 @pytest.fixture(scope="session")
 def tenants(kube: client.ApiClient, make_namespace: Callable[[str], str], wait_for: Waiter) -> Iterator[tuple[str, ...]]:
-    """team-cdn (may use pool `overseas`), team-other and team-cdn-evil (may not); deleted afterwards."""
+    """TEAM_CDN (may use pool `overseas`), TEAM_OTHER and TEAM_CDN_EVIL (may not); deleted afterwards."""
     core = client.CoreV1Api(kube)
     for name in TENANTS:
-        wait_for(f"namespace {name} from an earlier module to be gone", lambda: not _exists(core, name), timeout=120)
+        wait_for(f"namespace {name} from an earlier run to be gone", lambda: not _exists(core, name), timeout=120)
         make_namespace(name)
     yield TENANTS
     for name in TENANTS:

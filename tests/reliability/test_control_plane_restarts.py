@@ -1,4 +1,4 @@
-"""Reliability, control plane restarts: in the middle of a burst of 100 matching TaskRuns in team-cdn,
+"""Reliability, control plane restarts: in the middle of a burst of 100 matching TaskRuns in rel-team-cdn,
 the kube-apiserver (then etcd) is killed with SIGKILL and started again with the same argv. Runs the
 client could not create while it was down are created when it is back (the client retries). Checks
 that egress-placer reconnects by itself (its watch restarts counter goes up after the API server
@@ -12,10 +12,8 @@ import time
 import pytest
 from burst import Burst, RetryingRuns, all_finished, pool_outcome
 from cluster_view import Placer, elapsed_until, remove_pool_taint, taints_right
-from conftest import Figures
+from conftest import Figures, TEAM_CDN
 from kubernetes import client
-from tekton_runs import TEAM_CDN
-
 from devcluster.cluster import Cluster
 from devcluster.faults import kill_component, snapshot, start_component, wait_healthy
 

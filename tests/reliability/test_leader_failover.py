@@ -25,12 +25,11 @@ from cluster_view import (
     pool_taints,
     remove_pool_taint,
 )
-from conftest import ControllerSpec, Figures
+from conftest import ControllerSpec, Figures, TEAM_CDN, TEAM_OTHER
 from kubernetes import client
-from tekton_runs import TEAM_CDN, TEAM_OTHER, events
-
+from tekton_runs import events
 from devcluster.cluster import Cluster
-from devcluster.controller import ControllerReplica, controller_env
+from devcluster.controller import PROXY_NAME, ControllerReplica, controller_env
 from devcluster.faults import kill_component, start_component
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
@@ -75,11 +74,13 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
     follower = next(r for r in placer.replicas if r != leader)
     taints_added_before = placer.metric(follower, "egress_placer_taint_changes_total", {"action": "add"})
     log_offset = apiserver_log_size(devcluster)
+    proxy_log = devcluster.dir / "logs" / f"{PROXY_NAME}.log"
+    proxy_offset = proxy_log.stat().st_size
 
     burst = Burst(runs, TEAM_CDN, BURST, prefix="failover").start()
     burst.wait_started(KILL_AFTER)
     killed = kill_component(devcluster, leader.name)
-    killed_at = time.monotonic()
+    killed_at, created_before_kill = time.monotonic(), burst.submitted
     remove_pool_taint(kube, "egress-1")
     intruder = runs.name("intruder")
     runs.create_pod(TEAM_OTHER, intruder_pod(intruder, node="egress-2"))
@@ -102,6 +103,9 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
     eviction_events = [e for e in events(kube, TEAM_OTHER, "IntruderEvicted") if e["regarding"]["name"] == intruder]
     taints_added = placer.metric(follower, "egress_placer_taint_changes_total", {"action": "add"}) - taints_added_before
     figures.set("failed_reviews_at_kill", failed_reviews)
+    with open(proxy_log, "rb") as f:
+        f.seek(proxy_offset)
+        rerouted = sum(1 for line in f.read().decode(errors="replace").splitlines() if "skipped" in line)
 
     restarted_at = time.monotonic()
     start_component(devcluster, killed)
@@ -110,7 +114,8 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
     figures.set("rejoined_s", round(rejoined, 1))
     figures.measured(
         f"taint back {taint_back:.1f} s and intruder evicted {evicted:.1f} s after the kill; {outcome.summary()} "
-        f"({failed_reviews} review(s) failed at the kill instant); {len(eviction_events)} IntruderEvicted Event, "
+        f"({BURST - created_before_kill} created after the kill; {failed_reviews} review(s) failed at the kill instant; "
+        f"the proxy skipped the dead replica on {rerouted} connection(s)); {len(eviction_events)} IntruderEvicted Event, "
         f"{taints_added:.0f} taint added; killed replica ready again as follower in {rejoined:.1f} s",
         len(outcome.lost) + len(outcome.misplaced),
     )

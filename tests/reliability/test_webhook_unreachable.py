@@ -13,10 +13,9 @@ from typing import Iterator
 import pytest
 from burst import RetryingRuns, all_finished
 from cluster_view import POOL_LABEL, Placer, elapsed_until, intruder_pod, pod_gone, pod_node
-from conftest import Figures
+from conftest import Figures, TEAM_CDN, TEAM_OTHER
 from kubernetes import client
-from tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, decision_of, events, succeeded, taskrun
-
+from tekton_runs import MATCHING_IMAGE, POOL_NODES, decision_of, events, succeeded, taskrun
 from devcluster.cluster import Cluster
 from devcluster.controller import WEBHOOK_CONFIG
 from devcluster.faults import kill_component, start_component
@@ -31,8 +30,8 @@ FINISH_SECONDS = 180.0
 
 
 def create_runs(runs: RetryingRuns, prefix: str) -> dict[str, list[str]]:
-    """RUNS_PER_NAMESPACE matching TaskRuns in team-cdn and in team-other; their names by namespace."""
-    names = {ns: [runs.name(f"{prefix}-{ns[5:]}-{i}") for i in range(RUNS_PER_NAMESPACE)] for ns in (TEAM_CDN, TEAM_OTHER)}
+    """RUNS_PER_NAMESPACE matching TaskRuns in TEAM_CDN and in TEAM_OTHER; their names by namespace."""
+    names = {ns: [runs.name(f"{prefix}-{ns.rsplit('-', 1)[-1]}-{i}") for i in range(RUNS_PER_NAMESPACE)] for ns in (TEAM_CDN, TEAM_OTHER)}
     runs.create_all((ns, "taskruns", taskrun(name, MATCHING_IMAGE)) for ns, ns_names in names.items() for name in ns_names)
     return names
 

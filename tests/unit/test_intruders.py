@@ -59,7 +59,8 @@ def pod(namespace: str = "team-a", node: str | None = "pool-1", **kw) -> PodStat
         (pod(namespace="monitoring"), False),  # exempt
         (pod(owner_kinds=("DaemonSet",)), False),
         (pod(owner_kinds=("ReplicaSet",)), True),
-        (pod(annotations={"kubernetes.io/config.mirror": "abc"}), False),  # static pod
+        (pod(annotations={"kubernetes.io/config.mirror": "abc"}, owner_kinds=("Node",)), False),  # static pod
+        (pod(annotations={"kubernetes.io/config.mirror": "abc"}), True),  # forged: a kubelet sets the Node owner
         (pod(phase="Succeeded"), False),
         (pod(phase="Failed"), False),
         (pod(deleting=True), False),

@@ -1,0 +1,74 @@
+"""Checks the benchmarks (bench/): `python -m bench --mode quick --tiny` runs every section on its own
+local cluster (marker `cluster`) and writes latest.json with every key of bench/schema.py (and every
+row key in every row), no section failing, a value for every target, report.md and both charts;
+and, without a cluster, that the key check catches a missing key and bench/README.md documents
+every key."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import schema
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_readme_documents_every_key() -> None:
+    readme = (REPO / "bench" / "README.md").read_text()
+    documented = set(re.findall(r"`([A-Za-z0-9_]+)(?:\[\])?`", readme))
+    assert schema.documented_keys() - documented == set()
+
+
+def _without(results: dict[str, Any], path: str) -> dict[str, Any]:
+    out = copy.deepcopy(results)
+    node = out
+    *parents, last = path.split(".")
+    for part in parents:
+        node = node[part]
+    del node[last]
+    return out
+
+
+@pytest.mark.parametrize("path", ["mode", "admission.headline.p99_ms", "scale.rss_mb", "e2e.with.p50_s", "balance.worst_imbalance.a"])
+def test_a_missing_key_is_reported(path: str) -> None:
+    assert schema.missing_keys(_without(schema.empty(), path)) == [path]
+
+
+def test_a_row_missing_a_key_is_reported() -> None:
+    results = schema.empty()
+    results["core"]["rows"] = [{k: 1 for k in schema.ROWS["core.rows"] if k != "handler_us"}]
+    assert schema.missing_keys(results) == ["core.rows[0].handler_us"]
+
+
+@pytest.mark.cluster
+def test_tiny_quick_run_writes_every_key(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "--mode", "quick", "--tiny", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=1200, check=False,
+    )
+    assert out.returncode == 0, out.stdout[-5000:] + out.stderr[-5000:]
+    results = json.loads((tmp_path / "latest.json").read_text())
+    assert schema.missing_keys(results) == []
+    assert results["errors"] == [] and results["mode"] == "tiny"
+    adm = results["admission"]
+    assert {r["target"] for r in adm["closed_loop"]} == {r["target"] for r in adm["open_loop"]} == {"egress-placer", "floor"}
+    assert all(r["errors"] == 0 for r in adm["closed_loop"] + adm["open_loop"])
+    assert adm["headline"]["p99_ratio"] > 0 and adm["max_throughput_rps"] > 0
+    assert [r["pool_nodes"] for r in results["core"]["rows"]] == [10, 100]
+    assert {c["case"] for c in results["balance"]["cases"]} == {"a", "b", "c"}
+    assert all(c["pods_outside_pool"] == 0 and sum(c["pods_per_node"].values()) == c["runs"] for c in results["balance"]["cases"])
+    assert results["scale"]["rss_mb"] > 0 and results["scale"]["first_sync_s"] > 0
+    assert results["e2e"]["with"]["webhook_answered"] == results["e2e"]["with"]["runs"] > 0
+    assert results["e2e"]["without"]["webhook_answered"] == 0
+    assert results["targets"] and all(t["met"] is not None for t in results["targets"])
+    assert "## Targets" in (tmp_path / "report.md").read_text()
+    for chart in ("admission_latency.png", "balance.png"):
+        assert (tmp_path / chart).stat().st_size > 1000
