@@ -117,8 +117,12 @@ def findings(results: dict[str, Any]) -> list[str]:
     if "balance" in missed:
         for c in results["balance"]["cases"]:
             if c["case"] == "a" and c["imbalance"] > 1.1:
-                out.append(f"Balance (a) {c['runs']} on {c['pool_nodes']}: {list(c['pods_per_node'].values())}; the "
-                           f"scheduler followed the preferred node for {c['preferred_node_honored']} of the pods.")
+                why = ("so the spread is egress-placer's own choice: at Pod CREATE the run's own TaskRun assumption "
+                       "still counts on the node picked at TaskRun CREATE (Admission._tekton_pod forgets it only after "
+                       "_place), which biases each choice by one run"
+                       if c["preferred_node_honored"] == 1.0 else "so the scheduler overrode some preferences")
+                out.append(f"Balance (a) {c['runs']} on {c['pool_nodes']}: {list(c['pods_per_node'].values())}; every "
+                           f"pod honored the preferred node ({c['preferred_node_honored']}), {why}.")
     if "controller" in missed:
         s = results["scale"]
         out.append(f"Memory: RSS {s['rss_mb']} MB after sync (peak {s['rss_peak_mb']} MB); {s['rss_baseline_mb']} MB "

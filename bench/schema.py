@@ -41,8 +41,9 @@ TEMPLATE: dict[str, Any] = {
         "closed_loop": [],
         "open_loop": [],
         "headline": {
-            "rate_rps": None, "p50_ms": None, "p99_ms": None, "floor_p50_ms": None, "floor_p99_ms": None,
-            "p99_ratio": None, "cpu_ms_per_request": None, "floor_cpu_ms_per_request": None,
+            "rate_rps": None, "runs": None, "p50_ms": None, "p99_ms": None, "floor_p50_ms": None, "floor_p99_ms": None,
+            "p99_ratio": None, "p99_ms_each": [], "floor_p99_ms_each": [], "cpu_ms_per_request": None,
+            "floor_cpu_ms_per_request": None,
         },
         "sustained_rps": None,
         "floor_sustained_rps": None,

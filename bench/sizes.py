@@ -18,6 +18,9 @@ class Sizes:
     concurrencies: tuple[int, ...]
     rates: tuple[int, ...]
     headline_rate: int
+    # ... read from its own runs: `headline_repeats` short open-loop runs per target, alternating; medians.
+    headline_repeats: int
+    headline_seconds: float
     # 2. Decision core: pool sizes and seconds per size.
     core_pool_nodes: tuple[int, ...]
     core_seconds: float
@@ -49,6 +52,8 @@ SIZES: dict[str, Sizes] = {
         concurrencies=(1, 4, 16, 32),
         rates=(100, 200, 400, 600, 800),
         headline_rate=200,
+        headline_repeats=5,
+        headline_seconds=1.5,
         core_pool_nodes=(10, 100, 1000),
         core_seconds=1.5,
         bursts=((60, 3), (60, 10)),
@@ -65,8 +70,10 @@ SIZES: dict[str, Sizes] = {
         http_warmup=1.0,
         http_repeats=3,
         concurrencies=(1, 4, 16, 32),
-        rates=(100, 200, 300, 400, 500, 600, 800),
+        rates=(100, 200, 400, 600, 800, 1000, 1200),
         headline_rate=200,
+        headline_repeats=9,
+        headline_seconds=2.0,
         core_pool_nodes=(10, 100, 1000),
         core_seconds=4.0,
         bursts=((60, 3), (60, 10), (300, 3), (300, 10)),
@@ -85,6 +92,8 @@ SIZES: dict[str, Sizes] = {
         concurrencies=(1, 4),
         rates=(100, 200),
         headline_rate=200,
+        headline_repeats=1,
+        headline_seconds=0.5,
         core_pool_nodes=(10, 100),
         core_seconds=0.2,
         bursts=((6, 3),),

@@ -94,7 +94,12 @@ class Controller:
         self.settings = settings
         self.metrics = Metrics()
         self.api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
-        self.state = ClusterState(PlacementPolicy.empty(), clock=clock, assumption_ttl=settings.assumption_ttl_seconds)
+        self.state = ClusterState(
+            PlacementPolicy.empty(),
+            clock=clock,
+            assumption_ttl=settings.assumption_ttl_seconds,
+            balance=settings.balance,
+        )
         self.writer = KubeWriter(self.api, self.metrics)
         self.events = EventRecorder(self.writer, self.metrics, settings.identity, default_namespace=settings.namespace)
         self.egress = EgressPollers(self.state, clock, registry=self.metrics.registry)

@@ -53,6 +53,7 @@ class ClusterState:
         self._runs: dict[RunKey, bool] = {}  # run -> has the decision annotation
         self._subscribers: list[Callable[[str], None]] = []
         self._egress: dict[str, Callable[[], Mapping[str, Measurement]]] = {}  # pool -> measured egress
+        self._eligible: dict[str, list[NodeState]] = {}  # pool -> eligible nodes, until a node or the policy changes
 
     # -- change notification ------------------------------------------------------------------
     def subscribe(self, callback: Callable[[str], None]) -> None:
@@ -76,6 +77,7 @@ class ClusterState:
     def set_policy(self, policy: PlacementPolicy) -> None:
         with self._lock:
             self._policy = policy
+            self._eligible.clear()
         self._notify(POLICY)
 
     def set_tekton_coschedule(self, value: str | None) -> None:
@@ -96,8 +98,12 @@ class ClusterState:
                 if deleted:
                     self.nodes.pop(name, None)
                     self._node_versions.pop(name, None)
+                    self._eligible.clear()
                 else:
-                    self.nodes[name] = NodeState.from_node(obj)
+                    node = NodeState.from_node(obj)
+                    if self.nodes.get(name) != node:  # a heartbeat changes nothing the core reads
+                        self._eligible.clear()
+                    self.nodes[name] = node
                     self._node_versions[name] = obj["metadata"].get("resourceVersion") or ""
             elif kind == "Namespace":
                 name = obj["metadata"]["name"]
@@ -128,6 +134,7 @@ class ClusterState:
         with self._lock:
             if kind == "Node":
                 self.nodes = {o["metadata"]["name"]: NodeState.from_node(o) for o in objs}
+                self._eligible.clear()
                 self._node_versions = {o["metadata"]["name"]: o["metadata"].get("resourceVersion") or "" for o in objs}
             elif kind == "Namespace":
                 self.namespaces = {o["metadata"]["name"]: NamespaceState.from_namespace(o) for o in objs}
@@ -211,13 +218,18 @@ class ClusterState:
             return {n: out[n] for n in nodes}
 
     def pool_nodes(self, pool: Pool) -> list[NodeState]:
+        """The pool's eligible nodes (members, Ready, not cordoned); computed again only after a node
+        or the policy changed, not on every admission."""
         with self._lock:
-            return eligible_nodes(pool, self._policy, self.nodes.values())
+            nodes = self._eligible.get(pool.name)
+            if nodes is None:
+                nodes = self._eligible[pool.name] = eligible_nodes(pool, self._policy, self.nodes.values())
+            return list(nodes)
 
     def loads(self, pool: Pool) -> dict[str, NodeLoad]:
         with self._lock:
             self.ledger.expire(self._clock(), self.assumption_ttl)
-            nodes = eligible_nodes(pool, self._policy, self.nodes.values())
+            nodes = self.pool_nodes(pool)
             placed = self.placed_counts([n.name for n in nodes])
             return self.ledger.loads(nodes, placed, pool.capacity)
 

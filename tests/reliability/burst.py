@@ -4,7 +4,7 @@
 a refused connection, a 429, a 5xx or a timeout is tried again (tenacity, jittered backoff) until
 `deadline` seconds have passed; a 409 AlreadyExists on a retry means an earlier attempt got through.
 `Burst` creates `count` runs from a thread pool, one every `interval` seconds, so a fault can be
-injected mid-burst; `outcome()` counts, for runs that must go to the pool, what was lost or misplaced.
+injected mid-burst; `pool_outcome()` counts, for runs that must go to the pool, what was lost or misplaced.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import tenacity
 import urllib3
 from kubernetes.client.exceptions import ApiException
 from tekton_runs import GROUP, MATCHING_IMAGE, POOL, POOL_NODES, VERSION, Runs, decision_of, succeeded, taskrun
+
+from controller.core.model import TAINT_KEY
 
 CREATE_TIMEOUT = 15.0  # seconds per attempt: with etcd down, the API server would hold a request ~60 s
 
@@ -102,11 +104,6 @@ class Burst:
             self.attempts[name] = attempts
 
     @property
-    def created(self) -> int:
-        with self._lock:
-            return len(self.attempts)
-
-    @property
     def submitted(self) -> int:
         """Creations handed to the pool so far."""
         return len(self._futures)
@@ -133,42 +130,56 @@ class Burst:
 
 @dataclass(frozen=True)
 class PoolOutcome:
-    """What became of runs that must all run on the pool."""
+    """What became of runs that must all run on the pool.
+
+    A run Tekton failed before it made any pod (`no_pod`: its pod creation hit the outage, and Tekton
+    treats that as final, tektoncd/pipeline#3902 and #10724) is not egress-placer's to place; it is
+    counted apart, and only checked to carry the pool placement egress-placer wrote into its podTemplate.
+    """
 
     total: int
     lost: tuple[str, ...]  # never created, or gone
-    failed: tuple[str, ...]  # Succeeded=False
-    off_pool: tuple[str, ...]  # their pod ran elsewhere (or has no node)
+    no_pod: tuple[str, ...]  # Succeeded=False and no pod: Tekton gave up creating it
+    unplaced_template: tuple[str, ...]  # ... and its podTemplate lacks the pool toleration
+    failed: tuple[str, ...]  # Succeeded=False after its pod existed
+    off_pool: tuple[str, ...]  # its pod ran elsewhere (or has no node)
     without_run_decision: tuple[str, ...]  # the TaskRun has no decision annotation (its admission was missed)
     pod_without_decision: tuple[str, ...]  # neither has the pod
 
     @property
     def misplaced(self) -> tuple[str, ...]:
-        return tuple(sorted(set(self.failed) | set(self.off_pool) | set(self.pod_without_decision)))
+        return tuple(sorted({*self.failed, *self.off_pool, *self.pod_without_decision, *self.unplaced_template}))
 
     def summary(self) -> str:
+        tekton = f", {len(self.no_pod)} failed by Tekton before any pod (placement written)" if self.no_pod else ""
+        on_pool = self.total - len(self.lost) - len(self.misplaced) - len(self.no_pod)
         return (
-            f"{self.total - len(self.lost) - len(self.misplaced)}/{self.total} on the pool, "
-            f"{len(self.lost)} lost, {len(self.misplaced)} misplaced, "
+            f"{on_pool}/{self.total} on the pool, {len(self.lost)} lost, {len(self.misplaced)} misplaced{tekton}, "
             f"{len(self.without_run_decision)} TaskRun(s) without decision"
         )
+
+
+def _tolerates_pool(run: Mapping[str, Any]) -> bool:
+    tolerations = ((run.get("spec") or {}).get("podTemplate") or {}).get("tolerations") or []
+    return any(t.get("key") == TAINT_KEY and t.get("value") == POOL for t in tolerations)
 
 
 def pool_outcome(runs: Runs, namespace: str, names: list[str]) -> PoolOutcome:
     listed = runs.listed(namespace, "taskruns")
     pods = runs.pods_by_taskrun(namespace)
     present = [n for n in names if n in listed]
-    pod_decision = {
-        n: decision_of({"metadata": {"annotations": pods[n].metadata.annotations}}) if n in pods else {}
-        for n in present
-    }
+    no_pod = [n for n in present if n not in pods and succeeded(listed[n]) == "False"]
+    with_pod = [n for n in present if n not in no_pod]
+    pod_decision = {n: decision_of({"metadata": {"annotations": pods[n].metadata.annotations}}) if n in pods else {} for n in with_pod}
     return PoolOutcome(
         total=len(names),
         lost=tuple(n for n in names if n not in listed),
-        failed=tuple(n for n in present if succeeded(listed[n]) == "False"),
-        off_pool=tuple(n for n in present if n not in pods or pods[n].spec.node_name not in POOL_NODES),
+        no_pod=tuple(no_pod),
+        unplaced_template=tuple(n for n in no_pod if not _tolerates_pool(listed[n])),
+        failed=tuple(n for n in with_pod if succeeded(listed[n]) == "False"),
+        off_pool=tuple(n for n in with_pod if n not in pods or pods[n].spec.node_name not in POOL_NODES),
         without_run_decision=tuple(n for n in present if decision_of(listed[n]).get("pool") != POOL),
-        pod_without_decision=tuple(n for n in present if pod_decision[n].get("pool") != POOL),
+        pod_without_decision=tuple(n for n in with_pod if pod_decision[n].get("pool") != POOL),
     )
 
 

@@ -173,9 +173,6 @@ class Placer:
         assert record is not None and record.alive(), f"{replica.name} is not running"
         return record.pid
 
-    def log_lines(self, replica: ControllerReplica) -> list[str]:
-        return (self.cluster.dir / "logs" / f"{replica.name}.log").read_text(errors="replace").splitlines()
-
 
 def apiserver_metrics(cluster: Cluster) -> str:
     """The API server's /metrics (admin client certificate)."""

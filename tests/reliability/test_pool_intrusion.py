@@ -87,9 +87,9 @@ class Attempts:
                 return None
             raise
 
-    def kept_off(self, namespace: str, name: str) -> Result:
+    def kept_off(self, namespace: str, name: str, seconds: float = OBSERVE_SECONDS) -> Result:
         """A pod refused at admission: never on a pool node while watched; what it carries and where it is."""
-        deadline = time.monotonic() + OBSERVE_SECONDS
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             pod = self.read(namespace, name)
             if pod is not None and pod.spec.node_name in POOL_NODES and pod.metadata.deletion_timestamp is None:
@@ -224,9 +224,12 @@ def deployment_with_toleration(a: Attempts) -> Result:
     }
     a.apps.create_namespaced_deployment(TEAM_OTHER, body)
     a.extra.append(lambda: a.apps.delete_namespaced_deployment(name, TEAM_OTHER, propagation_policy="Foreground"))
-    pods = elapsed_until("the Deployment's pods", lambda: a.core.list_namespaced_pod(TEAM_OTHER, label_selector=f"app={name}").items, timeout=30)
-    results = [a.kept_off(TEAM_OTHER, p) for p in sorted({p.metadata.name for p in a.core.list_namespaced_pod(TEAM_OTHER, label_selector=f"app={name}").items})]
-    assert pods
+
+    def pods() -> list[str]:
+        return sorted(p.metadata.name for p in a.core.list_namespaced_pod(TEAM_OTHER, label_selector=f"app={name}").items)
+
+    elapsed_until("the Deployment's 2 pods", lambda: len(pods()) == 2, timeout=30)
+    results = [a.kept_off(TEAM_OTHER, pod, OBSERVE_SECONDS if i == 0 else 0.5) for i, pod in enumerate(pods())]  # watched together
     return Result(f"{len(results)} pods: {results[0].outcome}", 0.0, all(r.stopped for r in results))
 
 

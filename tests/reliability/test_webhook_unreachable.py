@@ -119,9 +119,8 @@ def test_a_killed_controller_restarted_reports_every_run_it_missed(
     runs.create_pod(TEAM_OTHER, tolerating_pod(pod))
     names = create_runs(runs, "killed")
     ok, on_pool, decided = finished_off_pool(runs, names)
-    node_while_down = elapsed_until("the tolerating pod scheduled", lambda: pod_node(core, TEAM_OTHER, pod), timeout=30) and pod_node(
-        core, TEAM_OTHER, pod
-    )
+    elapsed_until("the tolerating pod scheduled", lambda: pod_node(core, TEAM_OTHER, pod), timeout=30)
+    node_while_down = pod_node(core, TEAM_OTHER, pod)
 
     restarted = time.monotonic()
     start_component(devcluster, killed)
