@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test unit cluster-build bench bench-quick clean
+.PHONY: demo test unit reliability cluster-build bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: cluster-build
 # Only the tests that need no cluster (seconds).
 unit: $(STAMP)
 	$(PY) -m pytest -m "not cluster"
+
+# The fault and abuse suite alone (it also runs in `make test`), then docs/reliability.md from its figures.
+reliability: cluster-build
+	$(PY) tests/reliability/report.py
 
 bench: cluster-build
 	$(PY) -m bench --mode full

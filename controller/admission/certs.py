@@ -212,13 +212,12 @@ class ServingTLS:
 
     `load_cert_chain` only reads files, so the PEMs are written into a private directory (mode
     0700, under the temp dir: `/tmp` is an emptyDir in the cluster, the root filesystem is
-    read-only), loaded, and deleted at once: the key does not stay on disk.
+    read-only), loaded, and the directory is deleted at once: the key does not stay on disk.
     """
 
     def __init__(self) -> None:
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
-        self._directory = tempfile.mkdtemp(prefix="egress-placer-tls-")
         self.cert_pem: bytes | None = None
 
     @property
@@ -230,8 +229,9 @@ class ServingTLS:
         when the key does not match the certificate; the old certificate then stays."""
         if pair.cert_pem == self.cert_pem:
             return
-        cert_file = os.path.join(self._directory, "tls.crt")
-        key_file = os.path.join(self._directory, "tls.key")
+        directory = tempfile.mkdtemp(prefix="egress-placer-tls-")
+        cert_file = os.path.join(directory, "tls.crt")
+        key_file = os.path.join(directory, "tls.key")
         try:
             for path, content in ((cert_file, pair.cert_pem), (key_file, pair.key_pem)):
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -239,13 +239,8 @@ class ServingTLS:
                     f.write(content)
             self.context.load_cert_chain(cert_file, key_file)
         finally:
-            for path in (cert_file, key_file):
-                if os.path.exists(path):
-                    os.unlink(path)
+            shutil.rmtree(directory, ignore_errors=True)
         self.cert_pem = pair.cert_pem
-
-    def close(self) -> None:
-        shutil.rmtree(self._directory, ignore_errors=True)
 
 
 # --- the keeper -----------------------------------------------------------------------------

@@ -130,7 +130,6 @@ class Running:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10)
-            self.keeper.tls.close()
 
 
 @pytest.fixture

@@ -139,6 +139,7 @@ class PoolOutcome:
 
     total: int
     lost: tuple[str, ...]  # never created, or gone
+    unfinished: tuple[str, ...]  # not finished (yet); where its pod is bound still counts
     no_pod: tuple[str, ...]  # Succeeded=False and no pod: Tekton gave up creating it
     unplaced_template: tuple[str, ...]  # ... and its podTemplate lacks the pool toleration
     failed: tuple[str, ...]  # Succeeded=False after its pod existed
@@ -152,6 +153,7 @@ class PoolOutcome:
 
     def summary(self) -> str:
         tekton = f", {len(self.no_pod)} failed by Tekton before any pod (placement written)" if self.no_pod else ""
+        tekton += f", {len(self.unfinished)} not finished (bound where they belong)" if self.unfinished else ""
         on_pool = self.total - len(self.lost) - len(self.misplaced) - len(self.no_pod)
         return (
             f"{on_pool}/{self.total} on the pool, {len(self.lost)} lost, {len(self.misplaced)} misplaced{tekton}, "
@@ -174,6 +176,7 @@ def pool_outcome(runs: Runs, namespace: str, names: list[str]) -> PoolOutcome:
     return PoolOutcome(
         total=len(names),
         lost=tuple(n for n in names if n not in listed),
+        unfinished=tuple(n for n in present if succeeded(listed[n]) is None),
         no_pod=tuple(no_pod),
         unplaced_template=tuple(n for n in no_pod if not _tolerates_pool(listed[n])),
         failed=tuple(n for n in with_pod if succeeded(listed[n]) == "False"),
@@ -187,3 +190,11 @@ def all_finished(runs: Runs, namespace: str, names: list[str]) -> bool:
     """Every named run exists and has a final Succeeded condition (True or False)."""
     listed = runs.listed(namespace, "taskruns")
     return all(n in listed and succeeded(listed[n]) is not None for n in names)
+
+
+def all_settled(runs: Runs, namespace: str, names: list[str]) -> bool:
+    """Every named run exists and has finished or has its pod bound to a node: where it runs is decided.
+    (A fake node can miss a status update while etcd is away, leaving its pod unfinished for good.)"""
+    listed = runs.listed(namespace, "taskruns")
+    pods = runs.pods_by_taskrun(namespace)
+    return all(n in listed and (succeeded(listed[n]) is not None or (n in pods and pods[n].spec.node_name)) for n in names)

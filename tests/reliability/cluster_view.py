@@ -33,6 +33,16 @@ def elapsed_until(what: str, probe: Callable[[], Any], timeout: float, interval:
     return time.monotonic() - started
 
 
+def eventually(probe: Callable[[], Any], timeout: float, interval: float = 0.5) -> bool:
+    """Poll `probe` until truthy or `timeout`: whether it became true (never fails the test)."""
+    deadline = time.monotonic() + timeout
+    while not _quietly(probe):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
 def _quietly(probe: Callable[[], Any]) -> Any:
     """The probe's answer; False while the API server cannot be reached (it may be restarting)."""
     try:

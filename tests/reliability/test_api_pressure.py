@@ -268,4 +268,4 @@ def test_under_sustained_429s_the_controller_backs_off_and_drops_nothing(
     assert early == [], early
     assert rate <= MAX_PRESSURE_RATE, sorted(Counter(int(_ts(e["requestReceivedTimestamp"])) for e in under_pressure).items())
     assert converged <= CONVERGE_SECONDS
-    assert outcome.lost == () and outcome.misplaced == (), outcome
+    assert outcome.lost == () and outcome.misplaced == () and outcome.no_pod == (), outcome

@@ -3,15 +3,18 @@ the kube-apiserver (then etcd) is killed with SIGKILL and started again with the
 client could not create while it was down are created when it is back (the client retries). Checks
 that egress-placer reconnects by itself (its watch restarts counter goes up after the API server
 kill), that a pool taint removed by hand right after the restart is back within RECOVERY_SECONDS, and
-that every run of the burst ran on the pool with its decision annotation: none lost, none misplaced."""
+that every run of the burst went to the pool with its decision annotation: none lost, none misplaced.
+Two outcomes of the outage that are not egress-placer's are counted apart: Tekton fails a run whose pod
+creation the API server refused (its placement is checked in the podTemplate), and a fake (KWOK) node
+can miss the status update that finishes a pod (where it was bound is what counts)."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
-from burst import Burst, RetryingRuns, all_finished, pool_outcome
-from cluster_view import Placer, elapsed_until, remove_pool_taint, taints_right
+from burst import Burst, RetryingRuns, all_finished, all_settled, pool_outcome
+from cluster_view import Placer, elapsed_until, eventually, remove_pool_taint, taints_right
 from conftest import Figures, TEAM_CDN
 from kubernetes import client
 from devcluster.cluster import Cluster
@@ -24,6 +27,7 @@ KILL_AFTER = 30  # runs handed out before the kill
 DOWN_SECONDS = 3.0  # how long the component stays dead
 RECOVERY_SECONDS = 30.0  # stated bound: API server back -> taints right (one removed by hand) and controller ready
 FINISH_SECONDS = 300.0
+FINISH_GRACE_SECONDS = 30.0  # once every run is bound, how long the unfinished ones may take to finish
 WATCH_RESTARTS = "egress_placer_watch_restarts_total"
 
 
@@ -64,7 +68,8 @@ def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
     burst.join()
     figures.set("creations_retried", burst.retried)
     assert burst.errors == {}, burst.errors
-    elapsed_until(f"the {BURST} runs to finish", lambda: all_finished(runs, TEAM_CDN, burst.names), timeout=FINISH_SECONDS, interval=1.0)
+    elapsed_until(f"the {BURST} runs to be bound or finished", lambda: all_settled(runs, TEAM_CDN, burst.names), timeout=FINISH_SECONDS, interval=1.0)
+    eventually(lambda: all_finished(runs, TEAM_CDN, burst.names), timeout=FINISH_GRACE_SECONDS, interval=1.0)
     outcome = pool_outcome(runs, TEAM_CDN, burst.names)
     restarts = placer.metric(replica, WATCH_RESTARTS) - restarts_before
     figures.set("watch_restarts", restarts)

@@ -122,7 +122,7 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
 
     assert new_leader == follower.identity
     assert taint_back <= TAKEOVER_SECONDS and evicted <= TAKEOVER_SECONDS
-    assert outcome.lost == () and outcome.misplaced == (), outcome
+    assert outcome.lost == () and outcome.misplaced == () and outcome.no_pod == (), outcome
     assert len(outcome.without_run_decision) <= failed_reviews, outcome
     assert len(eviction_events) == 1 and (eviction_events[0].get("series") or {}).get("count", 1) == 1, eviction_events
     assert taints_added == 1
