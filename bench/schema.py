@@ -56,7 +56,7 @@ TEMPLATE: dict[str, Any] = {
     "scale": {
         "nodes": None, "pods": None, "create_s": None, "create_per_s": None, "first_sync_s": None, "ready_s": None,
         "start_controller_s": None, "rss_mb": None, "rss_peak_mb": None, "rss_after_events_mb": None,
-        "events": None, "baseline_load": None, "api_write_s": None, "seen_after_s": None, "events_seen_per_s": None,
+        "events": None, "baseline_load": None, "load_at_end": None, "api_write_s": None, "seen_after_s": None, "events_seen_per_s": None,
         "lag_after_last_write_s": None, "in_process_events_per_s": None, "state_mb": None, "rss_baseline_mb": None,
         "profile": copy.deepcopy(PROFILE),
     },

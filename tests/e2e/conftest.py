@@ -9,12 +9,11 @@ from typing import Callable, Iterator
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from running_controller import POLICY_FILE, EgressPlacer, remove_pool_taints
+from running_controller import POLICY_FILE, EgressPlacer, make_plain, namespace_exists
 from tekton_runs import TEAM_CDN, TEAM_OTHER, Runs, Waiter
 
 from devcluster.cluster import Cluster
-from devcluster.controller import WEBHOOK_CONFIG, start_controller, stop_controller
+from devcluster.controller import start_controller
 
 
 @pytest.fixture(scope="module")
@@ -22,23 +21,13 @@ def tenants(kube: client.ApiClient, make_namespace: Callable[[str], str], wait_f
     """team-cdn and team-other, each with its `default` ServiceAccount; deleted (and gone) afterwards."""
     core = client.CoreV1Api(kube)
     for name in (TEAM_CDN, TEAM_OTHER):
-        wait_for(f"namespace {name} from an earlier module to be gone", lambda: not _exists(core, name), timeout=90)
+        wait_for(f"namespace {name} from an earlier module to be gone", lambda: not namespace_exists(core, name), timeout=90)
         make_namespace(name)
     yield TEAM_CDN, TEAM_OTHER
     for name in (TEAM_CDN, TEAM_OTHER):
         core.delete_namespace(name)
     for name in (TEAM_CDN, TEAM_OTHER):
-        wait_for(f"namespace {name} to be deleted", lambda: not _exists(core, name), timeout=90)
-
-
-def _exists(core: client.CoreV1Api, namespace: str) -> bool:
-    try:
-        core.read_namespace(namespace)
-        return True
-    except ApiException as e:
-        if e.status == 404:
-            return False
-        raise
+        wait_for(f"namespace {name} to be deleted", lambda: not namespace_exists(core, name), timeout=90)
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +37,7 @@ def egress_placer(devcluster: Cluster, kube: client.ApiClient, tenants: tuple[st
         start_controller(devcluster, POLICY_FILE)
         yield EgressPlacer(devcluster)
     finally:
-        stop_controller(devcluster)
-        try:
-            client.AdmissionregistrationV1Api(kube).delete_mutating_webhook_configuration(WEBHOOK_CONFIG)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-        remove_pool_taints(kube)
+        make_plain(kube, devcluster)
 
 
 @pytest.fixture

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import requests
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devcluster.controller import ControllerReplica, replicas_of
+from devcluster.controller import WEBHOOK_CONFIG, ControllerReplica, replicas_of, stop_controller
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "e2e"
 POLICY_FILE = DATA / "policy.yaml"
@@ -68,3 +69,24 @@ def remove_pool_taints(kube: client.ApiClient) -> None:
                 {"op": "replace", "path": "/spec/taints", "value": [kube.sanitize_for_serialization(t) for t in kept]},
             ]
             core.patch_node(node.metadata.name, patch)
+
+
+def namespace_exists(core: client.CoreV1Api, namespace: str) -> bool:
+    try:
+        core.read_namespace(namespace)
+        return True
+    except ApiException as e:
+        if e.status == 404:
+            return False
+        raise
+
+
+def make_plain(kube: client.ApiClient, cluster: Cluster) -> None:
+    """No controller, no webhook configuration, no pool taints: what later test modules expect."""
+    stop_controller(cluster)
+    try:
+        client.AdmissionregistrationV1Api(kube).delete_mutating_webhook_configuration(WEBHOOK_CONFIG)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+    remove_pool_taints(kube)

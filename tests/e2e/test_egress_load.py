@@ -20,13 +20,12 @@ import pytest
 import requests
 import yaml
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
-from running_controller import POLICY_FILE, EgressPlacer, remove_pool_taints
+from running_controller import POLICY_FILE, EgressPlacer, make_plain
 from tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, Waiter, decision_of, taskrun
 
 from devcluster.cluster import Cluster
-from devcluster.controller import WEBHOOK_CONFIG, service_account_user, start_controller, stop_controller
+from devcluster.controller import service_account_user, start_controller
 from devcluster.egress_exporter import EGRESS_QUERY, EgressExporter, egress_load_block, start_exporters, stop_exporters
 from devcluster.prometheus import start_prometheus, stop_prometheus, wait_for_rates
 
@@ -92,13 +91,7 @@ def egress_placer(
         start_controller(devcluster, rig.policy_file)
         yield EgressPlacer(devcluster)
     finally:
-        stop_controller(devcluster)
-        try:
-            client.AdmissionregistrationV1Api(kube).delete_mutating_webhook_configuration(WEBHOOK_CONFIG)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-        remove_pool_taints(kube)
+        make_plain(kube, devcluster)
 
 
 def egress_series(placer: EgressPlacer, name: str) -> dict[str, float]:

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from running_controller import namespace_exists
 
 from devcluster.cluster import Cluster
 from devcluster.controller import NAMESPACE
@@ -28,16 +28,6 @@ K8S = Path(__file__).resolve().parents[2] / "k8s"
 def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
     argv = [str(cluster.binary("kubectl")), "--kubeconfig", str(cluster.kubeconfig), *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
-
-
-def namespace_exists(core: client.CoreV1Api, name: str) -> bool:
-    try:
-        core.read_namespace(name)
-        return True
-    except ApiException as e:
-        if e.status == 404:
-            return False
-        raise
 
 
 @pytest.fixture

@@ -19,17 +19,16 @@ from typing import Any, Callable, Iterator
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))  # the e2e helpers: tekton_runs, running_controller
 
 from burst import RetryingRuns  # noqa: E402
 from cluster_view import Placer, delete_lease, elapsed_until, taints_right  # noqa: E402
-from running_controller import remove_pool_taints  # noqa: E402
+from running_controller import make_plain as make_plain_cluster, namespace_exists  # noqa: E402
 from tekton_runs import Waiter  # noqa: E402
 
 from devcluster.cluster import Cluster  # noqa: E402
-from devcluster.controller import WEBHOOK_CONFIG, start_controller, stop_controller  # noqa: E402
+from devcluster.controller import start_controller  # noqa: E402
 
 FIGURES_ENV = "EGRESS_PLACER_RELIABILITY_FIGURES"  # where the figures go (JSON); report.py sets it
 POLICY_FILE = Path(__file__).with_name("policy.yaml")
@@ -96,28 +95,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 # -- the cluster's tenants and the controller ----------------------------------------------------------
 
 
-def _exists(core: client.CoreV1Api, namespace: str) -> bool:
-    try:
-        core.read_namespace(namespace)
-        return True
-    except ApiException as e:
-        if e.status == 404:
-            return False
-        raise
-
-
 @pytest.fixture(scope="session")
 def tenants(kube: client.ApiClient, make_namespace: Callable[[str], str], wait_for: Waiter) -> Iterator[tuple[str, ...]]:
     """TEAM_CDN (may use pool `overseas`), TEAM_OTHER and TEAM_CDN_EVIL (may not); deleted afterwards."""
     core = client.CoreV1Api(kube)
     for name in TENANTS:
-        wait_for(f"namespace {name} from an earlier run to be gone", lambda: not _exists(core, name), timeout=120)
+        wait_for(f"namespace {name} from an earlier run to be gone", lambda: not namespace_exists(core, name), timeout=120)
         make_namespace(name)
     yield TENANTS
     for name in TENANTS:
         core.delete_namespace(name)
     for name in TENANTS:
-        wait_for(f"namespace {name} to be deleted", lambda: not _exists(core, name), timeout=120)
+        wait_for(f"namespace {name} to be deleted", lambda: not namespace_exists(core, name), timeout=120)
 
 
 @dataclass(frozen=True)
@@ -128,13 +117,7 @@ class ControllerSpec:
 
 def make_plain(kube: client.ApiClient, cluster: Cluster) -> None:
     """No controller, no webhook configuration, no pool taints, no leader Lease."""
-    stop_controller(cluster)
-    try:
-        client.AdmissionregistrationV1Api(kube).delete_mutating_webhook_configuration(WEBHOOK_CONFIG)
-    except ApiException as e:
-        if e.status != 404:
-            raise
-    remove_pool_taints(kube)
+    make_plain_cluster(kube, cluster)
     delete_lease(kube)
 
 
