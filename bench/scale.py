@@ -128,6 +128,19 @@ class WebhookProbe:
         return sum(int(v.split("/")[0]) for n, v in loads.items() if n in self.nodes)
 
 
+async def running(kube: Kube, namespace: str, count: int, timeout: float = 300.0) -> None:
+    """Until KWOK has made the namespace's `count` pods Running: a later status patch of ours must not
+    race with KWOK's own (it would set a Succeeded pod back to Running)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        items, _ = await kube.list(f"/api/v1/namespaces/{namespace}/pods")
+        if sum((p.get("status") or {}).get("phase") == "Running" for p in items) >= count:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the pods of {namespace} are not all Running after {timeout:.0f} s")
+        await asyncio.sleep(1.0)
+
+
 async def populate(bc: BenchCluster, log: Log) -> dict[str, Any]:
     sizes = bc.sizes
     k = bc.largest_pool
@@ -148,6 +161,7 @@ async def populate(bc: BenchCluster, log: Log) -> dict[str, Any]:
         for pod in event_pods:
             del pod["metadata"]["ownerReferences"]  # no such ReplicaSet: the garbage collector would delete the pod
         await create_all(kube, lambda b: f"/api/v1/namespaces/{events_namespace}/pods", event_pods)
+        await running(kube, events_namespace, len(event_pods))
     objects = sizes.scale_nodes + sizes.scale_pods
     return {
         "create_s": round(node_s + pod_s, 1),

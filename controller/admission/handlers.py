@@ -352,13 +352,14 @@ class Admission:
         self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy
     ) -> Patch:
         decision = decide(policy, namespace, request.annotations, pod_images(request.object))
+        taskrun = request.labels.get(TASKRUN_LABEL)
+        if taskrun and not request.dry_run:
+            # The pod is being made: from now on it (or its own assumption) counts, the TaskRun's must
+            # not, and not while its node is chosen either (it would count this run twice).
+            self.state.forget(taskrun_key(request.namespace, taskrun))
         placement = self._place(
             current, decision.pool, policy, pod_key(request.namespace, request.key_name), request.name, request.dry_run
         )
-        taskrun = request.labels.get(TASKRUN_LABEL)
-        if taskrun and not request.dry_run:
-            # The pod exists now: it (or its own assumption) counts, the TaskRun's assumption must not.
-            self.state.forget(taskrun_key(request.namespace, taskrun))
         self._count(request.kind, decision, placement)
         patch = json_patch(current, placement.template, "/spec")
         patch += _annotation_ops(request.object, DECISION_ANNOTATION, _record(decision, placement))

@@ -365,6 +365,17 @@ def test_pod_takes_over_the_taskrun_assumption() -> None:
     assert len(required_terms(patched["spec"])) == 1
 
 
+def test_the_pod_does_not_count_its_own_taskrun_while_choosing() -> None:
+    # A run's TaskRun assumption must be gone before its pod's node is chosen: otherwise the node
+    # picked at TaskRun CREATE looks one run busier to its own pod, and bursts drift off even.
+    env = Env()
+    _, run, _ = env.review(taskrun("kaniko"))
+    chosen_for_run = decision_of(run)["node"]
+    pod = tekton_pod(annotations=run["metadata"]["annotations"], spec_extra=copy.deepcopy(run["spec"]["podTemplate"]))
+    _, patched, _ = env.review(pod)
+    assert decision_of(patched)["loads"][chosen_for_run] == "0/110"
+
+
 def test_pod_of_an_unresolved_taskrun_is_placed_by_its_final_images() -> None:
     env = Env()
     _, run, _ = env.review(taskrun("no-such-task"))
