@@ -86,7 +86,7 @@ def run_cluster_sections(results: dict[str, Any], sizes: Sizes, workdir: Path, w
             for case in ("a", "b"):
                 rows += _section(results, f"balance ({case})", lambda c=case: asyncio.run(balance.run_case(bc, c, log))) or []
             bc.stop_controller()
-            bc.start_controller({"EGRESS_PLACER_BALANCE": "load-without-assumptions"}, launcher="bench.controller_run")
+            bc.start_controller({"EGRESS_PLACER_BALANCE": "load-without-assumptions"})
             rows += _section(results, "balance (c)", lambda: asyncio.run(balance.run_case(bc, "c", log))) or []
             schema.merge(results["balance"], balance.summarize(rows))
         if "scale" in wanted:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,6 @@ import yaml
 
 from devcluster import controller as dc
 from devcluster.cluster import Cluster, ClusterError
-from devcluster.process import free_port
 
 from bench.kube import Kube
 from bench.sizes import Sizes
@@ -91,29 +89,12 @@ class BenchCluster:
         return namespace_for("probe", self.largest_pool)
 
     # -- the controller ----------------------------------------------------------------------
-    def start_controller(self, env: Mapping[str, str] | None = None, *, launcher: str | None = None) -> int:
-        """Start one replica (`python -m controller run`, or `python -m <launcher>`); its pid once ready."""
-        if launcher is None:
-            dc.start_controller(self.cluster, self.policy_file, env=env)
-        else:
-            self._start_with(launcher, env or {})
+    def start_controller(self, env: Mapping[str, str] | None = None) -> int:
+        """Start one replica (`python -m controller run`, settings from `env`); its pid once ready."""
+        dc.start_controller(self.cluster, self.policy_file, env=env)
         record = self.cluster.process("egress-placer-0")
         assert record is not None
         return record.pid
-
-    def _start_with(self, module: str, env: Mapping[str, str]) -> None:
-        """devcluster.controller.start_controller with another command (one replica)."""
-        replica = dc.ControllerReplica(name="egress-placer-0", identity="egress-placer-0",
-                                       webhook_port=free_port(), health_port=free_port())
-        docs = dc.local_manifests(dc.render_manifests(self.cluster), self.policy_file.read_text(), replica.webhook_url)
-        dc.kubectl(self.cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs))
-        kubeconfig = self.cluster.mint_kubeconfig(dc.service_account_user())
-        self.cluster.start_process(replica.name, [sys.executable, "-m", module],
-                                   {**dc.controller_env(replica, kubeconfig), **env},
-                                   port=replica.webhook_port, health_url=replica.health_url + "/healthz")
-        with self.cluster._locked_state() as state:  # noqa: SLF001 - the cluster's own state file, under its lock
-            state["controller"] = {"replicas": [replica.__dict__], "policy": str(self.policy_file)}
-        dc.wait_ready(self.cluster, [replica])
 
     def stop_controller(self) -> None:
         dc.stop_controller(self.cluster)
