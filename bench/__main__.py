@@ -1,7 +1,7 @@
 """`python -m bench --mode quick|full [--tiny] [--out DIR] [--sections ...] [--cluster-dir DIR]`
 
 Runs the sections in this order: admission (no cluster), core, then on one local cluster: end to
-end, balance (a, b, c), scale. Writes DIR/latest.json, DIR/report.md and the PNG charts (DIR is
+end, balance (a, b, c, and the egress case with a real Prometheus), scale. Writes DIR/latest.json, DIR/report.md and the PNG charts (DIR is
 bench/results by default) and prints a summary table. Exit status 1 when a section failed.
 """
 
@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from loguru import logger
 
-from bench import admission, balance, decision, e2e, machine, report, scale, schema
+from bench import admission, balance, decision, e2e, egress_case, machine, report, scale, schema
 from bench import cluster as bench_cluster
 from bench.kube import Kube
 from bench.sizes import SIZES, Sizes
@@ -89,6 +89,11 @@ def run_cluster_sections(results: dict[str, Any], sizes: Sizes, workdir: Path, w
             bc.start_controller({"EGRESS_PLACER_BALANCE": "load-without-assumptions"})
             rows += _section(results, "balance (c)", lambda: asyncio.run(balance.run_case(bc, "c", log))) or []
             schema.merge(results["balance"], balance.summarize(rows))
+            bc.stop_controller()  # the egress case starts the controller with its own policy, and stops it
+            egress = _section(results, "balance (egress)", lambda: egress_case.run_egress_case(
+                bc.cluster.dir, burst=sizes.egress_burst, nodes=bc.pools[min(bc.pools)], log=log))
+            if egress:
+                schema.merge(results["balance"]["egress"], egress)
         if "scale" in wanted:
             out = _section(results, "scale", lambda: scale.run(bc, log))
             if out:

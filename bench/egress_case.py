@@ -40,16 +40,12 @@ TAINT_KEY = "egress-placer.io/pool"
 Log = Callable[[str], None]
 
 
-def policy(prometheus_url: str | None, bandwidth: float, capacity: int | None) -> str:
-    """Pool `overseas` (the local cluster's egress nodes) for uploads from NAMESPACE; with an
-    `egressLoad` reading `prometheus_url`, or without one (run counts only) when it is None."""
-    pool: dict[str, Any] = {
-        "name": EGRESS_POOL,
-        "nodeSelector": {EGRESS_POOL_LABEL: EGRESS_POOL},
-        "images": ["*uploader*"],
-        "namespaces": [NAMESPACE],
-        "placement": "required",
-    }
+def policy(prometheus_url: str | None, bandwidth: float, capacity: int | None, nodes: list[str] | None = None) -> str:
+    """Pool `overseas` (the local cluster's egress nodes, or `nodes` by name) for uploads from NAMESPACE;
+    with an `egressLoad` reading `prometheus_url`, or without one (run counts only) when it is None."""
+    pool: dict[str, Any] = {"name": EGRESS_POOL}
+    pool.update({"nodes": nodes} if nodes else {"nodeSelector": {EGRESS_POOL_LABEL: EGRESS_POOL}})
+    pool.update({"images": ["*uploader*"], "namespaces": [NAMESPACE], "placement": "required"})
     if capacity is not None:
         pool["capacity"] = capacity
     if prometheus_url is not None:
@@ -165,10 +161,11 @@ class _Bench:
         self.api.close()
 
 
-def _placement(per_node: dict[str, int], busy: str, seconds: float) -> dict[str, Any]:
+def _placement(per_node: dict[str, int], nodes: list[str], busy: str, seconds: float) -> dict[str, Any]:
     total = sum(per_node.values())
     return {
-        "pods_per_node": per_node,
+        "pods_per_node": {n: per_node.get(n, 0) for n in nodes},
+        "pods_outside_pool": sum(v for n, v in per_node.items() if n not in nodes),
         "busy_node_pods": per_node.get(busy, 0),
         "busy_node_share": round(per_node.get(busy, 0) / total, 3) if total else None,
         "seconds_to_bind": round(seconds, 2),
@@ -183,10 +180,12 @@ def run_egress_case(
     busy_fraction: float = 0.95,
     idle_fraction: float = 0.01,
     capacity: int | None = None,
+    nodes: list[str] | None = None,
     log: Log = print,
 ) -> dict[str, Any]:
     """Run the case on the running cluster in `cluster_dir` (left running, made plain again), or on
-    a cluster of its own (brought up and down) when None; return the figures."""
+    a cluster of its own (brought up and down) when None; return the figures. The pool is the
+    cluster's egress nodes, or `nodes` when given (the benchmark's bigger clusters: a few of them)."""
     own = cluster_dir is None
     cluster = Cluster(Path(cluster_dir) if cluster_dir else Path(tempfile.mkdtemp(prefix="bench-egress-")), log=log)
     if own:
@@ -196,7 +195,7 @@ def run_egress_case(
     bench = _Bench(cluster)
     exporters: dict[str, EgressExporter] = {}
     try:
-        nodes = bench.pool_nodes()
+        nodes = sorted(nodes) if nodes else bench.pool_nodes()
         if len(nodes) < 2:
             raise ClusterError(f"the case needs at least 2 pool nodes, the cluster has {nodes}")
         busy = nodes[0]
@@ -210,7 +209,7 @@ def run_egress_case(
         log(f"[egress-case] Prometheus {url} up in {prometheus_start:.1f} s; measured {measured}")
 
         policy_file = cluster.dir / "bench-egress-policy.yaml"
-        policy_file.write_text(policy(url, bandwidth, capacity))
+        policy_file.write_text(policy(url, bandwidth, capacity, nodes))
         start_controller(cluster, policy_file)
         _wait(
             "the controller's egress figures",
@@ -221,7 +220,7 @@ def run_egress_case(
         log(f"[egress-case] (a) egress-aware: {aware}")
         bench.delete_burst("aware")
 
-        apply_policy(cluster, policy(None, bandwidth, capacity))
+        apply_policy(cluster, policy(None, bandwidth, capacity, nodes))
         _wait("the controller to drop the egress source", lambda: not _controller_series(cluster, "egress_placer_egress_fallback"), 45)
         counts, counts_seconds = bench.burst("counts", burst)
         log(f"[egress-case] (b) run counts only: {counts}")
@@ -231,13 +230,15 @@ def run_egress_case(
             "burst": burst,
             "pool_nodes": nodes,
             "busy_node": busy,
+            "busy_fraction": busy_fraction,
+            "idle_fraction": idle_fraction,
             "bandwidth_bytes_per_second": bandwidth,
             "exporter_bytes_per_second": rates,
             "prometheus_bytes_per_second": {n: round(v) for n, v in sorted(measured.items())},
             "prometheus_start_seconds": round(prometheus_start, 2),
             "even_share": round(1 / len(nodes), 3),
-            "egress_aware": _placement(aware, busy, aware_seconds),
-            "run_counts_only": _placement(counts, busy, counts_seconds),
+            "egress_aware": _placement(aware, nodes, busy, aware_seconds),
+            "run_counts_only": _placement(counts, nodes, busy, counts_seconds),
         }
     finally:
         stop_controller(cluster)

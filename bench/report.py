@@ -28,9 +28,38 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         _target("admission sustained rate (p99 <= 10 ms)", ">= 500 req/s", adm["sustained_rps"], "req/s", 500.0, True),
         _target("admission p99 / floor p99 at the same rate", "<= 2.0", head["p99_ratio"], "x", 2.0),
         _target("balance (a) imbalance, worst burst", "<= 1.1", bal["worst_imbalance"]["a"], "x", 1.1),
+        _target("balance (egress) busy node's share / even share, egress-aware", "<= 0.5", _busy_ratio(bal["egress"]), "x", 0.5),
         _target("controller RSS at 5,000 nodes / 20,000 pods" + scale_note, "<= 300 MB", scale["rss_mb"], "MB", 300.0),
         _target("end to end p50 with / without webhook", "<= 1.10", e2e["p50_ratio"], "x", 1.10),
         _target("end to end p99 with / without webhook", "<= 1.10", e2e["p99_ratio"], "x", 1.10),
+    ]
+
+
+def _busy_ratio(egress: dict[str, Any]) -> float | None:
+    """The busy node's share of the egress-aware burst against an even share (1.0: no better than even)."""
+    share, even = egress["egress_aware"]["busy_node_share"], egress["even_share"]
+    return round(share / even, 3) if share is not None and even else None
+
+
+def _egress_rows(egress: dict[str, Any]) -> list[str]:
+    if egress["burst"] is None:
+        return ["The egress case did not run.", ""]
+    rates = egress["prometheus_bytes_per_second"]
+    return [
+        f"**Egress case.** {egress['burst']} long upload TaskRuns at once onto pool {', '.join(egress['pool_nodes'])}, "
+        f"whose links Prometheus measures (a real server scraping one exporter per node): {egress['busy_node']} sends "
+        f"at {egress['busy_fraction']:.0%} of its {egress['bandwidth_bytes_per_second'] / 1e6:.0f} MB/s, the others at "
+        f"{egress['idle_fraction']:.0%} (Prometheus read {', '.join(f'{n} {v / 1e6:.1f} MB/s' for n, v in rates.items())}; "
+        f"it was up in {_v(egress['prometheus_start_seconds'])} s). The same burst with the pool's `egressLoad`, and "
+        "without it (run counts only):",
+        "",
+        f"| node choice | pods per node ({' '.join(egress['pool_nodes'])}) | busy node's share (even {egress['even_share']}) "
+        "| outside the pool | all bound after |",
+        "|---|---|---:|---:|---:|",
+        *[f"| {label} | {' '.join(str(v) for v in p['pods_per_node'].values())} | **{_v(p['busy_node_share'])}** | "
+          f"{_v(p['pods_outside_pool'])} | {_v(p['seconds_to_bind'])} s |"
+          for label, p in (("egress-aware", egress["egress_aware"]), ("run counts only", egress["run_counts_only"]))],
+        "",
     ]
 
 
@@ -216,6 +245,7 @@ def markdown(results: dict[str, Any], images: list[str], findings: list[str]) ->
           f"{c['scheduled_s']} s |" for c in bal["cases"]],
         "",
         *(["![balance](balance.png)", ""] if "balance.png" in images else []),
+        *_egress_rows(bal["egress"]),
         "## 4. Scale",
         "",
         f"{_v(scale['nodes'])} Node objects and {_v(scale['pods'])} bound pods created through the API in "
@@ -271,6 +301,9 @@ def summary_table(results: dict[str, Any]) -> str:
     for c in results["balance"]["cases"]:
         lines.append(f"{'balance (' + c['case'] + ') ' + str(c['runs']) + ' on ' + str(c['pool_nodes']):<36}"
                      f"{_v(c['imbalance']):>16}")
+    egress = results["balance"]["egress"]
+    for label, key in (("egress-aware", "egress_aware"), ("run counts", "run_counts_only")):
+        lines.append(f"{'balance (egress) busy share, ' + label:<36}{_v(egress[key]['busy_node_share']):>16}")
     lines.append("")
     lines += [f"{'MET ' if t['met'] else 'MISS' if t['met'] is False else ' -- '}  {t['name']}: {_v(t['value'])} "
               f"{t['unit']} (want {t['target']})" for t in results["targets"]]

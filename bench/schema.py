@@ -24,6 +24,14 @@ E2E_MODE = {
     "runs": None, "p50_s": None, "p99_s": None, "mean_s": None, "webhook_answered": None,
     "stage_p50_ms": {"create": None, "to_pod": None, "to_bound": None},
 }
+EGRESS_PLACEMENT = {"pods_per_node": {}, "pods_outside_pool": None, "busy_node_pods": None, "busy_node_share": None,
+                    "seconds_to_bind": None}
+EGRESS_CASE = {
+    "case": None, "burst": None, "pool_nodes": [], "busy_node": None, "busy_fraction": None, "idle_fraction": None,
+    "bandwidth_bytes_per_second": None, "exporter_bytes_per_second": {}, "prometheus_bytes_per_second": {},
+    "prometheus_start_seconds": None, "even_share": None,
+    "egress_aware": copy.deepcopy(EGRESS_PLACEMENT), "run_counts_only": copy.deepcopy(EGRESS_PLACEMENT),
+}
 PROFILE = {"tool": None, "load": None, "samples": None, "top_self": [], "top_inclusive": []}
 
 TEMPLATE: dict[str, Any] = {
@@ -52,7 +60,7 @@ TEMPLATE: dict[str, Any] = {
         "profile": copy.deepcopy(PROFILE),
     },
     "core": {"rows": [], "profile": copy.deepcopy(PROFILE)},
-    "balance": {"cases": [], "worst_imbalance": {"a": None, "b": None, "c": None}},
+    "balance": {"cases": [], "worst_imbalance": {"a": None, "b": None, "c": None}, "egress": copy.deepcopy(EGRESS_CASE)},
     "scale": {
         "nodes": None, "pods": None, "create_s": None, "create_per_s": None, "first_sync_s": None, "ready_s": None,
         "start_controller_s": None, "rss_mb": None, "rss_peak_mb": None, "rss_after_events_mb": None,

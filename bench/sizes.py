@@ -24,8 +24,10 @@ class Sizes:
     # 2. Decision core: pool sizes and seconds per size.
     core_pool_nodes: tuple[int, ...]
     core_seconds: float
-    # 3. Balance: bursts as (TaskRuns, pool nodes).
+    # 3. Balance: bursts as (TaskRuns, pool nodes); the egress case's burst (on the 3-node pool, one
+    # node's link nearly full, measured by Prometheus).
     bursts: tuple[tuple[int, int], ...]
+    egress_burst: int
     # 4. Scale: Node objects, Pods bound to them, pods on pool nodes whose change is timed.
     scale_nodes: int
     scale_pods: int
@@ -57,6 +59,7 @@ SIZES: dict[str, Sizes] = {
         core_pool_nodes=(10, 100, 1000),
         core_seconds=1.5,
         bursts=((60, 3), (60, 10)),
+        egress_burst=30,
         scale_nodes=500,
         scale_pods=2000,
         scale_event_pods=300,
@@ -77,6 +80,7 @@ SIZES: dict[str, Sizes] = {
         core_pool_nodes=(10, 100, 1000),
         core_seconds=4.0,
         bursts=((60, 3), (60, 10), (300, 3), (300, 10)),
+        egress_burst=60,
         scale_nodes=5000,
         scale_pods=20000,
         scale_event_pods=2000,
@@ -97,6 +101,7 @@ SIZES: dict[str, Sizes] = {
         core_pool_nodes=(10, 100),
         core_seconds=0.2,
         bursts=((6, 3),),
+        egress_burst=6,
         scale_nodes=20,
         scale_pods=60,
         scale_event_pods=10,

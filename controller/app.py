@@ -125,7 +125,14 @@ class Controller:
             self.state,
             [
                 TaintReconciler(self.state, self.writer, self.metrics),
-                IntruderReconciler(self.state, self.writer, self.events, self.metrics, settings.intruder_mode),
+                IntruderReconciler(
+                    self.state,
+                    self.writer,
+                    self.events,
+                    self.metrics,
+                    settings.intruder_mode,
+                    budget_grace=settings.intruder_budget_grace_seconds,
+                ),
             ],
             is_leader=self.is_leader,
             resync_seconds=settings.resync_seconds,

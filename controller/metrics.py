@@ -46,7 +46,7 @@ class Metrics:
         )
         self.evictions = Counter(
             "egress_placer_intruder_evictions_total",
-            "Intruder pods found on pool nodes, by pool and outcome (evicted, reported, deferred by a PodDisruptionBudget, failed).",
+            "Intruder pods found on pool nodes, by pool and outcome (evicted, reported, deferred by a PodDisruptionBudget, deleted after the budget grace, failed).",
             ["pool", "outcome"],
             registry=r,
         )

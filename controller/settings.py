@@ -54,6 +54,9 @@ class Settings(BaseSettings):
     balance: Literal["load", "load-without-assumptions"] = "load"
     # Intruders: evict them, or only report (Event + metric + log) on a first install.
     intruder_mode: Literal["evict", "report"] = "evict"
+    # An intruder whose evictions a PodDisruptionBudget has refused this long is deleted; None (an
+    # empty variable) honours budgets for ever.
+    intruder_budget_grace_seconds: float | None = 30.0
     # Coscheduled PipelineRuns (Tekton's affinity assistant): move the whole run to the pool when a
     # task needs it ("whole-run"), or leave the whole run on ordinary nodes ("off").
     coscheduled: Literal["whole-run", "off"] = "whole-run"

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -46,6 +46,9 @@ class Component:
     stamp_kubernetes_version: bool = False
     tags: tuple[str, ...] = ()  # Go build tags
     version_variable: str | None = None  # a Go string variable stamped (-X) with the pinned version
+    # Fixes the pinned upstream release lacks: a directory under tools/<module>/ of patched .go files
+    # -> the Go package whose files of the same names they replace (see `_patched_modfile`).
+    patches: dict[str, str] = field(default_factory=dict)
 
 
 COMPONENTS: tuple[Component, ...] = (
@@ -72,6 +75,12 @@ COMPONENTS: tuple[Component, ...] = (
         pin="sigs.k8s.io/kwok",
         binaries={"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
         why="KWOK with client-go and its stage engine: ~1 min cold",
+        # KWOK's stage workers share CEL caches and Stage objects without locks: it died at start
+        # with "fatal error: concurrent map writes" (seen in CI). The patches guard them.
+        patches={
+            "_patches/easycel": "github.com/wzshiming/easycel",
+            "_patches/kwok-lifecycle": "sigs.k8s.io/kwok/pkg/utils/lifecycle",
+        },
     ),
     Component(
         module="tekton",
@@ -279,6 +288,47 @@ def _go_output_name(package: str) -> str:
     return parts[-2] if re.fullmatch(r"v\d+", parts[-1]) else parts[-1]
 
 
+def _patched_modfile(component: Component, work_dir: Path) -> list[str]:
+    """`go build -modfile FILE` arguments that build against patched copies of some dependencies.
+
+    Go refuses `-overlay` for files in the module cache, so each module a patch touches is copied
+    into `work_dir`, the patched files are laid over the copy, and a copy of the tool module's
+    go.mod (with its go.sum) replaces the module with that directory. The tool module itself and
+    the module cache stay untouched.
+    """
+    if not component.patches:
+        return []
+    module_dir = TOOLS_DIR / component.module
+    modfile = work_dir / "go.mod"
+    shutil.copyfile(module_dir / "go.mod", modfile)
+    shutil.copyfile(module_dir / "go.sum", work_dir / "go.sum")
+    copies: dict[str, Path] = {}
+    for directory, package in component.patches.items():
+        listed = subprocess.run(
+            ["go", "list", "-f", "{{.Module.Path}}\t{{.Module.Dir}}\t{{.Dir}}", package],
+            cwd=module_dir,
+            env=_go_env(),
+            capture_output=True,
+            text=True,
+        )
+        if listed.returncode != 0:
+            raise BuildError(f"cannot find {package} for the patches in {directory}: {listed.stderr.strip()}")
+        module, original_root, package_dir = listed.stdout.strip().split("\t")
+        if module not in copies:
+            copies[module] = work_dir / f"module-{len(copies)}"
+            shutil.copytree(original_root, copies[module], copy_function=shutil.copyfile)
+            for sub, _, _ in os.walk(copies[module]):
+                os.chmod(sub, 0o755)  # the module cache is read-only; the copy must be writable and removable
+        target = copies[module] / Path(package_dir).relative_to(original_root)
+        for patched in sorted((module_dir / directory).glob("*.go")):
+            if not (target / patched.name).is_file():
+                raise BuildError(f"{directory}/{patched.name} replaces no file of {package}")
+            shutil.copyfile(patched, target / patched.name)
+    for module, copy in copies.items():
+        subprocess.run(["go", "mod", "edit", f"-replace={module}={copy}", str(modfile)], env=_go_env(), check=True)
+    return [f"-modfile={modfile}"]
+
+
 def _build_component(component: Component, bin_dir: Path, log: Log) -> None:
     names = ", ".join(component.binaries)
     log(f"[build] {component.module} {pinned_version(component)} ({names}): {component.why}")
@@ -286,7 +336,9 @@ def _build_component(component: Component, bin_dir: Path, log: Log) -> None:
     out_dir = Path(tempfile.mkdtemp(prefix=f".{component.module}-", dir=bin_dir))
     packages = list(component.binaries.values())
     tags = ["-tags", ",".join(component.tags)] if component.tags else []
-    argv = ["go", "build", "-trimpath", *tags, "-ldflags", ldflags(component), "-o", f"{out_dir}/", *packages]
+    patch_dir = Path(tempfile.mkdtemp(prefix=".patched-", dir=bin_dir))
+    modfile = _patched_modfile(component, patch_dir)
+    argv = ["go", "build", "-trimpath", *tags, *modfile, "-ldflags", ldflags(component), "-o", f"{out_dir}/", *packages]
     with tempfile.TemporaryFile(mode="w+") as output:
         proc = subprocess.Popen(argv, cwd=TOOLS_DIR / component.module, env=_go_env(), stdout=output, stderr=output)
         while True:
@@ -306,6 +358,7 @@ def _build_component(component: Component, bin_dir: Path, log: Log) -> None:
     for name, package in component.binaries.items():
         os.rename(out_dir / _go_output_name(package), bin_dir / name)
     out_dir.rmdir()
+    shutil.rmtree(patch_dir)
     log(f"[build] {component.module} done in {time.monotonic() - started:.0f} s")
 
 

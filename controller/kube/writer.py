@@ -216,6 +216,15 @@ class KubeWriter:
             raise
         return True
 
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod (no PodDisruptionBudget asked); a pod already gone is fine."""
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        try:
+            self.call("delete-pod", lambda: self.api.call("DELETE", path))
+        except WriteError as e:
+            if e.outcome is not Outcome.NOT_FOUND:
+                raise
+
     # -- secrets --------------------------------------------------------------------------------------
     def read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None:
         """(data, resourceVersion) of a Secret, None when it does not exist."""

@@ -3,6 +3,8 @@
 It waits for the state's change signal (`ClusterState.subscribe`) or the resync period, waits a
 short debounce so a burst of events becomes one pass, then runs every reconciler if this replica
 leads. A reconciler that raises is logged; the next pass tries again. The loop never dies of it.
+A reconciler that has work it could not finish (an eviction a budget refused) may ask for the next
+pass sooner than the resync with a `next_pass_within()` method returning seconds (None: no need).
 """
 
 from __future__ import annotations
@@ -64,8 +66,12 @@ class ReconcileLoop:
                 return
             self._stop.wait(self.debounce_seconds)  # let a burst of events settle into one pass
             self._changed.clear()
-            next_resync = self.clock() + self.resync_seconds
             self.run_once()
+            next_resync = self.clock() + min([self.resync_seconds, *self._wanted_within()])
+
+    def _wanted_within(self) -> list[float]:
+        wanted = (getattr(r, "next_pass_within", lambda: None)() for r in self.reconcilers)
+        return [seconds for seconds in wanted if seconds is not None]
 
     def run_once(self) -> None:
         """One pass of every reconciler, if this replica leads."""

@@ -120,6 +120,25 @@ def test_cache_key_changes_with_any_tool_module_file(tmp_path: Path, monkeypatch
     assert build.key_prefix() != before
 
 
+def test_patched_modules_replace_their_originals_in_a_copy_of_go_mod(tmp_path: Path) -> None:
+    """KWOK is built against copies of the modules its patches touch; tools/kwok and the cache stay as they were."""
+    kwok = next(c for c in build.COMPONENTS if c.module == "kwok")
+    go_mod_before = (build.TOOLS_DIR / "kwok" / "go.mod").read_text()
+    assert build._patched_modfile(kwok, tmp_path) == [f"-modfile={tmp_path / 'go.mod'}"]
+    replaced = subprocess.run(
+        ["go", "mod", "edit", "-json", str(tmp_path / "go.mod")], capture_output=True, text=True, check=True
+    )
+    replacements = {r["Old"]["Path"]: Path(r["New"]["Path"]) for r in json.loads(replaced.stdout)["Replace"]}
+    assert set(replacements) == {"github.com/wzshiming/easycel", "sigs.k8s.io/kwok"}
+    for directory, package in kwok.patches.items():
+        module = next(m for m in replacements if package.startswith(m))
+        copy_dir = replacements[module] / package.removeprefix(module).lstrip("/")
+        for patched in (build.TOOLS_DIR / "kwok" / directory).glob("*.go"):
+            assert (copy_dir / patched.name).read_text() == patched.read_text()
+    assert (build.TOOLS_DIR / "kwok" / "go.mod").read_text() == go_mod_before
+    assert (tmp_path / "go.sum").read_text() == (build.TOOLS_DIR / "kwok" / "go.sum").read_text()
+
+
 def test_cache_root_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EGRESS_PLACER_CACHE", str(tmp_path))
     assert build.cache_root() == tmp_path / "devcluster"

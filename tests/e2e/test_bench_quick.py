@@ -1,6 +1,7 @@
 """Checks the benchmarks (bench/): `python -m bench --mode quick --tiny` runs every section on its own
 local cluster (marker `cluster`) and writes latest.json with every key of bench/schema.py (and every
-row key in every row), no section failing, a value for every target, report.md and both charts;
+row key in every row), no section failing (the egress case with its Prometheus included), a value for
+every target, report.md and both charts;
 and, without a cluster, that the key check catches a missing key and bench/README.md documents
 every key."""
 
@@ -65,6 +66,10 @@ def test_tiny_quick_run_writes_every_key(tmp_path: Path) -> None:
     assert [r["pool_nodes"] for r in results["core"]["rows"]] == [10, 100]
     assert {c["case"] for c in results["balance"]["cases"]} == {"a", "b", "c"}
     assert all(c["pods_outside_pool"] == 0 and sum(c["pods_per_node"].values()) == c["runs"] for c in results["balance"]["cases"])
+    egress = results["balance"]["egress"]
+    for placement in (egress["egress_aware"], egress["run_counts_only"]):
+        assert placement["pods_outside_pool"] == 0 and sum(placement["pods_per_node"].values()) == egress["burst"]
+    assert egress["egress_aware"]["busy_node_pods"] == 0, egress  # its link is 95% full: the others take the burst
     assert results["scale"]["rss_mb"] > 0 and results["scale"]["first_sync_s"] > 0
     assert results["e2e"]["with"]["webhook_answered"] == results["e2e"]["with"]["runs"] > 0
     assert results["e2e"]["without"]["webhook_answered"] == 0

@@ -113,6 +113,7 @@ def tenants(kube: client.ApiClient, make_namespace: Callable[[str], str], wait_f
 class ControllerSpec:
     replicas: int = 1
     proxy: bool = False
+    env: tuple[tuple[str, str], ...] = ()  # settings for this module's controller (EGRESS_PLACER_*)
 
 
 def make_plain(kube: client.ApiClient, cluster: Cluster) -> None:
@@ -129,7 +130,7 @@ def placer(
     the cluster made plain again afterwards."""
     spec: ControllerSpec = getattr(request.module, "CONTROLLER", ControllerSpec())
     try:
-        start_controller(devcluster, POLICY_FILE, replicas=spec.replicas, proxy=spec.proxy)
+        start_controller(devcluster, POLICY_FILE, replicas=spec.replicas, proxy=spec.proxy, env=dict(spec.env))
         elapsed_until("the pool taints", lambda: taints_right(client.CoreV1Api(kube)), timeout=30)
         yield Placer(devcluster)
     finally:

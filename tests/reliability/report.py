@@ -51,10 +51,12 @@ NOTES = """\
 - **Mirror pods** are trusted only with the annotation `kubernetes.io/config.mirror` AND a `Node` owner (what a
   kubelet must set under NodeRestriction). Before this suite, the annotation alone was trusted: anyone could
   forge it and stay on a pool node for good (fixed in `controller/core/intruders.py`).
-- **Known gap: an intruder protected by its own PodDisruptionBudget stays.** Intruders are evicted through the
-  Eviction API, which honours budgets; a budget that allows no disruption keeps the eviction deferred
-  forever (metric `egress_placer_intruder_evictions_total{outcome="deferred"}`). Closing it needs a decision:
-  delete after a grace period (needs `pods: delete`), or refuse such pods at admission.
+- **An intruder protected by its own PodDisruptionBudget** has its evictions refused (the Eviction API
+  honours budgets; metric `egress_placer_intruder_evictions_total{outcome="deferred"}`), and the leader tries
+  again every 5 s. Once they have been refused for `EGRESS_PLACER_INTRUDER_BUDGET_GRACE_SECONDS` (default 30 s;
+  5 s in this suite) it deletes the pod (Event `IntruderDeleted`, outcome `deleted`): a budget keeps a
+  workload available where it may run, it does not entitle a pod to a pool node. This needs `pods: delete`
+  in the ClusterRole; an empty setting honours budgets for ever (and the pod stays).
 - **Namespaces cannot be renamed**: `rel-team-cdn-evil` (created for the test) matches no namespace glob of the policy
   and is treated like any other namespace that may not use the pool.
 - **After an API server restart** the first requests may get 403 until the API server's RBAC caches sync: the

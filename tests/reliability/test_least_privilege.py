@@ -45,7 +45,8 @@ EVERY_USER = (
 # k8s/rbac-cluster.yaml: caches, the pool taint, evictions, Events, its own webhook's caBundle.
 CLUSTER_WIDE = (
     rules([""], ["nodes"], [*READ, "patch"])
-    | rules([""], ["namespaces", "pods"], READ)
+    | rules([""], ["namespaces"], READ)
+    | rules([""], ["pods"], [*READ, "delete"])
     | rules([""], ["pods/eviction"], ["create"])
     | rules(["tekton.dev"], ["tasks", "stepactions", "pipelines", "taskruns", "pipelineruns"], READ)
     | rules(["events.k8s.io"], ["events"], ["create", "patch"])

@@ -8,8 +8,11 @@ the names in the manifests agree with the defaults in `controller.settings.Setti
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
+import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,7 +42,7 @@ def default(field: str) -> Any:
 # The source of truth for RBAC: (where, apiGroup, resource, verb, resourceName or None for any).
 # "cluster" is the ClusterRole; a namespace is the Role there. Nothing outside this table is granted.
 # It follows the API calls of controller/kube (informers: list+watch, single objects by a
-# metadata.name field selector; leader: get/create/update; writer: node patch, eviction create,
+# metadata.name field selector; leader: get/create/update; writer: node patch, eviction create, pod delete,
 # secret get/create/patch, webhook configuration get/update, events.k8s.io create/patch), plus
 # `get` wherever the same objects may already be listed.
 ANY = None
@@ -47,7 +50,7 @@ TEKTON_NS = default("tekton_namespace")
 REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     *{("cluster", "", "nodes", v, ANY) for v in ("get", "list", "watch", "patch")},
     *{("cluster", "", "namespaces", v, ANY) for v in ("get", "list", "watch")},
-    *{("cluster", "", "pods", v, ANY) for v in ("get", "list", "watch")},
+    *{("cluster", "", "pods", v, ANY) for v in ("get", "list", "watch", "delete")},
     ("cluster", "", "pods/eviction", "create", ANY),
     *{
         ("cluster", "tekton.dev", r, v, ANY)
@@ -480,3 +483,41 @@ def test_image_runs_as_the_deployment_user_with_exec_form_entrypoint() -> None:
     assert yaml.safe_load(ops["CMD"]) == ["run"]
     assert "PYTHONDONTWRITEBYTECODE=1" in ops["ENV"]
     assert not [v for op, v in final_stage if op == "RUN"], "the final stage should only copy the venv"
+
+
+def test_the_builder_stage_makes_a_wheel_with_the_whole_controller(tmp_path: Path) -> None:
+    """What the builder stage does, without a Docker engine: copy what it COPYs, build the wheel with
+    pip, and check the wheel holds every controller module and the `egress-placer` entry point that
+    answers --help (run from the wheel itself, the dependencies from this venv)."""
+    instructions = dockerfile_instructions()
+    builder = instructions[: max(i for i, (op, _) in enumerate(instructions) if op == "FROM")]
+    context = tmp_path / "context"
+    context.mkdir()
+    for op, args in builder:
+        if op == "COPY":
+            *sources, _ = args.split()
+            for source in sources:
+                if (ROOT / source).is_dir():
+                    shutil.copytree(ROOT / source, context / source, ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    shutil.copyfile(ROOT / source, context / source)
+    assert (context / "controller").is_dir() and (context / "pyproject.toml").is_file()
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--wheel-dir", str(wheels), str(context)],
+                   check=True, capture_output=True, text=True, timeout=300)
+    (wheel,) = wheels.glob("egress_placer-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        entry_points = next(archive.read(n).decode() for n in names if n.endswith(".dist-info/entry_points.txt"))
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "controller").rglob("*.py")}
+    assert modules - names == set()
+    assert "egress-placer = controller.cli:main" in entry_points
+    helped = subprocess.run(
+        [sys.executable, "-c", "import sys; from controller.cli import main; sys.argv[0] = 'egress-placer'; main()", "--help"],
+        env={**os.environ, "PYTHONPATH": str(wheel)}, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert helped.returncode == 0, helped.stderr
+    assert "explain" in helped.stdout and str(wheel) in subprocess.run(
+        [sys.executable, "-c", "import controller; print(controller.__file__)"],
+        env={**os.environ, "PYTHONPATH": str(wheel)}, cwd=tmp_path, capture_output=True, text=True, check=True,
+    ).stdout

@@ -1,9 +1,11 @@
 """The leader's reconcilers against a ClusterState and recording fakes (no cluster): what the taint
 reconciler writes and does not write again, how the intruder reconciler evicts or reports once per
-window and retries refused evictions, and that the loop runs only as leader and survives failures."""
+window, retries refused evictions and deletes an intruder its budget shields past the grace, and that
+the loop runs only as leader, survives failures and comes back early for unfinished work."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Sequence
 
 import pytest
@@ -42,6 +44,7 @@ class RecordingWriter:
     def __init__(self, fail: int = 0, evictable: bool = True) -> None:
         self.taint_writes: list[tuple[str, tuple[Taint, ...], str | None]] = []
         self.evictions: list[tuple[str, str]] = []
+        self.deletions: list[tuple[str, str]] = []
         self.fail = fail
         self.evictable = evictable
 
@@ -54,6 +57,9 @@ class RecordingWriter:
     def evict(self, namespace: str, name: str) -> bool:
         self.evictions.append((namespace, name))
         return self.evictable
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self.deletions.append((namespace, name))
 
 
 class RecordingEvents:
@@ -159,6 +165,77 @@ def test_an_eviction_a_disruption_budget_refuses_is_tried_again_next_pass():
     reconcile()
     reconcile()
     assert writer.evictions == [("intruders", "x")] * 2 and events.events == []
+    assert writer.deletions == []
+
+
+def test_an_intruder_whose_budget_refuses_eviction_for_the_whole_grace_is_deleted():
+    clock, writer, events, metrics = Clock(), RecordingWriter(evictable=False), RecordingEvents(), Metrics()
+    reconcile = IntruderReconciler(intruder_state(), writer, events, metrics, "evict", clock=clock, budget_grace=30)
+    for now in (0, 10, 29.9):
+        clock.now = now
+        assert reconcile() == []
+    assert writer.deletions == [] and events.events == []
+    clock.now = 30
+    assert [i.name for i in reconcile()] == ["x"]
+    assert writer.deletions == [("intruders", "x")]
+    assert events.events == [("x", "Warning", "IntruderDeleted")]
+    assert metrics.evictions.labels(pool="overseas", outcome="deferred")._value.get() == 3
+    assert metrics.evictions.labels(pool="overseas", outcome="deleted")._value.get() == 1
+
+
+def test_the_grace_starts_again_for_an_intruder_that_left_and_came_back():
+    clock, writer = Clock(), RecordingWriter(evictable=False)
+    state = intruder_state()
+    reconcile = IntruderReconciler(state, writer, RecordingEvents(), Metrics(), "evict", clock=clock, budget_grace=30)
+    reconcile()
+    state.apply("Pod", "DELETED", pod("intruders", "x", "pool-1"))
+    clock.now = 20
+    reconcile()
+    state.apply("Pod", "ADDED", pod("intruders", "x", "pool-1"))
+    clock.now = 40  # 40 s after the first refusal, but only 0 s after this pod's first
+    reconcile()
+    assert writer.deletions == []
+    clock.now = 70
+    reconcile()
+    assert writer.deletions == [("intruders", "x")]
+
+
+def test_a_deferred_eviction_asks_for_an_early_pass_until_it_is_done():
+    clock, writer = Clock(), RecordingWriter(evictable=False)
+    reconcile = IntruderReconciler(intruder_state(), writer, RecordingEvents(), Metrics(), "evict", clock=clock, retry_seconds=5)
+    assert reconcile.next_pass_within() is None
+    reconcile()
+    assert reconcile.next_pass_within() == 5
+    writer.evictable = True
+    reconcile()
+    assert reconcile.next_pass_within() is None
+
+
+def test_the_loop_runs_again_within_what_a_reconciler_asks_without_any_event():
+    passes = threading.Semaphore(0)
+
+    class Unfinished:
+        def __call__(self) -> None:
+            passes.release()
+
+        def next_pass_within(self) -> float:
+            return 0.01
+
+    loop = ReconcileLoop(make_state(), [Unfinished()], lambda: True, resync_seconds=3600, debounce_seconds=0)
+    loop.start()
+    try:
+        assert all(passes.acquire(timeout=10) for _ in range(3))  # the resync alone would wait an hour
+    finally:
+        loop.stop()
+
+
+def test_without_a_grace_budgets_are_honoured_for_ever():
+    clock, writer = Clock(), RecordingWriter(evictable=False)
+    reconcile = IntruderReconciler(intruder_state(), writer, RecordingEvents(), Metrics(), "evict", clock=clock, budget_grace=None)
+    for now in (0, 1_000, 1_000_000):
+        clock.now = now
+        reconcile()
+    assert len(writer.evictions) == 3 and writer.deletions == []
 
 
 def test_report_mode_reports_and_never_evicts():
