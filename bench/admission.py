@@ -26,7 +26,7 @@ from controller.metrics import Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
 
-from bench import profiling
+from bench import machine, profiling
 from bench.sizes import Sizes
 from bench.stats import ratio
 from bench.servers import ORDINARY_NODES, PODS_PER_NODE
@@ -81,8 +81,7 @@ class Server:
         self.url = f"https://127.0.0.1:{line[1]}/mutate"
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return machine.cpu_seconds(self.process.pid) or 0.0
 
     def stop(self) -> None:
         if self.process.poll() is None:

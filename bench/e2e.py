@@ -10,7 +10,9 @@ timestamps only have whole seconds). Whether the webhook answered is checked on 
 Where the time goes: the median of each stage per mode (the POST itself, TaskRun created to pod
 seen, pod seen to bound); the API server's own histogram of its calls to egress-placer's webhooks
 (apiserver_admission_webhook_admission_duration_seconds) and the controller's own handler histogram
-(egress_placer_admission_duration_seconds), both read around the "with" blocks.
+(egress_placer_admission_duration_seconds), both read around the "with" blocks; and the CPU each of
+the cluster's processes (API server, etcd, Tekton, KWOK, scheduler, controller manager, egress-placer)
+and this client used per run in each mode, from /proc/PID/stat around every block.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.controller import replicas_of
 
+from bench import machine
 from bench.balance import clean, prepare_namespace
 from bench.cluster import BenchCluster, bench_taskrun, namespace_for
 from bench.kube import Kube
@@ -36,6 +39,7 @@ HOOKS = {"taskruns": "taskruns.egress-placer.io", "pods": "pods.egress-placer.io
 HANDLER_KINDS = {"taskruns": "TaskRun", "pods": "Pod"}
 Log = Callable[[str], None]
 Sums = dict[str, list[float]]  # hook -> [seconds, calls]
+CLIENT = "bench client"  # this process: the load generator and the watch
 
 
 @dataclass
@@ -79,6 +83,16 @@ def _add(total: Sums, after: Sums, before: Sums) -> None:
         total[hook] = [total[hook][i] + after[hook][i] - before[hook][i] for i in (0, 1)]
 
 
+def cpu_now(bc: BenchCluster) -> dict[str, float]:
+    """CPU seconds so far of each live process of the cluster (the controller included) and of this client."""
+    out = {CLIENT: time.process_time()}
+    for record in bc.cluster.processes():
+        seconds = machine.cpu_seconds(record.pid) if record.alive() else None
+        if seconds is not None:
+            out[record.name] = seconds
+    return out
+
+
 def block_order(blocks_per_mode: int) -> list[str]:
     """ABBA...: with, without, without, with, with, without, ..."""
     return [MODES[(b + 1) // 2 % 2] for b in range(2 * blocks_per_mode)]
@@ -91,6 +105,7 @@ async def run(bc: BenchCluster, log: Log) -> dict[str, Any]:
     runs: dict[str, Run] = {}
     calls: Sums = {hook: [0.0, 0.0] for hook in HOOKS}
     handled: Sums = {hook: [0.0, 0.0] for hook in HOOKS}
+    cpu: dict[str, dict[str, float]] = {mode: {} for mode in MODES}  # mode -> process -> CPU seconds in its blocks
     async with Kube(bc.cluster, connections=16) as kube:
         await prepare_namespace(kube, namespace)
         _, version = await kube.list(f"/api/v1/namespaces/{namespace}/pods")
@@ -111,6 +126,7 @@ async def run(bc: BenchCluster, log: Log) -> dict[str, Any]:
             for b, mode in enumerate(block_order(sizes.e2e_blocks)):
                 await (bc.register(kube) if mode == "with" else bc.unregister(kube))
                 before = await timings(bc, kube)
+                cpu_before = cpu_now(bc)
                 names = []
                 next_due = time.monotonic()
                 for j in range(per_block):
@@ -127,6 +143,9 @@ async def run(bc: BenchCluster, log: Log) -> dict[str, Any]:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"e2e block {b} ({mode}): pods not bound after {BLOCK_TIMEOUT:.0f} s")
                     await asyncio.sleep(0.1)
+                for process, seconds in cpu_now(bc).items():
+                    if process in cpu_before:
+                        cpu[mode][process] = cpu[mode].get(process, 0.0) + seconds - cpu_before[process]
                 if mode == "with":
                     after = await timings(bc, kube)
                     _add(calls, after[0], before[0])
@@ -138,7 +157,7 @@ async def run(bc: BenchCluster, log: Log) -> dict[str, Any]:
             r.pod_seen, r.bound = seen.get(name), bound.get(name)
         await bc.register(kube)
         await clean(kube, namespace)
-    return summarize(runs, calls, handled)
+    return summarize(runs, calls, handled, cpu)
 
 
 def _ms(sums: Sums) -> dict[str, float | None]:
@@ -149,7 +168,7 @@ def _median_ms(values: list[float]) -> float | None:
     return round(1000 * statistics.median(values), 1) if values else None
 
 
-def summarize(runs: dict[str, Run], calls: Sums, handled: Sums) -> dict[str, Any]:
+def summarize(runs: dict[str, Run], calls: Sums, handled: Sums, cpu: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"webhook_call_ms": _ms(calls), "handler_ms": _ms(handled)}
     for mode in MODES:
         mine = [r for r in runs.values() if r.mode == mode]
@@ -166,11 +185,21 @@ def summarize(runs: dict[str, Run], calls: Sums, handled: Sums) -> dict[str, Any
                 "to_pod": _median_ms([r.pod_seen - r.created for r in done]),  # type: ignore[operator]
                 "to_bound": _median_ms([r.bound - r.pod_seen for r in done]),  # type: ignore[operator]
             },
+            "cpu_ms_per_run": _per_run_ms((cpu or {}).get(mode, {}), len(mine)),
         }
     with_p50, without_p50 = out["with"]["p50_s"], out["without"]["p50_s"]
     out["added_p50_ms"] = round(1000 * (with_p50 - without_p50), 1) if with_p50 is not None and without_p50 is not None else None
     out["p50_ratio"] = ratio(with_p50, without_p50)
     out["p99_ratio"] = ratio(out["with"]["p99_s"], out["without"]["p99_s"])
+    return out
+
+
+def _per_run_ms(seconds: dict[str, float], runs: int) -> dict[str, float]:
+    """Process -> CPU ms per run, most first, with their "total"."""
+    if not runs or not seconds:
+        return {}
+    out = {p: round(1000 * s / runs, 1) for p, s in sorted(seconds.items(), key=lambda kv: -kv[1])}
+    out["total"] = round(1000 * sum(seconds.values()) / runs, 1)
     return out
 
 

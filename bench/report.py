@@ -41,6 +41,22 @@ def _busy_ratio(egress: dict[str, Any]) -> float | None:
     return round(share / even, 3) if share is not None and even else None
 
 
+def _cpu_rows(e2e: dict[str, Any]) -> list[str]:
+    """CPU ms per run of each process, with and without the webhook (the machine's 2 cores are shared by all)."""
+    with_cpu, without_cpu = e2e["with"]["cpu_ms_per_run"], e2e["without"]["cpu_ms_per_run"]
+    if not with_cpu:
+        return []
+    return [
+        "CPU per run of each process in the blocks of each mode (/proc/PID/stat; every process shares the 2 cores):",
+        "",
+        "| process | with (ms/run) | without (ms/run) | added |",
+        "|---|---:|---:|---:|",
+        *[f"| {p} | {_v(ms)} | {_v(without_cpu.get(p))} | {_v(round(ms - without_cpu[p], 1) if p in without_cpu else None)} |"
+          for p, ms in with_cpu.items()],
+        "",
+    ]
+
+
 def _egress_rows(egress: dict[str, Any]) -> list[str]:
     if egress["burst"] is None:
         return ["The egress case did not run.", ""]
@@ -280,6 +296,7 @@ def markdown(results: dict[str, Any], images: list[str], findings: list[str]) ->
         f"per Pod CREATE; egress-placer's handler itself: {_v(e2e['handler_ms']['taskruns'])} ms and "
         f"{_v(e2e['handler_ms']['pods'])} ms.",
         "",
+        *_cpu_rows(e2e),
     ]
     if results["errors"]:
         out += ["## Errors", "", *[f"- {e}" for e in results["errors"]], ""]

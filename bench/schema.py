@@ -23,6 +23,7 @@ ROWS: dict[str, tuple[str, ...]] = {
 E2E_MODE = {
     "runs": None, "p50_s": None, "p99_s": None, "mean_s": None, "webhook_answered": None,
     "stage_p50_ms": {"create": None, "to_pod": None, "to_bound": None},
+    "cpu_ms_per_run": {},
 }
 EGRESS_PLACEMENT = {"pods_per_node": {}, "pods_outside_pool": None, "busy_node_pods": None, "busy_node_share": None,
                     "seconds_to_bind": None}

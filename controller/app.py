@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable
 from loguru import logger
 
 from controller.admission.certs import CertificateKeeper
+from controller.admission.events import QuietEvents
 from controller.admission.handlers import Admission
 from controller.admission.server import AdmissionServer
 from controller.core.policy import PlacementPolicy
@@ -138,7 +139,9 @@ class Controller:
             resync_seconds=settings.resync_seconds,
         )
         self.certs = CertificateKeeper(settings, self.writer, clock)
-        self.admission = Admission(self.state, self.metrics, self.events, settings)
+        # Admission's Events wait until admission is quiet: written at once, they slow the run they describe.
+        self.admission_events = QuietEvents(self.events)
+        self.admission = Admission(self.state, self.metrics, self.admission_events, settings)
         self.server = AdmissionServer(settings, self.admission, self.metrics, self.certs.tls, self.not_ready_because)
 
     def is_leader(self) -> bool:
@@ -169,6 +172,7 @@ class Controller:
     def start_watching(self) -> None:
         """Policy first (fatal when the first one is invalid), then the caches, then leadership."""
         self.events.start()
+        self.admission_events.start()
         self.policy_source.start()
         if not self.policy_source.synced.wait(STARTUP_TIMEOUT):
             raise StartupError(f"no answer from the policy source ({self.policy_source.source}) in {STARTUP_TIMEOUT:.0f}s")
@@ -228,6 +232,7 @@ class Controller:
             informer.stop()
         self.policy_source.stop()
         self.egress.stop()
+        self.admission_events.stop()  # into the recorder's queue, which stop() below still writes
         self.events.stop()
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -54,9 +54,9 @@ class Settings(BaseSettings):
     balance: Literal["load", "load-without-assumptions"] = "load"
     # Intruders: evict them, or only report (Event + metric + log) on a first install.
     intruder_mode: Literal["evict", "report"] = "evict"
-    # An intruder whose evictions a PodDisruptionBudget has refused this long is deleted; None (an
-    # empty variable) honours budgets for ever.
-    intruder_budget_grace_seconds: float | None = 30.0
+    # An intruder whose evictions a PodDisruptionBudget has refused this long is deleted; None (the
+    # variable set to `never` or empty) honours budgets for ever.
+    intruder_budget_grace_seconds: float | None = Field(default=30.0, ge=0)
     # Coscheduled PipelineRuns (Tekton's affinity assistant): move the whole run to the pool when a
     # task needs it ("whole-run"), or leave the whole run on ordinary nodes ("off").
     coscheduled: Literal["whole-run", "off"] = "whole-run"
@@ -71,3 +71,9 @@ class Settings(BaseSettings):
 
     log_format: Literal["json", "text"] = "json"
     log_level: str = "INFO"
+
+    @field_validator("intruder_budget_grace_seconds", mode="before")
+    @classmethod
+    def _never_is_none(cls, value: object) -> object:
+        """`never` (or an empty variable) for None: no grace, budgets honoured for ever."""
+        return None if isinstance(value, str) and value.strip().lower() in ("", "never") else value

@@ -56,7 +56,7 @@ NOTES = """\
   again every 5 s. Once they have been refused for `EGRESS_PLACER_INTRUDER_BUDGET_GRACE_SECONDS` (default 30 s;
   5 s in this suite) it deletes the pod (Event `IntruderDeleted`, outcome `deleted`): a budget keeps a
   workload available where it may run, it does not entitle a pod to a pool node. This needs `pods: delete`
-  in the ClusterRole; an empty setting honours budgets for ever (and the pod stays).
+  in the ClusterRole; the setting `never` honours budgets for ever (and the pod stays).
 - **Namespaces cannot be renamed**: `rel-team-cdn-evil` (created for the test) matches no namespace glob of the policy
   and is treated like any other namespace that may not use the pool.
 - **After an API server restart** the first requests may get 403 until the API server's RBAC caches sync: the

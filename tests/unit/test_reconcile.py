@@ -9,6 +9,7 @@ import threading
 from typing import Any, Sequence
 
 import pytest
+from pydantic import ValidationError
 
 from controller.core.model import Taint
 from controller.core.policy import load_policy
@@ -16,6 +17,7 @@ from controller.metrics import Metrics
 from controller.reconcile.intruders import IntruderReconciler
 from controller.reconcile.loop import ReconcileLoop
 from controller.reconcile.taints import TaintReconciler
+from controller.settings import Settings
 from controller.state import ClusterState
 
 POLICY = load_policy(
@@ -260,3 +262,19 @@ def test_loop_runs_reconcilers_only_as_leader_and_survives_failures(leader, pass
     loop.run_once()
     assert calls == (["broken", "next"] if leader else [])
     assert loop.passes == passes
+
+
+@pytest.mark.parametrize(
+    ("variable", "grace"), [(None, 30.0), ("12.5", 12.5), ("0", 0.0), ("never", None), ("NEVER", None), ("", None)]
+)
+def test_the_budget_grace_setting(monkeypatch, variable, grace):
+    if variable is not None:
+        monkeypatch.setenv("EGRESS_PLACER_INTRUDER_BUDGET_GRACE_SECONDS", variable)
+    assert Settings().intruder_budget_grace_seconds == grace
+
+
+@pytest.mark.parametrize("variable", ["-1", "soon"])
+def test_a_wrong_budget_grace_is_refused(monkeypatch, variable):
+    monkeypatch.setenv("EGRESS_PLACER_INTRUDER_BUDGET_GRACE_SECONDS", variable)
+    with pytest.raises(ValidationError, match="intruder_budget_grace_seconds"):
+        Settings()
