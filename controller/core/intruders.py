@@ -22,6 +22,7 @@ class Intruder:
     node: str
     pool: str
     reason: str  # one sentence, for the Event and the log
+    uid: str = ""  # the pod's uid: an eviction or delete must not hit a later pod of the same name
 
 
 def check_pod(
@@ -48,6 +49,7 @@ def check_pod(
     return Intruder(
         namespace=pod.namespace,
         name=pod.name,
+        uid=pod.uid,
         node=pod.node_name,
         pool=pool.name,
         reason=(

@@ -151,6 +151,7 @@ class PodState:
     annotations: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     deleting: bool = False
+    uid: str = ""  # this pod, not a later one of the same name (preconditions of evictions and deletes)
 
     @property
     def active(self) -> bool:
@@ -172,4 +173,5 @@ class PodState:
             annotations=dict(meta.get("annotations") or {}),
             tolerations=tuple(spec.get("tolerations") or ()),
             deleting=bool(meta.get("deletionTimestamp")),
+            uid=meta.get("uid") or "",
         )

@@ -198,31 +198,36 @@ class KubeWriter:
         )
 
     # -- pods -----------------------------------------------------------------------------------------
-    def evict(self, namespace: str, name: str) -> bool:
-        """Evict a pod (policy/v1 Eviction, so PodDisruptionBudgets are honoured).
+    def evict(self, namespace: str, name: str, uid: str = "") -> bool:
+        """Evict a pod (policy/v1 Eviction, so PodDisruptionBudgets are honoured); with `uid`, only
+        that pod, not a later one of the same name.
 
-        True when the pod is being evicted or is already gone; False when a PodDisruptionBudget
-        does not allow it now (try again later).
+        True when the pod is being evicted or is already gone (or replaced); False when a
+        PodDisruptionBudget does not allow it now (try again later).
         """
-        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
         try:
             self.call("evict", lambda: self.api.call("POST", path, body=body))
         except WriteError as e:
-            if e.outcome is Outcome.NOT_FOUND:
+            if e.outcome in (Outcome.NOT_FOUND, Outcome.CONFLICT):  # gone, or another pod of that name now
                 return True
             if e.outcome is Outcome.REFUSED:
                 return False
             raise
         return True
 
-    def delete_pod(self, namespace: str, name: str) -> None:
-        """Delete a pod (no PodDisruptionBudget asked); a pod already gone is fine."""
+    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
+        """Delete a pod (no PodDisruptionBudget asked); with `uid`, only that pod, not a later one of
+        the same name. A pod already gone (or replaced) is fine."""
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}} if uid else None
         try:
-            self.call("delete-pod", lambda: self.api.call("DELETE", path))
+            self.call("delete-pod", lambda: self.api.call("DELETE", path, body=body))
         except WriteError as e:
-            if e.outcome is not Outcome.NOT_FOUND:
+            if e.outcome not in (Outcome.NOT_FOUND, Outcome.CONFLICT):
                 raise
 
     # -- secrets --------------------------------------------------------------------------------------

@@ -24,9 +24,9 @@ from controller.metrics import Metrics
 
 
 class Evictor(Protocol):
-    def evict(self, namespace: str, name: str) -> bool: ...
+    def evict(self, namespace: str, name: str, uid: str = "") -> bool: ...
 
-    def delete_pod(self, namespace: str, name: str) -> None: ...
+    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None: ...
 
 
 class EventSink(Protocol):
@@ -122,7 +122,7 @@ class IntruderReconciler:
             log.warning("intruder found (report mode): {}", intruder.reason)
             return True
         try:
-            evicted = self.evictor.evict(intruder.namespace, intruder.name)
+            evicted = self.evictor.evict(intruder.namespace, intruder.name, intruder.uid)
         except Exception as e:
             self.metrics.evictions.labels(pool=intruder.pool, outcome="failed").inc()
             log.warning("intruder not evicted: {}", e)
@@ -142,7 +142,7 @@ class IntruderReconciler:
     def _delete(self, intruder: Intruder, refused_for: float, regarding: dict[str, Any], log: Any) -> bool:
         """Delete an intruder whose evictions its disruption budget has refused for the whole grace."""
         try:
-            self.evictor.delete_pod(intruder.namespace, intruder.name)
+            self.evictor.delete_pod(intruder.namespace, intruder.name, intruder.uid)
         except Exception as e:
             self.metrics.evictions.labels(pool=intruder.pool, outcome="failed").inc()
             log.warning("intruder not deleted: {}", e)

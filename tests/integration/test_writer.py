@@ -117,6 +117,17 @@ def test_evict(api, writer, namespace):
     assert writer.evict(namespace, "never-existed") is True  # gone is done
 
 
+def test_an_eviction_or_delete_for_another_uid_leaves_the_pod_of_that_name_alone(api, writer, namespace):
+    make_pod(api, namespace, "reborn")
+    uid = api.call("GET", f"/api/v1/namespaces/{namespace}/pods/reborn")["metadata"]["uid"]
+    assert writer.evict(namespace, "reborn", uid="00000000-0000-0000-0000-000000000000") is True  # that pod is gone
+    writer.delete_pod(namespace, "reborn", uid="00000000-0000-0000-0000-000000000000")
+    assert not pod_going(api, namespace, "reborn")
+    writer.delete_pod(namespace, "reborn", uid=uid)
+    wait_for(lambda: pod_going(api, namespace, "reborn"), 15)
+    writer.delete_pod(namespace, "reborn", uid=uid)  # gone is done
+
+
 def test_an_eviction_a_disruption_budget_forbids_is_refused_for_now(api, writer, namespace):
     make_pod(api, namespace, "guarded", labels={"app": "guarded"})
     pdb = {

@@ -47,6 +47,7 @@ class RecordingWriter:
         self.taint_writes: list[tuple[str, tuple[Taint, ...], str | None]] = []
         self.evictions: list[tuple[str, str]] = []
         self.deletions: list[tuple[str, str]] = []
+        self.uids: list[str] = []
         self.fail = fail
         self.evictable = evictable
 
@@ -56,12 +57,14 @@ class RecordingWriter:
             raise RuntimeError("API down")
         self.taint_writes.append((node, tuple(taints), resource_version))
 
-    def evict(self, namespace: str, name: str) -> bool:
+    def evict(self, namespace: str, name: str, uid: str = "") -> bool:
         self.evictions.append((namespace, name))
+        self.uids.append(uid)
         return self.evictable
 
-    def delete_pod(self, namespace: str, name: str) -> None:
+    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
         self.deletions.append((namespace, name))
+        self.uids.append(uid)
 
 
 class RecordingEvents:
@@ -133,7 +136,7 @@ def test_a_failed_taint_write_is_retried_next_pass_and_counted_only_when_done():
 
 def pod(ns: str, name: str, node_name: str) -> dict[str, Any]:
     return {
-        "metadata": {"namespace": ns, "name": name},
+        "metadata": {"namespace": ns, "name": name, "uid": f"uid-{name}"},
         "spec": {"nodeName": node_name},
         "status": {"phase": "Running"},
     }
@@ -180,6 +183,7 @@ def test_an_intruder_whose_budget_refuses_eviction_for_the_whole_grace_is_delete
     clock.now = 30
     assert [i.name for i in reconcile()] == ["x"]
     assert writer.deletions == [("intruders", "x")]
+    assert set(writer.uids) == {"uid-x"}  # evictions and the delete name this pod, not a later one of its name
     assert events.events == [("x", "Warning", "IntruderDeleted")]
     assert metrics.evictions.labels(pool="overseas", outcome="deferred")._value.get() == 3
     assert metrics.evictions.labels(pool="overseas", outcome="deleted")._value.get() == 1
