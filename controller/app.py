@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 from loguru import logger
 
-from controller.admission.certs import CertificateKeeper
+from controller.admission.certs import CertificateKeeper, MountedCertificate
 from controller.admission.events import QuietEvents
 from controller.admission.handlers import Admission
 from controller.admission.server import AdmissionServer
@@ -138,7 +138,11 @@ class Controller:
             is_leader=self.is_leader,
             resync_seconds=settings.resync_seconds,
         )
-        self.certs = CertificateKeeper(settings, self.writer, clock)
+        self.certs: CertificateKeeper | MountedCertificate = (
+            MountedCertificate(settings.tls_cert_file, settings.tls_key_file, clock)
+            if settings.tls_cert_file and settings.tls_key_file
+            else CertificateKeeper(settings, self.writer, clock)
+        )
         # Admission's Events wait until admission is quiet: written at once, they slow the run they describe.
         self.admission_events = QuietEvents(self.events)
         self.admission = Admission(self.state, self.metrics, self.admission_events, settings)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     tls_hosts: list[str] = ["egress-placer-webhook.egress-placer.svc", "127.0.0.1", "localhost"]
     tls_cert_days: int = 90
     tls_renew_before_days: int = 30
+    # Or a certificate someone else keeps (cert-manager's Secret mounted into the pod): both files set.
+    # The controller then loads them (again when they change) and writes neither Secret nor caBundle.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     # Leader election (taints and evictions are done by the leader only).
     leader_election: bool = True
@@ -77,3 +81,9 @@ class Settings(BaseSettings):
     def _never_is_none(cls, value: object) -> object:
         """`never` (or an empty variable) for None: no grace, budgets honoured for ever."""
         return None if isinstance(value, str) and value.strip().lower() in ("", "never") else value
+
+    @model_validator(mode="after")
+    def _both_certificate_files_or_none(self) -> "Settings":
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("set both tls_cert_file and tls_key_file (a certificate kept by cert-manager), or neither")
+        return self

@@ -13,6 +13,7 @@ round-robin TCP proxy in front of every replica (`devcluster.webhook_proxy`, rec
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -68,8 +69,11 @@ def render_manifests(cluster: Cluster) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
-def local_manifests(docs: Iterable[Mapping[str, Any]], policy_text: str, webhook_url: str) -> list[dict[str, Any]]:
-    """The manifests as they apply to a controller that runs as a local process."""
+def local_manifests(
+    docs: Iterable[Mapping[str, Any]], policy_text: str, webhook_url: str, ca_bundle: bytes | None = None
+) -> list[dict[str, Any]]:
+    """The manifests as they apply to a controller that runs as a local process (with `ca_bundle`,
+    the webhooks trust that CA from the start)."""
     result = []
     for doc in docs:
         doc = json.loads(json.dumps(doc))  # a deep copy
@@ -78,7 +82,7 @@ def local_manifests(docs: Iterable[Mapping[str, Any]], policy_text: str, webhook
             continue
         if kind == "MutatingWebhookConfiguration":
             for hook in doc.get("webhooks") or []:
-                ca = (hook.get("clientConfig") or {}).get("caBundle")
+                ca = base64.b64encode(ca_bundle).decode() if ca_bundle else (hook.get("clientConfig") or {}).get("caBundle")
                 hook["clientConfig"] = {"url": webhook_url, **({"caBundle": ca} if ca else {})}
         if kind == "ConfigMap" and doc["metadata"]["name"] == POLICY_CONFIGMAP:
             doc["data"] = {"policy.yaml": policy_text}
@@ -122,12 +126,15 @@ def start_controller(
     env: Mapping[str, str] | None = None,
     webhook_port: int | None = None,
     proxy: bool = False,
+    ca_bundle: bytes | None = None,
 ) -> list[ControllerReplica]:
     """Install the manifests (local form) and start `replicas` controller processes; see the module docstring.
 
     The webhook URL points at the first replica's port (the API server calls one URL), or with `proxy`
     at a round-robin proxy (on `webhook_port` if given) in front of all of them; every replica serves
-    admission on its own port, and they elect one leader for taints and evictions.
+    admission on its own port, and they elect one leader for taints and evictions. `ca_bundle`: the
+    serving certificate is kept by someone else (`env` names its files, cert-manager's way); the
+    webhooks trust this CA from the start, as cert-manager's CA injector would make them.
     """
     if not cluster.state():
         raise ClusterError(f"no cluster in {cluster.dir}: run `python -m devcluster up --dir {cluster.dir}` first")
@@ -147,7 +154,7 @@ def start_controller(
             {"PYTHONPATH": str(REPO)},
             port=proxy_port,
         )
-    docs = local_manifests(render_manifests(cluster), policy_text, webhook_url)
+    docs = local_manifests(render_manifests(cluster), policy_text, webhook_url, ca_bundle)
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs))
     kubeconfig = cluster.mint_kubeconfig(service_account_user())
     for replica in planned:

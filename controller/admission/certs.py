@@ -1,4 +1,5 @@
-"""The webhook's serving certificate, made by the controller itself (no cert-manager needed).
+"""The webhook's serving certificate, made by the controller itself (no cert-manager needed), or
+read from files that someone else keeps (cert-manager).
 
 - Pure functions (`make_ca`, `make_serving_cert`, `needs_renewal`) with the `cryptography`
   library and a `now` passed in. Keys are ECDSA P-256 (small, fast handshakes, accepted by the
@@ -8,6 +9,9 @@
 - `CertificateKeeper` keeps the Secret `settings.tls_secret` (keys `ca.crt`, `ca.key`, `tls.crt`,
   `tls.key`) current: the leader makes and renews it and keeps the webhook's caBundle equal to the
   CA; every replica loads what the Secret holds.
+- `MountedCertificate` instead serves the pair in `settings.tls_cert_file` / `tls_key_file` (e.g.
+  cert-manager's Secret mounted into the pod), loads it again when the files change, and writes
+  nothing: the Secret and the webhook's caBundle belong to cert-manager (its CA injector).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import ssl
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 from cryptography import x509
@@ -390,10 +395,7 @@ class CertificateKeeper:
 
     def _loadable(self, data: dict[str, bytes], now: datetime) -> bool:
         """Worth serving: a matching, currently valid certificate and key."""
-        cert, key = data.get(TLS_CERT), data.get(TLS_KEY)
-        if not cert or not key or not key_matches(cert, key):
-            return False
-        return not needs_renewal(cert, now, 0, certificate_hosts(x509.load_pem_x509_certificate(cert)))
+        return unusable(data.get(TLS_CERT) or b"", data.get(TLS_KEY) or b"", now) is None
 
     def _write(self, data: dict[str, bytes], version: str | None) -> bool:
         s = self.settings
@@ -404,6 +406,75 @@ class CertificateKeeper:
                 return False
             raise
         return written is not False
+
+
+def unusable(cert_pem: bytes, key_pem: bytes, now: datetime) -> str | None:
+    """Why this pair cannot be served now (None: it can): missing, key not matching, or not valid now."""
+    if not cert_pem or not key_pem:
+        return "no certificate or no key"
+    if not key_matches(cert_pem, key_pem):
+        return "the key does not match the certificate (or either is unreadable)"
+    if needs_renewal(cert_pem, now, 0, certificate_hosts(x509.load_pem_x509_certificate(cert_pem))):
+        return "the certificate is not valid now"
+    return None
+
+
+class MountedCertificate:
+    """Serves the certificate in two files that someone else keeps (cert-manager's Secret mounted
+    into the pod; the kubelet swaps both files at once when it is renewed).
+
+    `ensure` reads them (at start, then with every periodic check) and loads a new pair into `tls`
+    without a restart. A pair that cannot be served is refused with the reason in `problem`, and the
+    pair loaded before stays. Nothing is written: not the Secret, not the webhook's caBundle.
+    `clock` returns epoch seconds.
+    """
+
+    def __init__(
+        self, cert_file: str, key_file: str, clock: Callable[[], float], tls: ServingTLS | None = None
+    ) -> None:
+        self.cert_file = Path(cert_file)
+        self.key_file = Path(key_file)
+        self.clock = clock
+        self.tls = tls or ServingTLS()
+        self.problem: str | None = "no certificate loaded yet"
+        self._loaded: tuple[bytes, bytes] | None = None
+        self._log = logger.bind(cert_file=cert_file, key_file=key_file)
+
+    @property
+    def ready(self) -> bool:
+        return self.tls.loaded
+
+    def ensure(self, leader: bool = False) -> bool:
+        """Load the files' pair if it is new and can be served. True when a certificate is loaded."""
+        try:
+            cert_pem, key_pem = self.cert_file.read_bytes(), self.key_file.read_bytes()
+        except OSError as error:
+            return self._refuse(f"cannot read the certificate files: {error}")
+        if (cert_pem, key_pem) == self._loaded:
+            self.problem = None
+            return True
+        why = unusable(cert_pem, key_pem, datetime.fromtimestamp(self.clock(), UTC))
+        if why is not None:
+            return self._refuse(why)
+        try:
+            self.tls.load(KeyPair(cert_pem, key_pem))
+        except ssl.SSLError as error:
+            return self._refuse(f"the TLS library refused the pair: {error}")
+        self._loaded = (cert_pem, key_pem)
+        self.problem = None
+        expires = x509.load_pem_x509_certificate(cert_pem).not_valid_after_utc
+        self._log.info("serving certificate loaded from files (valid until {})", expires.isoformat())
+        return True
+
+    async def ensure_async(self, leader: bool) -> bool:
+        """`ensure` in the loop's own thread (two small file reads), where handshakes happen."""
+        return self.ensure(leader)
+
+    def _refuse(self, why: str) -> bool:
+        if why != self.problem:
+            self._log.warning("certificate files not loaded: {}{}", why, "; the loaded one stays" if self.ready else "")
+        self.problem = why
+        return self.ready
 
 
 def needs_renewal_ca(ca_pem: bytes, now: datetime, min_days_left: float) -> bool:

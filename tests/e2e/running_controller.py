@@ -49,7 +49,7 @@ class EgressPlacer:
     def metric(self, name: str, labels: dict[str, str]) -> float:
         """One sample from /metrics (0 when the series does not exist yet)."""
         text = requests.get(self.replica.health_url + "/metrics", timeout=5).text
-        wanted = name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
+        wanted = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else "")
         for line in text.splitlines():
             series, _, value = line.rpartition(" ")
             if series == wanted:

@@ -3,7 +3,8 @@ verifies against the CA for 127.0.0.1 and the DNS names; `needs_renewal` (expiry
 garbage); `ServingTLS` swaps the certificate on the same SSL context and leaves no key on disk;
 `CertificateKeeper` with an in-memory Secret store and a fake clock: the leader creates, renews
 (keeping the CA and the caBundle), replaces a broken Secret, yields on a write conflict; a
-follower waits for the Secret and then loads it."""
+follower waits for the Secret and then loads it; `MountedCertificate` loads files kept by someone else,
+reloads a renewed pair and refuses one it cannot serve (the loaded one stays)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from controller.admission.certs import (
     TLS_CERT,
     TLS_KEY,
     CertificateKeeper,
+    MountedCertificate,
     ServingTLS,
     make_ca,
     make_serving_cert,
@@ -288,3 +290,52 @@ def test_writer_failure_is_reported_not_raised() -> None:
     k = keeper(Broken(), Clock())
     assert k.ensure(leader=True) is False
     assert "unreachable" in (k.problem or "")
+
+
+# --- a certificate kept by someone else (cert-manager), mounted as files ---------------------------
+
+
+def mounted(tmp_path: Any, pair: Any, clock: Any = lambda: NOW.timestamp()) -> MountedCertificate:
+    write_pair(tmp_path, pair)
+    return MountedCertificate(str(tmp_path / TLS_CERT), str(tmp_path / TLS_KEY), clock)
+
+
+def write_pair(directory: Any, pair: Any) -> None:
+    (directory / TLS_CERT).write_bytes(pair.cert_pem)
+    (directory / TLS_KEY).write_bytes(pair.key_pem)
+
+
+def test_mounted_files_are_loaded_and_a_renewed_pair_replaces_them(tmp_path) -> None:
+    certs = mounted(tmp_path, SERVING)
+    assert not certs.ready
+    assert certs.ensure() and certs.tls.cert_pem == SERVING.cert_pem and certs.problem is None
+    renewed = make_serving_cert(CA, HOSTS, NOW, days=90)
+    write_pair(tmp_path, renewed)  # the kubelet swaps the mounted Secret's files
+    assert certs.ensure() and certs.tls.cert_pem == renewed.cert_pem
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [
+        pytest.param(lambda d: (d / TLS_KEY).write_bytes(make_serving_cert(CA, HOSTS, NOW, 90).key_pem), "does not match", id="other-key"),
+        pytest.param(lambda d: (d / TLS_CERT).write_bytes(b"garbage"), "does not match", id="garbage"),
+        pytest.param(lambda d: write_pair(d, make_serving_cert(CA, HOSTS, NOW - timedelta(days=200), 90)), "not valid now", id="expired"),
+        pytest.param(lambda d: (d / TLS_CERT).unlink(), "cannot read", id="missing"),
+    ],
+)
+def test_a_pair_that_cannot_be_served_is_refused_and_the_loaded_one_stays(tmp_path, broken, reason) -> None:
+    certs = mounted(tmp_path, SERVING)
+    assert certs.ensure()
+    broken(tmp_path)
+    assert certs.ensure()  # still serving
+    assert certs.tls.cert_pem == SERVING.cert_pem and reason in (certs.problem or "")
+    fresh = MountedCertificate(str(tmp_path / TLS_CERT), str(tmp_path / TLS_KEY), lambda: NOW.timestamp())
+    assert not fresh.ensure() and reason in (fresh.problem or "")  # nothing loaded at all: not ready
+
+
+def test_certificate_files_come_in_pairs(monkeypatch) -> None:
+    monkeypatch.setenv("EGRESS_PLACER_TLS_CERT_FILE", "/certs/tls.crt")
+    with pytest.raises(ValueError, match="both tls_cert_file and tls_key_file"):
+        Settings()
+    monkeypatch.setenv("EGRESS_PLACER_TLS_KEY_FILE", "/certs/tls.key")
+    assert Settings().tls_key_file == "/certs/tls.key"

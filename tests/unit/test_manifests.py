@@ -412,9 +412,10 @@ def test_settings_reference_documents_every_setting() -> None:
 
 
 # -- RBAC -------------------------------------------------------------------------------------
-def granted() -> set[tuple[str, str, str, str, str | None]]:
+def granted(docs: list[dict[str, Any]] | None = None) -> set[tuple[str, str, str, str, str | None]]:
     out: set[tuple[str, str, str, str, str | None]] = set()
-    for role in objects("ClusterRole") + objects("Role"):
+    roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role")] if docs else objects("ClusterRole") + objects("Role")
+    for role in roles:
         where = role["metadata"].get("namespace") or "cluster"
         for rule in role["rules"]:
             assert "nonResourceURLs" not in rule
@@ -521,3 +522,48 @@ def test_the_builder_stage_makes_a_wheel_with_the_whole_controller(tmp_path: Pat
         [sys.executable, "-c", "import controller; print(controller.__file__)"],
         env={**os.environ, "PYTHONPATH": str(wheel)}, cwd=tmp_path, capture_output=True, text=True, check=True,
     ).stdout
+
+
+# -- the cert-manager component ---------------------------------------------------------------------
+OWN_CERTIFICATE_GRANTS = {
+    g for g in REQUIRED_GRANTS if g[2] in ("secrets", "mutatingwebhookconfigurations")
+}  # what only the controller's own certificate upkeep needs
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) is not on PATH")
+def test_the_cert_manager_component_mounts_the_certificate_and_drops_the_rights_for_the_own_one(tmp_path: Path) -> None:
+    """Rendered as its header says to use it: an overlay of one's own beside the repository."""
+    (tmp_path / "egress-placer").symlink_to(ROOT)
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": ["../egress-placer/k8s"], "components": ["../egress-placer/k8s/cert-manager"],
+    }))
+    out = subprocess.run(["kubectl", "kustomize", str(overlay)], check=True, capture_output=True, text=True).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    by_kind = {d["kind"]: d for d in docs}
+    certificate, issuer = by_kind["Certificate"], by_kind["Issuer"]
+    assert certificate["spec"]["issuerRef"] == {"kind": "Issuer", "name": issuer["metadata"]["name"]}
+    assert issuer["metadata"]["namespace"] == certificate["metadata"]["namespace"] == NAMESPACE
+
+    # The Service every webhook calls is in the certificate, and the CA injector is pointed at it.
+    config = by_kind["MutatingWebhookConfiguration"]
+    services = {(w["clientConfig"]["service"]["name"], w["clientConfig"]["service"]["namespace"]) for w in config["webhooks"]}
+    assert {f"{name}.{namespace}.svc" for name, namespace in services} <= set(certificate["spec"]["dnsNames"])
+    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{certificate['metadata']['name']}"
+
+    # The controller serves the Certificate's Secret from files in a read-only mount of it.
+    pod = by_kind["Deployment"]["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == CONTAINER["name"]]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    files = [Path(env[f"{ENV_PREFIX}TLS_CERT_FILE"]), Path(env[f"{ENV_PREFIX}TLS_KEY_FILE"])]
+    assert [f.name for f in files] == ["tls.crt", "tls.key"]  # the keys cert-manager writes
+    (mount,) = [m for m in container["volumeMounts"] if Path(m["mountPath"]) == files[0].parent == files[1].parent]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert mount["readOnly"] and volume["secret"]["secretName"] == certificate["spec"]["secretName"]
+    assert {m["mountPath"] for m in CONTAINER["volumeMounts"]} < {m["mountPath"] for m in container["volumeMounts"]}
+
+    # The same rights as the base, less those of the controller's own certificate.
+    assert granted(docs) == REQUIRED_GRANTS - OWN_CERTIFICATE_GRANTS
+    assert OWN_CERTIFICATE_GRANTS
