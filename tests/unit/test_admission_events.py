@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
-from typing import Any
 
 from controller.admission.events import QuietEvents
 
