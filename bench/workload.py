@@ -1,5 +1,6 @@
 """Realistic inputs: cluster objects for the controller's state, TaskRuns and Tekton pods made from
-the Tekton catalog (`shared/catalog` beside the repository), and the AdmissionReview bodies the
+the Tekton catalog (`shared/catalog` beside the repository, else the catalog Tasks in tests/data/tekton:
+`bench.corpus`), and the AdmissionReview bodies the
 API server would send for them.
 
 TaskRuns reference catalog Tasks (required params filled, workspaces bound to emptyDirs). Their
@@ -23,10 +24,10 @@ from typing import Any, Callable, Iterable, Mapping
 import jsonpatch
 import yaml
 
+from bench.corpus import task_corpus_dir
 from controller.core.images import TektonObjects, taskrun_images
 from controller.core.policy import PlacementPolicy, load_policy
 
-CATALOG = Path(__file__).resolve().parents[1] / ".." / "shared" / "catalog"
 TEKTON_RELEASE = "v1.15.0"
 POOL_LABEL = "egress-placer.io/pool"
 TAINT_KEY = "egress-placer.io/pool"
@@ -65,11 +66,10 @@ class NoEvents:
 
 
 def catalog_docs(kind: str) -> list[dict[str, Any]]:
-    """Every catalog document of `kind` (Task, StepAction, Pipeline), in path order."""
-    if not CATALOG.is_dir():
-        raise FileNotFoundError(f"the Tekton catalog is not at {CATALOG.resolve()}")
+    """Every catalog document of `kind` (Task, StepAction, Pipeline), in path order: the public catalog
+    where it is given, else the catalog Tasks copied into tests/data/tekton (`bench.corpus`)."""
     out = []
-    for path in sorted(CATALOG.glob("*/*/*/*.yaml")):
+    for path in sorted(task_corpus_dir().glob("*/*/*/*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if isinstance(doc, dict) and doc.get("kind") == kind and doc.get("apiVersion", "").startswith("tekton.dev/"):
                 out.append(doc)

@@ -33,9 +33,7 @@ from controller.settings import Settings
 from controller.state import ClusterState
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "admission"
-CATALOG = Path(__file__).resolve().parents[3] / "shared" / "catalog"  # shared/ beside the repository
-if not CATALOG.is_dir():
-    CATALOG = Path(__file__).resolve().parents[3] / "shared" / "catalog"
+TEKTON = Path(__file__).resolve().parents[1] / "data" / "tekton"  # catalog Tasks copied into the repository
 DAY = 86400.0
 
 
@@ -79,7 +77,7 @@ class Running:
         self.state = ClusterState(policy, clock=lambda: self.now)
         for doc in yaml.safe_load_all((DATA / "cluster.yaml").read_text()):
             self.state.apply(doc["kind"], "ADDED", doc)
-        task = yaml.safe_load((CATALOG / "tasks/kaniko/0.7/kaniko.yaml").read_text())
+        task = yaml.safe_load((TEKTON / "tasks/kaniko/0.7/kaniko.yaml").read_text())
         task["metadata"]["namespace"] = "team-ci"
         self.state.apply("Task", "ADDED", task)
         self.metrics = Metrics()

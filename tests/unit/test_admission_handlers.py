@@ -30,9 +30,7 @@ from controller.settings import Settings
 from controller.state import ClusterState, pod_key, taskrun_key
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "admission"
-CATALOG = Path(__file__).resolve().parents[3] / "shared" / "catalog"  # shared/ beside the repository
-if not CATALOG.is_dir():
-    CATALOG = Path(__file__).resolve().parents[3] / "shared" / "catalog"
+TEKTON = Path(__file__).resolve().parents[1] / "data" / "tekton"  # catalog Tasks copied into the repository
 TASKS = ["kaniko/0.7/kaniko.yaml", "git-clone/0.10/git-clone.yaml", "golang-build/0.3/golang-build.yaml", "curl/0.1/curl.yaml"]
 POOL_KEY = "egress-placer.io/pool"
 EGRESS_TOLERATION = {"key": POOL_KEY, "operator": "Equal", "value": "egress", "effect": "NoSchedule"}
@@ -62,7 +60,7 @@ class Env:
             self.state.apply(doc["kind"], "ADDED", doc)
         for namespace in ("team-ci", "team-other"):
             for path in TASKS:
-                self._tekton(yaml.safe_load((CATALOG / "tasks" / path).read_text()), namespace)
+                self._tekton(yaml.safe_load((TEKTON / "tasks" / path).read_text()), namespace)
             self._tekton(_catalog_docs("tasks/kaniko/0.7/tests/run.yaml", "Pipeline")[0], namespace)
             for doc in yaml.safe_load_all((DATA / "pipelines.yaml").read_text()):
                 self._tekton(doc, namespace)
@@ -111,7 +109,7 @@ class Env:
 
 
 def _catalog_docs(path: str, kind: str) -> list[dict]:
-    return [d for d in yaml.safe_load_all((CATALOG / path).read_text()) if d and d.get("kind") == kind]
+    return [d for d in yaml.safe_load_all((TEKTON / path).read_text()) if d and d.get("kind") == kind]
 
 
 def taskrun(task: str = "kaniko", namespace: str = "team-ci", name: str | None = "build-1", *,

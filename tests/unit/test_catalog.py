@@ -1,4 +1,5 @@
-"""Image discovery on the real Tekton catalog (../shared/catalog beside the repository, never edited).
+"""Image discovery on the real Tekton catalog (../shared/catalog beside the repository or
+$EGRESS_PLACER_CATALOG, never edited; the module is skipped, saying why, where neither exists).
 
 Every Task, StepAction and Pipeline, and every run of the catalog's tests and samples, is checked:
 its images are found, or reported unresolved with the right cause. Expectations come from a small
@@ -9,7 +10,6 @@ definitions plus the documents of their own folder, as a user would pass them to
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any, Iterable
@@ -17,12 +17,15 @@ from typing import Any, Iterable
 import pytest
 import yaml
 
+from bench.corpus import catalog_absent_reason, catalog_dir
 from controller.core.images import WHOLE_RUN, TektonObjects, pipelinerun_images, taskrun_images
 from controller.core.model import ImageSet
 
-# The catalog sits in shared/ beside the repository (as on developers' machines and in CI).
-CATALOG = Path(os.environ.get("EGRESS_PLACER_CATALOG", Path(__file__).resolve().parents[3] / "shared" / "catalog"))
-assert CATALOG.is_dir(), f"the Tekton catalog is not at {CATALOG}: set EGRESS_PLACER_CATALOG"
+# The catalog sits in shared/ beside the repository on the project's machines and in CI; a user's
+# clone has nothing beside it.
+if catalog_dir() is None:
+    pytest.skip(catalog_absent_reason(), allow_module_level=True)
+CATALOG: Path = catalog_dir()  # type: ignore[assignment]
 
 
 def documents(path: Path) -> list[dict[str, Any]]:
@@ -31,16 +34,12 @@ def documents(path: Path) -> list[dict[str, Any]]:
 
 def definition_files(kind: str) -> list[Path]:
     """`<kinds>/NAME/VERSION/NAME.yaml` holding a `kind` object."""
-    if not CATALOG.is_dir():
-        return []
     return sorted(
         p for p in CATALOG.glob("*/*/*/*.yaml") if p.stem == p.parts[-3] and any(d.get("kind") == kind for d in documents(p))
     )
 
 
 def run_files() -> list[Path]:
-    if not CATALOG.is_dir():
-        return []
     return sorted(
         p for p in CATALOG.glob("*/*/*/*/*.yaml")
         if p.parent.name in ("tests", "samples") and any(d.get("kind") in ("TaskRun", "PipelineRun") for d in documents(p))
@@ -64,9 +63,10 @@ def catalog_objects(*extra: dict[str, Any]) -> TektonObjects:
     return objects
 
 
-def test_the_catalog_is_all_there() -> None:
-    assert (len(TASKS), len(STEP_ACTIONS), len(PIPELINES)) == (86, 1, 2)
-    assert len(RUNS) == 54
+def test_the_catalog_gives_every_kind_of_input() -> None:
+    """Whatever copy of the catalog is given, it holds each kind this module checks (counts vary by copy)."""
+    assert TASKS and STEP_ACTIONS and PIPELINES and RUNS, (len(TASKS), len(STEP_ACTIONS), len(PIPELINES), len(RUNS))
+    assert all(p.is_relative_to(CATALOG / "tasks") for p in TASKS)
 
 
 # -- the oracle -----------------------------------------------------------------------------------
