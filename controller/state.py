@@ -18,13 +18,12 @@ from typing import Any, Callable, Iterable, Mapping
 
 from controller.core.balance import LoadLedger, choose_node, eligible_nodes
 from controller.core.egress import Measurement, RatioFigure, rank_nodes
-from controller.core.images import TektonObjects
+from controller.core.images import TASKRUN_LABEL, TektonObjects
 from controller.core.model import DECISION_ANNOTATION, NamespaceState, NodeLoad, NodeState, PodState
 from controller.core.policy import PlacementPolicy, Pool
 
 TEKTON_KINDS = ("Task", "StepAction", "Pipeline")
 RUN_KINDS = ("TaskRun", "PipelineRun")
-TASKRUN_LABEL = "tekton.dev/taskRun"  # on the pods Tekton makes: the TaskRun's name
 POLICY = "Policy"  # the kind passed to subscribers when the policy changes
 TEKTON_FLAGS = "TektonFeatureFlags"  # ... and when Tekton's coschedule flag changes
 

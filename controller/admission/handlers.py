@@ -26,7 +26,7 @@ from loguru import logger
 
 from controller.core.balance import choose_node, ledger_key
 from controller.core.decide import decide
-from controller.core.images import WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
+from controller.core.images import TASKRUN_LABEL, WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
 from controller.core.model import DECISION_ANNOTATION, Decision, NamespaceState, NodeLoad, Reason
 from controller.core.patches import json_patch, place, tolerates, unplace
 from controller.core.policy import PlacementPolicy, Pool
@@ -36,9 +36,7 @@ from controller.state import ClusterState, pod_key, taskrun_key
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 AFFINITY_ASSISTANT_ANNOTATION = "pipeline.tekton.dev/affinity-assistant"
-MANAGED_BY_LABEL, TEKTON_MANAGER = "app.kubernetes.io/managed-by", "tekton-pipelines"
 COMPONENT_LABEL, AFFINITY_ASSISTANT_COMPONENT = "app.kubernetes.io/component", "affinity-assistant"
-TASKRUN_LABEL = "tekton.dev/taskRun"
 MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 MAX_IMAGES_IN_ANNOTATION = 20
 # Tekton's `coschedule` feature flag (feature-flags ConfigMap).
@@ -342,7 +340,7 @@ class Admission:
         if labels.get(COMPONENT_LABEL) == AFFINITY_ASSISTANT_COMPONENT or AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
             placement = _keep_if_allowed(current, policy, namespace, "coscheduled")
             return json_patch(current, placement.template, "/spec")
-        if labels.get(MANAGED_BY_LABEL) == TEKTON_MANAGER and is_tekton_pod(pod):
+        if is_tekton_pod(pod):
             return self._tekton_pod(request, current, namespace, policy)
         if _carries_pool_toleration(current.get("tolerations"), policy):
             return json_patch(current, unplace(current, policy), "/spec")

@@ -634,8 +634,21 @@ def pod_images(pod: Mapping[str, Any]) -> ImageSet:
     return out.result()
 
 
+TASKRUN_LABEL = "tekton.dev/taskRun"
+
+
 def is_tekton_pod(pod: Mapping[str, Any]) -> bool:
-    """A pod Tekton made for a TaskRun: it has containers named step-*."""
-    return any(
+    """A pod Tekton made for a TaskRun: labelled `tekton.dev/taskRun` or owned by a tekton.dev TaskRun,
+    with containers named step-*. Whatever `app.kubernetes.io/managed-by` says: Pipelines-as-Code and
+    installs with another `default-managed-by-label-value` write something else there.
+
+    Every one of these fields is the pod creator's to write, so this only says which code path judges
+    the pod; what it may get is decided by its namespace (the request's, which it cannot forge)."""
+    meta = _dict(pod.get("metadata"))
+    made_for_a_taskrun = bool(_str(_dict(meta.get("labels")).get(TASKRUN_LABEL))) or any(
+        _dict(o).get("kind") == "TaskRun" and _str(_dict(o).get("apiVersion")).startswith("tekton.dev/")
+        for o in _list(meta.get("ownerReferences"))
+    )
+    return made_for_a_taskrun and any(
         _str(_dict(c).get("name")).startswith("step-") for c in _list(_dict(pod.get("spec")).get("containers"))
     )

@@ -69,7 +69,11 @@ spec:
 ---
 apiVersion: v1
 kind: Pod
-metadata: {name: upload-1-pod, namespace: team-cdn, annotations: {egress-placer.io/placement: none}}
+metadata:
+  name: upload-1-pod
+  namespace: team-cdn
+  labels: {tekton.dev/taskRun: upload-1}
+  annotations: {egress-placer.io/placement: none}
 spec:
   initContainers: [{name: prepare, image: "ghcr.io/tektoncd/entrypoint:1"}]
   containers:

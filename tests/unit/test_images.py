@@ -381,9 +381,30 @@ def test_pod_images_are_step_and_sidecar_containers_only() -> None:
         },
     }
     assert pod_images(pod) == ImageSet(images=("crane:1", "kaniko:1", "registry:2"), unresolved=("container step-empty has no image",))
-    assert is_tekton_pod(pod)
+    assert not is_tekton_pod(pod), "step containers alone do not make a pod Tekton's"
     assert not is_tekton_pod({"spec": {"containers": [{"name": "nginx", "image": "nginx"}]}})
     assert pod_images({}) == ImageSet()
+
+
+STEPS = {"containers": [{"name": "step-build", "image": "kaniko:1"}]}
+TASKRUN_OWNER = {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": "r", "uid": "u", "controller": True}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "spec", "expected"),
+    [
+        ({"labels": {"tekton.dev/taskRun": "r", "app.kubernetes.io/managed-by": "tekton-pipelines"}}, STEPS, True),
+        ({"labels": {"tekton.dev/taskRun": "r", "app.kubernetes.io/managed-by": "pipelinesascode.tekton.dev"}}, STEPS, True),
+        ({"labels": {"tekton.dev/taskRun": "r"}}, STEPS, True),  # any managed-by value, or none
+        ({"ownerReferences": [TASKRUN_OWNER]}, STEPS, True),
+        ({"ownerReferences": [{**TASKRUN_OWNER, "apiVersion": "example.com/v1"}]}, STEPS, False),
+        ({"labels": {"app.kubernetes.io/managed-by": "tekton-pipelines"}}, STEPS, False),  # no run named
+        ({"labels": {"tekton.dev/taskRun": ""}}, STEPS, False),
+        ({"labels": {"tekton.dev/taskRun": "r"}}, {"containers": [{"name": "web", "image": "nginx"}]}, False),
+    ],
+)
+def test_tekton_pods_are_known_by_what_tekton_sets(metadata: dict, spec: dict, expected: bool) -> None:
+    assert is_tekton_pod({"metadata": metadata, "spec": spec}) is expected
 
 
 # -- the index ------------------------------------------------------------------------------------

@@ -279,12 +279,16 @@ def pod(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-TEKTON = {"app.kubernetes.io/managed-by": "tekton-pipelines"}
+TEKTON = {"app.kubernetes.io/managed-by": "tekton-pipelines", "tekton.dev/taskRun": "r"}
 POD_CASES = [
     ("bare pod", pod(), False),
     ("other labels", pod(labels={"app": "web"}), False),
     ("managed by someone else", pod(labels={"app.kubernetes.io/managed-by": "helm"}), False),
+    ("managed-by tekton alone", pod(labels={"app.kubernetes.io/managed-by": "tekton-pipelines"}), False),
     ("tekton pod", pod(labels=TEKTON), True),
+    ("pipelines-as-code pod", pod(labels={"app.kubernetes.io/managed-by": "pipelinesascode.tekton.dev",
+                                          "tekton.dev/taskRun": "r"}), True),
+    ("owned by a taskrun", pod(owners=["TaskRun"]), True),
     ("daemonset pod", pod(owners=["DaemonSet"]), True),
     ("replicaset pod", pod(owners=["ReplicaSet"]), False),
     ("daemonset among owners", pod(owners=["ReplicaSet", "DaemonSet"]), True),
