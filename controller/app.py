@@ -24,7 +24,7 @@ from controller.admission.events import QuietEvents
 from controller.admission.handlers import Admission
 from controller.admission.server import AdmissionServer
 from controller.core.policy import PlacementPolicy
-from controller.egress_source import EgressPollers
+from controller.kube.egress_source import EgressPollers
 from controller.kube.client import KubeApi, make_api_client
 from controller.kube.informer import Informer, cluster_informers
 from controller.kube.leader import LeaderElector

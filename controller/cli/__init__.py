@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from controller.explain import run_explain
+from controller.cli.explain import run_explain
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def _configure_status(parser: argparse.ArgumentParser) -> None:
 
 def _run_status(args: argparse.Namespace) -> int:
     from controller.settings import Settings
-    from controller.status import run_status
+    from controller.cli.status import run_status
 
     overrides = {"policy_file": args.policy} if args.policy else {}
     return run_status(Settings(**overrides), out=sys.stdout, as_json=args.json)

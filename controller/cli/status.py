@@ -17,7 +17,7 @@ from typing import Any, Callable, TextIO
 from controller.core.intruders import find_intruders
 from controller.core.policy import PlacementPolicy, load_policy
 from controller.core.taints import desired_taints
-from controller.egress_source import EgressPoller, PrometheusClient
+from controller.kube.egress_source import EgressPoller, PrometheusClient
 from controller.kube.client import KubeApi, make_api_client
 from controller.settings import Settings
 from controller.state import ClusterState

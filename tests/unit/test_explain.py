@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import explain
+from controller.cli import explain
 from controller.core import decide, images
 
 SCRIPT = Path(sys.executable).parent / "egress-placer"
