@@ -4,8 +4,9 @@ package never imports the Kubernetes adapter.
 """
 
 from controller.admission.certs import CertificateKeeper, KeyPair, ServingTLS, make_ca, make_serving_cert, needs_renewal
-from controller.admission.handlers import Admission, EventSink, MalformedReview
+from controller.admission.handlers import Admission, MalformedReview
 from controller.admission.server import AdmissionServer
+from controller.event_sink import EventSink
 
 __all__ = [
     "Admission",

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from loguru import logger
 
-from controller.admission.handlers import EventSink
+from controller.event_sink import EventSink
 
 QUIET_SECONDS = 0.05  # longer than a run's Pod CREATE follows its TaskRun CREATE, and its binding the Pod's
 MAX_DELAY_SECONDS = 1.0  # under steady admission traffic, Events still go out about once a second

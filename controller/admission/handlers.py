@@ -20,7 +20,7 @@ import base64
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from loguru import logger
 
@@ -30,6 +30,7 @@ from controller.core.images import TASKRUN_LABEL, WHOLE_RUN, is_tekton_pod, pipe
 from controller.core.model import DECISION_ANNOTATION, Decision, NamespaceState, NodeLoad, Reason
 from controller.core.patches import json_patch, place, tolerates, unplace
 from controller.core.policy import PlacementPolicy, Pool
+from controller.event_sink import EventSink
 from controller.metrics import Metrics
 from controller.settings import Settings
 from controller.state import ClusterState, pod_key, taskrun_key
@@ -46,12 +47,6 @@ _SPEC_PLACEMENT_FIELDS = ("tolerations", "affinity")
 
 class MalformedReview(ValueError):
     """The body is not an AdmissionReview v1 request this webhook can answer (HTTP 400)."""
-
-
-class EventSink(Protocol):
-    """Where Kubernetes Events go. Never blocks, never raises (the writer queues and sends them)."""
-
-    def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None: ...
 
 
 Patch = list[dict[str, Any]]
@@ -554,7 +549,6 @@ def _record(decision: Decision, placement: Placement) -> str:
 
 __all__ = [
     "Admission",
-    "EventSink",
     "MalformedReview",
     "Placement",
     "Request",

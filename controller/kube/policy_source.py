@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from loguru import logger
 
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
+from controller.event_sink import EventSink
 from controller.kube.client import KubeApi
 from controller.kube.informer import DEFAULT_BACKOFF, Backoff, Informer, Obj, config_map
 from controller.metrics import Metrics
@@ -23,10 +24,6 @@ from controller.settings import Settings
 
 class PolicyTarget(Protocol):
     def set_policy(self, policy: PlacementPolicy) -> None: ...
-
-
-class EventSink(Protocol):
-    def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None: ...
 
 
 class PolicySource:

@@ -20,6 +20,7 @@ from loguru import logger
 from controller.core.intruders import Intruder, find_intruders
 from controller.core.model import NamespaceState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
+from controller.event_sink import EventSink
 from controller.metrics import Metrics
 
 
@@ -27,10 +28,6 @@ class Evictor(Protocol):
     def evict(self, namespace: str, name: str, uid: str = "") -> bool: ...
 
     def delete_pod(self, namespace: str, name: str, uid: str = "") -> None: ...
-
-
-class EventSink(Protocol):
-    def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None: ...
 
 
 class PodSource(Protocol):

@@ -7,10 +7,11 @@ and a Warning Event `NotAdmitted` on each, at most `limit` of them, plus one sum
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 from loguru import logger
 
+from controller.event_sink import EventSink
 from controller.state import RunKey
 
 MAX_REPORTED_RUNS = 100
@@ -22,10 +23,6 @@ NOT_ADMITTED_NOTE = (
 
 class RunSource(Protocol):
     def runs_without_decision(self) -> list[RunKey]: ...
-
-
-class EventSink(Protocol):
-    def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None: ...
 
 
 def report_missed_runs(state: RunSource, events: EventSink, limit: int = MAX_REPORTED_RUNS) -> list[RunKey]:
