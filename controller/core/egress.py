@@ -17,17 +17,15 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, Mapping
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     HttpUrl,
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
 from controller.core.model import NodeLoad
+from controller.core.schema import PolicyModel
 
 DEFAULT_EGRESS_QUERY = (
     'sum by (instance) (rate(node_network_transmit_bytes_total{device!~"lo|veth.*|cali.*|flannel.*|cni.*"}[1m]))'
@@ -66,11 +64,7 @@ Duration = Annotated[Positive, BeforeValidator(parse_duration)]
 # -- configuration --------------------------------------------------------------------------------
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
-
-
-class PrometheusSource(_Model):
+class PrometheusSource(PolicyModel):
     """Where a pool's per-node outbound throughput (bytes per second) is read from."""
 
     url: HttpUrl
@@ -105,7 +99,7 @@ class PrometheusSource(_Model):
         return self
 
 
-class EgressLoad(_Model):
+class EgressLoad(PolicyModel):
     """A pool's `egressLoad`: measured throughput and each node's outbound capacity."""
 
     prometheus: PrometheusSource

@@ -14,8 +14,6 @@ from typing import Annotated, Any, Literal, Mapping
 import yaml
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     PositiveInt,
     PrivateAttr,
@@ -23,10 +21,10 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.alias_generators import to_camel
 
 from controller.core.egress import EgressLoad
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION, TAINT_KEY, NamespaceState, NodeState, Taint
+from controller.core.schema import PolicyModel
 
 API_VERSION = "egress-placer.io/v1alpha1"
 KIND = "PlacementPolicy"
@@ -103,16 +101,10 @@ def _glob_regex(globs: tuple[str, ...]) -> re.Pattern[str] | None:
     return re.compile("|".join(f"(?:{translate(g)})" for g in globs))
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True
-    )
-
-
 # -- label selectors ------------------------------------------------------------------------------
 
 
-class LabelSelectorRequirement(_Model):
+class LabelSelectorRequirement(PolicyModel):
     key: LabelKey
     operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
     values: tuple[LabelValue, ...] = ()
@@ -136,7 +128,7 @@ class LabelSelectorRequirement(_Model):
         return not present or labels[self.key] not in self.values  # NotIn
 
 
-class LabelSelector(_Model):
+class LabelSelector(PolicyModel):
     """A Kubernetes LabelSelector. An empty selector matches nothing here (never "everything")."""
 
     match_labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
@@ -157,14 +149,14 @@ class LabelSelector(_Model):
 # -- pools ----------------------------------------------------------------------------------------
 
 
-class PoolTaint(_Model):
+class PoolTaint(PolicyModel):
     """The taint egress-placer keeps on every node of the pool; its value is always the pool name."""
 
     key: LabelKey = TAINT_KEY
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
 
-class Pool(_Model):
+class Pool(PolicyModel):
     name: str
     node_selector: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     nodes: tuple[NodeName, ...] = ()
@@ -223,7 +215,7 @@ class Pool(_Model):
         return {"key": self.taint.key, "operator": "Equal", "value": self.name, "effect": self.taint.effect}
 
 
-class PlacementPolicy(_Model):
+class PlacementPolicy(PolicyModel):
     api_version: Literal["egress-placer.io/v1alpha1"]
     kind: Literal["PlacementPolicy"]
     exempt_namespaces: tuple[str, ...] = DEFAULT_EXEMPT_NAMESPACES
