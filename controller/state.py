@@ -16,13 +16,14 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
 
-from controller.core.balance import LoadLedger, choose_node, eligible_nodes
+from loguru import logger
+
+from controller.core.balance import LoadLedger, choose_node, eligible_nodes, ledger_key
 from controller.core.egress import Measurement, RatioFigure, rank_nodes
 from controller.core.images import TASKRUN_LABEL, TektonObjects
 from controller.core.model import DECISION_ANNOTATION, NamespaceState, NodeLoad, NodeState, PodState
 from controller.core.policy import PlacementPolicy, Pool
 
-TEKTON_KINDS = ("Task", "StepAction", "Pipeline")
 RUN_KINDS = ("TaskRun", "PipelineRun")
 POLICY = "Policy"  # the kind passed to subscribers when the policy changes
 TEKTON_FLAGS = "TektonFeatureFlags"  # ... and when Tekton's coschedule flag changes
@@ -66,7 +67,7 @@ class ClusterState:
             try:
                 callback(kind)
             except Exception:  # a subscriber must never break an informer
-                pass
+                logger.bind(change=kind).exception("state subscriber failed")
 
     # -- policy -------------------------------------------------------------------------------
     @property
@@ -112,7 +113,7 @@ class ClusterState:
                     self.namespaces[name] = NamespaceState.from_namespace(obj)
             elif kind == "Pod":
                 notify = self._apply_pod(PodState.from_pod(obj), deleted)
-            elif kind in TEKTON_KINDS:
+            elif kind in TektonObjects.KINDS:
                 meta = obj["metadata"]
                 if deleted:
                     self.tekton.remove(kind, meta.get("namespace") or "default", meta["name"])
@@ -142,7 +143,7 @@ class ClusterState:
                 self._pods_by_node.clear()
                 for o in objs:
                     self._apply_pod(PodState.from_pod(o), False)
-            elif kind in TEKTON_KINDS:
+            elif kind in TektonObjects.KINDS:
                 self.tekton.replace_kind(kind, [dict(o) for o in objs])
             elif kind in RUN_KINDS:
                 self._runs = {k: v for k, v in self._runs.items() if k[0] != kind}
@@ -164,10 +165,10 @@ class ClusterState:
         if pod.node_name:
             self._pods_by_node.setdefault(pod.node_name, set()).add(key)
             # The scheduler has bound it: from now on the pod itself is counted.
-            self.ledger.settle(pod_key(pod.namespace, pod.name))
+            self.ledger.settle(ledger_key("pod", pod.namespace, pod.name))
             taskrun = pod.labels.get(TASKRUN_LABEL)
             if taskrun:
-                self.ledger.settle(taskrun_key(pod.namespace, taskrun))
+                self.ledger.settle(ledger_key("taskrun", pod.namespace, taskrun))
             on_pool = on_pool or self._on_pool_node(pod.node_name)
         return on_pool
 
@@ -274,11 +275,3 @@ class ClusterState:
 def _run_key(kind: str, obj: Mapping[str, Any]) -> RunKey:
     meta = obj["metadata"]
     return (kind, meta.get("namespace") or "default", meta["name"])
-
-
-def pod_key(namespace: str, name: str) -> str:
-    return f"pod/{namespace}/{name}"
-
-
-def taskrun_key(namespace: str, name: str) -> str:
-    return f"taskrun/{namespace}/{name}"

@@ -33,7 +33,7 @@ from controller.core.policy import PlacementPolicy, Pool
 from controller.event_sink import EventSink
 from controller.metrics import Metrics
 from controller.settings import Settings
-from controller.state import ClusterState, pod_key, taskrun_key
+from controller.state import ClusterState
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 AFFINITY_ASSISTANT_ANNOTATION = "pipeline.tekton.dev/affinity-assistant"
@@ -230,7 +230,7 @@ class Admission:
             placement = _keep_if_allowed(template, policy, namespace, "coscheduled: its PipelineRun places the whole run")
         else:
             placement = self._place(
-                template, decision.pool, policy, taskrun_key(request.namespace, request.key_name), request.name, request.dry_run
+                template, decision.pool, policy, ledger_key("taskrun", request.namespace, request.key_name), request.name, request.dry_run
             )
         self._count(request.kind, decision, placement)
         patch = _ops_at(request.object, ("spec", "podTemplate"), placement.template)
@@ -349,9 +349,9 @@ class Admission:
         if taskrun and not request.dry_run:
             # The pod is being made: from now on it (or its own assumption) counts, the TaskRun's must
             # not, and not while its node is chosen either (it would count this run twice).
-            self.state.forget(taskrun_key(request.namespace, taskrun))
+            self.state.forget(ledger_key("taskrun", request.namespace, taskrun))
         placement = self._place(
-            current, decision.pool, policy, pod_key(request.namespace, request.key_name), request.name, request.dry_run
+            current, decision.pool, policy, ledger_key("pod", request.namespace, request.key_name), request.name, request.dry_run
         )
         self._count(request.kind, decision, placement)
         patch = json_patch(current, placement.template, "/spec")

@@ -27,9 +27,6 @@ from controller.core.images import (
 from controller.core.model import Decision, ImageSet, NamespaceState
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy, yaml_problem
 
-CONTEXT_KINDS = ("Task", "StepAction", "Pipeline")
-
-
 class ManifestError(ValueError):
     """A manifest cannot be read. The message names the file, the document and the line."""
 
@@ -97,7 +94,7 @@ def explain_documents(policy: PlacementPolicy, documents: Sequence[Document]) ->
     namespaces: dict[str, NamespaceState] = {}
     for doc in documents:
         kind, meta = doc.obj["kind"], doc.obj.get("metadata") or {}
-        if kind in CONTEXT_KINDS:
+        if kind in TektonObjects.KINDS:
             objects.put(doc.obj)
         elif kind == "Namespace" and meta.get("name"):
             namespaces[str(meta["name"])] = NamespaceState.from_namespace(doc.obj)

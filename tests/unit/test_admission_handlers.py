@@ -23,11 +23,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.admission.handlers import Admission, MalformedReview
+from controller.core.balance import ledger_key
 from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION
 from controller.core.policy import load_policy
 from controller.metrics import Metrics
 from controller.settings import Settings
-from controller.state import ClusterState, pod_key, taskrun_key
+from controller.state import ClusterState
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "admission"
 TEKTON = Path(__file__).resolve().parents[1] / "data" / "tekton"  # catalog Tasks copied into the repository
@@ -228,7 +229,7 @@ def test_taskrun_decision_table(run: dict, pool: str | None, reason: str, event:
         assert preferred_node(template) == record["node"]
         assert record["node"] in (EGRESS_NODES if pool == "egress" else {"lab-1", "lab-2"})
         assert record["loads"] and all("/" in v for v in record["loads"].values())
-        assert taskrun_key(run["metadata"]["namespace"], run["metadata"]["name"]) in env.state.ledger
+        assert ledger_key("taskrun", run["metadata"]["namespace"], run["metadata"]["name"]) in env.state.ledger
     else:
         assert "podTemplate" not in patched["spec"]  # only the annotation was written
         assert len(env.state.ledger) == 0
@@ -283,7 +284,7 @@ def test_taskrun_with_only_generate_name_is_placed_without_an_event() -> None:
     _, patched, _ = env.review(taskrun("kaniko", name=None))
     assert decision_of(patched)["pool"] == "egress"
     assert env.events.sent == []
-    assert taskrun_key("team-ci", "build-uid-1") in env.state.ledger  # generateName + uid: runs counted apart
+    assert ledger_key("taskrun", "team-ci", "build-uid-1") in env.state.ledger  # generateName + uid: runs counted apart
 
 
 def test_taskrun_dry_run_has_no_side_effects() -> None:
@@ -353,11 +354,11 @@ def test_a_burst_of_pods_spreads_evenly() -> None:
 def test_pod_takes_over_the_taskrun_assumption() -> None:
     env = Env()
     _, run, _ = env.review(taskrun("kaniko"))
-    assert taskrun_key("team-ci", "build-1") in env.state.ledger
+    assert ledger_key("taskrun", "team-ci", "build-1") in env.state.ledger
     pod = tekton_pod(annotations=run["metadata"]["annotations"], spec_extra=copy.deepcopy(run["spec"]["podTemplate"]))
     _, patched, _ = env.review(pod)
-    assert taskrun_key("team-ci", "build-1") not in env.state.ledger
-    assert pod_key("team-ci", "build-1-pod") in env.state.ledger
+    assert ledger_key("taskrun", "team-ci", "build-1") not in env.state.ledger
+    assert ledger_key("pod", "team-ci", "build-1-pod") in env.state.ledger
     assert len(env.state.ledger) == 1  # counted once, not twice
     assert patched["spec"]["tolerations"] == [EGRESS_TOLERATION]  # the run's placement, not duplicated
     assert len(required_terms(patched["spec"])) == 1

@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loguru import logger
 
+from controller.core.balance import ledger_key
 from controller.core.model import DECISION_ANNOTATION
 from controller.core.policy import load_policy
-from controller.state import POLICY, TEKTON_FLAGS, ClusterState, pod_key, taskrun_key
+from controller.state import POLICY, TEKTON_FLAGS, ClusterState
 
 POLICY_TEXT = """
 apiVersion: egress-placer.io/v1alpha1
@@ -101,12 +103,12 @@ def test_node_resource_versions_follow_events_and_relists(state):
 
 
 def test_binding_a_pod_settles_its_pod_and_taskrun_assumptions(state):
-    state.ledger.assume(pod_key("team-a", "p"), "overseas", "pool-1", 1000.0)
-    state.ledger.assume(taskrun_key("team-a", "build"), "overseas", "pool-1", 1000.0)
+    state.ledger.assume(ledger_key("pod", "team-a", "p"), "overseas", "pool-1", 1000.0)
+    state.ledger.assume(ledger_key("taskrun", "team-a", "build"), "overseas", "pool-1", 1000.0)
     state.apply("Pod", "ADDED", pod("team-a", "p"))  # not bound yet: still assumed
     assert len(state.ledger) == 2
     state.apply("Pod", "ADDED", pod("team-a", "build-pod", "pool-1", labels={"tekton.dev/taskRun": "build"}))
-    assert taskrun_key("team-a", "build") not in state.ledger
+    assert ledger_key("taskrun", "team-a", "build") not in state.ledger
     state.apply("Pod", "MODIFIED", pod("team-a", "p", "pool-1"))
     assert len(state.ledger) == 0
 
@@ -173,10 +175,16 @@ def test_a_failing_subscriber_does_not_break_the_informer(state):
         raise RuntimeError("boom")
 
     seen: list[str] = []
+    logged: list[str] = []
     state.subscribe(broken)
     state.subscribe(seen.append)
-    state.apply("Node", "ADDED", node("n", "1"))
+    sink = logger.add(lambda message: logged.append(str(message)), level="ERROR")
+    try:
+        state.apply("Node", "ADDED", node("n", "1"))
+    finally:
+        logger.remove(sink)
     assert seen == ["Node"] and "n" in state.nodes
+    assert len(logged) == 1 and "state subscriber failed" in logged[0] and "boom" in logged[0]
 
 
 def test_coschedule_change_notifies_only_when_it_changes(state):
