@@ -29,7 +29,7 @@ from controller.kube.client import KubeApi, make_api_client
 from controller.kube.informer import Informer, cluster_informers
 from controller.kube.leader import LeaderElector
 from controller.kube.policy_source import PolicySource
-from controller.kube.writer import EventRecorder, KubeWriter
+from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.reconcile.intruders import IntruderReconciler
 from controller.reconcile.loop import ReconcileLoop
@@ -101,7 +101,7 @@ class Controller:
             assumption_ttl=settings.assumption_ttl_seconds,
             balance=settings.balance,
         )
-        self.writer = KubeWriter(self.api, self.metrics)
+        self.writer = KubeClient(self.api, self.metrics)
         self.events = EventRecorder(self.writer, self.metrics, settings.identity, default_namespace=settings.namespace)
         self.egress = EgressPollers(self.state, clock, registry=self.metrics.registry)
         self.policy_gate = PolicyGate(self.state, on_policy=self.egress.sync)

@@ -37,6 +37,7 @@ from loguru import logger
 from controller.settings import Settings
 
 CA_CERT, CA_KEY, TLS_CERT, TLS_KEY = "ca.crt", "ca.key", "tls.crt", "tls.key"
+HTTP_CONFLICT = 409  # a write lost to another (resourceVersion changed, or the object already exists)
 # Certificates start this much before `now`, so a replica whose clock lags a little accepts them.
 BACKDATE = timedelta(hours=1)
 
@@ -257,8 +258,8 @@ class SecretWriter(Protocol):
     `write_secret` creates the Secret (`resource_version` None) or replaces it (optimistic
     concurrency on `resource_version`). A conflict (HTTP 409: another replica wrote first, or the
     Secret already exists) is reported by returning False or by raising an exception whose
-    `status` is 409 or whose `outcome` is "conflict" (the adapter's WriteError); True or None
-    means written.
+    `status` is the HTTP status 409 (the adapter's ApiError, the client's ApiException); True or
+    None means written.
     """
 
     def read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None: ...
@@ -271,9 +272,8 @@ class SecretWriter(Protocol):
 
 
 def _is_conflict(error: BaseException) -> bool:
-    """HTTP 409, as `status` (ApiException, the adapter's WriteError) or as the adapter's outcome."""
-    outcome = getattr(error, "outcome", None)
-    return getattr(error, "status", None) == 409 or getattr(outcome, "value", outcome) == "conflict"
+    """The API server answered 409 Conflict (reason Conflict or AlreadyExists)."""
+    return getattr(error, "status", None) == HTTP_CONFLICT
 
 
 class CertificateKeeper:

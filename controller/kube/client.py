@@ -103,6 +103,18 @@ def status_of(error: BaseException) -> int | None:
     return None
 
 
+def describe_error(error: BaseException | None) -> str:
+    """One short line for logs and messages: "HTTP 403 Forbidden: <the API server's message>", or the
+    error's type and text (connection errors...)."""
+    if error is None:
+        return ""
+    status = status_of(error)
+    if status is not None:
+        message = str(error_body(error).get("message") or "")
+        return f"HTTP {status} {getattr(error, 'reason', '') or ''}".strip() + (f": {message}"[:300] if message else "")
+    return f"{type(error).__name__}: {error}"[:300]
+
+
 def error_body(error: BaseException) -> dict[str, Any]:
     """The Status object the API server sent with an error, or {}."""
     body = getattr(error, "body", None)

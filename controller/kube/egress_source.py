@@ -1,6 +1,6 @@
 """Measured outbound throughput of pool nodes, read from Prometheus.
 
-`PrometheusClient` runs instant queries (`/api/v1/query`) over `requests`, retrying with tenacity on
+`PrometheusClient` runs instant queries (`/api/v1/query`) over `requests`, retrying (`kube.retry`) on
 connection errors, timeouts, 5xx and 429 only. `EgressPoller` polls one pool's query in its own
 thread and keeps the last good figure per node; admission only reads `snapshot()`, which never
 waits on the network. What the figures mean is decided by `controller.core.egress`.
@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterable, Mapping, NamedTuple, Protocol
 import requests
 from loguru import logger
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential_jitter
 
 from controller.core.egress import EgressLoad, Measurement, PrometheusSource, is_fresh, measurement_age
+from controller.kube.retry import PROMETHEUS, RetryPolicy, retrying
 
 QUERY_PATH = "/api/v1/query"
 SCRAPE_RESULTS = ("success", "unavailable", "bad-answer", "failed")
@@ -59,21 +59,13 @@ class PrometheusClient:
         timeout: float,
         session: requests.Session | None = None,
         *,
-        attempts: int = 3,
-        backoff_initial: float = 0.2,
-        backoff_max: float = 2.0,
+        retry: RetryPolicy = PROMETHEUS,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.endpoint = str(url).rstrip("/") + QUERY_PATH
         self.timeout = timeout
         self.session = session or requests.Session()
-        self._retrying = Retrying(
-            retry=retry_if_exception_type(PrometheusUnavailable),
-            stop=stop_after_attempt(attempts),
-            wait=wait_exponential_jitter(multiplier=backoff_initial, jitter=backoff_initial, max=backoff_max),
-            sleep=sleep,
-            reraise=True,
-        )
+        self._retrying = retrying(retry, lambda e: isinstance(e, PrometheusUnavailable), sleep=sleep)
 
     @classmethod
     def for_source(cls, source: PrometheusSource, session: requests.Session | None = None) -> "PrometheusClient":

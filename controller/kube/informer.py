@@ -10,7 +10,7 @@ cache; the informer keeps only the resourceVersion).
 Protocol: list (paginated) -> `on_replace(objs)` -> watch from the list's resourceVersion with
 `allowWatchBookmarks` and a server timeout -> `on_event(type, obj)` per event -> on timeout, watch
 again from the last resourceVersion (bookmarks advance it) -> on 410 Gone or an ERROR event, relist.
-Errors back off exponentially with jitter (tenacity); restarts are counted in
+Errors back off exponentially with jitter (`kube.retry`); restarts are counted in
 `metrics.watch_restarts{resource, cause}` with cause `timeout` (the server ended the watch: normal),
 `gone` (410: relist), `error-event` (an ERROR event: relist after a backoff) or `failure` (a failed
 request or a broken connection: resume from the last resourceVersion after a backoff).
@@ -30,7 +30,8 @@ import tenacity
 from kubernetes.watch.watch import iter_resp_lines
 from loguru import logger
 
-from controller.kube.client import KubeApi, status_of
+from controller.kube.client import KubeApi, describe_error, status_of
+from controller.kube.retry import WATCHES, RetryPolicy, retrying
 from controller.metrics import Metrics
 from controller.settings import Settings
 
@@ -169,18 +170,6 @@ class WatchError(Exception):
     """An ERROR event in the watch stream (other than 410)."""
 
 
-@dataclass(frozen=True)
-class Backoff:
-    """Waits between failed list/watch attempts: exponential from `initial` to `maximum`, with jitter."""
-
-    initial: float = 0.5
-    maximum: float = 30.0
-    jitter: float = 1.0
-
-
-DEFAULT_BACKOFF = Backoff()
-
-
 class Informer:
     """List + watch of one Resource in a daemon thread; see the module docstring."""
 
@@ -194,7 +183,7 @@ class Informer:
         *,
         page_size: int = 500,
         watch_timeout_seconds: int = 300,
-        backoff: Backoff = DEFAULT_BACKOFF,
+        backoff: RetryPolicy = WATCHES,
     ) -> None:
         self.api = api
         self.resource = resource
@@ -210,14 +199,8 @@ class Informer:
         self._response_lock = threading.Lock()
         self._response: Any = None
         self._log = logger.bind(resource=resource.name)
-        self._retrying = tenacity.Retrying(
-            wait=tenacity.wait_exponential_jitter(
-                multiplier=backoff.initial, max=backoff.maximum, jitter=backoff.jitter
-            ),
-            retry=tenacity.retry_if_exception(lambda e: not self._stop.is_set()),
-            sleep=self._sleep,
-            before_sleep=self._before_retry,
-            reraise=True,
+        self._retrying = retrying(
+            backoff, lambda e: not self._stop.is_set(), sleep=self._sleep, before_sleep=self._before_retry
         )
 
     def _sleep(self, seconds: float) -> None:
@@ -280,7 +263,7 @@ class Informer:
         self._restart(cause, relist)
         wait = state.next_action.sleep if state.next_action else 0.0
         self._log.bind(cause=cause, attempt=state.attempt_number).warning(
-            "list/watch failed, retrying in {:.1f}s: {}", wait, _short(error)
+            "list/watch failed, retrying in {:.1f}s: {}", wait, describe_error(error)
         )
 
     def _list(self) -> None:
@@ -383,15 +366,6 @@ def _shutdown(response: Any) -> None:
         pass
 
 
-def _short(error: BaseException | None) -> str:
-    if error is None:
-        return ""
-    status = status_of(error)
-    if status is not None:
-        return f"HTTP {status} {getattr(error, 'reason', '')}".strip()
-    return f"{type(error).__name__}: {error}"[:300]
-
-
 # -- wiring: every informer the controller needs ------------------------------------------------------
 
 
@@ -413,7 +387,7 @@ def coschedule_of(feature_flags: Mapping[str, Any] | None) -> str | None:
 
 
 def cluster_informers(
-    api: KubeApi, sink: ObjectSink, settings: Settings, metrics: Metrics, *, backoff: Backoff = DEFAULT_BACKOFF
+    api: KubeApi, sink: ObjectSink, settings: Settings, metrics: Metrics, *, backoff: RetryPolicy = WATCHES
 ) -> list[Informer]:
     """The informers that feed the controller's state (not started). The policy ConfigMap has its own
     (see policy_source)."""

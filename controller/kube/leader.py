@@ -9,6 +9,10 @@ Rules (client-go): a follower takes the lease when it has no holder, or when its
 changed for `lease_duration` seconds of this process's monotonic clock; the leader renews every
 `retry_period` and steps down when no renewal succeeded for `renew_deadline`. On stop the leader
 releases the lease (empty holder), so a follower takes over at its next try.
+
+Lease requests go through the adapter's `KubeClient`: its one error classification (a 404 is "no
+lease yet", a 409 "another candidate wrote first") and its retry policy (`retry.lease_policy`: one
+quick second try of a throttled or failed request, well within the renew deadline).
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ from __future__ import annotations
 import random
 import threading
 import time
+from functools import partial
 from typing import Any, Callable
 
 from loguru import logger
 
-from controller.kube.client import KubeApi, status_of
-from controller.kube.writer import micro_time
+from controller.kube.client import KubeApi
+from controller.kube.retry import lease_policy
+from controller.kube.writer import ApiError, KubeClient, Outcome, micro_time
 from controller.metrics import Metrics
 
 
@@ -56,8 +62,10 @@ class LeaderElector:
         self.on_stopped_leading = on_stopped_leading
         self.clock = clock
         self.wall_clock = wall_clock
-        # One lease request must not outlast the renew deadline (client-go bounds it the same way).
-        self._timeout = min(api.timeout, max(1.0, renew_deadline / 2))
+        # One lease attempt (two requests at most) must not outlast the renew deadline (client-go
+        # bounds it the same way).
+        self._timeout = min(api.timeout, max(1.0, renew_deadline / 4))
+        self._client = KubeClient(api, metrics, retry=lease_policy(retry_period))
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
         self._leader = threading.Event()
         self._stop = threading.Event()
@@ -111,9 +119,9 @@ class LeaderElector:
     def try_acquire_or_renew(self) -> bool:
         now_wall = micro_time(self.wall_clock())
         try:
-            lease = self.api.call("GET", self._path, timeout=self._timeout)
-        except Exception as e:
-            if status_of(e) != 404:
+            lease = self._request("read-lease", "GET", self._path)
+        except ApiError as e:
+            if e.outcome is not Outcome.NOT_FOUND:
                 raise
             return self._create(now_wall)
         spec = lease.get("spec") or {}
@@ -149,24 +157,28 @@ class LeaderElector:
             },
         }
         try:
-            self._lease = self.api.call("POST", self._path.rsplit("/", 1)[0], body=body, timeout=self._timeout)
-        except Exception as e:
-            if status_of(e) == 409:  # someone created it first
+            self._lease = self._request("create-lease", "POST", self._path.rsplit("/", 1)[0], body)
+        except ApiError as e:
+            if e.outcome is Outcome.CONFLICT:  # someone created it first
                 return False
             raise
         return True
 
     def _write(self, lease: dict[str, Any]) -> bool:
-        try:  # PUT with metadata.resourceVersion: a 409 means another candidate wrote first
-            self._lease = self.api.call("PUT", self._path, body=lease, timeout=self._timeout)
-        except Exception as e:
-            if status_of(e) == 409:
+        try:  # PUT with metadata.resourceVersion: a conflict means another candidate wrote first
+            self._lease = self._request("renew-lease", "PUT", self._path, lease)
+        except ApiError as e:
+            if e.outcome is Outcome.CONFLICT:
                 return False
             raise
         spec = self._lease.get("spec") or {}
         self._observed = (spec.get("holderIdentity"), spec.get("renewTime"), spec.get("leaseTransitions"))
         self._observed_at = self.clock()
         return True
+
+    def _request(self, operation: str, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        """One Lease request through the client (its classification and retries); raises ApiError."""
+        return self._client.call(operation, partial(self.api.call, method, path, body=body, timeout=self._timeout))
 
     # -- transitions ---------------------------------------------------------------------------------
     def _step_up(self) -> None:
@@ -195,7 +207,7 @@ class LeaderElector:
         now_wall = micro_time(self.wall_clock())
         lease["spec"].update(holderIdentity=None, leaseDurationSeconds=1, acquireTime=now_wall, renewTime=now_wall)
         try:
-            self.api.call("PUT", self._path, body=lease, timeout=self._timeout)
+            self._request("release-lease", "PUT", self._path, lease)
             self._log.info("lease released")
         except Exception as e:
             self._log.warning("lease not released: {}", e)

@@ -17,7 +17,8 @@ from loguru import logger
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.event_sink import EventSink
 from controller.kube.client import KubeApi
-from controller.kube.informer import DEFAULT_BACKOFF, Backoff, Informer, Obj, config_map
+from controller.kube.informer import Informer, Obj, config_map
+from controller.kube.retry import WATCHES, RetryPolicy
 from controller.metrics import Metrics
 from controller.settings import Settings
 
@@ -39,7 +40,7 @@ class PolicySource:
         *,
         api: KubeApi | None = None,
         poll_seconds: float = 1.0,
-        backoff: Backoff = DEFAULT_BACKOFF,
+        backoff: RetryPolicy = WATCHES,
     ) -> None:
         self.settings = settings
         self.state = state

@@ -1,9 +1,11 @@
-"""Every write egress-placer makes to the API server, with ONE place that classifies errors.
+"""Every write egress-placer makes to the API server (and the reads those writes depend on), with
+ONE place that classifies errors: `KubeClient`, and the `EventRecorder` that writes Events through it.
 
 `classify` decides, for any error: retry (429 from the API server's flow control, 5xx, connection
-errors: exponential backoff with jitter, at least the server's Retry-After), done (404), conflict
-(409: methods that take a resourceVersion re-read and retry), refused (429 from a
-PodDisruptionBudget on an eviction: "not now") or fail (any other 4xx: raise WriteError at once).
+errors: the `kube.retry` policy, at least the server's Retry-After), done (404), conflict (409:
+methods that take a resourceVersion re-read and retry), refused (429 from a PodDisruptionBudget on
+an eviction: "not now") or fail (any other 4xx: raise ApiError at once). The leader's Lease
+requests go through `KubeClient.call` too.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from loguru import logger
 
 from controller.core.model import Taint
 from controller.kube.client import MERGE_PATCH, KubeApi, error_body, status_of
+from controller.kube.retry import WRITES, RetryPolicy, retrying
 from controller.metrics import Metrics
 
 T = TypeVar("T")
@@ -65,29 +68,26 @@ def classify(error: BaseException) -> tuple[Outcome, str]:
     return Outcome.FAIL, f"http-{status}"
 
 
-class WriteError(RuntimeError):
-    """A write that did not succeed: a refusal by the API server, or retries exhausted."""
+class ApiError(RuntimeError):
+    """A request to the API server that did not succeed: refused, or retries exhausted.
+
+    `status` is the HTTP status (None when there was no answer) and `reason` the API Status
+    reason ("Conflict", "AlreadyExists", "NotFound"...; "" when the answer had none)."""
 
     def __init__(self, operation: str, outcome: Outcome, cause: str, error: BaseException) -> None:
-        message = (error_body(error).get("message") or getattr(error, "reason", None) or str(error)).strip()
+        body = error_body(error)
+        message = (body.get("message") or getattr(error, "reason", None) or str(error)).strip()
         super().__init__(f"{operation} failed ({cause}): {message}")
         self.operation = operation
         self.outcome = outcome
         self.cause = cause
         self.status = status_of(error)
+        self.reason = str(body.get("reason") or "")
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Timings of retried writes (settings data; tests shrink them)."""
-
-    attempts: int = 6
-    initial: float = 0.2
-    maximum: float = 10.0
-    jitter: float = 0.5
-
-
-DEFAULT_RETRY = RetryPolicy()
+def is_transient(error: BaseException) -> bool:
+    """Worth trying again: throttled, a server error, or a connection that failed."""
+    return classify(error)[0] is Outcome.RETRY
 
 
 def _retry_after(error: BaseException | None) -> float:
@@ -107,39 +107,28 @@ def micro_time(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class KubeWriter:
-    """Node taints, evictions, Secrets, the webhook's CA bundle and Events, on plain JSON."""
+class KubeClient:
+    """The API calls egress-placer makes, on plain JSON: node taints, evictions, Secrets, the
+    webhook's CA bundle, Events; `call` is the one retrying, classifying way to make another."""
 
     def __init__(
         self,
         api_client: ApiClient | KubeApi,
         metrics: Metrics,
         *,
-        retry: RetryPolicy = DEFAULT_RETRY,
+        retry: RetryPolicy = WRITES,
         sleep: Callable[[float], None] = time.sleep,
         timeout: float = 10.0,
     ) -> None:
         """`timeout` (per request) applies when an ApiClient is given; a KubeApi brings its own."""
         self.api = api_client if isinstance(api_client, KubeApi) else KubeApi(api_client, timeout)
         self.metrics = metrics
-        backoff = tenacity.wait_exponential_jitter(multiplier=retry.initial, max=retry.maximum, jitter=retry.jitter)
-
-        def wait(state: tenacity.RetryCallState) -> float:
-            """Exponential backoff with jitter, but never less than the server's Retry-After."""
-            error = state.outcome.exception() if state.outcome else None
-            return max(backoff(state), min(_retry_after(error), retry.maximum))
-
-        self._retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception(lambda e: classify(e)[0] is Outcome.RETRY),
-            wait=wait,
-            stop=tenacity.stop_after_attempt(retry.attempts),
-            sleep=sleep,
-            reraise=True,
-        )
+        # Exponential backoff with jitter, but never less than the server's Retry-After.
+        self._retrying = retrying(retry, is_transient, sleep=sleep, at_least=_retry_after)
 
     # -- the one retrying call -----------------------------------------------------------------------
     def call(self, operation: str, fn: Callable[[], T]) -> T:
-        """Run `fn` with retries on transient errors; any other outcome raises WriteError."""
+        """Run `fn` (one API request) with retries on transient errors; any other outcome raises ApiError."""
 
         def count(state: tenacity.RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
@@ -151,7 +140,7 @@ class KubeWriter:
             return self._retrying.copy(before_sleep=count)(fn)
         except Exception as e:
             outcome, cause = classify(e)
-            raise WriteError(operation, outcome, cause, e) from e
+            raise ApiError(operation, outcome, cause, e) from e
 
     # -- nodes ----------------------------------------------------------------------------------------
     def set_node_taints(
@@ -176,14 +165,14 @@ class KubeWriter:
             try:
                 self.call("set-node-taints", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH))
                 return
-            except WriteError as e:
+            except ApiError as e:
                 if e.outcome is Outcome.NOT_FOUND:
                     return
                 if e.outcome is not Outcome.CONFLICT:
                     raise
             try:
                 fresh = self.call("read-node", lambda: self.api.call("GET", path))
-            except WriteError as e:
+            except ApiError as e:
                 if e.outcome is Outcome.NOT_FOUND:
                     return
                 raise
@@ -193,7 +182,7 @@ class KubeWriter:
                 taints = tuple(rebase(current))
             if tuple(taints) == current:
                 return
-        raise WriteError(
+        raise ApiError(
             "set-node-taints", Outcome.CONFLICT, "conflict", RuntimeError(f"node {node} kept changing under us")
         )
 
@@ -211,7 +200,7 @@ class KubeWriter:
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
         try:
             self.call("evict", lambda: self.api.call("POST", path, body=body))
-        except WriteError as e:
+        except ApiError as e:
             if e.outcome in (Outcome.NOT_FOUND, Outcome.CONFLICT):  # gone, or another pod of that name now
                 return True
             if e.outcome is Outcome.REFUSED:
@@ -226,7 +215,7 @@ class KubeWriter:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}} if uid else None
         try:
             self.call("delete-pod", lambda: self.api.call("DELETE", path, body=body))
-        except WriteError as e:
+        except ApiError as e:
             if e.outcome not in (Outcome.NOT_FOUND, Outcome.CONFLICT):
                 raise
 
@@ -236,7 +225,7 @@ class KubeWriter:
         path = f"/api/v1/namespaces/{namespace}/secrets/{name}"
         try:
             secret = self.call("read-secret", lambda: self.api.call("GET", path))
-        except WriteError as e:
+        except ApiError as e:
             if e.outcome is Outcome.NOT_FOUND:
                 return None
             raise
@@ -247,7 +236,7 @@ class KubeWriter:
         """Create the Secret (`resource_version` None) or update its data if it is still at that version.
 
         Secrets are not re-read and retried on a conflict: someone else (another replica) wrote it
-        meanwhile, and the caller must read it and decide again. That raises WriteError with outcome
+        meanwhile, and the caller must read it and decide again. That raises ApiError with outcome
         CONFLICT (also when a Secret to create already exists).
         """
         encoded = {k: _b64(v) for k, v in data.items()}
@@ -279,7 +268,7 @@ class KubeWriter:
         for _ in range(MAX_CONFLICT_ATTEMPTS):
             try:
                 current = self.call("read-webhook-config", lambda: self.api.call("GET", path))
-            except WriteError as e:
+            except ApiError as e:
                 if e.outcome is Outcome.NOT_FOUND:
                     return False
                 raise
@@ -291,12 +280,12 @@ class KubeWriter:
             try:  # PUT carries metadata.resourceVersion: a conflict means someone wrote in between
                 self.call("set-webhook-ca-bundle", partial(self.api.call, "PUT", path, body=current))
                 return True
-            except WriteError as e:
+            except ApiError as e:
                 if e.outcome is Outcome.NOT_FOUND:
                     return False
                 if e.outcome is not Outcome.CONFLICT:
                     raise
-        raise WriteError(
+        raise ApiError(
             "set-webhook-ca-bundle", Outcome.CONFLICT, "conflict", RuntimeError(f"{config_name} kept changing under us")
         )
 
@@ -331,7 +320,7 @@ class EventRecorder:
 
     def __init__(
         self,
-        writer: KubeWriter,
+        writer: KubeClient,
         metrics: Metrics,
         identity: str,
         *,
@@ -356,14 +345,16 @@ class EventRecorder:
             self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Write what is queued (within `timeout`), then stop."""
+        """Write what is queued (`flush`, within `timeout`), then stop."""
         if self._thread is None:
             return
+        deadline = time.monotonic() + timeout
+        self.flush(timeout)
         try:
-            self._queue.put(None, timeout=timeout)
+            self._queue.put(None, timeout=max(0.0, deadline - time.monotonic()))
         except queue.Full:
             pass
-        self._thread.join(timeout)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         self._thread = None
 
     def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None:
@@ -375,7 +366,7 @@ class EventRecorder:
             logger.opt(exception=True).debug("event not queued")
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every queued event was handled (for tests and shutdown)."""
+        """Wait until every queued event was handled (`stop` does, and tests)."""
         deadline = time.monotonic() + timeout
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -417,7 +408,7 @@ class EventRecorder:
                 )
                 self._series.move_to_end(key)
                 return
-            except WriteError as e:
+            except ApiError as e:
                 if e.outcome is not Outcome.NOT_FOUND:
                     raise
         event = {

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from eventually import wait_for
 
-from controller.kube.informer import LAST_APPLIED, Backoff, Informer, Resource, pods, tekton, trimmer
+from controller.kube.informer import LAST_APPLIED, Informer, Resource, pods, tekton, trimmer
+from controller.kube.retry import RetryPolicy
 from controller.metrics import Metrics
 
 pytestmark = pytest.mark.cluster
 
-FAST = Backoff(initial=0.05, maximum=0.2, jitter=0.05)
+FAST = RetryPolicy(attempts=None, initial=0.05, maximum=0.2, jitter=0.05)
 
 
 

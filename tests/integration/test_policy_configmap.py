@@ -11,9 +11,9 @@ from eventually import wait_for
 
 from controller.core.policy import load_policy
 from controller.kube.client import MERGE_PATCH
-from controller.kube.informer import Backoff
 from controller.kube.policy_source import PolicySource
-from controller.kube.writer import EventRecorder, KubeWriter
+from controller.kube.retry import RetryPolicy
+from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -39,8 +39,8 @@ def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):
     api.call("POST", cm_path, body={"metadata": {"name": "policy"}, "data": {"policy.yaml": policy("first")}})
     metrics = Metrics()
     state = ClusterState(load_policy(EMPTY), clock=time.time)
-    events = EventRecorder(KubeWriter(api, metrics), metrics, identity="itest")
-    source = PolicySource(settings, state, metrics, events, api=api, backoff=Backoff(0.05, 0.5, 0.05))
+    events = EventRecorder(KubeClient(api, metrics), metrics, identity="itest")
+    source = PolicySource(settings, state, metrics, events, api=api, backoff=RetryPolicy(attempts=None, initial=0.05, maximum=0.5, jitter=0.05))
     events.start()
     source.start()
     try:

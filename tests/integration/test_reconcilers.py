@@ -17,8 +17,9 @@ from eventually import wait_for
 from controller.core.model import Taint
 from controller.core.policy import load_policy
 from controller.kube.client import MERGE_PATCH, KubeApi
-from controller.kube.informer import Backoff, cluster_informers
-from controller.kube.writer import EventRecorder, KubeWriter, RetryPolicy
+from controller.kube.informer import cluster_informers
+from controller.kube.retry import RetryPolicy
+from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.reconcile.intruders import IntruderReconciler
 from controller.reconcile.loop import ReconcileLoop
@@ -87,8 +88,8 @@ class Controller:
         self.metrics = Metrics()
         self.state = ClusterState(load_policy(POLICY), clock=time.time)
         settings = Settings(kubeconfig="unused", watch_timeout_seconds=30, intruder_mode=mode)
-        self.informers = cluster_informers(api, self.state, settings, self.metrics, backoff=Backoff(0.05, 0.5, 0.05))
-        self.writer = KubeWriter(api, self.metrics, retry=RetryPolicy(attempts=3, initial=0.05, maximum=0.5))
+        self.informers = cluster_informers(api, self.state, settings, self.metrics, backoff=RetryPolicy(attempts=None, initial=0.05, maximum=0.5, jitter=0.05))
+        self.writer = KubeClient(api, self.metrics, retry=RetryPolicy(attempts=3, initial=0.05, maximum=0.5))
         self.events = EventRecorder(self.writer, self.metrics, identity="itest")
         self.taints = TaintReconciler(self.state, self.writer, self.metrics)
         self.intruders = IntruderReconciler(self.state, self.writer, self.events, self.metrics, settings.intruder_mode)

@@ -1,6 +1,6 @@
-"""KubeWriter on the real API server: node taints with optimistic concurrency (a conflict is re-read
+"""KubeClient on the real API server: node taints with optimistic concurrency (a conflict is re-read
 and rebased, foreign changes kept), evictions (done, gone, refused by a PodDisruptionBudget), the
-Secret round trip with its conflicts, the webhook CA bundle, refusals raised as WriteError, and
+Secret round trip with its conflicts, the webhook CA bundle, refusals raised as ApiError, and
 Events written by the EventRecorder (with series for repeats, drops counted when the queue is full)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from eventually import wait_for
 
 from controller.core.model import Taint
 from controller.kube.client import MERGE_PATCH, KubeApi
-from controller.kube.writer import REPORTING_CONTROLLER, EventRecorder, KubeWriter, Outcome, RetryPolicy, WriteError
+from controller.kube.retry import RetryPolicy
+from controller.kube.writer import REPORTING_CONTROLLER, ApiError, EventRecorder, KubeClient, Outcome
 from controller.metrics import Metrics
 
 pytestmark = pytest.mark.cluster
@@ -24,8 +25,8 @@ ITEST_KEY = "itest.egress-placer.io/writer"
 
 
 @pytest.fixture
-def writer(api) -> KubeWriter:
-    return KubeWriter(api, Metrics(), retry=RetryPolicy(attempts=3, initial=0.05, maximum=0.5))
+def writer(api) -> KubeClient:
+    return KubeClient(api, Metrics(), retry=RetryPolicy(attempts=3, initial=0.05, maximum=0.5))
 
 
 
@@ -85,7 +86,7 @@ def test_a_conflict_without_rebase_writes_the_given_list_on_the_fresh_version(ap
 
 
 def test_a_refused_write_raises_a_clear_error(writer):
-    with pytest.raises(WriteError) as raised:
+    with pytest.raises(ApiError) as raised:
         writer.set_node_taints(NODE, [Taint(ITEST_KEY, "x", "Sometimes")], None)
     assert raised.value.outcome is Outcome.FAIL and raised.value.status == 422
     assert "set-node-taints failed" in str(raised.value) and "Sometimes" in str(raised.value)
@@ -157,9 +158,9 @@ def test_secret_round_trip_and_conflicts(writer, namespace):
     writer.write_secret(namespace, "tls", {"tls.crt": b"two"}, rv)
     data2, rv2 = writer.read_secret(namespace, "tls")
     assert data2["tls.crt"] == b"two" and rv2 != rv
-    with pytest.raises(WriteError) as stale:
+    with pytest.raises(ApiError) as stale:
         writer.write_secret(namespace, "tls", {"tls.crt": b"three"}, rv)  # someone wrote since rv
-    with pytest.raises(WriteError) as exists:
+    with pytest.raises(ApiError) as exists:
         writer.write_secret(namespace, "tls", {"tls.crt": b"four"}, None)
     assert stale.value.status == exists.value.status == 409
     assert stale.value.outcome is exists.value.outcome is Outcome.CONFLICT

@@ -9,14 +9,16 @@ reloads a renewed pair and refuses one it cannot serve (the loaded one stays).""
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
 import tempfile
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from cryptography import x509
 from cryptography.x509.verification import PolicyBuilder, Store
+from kubernetes.client.exceptions import ApiException
 
 from controller.admission.certs import (
     CA_CERT,
@@ -30,6 +32,7 @@ from controller.admission.certs import (
     make_serving_cert,
     needs_renewal,
 )
+from controller.kube.writer import ApiError, Outcome
 from controller.settings import Settings
 
 NOW = datetime(2026, 7, 1, 12, 0, tzinfo=UTC)
@@ -118,10 +121,11 @@ class Conflict(Exception):
     status = 409
 
 
-class AdapterConflict(Exception):
-    """A 409 as the adapter's WriteError reports it (an outcome, no status)."""
-
-    outcome = "conflict"
+def adapter_conflict(message: str) -> Exception:
+    """A 409 as the adapter's ApiError reports it (status and reason of the API server's answer)."""
+    answer = ApiException(status=409, reason="Conflict")
+    answer.body = json.dumps({"kind": "Status", "reason": "AlreadyExists", "code": 409, "message": message})
+    return ApiError("create-secret", Outcome.CONFLICT, "conflict", answer)
 
 
 class MemorySecrets:
@@ -133,7 +137,7 @@ class MemorySecrets:
         self.ca_bundle: bytes | None = None
         self.writes = 0
         self.before_write: Any = None  # called before a write: lets a test simulate another replica
-        self.conflict: type[Exception] = Conflict
+        self.conflict: Callable[[str], Exception] = Conflict
 
     def read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None:
         found = self.secrets.get((namespace, name))
@@ -268,8 +272,8 @@ def test_expiring_ca_is_replaced_and_the_ca_bundle_follows() -> None:
     assert data[CA_CERT] != old_ca.cert_pem and store.ca_bundle == data[CA_CERT]
 
 
-@pytest.mark.parametrize("conflict", [Conflict, AdapterConflict])
-def test_write_conflict_loads_what_the_other_replica_wrote(conflict: type[Exception]) -> None:
+@pytest.mark.parametrize("conflict", [Conflict, adapter_conflict])
+def test_write_conflict_loads_what_the_other_replica_wrote(conflict: Callable[[str], Exception]) -> None:
     store, clock = MemorySecrets(), Clock()
     store.conflict = conflict
     other = keeper(MemorySecrets(), clock)

@@ -14,7 +14,8 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.kube.client import KubeApi
 from controller.kube.informer import Informer, WatchError, WatchExpired, nodes
-from controller.kube.writer import KubeWriter, Outcome, RetryPolicy, WriteError, classify
+from controller.kube.retry import RetryPolicy
+from controller.kube.writer import ApiError, KubeClient, Outcome, classify
 from controller.metrics import Metrics
 
 
@@ -63,10 +64,10 @@ class Flaky:
         return "ok"
 
 
-def writer(sleeps: list[float], attempts: int = 4) -> KubeWriter:
+def writer(sleeps: list[float], attempts: int = 4) -> KubeClient:
     policy = RetryPolicy(attempts=attempts, initial=0.1, maximum=5.0, jitter=0.0)
-    # No API server: these tests only use KubeWriter.call with their own functions.
-    return KubeWriter(KubeApi(None), Metrics(), retry=policy, sleep=sleeps.append)  # type: ignore[arg-type]
+    # No API server: these tests only use KubeClient.call with their own functions.
+    return KubeClient(KubeApi(None), Metrics(), retry=policy, sleep=sleeps.append)  # type: ignore[arg-type]
 
 
 def test_transient_errors_are_retried_honouring_retry_after():
@@ -86,7 +87,7 @@ def test_transient_errors_are_retried_honouring_retry_after():
 def test_other_errors_are_not_retried(error, outcome):
     sleeps: list[float] = []
     fn = Flaky(error)
-    with pytest.raises(WriteError) as raised:
+    with pytest.raises(ApiError) as raised:
         writer(sleeps).call("op", fn)
     assert (fn.calls, sleeps, raised.value.outcome, raised.value.status) == (1, [], outcome, error.status)
 
@@ -94,7 +95,7 @@ def test_other_errors_are_not_retried(error, outcome):
 def test_retries_stop_after_the_last_attempt():
     sleeps: list[float] = []
     fn = Flaky(*[api_error(500)] * 10)
-    with pytest.raises(WriteError) as raised:
+    with pytest.raises(ApiError) as raised:
         writer(sleeps, attempts=3).call("op", fn)
     assert fn.calls == 3 and len(sleeps) == 2 and raised.value.outcome is Outcome.RETRY
 
