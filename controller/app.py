@@ -73,19 +73,26 @@ def configure_logging(settings: Settings) -> None:
         logger.add(sys.stderr, level=settings.log_level.upper(), backtrace=False, diagnose=False)
 
 
-class PolicyGate:
-    """Stands between the policy source and the state: remembers whether a policy was ever loaded
-    and why the last one was refused, so start-up can fail on an invalid first policy."""
+class PolicyTracker:
+    """Where the policy source's answers go: a loaded policy is handed to the state and to
+    `on_policy` (the egress pollers); `loaded` says whether one ever was, `refusal` why the last
+    policy offered was refused (None once a valid one loads). Start-up fails on an invalid first
+    policy with that reason."""
 
     def __init__(self, state: ClusterState, on_policy: Callable[[PlacementPolicy], None]) -> None:
         self.state = state
         self.on_policy = on_policy
         self.loaded = threading.Event()
+        self.refusal: str | None = None
 
     def set_policy(self, policy: PlacementPolicy) -> None:
         self.state.set_policy(policy)
         self.on_policy(policy)
+        self.refusal = None
         self.loaded.set()
+
+    def refused(self, error: str) -> None:
+        self.refusal = error
 
 
 class Controller:
@@ -101,60 +108,62 @@ class Controller:
             assumption_ttl=settings.assumption_ttl_seconds,
             balance=settings.balance,
         )
-        self.writer = KubeClient(self.api, self.metrics)
-        self.events = EventRecorder(self.writer, self.metrics, settings.identity, default_namespace=settings.namespace)
+        self.client = KubeClient(self.api, self.metrics)
+        self.events = EventRecorder(self.client, self.metrics, settings.identity, default_namespace=settings.namespace)
         self.egress = EgressPollers(self.state, clock, registry=self.metrics.registry)
-        self.policy_gate = PolicyGate(self.state, on_policy=self.egress.sync)
-        self.policy_source = PolicySource(settings, self.policy_gate, self.metrics, self.events, api=self.api)
+        self.policy = PolicyTracker(self.state, on_policy=self.egress.sync)
+        self.policy_source = PolicySource(
+            settings, self.policy, self.metrics, self.events, api=self.api, on_refused=self.policy.refused
+        )
         self.informers: list[Informer] = cluster_informers(self.api, self.state, settings, self.metrics)
-        self.reconcile_loop: ReconcileLoop | None = None
         self._missed_runs_reported = threading.Event()
         # Set when this replica starts leading: the webhook's caBundle is now its to keep, check it soon.
         self._certs_need_leader = False
-        self.leader = LeaderElector(
-            self.api,
-            namespace=settings.namespace,
-            name=settings.lease_name,
-            identity=settings.identity,
-            metrics=self.metrics,
-            lease_duration=settings.lease_duration_seconds,
-            renew_deadline=settings.renew_deadline_seconds,
-            retry_period=settings.retry_period_seconds,
-            on_started_leading=self._started_leading,
-        )
-        self.reconcile_loop = ReconcileLoop(
-            self.state,
-            [
-                TaintReconciler(self.state, self.writer, self.metrics),
-                IntruderReconciler(
-                    self.state,
-                    self.writer,
-                    self.events,
-                    self.metrics,
-                    settings.intruder_mode,
-                    budget_grace=settings.intruder_budget_grace_seconds,
-                ),
-            ],
-            is_leader=self.is_leader,
-            resync_seconds=settings.resync_seconds,
-        )
+        self.leader = self._leader_elector()
+        self.reconcile_loop = self._reconcile_loop()
         self.certs: CertificateKeeper | MountedCertificate = (
             MountedCertificate(settings.tls_cert_file, settings.tls_key_file, clock)
             if settings.tls_cert_file and settings.tls_key_file
-            else CertificateKeeper(settings, self.writer, clock)
+            else CertificateKeeper(settings, self.client, clock)
         )
         # Admission's Events wait until admission is quiet: written at once, they slow the run they describe.
         self.admission_events = QuietEvents(self.events)
         self.admission = Admission(self.state, self.metrics, self.admission_events, settings)
         self.server = AdmissionServer(settings, self.admission, self.metrics, self.certs.tls, self.not_ready_because)
 
+    def _leader_elector(self) -> LeaderElector:
+        s = self.settings
+        return LeaderElector(
+            self.api,
+            namespace=s.namespace,
+            name=s.lease_name,
+            identity=s.identity,
+            metrics=self.metrics,
+            lease_duration=s.lease_duration_seconds,
+            renew_deadline=s.renew_deadline_seconds,
+            retry_period=s.retry_period_seconds,
+            on_started_leading=self._started_leading,
+        )
+
+    def _reconcile_loop(self) -> ReconcileLoop:
+        """The leader's reconcilers: pool taints, then intruders."""
+        s = self.settings
+        intruders = IntruderReconciler(
+            self.state, self.client, self.events, self.metrics, s.intruder_mode, budget_grace=s.intruder_budget_grace_seconds
+        )
+        return ReconcileLoop(
+            self.state,
+            [TaintReconciler(self.state, self.client, self.metrics), intruders],
+            is_leader=self.is_leader,
+            resync_seconds=s.resync_seconds,
+        )
+
     def is_leader(self) -> bool:
         return self.leader.is_leader if self.settings.leader_election else True
 
     def _started_leading(self) -> None:
         logger.info("leading: taints, evictions and the webhook certificate are this replica's now")
-        if self.reconcile_loop is not None:
-            self.reconcile_loop.wake()
+        self.reconcile_loop.wake()
         self._certs_need_leader = True
         self._report_missed_runs()
 
@@ -165,7 +174,7 @@ class Controller:
             report_missed_runs(self.state, self.events)
 
     def not_ready_because(self) -> str | None:
-        if not self.policy_gate.loaded.is_set():
+        if not self.policy.loaded.is_set():
             return "no valid policy loaded"
         waiting = [i.resource.name for i in self.informers if not i.synced.is_set()]
         if waiting:
@@ -180,8 +189,8 @@ class Controller:
         self.policy_source.start()
         if not self.policy_source.synced.wait(STARTUP_TIMEOUT):
             raise StartupError(f"no answer from the policy source ({self.policy_source.source}) in {STARTUP_TIMEOUT:.0f}s")
-        if not self.policy_gate.loaded.is_set():
-            problem = getattr(self.policy_source, "last_error", None) or "no policy found"
+        if not self.policy.loaded.is_set():
+            problem = self.policy.refusal or "no policy found"
             raise StartupError(f"invalid policy at start ({self.policy_source.source}): {problem}")
         for informer in self.informers:
             informer.start()
@@ -194,7 +203,6 @@ class Controller:
             self.leader.start()
         else:
             self._report_missed_runs()
-        assert self.reconcile_loop is not None
         self.reconcile_loop.start()
 
     async def serve(self, stop: asyncio.Event) -> None:
@@ -228,7 +236,6 @@ class Controller:
     async def shutdown(self) -> None:
         logger.info("shutting down")
         await self.server.stop()
-        assert self.reconcile_loop is not None
         self.reconcile_loop.stop()
         if self.settings.leader_election:
             await asyncio.to_thread(self.leader.stop)
@@ -241,20 +248,26 @@ class Controller:
 
 
 def run(settings: Settings) -> int:
+    """Build the controller and serve until SIGTERM or SIGINT; 2 (and why, not a traceback) when it
+    cannot start."""
     configure_logging(settings)
-    controller = Controller(settings)
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-        await controller.serve(stop)
-
     try:
-        asyncio.run(main())
+        try:
+            controller = Controller(settings)
+        except Exception as error:  # an unreadable kubeconfig, timings that cannot work...
+            logger.opt(exception=True).debug("the controller could not be built")
+            raise StartupError(f"{type(error).__name__}: {error}") from error
+        asyncio.run(_serve_until_signalled(controller))
     except StartupError as error:
         logger.error("egress-placer cannot start: {}", error)
         print(f"egress-placer: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+async def _serve_until_signalled(controller: Controller) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await controller.serve(stop)

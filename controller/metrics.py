@@ -56,7 +56,7 @@ class Metrics:
         self.policy_reloads = Counter(
             "egress_placer_policy_reloads_total", "Policy loads, by result (loaded, refused).", ["result"], registry=r
         )
-        self.policy_generation = Gauge(
+        self.policy_valid = Gauge(
             "egress_placer_policy_valid", "1 when the last policy seen was valid, 0 when it was refused.", registry=r
         )
         self.api_write_retries = Counter(

@@ -1,7 +1,8 @@
 """The `egress-placer` command line: one subcommand per entry of COMMANDS.
 
 To add a subcommand, write a `configure(parser)` that declares its arguments and a `run(args) -> int`
-that returns the exit status, and add a `Command` to COMMANDS.
+that returns the exit status, and add a `Command` to COMMANDS. A command that cannot do its work
+raises `CommandError`: its message is printed and the exit status is 2.
 """
 
 from __future__ import annotations
@@ -9,9 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
+from controller.cli.errors import CommandError
 from controller.cli.explain import run_explain
+
+if TYPE_CHECKING:
+    from controller.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -38,12 +43,23 @@ def _configure_run(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _run_controller(args: argparse.Namespace) -> int:
-    from controller.app import run
+def _settings(args: argparse.Namespace) -> "Settings":
+    """The settings from EGRESS_PLACER_* and the command line; CommandError when they are invalid."""
+    from pydantic import ValidationError
+
     from controller.settings import Settings
 
     overrides = {"policy_file": args.policy} if args.policy else {}
-    return run(Settings(**overrides))
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        raise CommandError(f"invalid settings (EGRESS_PLACER_*): {e}") from None
+
+
+def _run_controller(args: argparse.Namespace) -> int:
+    from controller.app import run
+
+    return run(_settings(args))
 
 
 def _configure_status(parser: argparse.ArgumentParser) -> None:
@@ -52,11 +68,9 @@ def _configure_status(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    from controller.settings import Settings
     from controller.cli.status import run_status
 
-    overrides = {"policy_file": args.policy} if args.policy else {}
-    return run_status(Settings(**overrides), out=sys.stdout, as_json=args.json)
+    return run_status(_settings(args), out=sys.stdout, as_json=args.json)
 
 
 COMMANDS: Mapping[str, Command] = {
@@ -66,7 +80,8 @@ COMMANDS: Mapping[str, Command] = {
         run=_run_controller,
     ),
     "status": Command(
-        help="pool nodes, their taints, load and intruders; exit 1 when a taint is wrong or an intruder is there",
+        help="pool nodes, their taints, load and intruders; exit 1 when a taint is wrong or an intruder is there, "
+        "2 when the cluster or the policy cannot be read",
         configure=_configure_status,
         run=_run_status,
     ),
@@ -92,7 +107,11 @@ def build_parser(commands: Mapping[str, Command] = COMMANDS) -> argparse.Argumen
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except CommandError as error:
+        print(f"egress-placer {args.command}: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ One read of the cluster (nodes, namespaces, pods, the policy) through the kube a
 core the controller uses: `plan_taints` says whether the taint is right, `find_intruders` who should
 not be there, `ClusterState.loads` the load the balancer would see (without admission-time
 assumptions, which live only in the running controller's memory).
+
+Exit status: 0 all well, 1 a taint is wrong or an intruder is there, 2 the cluster or the policy
+could not be read (the message says which and why).
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ from pathlib import Path
 from typing import Any, Callable, TextIO
 
 from controller.core.intruders import find_intruders
-from controller.core.policy import PlacementPolicy, load_policy
+from controller.cli.errors import CommandError
+from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.core.taints import desired_taints
 from controller.kube.egress_source import EgressPoller, PrometheusClient
-from controller.kube.client import KubeApi, make_api_client
+from controller.kube.client import KubeApi, describe_error, make_api_client
 from controller.settings import Settings
 from controller.state import ClusterState
 
@@ -117,12 +121,23 @@ def print_rows(rows: list[PoolNodeRow], out: TextIO) -> None:
         print("(no pool has a node)", file=out)
 
 
+def read_cluster(settings: Settings) -> ClusterState:
+    """The policy, nodes, namespaces and pods, read once; CommandError when any cannot be read."""
+    try:
+        api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
+        state = ClusterState(read_policy(settings, api), clock=time.time)
+        state.replace("Node", _items(api, "/api/v1/nodes"))
+        state.replace("Namespace", _items(api, "/api/v1/namespaces"))
+        state.replace("Pod", _items(api, "/api/v1/pods"))
+    except PolicyError as e:
+        raise CommandError(f"invalid policy: {e}") from None
+    except Exception as e:  # no kubeconfig, no API server, a refused request, an unreadable policy file
+        raise CommandError(f"cannot read the cluster: {describe_error(e)}") from None
+    return state
+
+
 def run_status(settings: Settings, out: TextIO, as_json: bool = False) -> int:
-    api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
-    state = ClusterState(read_policy(settings, api), clock=time.time)
-    state.replace("Node", _items(api, "/api/v1/nodes"))
-    state.replace("Namespace", _items(api, "/api/v1/namespaces"))
-    state.replace("Pod", _items(api, "/api/v1/pods"))
+    state = read_cluster(settings)
     egress = egress_column(state)
     rows = [replace(r, egress=egress.get((r.pool, r.node), "-")) for r in pool_rows(state)]
     if as_json:

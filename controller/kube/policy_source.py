@@ -1,7 +1,8 @@
 """Keeps the placement policy current: from a ConfigMap key (watched) or from a file (polled).
 
-A valid new policy goes to `state.set_policy`. An invalid one is refused: logged with its error,
-reported as a Warning Event `PolicyRefused` on the ConfigMap (the error names the line), counted in
+A valid new policy goes to `state.set_policy`. An invalid one is refused: its error goes to
+`on_refused` (the app's `PolicyTracker` keeps it), to the log, and as a Warning Event
+`PolicyRefused` on the ConfigMap (the error names the line); it is counted in
 `policy_reloads{result="refused"}` with `policy_valid` 0; the last good policy stays in force.
 A ConfigMap or file that disappears also leaves the last good policy in force (and says so).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from loguru import logger
 
@@ -40,6 +41,7 @@ class PolicySource:
         *,
         api: KubeApi | None = None,
         poll_seconds: float = 1.0,
+        on_refused: Callable[[str], None] = lambda error: None,
         backoff: RetryPolicy = WATCHES,
     ) -> None:
         self.settings = settings
@@ -48,7 +50,7 @@ class PolicySource:
         self.events = events
         self.poll_seconds = poll_seconds
         self.synced = threading.Event()
-        self.last_error: str | None = None  # why the last policy text was refused (None once one loads)
+        self.on_refused = on_refused
         self._last_text: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -104,8 +106,7 @@ class PolicySource:
                 self._refuse(str(e), regarding)
                 return None
             self.state.set_policy(policy)
-            self.last_error = None
-            self.metrics.policy_generation.set(1)
+            self.metrics.policy_valid.set(1)
             self.metrics.policy_reloads.labels(result="loaded").inc()  # last: the counter says "done"
             logger.bind(source=self.source, pools=[p.name for p in policy.pools]).info(
                 "policy loaded: {} pool(s)", len(policy.pools)
@@ -115,8 +116,8 @@ class PolicySource:
             self.synced.set()
 
     def _refuse(self, error: str, regarding: dict[str, Any] | None) -> None:
-        self.last_error = error
-        self.metrics.policy_generation.set(0)
+        self.on_refused(error)
+        self.metrics.policy_valid.set(0)
         logger.bind(source=self.source, error=error).error("policy refused; the last good policy stays in force")
         if self.events is not None and regarding is not None:
             self.events.emit(regarding, "Warning", "PolicyRefused", error, action="LoadPolicy")

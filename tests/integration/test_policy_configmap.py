@@ -52,7 +52,7 @@ def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):
 
         edit(BROKEN)
         wait_for(lambda: metrics.policy_reloads.labels(result="refused")._value.get() == 1)
-        assert [p.name for p in state.policy.pools] == ["first"] and metrics.policy_generation._value.get() == 0
+        assert [p.name for p in state.policy.pools] == ["first"] and metrics.policy_valid._value.get() == 0
         assert events.flush(10)
         [refusal] = [e for e in api.call("GET", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events")["items"]]
         assert refusal["reason"] == "PolicyRefused" and refusal["type"] == "Warning"
@@ -61,7 +61,7 @@ def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):
 
         edit(policy("second"))
         wait_for(lambda: metrics.policy_reloads.labels(result="loaded")._value.get() == 2)
-        assert [p.name for p in state.policy.pools] == ["second"] and metrics.policy_generation._value.get() == 1
+        assert [p.name for p in state.policy.pools] == ["second"] and metrics.policy_valid._value.get() == 1
 
         api.call("DELETE", f"{cm_path}/policy")
         time.sleep(0.5)  # the DELETED event arrives and is ignored

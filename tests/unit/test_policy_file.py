@@ -60,7 +60,7 @@ def test_file_policy_is_loaded_reloaded_refused_and_kept(tmp_path):
         assert source.synced.wait(5) and pools(state) == ["first"]
         write(path, "pools: [\n", 2)
         wait_for(lambda: metrics.policy_reloads.labels(result="refused")._value.get() == 1)
-        assert pools(state) == ["first"] and metrics.policy_generation._value.get() == 0
+        assert pools(state) == ["first"] and metrics.policy_valid._value.get() == 0
         write(path, policy("second"), 3)
         wait_for(lambda: pools(state) == ["second"])
         path.unlink()
