@@ -127,33 +127,30 @@ def unplace(
     """
     new: dict[str, Any] = copy.deepcopy(dict(template or {}))
     keep = policy.pool(keep_pool) if keep_pool else None
-
-    tolerations = new.get("tolerations")
-    if tolerations:
-        kept = [t for t in tolerations if not _strips_toleration(t, policy, keep)]
-        if kept:
-            new["tolerations"] = kept
-        else:
-            del new["tolerations"]
-
     targets = _PoolTargets(policy, keep)
-    node_selector = new.get("nodeSelector")
-    if node_selector:
-        kept_selector = {
-            k: v
-            for k, v in node_selector.items()
-            if k not in targets.label_keys or (keep is not None and keep.node_selector.get(k) == v)
-        }
-        if kept_selector:
-            new["nodeSelector"] = kept_selector
-        else:
-            del new["nodeSelector"]
-
+    if new.get("tolerations"):
+        _set_or_drop(new, "tolerations", [t for t in new["tolerations"] if not _strips_toleration(t, policy, keep)])
+    if new.get("nodeSelector"):
+        _set_or_drop(new, "nodeSelector", targets.kept_node_selector(new["nodeSelector"], keep))
     affinity: dict[str, Any] = new.get("affinity") or {}
     node_affinity = affinity.get("nodeAffinity")
-    if not node_affinity:
-        return new
+    if node_affinity:
+        _strip_node_affinity(node_affinity, targets)
+        _set_or_drop(affinity, "nodeAffinity", node_affinity)
+        _set_or_drop(new, "affinity", affinity)
+    return new
 
+
+def _set_or_drop(container: dict[str, Any], key: str, value: Any) -> None:
+    """`container[key] = value`, or no `key` at all when `value` is empty."""
+    if value:
+        container[key] = value
+    else:
+        container.pop(key, None)
+
+
+def _strip_node_affinity(node_affinity: dict[str, Any], targets: "_PoolTargets") -> None:
+    """Pool requirements out of the required terms and the preferences (see `unplace`), in place."""
     selector = node_affinity.get(REQUIRED)
     if selector and selector.get("nodeSelectorTerms"):
         terms: list[Term] = []
@@ -165,26 +162,15 @@ def unplace(
             selector["nodeSelectorTerms"] = terms
         else:
             del node_affinity[REQUIRED]
-
-    preferences = node_affinity.get(PREFERRED)
-    if preferences:
+    if node_affinity.get(PREFERRED):
         kept_preferences = []
-        for entry in preferences:
+        for entry in node_affinity[PREFERRED]:
             if _is_node_preference(entry):
                 continue
             stripped, changed = targets.strip(entry.get("preference") or {})
             if _has_requirements(stripped) or not changed:
                 kept_preferences.append({**entry, "preference": stripped})
-        if kept_preferences:
-            node_affinity[PREFERRED] = kept_preferences
-        else:
-            del node_affinity[PREFERRED]
-
-    if not node_affinity:
-        del affinity["nodeAffinity"]
-        if not affinity:
-            del new["affinity"]
-    return new
+        _set_or_drop(node_affinity, PREFERRED, kept_preferences)
 
 
 def json_patch(old: Any, new: Any, base: str) -> list[dict[str, Any]]:
@@ -333,6 +319,14 @@ class _PoolTargets:
             for term in (pool_terms(keep) if keep else [])
             for kind in _KINDS
             for r in term.get(kind) or ()
+        }
+
+    def kept_node_selector(self, node_selector: Mapping[str, str], keep: Pool | None) -> dict[str, str]:
+        """The entries on no pool's label key, and those the kept pool itself selects on."""
+        return {
+            k: v
+            for k, v in node_selector.items()
+            if k not in self.label_keys or (keep is not None and keep.node_selector.get(k) == v)
         }
 
     def targets_pool(self, kind: str, r: Requirement) -> bool:

@@ -36,7 +36,7 @@ class ReconcileLoop:
         self.resync_seconds = resync_seconds
         self.debounce_seconds = debounce_seconds
         self.clock = clock
-        self.passes = 0  # completed passes (as leader), for health and tests
+        self.passes = 0  # completed passes as leader: tests wait on it (no health check reads it)
         self._changed = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
