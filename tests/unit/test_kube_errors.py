@@ -1,7 +1,8 @@
 """The adapter's error handling without a cluster: how every write error is classified, that
 transient ones are retried with backoff and at least the server's Retry-After while others fail at
 once, and how the informer reads watch events (bookmarks move the resourceVersion, ERROR events end
-the watch: 410 to relist, others to back off)."""
+the watch: 410 to relist, others to back off), and that Lease requests go through the same
+classification and retries."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.kube.client import KubeApi
 from controller.kube.informer import Informer, WatchError, WatchExpired, nodes
+from controller.kube.leader import LeaderElector
 from controller.kube.retry import RetryPolicy
 from controller.kube.writer import ApiError, KubeClient, Outcome, classify
 from controller.metrics import Metrics
@@ -98,6 +100,58 @@ def test_retries_stop_after_the_last_attempt():
     with pytest.raises(ApiError) as raised:
         writer(sleeps, attempts=3).call("op", fn)
     assert fn.calls == 3 and len(sleeps) == 2 and raised.value.outcome is Outcome.RETRY
+
+
+class LeaseApi:
+    """A KubeApi stand-in for one Lease: answers (or raises) what each request is given, in turn."""
+
+    timeout = 10.0
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers = list(answers)
+        self.requests: list[str] = []
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        self.requests.append(method)
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+
+def elector(api: LeaseApi) -> LeaderElector:
+    return LeaderElector(
+        api,  # type: ignore[arg-type]
+        namespace="ns", name="lease", identity="me", metrics=Metrics(), lease_duration=3, renew_deadline=2,
+        retry_period=0.01,
+    )
+
+
+def test_lease_requests_use_the_clients_classification_and_retry():
+    lease = {"metadata": {"resourceVersion": "1"}, "spec": {}}
+    taken = {"metadata": {"resourceVersion": "2"}, "spec": {"holderIdentity": "me"}}
+    api = LeaseApi(api_error(503), lease, taken)  # a transient error is tried again, then the lease is taken
+    e = elector(api)
+    assert e.try_acquire_or_renew() is True and api.requests == ["GET", "GET", "PUT"]
+    assert e.metrics.api_write_retries.labels(operation="read-lease", cause="server-error")._value.get() == 1
+
+
+@pytest.mark.parametrize(
+    ("answers", "requests"),
+    [
+        ((api_error(404), api_error(409)), ["GET", "POST"]),  # created by another candidate first
+        (({"metadata": {"resourceVersion": "1"}, "spec": {}}, api_error(409)), ["GET", "PUT"]),  # written first
+    ],
+)
+def test_a_lease_conflict_is_a_lost_race_not_an_error(answers, requests):
+    api = LeaseApi(*answers)
+    assert elector(api).try_acquire_or_renew() is False and api.requests == requests
+
+
+def test_a_refused_lease_request_is_an_api_error():
+    with pytest.raises(ApiError) as raised:
+        elector(LeaseApi(api_error(403))).try_acquire_or_renew()
+    assert raised.value.outcome is Outcome.FAIL and raised.value.status == 403
 
 
 def informer(seen: list[tuple[str, str]]) -> Informer:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from controller.app import PolicyTracker
 from controller.core.policy import load_policy
 from controller.kube.policy_source import PolicySource
 from controller.metrics import Metrics
@@ -82,3 +83,16 @@ def test_offer_judges_each_text_once_and_reports_refusals():
     assert pools(state) == ["a"] and events.emitted == ["PolicyRefused"]
     assert metrics.policy_reloads.labels(result="loaded")._value.get() == 1
     assert metrics.policy_reloads.labels(result="refused")._value.get() == 1
+
+
+def test_the_tracker_keeps_why_the_last_policy_was_refused():
+    state = ClusterState(load_policy(EMPTY), clock=time.time)
+    handed_on: list[list[str]] = []
+    tracker = PolicyTracker(state, on_policy=lambda p: handed_on.append([pool.name for pool in p.pools]))
+    source = PolicySource(Settings(policy_file="/nonexistent"), tracker, Metrics(), on_refused=tracker.refused)
+    source.offer("kind: [")
+    assert not tracker.loaded.is_set() and tracker.refusal is not None and "file /nonexistent" in tracker.refusal
+    source.offer(policy("a"))
+    assert tracker.loaded.is_set() and tracker.refusal is None and handed_on == [["a"]] and pools(state) == ["a"]
+    source.offer(EMPTY + "pools: [{name: 1}]\n")
+    assert "pools[0].name" in (tracker.refusal or "") and pools(state) == ["a"]
