@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from bench.corpus import tekton_examples_dir
-from controller.explain import run_explain
+from controller.cli.explain import run_explain
 
 EXAMPLES = tekton_examples_dir()
 if EXAMPLES is None:
