@@ -134,7 +134,8 @@ def substitute(
 ) -> tuple[str, ...] | Unknown:
     """Every value `text` takes once its `$(params...)` are replaced (several only for matrix fan-outs).
 
-    Unknown, before anything is built, when a value would be longer than `max_chars`, when there would
+    Unknown, before anything is built, when a value it builds would be longer than `max_chars` (a text
+    without variables is returned as it is, whatever its length), when there would
     be more than MAX_MATRIX_COMBINATIONS values, or when `budget` has not enough work left."""
     budget = budget if budget is not None else Budget()
     if not budget.spend(WORK_PER_ITEM + len(text)):
@@ -167,6 +168,8 @@ def substitute(
     tail = text[end:]
     if max(map(len, results)) + len(tail) > max_chars:
         return Unknown(f"{_clip(text)!r} becomes more than {max_chars} characters, the cap")
+    if not budget.spend(sum(map(len, results)) + len(tail) * len(results)):
+        return budget.exhausted
     return tuple(dict.fromkeys(done + tail for done in results))
 
 
