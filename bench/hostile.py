@@ -81,6 +81,29 @@ def chain_taskrun(name: str, params: int, namespace: str = "team-cdn") -> dict[s
     }
 
 
+def steps_taskrun(name: str, steps: int, namespace: str = "team-cdn") -> dict[str, Any]:
+    """A TaskRun of `steps` steps, each with an image of its own."""
+    return {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "TaskRun",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"taskSpec": {"steps": [{"name": f"s{i}", "image": f"{MATCHING_PREFIX}{i}"} for i in range(steps)]}},
+    }
+
+
+def tall_pipelinerun(name: str, tasks: int, steps: int, namespace: str = "team-cdn") -> dict[str, Any]:
+    """A PipelineRun of `tasks` embedded tasks of `steps` steps each, every image its own."""
+    def task_steps(j: int) -> list[dict[str, str]]:
+        return [{"name": f"s{i}", "image": f"{MATCHING_PREFIX}{j}-{i}"} for i in range(steps)]
+
+    return {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "PipelineRun",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"pipelineSpec": {"tasks": [{"name": f"t{j}", "taskSpec": {"steps": task_steps(j)}} for j in range(tasks)]}},
+    }
+
+
 def wide_task(task_params: int, namespace: str = "team-cdn") -> dict[str, Any]:
     """A Task of `task_params` params, each default referring to the pipeline param `base`."""
     return {
@@ -132,9 +155,13 @@ CASES: dict[str, Callable[[], dict[str, Any]]] = {
     "doubling, 16 levels (4 MiB image in Tekton)": lambda: doubling_taskrun("doubling-16", 16),
     "doubling, 20 levels (64 MiB image in Tekton)": lambda: doubling_taskrun("doubling-20", 20),
     "matrix bomb, 4 params x 64 values (16.8 M combinations)": lambda: matrix_bomb_pipelinerun("bomb", 4, 64),
-    "chain of 20,000 defaults declared backwards": lambda: chain_taskrun("chain", 20_000),
+    "chain of 60,000 defaults declared backwards": lambda: chain_taskrun("chain", 60_000),
+    "48,000 steps, an image each": lambda: steps_taskrun("steps", 48_000),
+    "1,024 pipeline tasks x 40 steps": lambda: tall_pipelinerun("tall", 1024, 40),
     "1,000 pipeline tasks x a Task of 20,000 params": lambda: wide_pipelinerun("wide", 1_000),
 }
+# The largest of these reviews (each under the API server's 3 MiB limit), for the tests.
+LARGEST = ("chain of 60,000 defaults declared backwards", "48,000 steps, an image each", "1,024 pipeline tasks x 40 steps")
 WIDE_TASK_PARAMS = 20_000
 
 POLICY = """\
