@@ -65,6 +65,22 @@ NOTES = """\
   reconcile pass (taints and evictions are level-based, so they converge once the API server answers). The
   leader steps down when its lease renewals are refused for the renew deadline and takes the lease back
   afterwards. Events are best effort: one refused 6 times is given up (log line `event not written`).
+- **Runs whose params explode.** Tekton substitutes param defaults that refer to other params (v1.15.0,
+  `replacementsFromDefaultParams`, second pass), so a Task whose defaults each repeat the previous param twice
+  turns a 1.2 KB TaskRun into a 4 MiB image, 64 MiB with four params more; a matrix multiplies its values.
+  Before the caps, admitting 16 levels took 0.3 s of CPU and 37 MiB and wrote the 4 MiB image into the run's
+  decision, 20 levels 4.2 s of CPU and 470 MiB; a 64^4 matrix, a chain of 60,000 defaults and 1,000 pipeline
+  tasks on a Task of 20,000 params did not finish in 60 s (`python -m bench.hostile`, `Admission.review` in
+  memory). Image discovery now works within caps checked before any string is built (config/settings.md,
+  "Bounds of image discovery"): those inputs take 1 ms, 1 ms, 1 ms, 119 ms and 25 ms of CPU and no memory to
+  speak of, and no review under 3 MiB costs more than about 250 ms of CPU. Past a cap the run is `unresolved`
+  and placed at Pod CREATE from the pod's images, which have the same length cap. Reviews over 64 KiB are
+  answered in a worker thread, so `/healthz` and ordinary reviews are not queued behind them. Tekton's own
+  controller, given the same runs: the matrix bomb fails `PipelineValidationFailed` (more than its 256
+  combinations); the run just past the image cap gets its pod (unresolved at Pod admission, so on an ordinary
+  node) and succeeds; with 16 levels Tekton builds the 4 MiB pod, the API server refuses it (request larger
+  than 3 MiB), so does the status update, and Tekton retries it with backoff without ever failing the run
+  (its controller stayed up, RSS 66 to 110 MiB over 2 minutes).
 - **Tekton fails a TaskRun whose pod creation the API server refused during the outage** (it treats that
   error as final: tektoncd/pipeline#3902, #10724). Such runs are counted apart ("failed by Tekton before any
   pod"), not as lost or misplaced by egress-placer, after checking that their podTemplate carries the placement.

@@ -7,7 +7,12 @@ clients (connections that never handshake, stalled headers, stalled bodies, a bo
 Checks that every answer is a well-formed AdmissionReview (uid echoed, allowed, a JSON patch that
 applies to the object) or a 4xx, never a 5xx or a dropped connection; that the server still answers
 afterwards; that its memory stays bounded (RSS before and after); that each answer comes within the
-webhook's 3 s timeout; that stalled clients hold up nobody and are cut off by the read timeout."""
+webhook's 3 s timeout; that stalled clients hold up nobody and are cut off by the read timeout.
+Then runs whose params explode, created by a tenant through the API server: a TaskRun whose param
+defaults each repeat the previous one twice (an image just past the image length cap; Tekton's own
+controller builds that string too) and a PipelineRun whose matrix has millions of combinations: both
+answered `unresolved` in time, the next eligible run still placed, the controller and Tekton's
+controller still running."""
 
 from __future__ import annotations
 
@@ -30,9 +35,14 @@ from conftest import Figures, TEAM_CDN, TEAM_OTHER
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes import client
-from tekton_runs import MATCHING_IMAGE
+from kubernetes import config as kube_config
+from tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, Runs, Waiter, decision_of, succeeded, taskrun
+
+from bench.hostile import doubling_image_chars, doubling_taskrun, matrix_bomb_pipelinerun
 from controller.admission.server import IDLE_TIMEOUT_SECONDS, MAX_REVIEW_BYTES, READ_TIMEOUT_SECONDS
+from controller.core.images import MAX_IMAGE_CHARS
 from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION, TAINT_KEY
+from devcluster.cluster import Cluster
 from devcluster.controller import WEBHOOK_CONFIG
 from devcluster.process import rss_bytes
 
@@ -397,3 +407,117 @@ def test_slow_and_stalled_clients_hold_up_nobody_and_are_cut_off(webhook: Webhoo
     assert worst("stalled-body") <= READ_TIMEOUT_SECONDS + 12  # the 408, then aiohttp's lingering close
     assert worst("stalled-headers") <= IDLE_TIMEOUT_SECONDS + 5
     assert webhook.answers()
+
+
+# -- runs whose params explode, from a tenant through the API server --------------------------------
+
+TENANT_USER = "rel-tenant-cdn"  # may create Tekton runs in TEAM_CDN, nothing else
+DOUBLING_LEVELS = 4  # the image is MATCHING_PREFIX + 64 * 2**4 characters: just past MAX_IMAGE_CHARS
+MATRIX_PARAMS, MATRIX_VALUES = 4, 64  # 16.8 million combinations, each used in the step's image
+MAX_TEKTON_RSS_GROWTH = 64 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def tenant(devcluster: Cluster, kube: client.ApiClient, tenants: tuple[str, ...]) -> Iterator[client.ApiClient]:
+    """An API client for a tenant user of TEAM_CDN (a client certificate; a Role for Tekton runs, and to
+    read pods)."""
+    rbac = client.RbacAuthorizationV1Api(kube)
+    name = "rel-tenant-runs"
+    rbac.create_namespaced_role(TEAM_CDN, {
+        "metadata": {"name": name},
+        "rules": [{"apiGroups": ["tekton.dev"], "resources": ["taskruns", "pipelineruns"],
+                   "verbs": ["create", "get", "list", "watch", "delete", "deletecollection"]},
+                  {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
+    })
+    rbac.create_namespaced_role_binding(TEAM_CDN, {
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT_USER}],
+    })
+    api = kube_config.new_client_from_config(config_file=str(devcluster.mint_kubeconfig(TENANT_USER, groups=[])))
+    yield api
+    api.close()
+    rbac.delete_namespaced_role_binding(name, TEAM_CDN)
+    rbac.delete_namespaced_role(name, TEAM_CDN)
+
+
+def test_param_doubling_and_a_matrix_bomb_from_a_tenant_leave_the_controller_and_tekton_healthy(
+    webhook: Webhook, placer: Placer, tenant: client.ApiClient, devcluster: Cluster, wait_for: Waiter, figures: Figures
+) -> None:
+    image_chars = doubling_image_chars(DOUBLING_LEVELS)
+    figures.fault(
+        "runs whose params explode, from a tenant through the API server",
+        f"a TaskRun whose param defaults each repeat the previous one twice ({DOUBLING_LEVELS} levels: a "
+        f"{image_chars}-character image, just past the {MAX_IMAGE_CHARS} cap; 16 levels would make 4 MiB), a PipelineRun "
+        f"whose matrix has {MATRIX_VALUES}^{MATRIX_PARAMS} combinations in one image, then an eligible TaskRun",
+        f"both answered unresolved within {ANSWER_SECONDS:.0f} s, never placed; the eligible run placed on the pool within "
+        f"{ANSWER_SECONDS:.0f} s; the controller still answering, RSS growth <= {MAX_RSS_GROWTH >> 20} MiB; Tekton's "
+        "controller still running",
+    )
+    runs = Runs(tenant, wait_for)  # created by the tenant; cleaned up by the tenant
+    tekton = devcluster.process("tekton-controller")
+    assert tekton is not None and tekton.alive()
+    rss_before, tekton_rss_before = rss_bytes(webhook.pid), rss_bytes(tekton.pid)
+    names = {kind: runs.name(kind) for kind in ("doubling", "bomb", "eligible")}
+    bodies = [
+        ("taskruns", "doubling", doubling_taskrun(names["doubling"], DOUBLING_LEVELS, namespace=TEAM_CDN)),
+        ("pipelineruns", "bomb", matrix_bomb_pipelinerun(names["bomb"], MATRIX_PARAMS, MATRIX_VALUES, namespace=TEAM_CDN)),
+        ("taskruns", "eligible", taskrun(names["eligible"], MATCHING_IMAGE)),
+    ]
+    try:
+        admitted: dict[str, tuple[dict[str, Any], float]] = {}
+        for plural, kind, body in bodies:
+            started = time.monotonic()
+            admitted[kind] = (runs.create(TEAM_CDN, plural, body), time.monotonic() - started)
+        answers = {kind: round(seconds, 2) for kind, (_, seconds) in admitted.items()}
+        figures.set("create_seconds", answers)
+        doubling, bomb, eligible = (decision_of(admitted[kind][0]) for kind in ("doubling", "bomb", "eligible"))
+        figures.set("decisions", {"doubling": doubling.get("unresolved"), "bomb": bomb.get("tasks"), "eligible": eligible.get("pool")})
+
+        # a decision annotation proves the webhook answered (failurePolicy Ignore admits unannotated otherwise)
+        assert doubling["reason"] == "unresolved" and f"over the cap of {MAX_IMAGE_CHARS}" in doubling["unresolved"][0], doubling
+        assert doubling["pool"] is None
+        assert bomb["tasks"] == {"bomb": {"pool": None, "reason": "unresolved"}}, bomb
+        assert eligible["reason"] == "image-match" and eligible["pool"] == POOL and eligible["node"] in POOL_NODES, eligible
+        assert all(seconds < ANSWER_SECONDS for seconds in answers.values()), answers
+
+        # What Tekton makes of them: the doubling run's pod carries the long image (Tekton built it too),
+        # and admission of that pod finds the image over the cap as well: it stays off the pool.
+        finished = runs.wait_succeeded(TEAM_CDN, "taskruns", [names["doubling"], names["eligible"]], timeout=120)
+        pods = runs.pods_by_taskrun(TEAM_CDN)
+        doubling_pod = pods[names["doubling"]]
+        step_images = [c.image for c in doubling_pod.spec.containers if c.name.startswith("step-")]
+        assert [len(image) for image in step_images] == [image_chars]
+        pod_decision = decision_of(doubling_pod.to_dict())
+        assert pod_decision["reason"] == "unresolved" and doubling_pod.spec.node_name in ORDINARY_NODES, pod_decision
+        assert pods[names["eligible"]].spec.node_name in POOL_NODES
+
+        def bomb_finished() -> dict[str, Any] | None:
+            run = runs.get(TEAM_CDN, "pipelineruns", names["bomb"])
+            return run if succeeded(run) else None
+
+        bomb_run = wait_for("Tekton to finish the matrix bomb", bomb_finished, timeout=120)
+        bomb_condition = next(c for c in bomb_run["status"]["conditions"] if c["type"] == "Succeeded")
+        figures.set("tekton_on_bomb", {k: bomb_condition.get(k) for k in ("status", "reason")} | {
+            "message": str(bomb_condition.get("message"))[:200]})
+        assert {names["doubling"], names["eligible"]} <= finished.keys()
+    finally:
+        runs.cleanup()
+
+    rss_after, tekton_rss_after = rss_bytes(webhook.pid), rss_bytes(tekton.pid)
+    figures.set("rss_mib", [rss_before >> 20, rss_after >> 20])
+    figures.set("tekton_rss_mib", [tekton_rss_before >> 20, tekton_rss_after >> 20])
+    figures.measured(
+        f"answered in {answers['doubling']:.2f} s (doubling: unresolved, image over the {MAX_IMAGE_CHARS} cap), "
+        f"{answers['bomb']:.2f} s (matrix bomb: unresolved), {answers['eligible']:.2f} s (eligible: placed on "
+        f"{eligible['node']}); the doubling run's pod, with Tekton's {image_chars}-character image, unresolved at Pod "
+        f"admission and run on {doubling_pod.spec.node_name}; Tekton on the bomb: {bomb_condition.get('status')} "
+        f"{bomb_condition.get('reason')}; RSS {rss_before >> 20} -> {rss_after >> 20} MiB, Tekton's controller "
+        f"{tekton_rss_before >> 20} -> {tekton_rss_after >> 20} MiB",
+        0,
+    )
+    assert webhook.answers() and placer.ready(placer.replicas[0])
+    assert rss_after - rss_before <= MAX_RSS_GROWTH
+    tekton_after = devcluster.process("tekton-controller")
+    assert tekton_after is not None and tekton_after.pid == tekton.pid and tekton_after.alive()
+    assert tekton_rss_after - tekton_rss_before <= MAX_TEKTON_RSS_GROWTH

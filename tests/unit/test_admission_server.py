@@ -2,7 +2,9 @@
 a real HTTPS client verifying the self-made CA posts AdmissionReviews to /mutate and /mutate/<kind>;
 bad JSON, wrong shapes and oversized bodies are refused; /healthz, /readyz (503 until ready, with the
 reason) and /metrics answer on the plain port; a certificate rotation by the keeper is presented on
-the next handshake without restarting the server; stop() closes both ports."""
+the next handshake without restarting the server; stop() closes both ports; the worst reviews a tenant
+can send (bench/hostile.py) are answered unresolved within the webhook timeout, and while large reviews
+are in flight /healthz and ordinary reviews are answered faster than any of them."""
 
 from __future__ import annotations
 
@@ -24,9 +26,11 @@ import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from bench import hostile
 from controller.admission.certs import CA_CERT, TLS_CERT, CertificateKeeper
 from controller.admission.handlers import Admission
 from controller.admission.server import MAX_REVIEW_BYTES, AdmissionServer
+from controller.core.model import DECISION_ANNOTATION
 from controller.core.policy import load_policy
 from controller.metrics import Metrics
 from controller.settings import Settings
@@ -237,3 +241,85 @@ def test_stop_closes_both_ports(tmp_path: Path) -> None:
 
 def _der(pem: bytes) -> bytes:
     return x509.load_pem_x509_certificate(pem).public_bytes(serialization.Encoding.DER)
+
+
+# -- the worst reviews a tenant can send -------------------------------------------------------------
+
+WEBHOOK_TIMEOUT_SECONDS = 3.0  # the webhook's timeoutSeconds (k8s/webhook.yaml): a later answer is lost
+PROBE_TIMEOUT_SECONDS = 2.0  # the probes' timeoutSeconds (k8s/deployment.yaml)
+
+
+def hostile_reviews() -> dict[str, bytes]:
+    """bench.hostile's worst inputs, in the namespace of the test data, as review bodies."""
+    out = {}
+    for name, build in hostile.CASES.items():
+        run = build()
+        run["metadata"]["namespace"] = "team-ci"
+        out[name] = json.dumps(review(run, uid=name)).encode()
+        assert len(out[name]) < MAX_REVIEW_BYTES
+    return out
+
+
+def decisions(answer: requests.Response) -> list[dict[str, Any]]:
+    """The decision records the answer's patch writes (one per run; a PipelineRun's has its tasks)."""
+    patch = json.loads(base64.b64decode(answer.json()["response"]["patch"]))
+    records = []
+    for op in patch:
+        value = op.get("value")
+        if isinstance(value, dict) and DECISION_ANNOTATION in value:
+            records.append(json.loads(value[DECISION_ANNOTATION]))
+        elif op["path"].endswith(DECISION_ANNOTATION.replace("/", "~1")):
+            records.append(json.loads(value))
+    return records
+
+
+def test_the_worst_reviews_are_answered_unresolved_within_the_webhook_timeout(running: Running) -> None:
+    for name, body in hostile_reviews().items():
+        started = time.monotonic()
+        answer = requests.post(running.webhook + "/mutate", data=body, headers={"Content-Type": "application/json"},
+                               verify=running.ca_file, timeout=30)
+        seconds = time.monotonic() - started
+        assert answer.status_code == 200 and answer.json()["response"]["allowed"] is True, name
+        [record] = decisions(answer)
+        reasons = {task["reason"] for task in record["tasks"].values()} if "tasks" in record else {record["reason"]}
+        assert "unresolved" in reasons, (name, record)  # past a cap: placed at Pod CREATE instead
+        assert seconds < WEBHOOK_TIMEOUT_SECONDS, (name, seconds)
+
+
+def test_health_and_ordinary_reviews_are_not_queued_behind_large_reviews(running: Running) -> None:
+    """Large reviews in flight all along (three clients, each sending the largest bodies in turn);
+    meanwhile /healthz and ordinary reviews are answered, and faster than any large review."""
+    bodies = [body for name, body in hostile_reviews().items() if name in hostile.LARGEST]
+    large: list[tuple[float, float]] = []  # (start, end) of each large review
+    ordinary: list[tuple[float, float]] = []
+    health: list[float] = []
+
+    def send_large() -> None:
+        with requests.Session() as session:
+            for body in bodies * 2:
+                started = time.monotonic()
+                answer = session.post(running.webhook + "/mutate", data=body, headers={"Content-Type": "application/json"},
+                                      verify=running.ca_file, timeout=60)
+                assert answer.status_code == 200
+                large.append((started, time.monotonic()))
+
+    senders = [threading.Thread(target=send_large) for _ in range(3)]
+    for sender in senders:
+        sender.start()
+    with requests.Session() as session:
+        while any(sender.is_alive() for sender in senders):
+            started = time.monotonic()
+            assert session.get(running.health + "/healthz", timeout=10).status_code == 200
+            health.append(time.monotonic() - started)
+            started = time.monotonic()
+            answer = session.post(running.webhook + "/mutate", json=review(copy.deepcopy(KANIKO_RUN)), verify=running.ca_file, timeout=10)
+            assert answer.status_code == 200 and decisions(answer)[0]["reason"] == "image-match"
+            ordinary.append((started, time.monotonic()))
+    for sender in senders:
+        sender.join()
+    assert len(large) == 3 * len(bodies) * 2
+    during = [(s, e) for s, e in ordinary if any(ls < s and e < le for ls, le in large)]
+    assert len(during) >= 5, "too few ordinary reviews overlapped a large one for the test to mean anything"
+    slowest_ordinary = max(e - s for s, e in ordinary)
+    assert slowest_ordinary < WEBHOOK_TIMEOUT_SECONDS and max(health) < PROBE_TIMEOUT_SECONDS
+    assert slowest_ordinary < min(e - s for s, e in large), (slowest_ordinary, sorted(e - s for s, e in large)[:3])
