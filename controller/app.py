@@ -34,6 +34,7 @@ from controller.metrics import Metrics
 from controller.reconcile.intruders import IntruderReconciler
 from controller.reconcile.loop import ReconcileLoop
 from controller.reconcile.missed_runs import report_missed_runs
+from controller.reconcile.pool_guard import PoolGuardReconciler
 from controller.reconcile.taints import TaintReconciler
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -134,6 +135,7 @@ class Controller:
                     settings.intruder_mode,
                     budget_grace=settings.intruder_budget_grace_seconds,
                 ),
+                PoolGuardReconciler(self.state, self.writer, settings.namespace, verify_seconds=settings.resync_seconds),
             ],
             is_leader=self.is_leader,
             resync_seconds=settings.resync_seconds,
