@@ -274,6 +274,13 @@ VARIABLES: tuple[tuple[str, str], ...] = (
     ("refused", f"variables.reached.filter(p, !({_ALLOWED}))"),
 )
 
+# Kubelets' own requests (mirror pods of static pods, which the core never counts as intruders) are not
+# judged: the API server's authenticator puts a kubelet in group system:nodes, no tenant can be there,
+# and NodeRestriction lets a kubelet make only mirror pods bound to its own node.
+MATCH_CONDITIONS: tuple[tuple[str, str], ...] = (
+    ("not-a-kubelet", "!has(request.userInfo.groups) || !('system:nodes' in request.userInfo.groups)"),
+)
+
 VALIDATION_MESSAGE = (
     "'namespace ' + namespaceObject.metadata.name + ' may not use pool ' + variables.refused.join(', ')"
     " + ': its pods may neither tolerate the pool taint nor name a pool node (egress-placer pool guard)'"
@@ -294,6 +301,7 @@ def validating_admission_policy() -> dict[str, Any]:
                     {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}
                 ]
             },
+            "matchConditions": [{"name": name, "expression": expression} for name, expression in MATCH_CONDITIONS],
             "variables": [{"name": name, "expression": expression} for name, expression in VARIABLES],
             "validations": [
                 {"expression": "size(variables.refused) == 0", "messageExpression": VALIDATION_MESSAGE, "reason": "Forbidden"}

@@ -399,6 +399,24 @@ def test_the_binding_leaves_out_exempt_and_agent_namespaces_by_name() -> None:
     assert policy_binding(none_left_out, "x")["spec"]["matchResources"] == {}
 
 
+@pytest.mark.parametrize(
+    ("groups", "judged"),
+    [
+        (["system:nodes", "system:authenticated"], False),  # a kubelet (mirror pods)
+        (["system:authenticated"], True),
+        (["system:serviceaccounts", "system:serviceaccounts:team-other", "system:authenticated"], True),
+        ([], True),
+        (None, True),
+    ],
+)
+def test_only_kubelets_requests_are_not_judged(groups: list[str] | None, judged: bool) -> None:
+    (condition,) = validating_admission_policy()["spec"]["matchConditions"]
+    program = ENV.program(ENV.compile(condition["expression"]))
+    user: dict[str, Any] = {"username": "u"} if groups is None else {"username": "u", "groups": groups}
+    result = program.evaluate({"request": celpy.json_to_cel({"userInfo": user})})
+    assert result == celtypes.BoolType(judged)
+
+
 def test_the_policy_fails_closed_on_creates_and_updates_of_pods() -> None:
     spec = validating_admission_policy()["spec"]
     assert spec["failurePolicy"] == "Fail"
