@@ -82,7 +82,8 @@ def _python_class(body: str) -> str:
         return "[^\\x{0}-\\x{10ffff}]"
     if body == ".":  # a negated empty range: any character
         return "(?s:.)"
-    assert body.startswith("[") and body.endswith("]"), body
+    if not (body.startswith("[") and body.endswith("]")):
+        raise GuardError(f"cannot translate the glob class {body!r} (an fnmatch this module does not know)")
     stuff = body[1:-1]
     negated = stuff.startswith("^")
     if negated:
