@@ -3,7 +3,8 @@ installed by `start_controller(pool_guard=True)` and fed by the leader. With the
 allowed namespace's placed run still works and the leader keeps the params and the binding. Then the
 controller (so the webhook) is stopped, and the API server itself, for a tenant bound to the built-in
 `edit` role in team-other (may not use pool `overseas`): refuses a pod with the pool toleration, a pod
-naming a pool node, and an UPDATE adding the pool toleration; runs a key-less-`Exists` DaemonSet on
+naming a pool node, and an UPDATE adding the pool toleration to a pod not bound yet (but admits it for a
+pod already bound to an ordinary node, which cannot move); runs a key-less-`Exists` DaemonSet on
 every ordinary node and on no pool node; does not refuse finalizer changes or the garbage collector's
 update of a pod that got its toleration while the namespace was allowed; and, with the params object
 deleted, admits ordinary pods. Started again, the leader recreates the params and the guard holds again.
@@ -144,18 +145,27 @@ def test_with_the_webhook_down_the_api_server_refuses_a_pool_toleration_and_a_po
 
 
 def test_with_the_webhook_down_an_update_adding_the_pool_toleration_is_refused(
-    webhook_stopped: None, tenant: client.ApiClient, runs: Runs
+    webhook_stopped: None, tenant: client.ApiClient, runs: Runs, wait_for: Waiter
 ) -> None:
     core = client.CoreV1Api(tenant)
-    name = runs.name("update")
-    runs.create_pod(TEAM_OTHER, pod_body(name), api=tenant)
+    add_toleration = [{"op": "add", "path": "/spec/tolerations/-", "value": POOL_TOLERATION}]
+    # Held back by a scheduling gate, the pod is not bound yet: a toleration added now would take it to
+    # the pool once the gate is removed.
+    gated = runs.name("gated")
+    runs.create_pod(TEAM_OTHER, pod_body(gated, schedulingGates=[{"name": "example.com/hold"}]), api=tenant)
+    # Bound to an ordinary node, a pod cannot move: a toleration added to it reaches no pool node.
+    bound = runs.name("bound")
+    runs.create_pod(TEAM_OTHER, pod_body(bound), api=tenant)
+    wait_for(f"pod {bound} to be bound", lambda: core.read_namespaced_pod(bound, TEAM_OTHER).spec.node_name, timeout=30)
 
     with pytest.raises(ApiException) as error:
-        core.patch_namespaced_pod(name, TEAM_OTHER, [{"op": "add", "path": "/spec/tolerations/-", "value": POOL_TOLERATION}])
+        core.patch_namespaced_pod(gated, TEAM_OTHER, add_toleration)
+    core.patch_namespaced_pod(bound, TEAM_OTHER, add_toleration)
 
     assert error.value.status == 403 and REFUSAL in (error.value.body or "")
-    tolerations = core.read_namespaced_pod(name, TEAM_OTHER).spec.tolerations or []
+    tolerations = core.read_namespaced_pod(gated, TEAM_OTHER).spec.tolerations or []
     assert not [t for t in tolerations if t.key == POOL_TOLERATION["key"]]
+    assert core.read_namespaced_pod(bound, TEAM_OTHER).spec.node_name in ORDINARY_NODES
 
 
 @pytest.fixture
