@@ -34,6 +34,7 @@ from controller.metrics import Metrics
 from controller.reconcile.intruders import IntruderReconciler
 from controller.reconcile.loop import ReconcileLoop
 from controller.reconcile.missed_runs import report_missed_runs
+from controller.reconcile.pool_guard import PoolGuardReconciler
 from controller.reconcile.taints import TaintReconciler
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -146,14 +147,18 @@ class Controller:
         )
 
     def _reconcile_loop(self) -> ReconcileLoop:
-        """The leader's reconcilers: pool taints, then intruders."""
+        """The leader's reconcilers: pool taints, then intruders, then the API server's pool guard."""
         s = self.settings
         intruders = IntruderReconciler(
             self.state, self.client, self.events, self.metrics, s.intruder_mode, budget_grace=s.intruder_budget_grace_seconds
         )
         return ReconcileLoop(
             self.state,
-            [TaintReconciler(self.state, self.client, self.metrics), intruders],
+            [
+                TaintReconciler(self.state, self.client, self.metrics),
+                intruders,
+                PoolGuardReconciler(self.state, self.client, s.namespace, verify_seconds=s.resync_seconds),
+            ],
             is_leader=self.is_leader,
             resync_seconds=s.resync_seconds,
         )

@@ -50,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     ctl = with_dir("controller", "start egress-placer on the cluster in DIR under the k8s/ identity, webhook registered")
     ctl.add_argument("--policy", required=True, type=Path, help="the PlacementPolicy file (put into the policy ConfigMap)")
     ctl.add_argument("--replicas", type=int, default=1, help="controller processes (one leader; default 1)")
+    ctl.add_argument("--pool-guard", action="store_true", help="also install the pool guard (k8s/pool-guard.yaml)")
     demo = sub.add_parser("demo", help="the main job: cluster, Tekton, controller, a mix of runs, where they went")
     demo.add_argument("--dir", type=Path, help="the cluster directory (default: a new temporary one)")
     demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "controller":
             from devcluster.controller import start_controller
 
-            for replica in start_controller(cluster, args.policy, replicas=args.replicas):
+            for replica in start_controller(cluster, args.policy, replicas=args.replicas, pool_guard=args.pool_guard):
                 _log(f"[devcluster] {replica.name} ready: webhook {replica.webhook_url}, health {replica.health_url}")
             return 0
         if args.command == "down":

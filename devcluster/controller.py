@@ -37,6 +37,9 @@ POLICY_CONFIGMAP = "egress-placer-policy"
 WEBHOOK_CONFIG = "egress-placer"
 PROXY_NAME = "egress-placer-proxy"
 LOCAL_ONLY_KINDS = {"Deployment", "Service", "PodDisruptionBudget"}  # the controller runs as a local process instead
+# The pool guard (k8s/pool-guard.yaml): applied only with `pool_guard=True`, so suites that measure the
+# controller's own lines (webhook, evictions) see pods that the API server would otherwise refuse.
+POOL_GUARD_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 READY_TIMEOUT = 60.0
 
 
@@ -127,6 +130,7 @@ def start_controller(
     webhook_port: int | None = None,
     proxy: bool = False,
     ca_bundle: bytes | None = None,
+    pool_guard: bool = False,
 ) -> list[ControllerReplica]:
     """Install the manifests (local form) and start `replicas` controller processes; see the module docstring.
 
@@ -134,7 +138,8 @@ def start_controller(
     at a round-robin proxy (on `webhook_port` if given) in front of all of them; every replica serves
     admission on its own port, and they elect one leader for taints and evictions. `ca_bundle`: the
     serving certificate is kept by someone else (`env` names its files, cert-manager's way); the
-    webhooks trust this CA from the start, as cert-manager's CA injector would make them.
+    webhooks trust this CA from the start, as cert-manager's CA injector would make them. `pool_guard`:
+    also install the pool guard (ValidatingAdmissionPolicy and binding of `k8s/pool-guard.yaml`).
     """
     if not cluster.state():
         raise ClusterError(f"no cluster in {cluster.dir}: run `python -m devcluster up --dir {cluster.dir}` first")
@@ -155,6 +160,7 @@ def start_controller(
             port=proxy_port,
         )
     docs = local_manifests(render_manifests(cluster), policy_text, webhook_url, ca_bundle)
+    docs = [d for d in docs if pool_guard or d.get("kind") not in POOL_GUARD_KINDS]
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs))
     kubeconfig = cluster.mint_kubeconfig(service_account_user())
     for replica in planned:

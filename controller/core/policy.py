@@ -92,6 +92,7 @@ LabelKey = Annotated[str, AfterValidator(_label_key)]
 LabelValue = Annotated[str, AfterValidator(_label_value)]
 Glob = Annotated[str, AfterValidator(_glob)]
 NodeName = Annotated[str, AfterValidator(_node_name)]
+NamespaceName = Annotated[str, AfterValidator(_dns_label)]
 
 
 def _glob_regex(globs: tuple[str, ...]) -> re.Pattern[str] | None:
@@ -219,6 +220,8 @@ class PlacementPolicy(PolicyModel):
     api_version: Literal["egress-placer.io/v1alpha1"]
     kind: Literal["PlacementPolicy"]
     exempt_namespaces: tuple[str, ...] = DEFAULT_EXEMPT_NAMESPACES
+    # Namespaces whose node agents (DaemonSets) may run on pool nodes; None: the exempt namespaces.
+    agent_namespaces: tuple[NamespaceName, ...] | None = None
     pools: tuple[Pool, ...] = ()
 
     @field_validator("pools")
@@ -245,6 +248,18 @@ class PlacementPolicy(PolicyModel):
 
     def owned_taint_keys(self) -> frozenset[str]:
         return frozenset(p.taint.key for p in self.pools)
+
+
+def agent_namespaces(policy: PlacementPolicy) -> tuple[str, ...]:
+    """Where node agents (DaemonSets) may run on pool nodes: `agentNamespaces`, or by default the
+    exempt namespaces."""
+    return policy.exempt_namespaces if policy.agent_namespaces is None else policy.agent_namespaces
+
+
+def is_agent_namespace(policy: PlacementPolicy, namespace: str) -> bool:
+    """May node agents (DaemonSets) of `namespace` run on pool nodes? The namespace is the request's
+    (or the cached pod's) own, which the tenant cannot choose for a pod of another namespace."""
+    return namespace in agent_namespaces(policy)
 
 
 # -- loading --------------------------------------------------------------------------------------

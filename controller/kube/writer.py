@@ -289,6 +289,48 @@ class KubeClient:
             "set-webhook-ca-bundle", Outcome.CONFLICT, "conflict", RuntimeError(f"{config_name} kept changing under us")
         )
 
+    # -- the pool guard: its params ConfigMap and its ValidatingAdmissionPolicyBinding ------------------
+    def _read(self, operation: str, path: str) -> dict[str, Any] | None:
+        try:
+            return self.call(operation, lambda: self.api.call("GET", path))
+        except ApiError as e:
+            if e.outcome is Outcome.NOT_FOUND:
+                return None
+            raise
+
+    def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The ConfigMap, None when it does not exist."""
+        return self._read("read-configmap", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+
+    def create_configmap(self, namespace: str, name: str, data: Mapping[str, str], labels: Mapping[str, str]) -> None:
+        """Create the ConfigMap; one that exists already raises ApiError with outcome CONFLICT."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+            "data": dict(data),
+        }
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        self.call("create-configmap", lambda: self.api.call("POST", path, body=body))
+
+    def replace_configmap(self, configmap: Mapping[str, Any]) -> None:
+        """Replace the ConfigMap as read (its metadata.resourceVersion is the precondition: a conflict
+        raises ApiError with outcome CONFLICT; the caller reads again on its next pass)."""
+        meta = configmap["metadata"]
+        path = f"/api/v1/namespaces/{meta['namespace']}/configmaps/{meta['name']}"
+        self.call("replace-configmap", lambda: self.api.call("PUT", path, body=dict(configmap)))
+
+    def read_policy_binding(self, name: str) -> dict[str, Any] | None:
+        """The ValidatingAdmissionPolicyBinding, None when it does not exist."""
+        return self._read(
+            "read-policy-binding", f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{name}"
+        )
+
+    def replace_policy_binding(self, binding: Mapping[str, Any]) -> None:
+        """Replace the binding as read (its metadata.resourceVersion is the precondition)."""
+        path = f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{binding['metadata']['name']}"
+        self.call("replace-policy-binding", lambda: self.api.call("PUT", path, body=dict(binding)))
+
     # -- events ---------------------------------------------------------------------------------------
     def create_event(self, event: Mapping[str, Any]) -> dict[str, Any]:
         namespace = event["metadata"]["namespace"]

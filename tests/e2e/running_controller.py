@@ -11,9 +11,10 @@ import requests
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devcluster.controller import WEBHOOK_CONFIG, ControllerReplica, replicas_of, stop_controller
+from devcluster.controller import NAMESPACE, WEBHOOK_CONFIG, ControllerReplica, replicas_of, stop_controller
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "e2e"
 POLICY_FILE = DATA / "policy.yaml"
@@ -81,12 +82,28 @@ def namespace_exists(core: client.CoreV1Api, namespace: str) -> bool:
         raise
 
 
+def remove_pool_guard(kube: client.ApiClient) -> None:
+    """Delete the pool guard's binding, policy and params (each may be missing)."""
+    admission = client.AdmissionregistrationV1Api(kube)
+    for delete in (
+        lambda: admission.delete_validating_admission_policy_binding(GUARD_NAME),
+        lambda: admission.delete_validating_admission_policy(GUARD_NAME),
+        lambda: client.CoreV1Api(kube).delete_namespaced_config_map(GUARD_NAME, NAMESPACE),
+    ):
+        try:
+            delete()
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
 def make_plain(kube: client.ApiClient, cluster: Cluster) -> None:
-    """No controller, no webhook configuration, no pool taints: what later test modules expect."""
+    """No controller, no webhook configuration, no pool guard, no pool taints: what later test modules expect."""
     stop_controller(cluster)
     try:
         client.AdmissionregistrationV1Api(kube).delete_mutating_webhook_configuration(WEBHOOK_CONFIG)
     except ApiException as e:
         if e.status != 404:
             raise
+    remove_pool_guard(kube)
     remove_pool_taints(kube)

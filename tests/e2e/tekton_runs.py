@@ -105,9 +105,11 @@ class Runs:
             for future in [pool.submit(self.create, ns, plural, body) for ns, plural, body in items]:
                 future.result()
 
-    def create_pod(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def create_pod(self, namespace: str, body: Mapping[str, Any], api: client.ApiClient | None = None) -> dict[str, Any]:
+        """Create a pod (as `api`'s identity if given, else as admin); deleted in `cleanup`."""
         self._made.add((namespace, "pods"))
-        return self.core.create_namespaced_pod(namespace, self._labelled(body)).to_dict()
+        core = client.CoreV1Api(api) if api is not None else self.core
+        return core.create_namespaced_pod(namespace, self._labelled(body)).to_dict()
 
     # -- read ---------------------------------------------------------------------------------------
     def get(self, namespace: str, plural: str, name: str) -> dict[str, Any]:

@@ -49,4 +49,10 @@ def test_the_k8s_base_passes_a_server_side_dry_run(devcluster: Cluster, controll
     assert result.returncode == 0, result.stderr
     applied = [line for line in result.stdout.splitlines() if line.endswith("(server dry run)")]
     kinds = {line.split("/", 1)[0] for line in applied}
-    assert {"deployment.apps", "mutatingwebhookconfiguration.admissionregistration.k8s.io", "configmap"} <= kinds, result.stdout
+    assert {
+        "deployment.apps",
+        "mutatingwebhookconfiguration.admissionregistration.k8s.io",
+        "configmap",
+        "validatingadmissionpolicy.admissionregistration.k8s.io",  # its CEL compiled by the API server
+        "validatingadmissionpolicybinding.admissionregistration.k8s.io",
+    } <= kinds, result.stdout

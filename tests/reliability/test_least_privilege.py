@@ -42,7 +42,7 @@ EVERY_USER = (
     | rules(["authentication.k8s.io"], ["selfsubjectreviews"], ["create"])
     | rules(["certificates.k8s.io"], ["clustertrustbundles"], READ)
 )
-# k8s/rbac-cluster.yaml: caches, the pool taint, evictions, Events, its own webhook's caBundle.
+# k8s/rbac-cluster.yaml: caches, the pool taint, evictions, Events, its own webhook's caBundle, the pool guard's binding.
 CLUSTER_WIDE = (
     rules([""], ["nodes"], [*READ, "patch"])
     | rules([""], ["namespaces"], READ)
@@ -51,14 +51,17 @@ CLUSTER_WIDE = (
     | rules(["tekton.dev"], ["tasks", "stepactions", "pipelines", "taskruns", "pipelineruns"], READ)
     | rules(["events.k8s.io"], ["events"], ["create", "patch"])
     | rules(["admissionregistration.k8s.io"], ["mutatingwebhookconfigurations"], ["get", "update"], ["egress-placer"])
+    | rules(["admissionregistration.k8s.io"], ["validatingadmissionpolicybindings"], ["get", "update"], ["egress-placer-pool-guard"])
 )
-# k8s/rbac-namespace.yaml: the leader Lease, the webhook's TLS Secret, the policy ConfigMap.
+# k8s/rbac-namespace.yaml: the leader Lease, the webhook's TLS Secret, the policy ConfigMap, the pool guard's params.
 OWN_NAMESPACE = (
     rules(["coordination.k8s.io"], ["leases"], ["get", "update"], ["egress-placer-leader"])
     | rules(["coordination.k8s.io"], ["leases"], ["create"])
     | rules([""], ["secrets"], ["get", "patch"], ["egress-placer-webhook-tls"])
     | rules([""], ["secrets"], ["create"])
     | rules([""], ["configmaps"], READ, ["egress-placer-policy"])
+    | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-pool-guard"])
+    | rules([""], ["configmaps"], ["create"])
 )
 # k8s/rbac-tekton.yaml: Tekton's feature flags (the affinity assistant's coschedule mode).
 TEKTON = rules([""], ["configmaps"], READ, ["feature-flags"])

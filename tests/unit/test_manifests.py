@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from controller.core.guard import GUARD_NAME
 from controller.core.model import NamespaceState
 from controller.core.policy import load_policy
 from controller.settings import Settings
@@ -32,7 +33,10 @@ SERVICE_ACCOUNT = "egress-placer"
 SKIP_LABEL = ("egress-placer.io/webhook", "skip")
 POOL_TAINT_KEY = "egress-placer.io/pool"
 NOT_RESOURCES = {"kustomization.yaml", "policy.yaml"}  # kustomize input, and the policy document
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}
+CLUSTER_SCOPED = {
+    "Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+}
 
 
 def default(field: str) -> Any:
@@ -62,11 +66,14 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
         ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", v, default("webhook_config_name"))
         for v in ("get", "update")
     },
+    *{("cluster", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", v, GUARD_NAME) for v in ("get", "update")},
     *{(NAMESPACE, "coordination.k8s.io", "leases", v, default("lease_name")) for v in ("get", "update")},
     (NAMESPACE, "coordination.k8s.io", "leases", "create", ANY),
     *{(NAMESPACE, "", "secrets", v, default("tls_secret")) for v in ("get", "patch")},
     (NAMESPACE, "", "secrets", "create", ANY),
     *{(NAMESPACE, "", "configmaps", v, default("policy_configmap")) for v in ("get", "list", "watch")},
+    *{(NAMESPACE, "", "configmaps", v, GUARD_NAME) for v in ("get", "update")},
+    (NAMESPACE, "", "configmaps", "create", ANY),
     *{(TEKTON_NS, "", "configmaps", v, "feature-flags") for v in ("get", "list", "watch")},
 }
 

@@ -11,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.core.model import NamespaceState, NodeState, Taint
-from controller.core.policy import LabelSelector, PlacementPolicy, PolicyError, Pool, load_policy
+from controller.core.policy import (
+    LabelSelector,
+    PlacementPolicy,
+    PolicyError,
+    Pool,
+    agent_namespaces,
+    is_agent_namespace,
+    load_policy,
+)
 
 EXAMPLE = Path(__file__).parents[2] / "config" / "policy.example.yaml"
 
@@ -45,6 +53,7 @@ def test_the_example_policy_is_valid_and_uses_every_field() -> None:
     assert overseas.namespace_selector is not None and overseas.namespace_selector.match_expressions[0].operator == "NotIn"
     assert policy.pools[1].placement == "preferred" and policy.pools[1].images == ()
     assert policy.exempt_namespaces == ("kube-system", "kube-node-lease", "kube-public")
+    assert policy.agent_namespaces == ("kube-system", "monitoring")
 
 
 def test_defaults() -> None:
@@ -88,6 +97,8 @@ def test_defaults() -> None:
          "policy.yaml:14: pools[0].taint.effect: Input should be 'NoSchedule', 'PreferNoSchedule' or 'NoExecute'"),
         (GOOD + "    taint: {key: k, value: v}\n", "policy.yaml:14: pools[0].taint.value: Extra inputs are not permitted"),
         (GOOD.replace("egress: allowed", "egress: 1"), "policy.yaml:11: pools[0].namespaceSelector.matchLabels.egress: Input should be a valid string"),
+        (GOOD + "agentNamespaces: [Monitoring]\n", "policy.yaml:14: agentNamespaces[0]: 'Monitoring' is not a DNS-1123 label"),
+        (GOOD + "agentNamespaces: monitoring\n", "policy.yaml:14: agentNamespaces: Input should be a valid tuple"),
         (GOOD.replace("kind: PlacementPolicy", "kind: Policy"), "policy.yaml:2: kind: Input should be 'PlacementPolicy'"),
         (GOOD.replace("apiVersion: egress-placer.io/v1alpha1\n", ""), "policy.yaml:1: apiVersion: Field required"),
         (GOOD.replace("  - name: overseas\n", "  - placement: preferred\n", 1).replace("    placement: required\n", ""), "policy.yaml:4: pools[0].name: Field required"),
@@ -237,3 +248,24 @@ def test_taint_toleration_and_lookups() -> None:
 def test_policies_are_immutable() -> None:
     with pytest.raises(Exception):
         OVERSEAS.name = "other"  # type: ignore[misc]
+
+
+# -- agent namespaces (where node agents may run on pools) ------------------------------------------------
+@pytest.mark.parametrize(
+    ("document", "namespace", "agent"),
+    [
+        ("", "kube-system", True),  # default: the exempt namespaces
+        ("", "kube-public", True),
+        ("", "monitoring", False),
+        ("exemptNamespaces: [ops]\n", "ops", True),  # the default follows the exempt namespaces
+        ("exemptNamespaces: [ops]\n", "kube-system", False),
+        ("agentNamespaces: [monitoring]\n", "monitoring", True),
+        ("agentNamespaces: [monitoring]\n", "kube-system", False),  # set: replaces the default
+        ("agentNamespaces: []\n", "kube-system", False),  # no namespace may run agents on pools
+        ("agentNamespaces: [monitoring]\n", "monitoring-evil", False),  # exact names, not globs
+    ],
+)
+def test_agent_namespaces_default_to_the_exempt_namespaces(document: str, namespace: str, agent: bool) -> None:
+    policy = load_policy(HEADER + document)
+    assert is_agent_namespace(policy, namespace) is agent
+    assert (namespace in agent_namespaces(policy)) is agent

@@ -1,0 +1,156 @@
+"""The pool guard reconciler against a ClusterState and a recording fake (no cluster): it creates the
+params when missing, writes them again only when the policy or the pool nodes change, puts back what
+someone else changed once the verify period has passed, keeps the binding's left-out namespaces and
+params reference (and nothing else of it) to the policy, never creates the binding, and survives
+failures."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+from controller.core.guard import GUARD_NAME, guard_params, policy_binding
+from controller.core.model import NodeState
+from controller.core.policy import load_policy
+from controller.reconcile.pool_guard import PARAMS_LABELS, PoolGuardReconciler
+from controller.state import ClusterState
+
+NAMESPACE = "egress-placer"
+POLICY_TEXT = """
+apiVersion: egress-placer.io/v1alpha1
+kind: PlacementPolicy
+pools:
+  - name: overseas
+    nodeSelector: {egress: "yes"}
+    namespaces: ["team-*"]
+"""
+POLICY = load_policy(POLICY_TEXT)
+
+
+def node(name: str, pool: bool) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "resourceVersion": "1", "labels": {"egress": "yes"} if pool else {}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+class FakeApi:
+    """The params ConfigMap and the binding as the API server would keep them."""
+
+    def __init__(self, binding: bool = True, fail: int = 0) -> None:
+        self.configmap: dict[str, Any] | None = None
+        self.binding: dict[str, Any] | None = None
+        if binding:  # as installed from k8s/ and defaulted by the API server
+            self.binding = copy.deepcopy(policy_binding(load_policy(POLICY_TEXT.replace("pools:", "exemptNamespaces: [kube-system]\npools:")), NAMESPACE))
+            self.binding["metadata"]["resourceVersion"] = "1"
+            self.binding["spec"]["matchResources"]["objectSelector"] = {}
+            self.binding["spec"]["matchResources"]["matchPolicy"] = "Equivalent"
+        self.writes: list[str] = []
+        self.fail = fail
+
+    def _maybe_fail(self) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("API down")
+
+    def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._maybe_fail()
+        assert (namespace, name) == (NAMESPACE, GUARD_NAME)
+        return copy.deepcopy(self.configmap)
+
+    def create_configmap(self, namespace: str, name: str, data: Mapping[str, str], labels: Mapping[str, str]) -> None:
+        assert self.configmap is None
+        self.configmap = {"metadata": {"name": name, "namespace": namespace, "labels": dict(labels), "resourceVersion": "1"}, "data": dict(data)}
+        self.writes.append("create-params")
+
+    def replace_configmap(self, configmap: Mapping[str, Any]) -> None:
+        assert self.configmap is not None and configmap["metadata"]["resourceVersion"] == self.configmap["metadata"]["resourceVersion"]
+        self.configmap = copy.deepcopy(dict(configmap))
+        self.writes.append("replace-params")
+
+    def read_policy_binding(self, name: str) -> dict[str, Any] | None:
+        self._maybe_fail()
+        return copy.deepcopy(self.binding)
+
+    def replace_policy_binding(self, binding: Mapping[str, Any]) -> None:
+        self.binding = copy.deepcopy(dict(binding))
+        self.writes.append("replace-binding")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def setup(api: FakeApi, *nodes: dict[str, Any]) -> tuple[ClusterState, PoolGuardReconciler, Clock]:
+    state = ClusterState(POLICY, clock=lambda: 0.0)
+    state.replace("Node", list(nodes))
+    clock = Clock()
+    return state, PoolGuardReconciler(state, api, NAMESPACE, clock=clock, verify_seconds=30), clock
+
+
+def test_missing_params_are_created_and_the_binding_follows_the_policy() -> None:
+    api = FakeApi()
+    _, reconcile, _ = setup(api, node("egress-1", True), node("node-1", False))
+    assert reconcile() == ["params", "binding"]
+    assert api.configmap is not None
+    assert api.configmap["data"] == guard_params(POLICY, [NodeState("egress-1", {"egress": "yes"}), NodeState("node-1")])
+    assert api.configmap["data"]["egress-1"] == "overseas" and "node-1" not in api.configmap["data"]
+    assert api.configmap["metadata"]["labels"] == PARAMS_LABELS
+    selector = api.binding["spec"]["matchResources"]["namespaceSelector"]  # type: ignore[index]
+    assert selector == policy_binding(POLICY, NAMESPACE)["spec"]["matchResources"]["namespaceSelector"]
+    assert api.binding["spec"]["matchResources"]["matchPolicy"] == "Equivalent"  # type: ignore[index]  # the rest kept
+
+
+def test_nothing_is_written_again_until_something_changes() -> None:
+    api = FakeApi()
+    state, reconcile, clock = setup(api, node("egress-1", True))
+    reconcile()
+    api.writes.clear()
+    clock.now = 10
+    assert reconcile() == [] and api.writes == []
+    state.replace("Node", [node("egress-1", True), node("egress-2", True)])
+    assert reconcile() == ["params"]
+    assert api.configmap["data"]["egress-2"] == "overseas"  # type: ignore[index]
+
+
+def test_a_deleted_or_edited_params_object_is_put_back_after_the_verify_period() -> None:
+    api = FakeApi()
+    _, reconcile, clock = setup(api, node("egress-1", True))
+    reconcile()
+    api.configmap = None
+    clock.now = 10
+    assert reconcile() == []  # within the verify period, from what it wrote last
+    clock.now = 31
+    assert reconcile() == ["params"]
+    api.configmap["data"]["egress-1"] = "nothing"  # type: ignore[index]
+    clock.now = 62
+    assert reconcile() == ["params"] and api.configmap["data"]["egress-1"] == "overseas"  # type: ignore[index]
+
+
+def test_the_binding_is_never_created() -> None:
+    api = FakeApi(binding=False)
+    _, reconcile, _ = setup(api, node("egress-1", True))
+    assert reconcile() == ["params"]
+    assert api.binding is None
+
+
+def test_a_failed_pass_is_tried_again_at_once() -> None:
+    api = FakeApi(fail=1)
+    _, reconcile, _ = setup(api, node("egress-1", True))
+    assert reconcile() == []
+    assert reconcile() == ["params", "binding"]
+
+
+def test_a_policy_change_moves_the_binding_and_the_params() -> None:
+    api = FakeApi()
+    state, reconcile, _ = setup(api, node("egress-1", True))
+    reconcile()
+    state.set_policy(load_policy(POLICY_TEXT.replace("pools:", "agentNamespaces: [monitoring]\npools:")))
+    assert reconcile() == ["binding"]
+    assert api.binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == [  # type: ignore[index]
+        "kube-node-lease", "kube-public", "kube-system", "monitoring",
+    ]
