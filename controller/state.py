@@ -6,7 +6,8 @@ Only the fields the core needs are kept (NodeState, NamespaceState, PodState, th
 index, run names), so memory stays small on big clusters.
 
 `subscribe(callback)` tells the reconcile loop that something it acts on changed: nodes,
-namespaces, the policy, Tekton's coschedule flag, and pods on pool nodes (other pods do not wake it).
+namespaces, the policy, Tekton's coschedule flag, DaemonSets coming and going (they decide which pods
+are node agents), and pods on pool nodes (other pods do not wake it).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from loguru import logger
 from controller.core.balance import LoadLedger, choose_node, eligible_nodes, ledger_key
 from controller.core.egress import Measurement, RatioFigure, rank_nodes
 from controller.core.images import TASKRUN_LABEL, TektonObjects
-from controller.core.model import DECISION_ANNOTATION, NamespaceState, NodeLoad, NodeState, PodState
+from controller.core.model import (
+    DECISION_ANNOTATION,
+    DaemonSetState,
+    NamespaceState,
+    NodeLoad,
+    NodeState,
+    PodState,
+)
 from controller.core.policy import PlacementPolicy, Pool
 
 RUN_KINDS = ("TaskRun", "PipelineRun")
@@ -45,6 +53,7 @@ class ClusterState:
         self.nodes: dict[str, NodeState] = {}
         self.namespaces: dict[str, NamespaceState] = {}
         self.pods: dict[PodKey, PodState] = {}
+        self.daemonsets: dict[str, DaemonSetState] = {}  # by uid: what a pod's DaemonSet owner must resolve to
         self._pods_by_node: dict[str, set[PodKey]] = {}
         self.tekton = TektonObjects()
         self.ledger = LoadLedger()
@@ -113,6 +122,13 @@ class ClusterState:
                     self.namespaces[name] = NamespaceState.from_namespace(obj)
             elif kind == "Pod":
                 notify = self._apply_pod(PodState.from_pod(obj), deleted)
+            elif kind == "DaemonSet":
+                daemonset = DaemonSetState.from_daemonset(obj)
+                if deleted:
+                    notify = self.daemonsets.pop(daemonset.uid, None) is not None
+                else:  # status updates change nothing kept here: no pass for them
+                    notify = self.daemonsets.get(daemonset.uid) != daemonset
+                    self.daemonsets[daemonset.uid] = daemonset
             elif kind in TektonObjects.KINDS:
                 meta = obj["metadata"]
                 if deleted:
@@ -143,13 +159,15 @@ class ClusterState:
                 self._pods_by_node.clear()
                 for o in objs:
                     self._apply_pod(PodState.from_pod(o), False)
+            elif kind == "DaemonSet":
+                self.daemonsets = {d.uid: d for d in map(DaemonSetState.from_daemonset, objs)}
             elif kind in TektonObjects.KINDS:
                 self.tekton.replace_kind(kind, [dict(o) for o in objs])
             elif kind in RUN_KINDS:
                 self._runs = {k: v for k, v in self._runs.items() if k[0] != kind}
                 for o in objs:
                     self._runs[_run_key(kind, o)] = DECISION_ANNOTATION in (o["metadata"].get("annotations") or {})
-        if kind in ("Node", "Namespace", "Pod"):
+        if kind in ("Node", "Namespace", "Pod", "DaemonSet"):
             self._notify(kind)
 
     def _apply_pod(self, pod: PodState, deleted: bool) -> bool:
@@ -186,6 +204,15 @@ class ClusterState:
     def namespace_map(self) -> dict[str, NamespaceState]:
         with self._lock:
             return dict(self.namespaces)
+
+    def daemonset_map(self) -> dict[str, DaemonSetState]:
+        """A snapshot of the DaemonSets by uid (for reconcilers)."""
+        with self._lock:
+            return dict(self.daemonsets)
+
+    def node(self, name: str) -> NodeState | None:
+        with self._lock:
+            return self.nodes.get(name)
 
     def node_resource_version(self, name: str) -> str | None:
         """The node's resourceVersion as last seen (the precondition of a taint write)."""

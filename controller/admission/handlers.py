@@ -10,8 +10,10 @@ the server turns into HTTP 400.
   Coscheduled TaskRuns (affinity assistant) never get a placement added here.
 - PipelineRun CREATE: a per-task summary. Coscheduled runs are moved whole to a pool through
   `taskRunTemplate.podTemplate` (v1; `spec.podTemplate` in v1beta1) when their tasks agree on one.
-- Pod CREATE: Tekton pods are placed again with fresh load (their images are final); DaemonSet
-  pods tolerate every pool taint; any other pod loses pool tolerations and pool constraints.
+- Pod CREATE: Tekton pods are placed again with fresh load (their images are final); node agents
+  (pods of a real DaemonSet of an agent namespace, resolved by uid in the cache) tolerate every pool
+  taint; kubelets' mirror pods are left alone; any other pod loses pool tolerations and pool
+  constraints, and a `nodeName` of a pool node its namespace may not use.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from loguru import logger
 from controller.core.balance import choose_node, ledger_key
 from controller.core.decide import decide
 from controller.core.images import TASKRUN_LABEL, WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
-from controller.core.model import DECISION_ANNOTATION, Decision, NamespaceState, NodeLoad, Reason
+from controller.core.intruders import Agent, daemonset_agent, is_mirror_pod, refused_pool
+from controller.core.model import DECISION_ANNOTATION, Decision, NamespaceState, NodeLoad, Reason, owner_refs
 from controller.core.patches import json_patch, place, tolerates, unplace
 from controller.core.policy import PlacementPolicy, Pool
 from controller.event_sink import EventSink
@@ -38,7 +41,6 @@ from controller.state import ClusterState
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 AFFINITY_ASSISTANT_ANNOTATION = "pipeline.tekton.dev/affinity-assistant"
 COMPONENT_LABEL, AFFINITY_ASSISTANT_COMPONENT = "app.kubernetes.io/component", "affinity-assistant"
-MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
 MAX_IMAGES_IN_ANNOTATION = 20
 # Tekton's `coschedule` feature flag (feature-flags ConfigMap).
 WARNING_REASONS = {Reason.UNRESOLVED: "Unresolved", Reason.UNKNOWN_POOL: "UnknownPool"}
@@ -215,7 +217,7 @@ class Admission:
             if request.kind == "PipelineRun":
                 return self._pipelinerun(request, warnings)
         if request.group == "" and request.version == "v1" and request.kind == "Pod":
-            return self._pod(request)
+            return self._pod(request, warnings)
         return []
 
     # -- TaskRun ------------------------------------------------------------------------------------
@@ -318,24 +320,52 @@ class Admission:
 
     # -- Pod ----------------------------------------------------------------------------------------
 
-    def _pod(self, request: Request) -> Patch:
+    def _pod(self, request: Request, warnings: list[str]) -> Patch:
         policy = self.state.policy
         pod = request.object
         spec = pod.get("spec")
-        if not isinstance(spec, Mapping) or MIRROR_POD_ANNOTATION in request.annotations:
+        if not isinstance(spec, Mapping):
             return []
-        if "DaemonSet" in _owner_kinds(request.metadata):
+        owners = owner_refs(request.metadata)
+        node_name = _text(spec.get("nodeName"))
+        # The same trust as the intruder check (core.intruders), on the facts the tenant cannot forge:
+        # a mirror pod's Node owner must carry its node's uid; a DaemonSet owner must resolve by uid to a
+        # real DaemonSet of this (the request's) namespace, and that namespace must be an agent namespace.
+        if is_mirror_pod(request.annotations, owners, node_name, self.state.node(node_name) if node_name else None):
+            return []
+        agent = daemonset_agent(policy, request.namespace, owners, self.state.daemonsets)
+        if agent is Agent.TRUSTED:
             tolerations = _daemonset_tolerations(spec.get("tolerations"), policy)
             return _ops_at(pod, ("spec", "tolerations"), tolerations)
+        if agent is Agent.UNRESOLVED:  # an agent namespace's, DaemonSet not in the cache yet: left as it
+            return []  # is; the intruder check decides once the cache has it (or evicts it, if it never comes)
         if request.namespace in policy.exempt_namespaces:
             return []
-        current = {k: spec[k] for k in _SPEC_PLACEMENT_FIELDS if spec.get(k) is not None}
         namespace = self.state.namespace(request.namespace)
+        patch = self._ordinary_pod(request, spec, namespace, policy)
+        if node_name:
+            refused = refused_pool(policy, node_name, self.state.node(node_name), namespace)
+            if refused is not None:
+                # nodeName skips the scheduler, and with it the pool taint: the pod goes to the scheduler,
+                # which keeps it off the pool like any other pod without the toleration.
+                patch.append({"op": "remove", "path": "/spec/nodeName"})
+                warnings.append(
+                    f"egress-placer: nodeName {node_name} removed: it is a node of pool {refused.name}, "
+                    f"which namespace {request.namespace} may not use"
+                )
+        return patch
+
+    def _ordinary_pod(
+        self, request: Request, spec: Mapping[str, Any], namespace: NamespaceState, policy: PlacementPolicy
+    ) -> Patch:
+        """A pod of a non-exempt namespace that is no node agent: Tekton pods placed, the affinity
+        assistant kept where its namespace may go, any other pod stripped of pool placement."""
+        current = {k: spec[k] for k in _SPEC_PLACEMENT_FIELDS if spec.get(k) is not None}
         labels = request.labels
         if labels.get(COMPONENT_LABEL) == AFFINITY_ASSISTANT_COMPONENT or AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
             placement = _keep_if_allowed(current, policy, namespace, "coscheduled")
             return json_patch(current, placement.template, "/spec")
-        if is_tekton_pod(pod):
+        if is_tekton_pod(request.object):
             return self._tekton_pod(request, current, namespace, policy)
         if _carries_pool_toleration(current.get("tolerations"), policy):
             return json_patch(current, unplace(current, policy), "/spec")
@@ -507,11 +537,6 @@ def _daemonset_tolerations(tolerations: Any, policy: PlacementPolicy) -> list[An
         if not any(isinstance(t, Mapping) and tolerates(t, taint) for t in out):
             out.append({"key": taint.key, "operator": "Exists", "effect": taint.effect})
     return out
-
-
-def _owner_kinds(meta: Mapping[str, Any]) -> list[str]:
-    owners = meta.get("ownerReferences")
-    return [_text(o.get("kind")) for o in owners if isinstance(o, Mapping)] if isinstance(owners, list) else []
 
 
 def _loads(loads: Mapping[str, NodeLoad]) -> dict[str, str]:

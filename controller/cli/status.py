@@ -54,7 +54,7 @@ def _items(api: KubeApi, path: str) -> list[dict[str, Any]]:
 
 def pool_rows(state: ClusterState) -> list[PoolNodeRow]:
     policy = state.policy
-    intruders = find_intruders(policy, state.nodes, state.pods.values(), state.namespace_map())
+    intruders = find_intruders(policy, state.nodes, state.pods.values(), state.namespace_map(), state.daemonset_map())
     rows = []
     for pool in policy.pools:
         loads = state.loads(pool)
@@ -122,13 +122,14 @@ def print_rows(rows: list[PoolNodeRow], out: TextIO) -> None:
 
 
 def read_cluster(settings: Settings) -> ClusterState:
-    """The policy, nodes, namespaces and pods, read once; CommandError when any cannot be read."""
+    """The policy, nodes, namespaces, pods and DaemonSets, read once; CommandError when any cannot be read."""
     try:
         api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
         state = ClusterState(read_policy(settings, api), clock=time.time)
         state.replace("Node", _items(api, "/api/v1/nodes"))
         state.replace("Namespace", _items(api, "/api/v1/namespaces"))
         state.replace("Pod", _items(api, "/api/v1/pods"))
+        state.replace("DaemonSet", _items(api, "/apis/apps/v1/daemonsets"))
     except PolicyError as e:
         raise CommandError(f"invalid policy: {e}") from None
     except Exception as e:  # no kubeconfig, no API server, a refused request, an unreadable policy file

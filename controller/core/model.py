@@ -58,6 +58,7 @@ class NodeState:
     ready: bool = True
     unschedulable: bool = False
     allocatable_pods: int = 110
+    uid: str = ""  # set by the API server: what a mirror pod's Node owner must name
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any]) -> "NodeState":
@@ -78,6 +79,7 @@ class NodeState:
             ready=ready,
             unschedulable=bool(spec.get("unschedulable")),
             allocatable_pods=pods,
+            uid=_text(meta.get("uid")),
         )
 
 
@@ -139,6 +141,55 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class OwnerRef:
+    """One ownerReference of an object, as written: the tenant's to write, so it proves nothing until
+    it is resolved against what the API server made (see core.intruders)."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool = False
+
+
+def owner_refs(meta: Any) -> tuple[OwnerRef, ...]:
+    """The ownerReferences of `meta` (an object's metadata), skipping entries that are not objects;
+    fields of the wrong type read as empty (admission sees whatever the tenant sent)."""
+    owners = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    if not isinstance(owners, list):
+        return ()
+    return tuple(
+        OwnerRef(
+            api_version=_text(o.get("apiVersion")),
+            kind=_text(o.get("kind")),
+            name=_text(o.get("name")),
+            uid=_text(o.get("uid")),
+            controller=o.get("controller") is True,
+        )
+        for o in owners
+        if isinstance(o, Mapping)
+    )
+
+
+@dataclass(frozen=True)
+class DaemonSetState:
+    """A DaemonSet as the API server has it (trimmed to who it is): what a pod's DaemonSet owner must
+    resolve to before the pod is trusted as a node agent."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    @classmethod
+    def from_daemonset(cls, ds: Mapping[str, Any]) -> "DaemonSetState":
+        meta = ds.get("metadata") or {}
+        return cls(namespace=meta.get("namespace") or "default", name=meta["name"], uid=meta.get("uid") or "")
+
+
+DEFAULT_GRACE_SECONDS = 30  # the API server's default terminationGracePeriodSeconds
+
+
+@dataclass(frozen=True)
 class PodState:
     """What the core needs to know about a pod (trimmed from the Pod object)."""
 
@@ -146,12 +197,25 @@ class PodState:
     name: str
     node_name: str | None = None
     phase: str = "Pending"
-    owner_kinds: tuple[str, ...] = ()  # kinds of the ownerReferences, e.g. ("DaemonSet",)
+    owners: tuple[OwnerRef, ...] = ()  # the ownerReferences as written (by the tenant, for a bare pod)
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     deleting: bool = False
     uid: str = ""  # this pod, not a later one of the same name (preconditions of evictions and deletes)
+    # Seconds its containers get to stop: the deletion's grace once it is being deleted, else its own
+    # terminationGracePeriodSeconds (the tenant's to choose: a day, with a process that ignores SIGTERM).
+    grace_seconds: int = DEFAULT_GRACE_SECONDS
+
+    @property
+    def owner_kinds(self) -> tuple[str, ...]:
+        """The kinds its ownerReferences claim (load counting only: a claim proves nothing)."""
+        return tuple(o.kind for o in self.owners)
+
+    @property
+    def on_node(self) -> bool:
+        """Pending or running on its node, being deleted or not: it holds the node until it is gone."""
+        return self.phase in ("Pending", "Running") and bool(self.node_name)
 
     @property
     def active(self) -> bool:
@@ -168,10 +232,23 @@ class PodState:
             name=meta["name"],
             node_name=spec.get("nodeName") or None,
             phase=status.get("phase") or "Pending",
-            owner_kinds=tuple(o.get("kind", "") for o in meta.get("ownerReferences") or []),
+            owners=owner_refs(meta),
             labels=dict(meta.get("labels") or {}),
             annotations=dict(meta.get("annotations") or {}),
             tolerations=tuple(spec.get("tolerations") or ()),
             deleting=bool(meta.get("deletionTimestamp")),
             uid=meta.get("uid") or "",
+            grace_seconds=_grace(meta.get("deletionGracePeriodSeconds"), spec.get("terminationGracePeriodSeconds")),
         )
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _grace(deletion: Any, spec: Any) -> int:
+    """The deletion's grace when set, else the pod's own, else the API server's default."""
+    for value in (deletion, spec):
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return DEFAULT_GRACE_SECONDS

@@ -52,6 +52,8 @@ def trim_metadata(meta: Mapping[str, Any]) -> Obj:
     for key in ("namespace", "uid", "resourceVersion", "deletionTimestamp", "labels"):
         if meta.get(key):
             out[key] = meta[key]
+    if meta.get("deletionGracePeriodSeconds") is not None:  # 0 counts
+        out["deletionGracePeriodSeconds"] = meta["deletionGracePeriodSeconds"]
     annotations = meta.get("annotations")
     if annotations:
         out["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
@@ -85,11 +87,19 @@ def trim_pod(obj: Mapping[str, Any]) -> Obj:
     spec = obj.get("spec") or {}
     out["spec"] = {
         "nodeName": spec.get("nodeName"),
+        "terminationGracePeriodSeconds": spec.get("terminationGracePeriodSeconds"),
         "tolerations": spec.get("tolerations") or [],
         "containers": [{"name": c.get("name"), "image": c.get("image")} for c in spec.get("containers") or []],
     }
     out["status"] = {"phase": (obj.get("status") or {}).get("phase") or "Pending"}
     return out
+
+
+def trim_daemonset(obj: Mapping[str, Any]) -> Obj:
+    """Who the DaemonSet is (namespace, name, uid), nothing else: what a pod's owner must resolve to."""
+    meta = obj.get("metadata") or {}
+    kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if meta.get(k)}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": kept}
 
 
 def trimmer(api_version: str, kind: str, keep: Sequence[str] = ()) -> Trim:
@@ -130,6 +140,10 @@ def namespaces() -> Resource:
 
 def pods() -> Resource:
     return Resource("pods", "Pod", "/api/v1/pods", trim_pod)
+
+
+def daemonsets() -> Resource:
+    return Resource("daemonsets", "DaemonSet", "/apis/apps/v1/daemonsets", trim_daemonset)
 
 
 TEKTON_RESOURCES: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -391,7 +405,7 @@ def cluster_informers(
 ) -> list[Informer]:
     """The informers that feed the controller's state (not started). The policy ConfigMap has its own
     (see policy_source)."""
-    resources = [nodes(), namespaces(), pods(), *(tekton(k) for k in TEKTON_RESOURCES)]
+    resources = [nodes(), namespaces(), pods(), daemonsets(), *(tekton(k) for k in TEKTON_RESOURCES)]
     out = [
         Informer(
             api,

@@ -18,7 +18,7 @@ from typing import Any, Callable, Literal, Protocol
 from loguru import logger
 
 from controller.core.intruders import Intruder, find_intruders
-from controller.core.model import NamespaceState, NodeState, PodState
+from controller.core.model import DaemonSetState, NamespaceState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
 from controller.event_sink import EventSink
 from controller.metrics import Metrics
@@ -37,6 +37,8 @@ class PodSource(Protocol):
     def node_list(self) -> list[NodeState]: ...
 
     def namespace_map(self) -> dict[str, NamespaceState]: ...
+
+    def daemonset_map(self) -> dict[str, DaemonSetState]: ...
 
     def pods_on(self, node: str) -> list[PodState]: ...
 
@@ -84,7 +86,7 @@ class IntruderReconciler:
         pool_nodes = {name for name, n in nodes.items() if policy.pool_of(n) is not None}
         pool_nodes.update(name for pool in policy.pools for name in pool.nodes)
         pods = [pod for node in sorted(pool_nodes) for pod in self.state.pods_on(node)]
-        return find_intruders(policy, nodes, pods, self.state.namespace_map())
+        return find_intruders(policy, nodes, pods, self.state.namespace_map(), self.state.daemonset_map())
 
     def reconcile(self) -> list[Intruder]:
         """One pass; the intruders acted on (evicted or reported) in this pass."""

@@ -48,6 +48,7 @@ CLUSTER_WIDE = (
     | rules([""], ["namespaces"], READ)
     | rules([""], ["pods"], [*READ, "delete"])
     | rules([""], ["pods/eviction"], ["create"])
+    | rules(["apps"], ["daemonsets"], ["list", "watch"])
     | rules(["tekton.dev"], ["tasks", "stepactions", "pipelines", "taskruns", "pipelineruns"], READ)
     | rules(["events.k8s.io"], ["events"], ["create", "patch"])
     | rules(["admissionregistration.k8s.io"], ["mutatingwebhookconfigurations"], ["get", "update"], ["egress-placer"])

@@ -149,19 +149,32 @@ def tekton_pod(image: str = KANIKO_IMAGE, namespace: str = "team-ci", name: str 
     }
 
 
-def plain_pod(namespace: str = "team-other", *, tolerations: list | None = None, owner: str | None = None,
-              labels: dict | None = None, annotations: dict | None = None, affinity: dict | None = None) -> dict:
+def plain_pod(namespace: str = "team-other", *, tolerations: list | None = None, owner: str | dict | None = None,
+              labels: dict | None = None, annotations: dict | None = None, affinity: dict | None = None,
+              node_name: str | None = None) -> dict:
     meta: dict[str, Any] = {"namespace": namespace, "generateName": "web-", "labels": labels or {}}
     if annotations:
         meta["annotations"] = annotations
-    if owner:
-        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": "x", "uid": "u"}]
+    if isinstance(owner, str):
+        meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": owner, "name": "x", "uid": "u", "controller": True}]
+    elif owner is not None:
+        meta["ownerReferences"] = [{"controller": True, **owner}]
     spec: dict[str, Any] = {"containers": [{"name": "web", "image": "nginx:1.27"}]}
     if tolerations is not None:
         spec["tolerations"] = tolerations
     if affinity is not None:
         spec["affinity"] = affinity
+    if node_name is not None:
+        spec["nodeName"] = node_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+AGENT = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "node-agent", "uid": "ds-uid-node-agent"}
+TENANT_DS = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "miner", "uid": "ds-uid-miner"}
+FAKE_DS = {"apiVersion": "extensions/v1beta1", "kind": "DaemonSet", "name": "node-agent", "uid": "0000-made-up"}
+KUBELET = {"apiVersion": "v1", "kind": "Node", "name": "egress-1", "uid": "node-uid-egress-1"}
+MIRROR = {"kubernetes.io/config.mirror": "x"}
+POOL_EXISTS = {"key": POOL_KEY, "operator": "Exists", "effect": "NoSchedule"}
 
 
 def decision_of(obj: dict) -> dict:
@@ -395,12 +408,22 @@ def test_opted_out_pod_loses_the_run_placement() -> None:
 @pytest.mark.parametrize(
     "pod, expected_tolerations",
     [
-        pytest.param(plain_pod(owner="DaemonSet"), [{"key": POOL_KEY, "operator": "Exists", "effect": "NoSchedule"}],
-                     id="daemonset-gets-toleration"),
-        pytest.param(plain_pod(namespace="kube-system", owner="DaemonSet"),
-                     [{"key": POOL_KEY, "operator": "Exists", "effect": "NoSchedule"}], id="daemonset-in-exempt-namespace"),
-        pytest.param(plain_pod(owner="DaemonSet", tolerations=[{"operator": "Exists"}]), [{"operator": "Exists"}],
-                     id="daemonset-tolerating-all-unchanged"),
+        pytest.param(plain_pod("kube-system", owner=AGENT), [POOL_EXISTS], id="node-agent-gets-toleration"),
+        pytest.param(plain_pod("kube-system", owner=AGENT, tolerations=[{"operator": "Exists"}]), [{"operator": "Exists"}],
+                     id="node-agent-tolerating-all-unchanged"),
+        pytest.param(plain_pod("kube-system", owner={**AGENT, "uid": "not-cached-yet"}), None,
+                     id="agent-namespace-unresolved-left-as-is"),
+        pytest.param(plain_pod(owner=TENANT_DS, tolerations=[EGRESS_TOLERATION]), None, id="tenant-daemonset-stripped"),
+        pytest.param(plain_pod(owner=TENANT_DS), None, id="tenant-daemonset-nothing-added"),
+        pytest.param(plain_pod(owner=FAKE_DS), None, id="fake-daemonset-owner-nothing-added"),
+        pytest.param(plain_pod(owner={**AGENT, "controller": False}), None, id="agent-uid-not-controller-nothing-added"),
+        pytest.param(plain_pod(owner=AGENT), None, id="agent-uid-copied-to-a-tenant-namespace-nothing-added"),
+        pytest.param(plain_pod(owner=KUBELET, annotations=MIRROR, node_name="egress-1", tolerations=[EGRESS_TOLERATION]),
+                     [EGRESS_TOLERATION], id="mirror-pod-left-alone"),
+        pytest.param(plain_pod(annotations=MIRROR, node_name="worker-1", tolerations=[EGRESS_TOLERATION]), None,
+                     id="forged-mirror-annotation-stripped"),
+        pytest.param(plain_pod(owner={**KUBELET, "uid": "guessed"}, annotations=MIRROR, node_name="egress-1",
+                               tolerations=[EGRESS_TOLERATION]), None, id="forged-mirror-owner-stripped"),
         pytest.param(plain_pod(tolerations=[EGRESS_TOLERATION]), None, id="bare-pod-stripped"),
         pytest.param(plain_pod(owner="ReplicaSet", tolerations=[EGRESS_TOLERATION, {"key": "x", "operator": "Exists"}]),
                      [{"key": "x", "operator": "Exists"}], id="deployment-pod-stripped"),
@@ -408,8 +431,6 @@ def test_opted_out_pod_loses_the_run_placement() -> None:
                      id="tolerate-all-pod-stripped"),
         pytest.param(plain_pod(namespace="kube-system", tolerations=[EGRESS_TOLERATION]), [EGRESS_TOLERATION],
                      id="exempt-namespace-left-alone"),
-        pytest.param(plain_pod(tolerations=[EGRESS_TOLERATION], annotations={"kubernetes.io/config.mirror": "x"}),
-                     [EGRESS_TOLERATION], id="mirror-pod-left-alone"),
         pytest.param(plain_pod(labels={"app.kubernetes.io/component": "affinity-assistant"}, namespace="team-ci",
                                tolerations=[EGRESS_TOLERATION]), [EGRESS_TOLERATION], id="assistant-allowed-kept"),
         pytest.param(plain_pod(labels={"app.kubernetes.io/component": "affinity-assistant"}, namespace="team-other",
@@ -424,6 +445,27 @@ def test_other_pods(pod: dict, expected_tolerations: list | None) -> None:
     assert patched["spec"].get("tolerations") == expected_tolerations
     assert all(op["path"].startswith("/spec/") for op in patch)
     assert env.events.sent == [] and len(env.state.ledger) == 0
+
+
+@pytest.mark.parametrize(
+    ("pod", "node_name", "warned"),
+    [
+        pytest.param(plain_pod(node_name="egress-1"), None, True, id="pool-node-by-label-removed"),
+        pytest.param(plain_pod(node_name="lab-1"), None, True, id="pool-node-by-name-removed"),
+        pytest.param(plain_pod(node_name="egress-1", owner="StatefulSet"), None, True, id="statefulset-pod-removed"),
+        pytest.param(plain_pod(node_name="egress-1", owner=FAKE_DS), None, True, id="fake-daemonset-pod-removed"),
+        pytest.param(plain_pod(node_name="worker-1"), "worker-1", False, id="ordinary-node-kept"),
+        pytest.param(plain_pod("team-ci", node_name="egress-1"), "egress-1", False, id="allowed-namespace-kept"),
+        pytest.param(plain_pod("kube-system", node_name="egress-1"), "egress-1", False, id="exempt-namespace-kept"),
+        pytest.param(plain_pod("kube-system", owner=AGENT, node_name="egress-1"), "egress-1", False, id="node-agent-kept"),
+    ],
+)
+def test_a_node_name_of_a_pool_node_the_namespace_may_not_use_is_removed(pod: dict, node_name: str | None, warned: bool) -> None:
+    # nodeName skips the scheduler and with it the pool taint (a StatefulSet template may set it).
+    env = Env()
+    response, patched, _ = env.review(pod)
+    assert patched["spec"].get("nodeName") == node_name
+    assert any("nodeName" in w for w in response.get("warnings", [])) is warned
 
 
 def test_coscheduled_tekton_pod_is_not_moved() -> None:

@@ -56,6 +56,7 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     *{("cluster", "", "namespaces", v, ANY) for v in ("get", "list", "watch")},
     *{("cluster", "", "pods", v, ANY) for v in ("get", "list", "watch", "delete")},
     ("cluster", "", "pods/eviction", "create", ANY),
+    *{("cluster", "apps", "daemonsets", v, ANY) for v in ("list", "watch")},
     *{
         ("cluster", "tekton.dev", r, v, ANY)
         for r in ("tasks", "stepactions", "pipelines", "taskruns", "pipelineruns")
@@ -274,6 +275,7 @@ def pod(
     labels: dict[str, str] | None = None,
     owners: list[str] | None = None,
     tolerations: list[dict[str, str]] | None = None,
+    node_name: str | None = None,
 ) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": "p", "namespace": "team-cdn"}
     if labels is not None:
@@ -283,6 +285,8 @@ def pod(
     spec: dict[str, Any] = {"containers": [{"name": "c", "image": "busybox"}]}
     if tolerations is not None:
         spec["tolerations"] = tolerations
+    if node_name is not None:
+        spec["nodeName"] = node_name
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
@@ -306,6 +310,8 @@ POD_CASES = [
     ("other toleration", pod(tolerations=[{"key": "gpu", "operator": "Exists"}]), False),
     ("empty tolerations", pod(tolerations=[]), False),
     ("keyless toleration without Exists", pod(tolerations=[{"effect": "NoSchedule"}]), False),
+    ("nodeName", pod(node_name="egress-1"), True),  # skips the scheduler: a pool node's is removed
+    ("empty nodeName", pod(node_name=""), False),
 ]
 
 

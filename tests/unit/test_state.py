@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from loguru import logger
 
 from controller.core.balance import ledger_key
-from controller.core.model import DECISION_ANNOTATION
+from controller.core.model import DECISION_ANNOTATION, DaemonSetState
 from controller.core.policy import load_policy
 from controller.state import POLICY, TEKTON_FLAGS, ClusterState
 
@@ -160,6 +160,21 @@ def test_changes_that_wake_subscribers(state, change, woken):
     state.subscribe(seen.append)
     change(state)
     assert seen == woken
+
+
+DS = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"namespace": "kube-system", "name": "agent", "uid": "ds-1"}}
+
+
+def test_daemonsets_are_kept_by_uid_and_wake_subscribers_only_when_they_come_or_go(state):
+    seen: list[str] = []
+    state.subscribe(seen.append)
+    state.apply("DaemonSet", "ADDED", DS)
+    state.apply("DaemonSet", "MODIFIED", {**DS, "status": {"numberReady": 3}})  # a status update: no pass
+    assert state.daemonset_map() == {"ds-1": DaemonSetState("kube-system", "agent", "ds-1")}
+    state.apply("DaemonSet", "DELETED", DS)
+    assert state.daemonset_map() == {} and seen == ["DaemonSet", "DaemonSet"]
+    state.replace("DaemonSet", [DS])
+    assert list(state.daemonset_map()) == ["ds-1"] and seen[-1] == "DaemonSet"
 
 
 def test_a_pod_leaving_a_pool_node_wakes_subscribers(state):
