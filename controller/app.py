@@ -150,7 +150,13 @@ class Controller:
         """The leader's reconcilers: pool taints, then intruders, then the API server's pool guard."""
         s = self.settings
         intruders = IntruderReconciler(
-            self.state, self.client, self.events, self.metrics, s.intruder_mode, budget_grace=s.intruder_budget_grace_seconds
+            self.state,
+            self.client,
+            self.events,
+            self.metrics,
+            s.intruder_mode,
+            budget_grace=s.intruder_budget_grace_seconds,
+            eviction_grace=s.intruder_eviction_grace_seconds,
         )
         return ReconcileLoop(
             self.state,

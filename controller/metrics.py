@@ -58,8 +58,24 @@ class Metrics:
         )
         self.evictions = self._counter(
             "intruder_evictions_total",
-            "Intruder pods found on pool nodes, by pool and outcome (evicted, reported, deferred by a PodDisruptionBudget, deleted after the budget grace, failed).",
+            "Steps taken against intruder pods on pool nodes, by pool and outcome: evicted, deferred (a "
+            "PodDisruptionBudget refused), deleted-past-budget-grace (refused for the whole budget grace), "
+            "deleted-after-grace (still there once the eviction's grace was over: deleted with grace 0), "
+            "reported (report mode), failed.",
             ["pool", "outcome"],
+        )
+        self.intruders_removed = self._counter(
+            "intruders_removed_total",
+            "Intruder pods gone from their pool node, by pool and the step that removed them: evicted, "
+            "deleted-after-grace, deleted-past-budget-grace, or left (gone before any step, or by itself).",
+            ["pool", "step"],
+        )
+        self.intruder_clear_seconds = Histogram(
+            "egress_placer_intruder_clear_seconds",
+            "Seconds from finding an intruder on a pool node to its being gone, by pool.",
+            ["pool"],
+            buckets=(0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300),
+            registry=self.registry,
         )
 
     def _adapters(self) -> None:

@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     # An intruder whose evictions a PodDisruptionBudget has refused this long is deleted; None (the
     # variable set to `never` or empty) honours budgets for ever.
     intruder_budget_grace_seconds: float | None = Field(default=30.0, ge=0)
+    # An intruder's eviction gives its containers at most this long to stop (its own grace, which the
+    # tenant chooses, may be a day); one still there afterwards is deleted with grace 0.
+    intruder_eviction_grace_seconds: int = Field(default=10, ge=0)
     # Coscheduled PipelineRuns (Tekton's affinity assistant): move the whole run to the pool when a
     # task needs it ("whole-run"), or leave the whole run on ordinary nodes ("off").
     coscheduled: Literal["whole-run", "off"] = "whole-run"

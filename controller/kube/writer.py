@@ -98,6 +98,15 @@ def _retry_after(error: BaseException | None) -> float:
         return 0.0
 
 
+def _delete_options(uid: str, grace_seconds: int | None) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if uid:
+        options["preconditions"] = {"uid": uid}
+    if grace_seconds is not None:
+        options["gracePeriodSeconds"] = grace_seconds
+    return options
+
+
 def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode("ascii")
 
@@ -187,16 +196,19 @@ class KubeClient:
         )
 
     # -- pods -----------------------------------------------------------------------------------------
-    def evict(self, namespace: str, name: str, uid: str = "") -> bool:
+    def evict(self, namespace: str, name: str, uid: str = "", grace_seconds: int | None = None) -> bool:
         """Evict a pod (policy/v1 Eviction, so PodDisruptionBudgets are honoured); with `uid`, only
-        that pod, not a later one of the same name.
+        that pod, not a later one of the same name; with `grace_seconds`, its containers get that long
+        to stop instead of the pod's own terminationGracePeriodSeconds (a pod already terminating with
+        a longer grace gets the shorter one: the API server only ever shortens it).
 
         True when the pod is being evicted or is already gone (or replaced); False when a
         PodDisruptionBudget does not allow it now (try again later).
         """
         body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
-        if uid:
-            body["deleteOptions"] = {"preconditions": {"uid": uid}}
+        options = _delete_options(uid, grace_seconds)
+        if options:
+            body["deleteOptions"] = options
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
         try:
             self.call("evict", lambda: self.api.call("POST", path, body=body))
@@ -208,11 +220,13 @@ class KubeClient:
             raise
         return True
 
-    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
+    def delete_pod(self, namespace: str, name: str, uid: str = "", grace_seconds: int | None = None) -> None:
         """Delete a pod (no PodDisruptionBudget asked); with `uid`, only that pod, not a later one of
-        the same name. A pod already gone (or replaced) is fine."""
+        the same name; with `grace_seconds` (0: at once, as a kubelet does once its containers stopped)
+        instead of the pod's own grace. A pod already gone (or replaced) is fine."""
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}} if uid else None
+        options = _delete_options(uid, grace_seconds)
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", **options} if options else None
         try:
             self.call("delete-pod", lambda: self.api.call("DELETE", path, body=body))
         except ApiError as e:

@@ -1,7 +1,9 @@
 """The leader's reconcilers against a ClusterState and recording fakes (no cluster): what the taint
-reconciler writes and does not write again, how the intruder reconciler evicts or reports once per
-window, retries refused evictions and deletes an intruder its budget shields past the grace, and that
-the loop runs only as leader, survives failures and comes back early for unfinished work."""
+reconciler writes and does not write again; how the intruder reconciler tracks each intruder by uid
+until it is gone: evicts it once with its own grace capped, deletes it with grace 0 when it is still
+there after that grace, retries refused evictions and deletes an intruder its budget shields past the
+budget grace, says which step removed it, or reports in report mode; and that the loop runs only as
+leader, survives failures and comes back early for unfinished work."""
 
 from __future__ import annotations
 
@@ -45,8 +47,8 @@ def node(name: str, rv: str, pool: bool, taints: Sequence[Taint] = ()) -> dict[s
 class RecordingWriter:
     def __init__(self, fail: int = 0, evictable: bool = True) -> None:
         self.taint_writes: list[tuple[str, tuple[Taint, ...], str | None]] = []
-        self.evictions: list[tuple[str, str]] = []
-        self.deletions: list[tuple[str, str]] = []
+        self.evictions: list[tuple[str, str, int | None]] = []
+        self.deletions: list[tuple[str, str, int | None]] = []
         self.uids: list[str] = []
         self.fail = fail
         self.evictable = evictable
@@ -57,13 +59,13 @@ class RecordingWriter:
             raise RuntimeError("API down")
         self.taint_writes.append((node, tuple(taints), resource_version))
 
-    def evict(self, namespace: str, name: str, uid: str = "") -> bool:
-        self.evictions.append((namespace, name))
+    def evict(self, namespace: str, name: str, uid: str = "", grace_seconds: int | None = None) -> bool:
+        self.evictions.append((namespace, name, grace_seconds))
         self.uids.append(uid)
         return self.evictable
 
-    def delete_pod(self, namespace: str, name: str, uid: str = "") -> None:
-        self.deletions.append((namespace, name))
+    def delete_pod(self, namespace: str, name: str, uid: str = "", grace_seconds: int | None = None) -> None:
+        self.deletions.append((namespace, name, grace_seconds))
         self.uids.append(uid)
 
 
@@ -134,65 +136,135 @@ def test_a_failed_taint_write_is_retried_next_pass_and_counted_only_when_done():
     assert metrics.taint_changes.labels(pool="overseas", action="add")._value.get() == 1
 
 
-def pod(ns: str, name: str, node_name: str) -> dict[str, Any]:
+def pod(
+    ns: str, name: str, node_name: str, *, uid: str = "", grace: int | None = None, deleting: bool = False,
+    owners: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": ns, "name": name, "uid": uid or f"uid-{name}"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        meta["deletionGracePeriodSeconds"] = grace
+    if owners:
+        meta["ownerReferences"] = owners
     return {
-        "metadata": {"namespace": ns, "name": name, "uid": f"uid-{name}"},
-        "spec": {"nodeName": node_name},
+        "metadata": meta,
+        "spec": {"nodeName": node_name, "terminationGracePeriodSeconds": grace},
         "status": {"phase": "Running"},
     }
 
 
-def intruder_state() -> ClusterState:
+def intruder_state(grace: int | None = None) -> ClusterState:
     state = make_state(node("pool-1", "1", True), node("plain-1", "1", False))
-    for obj in (pod("team-a", "allowed", "pool-1"), pod("intruders", "x", "pool-1"), pod("intruders", "y", "plain-1")):
+    for obj in (pod("team-a", "allowed", "pool-1"), pod("intruders", "x", "pool-1", grace=grace), pod("intruders", "y", "plain-1")):
         state.apply("Pod", "ADDED", obj)
     return state
 
 
-def test_evict_mode_evicts_once_per_window_with_an_event():
+def reconciler(state: ClusterState, writer: RecordingWriter, events: RecordingEvents, metrics: Metrics, clock: Clock, **kw):
+    return IntruderReconciler(state, writer, events, metrics, "evict", clock=clock, **kw)
+
+
+def test_an_intruder_is_evicted_once_with_a_capped_grace_and_tracked_until_gone():
     clock, writer, events, metrics = Clock(), RecordingWriter(), RecordingEvents(), Metrics()
-    reconcile = IntruderReconciler(
-        intruder_state(), writer, events, metrics, "evict", clock=clock, evict_again_after=30
-    )
+    state = intruder_state(grace=86400)
+    reconcile = reconciler(state, writer, events, metrics, clock, eviction_grace=10)
     reconcile()
-    reconcile()
-    assert writer.evictions == [("intruders", "x")]
+    clock.now = 5
+    reconcile()  # within the grace: nothing more
+    assert writer.evictions == [("intruders", "x", 10)]
     assert events.events == [("x", "Warning", "IntruderEvicted")]
-    clock.now = 31  # still there after the window: evict again
+    assert reconcile.next_pass_within() == pytest.approx(6)  # when the grace (and a second) is over
+    state.apply("Pod", "DELETED", pod("intruders", "x", "pool-1"))
+    clock.now = 7
     reconcile()
-    assert writer.evictions == [("intruders", "x")] * 2
-    assert metrics.evictions.labels(pool="overseas", outcome="evicted")._value.get() == 2
+    assert events.events[-1] == ("x", "Normal", "IntruderRemoved")
+    assert metrics.intruders_removed.labels(pool="overseas", step="evicted")._value.get() == 1
+    assert metrics.evictions.labels(pool="overseas", outcome="evicted")._value.get() == 1
+    assert reconcile.next_pass_within() is None
+
+
+@pytest.mark.parametrize(("own", "cap", "given"), [(86400, 10, 10), (0, 10, 0), (3, 10, 3), (30, 0, 0)])
+def test_the_eviction_gives_the_pods_own_grace_at_most_the_cap(own, cap, given):
+    writer = RecordingWriter()
+    reconciler(intruder_state(grace=own), writer, RecordingEvents(), Metrics(), Clock(), eviction_grace=cap)()
+    assert writer.evictions == [("intruders", "x", given)]
+
+
+def test_an_intruder_still_there_after_the_grace_is_deleted_with_grace_0_and_again_while_listed():
+    clock, writer, events, metrics = Clock(), RecordingWriter(), RecordingEvents(), Metrics()
+    state = intruder_state(grace=86400)
+    reconcile = reconciler(state, writer, events, metrics, clock, eviction_grace=10, retry_seconds=5)
+    reconcile()
+    state.apply("Pod", "MODIFIED", pod("intruders", "x", "pool-1", deleting=True, grace=10))  # terminating: still tracked
+    clock.now = 10.9
+    reconcile()
+    assert writer.deletions == []
+    clock.now = 11
+    reconcile()
+    assert writer.deletions == [("intruders", "x", 0)]
+    assert set(writer.uids) == {"uid-x"}  # the eviction and the deletes name this pod, not a later one of its name
+    clock.now = 16
+    reconcile()  # a node that never confirms: deleted again, counted and told once
+    assert writer.deletions == [("intruders", "x", 0)] * 2
+    assert [e[2] for e in events.events] == ["IntruderEvicted", "IntruderDeletedAfterGrace"]
+    assert metrics.evictions.labels(pool="overseas", outcome="deleted-after-grace")._value.get() == 1
+    state.apply("Pod", "DELETED", pod("intruders", "x", "pool-1"))
+    reconcile()
+    assert metrics.intruders_removed.labels(pool="overseas", step="deleted-after-grace")._value.get() == 1
+
+
+def test_a_terminating_intruder_found_as_such_is_evicted_to_shorten_its_grace():
+    writer = RecordingWriter()
+    state = make_state(node("pool-1", "1", True))
+    state.apply("Pod", "ADDED", pod("intruders", "x", "pool-1", deleting=True, grace=86400))  # the tenant's own delete
+    reconciler(state, writer, RecordingEvents(), Metrics(), Clock(), eviction_grace=10)()
+    assert writer.evictions == [("intruders", "x", 10)]
+
+
+def test_a_replacement_pod_of_the_same_name_is_a_new_intruder_at_once():
+    clock, writer = Clock(), RecordingWriter()
+    state = intruder_state()
+    reconcile = reconciler(state, writer, RecordingEvents(), Metrics(), clock)
+    reconcile()
+    state.apply("Pod", "DELETED", pod("intruders", "x", "pool-1"))
+    state.apply("Pod", "ADDED", pod("intruders", "x", "pool-1", uid="uid-x-2"))  # a StatefulSet re-creates it
+    clock.now = 0.5
+    reconcile()
+    assert writer.uids == ["uid-x", "uid-x-2"]
 
 
 def test_an_eviction_a_disruption_budget_refuses_is_tried_again_next_pass():
-    writer, events = RecordingWriter(evictable=False), RecordingEvents()
-    reconcile = IntruderReconciler(intruder_state(), writer, events, Metrics(), "evict")
+    clock, writer, events = Clock(), RecordingWriter(evictable=False), RecordingEvents()
+    reconcile = reconciler(intruder_state(), writer, events, Metrics(), clock)
     reconcile()
     reconcile()
-    assert writer.evictions == [("intruders", "x")] * 2 and events.events == []
+    assert [e[:2] for e in writer.evictions] == [("intruders", "x")] * 2 and events.events == []
     assert writer.deletions == []
 
 
 def test_an_intruder_whose_budget_refuses_eviction_for_the_whole_grace_is_deleted():
     clock, writer, events, metrics = Clock(), RecordingWriter(evictable=False), RecordingEvents(), Metrics()
-    reconcile = IntruderReconciler(intruder_state(), writer, events, metrics, "evict", clock=clock, budget_grace=30)
+    reconcile = reconciler(intruder_state(grace=86400), writer, events, metrics, clock, budget_grace=30, eviction_grace=10)
     for now in (0, 10, 29.9):
         clock.now = now
         assert reconcile() == []
     assert writer.deletions == [] and events.events == []
     clock.now = 30
     assert [i.name for i in reconcile()] == ["x"]
-    assert writer.deletions == [("intruders", "x")]
-    assert set(writer.uids) == {"uid-x"}  # evictions and the delete name this pod, not a later one of its name
-    assert events.events == [("x", "Warning", "IntruderDeleted")]
+    assert writer.deletions == [("intruders", "x", 10)]  # the budget's delete gives the capped grace too
+    assert set(writer.uids) == {"uid-x"}
+    assert events.events == [("x", "Warning", "IntruderDeletedPastBudgetGrace")]
     assert metrics.evictions.labels(pool="overseas", outcome="deferred")._value.get() == 3
-    assert metrics.evictions.labels(pool="overseas", outcome="deleted")._value.get() == 1
+    assert metrics.evictions.labels(pool="overseas", outcome="deleted-past-budget-grace")._value.get() == 1
+    clock.now = 41  # and it is still there after that grace: grace 0
+    reconcile()
+    assert writer.deletions == [("intruders", "x", 10), ("intruders", "x", 0)]
 
 
 def test_the_grace_starts_again_for_an_intruder_that_left_and_came_back():
     clock, writer = Clock(), RecordingWriter(evictable=False)
     state = intruder_state()
-    reconcile = IntruderReconciler(state, writer, RecordingEvents(), Metrics(), "evict", clock=clock, budget_grace=30)
+    reconcile = reconciler(state, writer, RecordingEvents(), Metrics(), clock, budget_grace=30)
     reconcile()
     state.apply("Pod", "DELETED", pod("intruders", "x", "pool-1"))
     clock.now = 20
@@ -203,16 +275,36 @@ def test_the_grace_starts_again_for_an_intruder_that_left_and_came_back():
     assert writer.deletions == []
     clock.now = 70
     reconcile()
-    assert writer.deletions == [("intruders", "x")]
+    assert [d[:2] for d in writer.deletions] == [("intruders", "x")]
+
+
+def test_an_unresolved_agent_owner_gets_a_moment_for_the_daemonset_cache():
+    clock, writer = Clock(), RecordingWriter()
+    state = make_state(node("pool-1", "1", True))
+    state.set_policy(POLICY.model_copy(update={"agent_namespaces": ("kube-agents",)}))
+    owner = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "ds-1", "controller": True}
+    state.apply("Pod", "ADDED", pod("kube-agents", "a", "pool-1", owners=[owner]))
+    state.apply("Pod", "ADDED", pod("kube-agents", "b", "pool-1", owners=[{**owner, "uid": "made-up"}]))
+    reconcile = reconciler(state, writer, RecordingEvents(), Metrics(), clock, owner_settle_seconds=5)
+    reconcile()
+    assert writer.evictions == []
+    state.apply("DaemonSet", "ADDED", {"metadata": {"namespace": "kube-agents", "name": "agent", "uid": "ds-1"}})
+    clock.now = 5
+    reconcile()
+    assert [e[1] for e in writer.evictions] == ["b"]  # a: a real node agent now; b: never resolved
 
 
 def test_a_deferred_eviction_asks_for_an_early_pass_until_it_is_done():
     clock, writer = Clock(), RecordingWriter(evictable=False)
-    reconcile = IntruderReconciler(intruder_state(), writer, RecordingEvents(), Metrics(), "evict", clock=clock, retry_seconds=5)
+    state = intruder_state(grace=0)
+    reconcile = reconciler(state, writer, RecordingEvents(), Metrics(), clock, retry_seconds=5)
     assert reconcile.next_pass_within() is None
     reconcile()
     assert reconcile.next_pass_within() == 5
     writer.evictable = True
+    reconcile()
+    assert reconcile.next_pass_within() == pytest.approx(1)  # evicted with grace 0: look again a second later
+    state.apply("Pod", "DELETED", pod("intruders", "x", "pool-1"))
     reconcile()
     assert reconcile.next_pass_within() is None
 
@@ -237,7 +329,7 @@ def test_the_loop_runs_again_within_what_a_reconciler_asks_without_any_event():
 
 def test_without_a_grace_budgets_are_honoured_for_ever():
     clock, writer = Clock(), RecordingWriter(evictable=False)
-    reconcile = IntruderReconciler(intruder_state(), writer, RecordingEvents(), Metrics(), "evict", clock=clock, budget_grace=None)
+    reconcile = reconciler(intruder_state(), writer, RecordingEvents(), Metrics(), clock, budget_grace=None)
     for now in (0, 1_000, 1_000_000):
         clock.now = now
         reconcile()
@@ -275,6 +367,20 @@ def test_the_budget_grace_setting(monkeypatch, variable, grace):
     if variable is not None:
         monkeypatch.setenv("EGRESS_PLACER_INTRUDER_BUDGET_GRACE_SECONDS", variable)
     assert Settings().intruder_budget_grace_seconds == grace
+
+
+@pytest.mark.parametrize(("variable", "grace"), [(None, 10), ("2", 2), ("0", 0)])
+def test_the_eviction_grace_setting(monkeypatch, variable, grace):
+    if variable is not None:
+        monkeypatch.setenv("EGRESS_PLACER_INTRUDER_EVICTION_GRACE_SECONDS", variable)
+    assert Settings().intruder_eviction_grace_seconds == grace
+
+
+@pytest.mark.parametrize("variable", ["-1", "soon", "never"])
+def test_a_wrong_eviction_grace_is_refused(monkeypatch, variable):
+    monkeypatch.setenv("EGRESS_PLACER_INTRUDER_EVICTION_GRACE_SECONDS", variable)
+    with pytest.raises(ValidationError, match="intruder_eviction_grace_seconds"):
+        Settings()
 
 
 @pytest.mark.parametrize("variable", ["-1", "soon"])
