@@ -157,6 +157,25 @@ def test_rendered_stages_set_the_run_time_of_tekton_pods(seconds: float) -> None
     assert {"node-initialize", "node-heartbeat-with-lease", "pod-ready", "pod-delete"} <= set(stages)
 
 
+HONOUR_GRACE = '.metadata.labels["devcluster.egress-placer.io/honour-grace"]'  # the tests' label
+
+
+def test_a_pod_labelled_to_honour_its_grace_is_removed_only_when_the_grace_is_over() -> None:
+    stages = {s["metadata"]["name"]: s for s in yaml.safe_load_all(render_stages(1.5))}
+    at_once, after_grace = stages["pod-delete"]["spec"], stages["pod-delete-after-grace"]["spec"]
+    operators = {
+        name: {e["key"]: e["operator"] for e in spec["selector"]["matchExpressions"]}
+        for name, spec in (("at-once", at_once), ("after-grace", after_grace))
+    }
+    # Every pod being deleted matches exactly one of the two: by the label.
+    assert operators["at-once"] == {".metadata.deletionTimestamp": "Exists", HONOUR_GRACE: "DoesNotExist"}
+    assert operators["after-grace"] == {".metadata.deletionTimestamp": "Exists", HONOUR_GRACE: "Exists"}
+    assert "delay" not in at_once and at_once["next"] == {"delete": True}
+    # KWOK reads a timestamp from durationFrom as "until then": the deletion's grace, whatever it is.
+    assert after_grace["delay"]["durationFrom"] == {"expressionFrom": ".metadata.deletionTimestamp"}
+    assert after_grace["next"] == {"delete": True}
+
+
 @pytest.mark.parametrize(
     ("name", "labels", "egress"),
     [("node-1", {}, False), ("egress-1", {EGRESS_POOL_LABEL: EGRESS_POOL}, True)],
