@@ -46,11 +46,11 @@ _FIGURES: dict[str, dict[str, Any]] = {}
 
 class Figures:
     """One test's row(s) of the report. `fault(...)` for the main table, `attempt(...)` for the table
-    of ways onto the pool; `set(key, value)` adds a measured figure as soon as it is known, so a
+    of ways onto the pool, `attack(...)` for the hostile tenant's table; `set(key, value)` adds a measured figure as soon as it is known, so a
     failing test still shows what it measured."""
 
     def __init__(self, nodeid: str) -> None:
-        self.row = _FIGURES.setdefault(nodeid, {"nodeid": nodeid, "figures": {}, "attempts": []})
+        self.row = _FIGURES.setdefault(nodeid, {"nodeid": nodeid, "figures": {}, "attempts": [], "attacks": []})
 
     def fault(self, fault: str, load: str, expected: str) -> None:
         self.row.update(fault=fault, load=load, expected=expected)
@@ -63,6 +63,14 @@ class Figures:
 
     def attempt(self, attempt: str, outcome: str, seconds: float | None, stopped: bool) -> None:
         self.row["attempts"].append({"attempt": attempt, "outcome": outcome, "seconds": seconds, "stopped": stopped})
+
+    def attack(self, attack: str, rbac: str, outcome: str, cleared_after: float, worst_window: float, held: bool) -> None:
+        """One row of the hostile-tenant table: who may do it, what became of it, how long its longest-lived
+        pod stayed Running on a pool node (0: never got there) and the most seconds in any 60 s."""
+        self.row["attacks"].append(
+            {"attack": attack, "rbac": rbac, "outcome": outcome, "cleared_after": round(cleared_after, 1),
+             "worst_window": round(worst_window, 1), "held": held}
+        )
 
 
 @pytest.fixture

@@ -44,19 +44,41 @@ NOTES = """\
   and checks that each such run's pod was still placed at Pod admission.
 - **Exempt namespaces are trusted** (default `kube-system`, `kube-node-lease`, `kube-public`): only cluster
   administrators create pods there. A pod there with the toleration stays on the pool, by design.
-- **DaemonSet pods** get every pool toleration at admission and are never intruders (node agents). A pod that
-  only *claims* a DaemonSet owner is removed by the garbage collector (kube-controller-manager) within a
-  second, because no such owner exists; a namespace that may create real DaemonSets can place their pods on
-  pool nodes: grant DaemonSets in tenant namespaces accordingly.
-- **Mirror pods** are trusted only with the annotation `kubernetes.io/config.mirror` AND a `Node` owner (what a
-  kubelet must set under NodeRestriction). Before this suite, the annotation alone was trusted: anyone could
-  forge it and stay on a pool node for good (fixed in `controller/core/intruders.py`).
+- **Node agents are resolved, not believed.** A pod gets every pool toleration at admission, and is never an
+  intruder, only when its controller owner resolves by uid in the controller's DaemonSet cache to an
+  `apps/v1` DaemonSet of the same namespace and name, and that namespace is an agent namespace
+  (`agentNamespaces`, by default the exempt namespaces). A tenant with the `edit` role may create a real
+  DaemonSet in its own namespace, or claim any owner (an `extensions/v1beta1` DaemonSet with a made-up uid,
+  which the garbage collector cannot resolve and so never deletes): neither makes a node agent. The same
+  functions (`controller/core/intruders.py`) decide at admission and in the intruder check.
+- **Mirror pods** are trusted only with the annotation `kubernetes.io/config.mirror` AND a controller owner
+  `v1` Node that is the pod's own node, with that node's uid (what a kubelet must write under
+  NodeRestriction; the `edit` role cannot read Nodes). Before this suite, the annotation alone was trusted:
+  anyone could forge it and stay on a pool node for good; until the hostile-tenant test, admission still
+  left a pod with the forged annotation unchanged.
+- **nodeName skips the scheduler, and with it the pool taint.** A pod created with the `nodeName` of a pool
+  node its namespace may not use loses that `nodeName` at admission (a warning says so) and goes to the
+  scheduler: a StatefulSet pinning its pod to a pool node no longer gets it there, re-created or not.
+- **Evicted means gone.** An intruder's eviction gives its containers its own grace, at most
+  `EGRESS_PLACER_INTRUDER_EVICTION_GRACE_SECONDS` (10 s by default, 2 s in the hostile-tenant test): a day's
+  `terminationGracePeriodSeconds` and a process that ignores SIGTERM no longer keep the node. One still
+  there a second after that grace is deleted with grace 0 (uid as precondition; Event
+  `IntruderDeletedAfterGrace`). A terminating intruder (the tenant's own delete with a day's grace) is still
+  an intruder: the eviction shortens its grace. Intruders are tracked by uid until gone, so a pod re-created
+  under the same name is a new intruder at once; Event `IntruderRemoved` and
+  `egress_placer_intruders_removed_total{step}` say which step removed each one. The local cluster's KWOK
+  removes a deleted pod at once, except pods labelled `devcluster.egress-placer.io/honour-grace`, which it
+  keeps until their deletion's grace is over (how the tests make the day's grace real).
+- **An UPDATE adding the pool toleration** is not seen by the mutating webhook (CREATE only): such a pod
+  reaches the pool and is evicted as an intruder (figures above). The ValidatingAdmissionPolicy of the pool
+  guard (separate work) refuses that UPDATE in the API server.
 - **An intruder protected by its own PodDisruptionBudget** has its evictions refused (the Eviction API
   honours budgets; metric `egress_placer_intruder_evictions_total{outcome="deferred"}`), and the leader tries
   again every 5 s. Once they have been refused for `EGRESS_PLACER_INTRUDER_BUDGET_GRACE_SECONDS` (default 30 s;
-  5 s in this suite) it deletes the pod (Event `IntruderDeleted`, outcome `deleted`): a budget keeps a
-  workload available where it may run, it does not entitle a pod to a pool node. This needs `pods: delete`
-  in the ClusterRole; the setting `never` honours budgets for ever (and the pod stays).
+  5 s in this suite) it deletes the pod with the same capped grace (Event `IntruderDeletedPastBudgetGrace`,
+  outcome `deleted-past-budget-grace`): a budget keeps a workload available where it may run, it does not
+  entitle a pod to a pool node. This needs `pods: delete` in the ClusterRole; the setting `never` honours
+  budgets for ever (and the pod stays).
 - **Namespaces cannot be renamed**: `rel-team-cdn-evil` (created for the test) matches no namespace glob of the policy
   and is treated like any other namespace that may not use the pool.
 - **After an API server restart** the first requests may get 403 until the API server's RBAC caches sync: the
@@ -156,6 +178,26 @@ def render(rows: list[dict[str, Any]], *, duration: float | None, when: str) -> 
             else:
                 seconds = _seconds(a["seconds"])
             out.append(f"| {_cell(a['attempt'])} | {_cell(a['outcome'])} | {seconds} | {stopped} |")
+    attacks = [a for row in rows for a in row.get("attacks", [])]
+    if attacks:
+        out += [
+            "",
+            "## A hostile tenant",
+            "",
+            "A minted identity bound to the built-in `edit` ClusterRole in its own namespace only (one that may not",
+            "use the pool), every attack at once in one shared window, the API sampled every 0.5 s",
+            "(`tests/reliability/test_hostile_tenant.py`). Time until cleared: how long its longest-lived pod was seen",
+            "Running on a pool node (\"at admission\": none ever got there).",
+            "",
+            "| attack | who may do it (RBAC) | outcome | time until cleared | most seconds Running on a pool node in 60 s | held |",
+            "|---|---|---|---|---|---|",
+        ]
+        for a in attacks:
+            cleared = "at admission" if not a["cleared_after"] else f"{a['cleared_after']:.1f} s"
+            held = "yes" if a["held"] else "**no**"
+            out.append(
+                f"| {_cell(a['attack'])} | {_cell(a['rbac'])} | {_cell(a['outcome'])} | {cleared} | {a['worst_window']:.1f} s | {held} |"
+            )
     out += ["", NOTES]
     return "\n".join(out).rstrip() + "\n"
 

@@ -90,8 +90,9 @@ class Attempts:
                 return None
             raise
 
-    def kept_off(self, namespace: str, name: str, seconds: float = OBSERVE_SECONDS) -> Result:
-        """A pod refused at admission: never on a pool node while watched; what it carries and where it is."""
+    def kept_off(self, namespace: str, name: str, seconds: float = OBSERVE_SECONDS, asked_node: str | None = None) -> Result:
+        """A pod refused at admission: never on a pool node while watched; what it carries and where it is
+        (`asked_node`: the nodeName it was created with)."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             pod = self.read(namespace, name)
@@ -104,7 +105,9 @@ class Attempts:
         pool_tolerations = [t for t in pod.spec.tolerations or [] if t.key == TAINT_KEY or (not t.key and t.operator == "Exists")]
         where = pod.spec.node_name or f"{pod.status.phase} (no node it may use)"
         stripped = "pool toleration stripped at admission" if not pool_tolerations else "toleration kept"
-        return Result(f"{stripped}; {where}", 0.0, not pool_tolerations)
+        if asked_node and pod.spec.node_name != asked_node:
+            stripped = f"nodeName {asked_node} removed at admission" + ("" if pool_tolerations else ", no pool toleration")
+        return Result(f"{stripped}; {where}", 0.0, not pool_tolerations and pod.spec.node_name not in POOL_NODES)
 
     def evicted(
         self, namespace: str, name: str, created: float, patience: float = 20.0, within: float = EVICTION_SECONDS
@@ -182,20 +185,20 @@ def renamed_namespace_taskrun(a: Attempts) -> Result:
 
 def bare_pod_with_node_name(a: Attempts) -> Result:
     name = a.runs.name("nodename")
-    created = a.pod(TEAM_OTHER, intruder_pod(name, node="egress-1", tolerations=[]))
-    return a.evicted(TEAM_OTHER, name, created)
+    a.pod(TEAM_OTHER, intruder_pod(name, node="egress-1", tolerations=[]))
+    return a.kept_off(TEAM_OTHER, name, asked_node="egress-1")
 
 
 def bare_pod_with_node_name_and_toleration(a: Attempts) -> Result:
     name = a.runs.name("nodename-tol")
-    created = a.pod(TEAM_OTHER, intruder_pod(name, node="egress-2"))
-    return a.evicted(TEAM_OTHER, name, created)
+    a.pod(TEAM_OTHER, intruder_pod(name, node="egress-2"))
+    return a.kept_off(TEAM_OTHER, name, asked_node="egress-2")
 
 
 def renamed_namespace_pod(a: Attempts) -> Result:
     name = a.runs.name("evil-pod")
-    created = a.pod(TEAM_CDN_EVIL, intruder_pod(name, node="egress-3"))
-    return a.evicted(TEAM_CDN_EVIL, name, created)
+    a.pod(TEAM_CDN_EVIL, intruder_pod(name, node="egress-3"))
+    return a.kept_off(TEAM_CDN_EVIL, name, asked_node="egress-3")
 
 
 def bare_pod_with_toleration_and_node_selector(a: Attempts) -> Result:
@@ -251,42 +254,46 @@ def toleration_added_by_an_update(a: Attempts) -> Result:
 
 
 def protected_by_its_own_disruption_budget(a: Attempts) -> Result:
+    """Onto the pool the one way admission does not see: the pool toleration added by an UPDATE."""
     name = a.runs.name("pdb")
-    body = intruder_pod(name, node="egress-1")
+    body = intruder_pod(name, node=None, nodeSelector=POOL_LABEL, tolerations=[])
     body["metadata"]["labels"] = {"pdb": name}
     budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name},
               "spec": {"minAvailable": 1, "selector": {"matchLabels": {"pdb": name}}}}
     a.policy.create_namespaced_pod_disruption_budget(TEAM_OTHER, budget)
     a.extra.append(lambda: a.policy.delete_namespaced_pod_disruption_budget(name, TEAM_OTHER))
     time.sleep(1.0)  # the disruption controller computes the budget's status
-    created = a.pod(TEAM_OTHER, body)
+    a.pod(TEAM_OTHER, body)
+    a.core.patch_namespaced_pod(name, TEAM_OTHER, [{"op": "add", "path": "/spec/tolerations", "value": [POOL_TOLERATION]}])
+    created = time.monotonic()
     result = a.evicted(TEAM_OTHER, name, created, within=BUDGET_GRACE_SECONDS + EVICTION_SECONDS)
     deleted = eventually(
-        lambda: any(e["regarding"]["name"] == name for e in events(a.kube, TEAM_OTHER, "IntruderDeleted")), timeout=5
+        lambda: any(e["regarding"]["name"] == name for e in events(a.kube, TEAM_OTHER, "IntruderDeletedPastBudgetGrace")),
+        timeout=5,
     )
     if result.stopped and not deleted:
-        return Result(f"{result.outcome}, but without an IntruderDeleted Event", result.seconds, False)
+        return Result(f"{result.outcome}, but without an IntruderDeletedPastBudgetGrace Event", result.seconds, False)
     outcome = result.outcome.replace("evicted", "evictions refused by the budget, deleted after the grace")
     return Result(outcome, result.seconds, result.stopped)
 
 
 def mirror_pod_annotation(a: Attempts) -> Result:
+    """A forged annotation is no mirror pod (a kubelet's has its node's Node owner, uid included)."""
     name = a.runs.name("mirror")
     body = intruder_pod(name, node="egress-2")
     body["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "forged"}
-    created = a.pod(TEAM_OTHER, body)
-    return a.evicted(TEAM_OTHER, name, created)
+    a.pod(TEAM_OTHER, body)
+    return a.kept_off(TEAM_OTHER, name, asked_node="egress-2")
 
 
 def fake_daemonset_owner(a: Attempts) -> Result:
-    """Trusted as a DaemonSet pod by admission and the intruder check; the garbage collector deletes a
-    pod whose owner does not exist."""
+    """A DaemonSet owner that resolves to no DaemonSet of an agent namespace is no node agent: no pool
+    toleration, nodeName removed (and the garbage collector deletes it: no such apps/v1 DaemonSet)."""
     name = a.runs.name("fake-ds")
     body = intruder_pod(name, node="egress-3", tolerations=[])
     body["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "node-agent", "uid": str(uuid.uuid4()), "controller": True}]
-    created = a.pod(TEAM_OTHER, body)
-    result = a.evicted(TEAM_OTHER, name, created)
-    return Result(result.outcome.replace("evicted", "deleted by the garbage collector (no such DaemonSet)"), result.seconds, result.stopped)
+    a.pod(TEAM_OTHER, body)
+    return a.kept_off(TEAM_OTHER, name, asked_node="egress-3")
 
 
 def exempt_namespace_pod(a: Attempts) -> Result:

@@ -1,0 +1,384 @@
+"""Reliability, a hostile tenant against the pool guard: a minted identity bound to the built-in `edit`
+ClusterRole in its own namespace only (rel-team-other, which may not use pool `overseas`) tries, side by
+side in ONE shared window of WINDOW_SECONDS, every attack that got onto the pool before:
+
+1. a bare Pod with a pool nodeSelector and a DaemonSet ownerReference the garbage collector cannot
+   resolve (`extensions/v1beta1`, a made-up uid);
+2. a StatefulSet whose template sets `nodeName` of a pool node (re-created under the same name after
+   each eviction);
+3. a DaemonSet of its own whose template tolerates the pool taint;
+4. a Pod with a day's terminationGracePeriodSeconds whose process ignores SIGTERM (the KWOK stage that
+   honours the grace: label devcluster.egress-placer.io/honour-grace), put onto the pool by an UPDATE
+   that adds the pool toleration, and deleted by the tenant itself with its day's grace once bound;
+5. a Pod that gains the pool toleration by an UPDATE after creation.
+
+The API is sampled every SAMPLE_SECONDS (admin client) for the whole window. Done when, for each attack,
+no pod of the namespace is Running on a pool node for more than ALLOWED_SECONDS of any 60 s window, the
+controller stays healthy (alive, ready, no admission error), and the next eligible run (rel-team-cdn)
+is still placed by the webhook (its decision annotation names the pool: the webhook answered within its
+timeout). A control proves the grace stage is real: the same day-grace pod, deleted by the tenant on an
+ordinary node, is still there (terminating) when the window ends. The measured figures go to
+docs/reliability.md ("A hostile tenant").
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import pytest
+from burst import RetryingRuns
+from cluster_view import POOL_LABEL, Placer
+from conftest import TEAM_CDN, TEAM_OTHER, ControllerSpec, Figures
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, POOL_TOLERATION, TEST_LABEL, Waiter, decision_of, events, taskrun
+
+from devcluster.cluster import Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
+
+WINDOW_SECONDS = 60.0
+SAMPLE_SECONDS = 0.5
+ALLOWED_SECONDS = 5.0  # at most this long Running on a pool node in any 60 s window
+EVICTION_GRACE_SECONDS = 2  # EGRESS_PLACER_INTRUDER_EVICTION_GRACE_SECONDS of this module's controller
+CONTROLLER = ControllerSpec(env=(("EGRESS_PLACER_INTRUDER_EVICTION_GRACE_SECONDS", str(EVICTION_GRACE_SECONDS)),))
+TENANT_USER = "tenant-of-rel-team-other"  # a user, not a ServiceAccount: only the RoleBinding below
+ATTACK_LABEL = "attack.egress-placer.io/name"
+HONOUR_GRACE_LABEL = "devcluster.egress-placer.io/honour-grace"  # devcluster/kwok-stages.yaml
+DAY = 86400
+EDIT_ROLE = "built-in `edit` ClusterRole, bound in the tenant's own namespace"
+
+
+def container() -> list[dict[str, Any]]:
+    return [{"name": "app", "image": "busybox", "command": ["sleep", "infinity"]}]
+
+
+# -- the tenant --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tenant(devcluster: Cluster, kube: client.ApiClient, placer: Placer) -> Iterator[client.ApiClient]:
+    """An API client for a minted identity bound to `edit` in TEAM_OTHER only."""
+    rbac = client.RbacAuthorizationV1Api(kube)
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "tenant-edit"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT_USER}],
+    }
+    rbac.create_namespaced_role_binding(TEAM_OTHER, binding)
+    api = config.new_client_from_config(config_file=str(devcluster.mint_kubeconfig(TENANT_USER, groups=())))
+    try:
+        yield api
+    finally:
+        api.close()
+        rbac.delete_namespaced_role_binding("tenant-edit", TEAM_OTHER)
+
+
+# -- sampling ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Samples:
+    """What the API said every SAMPLE_SECONDS: per attack, the pods (by uid) Running on a pool node."""
+
+    times: list[float] = field(default_factory=list)
+    on_pool: list[dict[str, set[str]]] = field(default_factory=list)  # per sample: attack -> uids
+    attack_of: dict[str, str] = field(default_factory=dict)  # every uid seen -> its attack
+
+    def running_seconds(self, attack: str) -> list[tuple[float, float]]:
+        """(start, seconds) of each sample interval in which a pod of `attack` was Running on the pool."""
+        out = []
+        for i, (at, seen) in enumerate(zip(self.times, self.on_pool)):
+            if seen.get(attack):
+                end = self.times[i + 1] if i + 1 < len(self.times) else at + SAMPLE_SECONDS
+                out.append((at, end - at))
+        return out
+
+    def worst_window(self, attack: str, window: float = 60.0) -> float:
+        """The most seconds Running on a pool node within any `window` s of the sampled time."""
+        spans = self.running_seconds(attack)
+        return max((sum(s for t, s in spans if start <= t < start + window) for start, _ in spans), default=0.0)
+
+    def longest_stay(self, attack: str) -> float:
+        """The longest any one pod (uid) of `attack` was seen Running on a pool node, first to last sample."""
+        first: dict[str, float] = {}
+        last: dict[str, float] = {}
+        for at, seen in zip(self.times, self.on_pool):
+            for uid in seen.get(attack, ()):
+                first.setdefault(uid, at)
+                last[uid] = at + SAMPLE_SECONDS
+        return max((last[u] - first[u] for u in first), default=0.0)
+
+    def pods_on_pool(self, attack: str) -> int:
+        return len({uid for seen in self.on_pool for uid in seen.get(attack, ())})
+
+
+def sample(core: client.CoreV1Api, until: float, samples: Samples, stop: threading.Event) -> None:
+    while time.monotonic() < until and not stop.is_set():
+        at = time.monotonic()
+        seen: dict[str, set[str]] = {}
+        for pod in core.list_namespaced_pod(TEAM_OTHER).items:
+            attack = (pod.metadata.labels or {}).get(ATTACK_LABEL)
+            if attack:
+                samples.attack_of[pod.metadata.uid] = attack
+            if attack and pod.spec.node_name in POOL_NODES and pod.status.phase == "Running":
+                seen.setdefault(attack, set()).add(pod.metadata.uid)
+        samples.times.append(at)
+        samples.on_pool.append(seen)
+        stop.wait(max(0.0, at + SAMPLE_SECONDS - time.monotonic()))  # the sampling cadence of the scenario
+
+
+# -- the attacks (each returns a note on what it did; the sampler judges) -------------------------------
+
+
+class Tenant:
+    def __init__(self, api: client.ApiClient, run_id: str) -> None:
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.run_id = run_id
+
+    def labels(self, attack: str, **extra: str) -> dict[str, str]:
+        return {ATTACK_LABEL: attack, TEST_LABEL: self.run_id, **extra}
+
+    def pod(self, name: str, attack: str, spec: dict[str, Any], labels: dict[str, str] | None = None, **meta: Any) -> client.V1Pod:
+        body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels or self.labels(attack), **meta},
+                "spec": {"containers": container(), **spec}}
+        return self.core.create_namespaced_pod(TEAM_OTHER, body)
+
+    def add_pool_toleration(self, name: str) -> str:
+        """The UPDATE: append the pool toleration (pods may gain tolerations after creation)."""
+        try:
+            self.core.patch_namespaced_pod(name, TEAM_OTHER, [{"op": "add", "path": "/spec/tolerations/-", "value": POOL_TOLERATION}])
+        except ApiException as e:
+            return f"UPDATE refused ({e.status})"
+        return "UPDATE accepted"
+
+    def bound_node(self, name: str, wait_for: Waiter, timeout: float = 15.0) -> str | None:
+        def bound() -> str | None:
+            try:
+                return self.core.read_namespaced_pod(name, TEAM_OTHER).spec.node_name
+            except ApiException as e:
+                if e.status == 404:
+                    return "gone"
+                raise
+        try:
+            return wait_for(f"pod {name} bound", bound, timeout=timeout)
+        except pytest.fail.Exception:
+            return None
+
+
+def fake_daemonset_owner(t: Tenant, wait_for: Waiter) -> str:
+    owner = {"apiVersion": "extensions/v1beta1", "kind": "DaemonSet", "name": "node-agent", "uid": str(uuid.uuid4()), "controller": True}
+    t.pod("fake-ds", "fake-daemonset-owner", {"nodeSelector": POOL_LABEL}, ownerReferences=[owner])
+    return "created"
+
+
+def statefulset_with_node_name(t: Tenant, wait_for: Waiter) -> str:
+    labels = t.labels("statefulset-node-name", app="sts-pinned")
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": "sts-pinned", "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "serviceName": "sts-pinned",
+            "selector": {"matchLabels": {"app": "sts-pinned"}},
+            "template": {"metadata": {"labels": labels},
+                         "spec": {"nodeName": "egress-2", "terminationGracePeriodSeconds": 0, "containers": container()}},
+        },
+    }
+    t.apps.create_namespaced_stateful_set(TEAM_OTHER, body)
+    return "created"
+
+
+def daemonset_tolerating_the_pool(t: Tenant, wait_for: Waiter) -> str:
+    labels = t.labels("own-daemonset", app="own-ds")
+    body = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "own-ds", "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": {"app": "own-ds"}},
+            "template": {"metadata": {"labels": labels},
+                         "spec": {"tolerations": [POOL_TOLERATION], "terminationGracePeriodSeconds": 0, "containers": container()}},
+        },
+    }
+    t.apps.create_namespaced_daemon_set(TEAM_OTHER, body)
+    return "created"
+
+
+def day_grace_ignoring_sigterm(t: Tenant, wait_for: Waiter) -> str:
+    name = "day-grace"
+    labels = t.labels("day-grace-ignores-sigterm", **{HONOUR_GRACE_LABEL: "true"})
+    t.pod(name, "day-grace-ignores-sigterm", {"nodeSelector": POOL_LABEL, "terminationGracePeriodSeconds": DAY}, labels=labels)
+    update = t.add_pool_toleration(name)
+    node = t.bound_node(name, wait_for)
+    if node in POOL_NODES:  # on the pool: the tenant deletes it itself with its day's grace (terminating)
+        try:
+            t.core.delete_namespaced_pod(name, TEAM_OTHER, grace_period_seconds=DAY)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+    return f"{update}; bound to {node or 'no node'}"
+
+
+def toleration_added_by_an_update(t: Tenant, wait_for: Waiter) -> str:
+    name = "late-toleration"
+    t.pod(name, "toleration-by-update", {"nodeSelector": POOL_LABEL})
+    update = t.add_pool_toleration(name)
+    return f"{update}; bound to {t.bound_node(name, wait_for) or 'no node'}"
+
+
+def control_day_grace_on_an_ordinary_node(t: Tenant, wait_for: Waiter) -> str:
+    """Not an attack: the same day-grace pod on an ordinary node, deleted by the tenant. It must still be
+    there when the window ends, or the grace stage is not real and attack 4 proves nothing."""
+    name = "control-day-grace"
+    labels = t.labels("control", **{HONOUR_GRACE_LABEL: "true"})
+    t.pod(name, "control", {"nodeName": "node-1", "terminationGracePeriodSeconds": DAY}, labels=labels)
+    wait_for("the control pod Running", lambda: t.core.read_namespaced_pod(name, TEAM_OTHER).status.phase == "Running", timeout=15)
+    t.core.delete_namespaced_pod(name, TEAM_OTHER, grace_period_seconds=DAY)
+    return "deleted by the tenant with a day's grace"
+
+
+@dataclass(frozen=True)
+class Attack:
+    what: str
+    rbac: str
+    run: Callable[[Tenant, Waiter], str]
+
+
+ATTACKS = {
+    "fake-daemonset-owner": Attack(
+        "bare Pod, pool nodeSelector, ownerReference to a DaemonSet the garbage collector cannot resolve "
+        "(extensions/v1beta1, made-up uid)", f"pods: create ({EDIT_ROLE})", fake_daemonset_owner),
+    "statefulset-node-name": Attack(
+        "StatefulSet whose template sets nodeName of a pool node (re-created under the same name)",
+        f"statefulsets: create ({EDIT_ROLE})", statefulset_with_node_name),
+    "own-daemonset": Attack(
+        "DaemonSet of the tenant's own namespace whose template tolerates the pool taint",
+        f"daemonsets: create ({EDIT_ROLE})", daemonset_tolerating_the_pool),
+    "day-grace-ignores-sigterm": Attack(
+        "Pod with terminationGracePeriodSeconds 86400 ignoring SIGTERM, onto the pool by an UPDATE adding the "
+        "toleration, then deleted by the tenant with its day's grace", f"pods: create, patch, delete ({EDIT_ROLE})",
+        day_grace_ignoring_sigterm),
+    "toleration-by-update": Attack(
+        "Pod that gains the pool toleration by an UPDATE after creation", f"pods: create, patch ({EDIT_ROLE})",
+        toleration_added_by_an_update),
+}
+
+
+# -- what became of each attack -----------------------------------------------------------------------
+
+
+def outcome(core: client.CoreV1Api, attack: str, samples: Samples, steps: list[str]) -> str:
+    pods = core.list_namespaced_pod(TEAM_OTHER, label_selector=f"{ATTACK_LABEL}={attack}").items
+    where: dict[str, int] = {}
+    for pod in pods:
+        state = "terminating" if pod.metadata.deletion_timestamp else pod.status.phase
+        key = f"{state} on {'a pool node' if pod.spec.node_name in POOL_NODES else (pod.spec.node_name or 'no node')}"
+        where[key] = where.get(key, 0) + 1
+    now = ", ".join(f"{n} {k}" for k, n in sorted(where.items())) or "no pod left"
+    reached = samples.pods_on_pool(attack)
+    if not reached:
+        return f"never Running on a pool node (stopped at admission); at the end: {now}"
+    how = f", removed by: {', '.join(sorted(set(steps)))}" if steps else ""
+    return f"{reached} pod(s) reached the pool and were cleared{how}; at the end: {now}"
+
+
+def removal_steps(kube: client.ApiClient, samples: Samples) -> dict[str, list[str]]:
+    """attack -> the steps that removed its pods, from the controller's IntruderRemoved Events."""
+    out: dict[str, list[str]] = {}
+    for event in events(kube, TEAM_OTHER, "IntruderRemoved"):
+        attack = samples.attack_of.get(event["regarding"].get("uid", ""))
+        if attack and "removed by: " in event["note"]:
+            out.setdefault(attack, []).append(event["note"].rsplit("removed by: ", 1)[-1].rstrip(").").strip())
+    return out
+
+
+@pytest.fixture
+def tenant_workloads(kube: client.ApiClient, runs: RetryingRuns) -> Iterator[None]:
+    """Deletes what the tenant made (its StatefulSet and DaemonSet first, so they make no more pods)."""
+    yield
+    apps, core = client.AppsV1Api(kube), client.CoreV1Api(kube)
+    selector = f"{TEST_LABEL}={runs.id}"
+    for workload in apps.list_namespaced_stateful_set(TEAM_OTHER, label_selector=selector).items:
+        apps.delete_namespaced_stateful_set(workload.metadata.name, TEAM_OTHER)
+    for workload in apps.list_namespaced_daemon_set(TEAM_OTHER, label_selector=selector).items:
+        apps.delete_namespaced_daemon_set(workload.metadata.name, TEAM_OTHER)
+    core.delete_collection_namespaced_pod(TEAM_OTHER, label_selector=selector, grace_period_seconds=0)
+
+
+def test_a_hostile_tenant_with_the_edit_role_does_not_keep_a_pool_node(
+    placer: Placer,
+    kube: client.ApiClient,
+    tenant: client.ApiClient,
+    runs: RetryingRuns,
+    tenant_workloads: None,
+    wait_for: Waiter,
+    figures: Figures,
+) -> None:
+    figures.fault(
+        "a hostile tenant with the built-in `edit` role in its own namespace (5 attacks side by side)",
+        f"one {WINDOW_SECONDS:.0f} s window sampled every {SAMPLE_SECONDS} s; eviction grace cap {EVICTION_GRACE_SECONDS} s",
+        f"no pod of the namespace Running on a pool node more than {ALLOWED_SECONDS:.0f} s of any 60 s; controller healthy; "
+        "the next eligible run placed",
+    )
+    admin = client.CoreV1Api(kube)
+    replica = placer.replicas[0]
+    errors_before = placer.metric(replica, "egress_placer_admission_errors_total")
+    attacker = Tenant(tenant, runs.id)
+
+    samples, stop = Samples(), threading.Event()
+    sampler = threading.Thread(target=sample, args=(admin, time.monotonic() + WINDOW_SECONDS, samples, stop), daemon=True)
+    sampler.start()
+    try:
+        with ThreadPoolExecutor(max_workers=len(ATTACKS) + 1) as pool:
+            launched = {name: pool.submit(a.run, attacker, wait_for) for name, a in ATTACKS.items()}
+            control = pool.submit(control_day_grace_on_an_ordinary_node, attacker, wait_for)
+            notes = {name: f.result() for name, f in launched.items()}
+            control.result()
+        sampler.join(WINDOW_SECONDS + 30)
+    finally:
+        stop.set()
+
+    steps = removal_steps(kube, samples)
+    held = {}
+    for name, attack in ATTACKS.items():
+        worst, reached = samples.worst_window(name), samples.pods_on_pool(name)
+        text = f"{outcome(admin, name, samples, steps.get(name, []))} ({notes[name]})"
+        seconds = samples.longest_stay(name) if reached else 0.0
+        figures.attack(attack.what, attack.rbac, text, seconds, worst, worst <= ALLOWED_SECONDS)
+        if worst > ALLOWED_SECONDS:
+            held[name] = f"{worst:.1f} s Running on a pool node within 60 s: {text}"
+
+    # The control: the grace stage keeps a day-grace pod the tenant deleted (else attack 4 proves nothing).
+    control_pod = admin.read_namespaced_pod("control-day-grace", TEAM_OTHER)
+    grace_is_real = control_pod.metadata.deletion_timestamp is not None and control_pod.status.phase == "Running"
+    # The controller stays healthy, and the next eligible run is placed by the webhook.
+    alive, ready = placer.pid(replica) > 0, placer.ready(replica)
+    errors = placer.metric(replica, "egress_placer_admission_errors_total") - errors_before
+    name = runs.name("after-attacks")
+    runs.create_retrying(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
+    done = runs.wait_succeeded(TEAM_CDN, "taskruns", [name], timeout=90)
+    placed = decision_of(done[name]).get("pool") == POOL and runs.nodes_of(TEAM_CDN, [name])[name] in POOL_NODES
+    figures.set("eviction grace cap (s)", EVICTION_GRACE_SECONDS)
+    figures.measured(
+        f"{len(ATTACKS) - len(held)}/{len(ATTACKS)} held to {ALLOWED_SECONDS:.0f} s in 60 s (worst: "
+        + ", ".join(f"{n} {samples.worst_window(n):.1f} s" for n in ATTACKS)
+        + f"); control day-grace pod still terminating: {grace_is_real}; controller ready: {ready}, admission errors: "
+        f"{errors:.0f}; next eligible run placed on the pool: {placed}",
+        len(held) + (0 if placed else 1),
+    )
+
+    assert held == {}, held
+    assert grace_is_real, "the KWOK grace stage did not keep the control pod: attack 4 was not real"
+    assert alive and ready and errors == 0
+    assert placed, decision_of(done[name])
+    assert all(n in ORDINARY_NODES for n in [control_pod.spec.node_name])
