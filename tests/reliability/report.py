@@ -2,6 +2,7 @@
 
     python tests/reliability/report.py                      # run the suite, then write docs/reliability.md
     python tests/reliability/report.py --figures FILE       # only render FILE (a previous run's figures)
+    python tests/reliability/report.py --update FILE...     # run these test files, replace their rows in the page
 
 Running: `pytest -m reliability tests/reliability` with EGRESS_PLACER_RELIABILITY_FIGURES pointing at a
 JSON file, into which the suite's conftest writes one row per test (fault, load, expected and measured
@@ -17,6 +18,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -111,9 +113,9 @@ NOTES = """\
 """
 
 
-def run_suite(figures: Path, pytest_args: Sequence[str]) -> tuple[int, float]:
+def run_suite(figures: Path, pytest_args: Sequence[str], tests: Sequence[str] = ("tests/reliability",)) -> tuple[int, float]:
     env = {**os.environ, FIGURES_ENV: str(figures)}
-    argv = [sys.executable, "-m", "pytest", "-m", "reliability", "tests/reliability", "-p", "no:cacheprovider", *pytest_args]
+    argv = [sys.executable, "-m", "pytest", "-m", "reliability", *tests, "-p", "no:cacheprovider", *pytest_args]
     started = time.monotonic()
     status = subprocess.call(argv, cwd=REPO, env=env)
     return status, time.monotonic() - started
@@ -127,6 +129,63 @@ def _seconds(value: float | None) -> str:
     if value is None:
         return "not stopped"
     return "at admission" if value == 0 else f"{value:.1f} s"
+
+
+def _fault_line(row: dict[str, Any]) -> str:
+    if "fault" not in row:  # failed before it said what it tests
+        row = {**row, "fault": row["nodeid"].split("::")[-1], "load": "", "expected": ""}
+    measured = row.get("measured") or "(nothing measured)"
+    if row.get("failure") and row.get("outcome") in ("failed", "xfailed"):
+        measured += f" -- {row['failure']}"
+    lost = row.get("lost", "?")
+    return (
+        f"| {_cell(row['fault'])} | {_cell(row['load'])} | {_cell(row['expected'])} | {_cell(measured)} | {lost} "
+        f"| {RESULT.get(row.get('outcome', ''), row.get('outcome', 'not run'))} | {row.get('seconds', 0):.0f} s |"
+    )
+
+
+def _attempts_section(rows: list[dict[str, Any]]) -> list[str]:
+    attempts = [a for row in rows for a in row.get("attempts", [])]
+    if not attempts:
+        return []
+    out = [
+        "## Getting onto the pool without permission",
+        "",
+        "| attempt | outcome | time to stop | stopped |",
+        "|---|---|---|---|",
+    ]
+    for a in attempts:
+        stopped = "yes" if a["stopped"] else "**no**"
+        if a["seconds"] is None and a["stopped"]:
+            stopped, seconds = "trusted by design", "-"
+        else:
+            seconds = _seconds(a["seconds"])
+        out.append(f"| {_cell(a['attempt'])} | {_cell(a['outcome'])} | {seconds} | {stopped} |")
+    return out
+
+
+def _attacks_section(rows: list[dict[str, Any]]) -> list[str]:
+    attacks = [a for row in rows for a in row.get("attacks", [])]
+    if not attacks:
+        return []
+    out = [
+        "## A hostile tenant",
+        "",
+        "A minted identity bound to the built-in `edit` ClusterRole in its own namespace only (one that may not",
+        "use the pool), every attack at once in one shared window, the API sampled every 0.5 s",
+        "(`tests/reliability/test_hostile_tenant.py`). Time until cleared: how long its longest-lived pod was seen",
+        'Running on a pool node ("at admission": none ever got there).',
+        "",
+        "| attack | who may do it (RBAC) | outcome | time until cleared | most seconds Running on a pool node in 60 s | held |",
+        "|---|---|---|---|---|---|",
+    ]
+    for a in attacks:
+        cleared = "at admission" if not a["cleared_after"] else f"{a['cleared_after']:.1f} s"
+        held = "yes" if a["held"] else "**no**"
+        out.append(
+            f"| {_cell(a['attack'])} | {_cell(a['rbac'])} | {_cell(a['outcome'])} | {cleared} | {a['worst_window']:.1f} s | {held} |"
+        )
+    return out
 
 
 def render(rows: list[dict[str, Any]], *, duration: float | None, when: str) -> str:
@@ -150,55 +209,62 @@ def render(rows: list[dict[str, Any]], *, duration: float | None, when: str) -> 
         "",
         "| fault | load during it | expected outcome | measured outcome | runs misplaced or lost | result | test time |",
         "|---|---|---|---|---|---|---|",
+        *(_fault_line(row) for row in rows),
     ]
-    for row in rows:
-        if "fault" not in row:  # failed before it said what it tests
-            row = {**row, "fault": row["nodeid"].split("::")[-1], "load": "", "expected": ""}
-        measured = row.get("measured") or "(nothing measured)"
-        if row.get("failure") and row.get("outcome") in ("failed", "xfailed"):
-            measured += f" -- {row['failure']}"
-        lost = row.get("lost", "?")
-        out.append(
-            f"| {_cell(row['fault'])} | {_cell(row['load'])} | {_cell(row['expected'])} | {_cell(measured)} | {lost} "
-            f"| {RESULT.get(row.get('outcome', ''), row.get('outcome', 'not run'))} | {row.get('seconds', 0):.0f} s |"
-        )
-    attempts = [a for row in rows for a in row.get("attempts", [])]
-    if attempts:
-        out += [
-            "",
-            "## Getting onto the pool without permission",
-            "",
-            "| attempt | outcome | time to stop | stopped |",
-            "|---|---|---|---|",
-        ]
-        for a in attempts:
-            stopped = "yes" if a["stopped"] else "**no**"
-            if a["seconds"] is None and a["stopped"]:
-                stopped, seconds = "trusted by design", "-"
-            else:
-                seconds = _seconds(a["seconds"])
-            out.append(f"| {_cell(a['attempt'])} | {_cell(a['outcome'])} | {seconds} | {stopped} |")
-    attacks = [a for row in rows for a in row.get("attacks", [])]
-    if attacks:
-        out += [
-            "",
-            "## A hostile tenant",
-            "",
-            "A minted identity bound to the built-in `edit` ClusterRole in its own namespace only (one that may not",
-            "use the pool), every attack at once in one shared window, the API sampled every 0.5 s",
-            "(`tests/reliability/test_hostile_tenant.py`). Time until cleared: how long its longest-lived pod was seen",
-            "Running on a pool node (\"at admission\": none ever got there).",
-            "",
-            "| attack | who may do it (RBAC) | outcome | time until cleared | most seconds Running on a pool node in 60 s | held |",
-            "|---|---|---|---|---|---|",
-        ]
-        for a in attacks:
-            cleared = "at admission" if not a["cleared_after"] else f"{a['cleared_after']:.1f} s"
-            held = "yes" if a["held"] else "**no**"
-            out.append(
-                f"| {_cell(a['attack'])} | {_cell(a['rbac'])} | {_cell(a['outcome'])} | {cleared} | {a['worst_window']:.1f} s | {held} |"
-            )
+    for section in (_attempts_section(rows), _attacks_section(rows)):
+        if section:
+            out += ["", *section]
     out += ["", NOTES]
+    return "\n".join(out).rstrip() + "\n"
+
+
+UPDATED = "Re-measured by `"
+
+
+def update(page: str, rows: list[dict[str, Any]], *, tests: Sequence[str], duration: float | None, when: str) -> str:
+    """`page` with the rows of the tests that ran replaced (a fault row by its fault, the attempt and
+    hostile-tenant tables whole) and the notes current; every other row stays from its own run, and the
+    header says which rows were measured when."""
+    sections: dict[str, list[str]] = {}
+    order: list[str] = []
+    current = ""
+    for line in page.rstrip("\n").split("\n"):
+        if line.startswith("## "):
+            current = line
+            order.append(current)
+        sections.setdefault(current, []).append(line)
+    took = f" in {duration:.0f} s" if duration is not None else ""
+    note = (
+        f"{UPDATED}{COMMAND} --update` on {when}{took}: the rows of {', '.join(f'`{t}`' for t in tests)} "
+        "(those tests only); every other row is from the run above."
+    )
+    # An earlier re-measurement stays said unless every file it names was measured again now.
+    header = [
+        line for line in sections[""]
+        if not (line.startswith(UPDATED) and set(re.findall(r"`(tests/[^`]+)`", line)) <= set(tests))
+    ]
+    blank = max(i for i, line in enumerate(header) if line.strip()) + 1
+    sections[""] = header[:blank] + [note] + header[blank:]
+    faults = sections.get("## Faults", [])
+    for row in rows:
+        line = _fault_line(row)
+        key = line.split(" | ", 1)[0]
+        match = [i for i, old in enumerate(faults) if old.split(" | ", 1)[0] == key]
+        if match:
+            faults[match[0]] = line
+        else:
+            last = max(i for i, old in enumerate(faults) if old.startswith("| "))
+            faults.insert(last + 1, line)
+    for section in (_attempts_section(rows), _attacks_section(rows)):
+        if section:
+            if section[0] not in sections:
+                order.insert(order.index(next(h for h in order if h.startswith("## Decisions"))), section[0])
+            sections[section[0]] = section + [""]
+    notes = NOTES.rstrip("\n").split("\n")
+    sections[notes[0]] = notes
+    if notes[0] not in order:
+        order.append(notes[0])
+    out = sections[""] + [line for heading in order for line in sections[heading]]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -206,13 +272,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--figures", type=Path, help="render this figures file instead of running the suite")
     parser.add_argument("--out", type=Path, default=OUT, help=f"where to write the page (default {OUT.relative_to(REPO)})")
+    parser.add_argument(
+        "--update",
+        nargs="+",
+        metavar="TEST_FILE",
+        help="run only these test files and replace their rows in the existing page (the others stay from their run)",
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     status, duration = 0, None
     if args.figures is None:
         with tempfile.TemporaryDirectory(prefix="reliability-") as tmp:
             figures = Path(tmp) / "figures.json"
-            status, duration = run_suite(figures, args.pytest_args)
+            status, duration = run_suite(figures, args.pytest_args, args.update or ("tests/reliability",))
             if not figures.exists():
                 print("report: the suite recorded no figures; page not written", file=sys.stderr)
                 return status or 1
@@ -220,7 +292,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         rows = json.loads(args.figures.read_text())
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    args.out.write_text(render(rows, duration=duration, when=when))
+    if args.update:
+        page = update(args.out.read_text(), rows, tests=args.update, duration=duration, when=when)
+    else:
+        page = render(rows, duration=duration, when=when)
+    args.out.write_text(page)
     print(f"report: wrote {args.out} ({len(rows)} tests)")
     return status
 
