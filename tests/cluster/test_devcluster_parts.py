@@ -164,12 +164,19 @@ def test_a_pod_labelled_to_honour_its_grace_is_removed_only_when_the_grace_is_ov
     stages = {s["metadata"]["name"]: s for s in yaml.safe_load_all(render_stages(1.5))}
     at_once, after_grace = stages["pod-delete"]["spec"], stages["pod-delete-after-grace"]["spec"]
     operators = {
-        name: {e["key"]: e["operator"] for e in spec["selector"]["matchExpressions"]}
+        name: [(e["key"], e["operator"], e.get("values")) for e in spec["selector"]["matchExpressions"]]
         for name, spec in (("at-once", at_once), ("after-grace", after_grace))
     }
-    # Every pod being deleted matches exactly one of the two: by the label.
-    assert operators["at-once"] == {".metadata.deletionTimestamp": "Exists", HONOUR_GRACE: "DoesNotExist"}
-    assert operators["after-grace"] == {".metadata.deletionTimestamp": "Exists", HONOUR_GRACE: "Exists"}
+    # Every pod being deleted matches exactly one of the two by the label, except the value "never"
+    # (a node that never confirms): no stage removes it, only a delete with grace 0 does.
+    assert operators["at-once"] == [(".metadata.deletionTimestamp", "Exists", None), (HONOUR_GRACE, "DoesNotExist", None)]
+    assert operators["after-grace"] == [
+        (".metadata.deletionTimestamp", "Exists", None),
+        (HONOUR_GRACE, "Exists", None),
+        (HONOUR_GRACE, "NotIn", ["never"]),
+    ]
+    assert not [s for s in stages.values() if s["spec"]["resourceRef"]["kind"] == "Pod" and s["spec"]["next"].get("delete")
+                and s["metadata"]["name"] not in ("pod-delete", "pod-delete-after-grace")]
     assert "delay" not in at_once and at_once["next"] == {"delete": True}
     # KWOK reads a timestamp from durationFrom as "until then": the deletion's grace, whatever it is.
     assert after_grace["delay"]["durationFrom"] == {"expressionFrom": ".metadata.deletionTimestamp"}

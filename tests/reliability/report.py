@@ -70,7 +70,8 @@ NOTES = """\
   under the same name is a new intruder at once; Event `IntruderRemoved` and
   `egress_placer_intruders_removed_total{step}` say which step removed each one. The local cluster's KWOK
   removes a deleted pod at once, except pods labelled `devcluster.egress-placer.io/honour-grace`, which it
-  keeps until their deletion's grace is over (how the tests make the day's grace real).
+  keeps until their deletion's grace is over (how the tests make the day's grace real), or for ever with the
+  value `never` (a node that never confirms: only the delete with grace 0 removes such a pod).
 - **An UPDATE adding the pool toleration** is not seen by the mutating webhook (CREATE only): such a pod
   reaches the pool and is evicted as an intruder (figures above). The ValidatingAdmissionPolicy of the pool
   guard (separate work) refuses that UPDATE in the API server.

@@ -10,7 +10,9 @@ side in ONE shared window of WINDOW_SECONDS, every attack that got onto the pool
 4. a Pod with a day's terminationGracePeriodSeconds whose process ignores SIGTERM (the KWOK stage that
    honours the grace: label devcluster.egress-placer.io/honour-grace), put onto the pool by an UPDATE
    that adds the pool toleration, and deleted by the tenant itself with its day's grace once bound;
-5. a Pod that gains the pool toleration by an UPDATE after creation.
+5. the same on a node that never confirms its containers stopped (label value `never`): only the
+   controller's delete with grace 0 after the eviction's grace removes it;
+6. a Pod that gains the pool toleration by an UPDATE after creation.
 
 The API is sampled every SAMPLE_SECONDS (admin client) for the whole window. Done when, for each attack,
 no pod of the namespace is Running on a pool node for more than ALLOWED_SECONDS of any 60 s window, the
@@ -230,6 +232,17 @@ def day_grace_ignoring_sigterm(t: Tenant, wait_for: Waiter) -> str:
     return f"{update}; bound to {node or 'no node'}"
 
 
+def node_never_confirms(t: Tenant, wait_for: Waiter) -> str:
+    """Onto the pool the same way, on a node that never confirms its containers stopped (a kubelet gone:
+    KWOK never removes a pod labelled honour-grace=never): the eviction alone never clears it."""
+    name = "never-confirmed"
+    labels = t.labels("node-never-confirms", **{HONOUR_GRACE_LABEL: "never"})
+    t.pod(name, "node-never-confirms", {"nodeSelector": POOL_LABEL, "terminationGracePeriodSeconds": DAY}, labels=labels)
+    update = t.add_pool_toleration(name)
+    node = t.bound_node(name, wait_for)
+    return f"{update}; " + ("gone before its binding was read" if node == "gone" else f"bound to {node or 'no node'}")
+
+
 def toleration_added_by_an_update(t: Tenant, wait_for: Waiter) -> str:
     name = "late-toleration"
     t.pod(name, "toleration-by-update", {"nodeSelector": POOL_LABEL})
@@ -270,6 +283,9 @@ ATTACKS = {
         "Pod with terminationGracePeriodSeconds 86400 ignoring SIGTERM, onto the pool by an UPDATE adding the "
         "toleration, then deleted by the tenant with its day's grace", f"pods: create, patch, delete ({EDIT_ROLE})",
         day_grace_ignoring_sigterm),
+    "node-never-confirms": Attack(
+        "the same Pod, onto the pool by the UPDATE, on a node that never confirms its containers stopped "
+        "(KWOK label honour-grace=never: a kubelet gone)", f"pods: create, patch ({EDIT_ROLE})", node_never_confirms),
     "toleration-by-update": Attack(
         "Pod that gains the pool toleration by an UPDATE after creation", f"pods: create, patch ({EDIT_ROLE})",
         toleration_added_by_an_update),
@@ -337,7 +353,7 @@ def test_a_hostile_tenant_with_the_edit_role_does_not_keep_a_pool_node(
     figures: Figures,
 ) -> None:
     figures.fault(
-        "a hostile tenant with the built-in `edit` role in its own namespace (5 attacks side by side)",
+        "a hostile tenant with the built-in `edit` role in its own namespace (every attack side by side)",
         f"one {WINDOW_SECONDS:.0f} s window sampled every {SAMPLE_SECONDS} s; eviction grace cap {EVICTION_GRACE_SECONDS} s",
         f"no pod of the namespace Running on a pool node more than {ALLOWED_SECONDS:.0f} s of any 60 s; controller healthy; "
         "the next eligible run placed",
