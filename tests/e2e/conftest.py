@@ -13,7 +13,7 @@ from running_controller import POLICY_FILE, EgressPlacer, make_plain, namespace_
 from tekton_runs import TEAM_CDN, TEAM_OTHER, Runs, Waiter
 
 from devcluster.cluster import Cluster
-from devcluster.controller import start_controller
+from devplacer.controller import start_controller
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The egress-placer process the end-to-end tests run (through devcluster.controller): where its
+"""The egress-placer process the end-to-end tests run (through devplacer.controller): where its
 replica listens, its JSON log, its metrics; and how to remove its taints once it is stopped."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devcluster.controller import NAMESPACE, WEBHOOK_CONFIG, ControllerReplica, replicas_of, stop_controller
+from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG, ControllerReplica, replicas_of, stop_controller
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "e2e"
 POLICY_FILE = DATA / "policy.yaml"

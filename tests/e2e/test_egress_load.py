@@ -25,8 +25,8 @@ from running_controller import POLICY_FILE, EgressPlacer, make_plain
 from tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, Waiter, decision_of, taskrun
 
 from devcluster.cluster import Cluster
-from devcluster.controller import service_account_user, start_controller
-from devcluster.egress_exporter import EGRESS_QUERY, EgressExporter, egress_load_block, start_exporters, stop_exporters
+from devplacer.controller import service_account_user, start_controller
+from devplacer.egress_exporter import EGRESS_QUERY, EgressExporter, egress_load_block, start_exporters, stop_exporters
 from devcluster.prometheus import start_prometheus, stop_prometheus, wait_for_rates
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]

@@ -18,7 +18,7 @@ from kubernetes import client
 from running_controller import namespace_exists
 
 from devcluster.cluster import Cluster
-from devcluster.controller import NAMESPACE
+from devplacer.controller import NAMESPACE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 

@@ -18,7 +18,7 @@ from running_controller import INVALID_POLICY_FILE, POLICY_FILE, EgressPlacer
 from tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, Waiter, decision_of, events, taskrun
 
 from devcluster.cluster import Cluster
-from devcluster.controller import (
+from devplacer.controller import (
     NAMESPACE,
     POLICY_CONFIGMAP,
     apply_policy,

@@ -23,7 +23,7 @@ from controller.admission.certs import KeyPair, make_ca, make_serving_cert
 from controller.app import CERT_TICK_SECONDS
 from controller.settings import Settings
 from devcluster.cluster import Cluster
-from devcluster.controller import NAMESPACE, WEBHOOK_CONFIG, start_controller
+from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG, start_controller
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 

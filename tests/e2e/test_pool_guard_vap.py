@@ -25,7 +25,7 @@ from controller.core.guard import GUARD_NAME, policy_binding
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION
 from controller.core.policy import load_policy
 from devcluster.cluster import Cluster
-from devcluster.controller import NAMESPACE, start_controller, stop_controller
+from devplacer.controller import NAMESPACE, start_controller, stop_controller
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 

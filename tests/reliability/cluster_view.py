@@ -16,7 +16,7 @@ from tekton_runs import ORDINARY_NODES, POOL, POOL_NODES, POOL_TOLERATION
 
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devcluster.controller import NAMESPACE, ControllerReplica, replicas_of
+from devplacer.controller import NAMESPACE, ControllerReplica, replicas_of
 
 LEASE = "egress-placer-leader"
 POOL_TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}

@@ -28,7 +28,7 @@ from running_controller import make_plain as make_plain_cluster, namespace_exist
 from tekton_runs import Waiter  # noqa: E402
 
 from devcluster.cluster import Cluster  # noqa: E402
-from devcluster.controller import start_controller  # noqa: E402
+from devplacer.controller import start_controller  # noqa: E402
 
 FIGURES_ENV = "EGRESS_PLACER_RELIABILITY_FIGURES"  # where the figures go (JSON); report.py sets it
 POLICY_FILE = Path(__file__).with_name("policy.yaml")

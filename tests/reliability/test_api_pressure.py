@@ -30,8 +30,8 @@ from kubernetes.client.exceptions import ApiException
 from tekton_runs import POOL_NODES
 
 from devcluster.cluster import Cluster
-from devcluster.controller import service_account_user
-from devcluster.faults import Component, kill_component, start_component
+from devplacer.controller import service_account_user
+from devplacer.faults import Component, kill_component, start_component
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 

@@ -18,7 +18,7 @@ from cluster_view import Placer, elapsed_until, eventually, remove_pool_taint, t
 from conftest import Figures, TEAM_CDN
 from kubernetes import client
 from devcluster.cluster import Cluster
-from devcluster.faults import kill_component, snapshot, start_component, wait_healthy
+from devplacer.faults import kill_component, snapshot, start_component, wait_healthy
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 

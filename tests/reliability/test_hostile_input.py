@@ -43,7 +43,7 @@ from controller.admission.server import IDLE_TIMEOUT_SECONDS, MAX_REVIEW_BYTES, 
 from controller.core.images import MAX_IMAGE_CHARS
 from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION, TAINT_KEY
 from devcluster.cluster import Cluster
-from devcluster.controller import WEBHOOK_CONFIG
+from devplacer.controller import WEBHOOK_CONFIG
 from devcluster.process import rss_bytes
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]

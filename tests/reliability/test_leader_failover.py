@@ -29,8 +29,8 @@ from conftest import ControllerSpec, Figures, TEAM_CDN, TEAM_OTHER
 from kubernetes import client
 from tekton_runs import events
 from devcluster.cluster import Cluster
-from devcluster.controller import PROXY_NAME, ControllerReplica, controller_env
-from devcluster.faults import kill_component, start_component
+from devplacer.controller import PROXY_NAME, ControllerReplica, controller_env
+from devplacer.faults import kill_component, start_component
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 

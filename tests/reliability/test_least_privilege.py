@@ -21,8 +21,8 @@ from conftest import Figures, TEAM_CDN, TEAM_OTHER
 from kubernetes import client, config
 from tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, decision_of, taskrun
 from devcluster.cluster import Cluster
-from devcluster.controller import NAMESPACE, service_account_user
-from devcluster.faults import Component, kill_component, start_component
+from devplacer.controller import NAMESPACE, service_account_user
+from devplacer.faults import Component, kill_component, start_component
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 

@@ -1,4 +1,4 @@
-"""The webhook proxy (devcluster/webhook_proxy.py) on its own, no cluster: run as a process in front of
+"""The webhook proxy (devplacer/webhook_proxy.py) on its own, no cluster: run as a process in front of
 two live backends and one dead port, every connection reaches a live backend, turn by turn; when a
 backend dies the next connections go to the one left; with none left the connection is closed."""
 
@@ -67,7 +67,7 @@ def backends() -> Iterator[tuple[Backend, Backend]]:
 @pytest.fixture
 def proxy(backends: tuple[Backend, Backend]) -> Iterator[int]:
     port, dead = free_port(), free_port()
-    argv = [sys.executable, "-m", "devcluster.webhook_proxy", "--listen", f"127.0.0.1:{port}",
+    argv = [sys.executable, "-m", "devplacer.webhook_proxy", "--listen", f"127.0.0.1:{port}",
             "--backend", f"127.0.0.1:{backends[0].port}", "--backend", f"127.0.0.1:{dead}", "--backend", f"127.0.0.1:{backends[1].port}"]
     process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 10

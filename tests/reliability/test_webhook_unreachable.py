@@ -17,8 +17,8 @@ from conftest import Figures, TEAM_CDN, TEAM_OTHER
 from kubernetes import client
 from tekton_runs import MATCHING_IMAGE, POOL_NODES, decision_of, events, succeeded, taskrun
 from devcluster.cluster import Cluster
-from devcluster.controller import WEBHOOK_CONFIG
-from devcluster.faults import kill_component, start_component
+from devplacer.controller import WEBHOOK_CONFIG
+from devplacer.faults import kill_component, start_component
 from devcluster.process import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
