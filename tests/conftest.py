@@ -1,43 +1,22 @@
 """Test-wide wiring: the local cluster's pytest plugin (the session-scoped `devcluster` fixture) and
-the fixtures every test on the cluster shares: an admin API client, a fresh namespace, a poller.
+the fixtures every test on the cluster shares: an admin API client and a fresh namespace. Tests wait
+with `tests.waiting.wait_for`.
 
 Tests that need the cluster carry the `cluster` marker; `pytest -m "not cluster"` runs the rest in seconds.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Callable, Iterator
 
 import pytest
 from kubernetes import client, config
 
 from devcluster.cluster import Cluster
+from tests.waiting import wait_for
 
 pytest_plugins = ["devcluster.pytest_plugin"]
-
-T = TypeVar("T")
-
-Waiter = Callable[..., Any]
-
-
-def _wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.25) -> T:
-    """Poll `probe` until it returns something truthy; fail the test with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-
-
-@pytest.fixture(scope="session")
-def wait_for() -> Waiter:
-    """`wait_for(what, probe, timeout=60)`: poll until `probe()` is truthy, return it, or fail."""
-    return _wait_for
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +31,7 @@ def _create_namespace(kube: client.ApiClient, name: str) -> str:
     """Create namespace `name` and wait for its `default` ServiceAccount (Tekton needs it)."""
     core = client.CoreV1Api(kube)
     core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    _wait_for(
+    wait_for(
         f"ServiceAccount {name}/default",
         lambda: any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items),
     )

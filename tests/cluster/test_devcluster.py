@@ -14,7 +14,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 from kubernetes import client, config
@@ -24,9 +24,9 @@ import devcluster.cluster as cluster_module
 from devcluster import build
 from devcluster.cluster import EGRESS_POOL, EGRESS_POOL_LABEL, Cluster, ClusterError
 from devcluster.process import ProcessRecord, spawn
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
-Waiter = Callable[..., Any]  # the `wait_for` fixture (tests/cluster/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 TAINT = {"key": EGRESS_POOL_LABEL, "value": EGRESS_POOL, "effect": "NoSchedule"}
@@ -58,7 +58,7 @@ def _time(stamp: str) -> datetime.datetime:
 
 
 def test_taskrun_with_inline_task_runs_on_a_kwok_node_and_succeeds(
-    kube: client.ApiClient, namespace: str, wait_for: Waiter
+    kube: client.ApiClient, namespace: str
 ) -> None:
     body = {
         "apiVersion": "tekton.dev/v1",
@@ -80,7 +80,7 @@ def test_taskrun_with_inline_task_runs_on_a_kwok_node_and_succeeds(
 
 
 def test_pipelinerun_runs_its_second_task_after_the_first_and_succeeds(
-    kube: client.ApiClient, namespace: str, wait_for: Waiter
+    kube: client.ApiClient, namespace: str
 ) -> None:
     body = {
         "apiVersion": "tekton.dev/v1",
@@ -163,7 +163,6 @@ PODS_PER_CASE = 6  # twice the egress nodes: a scheduler ignoring the taint woul
 def test_scheduler_enforces_selector_and_taint(
     kube: client.ApiClient,
     namespace: str,
-    wait_for: Waiter,
     tainted: bool,
     selector: bool,
     toleration: bool,
@@ -188,7 +187,7 @@ def test_scheduler_enforces_selector_and_taint(
 
 
 def test_service_account_without_rights_is_refused_until_granted(
-    devcluster: Cluster, kube: client.ApiClient, namespace: str, wait_for: Waiter, tmp_path: Path
+    devcluster: Cluster, kube: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
     user = f"system:serviceaccount:{namespace}:nobody"
     as_nobody = config.new_client_from_config(config_file=str(devcluster.mint_kubeconfig(user, out=tmp_path / "k")))
@@ -270,13 +269,14 @@ import pathlib, time
 def test_hold(devcluster):
     pids = " ".join(str(p.pid) for p in devcluster.processes())
     (pathlib.Path(__file__).parent / "cluster-pids").write_text(pids)
+    # Part of the scenario: the session holds its cluster until the outer test kills it.
     time.sleep(600)
 '''
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_fixture_cluster_goes_when_the_pytest_process_is_killed(
-    tmp_path: Path, wait_for: Waiter, signum: signal.Signals
+    tmp_path: Path, signum: signal.Signals
 ) -> None:
     (tmp_path / "test_inner.py").write_text(INNER_SESSION)
     env = {

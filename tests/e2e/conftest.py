@@ -9,15 +9,16 @@ from typing import Callable, Iterator
 
 import pytest
 from kubernetes import client
-from running_controller import POLICY_FILE, EgressPlacer, make_plain, namespace_exists
-from tekton_runs import TEAM_CDN, TEAM_OTHER, Runs, Waiter
 
 from devcluster.cluster import Cluster
 from devplacer.controller import start_controller
+from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, make_plain, namespace_exists
+from tests.e2e.tekton_runs import TEAM_CDN, TEAM_OTHER, Runs
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
-def tenants(kube: client.ApiClient, make_namespace: Callable[[str], str], wait_for: Waiter) -> Iterator[tuple[str, str]]:
+def tenants(kube: client.ApiClient, make_namespace: Callable[[str], str]) -> Iterator[tuple[str, str]]:
     """team-cdn and team-other, each with its `default` ServiceAccount; deleted (and gone) afterwards."""
     core = client.CoreV1Api(kube)
     for name in (TEAM_CDN, TEAM_OTHER):
@@ -41,8 +42,8 @@ def egress_placer(devcluster: Cluster, kube: client.ApiClient, tenants: tuple[st
 
 
 @pytest.fixture
-def runs(kube: client.ApiClient, wait_for: Waiter, egress_placer: EgressPlacer) -> Iterator[Runs]:
+def runs(kube: client.ApiClient, egress_placer: EgressPlacer) -> Iterator[Runs]:
     """Creates this test's runs and pods (labelled with the test's id) and deletes them afterwards."""
-    made = Runs(kube, wait_for)
+    made = Runs(kube)
     yield made
     made.cleanup()

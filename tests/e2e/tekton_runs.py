@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import DECISION_ANNOTATION, TAINT_KEY
+from tests.waiting import wait_for
 
 POOL = "overseas"
 POOL_NODES = frozenset({"egress-1", "egress-2", "egress-3"})
@@ -23,9 +24,6 @@ OTHER_IMAGE = "docker.io/library/golang:1.22"
 POOL_TOLERATION = {"key": TAINT_KEY, "operator": "Equal", "value": POOL, "effect": "NoSchedule"}
 TEST_LABEL = "e2e.egress-placer.io/test"
 GROUP, VERSION = "tekton.dev", "v1"
-
-Waiter = Callable[..., Any]  # the `wait_for` fixture (tests/conftest.py)
-
 
 def step(image: str, name: str = "main") -> dict[str, Any]:
     """A step with a `script`, so Tekton never looks the image up in a registry."""
@@ -74,7 +72,7 @@ def events(kube: client.ApiClient, namespace: str, reason: str) -> list[dict[str
 class Runs:
     """Everything one test creates carries the label `TEST_LABEL=<id>`; `cleanup` deletes it all."""
 
-    def __init__(self, kube: client.ApiClient, wait_for: Waiter) -> None:
+    def __init__(self, kube: client.ApiClient) -> None:
         self.kube = kube
         self.wait_for = wait_for
         self.id = uuid.uuid4().hex[:8]
@@ -138,7 +136,7 @@ class Runs:
                 return {n: runs[n] for n in wanted}
             return None
 
-        return self.wait_for(f"{len(wanted)} {plural} in {namespace} to succeed", done, timeout=timeout, interval=0.5)
+        return wait_for(f"{len(wanted)} {plural} in {namespace} to succeed", done, timeout=timeout, interval=0.5)
 
     def pods_by_taskrun(self, namespace: str) -> dict[str, client.V1Pod]:
         """This test's Tekton pods in `namespace`, by the name of their TaskRun."""

@@ -15,10 +15,10 @@ from typing import Callable, Iterator
 
 import pytest
 from kubernetes import client
-from running_controller import namespace_exists
 
 from devcluster.cluster import Cluster
 from devplacer.controller import NAMESPACE
+from tests.e2e.running_controller import namespace_exists
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 

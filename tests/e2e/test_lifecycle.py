@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import requests
 from kubernetes import client, config
-from running_controller import INVALID_POLICY_FILE, POLICY_FILE, EgressPlacer
-from tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, Waiter, decision_of, events, taskrun
 
 from devcluster.cluster import Cluster
+from devcluster.process import free_port
 from devplacer.controller import (
     NAMESPACE,
     POLICY_CONFIGMAP,
@@ -26,7 +25,19 @@ from devplacer.controller import (
     start_controller,
     stop_controller,
 )
-from devcluster.process import free_port
+from tests.e2e.running_controller import INVALID_POLICY_FILE, POLICY_FILE, EgressPlacer
+from tests.e2e.tekton_runs import (
+    MATCHING_IMAGE,
+    POOL,
+    POOL_NODES,
+    TEAM_CDN,
+    TEAM_OTHER,
+    Runs,
+    decision_of,
+    events,
+    taskrun,
+)
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -61,7 +72,7 @@ def test_the_controller_runs_under_the_k8s_service_account(egress_placer: Egress
 
 
 def test_runs_finish_while_the_controller_is_down_and_are_reported_after_restart(
-    egress_placer: EgressPlacer, runs: Runs, wait_for: Waiter
+    egress_placer: EgressPlacer, runs: Runs
 ) -> None:
     cluster = egress_placer.cluster
     stop_controller(cluster)
@@ -120,7 +131,7 @@ def test_an_invalid_policy_at_start_is_fatal_and_names_the_field(devcluster: Clu
 
 
 def test_an_invalid_policy_on_reload_is_refused_and_the_old_one_stays(
-    egress_placer: EgressPlacer, kube: client.ApiClient, runs: Runs, wait_for: Waiter
+    egress_placer: EgressPlacer, kube: client.ApiClient, runs: Runs
 ) -> None:
     cluster = egress_placer.cluster
     refused_before = egress_placer.metric(RELOADS, REFUSED)

@@ -12,7 +12,9 @@ from typing import Any, Iterator
 
 import pytest
 from kubernetes import client
-from tekton_runs import (
+
+from controller.core.model import PLACEMENT_ANNOTATION
+from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
     OTHER_IMAGE,
@@ -21,13 +23,11 @@ from tekton_runs import (
     TEAM_CDN,
     TEAM_OTHER,
     Runs,
-    Waiter,
     decision_of,
     step,
     taskrun,
 )
-
-from controller.core.model import PLACEMENT_ANNOTATION
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -45,7 +45,7 @@ def on_pool(nodes: dict[str, str | None]) -> dict[str, str | None]:
     return {run: node for run, node in nodes.items() if node not in ORDINARY_NODES}
 
 
-def test_a_burst_of_matching_taskruns_runs_on_the_pool_spread_over_its_nodes(runs: Runs, wait_for: Waiter) -> None:
+def test_a_burst_of_matching_taskruns_runs_on_the_pool_spread_over_its_nodes(runs: Runs) -> None:
     names = [runs.name(f"cdn-{i}") for i in range(BURST)]
     runs.create_all((TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE)) for name in names)
 
@@ -126,7 +126,7 @@ def tekton_coschedule(kube: client.ApiClient, mode: str) -> Iterator[None]:
 
 
 def test_a_coscheduled_pipelinerun_runs_whole_on_the_pool_and_every_pod_is_scheduled(
-    runs: Runs, kube: client.ApiClient, wait_for: Waiter
+    runs: Runs, kube: client.ApiClient
 ) -> None:
     # The local cluster has no storage provisioner and its controller-manager runs no volume binder,
     # so a volumeClaimTemplate's PVC stays Pending and the scheduler refuses every pod of such a run
@@ -166,7 +166,7 @@ def test_a_coscheduled_pipelinerun_runs_whole_on_the_pool_and_every_pod_is_sched
     assert set(assistants.values()) <= POOL_NODES, assistants
 
 
-def test_images_from_a_referenced_task_and_from_a_param_default_are_placed(runs: Runs, wait_for: Waiter) -> None:
+def test_images_from_a_referenced_task_and_from_a_param_default_are_placed(runs: Runs) -> None:
     task = runs.name("cdn-sync")
     runs.create(
         TEAM_CDN,

@@ -12,7 +12,10 @@ from typing import Any, Iterator
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tekton_runs import (
+
+from controller.core.model import TAINT_KEY
+from tests.e2e.running_controller import EgressPlacer
+from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
     POOL,
@@ -20,13 +23,10 @@ from tekton_runs import (
     POOL_TOLERATION,
     TEAM_OTHER,
     Runs,
-    Waiter,
     decision_of,
     taskrun,
 )
-
-from running_controller import EgressPlacer
-from controller.core.model import TAINT_KEY
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -68,7 +68,7 @@ def test_a_copied_pool_placement_is_stripped_from_a_run_of_a_namespace_that_may_
     assert not [t for t in pod.spec.tolerations or [] if t.key == TAINT_KEY]
 
 
-def test_a_pod_put_on_a_pool_node_by_a_namespace_that_may_not_use_it_is_evicted(runs: Runs, wait_for: Waiter) -> None:
+def test_a_pod_put_on_a_pool_node_by_a_namespace_that_may_not_use_it_is_evicted(runs: Runs) -> None:
     name = runs.name("intruder")
     pod = {
         "apiVersion": "v1",
@@ -111,7 +111,7 @@ def ordinary_node(kube: client.ApiClient) -> Iterator[str]:
 
 
 def test_the_pool_taint_follows_pool_membership(
-    egress_placer: EgressPlacer, kube: client.ApiClient, ordinary_node: str, wait_for: Waiter
+    egress_placer: EgressPlacer, kube: client.ApiClient, ordinary_node: str
 ) -> None:
     core = client.CoreV1Api(kube)
     wait_for("every pool node to carry the pool taint", lambda: all(pool_taints(core, n) == [POOL_TAINT] for n in POOL_NODES), timeout=10)

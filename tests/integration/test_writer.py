@@ -9,13 +9,13 @@ import uuid
 from typing import Any
 
 import pytest
-from eventually import wait_for
 
 from controller.core.model import Taint
 from controller.kube.client import MERGE_PATCH, KubeApi
 from controller.kube.retry import RetryPolicy
 from controller.kube.writer import REPORTING_CONTROLLER, ApiError, EventRecorder, KubeClient, Outcome
 from controller.metrics import Metrics
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -114,7 +114,7 @@ def pod_going(api: KubeApi, namespace: str, name: str) -> bool:
 def test_evict(api, writer, namespace):
     make_pod(api, namespace, "victim")
     assert writer.evict(namespace, "victim") is True
-    wait_for(lambda: pod_going(api, namespace, "victim"), 15)
+    wait_for("pod victim evicted", lambda: pod_going(api, namespace, "victim"), timeout=15)
     assert writer.evict(namespace, "never-existed") is True  # gone is done
 
 
@@ -125,7 +125,7 @@ def test_an_eviction_or_delete_for_another_uid_leaves_the_pod_of_that_name_alone
     writer.delete_pod(namespace, "reborn", uid="00000000-0000-0000-0000-000000000000")
     assert not pod_going(api, namespace, "reborn")
     writer.delete_pod(namespace, "reborn", uid=uid)
-    wait_for(lambda: pod_going(api, namespace, "reborn"), 15)
+    wait_for("pod reborn evicted", lambda: pod_going(api, namespace, "reborn"), timeout=15)
     writer.delete_pod(namespace, "reborn", uid=uid)  # gone is done
 
 
@@ -145,7 +145,7 @@ def test_an_eviction_a_disruption_budget_forbids_is_refused_for_now(api, writer,
         )
         return status.get("currentHealthy") == 1 and status.get("disruptionsAllowed") == 0
 
-    wait_for(budget_counts_the_pod, timeout=30)
+    wait_for("the budget to count the pod", budget_counts_the_pod, timeout=30)
     assert writer.evict(namespace, "guarded") is False
     assert not pod_going(api, namespace, "guarded")
 

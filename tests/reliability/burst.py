@@ -18,9 +18,20 @@ from typing import Any, Mapping
 import tenacity
 import urllib3
 from kubernetes.client.exceptions import ApiException
-from tekton_runs import GROUP, MATCHING_IMAGE, POOL, POOL_NODES, VERSION, Runs, decision_of, succeeded, taskrun
 
 from controller.core.model import TAINT_KEY
+from tests.e2e.tekton_runs import (
+    GROUP,
+    MATCHING_IMAGE,
+    POOL,
+    POOL_NODES,
+    VERSION,
+    Runs,
+    decision_of,
+    succeeded,
+    taskrun,
+)
+from tests.waiting import wait_for
 
 CREATE_TIMEOUT = 15.0  # seconds per attempt: with etcd down, the API server would hold a request ~60 s
 
@@ -91,6 +102,7 @@ class Burst:
     def _submit(self) -> None:
         for name in self.names:
             self._futures.append(self._pool.submit(self._create, name))
+            # Part of the scenario: the burst's pace, one creation every `interval` s.
             time.sleep(self.interval)
 
     def _create(self, name: str) -> None:
@@ -116,9 +128,7 @@ class Burst:
 
     def wait_started(self, count: int, timeout: float = 60.0) -> None:
         """Wait until `count` creations were handed to the pool (the burst is under way)."""
-        deadline = time.monotonic() + timeout
-        while self.submitted < count and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(f"{count} creations of the burst under way", lambda: self.submitted >= count, timeout=timeout, interval=0.01)
 
     def join(self, timeout: float = 180.0) -> None:
         """Wait until every creation succeeded or gave up."""

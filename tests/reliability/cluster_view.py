@@ -1,56 +1,41 @@
 """What the reliability tests read from the local cluster while they break it: pool taints, the leader
 Lease, the controller replicas' and the API server's metrics, intruder pods and whether they are gone,
-and a poller that returns how long a condition took."""
+and `quietly`, which lets a `wait_for` probe outlast an API server that is away."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
-import pytest
 import requests
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tekton_runs import ORDINARY_NODES, POOL, POOL_NODES, POOL_TOLERATION
 
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
 from devplacer.controller import NAMESPACE, ControllerReplica, replicas_of
+from tests.e2e.tekton_runs import ORDINARY_NODES, POOL, POOL_NODES, POOL_TOLERATION
+
+T = TypeVar("T")
 
 LEASE = "egress-placer-leader"
 POOL_TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}
 POOL_LABEL = {TAINT_KEY: POOL}  # the devcluster's pool nodes carry it; the policy selects on it
 
 
-def elapsed_until(what: str, probe: Callable[[], Any], timeout: float, interval: float = 0.1) -> float:
-    """Poll `probe` until truthy; the seconds it took. Fails the test after `timeout`."""
-    started = time.monotonic()
-    while not _quietly(probe):
-        if time.monotonic() - started > timeout:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-    return time.monotonic() - started
+def quietly(probe: Callable[[], T]) -> Callable[[], T | bool]:
+    """`probe` for `wait_for` while the API server may be restarting: False while it cannot be reached
+    (connection errors, 5xx, 404, 429), the probe's answer otherwise; other 4xx errors still fail."""
 
-
-def eventually(probe: Callable[[], Any], timeout: float, interval: float = 0.5) -> bool:
-    """Poll `probe` until truthy or `timeout`: whether it became true (never fails the test)."""
-    deadline = time.monotonic() + timeout
-    while not _quietly(probe):
-        if time.monotonic() > deadline:
+    def answer() -> T | bool:
+        try:
+            return probe()
+        except (ApiException, requests.RequestException, OSError) as error:
+            if isinstance(error, ApiException) and 400 <= (error.status or 0) < 500 and error.status not in (404, 429):
+                raise
             return False
-        time.sleep(interval)
-    return True
 
-
-def _quietly(probe: Callable[[], Any]) -> Any:
-    """The probe's answer; False while the API server cannot be reached (it may be restarting)."""
-    try:
-        return probe()
-    except (ApiException, requests.RequestException, OSError) as error:
-        if isinstance(error, ApiException) and 400 <= (error.status or 0) < 500 and error.status not in (404, 429):
-            raise
-        return False
+    return answer
 
 
 # -- nodes and taints ------------------------------------------------------------------------------

@@ -22,16 +22,27 @@ from typing import Any, Iterator
 
 import pytest
 import yaml
-from burst import Burst, RetryingRuns, all_finished, pool_outcome
-from cluster_view import POOL_TAINT, Placer, apiserver_metrics, elapsed_until, intruder_pod, parse_samples, pod_gone, pool_taints, remove_pool_taint
-from conftest import Figures, TEAM_CDN, TEAM_OTHER
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tekton_runs import POOL_NODES
 
 from devcluster.cluster import Cluster
 from devplacer.controller import service_account_user
 from devplacer.faults import Component, kill_component, start_component
+from tests.e2e.tekton_runs import POOL_NODES
+from tests.reliability.burst import Burst, RetryingRuns, all_finished, pool_outcome
+from tests.reliability.cluster_view import (
+    POOL_TAINT,
+    Placer,
+    apiserver_metrics,
+    intruder_pod,
+    parse_samples,
+    pod_gone,
+    pool_taints,
+    quietly,
+    remove_pool_taint,
+)
+from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -159,6 +170,7 @@ class Hog:
                 self.core.create_namespaced_config_map(HOG_NAMESPACE, {"metadata": {"generateName": "hog-"}}, _request_timeout=30)
                 self.created += 1
             except Exception:  # noqa: BLE001 - the hog only has to keep the slot busy
+                # Part of the scenario: the hog's own pace after a refusal (it is load, not a check).
                 time.sleep(0.1)
 
     def start(self) -> None:
@@ -214,7 +226,7 @@ def test_under_sustained_429s_the_controller_backs_off_and_drops_nothing(
     replica = placer.replicas[0]
     log_offset = controller_log_size(placer)
     hog.start()
-    time.sleep(1.0)
+    wait_for("a hog request held by the black-hole webhook (the mutating slot busy)", lambda: hog.blackhole.held, timeout=30, interval=0.05)
     pressure_from = time.time()
     for node in sorted(POOL_NODES):
         remove_pool_taint(kube, node)
@@ -222,19 +234,27 @@ def test_under_sustained_429s_the_controller_backs_off_and_drops_nothing(
     for i, name in enumerate(intruders):
         runs.create_pod(TEAM_OTHER, intruder_pod(name, node=sorted(POOL_NODES)[i % len(POOL_NODES)]))
     burst = Burst(runs, TEAM_CDN, BURST, prefix="pressure").start()
+    # Part of the scenario: the pressure lasts PRESSURE_SECONDS, whatever happens meanwhile.
     time.sleep(max(0.0, PRESSURE_SECONDS - (time.time() - pressure_from)))
     hog.end()
     pressure_to = time.time()
 
-    converged = elapsed_until(
+    converged_from = time.monotonic()
+    wait_for(
         "the pool taints back and the intruders evicted",
-        lambda: all(pool_taints(core, n) == [POOL_TAINT] for n in POOL_NODES)
-        and all(pod_gone(core, TEAM_OTHER, name) for name in intruders),
+        quietly(lambda: all(pool_taints(core, n) == [POOL_TAINT] for n in POOL_NODES)
+        and all(pod_gone(core, TEAM_OTHER, name) for name in intruders)),
         timeout=CONVERGE_SECONDS + 60,
         interval=0.5,
     )
+    converged = time.monotonic() - converged_from
     burst.join()
-    elapsed_until(f"the {BURST} runs to finish", lambda: all_finished(runs, TEAM_CDN, burst.names), timeout=240, interval=1.0)
+    wait_for(
+        f"the {BURST} runs to finish",
+        quietly(lambda: all_finished(runs, TEAM_CDN, burst.names)),
+        timeout=240,
+        interval=1.0,
+    )
     outcome = pool_outcome(runs, TEAM_CDN, burst.names)
 
     entries = [e for e in read_audit(throttled_apiserver) if e["user"]["username"] == CONTROLLER_USER]

@@ -30,21 +30,21 @@ from typing import Any, Iterator
 import jsonpatch
 import pytest
 import requests
-from cluster_view import Placer
-from conftest import Figures, TEAM_CDN, TEAM_OTHER
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from kubernetes import client
 from kubernetes import config as kube_config
-from tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, Runs, Waiter, decision_of, succeeded, taskrun
 
 from bench.hostile import doubling_image_chars, doubling_taskrun, matrix_bomb_pipelinerun
 from controller.admission.server import IDLE_TIMEOUT_SECONDS, MAX_REVIEW_BYTES, READ_TIMEOUT_SECONDS
 from controller.core.images import MAX_IMAGE_CHARS
 from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION, TAINT_KEY
 from devcluster.cluster import Cluster
-from devplacer.controller import WEBHOOK_CONFIG
 from devcluster.process import rss_bytes
+from devplacer.controller import WEBHOOK_CONFIG
+from tests.e2e.tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, Runs, decision_of, succeeded, taskrun
+from tests.reliability.cluster_view import Placer
+from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -318,6 +318,7 @@ class SlowClient(threading.Thread):
         self.byte_seconds = byte_seconds
         self.status: int | None = None
         self.closed_after: float | None = None
+        self.misbehaving = threading.Event()  # its connection is open and doing what `mode` says
 
     def run(self) -> None:
         host, port = self.webhook.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
@@ -325,6 +326,7 @@ class SlowClient(threading.Thread):
         raw = socket.create_connection((host, int(port)), timeout=90)
         try:
             if self.mode == "no-handshake":
+                self.misbehaving.set()
                 self._wait_closed(raw, started)
                 return
             context = ssl.create_default_context(cafile=str(self.webhook.ca_file))
@@ -334,11 +336,15 @@ class SlowClient(threading.Thread):
             started = time.monotonic()
             if self.mode == "stalled-headers":
                 conn.sendall(head[: len(head) // 2])
+                self.misbehaving.set()
             elif self.mode == "stalled-body":
                 conn.sendall(head + body[: len(body) // 2])
+                self.misbehaving.set()
             else:
                 for i in range(len(head + body)):
                     conn.sendall((head + body)[i : i + 1])
+                    self.misbehaving.set()
+                    # Part of the scenario: a client that sends one byte every `byte_seconds`.
                     time.sleep(self.byte_seconds)
             self._wait_closed(conn, started)
         finally:
@@ -374,7 +380,7 @@ def test_slow_and_stalled_clients_hold_up_nobody_and_are_cut_off(webhook: Webhoo
     )
     for c in clients:
         c.start()
-    time.sleep(1.0)
+    wait_for("every slow client connected and misbehaving", lambda: all(c.misbehaving.is_set() for c in clients), timeout=30, interval=0.05)
     ordinary = []
     for i in range(20):
         response, seconds = webhook.post(json.dumps(review(taskrun_object(f"ordinary-{i}", MATCHING_IMAGE), dry_run=True)).encode())

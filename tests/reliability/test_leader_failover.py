@@ -14,23 +14,25 @@ import time
 from pathlib import Path
 
 import pytest
-from burst import Burst, RetryingRuns, all_finished, pool_outcome
-from cluster_view import (
+from kubernetes import client
+
+from devcluster.cluster import Cluster
+from devplacer.controller import PROXY_NAME, ControllerReplica, controller_env
+from devplacer.faults import kill_component, start_component
+from tests.e2e.tekton_runs import events
+from tests.reliability.burst import Burst, RetryingRuns, all_finished, pool_outcome
+from tests.reliability.cluster_view import (
     POOL_TAINT,
     Placer,
-    elapsed_until,
     intruder_pod,
     lease_holder,
     pod_gone,
     pool_taints,
+    quietly,
     remove_pool_taint,
 )
-from conftest import ControllerSpec, Figures, TEAM_CDN, TEAM_OTHER
-from kubernetes import client
-from tekton_runs import events
-from devcluster.cluster import Cluster
-from devplacer.controller import PROXY_NAME, ControllerReplica, controller_env
-from devplacer.faults import kill_component, start_component
+from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, ControllerSpec, Figures
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -69,7 +71,7 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
         "taint back, intruder evicted once; every run placed and decided",
     )
     core = client.CoreV1Api(kube)
-    elapsed_until("a leader", lambda: lease_holder(kube), timeout=30)
+    wait_for("a leader", quietly(lambda: lease_holder(kube)), timeout=30, interval=0.1)
     leader = placer.replica(lease_holder(kube) or "")
     follower = next(r for r in placer.replicas if r != leader)
     taints_added_before = placer.metric(follower, "egress_placer_taint_changes_total", {"action": "add"})
@@ -85,11 +87,19 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
     intruder = runs.name("intruder")
     runs.create_pod(TEAM_OTHER, intruder_pod(intruder, node="egress-2"))
 
-    elapsed_until(
-        "the removed pool taint back", lambda: pool_taints(core, "egress-1") == [POOL_TAINT], timeout=TAKEOVER_SECONDS + 10
+    wait_for(
+        "the removed pool taint back",
+        quietly(lambda: pool_taints(core, "egress-1") == [POOL_TAINT]),
+        timeout=TAKEOVER_SECONDS + 10,
+        interval=0.1,
     )
     taint_back = time.monotonic() - killed_at
-    elapsed_until("the intruder evicted", lambda: pod_gone(core, TEAM_OTHER, intruder), timeout=TAKEOVER_SECONDS + 10)
+    wait_for(
+        "the intruder evicted",
+        quietly(lambda: pod_gone(core, TEAM_OTHER, intruder)),
+        timeout=TAKEOVER_SECONDS + 10,
+        interval=0.1,
+    )
     evicted = time.monotonic() - killed_at
     new_leader = lease_holder(kube)
     figures.set("taint_back_s", round(taint_back, 1))
@@ -97,7 +107,12 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
 
     burst.join()
     assert burst.errors == {}, burst.errors
-    elapsed_until(f"the {BURST} runs to finish", lambda: all_finished(runs, TEAM_CDN, burst.names), timeout=FINISH_SECONDS, interval=1.0)
+    wait_for(
+        f"the {BURST} runs to finish",
+        quietly(lambda: all_finished(runs, TEAM_CDN, burst.names)),
+        timeout=FINISH_SECONDS,
+        interval=1.0,
+    )
     outcome = pool_outcome(runs, TEAM_CDN, burst.names)
     failed_reviews = webhook_failures_since(devcluster, log_offset)
     eviction_events = [e for e in events(kube, TEAM_OTHER, "IntruderEvicted") if e["regarding"]["name"] == intruder]
@@ -109,7 +124,7 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
 
     restarted_at = time.monotonic()
     start_component(devcluster, killed)
-    elapsed_until(f"{leader.name} ready again", lambda: placer.ready(leader), timeout=60)
+    wait_for(f"{leader.name} ready again", quietly(lambda: placer.ready(leader)), timeout=60, interval=0.1)
     rejoined = time.monotonic() - restarted_at
     figures.set("rejoined_s", round(rejoined, 1))
     figures.measured(

@@ -15,14 +15,16 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import pytest
-from burst import RetryingRuns
-from cluster_view import POOL_TAINT, Placer, elapsed_until, pool_taints, remove_pool_taint
-from conftest import Figures, TEAM_CDN, TEAM_OTHER
 from kubernetes import client, config
-from tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, decision_of, taskrun
+
 from devcluster.cluster import Cluster
 from devplacer.controller import NAMESPACE, service_account_user
 from devplacer.faults import Component, kill_component, start_component
+from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, decision_of, taskrun
+from tests.reliability.burst import RetryingRuns
+from tests.reliability.cluster_view import POOL_TAINT, Placer, pool_taints, quietly, remove_pool_taint
+from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -148,13 +150,20 @@ def test_the_controller_works_with_a_read_only_root_home_and_working_directory(
     offset = log.stat().st_size
     started = time.monotonic()
     start_component(devcluster, read_only)
-    elapsed_until("the read-only replica ready", lambda: placer.ready(replica), timeout=60)
+    wait_for("the read-only replica ready", quietly(lambda: placer.ready(replica)), timeout=60, interval=0.1)
     ready = time.monotonic() - started
     mounts = Path(f"/proc/{placer.pid(replica)}/mounts").read_text().splitlines()
     root_options = next(line.split()[3] for line in mounts if line.split()[1] == "/")
 
     remove_pool_taint(kube, "egress-3")
-    restored = elapsed_until("the pool taint back", lambda: pool_taints(core, "egress-3") == [POOL_TAINT], timeout=20)
+    restored_from = time.monotonic()
+    wait_for(
+        "the pool taint back",
+        quietly(lambda: pool_taints(core, "egress-3") == [POOL_TAINT]),
+        timeout=20,
+        interval=0.1,
+    )
+    restored = time.monotonic() - restored_from
     name = runs.name("read-only")
     runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
     done = runs.wait_succeeded(TEAM_CDN, "taskruns", [name], timeout=90)

@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import pytest
-from burst import RetryingRuns
-from cluster_view import POOL_LABEL, Placer, elapsed_until, eventually, intruder_pod
-from conftest import ControllerSpec, Figures, TEAM_CDN_EVIL, TEAM_OTHER
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tekton_runs import (
+
+from controller.core.model import PLACEMENT_ANNOTATION, TAINT_KEY
+from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
     POOL,
@@ -34,8 +33,10 @@ from tekton_runs import (
     step,
     taskrun,
 )
-
-from controller.core.model import PLACEMENT_ANNOTATION, TAINT_KEY
+from tests.reliability.burst import RetryingRuns
+from tests.reliability.cluster_view import POOL_LABEL, Placer, intruder_pod
+from tests.reliability.suite import TEAM_CDN_EVIL, TEAM_OTHER, ControllerSpec, Figures
+from tests.waiting import WaitTimeout, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -92,12 +93,19 @@ class Attempts:
 
     def kept_off(self, namespace: str, name: str, seconds: float = OBSERVE_SECONDS) -> Result:
         """A pod refused at admission: never on a pool node while watched; what it carries and where it is."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+
+        def on_the_pool() -> client.V1Pod | None:
             pod = self.read(namespace, name)
             if pod is not None and pod.spec.node_name in POOL_NODES and pod.metadata.deletion_timestamp is None:
-                return Result(f"reached {pod.spec.node_name}", None, False)
-            time.sleep(0.25)
+                return pod
+            return None
+
+        try:
+            # Part of the scenario: the pod must NOT reach a pool node within `seconds`.
+            reached = wait_for(f"pod {namespace}/{name} on a pool node", on_the_pool, timeout=seconds)
+            return Result(f"reached {reached.spec.node_name}", None, False)
+        except WaitTimeout:
+            pass
         pod = self.read(namespace, name)
         if pod is None:
             return Result("gone", 0.0, True)
@@ -111,16 +119,22 @@ class Attempts:
     ) -> Result:
         """A pod that got onto a pool node: gone (or terminating) `within` seconds? (Watched `patience`
         seconds longer, to tell "late" from "never".)"""
-        deadline = created + within + patience
         node = None
-        while time.monotonic() < deadline:
+
+        def gone() -> bool:
+            nonlocal node
             pod = self.read(namespace, name)
             if pod is None or pod.metadata.deletion_timestamp is not None:
-                took = time.monotonic() - created
-                return Result(f"on {node or 'a pool node'}, evicted", round(took, 1), took <= within)
+                return True
             node = pod.spec.node_name or node
-            time.sleep(0.2)
-        return Result(f"still on {node} after {within + patience:.0f} s", None, False)
+            return False
+
+        try:
+            wait_for(f"pod {namespace}/{name} evicted", gone, timeout=max(0.0, created + within + patience - time.monotonic()), interval=0.2)
+        except WaitTimeout:
+            return Result(f"still on {node} after {within + patience:.0f} s", None, False)
+        took = time.monotonic() - created
+        return Result(f"on {node or 'a pool node'}, evicted", round(took, 1), took <= within)
 
     def taskrun_off_pool(self, namespace: str, body: dict[str, Any]) -> Result:
         name = body["metadata"]["name"]
@@ -144,6 +158,18 @@ def attempts(kube: client.ApiClient, runs: RetryingRuns) -> Iterator[Attempts]:
     made = Attempts(kube, runs)
     yield made
     made.cleanup()
+
+
+def unschedulable(pod: client.V1Pod | None) -> bool:
+    """The scheduler looked at the pod and found no node for it (PodScheduled False, Unschedulable)."""
+    conditions = (pod.status.conditions or []) if pod is not None and pod.status else []
+    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" for c in conditions)
+
+
+def budget_observed(policy: client.PolicyV1Api, namespace: str, name: str) -> bool:
+    """The disruption controller has computed the budget's status for its current spec."""
+    budget = policy.read_namespaced_pod_disruption_budget(name, namespace)
+    return bool(budget.status) and budget.status.observed_generation == budget.metadata.generation
 
 
 # -- the attempts --------------------------------------------------------------------------------------
@@ -233,7 +259,7 @@ def deployment_with_toleration(a: Attempts) -> Result:
     def pods() -> list[str]:
         return sorted(p.metadata.name for p in a.core.list_namespaced_pod(TEAM_OTHER, label_selector=f"app={name}").items)
 
-    elapsed_until("the Deployment's 2 pods", lambda: len(pods()) == 2, timeout=30)
+    wait_for("the Deployment's 2 pods", lambda: len(pods()) == 2, timeout=30)
     results = [a.kept_off(TEAM_OTHER, pod, OBSERVE_SECONDS if i == 0 else 0.5) for i, pod in enumerate(pods())]  # watched together
     return Result(f"{len(results)} pods: {results[0].outcome}", 0.0, all(r.stopped for r in results))
 
@@ -242,10 +268,10 @@ def toleration_added_by_an_update(a: Attempts) -> Result:
     """Pods may gain tolerations after creation; admission only sees CREATE."""
     name = a.runs.name("late-tol")
     a.pod(TEAM_OTHER, intruder_pod(name, node=None, nodeSelector=POOL_LABEL, tolerations=[]))
-    time.sleep(1.0)
+    wait_for("the scheduler to find no node for the pod", lambda: unschedulable(a.read(TEAM_OTHER, name)), timeout=20)
     a.core.patch_namespaced_pod(name, TEAM_OTHER, [{"op": "add", "path": "/spec/tolerations/-", "value": POOL_TOLERATION}])
     created = time.monotonic()
-    node = elapsed_until("the pod scheduled after the update", lambda: (p := a.read(TEAM_OTHER, name)) is None or p.spec.node_name, timeout=20)
+    node = wait_for("the pod scheduled after the update", lambda: (p := a.read(TEAM_OTHER, name)) is None or p.spec.node_name, timeout=20)
     result = a.evicted(TEAM_OTHER, name, created)
     return Result(f"scheduled after the update; {result.outcome}" if node else result.outcome, result.seconds, result.stopped)
 
@@ -258,12 +284,18 @@ def protected_by_its_own_disruption_budget(a: Attempts) -> Result:
               "spec": {"minAvailable": 1, "selector": {"matchLabels": {"pdb": name}}}}
     a.policy.create_namespaced_pod_disruption_budget(TEAM_OTHER, budget)
     a.extra.append(lambda: a.policy.delete_namespaced_pod_disruption_budget(name, TEAM_OTHER))
-    time.sleep(1.0)  # the disruption controller computes the budget's status
+    wait_for("the disruption controller to compute the budget's status", lambda: budget_observed(a.policy, TEAM_OTHER, name), timeout=20)
     created = a.pod(TEAM_OTHER, body)
     result = a.evicted(TEAM_OTHER, name, created, within=BUDGET_GRACE_SECONDS + EVICTION_SECONDS)
-    deleted = eventually(
-        lambda: any(e["regarding"]["name"] == name for e in events(a.kube, TEAM_OTHER, "IntruderDeleted")), timeout=5
-    )
+    try:
+        deleted = wait_for(
+            "an IntruderDeleted Event",
+            lambda: any(e["regarding"]["name"] == name for e in events(a.kube, TEAM_OTHER, "IntruderDeleted")),
+            timeout=5,
+            interval=0.5,
+        )
+    except WaitTimeout:
+        deleted = False
     if result.stopped and not deleted:
         return Result(f"{result.outcome}, but without an IntruderDeleted Event", result.seconds, False)
     outcome = result.outcome.replace("evicted", "evictions refused by the budget, deleted after the grace")
@@ -293,6 +325,7 @@ def exempt_namespace_pod(a: Attempts) -> Result:
     """Exempt namespaces are trusted by design (only cluster admins create pods there): the pod stays."""
     name = a.runs.name("exempt")
     a.pod(EXEMPT_NAMESPACE, intruder_pod(name, node="egress-1"))
+    # Part of the scenario: nothing removes the pod within OBSERVE_SECONDS.
     time.sleep(OBSERVE_SECONDS)
     pod = a.read(EXEMPT_NAMESPACE, name)
     stays = pod is not None and pod.metadata.deletion_timestamp is None and pod.spec.node_name == "egress-1"

@@ -11,15 +11,17 @@ import time
 from typing import Iterator
 
 import pytest
-from burst import RetryingRuns, all_finished
-from cluster_view import POOL_LABEL, Placer, elapsed_until, intruder_pod, pod_gone, pod_node
-from conftest import Figures, TEAM_CDN, TEAM_OTHER
 from kubernetes import client
-from tekton_runs import MATCHING_IMAGE, POOL_NODES, decision_of, events, succeeded, taskrun
+
 from devcluster.cluster import Cluster
+from devcluster.process import free_port
 from devplacer.controller import WEBHOOK_CONFIG
 from devplacer.faults import kill_component, start_component
-from devcluster.process import free_port
+from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, decision_of, events, succeeded, taskrun
+from tests.reliability.burst import RetryingRuns, all_finished
+from tests.reliability.cluster_view import POOL_LABEL, Placer, intruder_pod, pod_gone, pod_node, quietly
+from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -40,7 +42,12 @@ def finished_off_pool(runs: RetryingRuns, names: dict[str, list[str]]) -> tuple[
     """(Succeeded, on a pool node, with a decision annotation) over all the runs."""
     ok = on_pool = decided = 0
     for ns, ns_names in names.items():
-        elapsed_until(f"the runs in {ns} to finish", lambda: all_finished(runs, ns, ns_names), timeout=FINISH_SECONDS, interval=1.0)
+        wait_for(
+            f"the runs in {ns} to finish",
+            quietly(lambda: all_finished(runs, ns, ns_names)),
+            timeout=FINISH_SECONDS,
+            interval=1.0,
+        )
         listed = runs.listed(ns, "taskruns")
         nodes = runs.nodes_of(ns, ns_names)
         ok += sum(1 for n in ns_names if succeeded(listed[n]) == "True")
@@ -88,7 +95,12 @@ def test_runs_fail_open_and_stay_off_the_pool_while_the_webhook_is_unreachable(
     runs.create_pod(TEAM_OTHER, tolerating_pod(pod))
     names = create_runs(runs, "deadport")
 
-    elapsed_until(f"pod {pod} evicted", lambda: pod_gone(core, TEAM_OTHER, pod), timeout=EVICTION_SECONDS + 20)
+    wait_for(
+        f"pod {pod} evicted",
+        quietly(lambda: pod_gone(core, TEAM_OTHER, pod)),
+        timeout=EVICTION_SECONDS + 20,
+        interval=0.1,
+    )
     evicted = time.monotonic() - created
     ok, on_pool, decided = finished_off_pool(runs, names)
     total = sum(len(n) for n in names.values())
@@ -119,19 +131,29 @@ def test_a_killed_controller_restarted_reports_every_run_it_missed(
     runs.create_pod(TEAM_OTHER, tolerating_pod(pod))
     names = create_runs(runs, "killed")
     ok, on_pool, decided = finished_off_pool(runs, names)
-    elapsed_until("the tolerating pod scheduled", lambda: pod_node(core, TEAM_OTHER, pod), timeout=30)
+    wait_for("the tolerating pod scheduled", quietly(lambda: pod_node(core, TEAM_OTHER, pod)), timeout=30, interval=0.1)
     node_while_down = pod_node(core, TEAM_OTHER, pod)
 
     restarted = time.monotonic()
     start_component(devcluster, killed)
-    elapsed_until(f"pod {pod} evicted", lambda: pod_gone(core, TEAM_OTHER, pod), timeout=EVICTION_SECONDS + 20)
+    wait_for(
+        f"pod {pod} evicted",
+        quietly(lambda: pod_gone(core, TEAM_OTHER, pod)),
+        timeout=EVICTION_SECONDS + 20,
+        interval=0.1,
+    )
     evicted = time.monotonic() - restarted
 
     def reported() -> set[str]:
         return {e["regarding"]["name"] for ns in names for e in events(kube, ns, "NotAdmitted")}
 
     missed = {n for ns_names in names.values() for n in ns_names}
-    elapsed_until("a NotAdmitted Event for every missed run", lambda: missed <= reported(), timeout=REPORT_SECONDS + 30)
+    wait_for(
+        "a NotAdmitted Event for every missed run",
+        quietly(lambda: missed <= reported()),
+        timeout=REPORT_SECONDS + 30,
+        interval=0.1,
+    )
     reported_after = time.monotonic() - restarted
     total = len(missed)
     figures.measured(
