@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping
 
 import yaml
 
-from devcluster import controller as dc
 from devcluster.cluster import Cluster, ClusterError
+from devplacer import controller as dc
 
 from bench.kube import Kube
 from bench.sizes import Sizes
