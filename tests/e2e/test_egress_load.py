@@ -19,7 +19,6 @@ from typing import Iterator
 import pytest
 import requests
 import yaml
-from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.cluster import Cluster
@@ -28,6 +27,7 @@ from devplacer.controller import service_account_user, start_controller
 from devplacer.egress_exporter import EGRESS_QUERY, EgressExporter, egress_load_block, start_exporters, stop_exporters
 from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, make_plain
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, decision_of, taskrun
+from tests.kube import Api
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -85,14 +85,14 @@ def rig(devcluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="module")
 def egress_placer(
-    devcluster: Cluster, kube: client.ApiClient, tenants: tuple[str, str], rig: EgressLoadRig
+    devcluster: Cluster, api: Api, tenants: tuple[str, str], rig: EgressLoadRig
 ) -> Iterator[EgressPlacer]:
     """egress-placer with the egress-load policy (overrides the e2e fixture); the cluster made plain after."""
     try:
         start_controller(devcluster, rig.policy_file)
         yield EgressPlacer(devcluster)
     finally:
-        make_plain(kube, devcluster)
+        make_plain(api, devcluster)
 
 
 def egress_series(placer: EgressPlacer, name: str) -> dict[str, float]:

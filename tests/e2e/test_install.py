@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
-from kubernetes import client
 
 from devcluster.cluster import Cluster
 from devplacer.controller import NAMESPACE
-from tests.e2e.running_controller import namespace_exists
+from tests.kube import Api, namespace
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -31,16 +31,15 @@ def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def controller_namespace(devcluster: Cluster, kube: client.ApiClient, wait_for: Callable[..., object]) -> Iterator[str]:
+def controller_namespace(devcluster: Cluster, api: Api) -> Iterator[str]:
     """The controller's namespace, applied from `k8s/namespace.yaml`; deleted (and gone) after if it was new."""
-    core = client.CoreV1Api(kube)
-    existed = namespace_exists(core, NAMESPACE)
+    existed = api.get(namespace(NAMESPACE)) is not None
     applied = kubectl(devcluster, "apply", "-f", str(K8S / "namespace.yaml"))
     assert applied.returncode == 0, applied.stderr
     yield NAMESPACE
     if not existed:
-        core.delete_namespace(NAMESPACE)
-        wait_for(f"namespace {NAMESPACE} to be gone", lambda: not namespace_exists(core, NAMESPACE), timeout=60)
+        api.delete(namespace(NAMESPACE))
+        wait_for(f"namespace {NAMESPACE} to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=60)
 
 
 def test_the_k8s_base_passes_a_server_side_dry_run(devcluster: Cluster, controller_namespace: str) -> None:

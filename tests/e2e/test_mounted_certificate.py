@@ -15,16 +15,15 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from controller.admission.certs import KeyPair, make_ca, make_serving_cert
 from controller.app import CERT_CHECK_SECONDS
 from controller.settings import Settings
 from devcluster.cluster import Cluster
 from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG, start_controller
-from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, make_plain
+from tests.e2e.running_controller import POLICY_FILE, WEBHOOK_CONFIGS, EgressPlacer, make_plain
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, decision_of, taskrun
+from tests.kube import Api, namespaced
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -32,18 +31,15 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 TLS_SECRET = Settings.model_fields["tls_secret"].default
 
 
-def secret_version(core: client.CoreV1Api) -> str | None:
-    try:
-        return core.read_namespaced_secret(TLS_SECRET, NAMESPACE).metadata.resource_version
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
+def secret_version(api: Api) -> str | None:
+    secret = api.get(namespaced(NAMESPACE, "secrets", TLS_SECRET))
+    return secret["metadata"]["resourceVersion"] if secret else None
 
 
-def ca_bundles(kube: client.ApiClient) -> set[bytes | None]:
-    config = client.AdmissionregistrationV1Api(kube).read_mutating_webhook_configuration(WEBHOOK_CONFIG)
-    return {base64.b64decode(w.client_config.ca_bundle) if w.client_config.ca_bundle else None for w in config.webhooks}
+def ca_bundles(api: Api) -> set[bytes | None]:
+    config = api.call("GET", f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")
+    bundles = (w["clientConfig"].get("caBundle") for w in config["webhooks"])
+    return {base64.b64decode(b) if b else None for b in bundles}
 
 
 def write_pair(directory: Path, pair: KeyPair) -> None:
@@ -60,7 +56,7 @@ def served(placer: EgressPlacer) -> bytes:
 
 @pytest.fixture(scope="module")
 def mounted(
-    devcluster: Cluster, kube: client.ApiClient, tenants: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
+    devcluster: Cluster, api: Api, tenants: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[EgressPlacer, KeyPair, KeyPair, str | None, Path]]:
     """The controller serving a pair from files; (controller, CA, serving pair, Secret version before,
     the files' directory)."""
@@ -69,13 +65,13 @@ def mounted(
     serving = make_serving_cert(ca, ["127.0.0.1", "localhost"], now, days=30)
     directory: Path = tmp_path_factory.mktemp("mounted-certificate")
     write_pair(directory, serving)
-    before = secret_version(client.CoreV1Api(kube))
+    before = secret_version(api)
     env = {"EGRESS_PLACER_TLS_CERT_FILE": str(directory / "tls.crt"), "EGRESS_PLACER_TLS_KEY_FILE": str(directory / "tls.key")}
     try:
         start_controller(devcluster, POLICY_FILE, env=env, ca_bundle=ca.cert_pem)  # the CA injector's part
         yield EgressPlacer(devcluster), ca, serving, before, directory
     finally:
-        make_plain(kube, devcluster)
+        make_plain(api, devcluster)
 
 
 def test_the_controller_serves_the_files_certificate(
@@ -86,9 +82,9 @@ def test_the_controller_serves_the_files_certificate(
 
 
 def test_a_matching_taskrun_is_placed_through_the_mounted_certificate(
-    mounted: tuple[EgressPlacer, KeyPair, KeyPair, str | None, Path], kube: client.ApiClient
+    mounted: tuple[EgressPlacer, KeyPair, KeyPair, str | None, Path], api: Api
 ) -> None:
-    runs = Runs(kube)
+    runs = Runs(api)
     try:
         name = runs.name("mounted")
         runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
@@ -100,7 +96,7 @@ def test_a_matching_taskrun_is_placed_through_the_mounted_certificate(
 
 
 def test_the_controller_writes_neither_its_secret_nor_the_ca_bundle(
-    mounted: tuple[EgressPlacer, KeyPair, KeyPair, str | None, Path], kube: client.ApiClient
+    mounted: tuple[EgressPlacer, KeyPair, KeyPair, str | None, Path], api: Api
 ) -> None:
     placer, ca, _, before, directory = mounted
     wait_for("the controller to lead", lambda: placer.metric("egress_placer_leader", {}) == 1, timeout=30)
@@ -115,7 +111,7 @@ def test_the_controller_writes_neither_its_secret_nor_the_ca_bundle(
         timeout=CERT_CHECK_SECONDS + 15,
         interval=0.5,
     )
-    assert secret_version(client.CoreV1Api(kube)) == before
-    assert ca_bundles(kube) == {ca.cert_pem}
+    assert secret_version(api) == before
+    assert ca_bundles(api) == {ca.cert_pem}
     loaded = [r for r in placer.log_records() if "serving certificate loaded from files" in str(r.get("message", ""))]
     assert len(loaded) == 2, "not one log line per certificate loaded from files"

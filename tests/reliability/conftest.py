@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-from kubernetes import client
 
 from devcluster.cluster import Cluster
 from devplacer.controller import start_controller
-from tests.e2e.running_controller import make_plain as make_plain_cluster, namespace_exists
+from tests.e2e.running_controller import make_plain as make_plain_cluster
+from tests.kube import Api, namespace
 from tests.reliability.burst import RetryingRuns
 from tests.reliability.cluster_view import Placer, delete_lease, quietly, taints_right
 from tests.reliability.suite import FIGURES, FIGURES_ENV, POLICY_FILE, TENANTS, ControllerSpec, Figures
@@ -58,43 +58,42 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def tenants(kube: client.ApiClient, make_namespace: Callable[[str], str]) -> Iterator[tuple[str, ...]]:
+def tenants(api: Api, make_namespace: Callable[[str], str]) -> Iterator[tuple[str, ...]]:
     """TEAM_CDN (may use pool `overseas`), TEAM_OTHER and TEAM_CDN_EVIL (may not); deleted afterwards."""
-    core = client.CoreV1Api(kube)
     for name in TENANTS:
-        wait_for(f"namespace {name} from an earlier run to be gone", lambda: not namespace_exists(core, name), timeout=120)
+        wait_for(f"namespace {name} from an earlier run to be gone", lambda: api.get(namespace(name)) is None, timeout=120)
         make_namespace(name)
     yield TENANTS
     for name in TENANTS:
-        core.delete_namespace(name)
+        api.delete(namespace(name))
     for name in TENANTS:
-        wait_for(f"namespace {name} to be deleted", lambda: not namespace_exists(core, name), timeout=120)
+        wait_for(f"namespace {name} to be deleted", lambda: api.get(namespace(name)) is None, timeout=120)
 
 
-def make_plain(kube: client.ApiClient, cluster: Cluster) -> None:
+def make_plain(api: Api, cluster: Cluster) -> None:
     """No controller, no webhook configuration, no pool taints, no leader Lease."""
-    make_plain_cluster(kube, cluster)
-    delete_lease(kube)
+    make_plain_cluster(api, cluster)
+    delete_lease(api)
 
 
 @pytest.fixture(scope="module")
 def placer(
-    request: pytest.FixtureRequest, devcluster: Cluster, kube: client.ApiClient, tenants: tuple[str, ...]
+    request: pytest.FixtureRequest, devcluster: Cluster, api: Api, tenants: tuple[str, ...]
 ) -> Iterator[Placer]:
     """egress-placer as the module's `CONTROLLER` spec says, under its k8s/ identity, pool taints on;
     the cluster made plain again afterwards."""
     spec: ControllerSpec = getattr(request.module, "CONTROLLER", ControllerSpec())
     try:
         start_controller(devcluster, POLICY_FILE, replicas=spec.replicas, proxy=spec.proxy, env=dict(spec.env))
-        wait_for("the pool taints", quietly(lambda: taints_right(client.CoreV1Api(kube))), timeout=30, interval=0.1)
+        wait_for("the pool taints", quietly(lambda: taints_right(api)), timeout=30, interval=0.1)
         yield Placer(devcluster)
     finally:
-        make_plain(kube, devcluster)
+        make_plain(api, devcluster)
 
 
 @pytest.fixture
-def runs(kube: client.ApiClient, placer: Placer) -> Iterator[RetryingRuns]:
+def runs(api: Api, placer: Placer) -> Iterator[RetryingRuns]:
     """This test's runs and pods (labelled with the test's id), deleted afterwards."""
-    made = RetryingRuns(kube)
+    made = RetryingRuns(api)
     yield made
     made.cleanup()

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from kubernetes import client
 
 from devcluster.cluster import Cluster
 from devplacer.faults import kill_component, snapshot, start_component, wait_healthy
+from tests.kube import Api
 from tests.reliability.burst import Burst, RetryingRuns, all_finished, all_settled, pool_outcome
 from tests.reliability.cluster_view import Placer, quietly, remove_pool_taint, taints_right
 from tests.reliability.suite import TEAM_CDN, Figures
@@ -35,7 +35,7 @@ WATCH_RESTARTS = "egress_placer_watch_restarts_total"
 
 @pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
 def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
-    component: str, devcluster: Cluster, kube: client.ApiClient, placer: Placer, runs: RetryingRuns, figures: Figures
+    component: str, devcluster: Cluster, api: Api, placer: Placer, runs: RetryingRuns, figures: Figures
 ) -> None:
     figures.fault(
         f"{component} SIGKILLed mid-burst, restarted {DOWN_SECONDS:.0f} s later (same argv)",
@@ -43,7 +43,6 @@ def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
         f"all {BURST} on the pool with a decision; a pool taint removed by hand after the restart back "
         f"within {RECOVERY_SECONDS:.0f} s; the controller reconnects by itself",
     )
-    core = client.CoreV1Api(kube)
     replica = placer.replicas[0]
     restarts_before = placer.metric(replica, WATCH_RESTARTS)
 
@@ -60,11 +59,11 @@ def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
     figures.set("down_s", round(back_at - killed_at, 1))
     figures.set("submitted_while_down", submitted_while_down)
 
-    remove_pool_taint(kube, "egress-2")
+    remove_pool_taint(api, "egress-2")
     recovery_from = time.monotonic()
     wait_for(
         "the pool taints right and the controller ready",
-        quietly(lambda: taints_right(core) and placer.ready(replica)),
+        quietly(lambda: taints_right(api) and placer.ready(replica)),
         timeout=RECOVERY_SECONDS,
         interval=0.1,
     )

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import pytest
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import PLACEMENT_ANNOTATION, TAINT_KEY
 from tests.e2e.tekton_runs import (
@@ -30,9 +28,11 @@ from tests.e2e.tekton_runs import (
     TEST_LABEL,
     decision_of,
     events,
+    node_of,
     step,
     taskrun,
 )
+from tests.kube import Api, namespaced, pods
 from tests.reliability.burst import RetryingRuns
 from tests.reliability.cluster_view import POOL_LABEL, Placer, intruder_pod
 from tests.reliability.suite import TEAM_CDN_EVIL, TEAM_OTHER, ControllerSpec, Figures
@@ -44,6 +44,8 @@ EVICTION_SECONDS = 10.0  # stated bound: a pod that got onto a pool node is evic
 OBSERVE_SECONDS = 8.0  # a pod refused at admission is watched this long: it must never reach the pool
 BUDGET_GRACE_SECONDS = 5.0  # EGRESS_PLACER_INTRUDER_BUDGET_GRACE_SECONDS of this module's controller
 CONTROLLER = ControllerSpec(env=(("EGRESS_PLACER_INTRUDER_BUDGET_GRACE_SECONDS", str(BUDGET_GRACE_SECONDS)),))
+POLICY = "/apis/policy/v1"
+Pod = dict[str, Any]
 EXEMPT_NAMESPACE = "kube-public"  # in the policy's default exemptNamespaces
 POOL_AFFINITY = {
     "nodeAffinity": {
@@ -65,52 +67,45 @@ class Result:
 class Attempts:
     """Creates the attempts' objects (labelled for clean-up) and watches what becomes of them."""
 
-    def __init__(self, kube: client.ApiClient, runs: RetryingRuns) -> None:
-        self.kube = kube
+    def __init__(self, api: Api, runs: RetryingRuns) -> None:
+        self.api = api
         self.runs = runs
-        self.core = client.CoreV1Api(kube)
-        self.apps = client.AppsV1Api(kube)
-        self.policy = client.PolicyV1Api(kube)
         self.extra: list[Callable[[], None]] = []  # clean-ups beyond what `runs` deletes
 
     def pod(self, namespace: str, body: dict[str, Any]) -> float:
         """Create a pod; when it was created (monotonic)."""
         if namespace == EXEMPT_NAMESPACE:
             body = {**body, "metadata": {**body["metadata"], "labels": {TEST_LABEL: self.runs.id}}}
-            self.core.create_namespaced_pod(namespace, body)
-            self.extra.append(lambda: self.core.delete_namespaced_pod(body["metadata"]["name"], namespace, grace_period_seconds=0))
+            self.api.create(pods(namespace), body)
+            self.extra.append(lambda: self.api.delete(pods(namespace, body["metadata"]["name"]), gracePeriodSeconds=0))
         else:
             self.runs.create_pod(namespace, body)
         return time.monotonic()
 
-    def read(self, namespace: str, name: str) -> client.V1Pod | None:
-        try:
-            return self.core.read_namespaced_pod(name, namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+    def read(self, namespace: str, name: str) -> Pod | None:
+        return self.api.get(pods(namespace, name))
 
     def kept_off(self, namespace: str, name: str, seconds: float = OBSERVE_SECONDS) -> Result:
         """A pod refused at admission: never on a pool node while watched; what it carries and where it is."""
 
-        def on_the_pool() -> client.V1Pod | None:
+        def on_the_pool() -> Pod | None:
             pod = self.read(namespace, name)
-            if pod is not None and pod.spec.node_name in POOL_NODES and pod.metadata.deletion_timestamp is None:
+            if pod is not None and node_of(pod) in POOL_NODES and "deletionTimestamp" not in pod["metadata"]:
                 return pod
             return None
 
         try:
             # Part of the scenario: the pod must NOT reach a pool node within `seconds`.
             reached = wait_for(f"pod {namespace}/{name} on a pool node", on_the_pool, timeout=seconds)
-            return Result(f"reached {reached.spec.node_name}", None, False)
+            return Result(f"reached {node_of(reached)}", None, False)
         except WaitTimeout:
             pass
         pod = self.read(namespace, name)
         if pod is None:
             return Result("gone", 0.0, True)
-        pool_tolerations = [t for t in pod.spec.tolerations or [] if t.key == TAINT_KEY or (not t.key and t.operator == "Exists")]
-        where = pod.spec.node_name or f"{pod.status.phase} (no node it may use)"
+        tolerations = pod["spec"].get("tolerations") or []
+        pool_tolerations = [t for t in tolerations if t.get("key") == TAINT_KEY or (not t.get("key") and t.get("operator") == "Exists")]
+        where = node_of(pod) or f"{pod.get('status', {}).get('phase')} (no node it may use)"
         stripped = "pool toleration stripped at admission" if not pool_tolerations else "toleration kept"
         return Result(f"{stripped}; {where}", 0.0, not pool_tolerations)
 
@@ -124,9 +119,9 @@ class Attempts:
         def gone() -> bool:
             nonlocal node
             pod = self.read(namespace, name)
-            if pod is None or pod.metadata.deletion_timestamp is not None:
+            if pod is None or "deletionTimestamp" in pod["metadata"]:
                 return True
-            node = pod.spec.node_name or node
+            node = node_of(pod) or node
             return False
 
         try:
@@ -146,30 +141,26 @@ class Attempts:
 
     def cleanup(self) -> None:
         for undo in self.extra:
-            try:
-                undo()
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+            undo()  # deletes: a 404 is fine
 
 
 @pytest.fixture
-def attempts(kube: client.ApiClient, runs: RetryingRuns) -> Iterator[Attempts]:
-    made = Attempts(kube, runs)
+def attempts(api: Api, runs: RetryingRuns) -> Iterator[Attempts]:
+    made = Attempts(api, runs)
     yield made
     made.cleanup()
 
 
-def unschedulable(pod: client.V1Pod | None) -> bool:
+def unschedulable(pod: Pod | None) -> bool:
     """The scheduler looked at the pod and found no node for it (PodScheduled False, Unschedulable)."""
-    conditions = (pod.status.conditions or []) if pod is not None and pod.status else []
-    return any(c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable" for c in conditions)
+    conditions = ((pod or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable" for c in conditions)
 
 
-def budget_observed(policy: client.PolicyV1Api, namespace: str, name: str) -> bool:
+def budget_observed(api: Api, namespace: str, name: str) -> bool:
     """The disruption controller has computed the budget's status for its current spec."""
-    budget = policy.read_namespaced_pod_disruption_budget(name, namespace)
-    return bool(budget.status) and budget.status.observed_generation == budget.metadata.generation
+    budget = api.call("GET", namespaced(namespace, "poddisruptionbudgets", name, group=POLICY))
+    return (budget.get("status") or {}).get("observedGeneration") == budget["metadata"]["generation"]
 
 
 # -- the attempts --------------------------------------------------------------------------------------
@@ -192,9 +183,9 @@ def pipelinerun_with_toleration(a: Attempts) -> Result:
     }
     a.runs.create(TEAM_OTHER, "pipelineruns", body)
     a.runs.wait_succeeded(TEAM_OTHER, "pipelineruns", [name], timeout=90)
-    pods = a.runs.core.list_namespaced_pod(TEAM_OTHER, label_selector=f"tekton.dev/pipelineRun={name}").items
-    nodes = sorted({p.spec.node_name for p in pods})
-    return Result(f"stripped at TaskRun and Pod admission; ran on {', '.join(nodes)}", 0.0, bool(pods) and set(nodes) <= ORDINARY_NODES)
+    run_pods = a.api.items(pods(TEAM_OTHER), labelSelector=f"tekton.dev/pipelineRun={name}")
+    nodes = sorted({node_of(p) or "-" for p in run_pods})
+    return Result(f"stripped at TaskRun and Pod admission; ran on {', '.join(nodes)}", 0.0, bool(run_pods) and set(nodes) <= ORDINARY_NODES)
 
 
 def opt_in_from_a_namespace_not_allowed(a: Attempts) -> Result:
@@ -253,14 +244,15 @@ def deployment_with_toleration(a: Attempts) -> Result:
         "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}},
                  "template": {"metadata": {"labels": labels}, "spec": template["spec"]}},
     }
-    a.apps.create_namespaced_deployment(TEAM_OTHER, body)
-    a.extra.append(lambda: a.apps.delete_namespaced_deployment(name, TEAM_OTHER, propagation_policy="Foreground"))
+    deployments = namespaced(TEAM_OTHER, "deployments", group="/apis/apps/v1")
+    a.api.create(deployments, body)
+    a.extra.append(lambda: a.api.delete(f"{deployments}/{name}", propagationPolicy="Foreground"))
 
-    def pods() -> list[str]:
-        return sorted(p.metadata.name for p in a.core.list_namespaced_pod(TEAM_OTHER, label_selector=f"app={name}").items)
+    def replicas() -> list[str]:
+        return sorted(p["metadata"]["name"] for p in a.api.items(pods(TEAM_OTHER), labelSelector=f"app={name}"))
 
-    wait_for("the Deployment's 2 pods", lambda: len(pods()) == 2, timeout=30)
-    results = [a.kept_off(TEAM_OTHER, pod, OBSERVE_SECONDS if i == 0 else 0.5) for i, pod in enumerate(pods())]  # watched together
+    wait_for("the Deployment's 2 pods", lambda: len(replicas()) == 2, timeout=30)
+    results = [a.kept_off(TEAM_OTHER, pod, OBSERVE_SECONDS if i == 0 else 0.5) for i, pod in enumerate(replicas())]  # watched together
     return Result(f"{len(results)} pods: {results[0].outcome}", 0.0, all(r.stopped for r in results))
 
 
@@ -269,9 +261,9 @@ def toleration_added_by_an_update(a: Attempts) -> Result:
     name = a.runs.name("late-tol")
     a.pod(TEAM_OTHER, intruder_pod(name, node=None, nodeSelector=POOL_LABEL, tolerations=[]))
     wait_for("the scheduler to find no node for the pod", lambda: unschedulable(a.read(TEAM_OTHER, name)), timeout=20)
-    a.core.patch_namespaced_pod(name, TEAM_OTHER, [{"op": "add", "path": "/spec/tolerations/-", "value": POOL_TOLERATION}])
+    a.api.json_patch(pods(TEAM_OTHER, name), [{"op": "add", "path": "/spec/tolerations/-", "value": POOL_TOLERATION}])
     created = time.monotonic()
-    node = wait_for("the pod scheduled after the update", lambda: (p := a.read(TEAM_OTHER, name)) is None or p.spec.node_name, timeout=20)
+    node = wait_for("the pod scheduled after the update", lambda: (p := a.read(TEAM_OTHER, name)) is None or node_of(p), timeout=20)
     result = a.evicted(TEAM_OTHER, name, created)
     return Result(f"scheduled after the update; {result.outcome}" if node else result.outcome, result.seconds, result.stopped)
 
@@ -282,15 +274,16 @@ def protected_by_its_own_disruption_budget(a: Attempts) -> Result:
     body["metadata"]["labels"] = {"pdb": name}
     budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name},
               "spec": {"minAvailable": 1, "selector": {"matchLabels": {"pdb": name}}}}
-    a.policy.create_namespaced_pod_disruption_budget(TEAM_OTHER, budget)
-    a.extra.append(lambda: a.policy.delete_namespaced_pod_disruption_budget(name, TEAM_OTHER))
-    wait_for("the disruption controller to compute the budget's status", lambda: budget_observed(a.policy, TEAM_OTHER, name), timeout=20)
+    budgets = namespaced(TEAM_OTHER, "poddisruptionbudgets", group=POLICY)
+    a.api.create(budgets, budget)
+    a.extra.append(lambda: a.api.delete(f"{budgets}/{name}"))
+    wait_for("the disruption controller to compute the budget's status", lambda: budget_observed(a.api, TEAM_OTHER, name), timeout=20)
     created = a.pod(TEAM_OTHER, body)
     result = a.evicted(TEAM_OTHER, name, created, within=BUDGET_GRACE_SECONDS + EVICTION_SECONDS)
     try:
         deleted = wait_for(
             "an IntruderDeleted Event",
-            lambda: any(e["regarding"]["name"] == name for e in events(a.kube, TEAM_OTHER, "IntruderDeleted")),
+            lambda: any(e["regarding"]["name"] == name for e in events(a.api, TEAM_OTHER, "IntruderDeleted")),
             timeout=5,
             interval=0.5,
         )
@@ -328,7 +321,7 @@ def exempt_namespace_pod(a: Attempts) -> Result:
     # Part of the scenario: nothing removes the pod within OBSERVE_SECONDS.
     time.sleep(OBSERVE_SECONDS)
     pod = a.read(EXEMPT_NAMESPACE, name)
-    stays = pod is not None and pod.metadata.deletion_timestamp is None and pod.spec.node_name == "egress-1"
+    stays = pod is not None and "deletionTimestamp" not in pod["metadata"] and node_of(pod) == "egress-1"
     return Result("stays on egress-1 (exempt namespaces are trusted by design)" if stays else "removed", None, stays)
 
 
