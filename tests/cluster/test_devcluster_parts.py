@@ -174,7 +174,8 @@ def _sleeper(tmp_path: Path, ignore_sigterm: bool = False) -> ProcessRecord:
     code = "import signal, time\n"
     if ignore_sigterm:
         code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-    code += "print('ready', flush=True)\n# Part of the scenario: a process that runs until it is stopped.\ntime.sleep(600)\n"
+    # Part of the scenario: the sleeper is a process that runs until it is stopped.
+    code += "print('ready', flush=True)\ntime.sleep(600)\n"
     record = spawn("sleeper", [sys.executable, "-c", code], tmp_path / "sleeper.log")
     # "ready": its signal handler is in place
     wait_for("the sleeper to start", lambda: "ready" in (tmp_path / "sleeper.log").read_text(), timeout=30, interval=0.02)

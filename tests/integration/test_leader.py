@@ -68,8 +68,7 @@ def test_one_leads_the_other_waits_and_takes_over_after_a_graceful_stop(api, nam
     a = candidates("replica-a")
     wait_for("a to start leading", lambda: a.calls == ["started"], timeout=10)
     b = candidates("replica-b")
-    # Part of the scenario: b tries every retry period, a renews every retry period: b stays a follower
-    # for longer than a lease lasts.
+    # Part of the scenario: a renews and b tries every retry period; b stays a follower longer than a lease lasts.
     time.sleep(LEASE_DURATION + 1)
     assert a.elector.is_leader and not b.elector.is_leader
     assert holder(api, namespace) == "replica-a" and (a.gauge, b.gauge) == (1, 0)
