@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, TypeVar
 
 import requests
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import TAINT_KEY
@@ -31,7 +32,7 @@ def quietly(probe: Callable[[], T]) -> Callable[[], T | bool]:
     def answer() -> T | bool:
         try:
             return probe()
-        except (ApiException, requests.RequestException, OSError) as error:
+        except (ApiException, requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
             if isinstance(error, ApiException) and 400 <= (error.status or 0) < 500 and error.status not in (404, 429):
                 raise
             return False
