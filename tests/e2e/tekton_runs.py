@@ -21,6 +21,8 @@ TEAM_CDN, TEAM_OTHER = "team-cdn", "team-other"  # may use the pool / may not
 MATCHING_IMAGE = "registry.example.com/cdn-uploader:1.4"  # matches both "*/cdn-*" and "*uploader*"
 OTHER_IMAGE = "docker.io/library/golang:1.22"
 POOL_TOLERATION = {"key": TAINT_KEY, "operator": "Equal", "value": POOL, "effect": "NoSchedule"}
+POOL_TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}  # as `pool_taints` reads it back
+POOL_LABEL = {TAINT_KEY: POOL}  # the devcluster's pool nodes carry it; the policy selects on it
 TEST_LABEL = "e2e.egress-placer.io/test"
 EVENTS = "/apis/events.k8s.io/v1"
 

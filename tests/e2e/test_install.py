@@ -9,14 +9,13 @@ form over it client-side would set both and be refused, which says nothing about
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from devcluster.cluster import Cluster
-from devplacer.controller import NAMESPACE
+from devplacer.controller import NAMESPACE, kubectl
 from tests.kube import Api, namespace
 from tests.waiting import wait_for
 
@@ -25,17 +24,11 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 K8S = Path(__file__).resolve().parents[2] / "k8s"
 
 
-def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [str(cluster.binary("kubectl")), "--kubeconfig", str(cluster.kubeconfig), *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
-
-
 @pytest.fixture
 def controller_namespace(devcluster: Cluster, api: Api) -> Iterator[str]:
     """The controller's namespace, applied from `k8s/namespace.yaml`; deleted (and gone) after if it was new."""
     existed = api.get(namespace(NAMESPACE)) is not None
-    applied = kubectl(devcluster, "apply", "-f", str(K8S / "namespace.yaml"))
-    assert applied.returncode == 0, applied.stderr
+    kubectl(devcluster, "apply", "-f", str(K8S / "namespace.yaml"))  # raises with kubectl's stderr on failure
     yield NAMESPACE
     if not existed:
         api.delete(namespace(NAMESPACE))
@@ -43,10 +36,9 @@ def controller_namespace(devcluster: Cluster, api: Api) -> Iterator[str]:
 
 
 def test_the_k8s_base_passes_a_server_side_dry_run(devcluster: Cluster, controller_namespace: str) -> None:
-    result = kubectl(devcluster, "apply", "--dry-run=server", "-k", str(K8S))
+    out = kubectl(devcluster, "apply", "--dry-run=server", "-k", str(K8S))  # raises with kubectl's stderr on failure
 
-    assert result.returncode == 0, result.stderr
-    applied = [line for line in result.stdout.splitlines() if line.endswith("(server dry run)")]
+    applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
     kinds = {line.split("/", 1)[0] for line in applied}
     assert {
         "deployment.apps",
@@ -54,4 +46,4 @@ def test_the_k8s_base_passes_a_server_side_dry_run(devcluster: Cluster, controll
         "configmap",
         "validatingadmissionpolicy.admissionregistration.k8s.io",  # its CEL compiled by the API server
         "validatingadmissionpolicybinding.admissionregistration.k8s.io",
-    } <= kinds, result.stdout
+    } <= kinds, out

@@ -17,7 +17,9 @@ from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
     POOL,
+    POOL_LABEL,
     POOL_NODES,
+    POOL_TAINT,
     POOL_TOLERATION,
     TEAM_OTHER,
     Runs,
@@ -29,8 +31,6 @@ from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
-POOL_LABEL = {TAINT_KEY: POOL}  # the devcluster's pool nodes carry this label; the policy selects on it
-POOL_TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}
 TAINT_SECONDS = 5.0
 EVICTION_SECONDS = 10.0
 ORDINARY_NODE = "node-3"  # labelled into the pool (and back) by the taint test

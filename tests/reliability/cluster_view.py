@@ -14,15 +14,13 @@ from kubernetes.client.exceptions import ApiException
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
 from devplacer.controller import NAMESPACE, ControllerReplica, replicas_of
-from tests.e2e.tekton_runs import ORDINARY_NODES, POOL, POOL_NODES, POOL_TOLERATION, node_of
+from tests.e2e.tekton_runs import ORDINARY_NODES, POOL_NODES, POOL_TAINT, POOL_TOLERATION, node_of
 from tests.kube import Api, namespaced, node, pods
 
 T = TypeVar("T")
 
 LEASE = "egress-placer-leader"
 LEASE_PATH = namespaced(NAMESPACE, "leases", LEASE, group="/apis/coordination.k8s.io/v1")
-POOL_TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}
-POOL_LABEL = {TAINT_KEY: POOL}  # the devcluster's pool nodes carry it; the policy selects on it
 
 
 def quietly(probe: Callable[[], T]) -> Callable[[], T | bool]:

@@ -27,11 +27,10 @@ from devcluster.cluster import Cluster
 from devplacer.controller import service_account_user
 from devplacer.faults import Component, kill_component, start_component
 from tests.e2e.running_controller import pool_taints
-from tests.e2e.tekton_runs import POOL_NODES
+from tests.e2e.tekton_runs import POOL_NODES, POOL_TAINT
 from tests.kube import Api, namespace, namespaced
 from tests.reliability.burst import Burst, RetryingRuns, all_finished, pool_outcome
 from tests.reliability.cluster_view import (
-    POOL_TAINT,
     Placer,
     apiserver_metrics,
     intruder_pod,

@@ -19,11 +19,10 @@ from devcluster.cluster import Cluster
 from devplacer.controller import PROXY_NAME, ControllerReplica, controller_env
 from devplacer.faults import kill_component, start_component
 from tests.e2e.running_controller import pool_taints
-from tests.e2e.tekton_runs import events
+from tests.e2e.tekton_runs import POOL_TAINT, events
 from tests.kube import Api
 from tests.reliability.burst import Burst, RetryingRuns, all_finished, pool_outcome
 from tests.reliability.cluster_view import (
-    POOL_TAINT,
     Placer,
     intruder_pod,
     lease_holder,

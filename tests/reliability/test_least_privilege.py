@@ -20,10 +20,10 @@ from devcluster.cluster import Cluster
 from devplacer.controller import NAMESPACE, service_account_user
 from devplacer.faults import Component, kill_component, start_component
 from tests.e2e.running_controller import pool_taints
-from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, decision_of, taskrun
+from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, POOL_TAINT, decision_of, taskrun
 from tests.kube import Api, api_for
 from tests.reliability.burst import RetryingRuns
-from tests.reliability.cluster_view import POOL_TAINT, Placer, quietly, remove_pool_taint
+from tests.reliability.cluster_view import Placer, quietly, remove_pool_taint
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
 from tests.waiting import wait_for
 

@@ -23,6 +23,7 @@ from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
     POOL,
+    POOL_LABEL,
     POOL_NODES,
     POOL_TOLERATION,
     TEST_LABEL,
@@ -34,7 +35,7 @@ from tests.e2e.tekton_runs import (
 )
 from tests.kube import Api, namespaced, pods
 from tests.reliability.burst import RetryingRuns
-from tests.reliability.cluster_view import POOL_LABEL, Placer, intruder_pod
+from tests.reliability.cluster_view import Placer, intruder_pod
 from tests.reliability.suite import TEAM_CDN_EVIL, TEAM_OTHER, ControllerSpec, Figures
 from tests.waiting import WaitTimeout, wait_for
 

@@ -17,10 +17,10 @@ from devcluster.process import free_port
 from devplacer.controller import WEBHOOK_CONFIG
 from devplacer.faults import kill_component, start_component
 from tests.e2e.running_controller import WEBHOOK_CONFIGS
-from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, decision_of, events, succeeded, taskrun
+from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_LABEL, POOL_NODES, decision_of, events, succeeded, taskrun
 from tests.kube import Api
 from tests.reliability.burst import RetryingRuns, all_finished
-from tests.reliability.cluster_view import POOL_LABEL, Placer, intruder_pod, pod_gone, pod_node, quietly
+from tests.reliability.cluster_view import Placer, intruder_pod, pod_gone, pod_node, quietly
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
 from tests.waiting import wait_for
 
