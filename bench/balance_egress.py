@@ -1,4 +1,4 @@
-"""Benchmark case "egress load": where a burst of uploads goes when one pool node's link is nearly full.
+"""Section 4 (balance), the egress case: where a burst of uploads goes when one pool node's link is nearly full.
 
 On the local cluster, with a real Prometheus scraping a fake exporter per pool node (one node sending
 at `busy_fraction` of its bandwidth, the others at `idle_fraction`), the same burst of long-running
