@@ -40,7 +40,17 @@ from devcluster.cluster import Cluster
 from devcluster.process import rss_bytes
 from devplacer.controller import WEBHOOK_CONFIG
 from tests.e2e.running_controller import WEBHOOK_CONFIGS
-from tests.e2e.tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, Runs, decision_of, node_of, succeeded, taskrun
+from tests.e2e.tekton_runs import (
+    MATCHING_IMAGE,
+    ORDINARY_NODES,
+    POOL,
+    POOL_NODES,
+    Runs,
+    decision_of,
+    node_of,
+    succeeded,
+    taskrun,
+)
 from tests.kube import Api, api_for, namespaced
 from tests.reliability.cluster_view import Placer
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
