@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from loguru import logger
 
-from bench import admission, balance, decision, e2e, egress_case, machine, report, scale, schema
+from bench import admission, balance, balance_egress, core, e2e, machine, report, scale, schema
 from bench import cluster as bench_cluster
 from bench.kube import Kube
 from bench.sizes import SIZES, Sizes
@@ -90,7 +90,7 @@ def run_cluster_sections(results: dict[str, Any], sizes: Sizes, workdir: Path, w
             rows += _section(results, "balance (c)", lambda: asyncio.run(balance.run_case(bc, "c", log))) or []
             schema.merge(results["balance"], balance.summarize(rows))
             bc.stop_controller()  # the egress case starts the controller with its own policy, and stops it
-            egress = _section(results, "balance (egress)", lambda: egress_case.run_egress_case(
+            egress = _section(results, "balance (egress)", lambda: balance_egress.run_egress_case(
                 bc.cluster.dir, burst=sizes.egress_burst, nodes=bc.pools[min(bc.pools)], log=log))
             if egress:
                 schema.merge(results["balance"]["egress"], egress)
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
             if out:
                 schema.merge(results["admission"], out)
         if "core" in wanted:
-            out = _section(results, "core", lambda: decision.run(sizes, log))
+            out = _section(results, "core", lambda: core.run(sizes, log))
             if out:
                 schema.merge(results["core"], out)
         if wanted & set(CLUSTER_SECTIONS):

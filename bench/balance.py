@@ -1,4 +1,4 @@
-"""Section 3: balance under bursts, with the real scheduler on KWOK nodes.
+"""Section 4: balance under bursts, with the real scheduler on KWOK nodes.
 
 A burst is N matching TaskRuns (catalog git-clone, pods kept Running for 15 minutes) created at
 once in a namespace pool-K allows; when every pod is bound, the pods per pool node are counted

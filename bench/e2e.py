@@ -1,4 +1,4 @@
-"""Section 5: end to end, TaskRun creation to pod scheduled, with and without the webhook registered.
+"""Section 3: end to end, TaskRun creation to pod scheduled, with and without the webhook registered.
 
 TaskRuns of the catalog's git-clone Task (their image matches pool-K, the largest pool) are created
 at a fixed rate in blocks; the registration alternates between blocks in an ABBA order (with,
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from devcluster.controller import replicas_of
+from devplacer.controller import replicas_of
 
 from bench import machine
 from bench.balance import clean, prepare_namespace

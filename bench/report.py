@@ -185,7 +185,21 @@ def _profile(profile: dict[str, Any], title: str) -> list[str]:
 
 
 def markdown(results: dict[str, Any], images: list[str], findings: list[str]) -> str:
-    m, adm, bal, scale, e2e = (results[k] for k in ("machine", "admission", "balance", "scale", "e2e"))
+    """bench/results/report.md: the run and its machine, the targets, then one part per section in the
+    order they run (numbered as in the sections' docstrings), then any errors."""
+    out = _overview(results, findings)
+    out += _admission_part(results["admission"], images)
+    out += _core_part(results["core"])
+    out += _e2e_part(results["e2e"])
+    out += _balance_part(results["balance"], images)
+    out += _scale_part(results["scale"])
+    if results["errors"]:
+        out += ["## Errors", "", *[f"- {e}" for e in results["errors"]], ""]
+    return "\n".join(out)
+
+
+def _overview(results: dict[str, Any], findings: list[str]) -> list[str]:
+    m = results["machine"]
     out = [
         "# egress-placer benchmarks",
         "",
@@ -209,10 +223,14 @@ def markdown(results: dict[str, Any], images: list[str], findings: list[str]) ->
     ]
     if findings:
         out += ["## What limits the missed targets", "", *[f"- {f}" for f in findings], ""]
+    return out
+
+
+def _admission_part(adm: dict[str, Any], images: list[str]) -> list[str]:
     r = adm["requests"]
     head = adm["headline"]
     top = max((row["rate_rps"] for row in adm["open_loop"]), default=None)
-    out += [
+    out = [
         "## 1. Admission over HTTPS",
         "",
         f"{_v(r['bodies'])} AdmissionReview bodies (TaskRuns of catalog Tasks and their Tekton pods, "
@@ -239,47 +257,25 @@ def markdown(results: dict[str, Any], images: list[str], findings: list[str]) ->
                        f"{_v(row['p50_ms'])} | {_v(row['p99_ms'])} | {_v(row['max_ms'])} | "
                        f"{_v(row['server_cpu_ms_per_request'])} | {row['errors']} |")
     out += ["", *(["![admission latency](admission_latency.png)", ""] if "admission_latency.png" in images else [])]
-    out += _profile(adm["profile"], "Where the egress-placer server spends its time")
-    out += [
+    return out + _profile(adm["profile"], "Where the egress-placer server spends its time")
+
+
+def _core_part(core: dict[str, Any]) -> list[str]:
+    return [
         "## 2. Decision core (in-process)",
         "",
         "| pool nodes | decisions/s (core) | us/decision | reviews/s (handler, JSON in+out) | us/review |",
         "|---:|---:|---:|---:|---:|",
         *[f"| {_v(c['pool_nodes'])} | {_v(c['decisions_per_s'])} | {_v(c['decision_us'])} | "
-          f"{_v(c['handler_reviews_per_s'])} | {_v(c['handler_us'])} |" for c in results["core"]["rows"]],
+          f"{_v(c['handler_reviews_per_s'])} | {_v(c['handler_us'])} |" for c in core["rows"]],
         "",
-        *_profile(results["core"]["profile"], "Profile of the handler at the largest pool"),
-        "## 3. Balance under bursts (real scheduler, KWOK nodes)",
-        "",
-        "Imbalance = most pods on one node / even share ceil(N/K). (a) egress-placer, (b) scheduler only "
-        "(pool toleration + required affinity, no webhook), (c) least-loaded without assumed placements.",
-        "",
-        "| burst | case | pods per node | max / even | imbalance | preferred node honored | all bound after |",
-        "|---|---|---|---:|---:|---:|---:|",
-        *[f"| {c['runs']} on {c['pool_nodes']} | {c['case']} | {' '.join(str(v) for v in c['pods_per_node'].values())} | "
-          f"{c['max_pods_on_a_node']} / {c['even_share']} | **{c['imbalance']}** | {_v(c['preferred_node_honored'])} | "
-          f"{c['scheduled_s']} s |" for c in bal["cases"]],
-        "",
-        *(["![balance](balance.png)", ""] if "balance.png" in images else []),
-        *_egress_rows(bal["egress"]),
-        "## 4. Scale",
-        "",
-        f"{_v(scale['nodes'])} Node objects and {_v(scale['pods'])} bound pods created through the API in "
-        f"{_v(scale['create_s'])} s ({_v(scale['create_per_s'])} objects/s). Controller (`python -m controller run`, "
-        f"its ServiceAccount): first sync **{_v(scale['first_sync_s'])} s** after process start, ready (/readyz 200) "
-        f"{_v(scale['ready_s'])} s; RSS **{_v(scale['rss_mb'])} MB** after sync (peak {_v(scale['rss_peak_mb'])} MB, "
-        f"{_v(scale['rss_after_events_mb'])} MB after the events). The same controller on the small bench cluster: "
-        f"{_v(scale['rss_baseline_mb'])} MB; a ClusterState of these trimmed nodes and pods is {_v(scale['state_mb'])} MB "
-        "of Python heap (tracemalloc, in-process).",
-        "",
-        f"Events: {_v(scale['events'])} pod phase changes on pool nodes, written in {_v(scale['api_write_s'])} s, all seen by "
-        f"the controller's load {_v(scale['seen_after_s'])} s after the first write ({_v(scale['events_seen_per_s'])} "
-        f"events/s, bounded by the API's write rate; {_v(scale['lag_after_last_write_s'])} s after the last write). "
-        f"In-process capacity of the informer's event path into ClusterState: **{_v(scale['in_process_events_per_s'])} "
-        "events/s**.",
-        "",
-        *_profile(scale["profile"], "Where the controller's first sync spends its time"),
-        "## 5. End to end (TaskRun created -> pod bound)",
+        *_profile(core["profile"], "Profile of the handler at the largest pool"),
+    ]
+
+
+def _e2e_part(e2e: dict[str, Any]) -> list[str]:
+    return [
+        "## 3. End to end (TaskRun created -> pod bound)",
         "",
         "| webhook | runs | p50 s | p99 s | mean s | webhook answered | POST ms | to pod ms | to bound ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -298,9 +294,46 @@ def markdown(results: dict[str, Any], images: list[str], findings: list[str]) ->
         "",
         *_cpu_rows(e2e),
     ]
-    if results["errors"]:
-        out += ["## Errors", "", *[f"- {e}" for e in results["errors"]], ""]
-    return "\n".join(out)
+
+
+def _balance_part(bal: dict[str, Any], images: list[str]) -> list[str]:
+    return [
+        "## 4. Balance under bursts (real scheduler, KWOK nodes)",
+        "",
+        "Imbalance = most pods on one node / even share ceil(N/K). (a) egress-placer, (b) scheduler only "
+        "(pool toleration + required affinity, no webhook), (c) least-loaded without assumed placements.",
+        "",
+        "| burst | case | pods per node | max / even | imbalance | preferred node honored | all bound after |",
+        "|---|---|---|---:|---:|---:|---:|",
+        *[f"| {c['runs']} on {c['pool_nodes']} | {c['case']} | {' '.join(str(v) for v in c['pods_per_node'].values())} | "
+          f"{c['max_pods_on_a_node']} / {c['even_share']} | **{c['imbalance']}** | {_v(c['preferred_node_honored'])} | "
+          f"{c['scheduled_s']} s |" for c in bal["cases"]],
+        "",
+        *(["![balance](balance.png)", ""] if "balance.png" in images else []),
+        *_egress_rows(bal["egress"]),
+    ]
+
+
+def _scale_part(scale: dict[str, Any]) -> list[str]:
+    return [
+        "## 5. Scale",
+        "",
+        f"{_v(scale['nodes'])} Node objects and {_v(scale['pods'])} bound pods created through the API in "
+        f"{_v(scale['create_s'])} s ({_v(scale['create_per_s'])} objects/s). Controller (`python -m controller run`, "
+        f"its ServiceAccount): first sync **{_v(scale['first_sync_s'])} s** after process start, ready (/readyz 200) "
+        f"{_v(scale['ready_s'])} s; RSS **{_v(scale['rss_mb'])} MB** after sync (peak {_v(scale['rss_peak_mb'])} MB, "
+        f"{_v(scale['rss_after_events_mb'])} MB after the events). The same controller on the small bench cluster: "
+        f"{_v(scale['rss_baseline_mb'])} MB; a ClusterState of these trimmed nodes and pods is {_v(scale['state_mb'])} MB "
+        "of Python heap (tracemalloc, in-process).",
+        "",
+        f"Events: {_v(scale['events'])} pod phase changes on pool nodes, written in {_v(scale['api_write_s'])} s, all seen by "
+        f"the controller's load {_v(scale['seen_after_s'])} s after the first write ({_v(scale['events_seen_per_s'])} "
+        f"events/s, bounded by the API's write rate; {_v(scale['lag_after_last_write_s'])} s after the last write). "
+        f"In-process capacity of the informer's event path into ClusterState: **{_v(scale['in_process_events_per_s'])} "
+        "events/s**.",
+        "",
+        *_profile(scale["profile"], "Where the controller's first sync spends its time"),
+    ]
 
 
 def summary_table(results: dict[str, Any]) -> str:

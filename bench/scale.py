@@ -1,4 +1,4 @@
-"""Section 4: the controller's caches on a big cluster.
+"""Section 5: the controller's caches on a big cluster.
 
 Through the API (bulk, concurrent): N Node objects `scale-NNNNN` (not managed by KWOK: label
 `bench=scale`, a kubelet-like status), P Tekton-like pods bound to them with `spec.nodeName` (no

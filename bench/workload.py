@@ -18,7 +18,6 @@ import random
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import jsonpatch

@@ -73,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"export KUBECONFIG={cluster.kubeconfig}")
             return 0
         if args.command == "demo":
-            from devcluster.demo import run_demo
+            from devplacer.demo import run_demo
 
             return run_demo(args.dir, keep=args.keep, log=_log)
         cluster = Cluster(args.dir, log=_log)
         if args.command == "controller":
-            from devcluster.controller import start_controller
+            from devplacer.controller import start_controller
 
             for replica in start_controller(cluster, args.policy, replicas=args.replicas, pool_guard=args.pool_guard):
                 _log(f"[devcluster] {replica.name} ready: webhook {replica.webhook_url}, health {replica.health_url}")

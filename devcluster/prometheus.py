@@ -19,10 +19,10 @@ import yaml
 
 from devcluster import build
 from devcluster.cluster import Cluster, ClusterError
-from devcluster.egress_exporter import NODE_LABEL
 from devcluster.process import free_port
 
 PROCESS_NAME = "prometheus"
+NODE_LABEL = "node"  # the label each scrape job puts on its target's series: the node's name
 READY_TIMEOUT = 60.0
 
 

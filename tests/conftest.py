@@ -1,73 +1,49 @@
 """Test-wide wiring: the local cluster's pytest plugin (the session-scoped `devcluster` fixture) and
-the fixtures every test on the cluster shares: an admin API client, a fresh namespace, a poller.
+the fixtures every test on the cluster shares: `api`, the admin client (tests/kube.py, the tests' one
+client for the API server), and a fresh namespace. Tests wait with `tests.waiting.wait_for`.
 
 Tests that need the cluster carry the `cluster` marker; `pytest -m "not cluster"` runs the rest in seconds.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Callable, Iterator
 
 import pytest
-from kubernetes import client, config
 
 from devcluster.cluster import Cluster
+from tests.kube import Api, api_for, namespace as namespace_path
+from tests.waiting import wait_for
 
 pytest_plugins = ["devcluster.pytest_plugin"]
 
-T = TypeVar("T")
-
-Waiter = Callable[..., Any]
-
-
-def _wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.25) -> T:
-    """Poll `probe` until it returns something truthy; fail the test with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-
 
 @pytest.fixture(scope="session")
-def wait_for() -> Waiter:
-    """`wait_for(what, probe, timeout=60)`: poll until `probe()` is truthy, return it, or fail."""
-    return _wait_for
+def api(devcluster: Cluster) -> Api:
+    """The admin client for the session's cluster."""
+    return api_for(devcluster.kubeconfig)
 
 
-@pytest.fixture(scope="session")
-def kube(devcluster: Cluster) -> Iterator[client.ApiClient]:
-    """An admin API client for the session's cluster."""
-    api = config.new_client_from_config(config_file=str(devcluster.kubeconfig))
-    yield api
-    api.close()
-
-
-def _create_namespace(kube: client.ApiClient, name: str) -> str:
+def _create_namespace(api: Api, name: str) -> str:
     """Create namespace `name` and wait for its `default` ServiceAccount (Tekton needs it)."""
-    core = client.CoreV1Api(kube)
-    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    _wait_for(
+    api.create(namespace_path(), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    wait_for(
         f"ServiceAccount {name}/default",
-        lambda: any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(name).items),
+        lambda: api.get(f"{namespace_path(name)}/serviceaccounts/default"),
     )
     return name
 
 
 @pytest.fixture(scope="session")
-def make_namespace(kube: client.ApiClient) -> Callable[[str], str]:
+def make_namespace(api: Api) -> Callable[[str], str]:
     """`make_namespace(name)`: create a namespace and wait for its `default` ServiceAccount; the caller deletes it."""
-    return lambda name: _create_namespace(kube, name)
+    return lambda name: _create_namespace(api, name)
 
 
 @pytest.fixture
-def namespace(kube: client.ApiClient) -> Iterator[str]:
+def namespace(api: Api) -> Iterator[str]:
     """A fresh namespace that has its `default` ServiceAccount (Tekton needs it); deleted afterwards."""
-    name = _create_namespace(kube, f"t-{uuid.uuid4().hex[:8]}")
+    name = _create_namespace(api, f"t-{uuid.uuid4().hex[:8]}")
     yield name
-    client.CoreV1Api(kube).delete_namespace(name)
+    api.delete(namespace_path(name))

@@ -37,7 +37,6 @@ node's name is a params key), not by walking the node list.
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 

@@ -14,19 +14,19 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
-from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 import devcluster.cluster as cluster_module
 from devcluster import build
 from devcluster.cluster import EGRESS_POOL, EGRESS_POOL_LABEL, Cluster, ClusterError
 from devcluster.process import ProcessRecord, spawn
+from tests.kube import TEKTON, Api, api_for, namespaced, node, pods
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
-Waiter = Callable[..., Any]  # the `wait_for` fixture (tests/cluster/conftest.py)
 
 REPO = Path(__file__).resolve().parents[2]
 TAINT = {"key": EGRESS_POOL_LABEL, "value": EGRESS_POOL, "effect": "NoSchedule"}
@@ -36,17 +36,17 @@ def _condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
     return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == kind), None)
 
 
-def _finished_run(kube: client.ApiClient, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
+def _finished_run(api: Api, namespace: str, plural: str, name: str) -> dict[str, Any] | None:
     """The run once Succeeded=True; fails the test at once on Succeeded=False."""
-    run = client.CustomObjectsApi(kube).get_namespaced_custom_object("tekton.dev", "v1", namespace, plural, name)
+    run = api.call("GET", namespaced(namespace, plural, name, group=TEKTON))
     succeeded = _condition(run, "Succeeded")
     if succeeded and succeeded["status"] == "False":
         pytest.fail(f"{plural}/{name} failed: {succeeded.get('reason')}: {succeeded.get('message')}")
     return run if succeeded and succeeded["status"] == "True" else None
 
 
-def _create(kube: client.ApiClient, namespace: str, plural: str, body: dict[str, Any]) -> None:
-    client.CustomObjectsApi(kube).create_namespaced_custom_object("tekton.dev", "v1", namespace, plural, body)
+def _create(api: Api, namespace: str, plural: str, body: dict[str, Any]) -> None:
+    api.create(namespaced(namespace, plural, group=TEKTON), body)
 
 
 def _step(name: str) -> dict[str, Any]:
@@ -58,7 +58,7 @@ def _time(stamp: str) -> datetime.datetime:
 
 
 def test_taskrun_with_inline_task_runs_on_a_kwok_node_and_succeeds(
-    kube: client.ApiClient, namespace: str, wait_for: Waiter
+    api: Api, namespace: str
 ) -> None:
     body = {
         "apiVersion": "tekton.dev/v1",
@@ -66,21 +66,20 @@ def test_taskrun_with_inline_task_runs_on_a_kwok_node_and_succeeds(
         "metadata": {"name": "hello"},
         "spec": {"taskSpec": {"steps": [_step("hello"), _step("bye")]}},
     }
-    _create(kube, namespace, "taskruns", body)
+    _create(api, namespace, "taskruns", body)
 
-    run = wait_for("TaskRun hello to succeed", lambda: _finished_run(kube, namespace, "taskruns", "hello"))
+    run = wait_for("TaskRun hello to succeed", lambda: _finished_run(api, namespace, "taskruns", "hello"))
 
-    core = client.CoreV1Api(kube)
-    pod = core.read_namespaced_pod(run["status"]["podName"], namespace)
-    assert pod.status.phase == "Succeeded"
-    assert core.read_node(pod.spec.node_name).metadata.labels["type"] == "kwok"
+    pod = api.call("GET", pods(namespace, run["status"]["podName"]))
+    assert pod["status"]["phase"] == "Succeeded"
+    assert api.call("GET", node(pod["spec"]["nodeName"]))["metadata"]["labels"]["type"] == "kwok"
     steps = run["status"]["steps"]
     assert [s["name"] for s in steps] == ["hello", "bye"]
     assert all(s["terminated"]["exitCode"] == 0 for s in steps)
 
 
 def test_pipelinerun_runs_its_second_task_after_the_first_and_succeeds(
-    kube: client.ApiClient, namespace: str, wait_for: Waiter
+    api: Api, namespace: str
 ) -> None:
     body = {
         "apiVersion": "tekton.dev/v1",
@@ -95,37 +94,35 @@ def test_pipelinerun_runs_its_second_task_after_the_first_and_succeeds(
             }
         },
     }
-    _create(kube, namespace, "pipelineruns", body)
+    _create(api, namespace, "pipelineruns", body)
 
     run = wait_for(
-        "PipelineRun two-tasks to succeed", lambda: _finished_run(kube, namespace, "pipelineruns", "two-tasks")
+        "PipelineRun two-tasks to succeed", lambda: _finished_run(api, namespace, "pipelineruns", "two-tasks")
     )
 
     children = {c["pipelineTaskName"]: c["name"] for c in run["status"]["childReferences"]}
     assert set(children) == {"first", "second"}
-    custom = client.CustomObjectsApi(kube)
     first, second = (
-        custom.get_namespaced_custom_object("tekton.dev", "v1", namespace, "taskruns", children[task])
-        for task in ("first", "second")
+        api.call("GET", namespaced(namespace, "taskruns", children[task], group=TEKTON)) for task in ("first", "second")
     )
     assert _time(second["status"]["startTime"]) >= _time(first["status"]["completionTime"])
 
 
 @contextlib.contextmanager
-def _egress_nodes_tainted(core: client.CoreV1Api, tainted: bool) -> Iterator[list[str]]:
+def _egress_nodes_tainted(api: Api, tainted: bool) -> Iterator[list[str]]:
     """Put the pool taint on every egress node for the duration (removed afterwards)."""
-    names = [n.metadata.name for n in core.list_node(label_selector=f"{EGRESS_POOL_LABEL}={EGRESS_POOL}").items]
+    names = [n["metadata"]["name"] for n in api.items(node(), labelSelector=f"{EGRESS_POOL_LABEL}={EGRESS_POOL}")]
     assert names, "the cluster has no egress nodes"
     if not tainted:
         yield names
         return
     for name in names:
-        core.patch_node(name, {"spec": {"taints": [TAINT]}})
+        api.merge_patch(node(name), {"spec": {"taints": [TAINT]}})
     try:
         yield names
     finally:
         for name in names:
-            core.patch_node(name, {"spec": {"taints": None}})
+            api.merge_patch(node(name), {"spec": {"taints": None}})
 
 
 def _pod(name: str, selector: bool, toleration: bool) -> dict[str, Any]:
@@ -137,14 +134,14 @@ def _pod(name: str, selector: bool, toleration: bool) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def _scheduling_outcome(core: client.CoreV1Api, namespace: str, name: str) -> str | None:
+def _scheduling_outcome(api: Api, namespace: str, name: str) -> str | None:
     """The node a pod was bound to, "unschedulable" once the scheduler gave up on it, else None."""
-    pod = core.read_namespaced_pod(name, namespace)
-    if pod.spec.node_name:
-        return pod.spec.node_name
-    for condition in pod.status.conditions or []:
-        if condition.type == "PodScheduled" and condition.status == "False" and condition.reason == "Unschedulable":
-            return "unschedulable"
+    pod = api.call("GET", pods(namespace, name))
+    if pod["spec"].get("nodeName"):
+        return pod["spec"]["nodeName"]
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled and scheduled["status"] == "False" and scheduled.get("reason") == "Unschedulable":
+        return "unschedulable"
     return None
 
 
@@ -161,21 +158,19 @@ PODS_PER_CASE = 6  # twice the egress nodes: a scheduler ignoring the taint woul
     ],
 )
 def test_scheduler_enforces_selector_and_taint(
-    kube: client.ApiClient,
+    api: Api,
     namespace: str,
-    wait_for: Waiter,
     tainted: bool,
     selector: bool,
     toleration: bool,
     expected: str,
 ) -> None:
-    core = client.CoreV1Api(kube)
-    with _egress_nodes_tainted(core, tainted) as egress_nodes:
+    with _egress_nodes_tainted(api, tainted) as egress_nodes:
         names = [f"pod-{i}" for i in range(PODS_PER_CASE)]
         for name in names:
-            core.create_namespaced_pod(namespace, _pod(name, selector, toleration))
+            api.create(pods(namespace), _pod(name, selector, toleration))
         outcomes = [
-            wait_for(f"the scheduler to decide on {name}", lambda n=name: _scheduling_outcome(core, namespace, n))
+            wait_for(f"the scheduler to decide on {name}", lambda n=name: _scheduling_outcome(api, namespace, n))
             for name in names
         ]
 
@@ -188,26 +183,26 @@ def test_scheduler_enforces_selector_and_taint(
 
 
 def test_service_account_without_rights_is_refused_until_granted(
-    devcluster: Cluster, kube: client.ApiClient, namespace: str, wait_for: Waiter, tmp_path: Path
+    devcluster: Cluster, api: Api, namespace: str, tmp_path: Path
 ) -> None:
     user = f"system:serviceaccount:{namespace}:nobody"
-    as_nobody = config.new_client_from_config(config_file=str(devcluster.mint_kubeconfig(user, out=tmp_path / "k")))
+    as_nobody = api_for(devcluster.mint_kubeconfig(user, out=tmp_path / "k"))
 
-    review = client.AuthenticationV1Api(as_nobody).create_self_subject_review(
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+    review = as_nobody.create(
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews", {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
     )
-    assert review.status.user_info.username == user
-    assert {"system:serviceaccounts", f"system:serviceaccounts:{namespace}"} <= set(review.status.user_info.groups)
+    assert review["status"]["userInfo"]["username"] == user
+    assert {"system:serviceaccounts", f"system:serviceaccounts:{namespace}"} <= set(review["status"]["userInfo"]["groups"])
     with pytest.raises(ApiException) as refused:
-        client.CoreV1Api(as_nobody).list_namespaced_pod(namespace)
+        as_nobody.items(pods(namespace))
     assert refused.value.status == 403
 
     # Control: the same identity is allowed once a Role is bound to the ServiceAccount.
-    rbac = client.RbacAuthorizationV1Api(kube)
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
     rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
-    rbac.create_namespaced_role(namespace, {"metadata": {"name": "list-pods"}, "rules": [rule]})
-    rbac.create_namespaced_role_binding(
-        namespace,
+    api.create(namespaced(namespace, "roles", group=rbac), {"metadata": {"name": "list-pods"}, "rules": [rule]})
+    api.create(
+        namespaced(namespace, "rolebindings", group=rbac),
         {
             "metadata": {"name": "nobody-lists-pods"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "list-pods"},
@@ -217,14 +212,13 @@ def test_service_account_without_rights_is_refused_until_granted(
 
     def allowed() -> bool:
         try:
-            client.CoreV1Api(as_nobody).list_namespaced_pod(namespace)
+            as_nobody.items(pods(namespace))
             return True
         except ApiException as err:
             assert err.status == 403
             return False
 
     wait_for("the RoleBinding to take effect", allowed)
-    as_nobody.close()
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -270,13 +264,14 @@ import pathlib, time
 def test_hold(devcluster):
     pids = " ".join(str(p.pid) for p in devcluster.processes())
     (pathlib.Path(__file__).parent / "cluster-pids").write_text(pids)
+    # Part of the scenario: the session holds its cluster until the outer test kills it.
     time.sleep(600)
 '''
 
 
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
 def test_fixture_cluster_goes_when_the_pytest_process_is_killed(
-    tmp_path: Path, wait_for: Waiter, signum: signal.Signals
+    tmp_path: Path, signum: signal.Signals
 ) -> None:
     (tmp_path / "test_inner.py").write_text(INNER_SESSION)
     env = {

@@ -8,7 +8,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ from devcluster.cluster import (
     served_storage_version_only,
 )
 from devcluster.process import ProcessRecord, is_alive, spawn, start_time_of, stop
+from tests.waiting import wait_for
 
 
 @pytest.mark.parametrize(
@@ -200,12 +200,11 @@ def _sleeper(tmp_path: Path, ignore_sigterm: bool = False) -> ProcessRecord:
     code = "import signal, time\n"
     if ignore_sigterm:
         code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    # Part of the scenario: the sleeper is a process that runs until it is stopped.
     code += "print('ready', flush=True)\ntime.sleep(600)\n"
     record = spawn("sleeper", [sys.executable, "-c", code], tmp_path / "sleeper.log")
-    deadline = time.monotonic() + 30
-    while "ready" not in (tmp_path / "sleeper.log").read_text():  # its signal handler is in place
-        assert time.monotonic() < deadline, "the sleeper never started"
-        time.sleep(0.02)
+    # "ready": its signal handler is in place
+    wait_for("the sleeper to start", lambda: "ready" in (tmp_path / "sleeper.log").read_text(), timeout=30, interval=0.02)
     return record
 
 

@@ -8,41 +8,41 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 import pytest
-from kubernetes import client
-from running_controller import POLICY_FILE, EgressPlacer, make_plain, namespace_exists
-from tekton_runs import TEAM_CDN, TEAM_OTHER, Runs, Waiter
 
 from devcluster.cluster import Cluster
-from devcluster.controller import start_controller
+from devplacer.controller import start_controller
+from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, make_plain
+from tests.e2e.tekton_runs import TEAM_CDN, TEAM_OTHER, Runs
+from tests.kube import Api, namespace
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
-def tenants(kube: client.ApiClient, make_namespace: Callable[[str], str], wait_for: Waiter) -> Iterator[tuple[str, str]]:
+def tenants(api: Api, make_namespace: Callable[[str], str]) -> Iterator[tuple[str, str]]:
     """team-cdn and team-other, each with its `default` ServiceAccount; deleted (and gone) afterwards."""
-    core = client.CoreV1Api(kube)
     for name in (TEAM_CDN, TEAM_OTHER):
-        wait_for(f"namespace {name} from an earlier module to be gone", lambda: not namespace_exists(core, name), timeout=90)
+        wait_for(f"namespace {name} from an earlier module to be gone", lambda: api.get(namespace(name)) is None, timeout=90)
         make_namespace(name)
     yield TEAM_CDN, TEAM_OTHER
     for name in (TEAM_CDN, TEAM_OTHER):
-        core.delete_namespace(name)
+        api.delete(namespace(name))
     for name in (TEAM_CDN, TEAM_OTHER):
-        wait_for(f"namespace {name} to be deleted", lambda: not namespace_exists(core, name), timeout=90)
+        wait_for(f"namespace {name} to be deleted", lambda: api.get(namespace(name)) is None, timeout=90)
 
 
 @pytest.fixture(scope="module")
-def egress_placer(devcluster: Cluster, kube: client.ApiClient, tenants: tuple[str, str]) -> Iterator[EgressPlacer]:
+def egress_placer(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[EgressPlacer]:
     """egress-placer started with the e2e policy under its `k8s/` identity; the cluster made plain after."""
     try:
         start_controller(devcluster, POLICY_FILE)
         yield EgressPlacer(devcluster)
     finally:
-        make_plain(kube, devcluster)
+        make_plain(api, devcluster)
 
 
 @pytest.fixture
-def runs(kube: client.ApiClient, wait_for: Waiter, egress_placer: EgressPlacer) -> Iterator[Runs]:
+def runs(api: Api, egress_placer: EgressPlacer) -> Iterator[Runs]:
     """Creates this test's runs and pods (labelled with the test's id) and deletes them afterwards."""
-    made = Runs(kube, wait_for)
+    made = Runs(api)
     yield made
     made.cleanup()

@@ -1,4 +1,4 @@
-"""The egress-placer process the end-to-end tests run (through devcluster.controller): where its
+"""The egress-placer process the end-to-end tests run (through devplacer.controller): where its
 replica listens, its JSON log, its metrics; and how to remove its taints once it is stopped."""
 
 from __future__ import annotations
@@ -6,19 +6,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devcluster.controller import NAMESPACE, WEBHOOK_CONFIG, ControllerReplica, replicas_of, stop_controller
+from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG, ControllerReplica, replicas_of, stop_controller
+from tests.kube import Api, namespaced, node
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "e2e"
 POLICY_FILE = DATA / "policy.yaml"
 INVALID_POLICY_FILE = DATA / "policy-invalid.yaml"  # `placment` (line 10) is not a field
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+WEBHOOK_CONFIGS = f"{ADMISSION}/mutatingwebhookconfigurations"
+
 
 @dataclass(frozen=True)
 class EgressPlacer:
@@ -58,52 +61,34 @@ class EgressPlacer:
         return 0.0
 
 
-def remove_pool_taints(kube: client.ApiClient) -> None:
+def pool_taints(api: Api, name: str) -> list[dict[str, Any]]:
+    """The taints with egress-placer's key on node `name` (key, value, effect)."""
+    taints = api.call("GET", node(name))["spec"].get("taints") or []
+    return [{"key": t["key"], "value": t.get("value"), "effect": t["effect"]} for t in taints if t["key"] == TAINT_KEY]
+
+
+def remove_pool_taints(api: Api) -> None:
     """Delete every taint with egress-placer's key from every node."""
-    core = client.CoreV1Api(kube)
-    for node in core.list_node().items:
-        taints = node.spec.taints or []
-        kept = [t for t in taints if t.key != TAINT_KEY]
+    for listed in api.items(node()):
+        taints = listed["spec"].get("taints") or []
+        kept = [t for t in taints if t["key"] != TAINT_KEY]
         if len(kept) != len(taints):
-            patch = [
-                {"op": "test", "path": "/metadata/resourceVersion", "value": node.metadata.resource_version},
-                {"op": "replace", "path": "/spec/taints", "value": [kube.sanitize_for_serialization(t) for t in kept]},
-            ]
-            core.patch_node(node.metadata.name, patch)
+            api.json_patch(node(listed["metadata"]["name"]), [
+                {"op": "test", "path": "/metadata/resourceVersion", "value": listed["metadata"]["resourceVersion"]},
+                {"op": "replace", "path": "/spec/taints", "value": kept},
+            ])
 
 
-def namespace_exists(core: client.CoreV1Api, namespace: str) -> bool:
-    try:
-        core.read_namespace(namespace)
-        return True
-    except ApiException as e:
-        if e.status == 404:
-            return False
-        raise
-
-
-def remove_pool_guard(kube: client.ApiClient) -> None:
+def remove_pool_guard(api: Api) -> None:
     """Delete the pool guard's binding, policy and params (each may be missing)."""
-    admission = client.AdmissionregistrationV1Api(kube)
-    for delete in (
-        lambda: admission.delete_validating_admission_policy_binding(GUARD_NAME),
-        lambda: admission.delete_validating_admission_policy(GUARD_NAME),
-        lambda: client.CoreV1Api(kube).delete_namespaced_config_map(GUARD_NAME, NAMESPACE),
-    ):
-        try:
-            delete()
-        except ApiException as e:
-            if e.status != 404:
-                raise
+    api.delete(f"{ADMISSION}/validatingadmissionpolicybindings/{GUARD_NAME}")
+    api.delete(f"{ADMISSION}/validatingadmissionpolicies/{GUARD_NAME}")
+    api.delete(namespaced(NAMESPACE, "configmaps", GUARD_NAME))
 
 
-def make_plain(kube: client.ApiClient, cluster: Cluster) -> None:
+def make_plain(api: Api, cluster: Cluster) -> None:
     """No controller, no webhook configuration, no pool guard, no pool taints: what later test modules expect."""
     stop_controller(cluster)
-    try:
-        client.AdmissionregistrationV1Api(kube).delete_mutating_webhook_configuration(WEBHOOK_CONFIG)
-    except ApiException as e:
-        if e.status != 404:
-            raise
-    remove_pool_guard(kube)
-    remove_pool_taints(kube)
+    api.delete(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")
+    remove_pool_guard(api)
+    remove_pool_taints(api)

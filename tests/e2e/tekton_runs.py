@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import pytest
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import DECISION_ANNOTATION, TAINT_KEY
+from tests.kube import TEKTON, Api, namespaced, pods
+from tests.waiting import wait_for
 
 POOL = "overseas"
 POOL_NODES = frozenset({"egress-1", "egress-2", "egress-3"})
@@ -21,11 +21,10 @@ TEAM_CDN, TEAM_OTHER = "team-cdn", "team-other"  # may use the pool / may not
 MATCHING_IMAGE = "registry.example.com/cdn-uploader:1.4"  # matches both "*/cdn-*" and "*uploader*"
 OTHER_IMAGE = "docker.io/library/golang:1.22"
 POOL_TOLERATION = {"key": TAINT_KEY, "operator": "Equal", "value": POOL, "effect": "NoSchedule"}
+POOL_TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}  # as `pool_taints` reads it back
+POOL_LABEL = {TAINT_KEY: POOL}  # the devcluster's pool nodes carry it; the policy selects on it
 TEST_LABEL = "e2e.egress-placer.io/test"
-GROUP, VERSION = "tekton.dev", "v1"
-
-Waiter = Callable[..., Any]  # the `wait_for` fixture (tests/conftest.py)
-
+EVENTS = "/apis/events.k8s.io/v1"
 
 def step(image: str, name: str = "main") -> dict[str, Any]:
     """A step with a `script`, so Tekton never looks the image up in a registry."""
@@ -47,7 +46,7 @@ def taskrun(
     metadata: dict[str, Any] = {"name": name}
     if annotations:
         metadata["annotations"] = dict(annotations)
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "TaskRun", "metadata": metadata, "spec": body_spec}
+    return {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": metadata, "spec": body_spec}
 
 
 def decision_of(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -64,22 +63,22 @@ def succeeded(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
-def events(kube: client.ApiClient, namespace: str, reason: str) -> list[dict[str, Any]]:
-    """events.k8s.io Events with `reason` in `namespace`, as plain dicts (the client's typed model
-    refuses the Events other components write without an eventTime)."""
-    response = client.EventsV1Api(kube).list_namespaced_event(namespace, _preload_content=False)
-    return [e for e in json.loads(response.data)["items"] if e.get("reason") == reason]
+def events(api: Api, namespace: str, reason: str) -> list[dict[str, Any]]:
+    """events.k8s.io Events with `reason` in `namespace`."""
+    return [e for e in api.items(namespaced(namespace, "events", group=EVENTS)) if e.get("reason") == reason]
+
+
+def node_of(pod: Mapping[str, Any] | None) -> str | None:
+    """The node a pod is bound to (None: no pod, or not scheduled)."""
+    return ((pod or {}).get("spec") or {}).get("nodeName")
 
 
 class Runs:
     """Everything one test creates carries the label `TEST_LABEL=<id>`; `cleanup` deletes it all."""
 
-    def __init__(self, kube: client.ApiClient, wait_for: Waiter) -> None:
-        self.kube = kube
-        self.wait_for = wait_for
+    def __init__(self, api: Api) -> None:
+        self.api = api
         self.id = uuid.uuid4().hex[:8]
-        self.custom = client.CustomObjectsApi(kube)
-        self.core = client.CoreV1Api(kube)
         self._made: set[tuple[str, str]] = set()  # (namespace, plural)
 
     def name(self, prefix: str) -> str:
@@ -95,8 +94,8 @@ class Runs:
         """Create a tekton.dev/v1 object (`dry_run`: server-side dry run, the admitted object comes back)."""
         if not dry_run:
             self._made.add((namespace, plural))
-        extra = {"dry_run": "All"} if dry_run else {}
-        return self.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, self._labelled(body), **extra)
+        extra = {"dryRun": "All"} if dry_run else {}
+        return self.api.create(namespaced(namespace, plural, group=TEKTON), self._labelled(body), **extra)
 
     def create_all(self, items: Iterable[tuple[str, str, Mapping[str, Any]]]) -> None:
         """Create (namespace, plural, body) items together, from one thread per item."""
@@ -105,21 +104,19 @@ class Runs:
             for future in [pool.submit(self.create, ns, plural, body) for ns, plural, body in items]:
                 future.result()
 
-    def create_pod(self, namespace: str, body: Mapping[str, Any], api: client.ApiClient | None = None) -> dict[str, Any]:
+    def create_pod(self, namespace: str, body: Mapping[str, Any], api: Api | None = None) -> dict[str, Any]:
         """Create a pod (as `api`'s identity if given, else as admin); deleted in `cleanup`."""
+        as_api = api
         self._made.add((namespace, "pods"))
-        core = client.CoreV1Api(api) if api is not None else self.core
-        return core.create_namespaced_pod(namespace, self._labelled(body)).to_dict()
+        return (as_api or self.api).create(pods(namespace), self._labelled(body))
 
     # -- read ---------------------------------------------------------------------------------------
     def get(self, namespace: str, plural: str, name: str) -> dict[str, Any]:
-        return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, name)
+        return self.api.call("GET", namespaced(namespace, plural, name, group=TEKTON))
 
     def listed(self, namespace: str, plural: str) -> dict[str, dict[str, Any]]:
         """This test's objects of `plural` in `namespace`, by name."""
-        items = self.custom.list_namespaced_custom_object(
-            GROUP, VERSION, namespace, plural, label_selector=f"{TEST_LABEL}={self.id}"
-        )["items"]
+        items = self.api.items(namespaced(namespace, plural, group=TEKTON), labelSelector=f"{TEST_LABEL}={self.id}")
         return {o["metadata"]["name"]: o for o in items}
 
     def wait_succeeded(
@@ -138,33 +135,27 @@ class Runs:
                 return {n: runs[n] for n in wanted}
             return None
 
-        return self.wait_for(f"{len(wanted)} {plural} in {namespace} to succeed", done, timeout=timeout, interval=0.5)
+        return wait_for(f"{len(wanted)} {plural} in {namespace} to succeed", done, timeout=timeout, interval=0.5)
 
-    def pods_by_taskrun(self, namespace: str) -> dict[str, client.V1Pod]:
+    def pods_by_taskrun(self, namespace: str) -> dict[str, dict[str, Any]]:
         """This test's Tekton pods in `namespace`, by the name of their TaskRun."""
-        pods = self.core.list_namespaced_pod(namespace, label_selector=f"{TEST_LABEL}={self.id},tekton.dev/taskRun").items
-        return {p.metadata.labels["tekton.dev/taskRun"]: p for p in pods}
+        listed = self.api.items(pods(namespace), labelSelector=f"{TEST_LABEL}={self.id},tekton.dev/taskRun")
+        return {p["metadata"]["labels"]["tekton.dev/taskRun"]: p for p in listed}
 
     def nodes_of(self, namespace: str, taskruns: Iterable[str]) -> dict[str, str | None]:
         """The node each TaskRun's pod was bound to (None: no pod, or not scheduled)."""
-        pods = self.pods_by_taskrun(namespace)
-        return {name: (pods[name].spec.node_name if name in pods else None) for name in taskruns}
+        by_run = self.pods_by_taskrun(namespace)
+        return {name: node_of(by_run.get(name)) for name in taskruns}
 
     def events(self, namespace: str, reason: str) -> list[dict[str, Any]]:
         """events.k8s.io Events with `reason` in `namespace` (see `events`)."""
-        return events(self.kube, namespace, reason)
+        return events(self.api, namespace, reason)
 
     # -- clean up -----------------------------------------------------------------------------------
     def cleanup(self) -> None:
         selector = f"{TEST_LABEL}={self.id}"
         for namespace, plural in sorted(self._made):
-            try:
-                if plural == "pods":
-                    self.core.delete_collection_namespaced_pod(namespace, label_selector=selector, grace_period_seconds=0)
-                else:
-                    self.custom.delete_collection_namespaced_custom_object(
-                        GROUP, VERSION, namespace, plural, label_selector=selector
-                    )
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+            if plural == "pods":
+                self.api.delete(pods(namespace), labelSelector=selector, gracePeriodSeconds=0)
+            else:
+                self.api.delete(namespaced(namespace, plural, group=TEKTON), labelSelector=selector)

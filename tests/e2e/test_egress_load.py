@@ -19,15 +19,16 @@ from typing import Iterator
 import pytest
 import requests
 import yaml
-from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
-from running_controller import POLICY_FILE, EgressPlacer, make_plain
-from tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, Waiter, decision_of, taskrun
 
 from devcluster.cluster import Cluster
-from devcluster.controller import service_account_user, start_controller
-from devcluster.egress_exporter import EGRESS_QUERY, EgressExporter, egress_load_block, start_exporters, stop_exporters
 from devcluster.prometheus import start_prometheus, stop_prometheus, wait_for_rates
+from devplacer.controller import service_account_user, start_controller
+from devplacer.egress_exporter import EGRESS_QUERY, EgressExporter, egress_load_block, start_exporters, stop_exporters
+from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, make_plain
+from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, decision_of, taskrun
+from tests.kube import Api
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -84,14 +85,14 @@ def rig(devcluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="module")
 def egress_placer(
-    devcluster: Cluster, kube: client.ApiClient, tenants: tuple[str, str], rig: EgressLoadRig
+    devcluster: Cluster, api: Api, tenants: tuple[str, str], rig: EgressLoadRig
 ) -> Iterator[EgressPlacer]:
     """egress-placer with the egress-load policy (overrides the e2e fixture); the cluster made plain after."""
     try:
         start_controller(devcluster, rig.policy_file)
         yield EgressPlacer(devcluster)
     finally:
-        make_plain(kube, devcluster)
+        make_plain(api, devcluster)
 
 
 def egress_series(placer: EgressPlacer, name: str) -> dict[str, float]:
@@ -116,7 +117,7 @@ def measured_everywhere(placer: EgressPlacer) -> bool:
     )
 
 
-def burst(runs: Runs, wait_for: Waiter, prefix: str) -> dict[str, str]:
+def burst(runs: Runs, prefix: str) -> dict[str, str]:
     """BURST long uploads created at once; the node each pod was bound to."""
     names = [runs.name(f"{prefix}-{i}") for i in range(BURST)]
     runs.create_all((TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE, annotations=RUN_DURATION)) for name in names)
@@ -129,11 +130,11 @@ def burst(runs: Runs, wait_for: Waiter, prefix: str) -> dict[str, str]:
 
 
 def test_a_burst_of_uploads_avoids_the_node_whose_link_is_nearly_full(
-    runs: Runs, wait_for: Waiter, egress_placer: EgressPlacer
+    runs: Runs, egress_placer: EgressPlacer
 ) -> None:
     wait_for("the controller's figures for every pool node", lambda: measured_everywhere(egress_placer), timeout=FIGURE_TIMEOUT)
 
-    nodes = burst(runs, wait_for, "upload")
+    nodes = burst(runs, "upload")
 
     per_node = Counter(nodes.values())
     assert set(per_node) <= POOL_NODES, per_node
@@ -169,7 +170,7 @@ def test_status_shows_each_pool_node_s_throughput_and_the_age_of_the_figure(
 
 
 def test_without_prometheus_choice_falls_back_to_run_counts_and_admission_keeps_placing(
-    runs: Runs, wait_for: Waiter, rig: EgressLoadRig, egress_placer: EgressPlacer
+    runs: Runs, rig: EgressLoadRig, egress_placer: EgressPlacer
 ) -> None:
     wait_for("the controller's figures for every pool node", lambda: measured_everywhere(egress_placer), timeout=FIGURE_TIMEOUT)
     offset = egress_placer.log.stat().st_size
@@ -186,7 +187,7 @@ def test_without_prometheus_choice_falls_back_to_run_counts_and_admission_keeps_
         assert failures, "no log line says the egress query failed"
         assert failures[0]["level"] == "WARNING"
 
-        nodes = burst(runs, wait_for, "blind")
+        nodes = burst(runs, "blind")
 
         per_node = Counter(nodes.values())
         assert set(per_node) <= POOL_NODES, per_node

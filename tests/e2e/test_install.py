@@ -9,45 +9,36 @@ form over it client-side would set both and be refused, which says nothing about
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import pytest
-from kubernetes import client
-from running_controller import namespace_exists
 
 from devcluster.cluster import Cluster
-from devcluster.controller import NAMESPACE
+from devplacer.controller import NAMESPACE, kubectl
+from tests.kube import Api, namespace
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
 
 
-def kubectl(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [str(cluster.binary("kubectl")), "--kubeconfig", str(cluster.kubeconfig), *args]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
-
-
 @pytest.fixture
-def controller_namespace(devcluster: Cluster, kube: client.ApiClient, wait_for: Callable[..., object]) -> Iterator[str]:
+def controller_namespace(devcluster: Cluster, api: Api) -> Iterator[str]:
     """The controller's namespace, applied from `k8s/namespace.yaml`; deleted (and gone) after if it was new."""
-    core = client.CoreV1Api(kube)
-    existed = namespace_exists(core, NAMESPACE)
-    applied = kubectl(devcluster, "apply", "-f", str(K8S / "namespace.yaml"))
-    assert applied.returncode == 0, applied.stderr
+    existed = api.get(namespace(NAMESPACE)) is not None
+    kubectl(devcluster, "apply", "-f", str(K8S / "namespace.yaml"))  # raises with kubectl's stderr on failure
     yield NAMESPACE
     if not existed:
-        core.delete_namespace(NAMESPACE)
-        wait_for(f"namespace {NAMESPACE} to be gone", lambda: not namespace_exists(core, NAMESPACE), timeout=60)
+        api.delete(namespace(NAMESPACE))
+        wait_for(f"namespace {NAMESPACE} to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=60)
 
 
 def test_the_k8s_base_passes_a_server_side_dry_run(devcluster: Cluster, controller_namespace: str) -> None:
-    result = kubectl(devcluster, "apply", "--dry-run=server", "-k", str(K8S))
+    out = kubectl(devcluster, "apply", "--dry-run=server", "-k", str(K8S))  # raises with kubectl's stderr on failure
 
-    assert result.returncode == 0, result.stderr
-    applied = [line for line in result.stdout.splitlines() if line.endswith("(server dry run)")]
+    applied = [line for line in out.splitlines() if line.endswith("(server dry run)")]
     kinds = {line.split("/", 1)[0] for line in applied}
     assert {
         "deployment.apps",
@@ -55,4 +46,4 @@ def test_the_k8s_base_passes_a_server_side_dry_run(devcluster: Cluster, controll
         "configmap",
         "validatingadmissionpolicy.admissionregistration.k8s.io",  # its CEL compiled by the API server
         "validatingadmissionpolicybinding.admissionregistration.k8s.io",
-    } <= kinds, result.stdout
+    } <= kinds, out

@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 import requests
-from kubernetes import client, config
-from running_controller import INVALID_POLICY_FILE, POLICY_FILE, EgressPlacer
-from tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, Waiter, decision_of, events, taskrun
 
 from devcluster.cluster import Cluster
-from devcluster.controller import (
+from devcluster.process import free_port
+from devplacer.controller import (
     NAMESPACE,
     POLICY_CONFIGMAP,
     apply_policy,
@@ -26,7 +24,20 @@ from devcluster.controller import (
     start_controller,
     stop_controller,
 )
-from devcluster.process import free_port
+from tests.e2e.running_controller import INVALID_POLICY_FILE, POLICY_FILE, EgressPlacer
+from tests.e2e.tekton_runs import (
+    MATCHING_IMAGE,
+    POOL,
+    POOL_NODES,
+    TEAM_CDN,
+    TEAM_OTHER,
+    Runs,
+    decision_of,
+    events,
+    taskrun,
+)
+from tests.kube import Api, api_for
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -52,16 +63,15 @@ def test_the_controller_runs_under_the_k8s_service_account(egress_placer: Egress
     environ = dict(
         item.split("=", 1) for item in Path(f"/proc/{process.pid}/environ").read_text().split("\0") if "=" in item
     )
-    api = config.new_client_from_config(config_file=environ["EGRESS_PLACER_KUBECONFIG"])
-    try:
-        review = client.AuthenticationV1Api(api).create_self_subject_review({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
-    finally:
-        api.close()
-    assert review.status.user_info.username == service_account_user() == "system:serviceaccount:egress-placer:egress-placer"
+    review = api_for(environ["EGRESS_PLACER_KUBECONFIG"]).create(
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+    )
+    assert review["status"]["userInfo"]["username"] == service_account_user() == "system:serviceaccount:egress-placer:egress-placer"
 
 
 def test_runs_finish_while_the_controller_is_down_and_are_reported_after_restart(
-    egress_placer: EgressPlacer, runs: Runs, wait_for: Waiter
+    egress_placer: EgressPlacer, runs: Runs
 ) -> None:
     cluster = egress_placer.cluster
     stop_controller(cluster)
@@ -120,12 +130,12 @@ def test_an_invalid_policy_at_start_is_fatal_and_names_the_field(devcluster: Clu
 
 
 def test_an_invalid_policy_on_reload_is_refused_and_the_old_one_stays(
-    egress_placer: EgressPlacer, kube: client.ApiClient, runs: Runs, wait_for: Waiter
+    egress_placer: EgressPlacer, api: Api, runs: Runs
 ) -> None:
     cluster = egress_placer.cluster
     refused_before = egress_placer.metric(RELOADS, REFUSED)
     loaded_before = egress_placer.metric(RELOADS, LOADED)
-    events_before = {e["metadata"]["name"] for e in events(kube, NAMESPACE, "PolicyRefused")}
+    events_before = {e["metadata"]["name"] for e in events(api, NAMESPACE, "PolicyRefused")}
 
     apply_policy(cluster, INVALID_POLICY_FILE.read_text())
     try:
@@ -133,7 +143,7 @@ def test_an_invalid_policy_on_reload_is_refused_and_the_old_one_stays(
         refusals = wait_for(
             "a PolicyRefused Event on the policy ConfigMap",
             lambda: [
-                e for e in events(kube, NAMESPACE, "PolicyRefused")
+                e for e in events(api, NAMESPACE, "PolicyRefused")
                 if e["metadata"]["name"] not in events_before and e["regarding"]["kind"] == "ConfigMap"
                 and e["regarding"]["name"] == POLICY_CONFIGMAP
             ],

@@ -11,8 +11,9 @@ from collections import Counter
 from typing import Any, Iterator
 
 import pytest
-from kubernetes import client
-from tekton_runs import (
+
+from controller.core.model import PLACEMENT_ANNOTATION
+from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
     OTHER_IMAGE,
@@ -21,13 +22,13 @@ from tekton_runs import (
     TEAM_CDN,
     TEAM_OTHER,
     Runs,
-    Waiter,
     decision_of,
+    node_of,
     step,
     taskrun,
 )
-
-from controller.core.model import PLACEMENT_ANNOTATION
+from tests.kube import Api, namespaced, pods
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -45,7 +46,7 @@ def on_pool(nodes: dict[str, str | None]) -> dict[str, str | None]:
     return {run: node for run, node in nodes.items() if node not in ORDINARY_NODES}
 
 
-def test_a_burst_of_matching_taskruns_runs_on_the_pool_spread_over_its_nodes(runs: Runs, wait_for: Waiter) -> None:
+def test_a_burst_of_matching_taskruns_runs_on_the_pool_spread_over_its_nodes(runs: Runs) -> None:
     names = [runs.name(f"cdn-{i}") for i in range(BURST)]
     runs.create_all((TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE)) for name in names)
 
@@ -114,19 +115,19 @@ def test_a_pipelinerun_places_only_its_matching_task_on_the_pool(runs: Runs) -> 
 
 
 @contextlib.contextmanager
-def tekton_coschedule(kube: client.ApiClient, mode: str) -> Iterator[None]:
+def tekton_coschedule(api: Api, mode: str) -> Iterator[None]:
     """Tekton's feature flag `coschedule` set to `mode` for the block, then restored."""
-    core = client.CoreV1Api(kube)
-    old = (core.read_namespaced_config_map("feature-flags", "tekton-pipelines").data or {}).get("coschedule")
-    core.patch_namespaced_config_map("feature-flags", "tekton-pipelines", {"data": {"coschedule": mode}})
+    flags = namespaced("tekton-pipelines", "configmaps", "feature-flags")
+    old = (api.call("GET", flags).get("data") or {}).get("coschedule")
+    api.merge_patch(flags, {"data": {"coschedule": mode}})
     try:
         yield
     finally:
-        core.patch_namespaced_config_map("feature-flags", "tekton-pipelines", {"data": {"coschedule": old}})
+        api.merge_patch(flags, {"data": {"coschedule": old}})
 
 
 def test_a_coscheduled_pipelinerun_runs_whole_on_the_pool_and_every_pod_is_scheduled(
-    runs: Runs, kube: client.ApiClient, wait_for: Waiter
+    runs: Runs, api: Api
 ) -> None:
     # The local cluster has no storage provisioner and its controller-manager runs no volume binder,
     # so a volumeClaimTemplate's PVC stays Pending and the scheduler refuses every pod of such a run
@@ -134,7 +135,7 @@ def test_a_coscheduled_pipelinerun_runs_whole_on_the_pool_and_every_pod_is_sched
     # makes the affinity assistant coschedule the run without a PVC instead.
     name = runs.name("coscheduled")
     body = two_task_pipelinerun(name, {"emptyDir": {}})
-    with tekton_coschedule(kube, "pipelineruns"):
+    with tekton_coschedule(api, "pipelineruns"):
 
         def seen_as_coscheduled() -> bool:
             """A server-side dry run goes through the webhook: its answer shows when egress-placer saw the flag."""
@@ -146,9 +147,9 @@ def test_a_coscheduled_pipelinerun_runs_whole_on_the_pool_and_every_pod_is_sched
 
         def finished() -> bool:
             """Record the assistant pods' nodes (they are deleted with the run); True once the run is done."""
-            for pod in runs.core.list_namespaced_pod(TEAM_CDN, label_selector=AFFINITY_ASSISTANT).items:
-                if pod.spec.node_name or pod.metadata.name not in assistants:
-                    assistants[pod.metadata.name] = pod.spec.node_name
+            for pod in api.items(pods(TEAM_CDN), labelSelector=AFFINITY_ASSISTANT):
+                if node_of(pod) or pod["metadata"]["name"] not in assistants:
+                    assistants[pod["metadata"]["name"]] = node_of(pod)
             return bool(runs.listed(TEAM_CDN, "pipelineruns")[name].get("status", {}).get("completionTime"))
 
         wait_for(f"PipelineRun {name} to finish", finished, timeout=90)
@@ -166,7 +167,7 @@ def test_a_coscheduled_pipelinerun_runs_whole_on_the_pool_and_every_pod_is_sched
     assert set(assistants.values()) <= POOL_NODES, assistants
 
 
-def test_images_from_a_referenced_task_and_from_a_param_default_are_placed(runs: Runs, wait_for: Waiter) -> None:
+def test_images_from_a_referenced_task_and_from_a_param_default_are_placed(runs: Runs) -> None:
     task = runs.name("cdn-sync")
     runs.create(
         TEAM_CDN,

@@ -7,40 +7,33 @@ when removed by hand."""
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from tekton_runs import (
+
+from controller.core.model import TAINT_KEY
+from tests.e2e.running_controller import EgressPlacer, pool_taints
+from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
     POOL,
+    POOL_LABEL,
     POOL_NODES,
+    POOL_TAINT,
     POOL_TOLERATION,
     TEAM_OTHER,
     Runs,
-    Waiter,
     decision_of,
     taskrun,
 )
-
-from running_controller import EgressPlacer
-from controller.core.model import TAINT_KEY
+from tests.kube import Api, node, pods
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
-POOL_LABEL = {TAINT_KEY: POOL}  # the devcluster's pool nodes carry this label; the policy selects on it
-POOL_TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}
 TAINT_SECONDS = 5.0
 EVICTION_SECONDS = 10.0
 ORDINARY_NODE = "node-3"  # labelled into the pool (and back) by the taint test
-
-
-def pool_taints(core: client.CoreV1Api, node: str) -> list[dict[str, Any]]:
-    """The taints with egress-placer's key on `node`."""
-    taints = core.read_node(node).spec.taints or []
-    return [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints if t.key == TAINT_KEY]
 
 
 def test_a_copied_pool_placement_is_stripped_from_a_run_of_a_namespace_that_may_not_use_the_pool(runs: Runs) -> None:
@@ -65,10 +58,10 @@ def test_a_copied_pool_placement_is_stripped_from_a_run_of_a_namespace_that_may_
     assert node in ORDINARY_NODES
     assert decision_of(done[name])["reason"] == "namespace-not-allowed"
     pod = runs.pods_by_taskrun(TEAM_OTHER)[name]
-    assert not [t for t in pod.spec.tolerations or [] if t.key == TAINT_KEY]
+    assert not [t for t in pod["spec"].get("tolerations") or [] if t.get("key") == TAINT_KEY]
 
 
-def test_a_pod_put_on_a_pool_node_by_a_namespace_that_may_not_use_it_is_evicted(runs: Runs, wait_for: Waiter) -> None:
+def test_a_pod_put_on_a_pool_node_by_a_namespace_that_may_not_use_it_is_evicted(runs: Runs) -> None:
     name = runs.name("intruder")
     pod = {
         "apiVersion": "v1",
@@ -84,12 +77,8 @@ def test_a_pod_put_on_a_pool_node_by_a_namespace_that_may_not_use_it_is_evicted(
     runs.create_pod(TEAM_OTHER, pod)
 
     def evicted() -> bool:
-        try:
-            return runs.core.read_namespaced_pod(name, TEAM_OTHER).metadata.deletion_timestamp is not None
-        except ApiException as e:
-            if e.status == 404:
-                return True
-            raise
+        pod = runs.api.get(pods(TEAM_OTHER, name))
+        return pod is None or "deletionTimestamp" in pod["metadata"]
 
     wait_for(f"pod {TEAM_OTHER}/{name} to be evicted", evicted, timeout=EVICTION_SECONDS)
     assert time.monotonic() - created <= EVICTION_SECONDS
@@ -101,30 +90,27 @@ def test_a_pod_put_on_a_pool_node_by_a_namespace_that_may_not_use_it_is_evicted(
 
 
 @pytest.fixture
-def ordinary_node(kube: client.ApiClient) -> Iterator[str]:
+def ordinary_node(api: Api) -> Iterator[str]:
     """node-3, whose labels are restored at the end (it leaves the pool again)."""
-    core = client.CoreV1Api(kube)
-    labels = dict(core.read_node(ORDINARY_NODE).metadata.labels or {})
+    labels = dict(api.call("GET", node(ORDINARY_NODE))["metadata"].get("labels") or {})
     yield ORDINARY_NODE
     if TAINT_KEY not in labels:
-        core.patch_node(ORDINARY_NODE, {"metadata": {"labels": {TAINT_KEY: None}}})
+        api.merge_patch(node(ORDINARY_NODE), {"metadata": {"labels": {TAINT_KEY: None}}})
 
 
 def test_the_pool_taint_follows_pool_membership(
-    egress_placer: EgressPlacer, kube: client.ApiClient, ordinary_node: str, wait_for: Waiter
+    egress_placer: EgressPlacer, api: Api, ordinary_node: str
 ) -> None:
-    core = client.CoreV1Api(kube)
-    wait_for("every pool node to carry the pool taint", lambda: all(pool_taints(core, n) == [POOL_TAINT] for n in POOL_NODES), timeout=10)
-    assert pool_taints(core, ordinary_node) == []
+    wait_for("every pool node to carry the pool taint", lambda: all(pool_taints(api, n) == [POOL_TAINT] for n in POOL_NODES), timeout=10)
+    assert pool_taints(api, ordinary_node) == []
 
-    core.patch_node(ordinary_node, {"metadata": {"labels": POOL_LABEL}})
-    wait_for(f"{ordinary_node}, labelled into the pool, to be tainted", lambda: pool_taints(core, ordinary_node) == [POOL_TAINT], timeout=TAINT_SECONDS)
+    api.merge_patch(node(ordinary_node), {"metadata": {"labels": POOL_LABEL}})
+    wait_for(f"{ordinary_node}, labelled into the pool, to be tainted", lambda: pool_taints(api, ordinary_node) == [POOL_TAINT], timeout=TAINT_SECONDS)
 
-    core.patch_node(ordinary_node, {"metadata": {"labels": {TAINT_KEY: None}}})
-    wait_for(f"{ordinary_node}, out of the pool, to lose the taint", lambda: pool_taints(core, ordinary_node) == [], timeout=TAINT_SECONDS)
+    api.merge_patch(node(ordinary_node), {"metadata": {"labels": {TAINT_KEY: None}}})
+    wait_for(f"{ordinary_node}, out of the pool, to lose the taint", lambda: pool_taints(api, ordinary_node) == [], timeout=TAINT_SECONDS)
 
-    node = core.read_node("egress-1")
-    kept = [kube.sanitize_for_serialization(t) for t in node.spec.taints or [] if t.key != TAINT_KEY]
-    core.patch_node("egress-1", [{"op": "replace", "path": "/spec/taints", "value": kept}])
-    assert pool_taints(core, "egress-1") == []
-    wait_for("the pool taint removed by hand to come back", lambda: pool_taints(core, "egress-1") == [POOL_TAINT], timeout=TAINT_SECONDS)
+    taints = api.call("GET", node("egress-1"))["spec"].get("taints") or []
+    api.json_patch(node("egress-1"), [{"op": "replace", "path": "/spec/taints", "value": [t for t in taints if t["key"] != TAINT_KEY]}])
+    assert pool_taints(api, "egress-1") == []
+    wait_for("the pool taint removed by hand to come back", lambda: pool_taints(api, "egress-1") == [POOL_TAINT], timeout=TAINT_SECONDS)

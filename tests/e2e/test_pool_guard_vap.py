@@ -16,16 +16,29 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import pytest
-from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
-from running_controller import POLICY_FILE, EgressPlacer, make_plain
-from tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, POOL_TOLERATION, TEAM_CDN, TEAM_OTHER, Runs, Waiter, decision_of, taskrun
 
 from controller.core.guard import GUARD_NAME, policy_binding
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION
 from controller.core.policy import load_policy
 from devcluster.cluster import Cluster
-from devcluster.controller import NAMESPACE, start_controller, stop_controller
+from devplacer.controller import NAMESPACE, start_controller, stop_controller
+from tests.e2e.running_controller import ADMISSION, POLICY_FILE, EgressPlacer, make_plain
+from tests.e2e.tekton_runs import (
+    MATCHING_IMAGE,
+    ORDINARY_NODES,
+    POOL,
+    POOL_NODES,
+    POOL_TOLERATION,
+    TEAM_CDN,
+    TEAM_OTHER,
+    Runs,
+    decision_of,
+    node_of,
+    taskrun,
+)
+from tests.kube import Api, api_for, namespace, namespaced, pods
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -44,11 +57,11 @@ def pod_body(name: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-def refusal(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> str | None:
+def refusal(api: Api, namespace: str, body: dict[str, Any]) -> str | None:
     """Create `body` as a server-side dry run (all admission, nothing stored): the guard's refusal
     message, or None when admitted. Any other error fails the test."""
     try:
-        client.CoreV1Api(api).create_namespaced_pod(namespace, body, dry_run="All")
+        api.create(pods(namespace), body, dryRun="All")
         return None
     except ApiException as e:
         if e.status == 403 and GUARD_NAME in (e.body or ""):
@@ -57,20 +70,20 @@ def refusal(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> str 
 
 
 @pytest.fixture(scope="module")
-def egress_placer(devcluster: Cluster, kube: client.ApiClient, tenants: tuple[str, str]) -> Iterator[EgressPlacer]:
+def egress_placer(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[EgressPlacer]:
     """This module's controller: as in conftest, with the pool guard installed; all removed after."""
     try:
         start_controller(devcluster, POLICY_FILE, pool_guard=True)
         yield EgressPlacer(devcluster)
     finally:
-        make_plain(kube, devcluster)
+        make_plain(api, devcluster)
 
 
 @pytest.fixture(scope="module")
-def tenant(devcluster: Cluster, kube: client.ApiClient, tenants: tuple[str, str]) -> Iterator[client.ApiClient]:
+def tenant(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[Api]:
     """An API client for TENANT_USER, bound to `edit` in team-other (the RoleBinding goes with the namespace)."""
-    client.RbacAuthorizationV1Api(kube).create_namespaced_role_binding(
-        TEAM_OTHER,
+    api.create(
+        namespaced(TEAM_OTHER, "rolebindings", group="/apis/rbac.authorization.k8s.io/v1"),
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
@@ -79,27 +92,21 @@ def tenant(devcluster: Cluster, kube: client.ApiClient, tenants: tuple[str, str]
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT_USER}],
         },
     )
-    api = config.new_client_from_config(config_file=str(devcluster.mint_kubeconfig(TENANT_USER)))
-    yield api
-    api.close()
+    yield api_for(devcluster.mint_kubeconfig(TENANT_USER))
 
 
-def params(kube: client.ApiClient) -> dict[str, str] | None:
-    try:
-        return client.CoreV1Api(kube).read_namespaced_config_map(GUARD_NAME, NAMESPACE).data or {}
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
+def params(api: Api) -> dict[str, str] | None:
+    config_map = api.get(namespaced(NAMESPACE, "configmaps", GUARD_NAME))
+    return None if config_map is None else config_map.get("data") or {}
 
 
 @pytest.fixture(scope="module")
 def webhook_stopped(
-    egress_placer: EgressPlacer, devcluster: Cluster, kube: client.ApiClient, tenant: client.ApiClient, wait_for: Waiter
+    egress_placer: EgressPlacer, devcluster: Cluster, api: Api, tenant: Api
 ) -> None:
     """The leader wrote the params; then the controller is stopped (its webhook stays registered, failing
     open), and the guard refuses a pool toleration from team-other."""
-    wait_for("the leader to write the guard's params", lambda: all((params(kube) or {}).get(n) == POOL for n in POOL_NODES), timeout=30)
+    wait_for("the leader to write the guard's params", lambda: all((params(api) or {}).get(n) == POOL for n in POOL_NODES), timeout=30)
     stop_controller(devcluster)
     wait_for(
         "the guard to refuse a pool toleration in team-other",
@@ -109,14 +116,14 @@ def webhook_stopped(
 
 
 def test_with_the_controller_running_the_leader_keeps_the_guard_and_an_allowed_run_is_placed(
-    egress_placer: EgressPlacer, kube: client.ApiClient, runs: Runs, wait_for: Waiter
+    egress_placer: EgressPlacer, api: Api, runs: Runs
 ) -> None:
-    data = wait_for("the guard's params", lambda: params(kube), timeout=30)
+    data = wait_for("the guard's params", lambda: params(api), timeout=30)
     assert data["Pools"] == POOL and data["Pool.overseas.Namespaces"] == "^(?:team-cdn)$"
-    wait_for("every pool node in the params", lambda: all((params(kube) or {}).get(n) == POOL for n in POOL_NODES), timeout=30)
-    binding = client.AdmissionregistrationV1Api(kube).read_validating_admission_policy_binding(GUARD_NAME)
+    wait_for("every pool node in the params", lambda: all((params(api) or {}).get(n) == POOL for n in POOL_NODES), timeout=30)
+    binding = api.call("GET", f"{ADMISSION}/validatingadmissionpolicybindings/{GUARD_NAME}")
     wanted = policy_binding(load_policy(POLICY_FILE.read_text()), NAMESPACE)["spec"]["matchResources"]["namespaceSelector"]
-    assert kube.sanitize_for_serialization(binding.spec.match_resources.namespace_selector) == wanted
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == wanted
 
     name = runs.name("placed")
     runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
@@ -127,7 +134,7 @@ def test_with_the_controller_running_the_leader_keeps_the_guard_and_an_allowed_r
 
 
 def test_with_the_webhook_down_the_api_server_refuses_a_pool_toleration_and_a_pool_node(
-    webhook_stopped: None, tenant: client.ApiClient, runs: Runs
+    webhook_stopped: None, tenant: Api, runs: Runs
 ) -> None:
     refused = {}
     for case, body in [
@@ -145,9 +152,8 @@ def test_with_the_webhook_down_the_api_server_refuses_a_pool_toleration_and_a_po
 
 
 def test_with_the_webhook_down_an_update_adding_the_pool_toleration_is_refused(
-    webhook_stopped: None, tenant: client.ApiClient, runs: Runs, wait_for: Waiter
+    webhook_stopped: None, tenant: Api, runs: Runs
 ) -> None:
-    core = client.CoreV1Api(tenant)
     add_toleration = [{"op": "add", "path": "/spec/tolerations/-", "value": POOL_TOLERATION}]
     # Held back by a scheduling gate, the pod is not bound yet: a toleration added now would take it to
     # the pool once the gate is removed.
@@ -156,26 +162,26 @@ def test_with_the_webhook_down_an_update_adding_the_pool_toleration_is_refused(
     # Bound to an ordinary node, a pod cannot move: a toleration added to it reaches no pool node.
     bound = runs.name("bound")
     runs.create_pod(TEAM_OTHER, pod_body(bound), api=tenant)
-    wait_for(f"pod {bound} to be bound", lambda: core.read_namespaced_pod(bound, TEAM_OTHER).spec.node_name, timeout=30)
+    wait_for(f"pod {bound} to be bound", lambda: node_of(tenant.get(pods(TEAM_OTHER, bound))), timeout=30)
 
     with pytest.raises(ApiException) as error:
-        core.patch_namespaced_pod(gated, TEAM_OTHER, add_toleration)
-    core.patch_namespaced_pod(bound, TEAM_OTHER, add_toleration)
+        tenant.json_patch(pods(TEAM_OTHER, gated), add_toleration)
+    tenant.json_patch(pods(TEAM_OTHER, bound), add_toleration)
 
     assert error.value.status == 403 and REFUSAL in (error.value.body or "")
-    tolerations = core.read_namespaced_pod(gated, TEAM_OTHER).spec.tolerations or []
-    assert not [t for t in tolerations if t.key == POOL_TOLERATION["key"]]
-    assert core.read_namespaced_pod(bound, TEAM_OTHER).spec.node_name in ORDINARY_NODES
+    tolerations = tenant.call("GET", pods(TEAM_OTHER, gated))["spec"].get("tolerations") or []
+    assert not [t for t in tolerations if t.get("key") == POOL_TOLERATION["key"]]
+    assert node_of(tenant.get(pods(TEAM_OTHER, bound))) in ORDINARY_NODES
 
 
 @pytest.fixture
-def daemonset(tenant: client.ApiClient, runs: Runs) -> Iterator[str]:
+def daemonset(tenant: Api, runs: Runs) -> Iterator[str]:
     """A node-exporter-like DaemonSet (key-less Exists) made by the tenant in team-other; deleted after."""
-    apps = client.AppsV1Api(tenant)
+    daemonsets = namespaced(TEAM_OTHER, "daemonsets", group="/apis/apps/v1")
     name = runs.name("exporter")
     labels = {"app": name}
-    apps.create_namespaced_daemon_set(
-        TEAM_OTHER,
+    tenant.create(
+        daemonsets,
         {
             "apiVersion": "apps/v1",
             "kind": "DaemonSet",
@@ -190,68 +196,65 @@ def daemonset(tenant: client.ApiClient, runs: Runs) -> Iterator[str]:
         },
     )
     yield name
-    apps.delete_namespaced_daemon_set(name, TEAM_OTHER, propagation_policy="Background")
+    tenant.delete(f"{daemonsets}/{name}", propagationPolicy="Background")
 
 
 def test_with_the_webhook_down_a_keyless_exists_daemonset_runs_on_every_ordinary_node_and_no_pool_node(
-    webhook_stopped: None, kube: client.ApiClient, daemonset: str, wait_for: Waiter
+    webhook_stopped: None, api: Api, daemonset: str
 ) -> None:
-    core = client.CoreV1Api(kube)
-
     def nodes_running() -> set[str]:
-        pods = core.list_namespaced_pod(TEAM_OTHER, label_selector=f"app={daemonset}").items
-        return {p.spec.node_name for p in pods if p.status.phase == "Running"}
+        listed = api.items(pods(TEAM_OTHER), labelSelector=f"app={daemonset}")
+        return {node_of(p) for p in listed if (p.get("status") or {}).get("phase") == "Running"}
 
     def refused_for_pool_nodes() -> list[str]:
-        events = core.list_namespaced_event(TEAM_OTHER, field_selector=f"involvedObject.name={daemonset}").items
-        return [e.message for e in events if e.reason == "FailedCreate" and REFUSAL in (e.message or "")]
+        events = api.items(namespaced(TEAM_OTHER, "events"), fieldSelector=f"involvedObject.name={daemonset}")
+        return [e.get("message") for e in events if e.get("reason") == "FailedCreate" and REFUSAL in (e.get("message") or "")]
 
     wait_for("the DaemonSet's pods running on every ordinary node", lambda: nodes_running() >= ORDINARY_NODES, timeout=60)
     messages = wait_for("the DaemonSet controller's pool-node pods refused by the guard", refused_for_pool_nodes, timeout=30)
-    pods = core.list_namespaced_pod(TEAM_OTHER, label_selector=f"app={daemonset}").items
+    listed = api.items(pods(TEAM_OTHER), labelSelector=f"app={daemonset}")
 
-    assert {p.spec.node_name for p in pods} == ORDINARY_NODES
+    assert {node_of(p) for p in listed} == ORDINARY_NODES
     assert all(GUARD_NAME in m for m in messages)
 
 
 def test_with_the_webhook_down_finalizer_and_garbage_collector_updates_of_an_existing_pod_are_not_refused(
-    webhook_stopped: None, kube: client.ApiClient, tenant: client.ApiClient, runs: Runs, wait_for: Waiter
+    webhook_stopped: None, api: Api, tenant: Api, runs: Runs
 ) -> None:
-    admin, core = client.CoreV1Api(kube), client.CoreV1Api(tenant)
     probe = pod_body("probe", tolerations=[POOL_TOLERATION])
     # team-other may use the pool for a while (an admin's annotation): a pod on a pool node is made then.
-    admin.patch_namespace(TEAM_OTHER, {"metadata": {"annotations": {NAMESPACE_POOLS_ANNOTATION: POOL}}})
+    api.merge_patch(namespace(TEAM_OTHER), {"metadata": {"annotations": {NAMESPACE_POOLS_ANNOTATION: POOL}}})
     try:
         wait_for("the guard to admit team-other", lambda: refusal(tenant, TEAM_OTHER, probe) is None, timeout=GUARD_SECONDS)
-        owner = core.create_namespaced_config_map(TEAM_OTHER, {"metadata": {"name": runs.name("owner")}})
+        owner = tenant.create(namespaced(TEAM_OTHER, "configmaps"), {"metadata": {"name": runs.name("owner")}})
         name = runs.name("existing")
         body = pod_body(name, tolerations=[POOL_TOLERATION], nodeName="egress-1")
-        body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": owner.metadata.name, "uid": owner.metadata.uid}]
+        body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]}]
         runs.create_pod(TEAM_OTHER, body, api=tenant)
     finally:
-        admin.patch_namespace(TEAM_OTHER, {"metadata": {"annotations": {NAMESPACE_POOLS_ANNOTATION: None}}})
+        api.merge_patch(namespace(TEAM_OTHER), {"metadata": {"annotations": {NAMESPACE_POOLS_ANNOTATION: None}}})
     wait_for("the guard to refuse team-other again", lambda: refusal(tenant, TEAM_OTHER, probe), timeout=GUARD_SECONDS)
 
-    core.patch_namespaced_pod(name, TEAM_OTHER, {"metadata": {"finalizers": ["example.com/hold"]}})
-    core.patch_namespaced_pod(name, TEAM_OTHER, {"metadata": {"labels": {"touched": "yes"}}})
-    core.patch_namespaced_pod(name, TEAM_OTHER, [{"op": "remove", "path": "/metadata/finalizers"}])
+    tenant.merge_patch(pods(TEAM_OTHER, name), {"metadata": {"finalizers": ["example.com/hold"]}})
+    tenant.merge_patch(pods(TEAM_OTHER, name), {"metadata": {"labels": {"touched": "yes"}}})
+    tenant.json_patch(pods(TEAM_OTHER, name), [{"op": "remove", "path": "/metadata/finalizers"}])
     # The garbage collector orphans the pod: it removes the ownerReference with an UPDATE of its own.
-    core.delete_namespaced_config_map(owner.metadata.name, TEAM_OTHER, propagation_policy="Orphan")
+    tenant.delete(namespaced(TEAM_OTHER, "configmaps", owner["metadata"]["name"]), propagationPolicy="Orphan")
     wait_for(
         "the garbage collector to remove the pod's ownerReference",
-        lambda: not core.read_namespaced_pod(name, TEAM_OTHER).metadata.owner_references,
+        lambda: not tenant.call("GET", pods(TEAM_OTHER, name))["metadata"].get("ownerReferences"),
         timeout=30,
     )
-    pod = core.read_namespaced_pod(name, TEAM_OTHER)
+    pod = tenant.call("GET", pods(TEAM_OTHER, name))
 
-    assert pod.spec.node_name == "egress-1" and pod.metadata.labels["touched"] == "yes"
-    assert not pod.metadata.finalizers
+    assert node_of(pod) == "egress-1" and pod["metadata"]["labels"]["touched"] == "yes"
+    assert not pod["metadata"].get("finalizers")
 
 
 def test_with_the_params_missing_ordinary_pods_are_admitted_and_the_leader_brings_them_back(
-    webhook_stopped: None, devcluster: Cluster, kube: client.ApiClient, tenant: client.ApiClient, runs: Runs, wait_for: Waiter
+    webhook_stopped: None, devcluster: Cluster, api: Api, tenant: Api, runs: Runs
 ) -> None:
-    client.CoreV1Api(kube).delete_namespaced_config_map(GUARD_NAME, NAMESPACE)
+    api.delete(namespaced(NAMESPACE, "configmaps", GUARD_NAME))
     wait_for(
         "the guard to notice the params are gone",
         lambda: refusal(tenant, TEAM_OTHER, pod_body("probe", tolerations=[POOL_TOLERATION])) is None,

@@ -5,15 +5,14 @@ restart counting on errors, and a prompt stop of a long watch."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
-from eventually import wait_for
 
 from controller.kube.informer import LAST_APPLIED, Informer, Resource, pods, tekton, trimmer
 from controller.kube.retry import RetryPolicy
 from controller.metrics import Metrics
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -96,7 +95,7 @@ def test_first_sync_pages_through_the_list_then_watches_in_order(api, namespace,
     api.call("POST", path, body=configmap("new", n="new"))
     api.call("PATCH", f"{path}/new", body={"data": {"n": "changed"}}, content_type="application/merge-patch+json")
     api.call("DELETE", f"{path}/cm-1")
-    wait_for(lambda: len(rec.events) >= 3)
+    wait_for("three watch events", lambda: len(rec.events) >= 3, timeout=10)
     assert [(k, o["metadata"]["name"]) for k, o in rec.events] == [
         ("ADDED", "new"),
         ("MODIFIED", "new"),
@@ -148,7 +147,7 @@ def test_a_watch_from_a_too_old_version_relists(api, namespace, started):
     assert listed[0]["kind"] == "Task" and listed[0]["spec"]["steps"][0]["image"] == "alpine:3"
     assert metrics.watch_restarts.labels(resource="tasks", cause="gone")._value.get() == 1
     api.call("POST", path, body=task("after"))
-    wait_for(lambda: any(o["metadata"]["name"] == "after" for _, o in rec.events))
+    wait_for("the event of Task after", lambda: any(o["metadata"]["name"] == "after" for _, o in rec.events), timeout=10)
 
 
 def test_errors_back_off_and_are_counted_until_the_resource_exists(api, started):
@@ -157,7 +156,11 @@ def test_errors_back_off_and_are_counted_until_the_resource_exists(api, started)
         "missing", "Thing", "/apis/itest.example.invalid/v1/things", trimmer("itest.example.invalid/v1", "Thing")
     )
     inf = started(Informer(api, missing, rec.on_replace, rec.on_event, metrics, backoff=FAST))
-    wait_for(lambda: metrics.watch_restarts.labels(resource="missing", cause="failure")._value.get() >= 3)
+    wait_for(
+        "three failed watches counted",
+        lambda: metrics.watch_restarts.labels(resource="missing", cause="failure")._value.get() >= 3,
+        timeout=10,
+    )
     assert not inf.synced.is_set() and rec.replaced == [] and inf.running
 
 
@@ -168,6 +171,6 @@ def test_stop_ends_a_long_watch_at_once(api, namespace, started):
         )
     )
     assert inf.synced.wait(10)
-    time.sleep(0.2)  # let the watch request be in flight
+    wait_for("the watch request in flight", lambda: inf._response is not None, timeout=10, interval=0.02)
     inf.stop(timeout=5)
     assert not inf.running

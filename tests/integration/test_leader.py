@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from eventually import wait_for
 
 from controller.kube.client import KubeApi
 from controller.kube.leader import LeaderElector
 from controller.metrics import Metrics
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -66,9 +66,9 @@ def holder(api: KubeApi, namespace: str) -> str | None:
 
 def test_one_leads_the_other_waits_and_takes_over_after_a_graceful_stop(api, namespace, candidates):
     a = candidates("replica-a")
-    wait_for(lambda: a.calls == ["started"], 10)
+    wait_for("a to start leading", lambda: a.calls == ["started"], timeout=10)
     b = candidates("replica-b")
-    # b tries every retry period; a renews every retry period: b stays a follower.
+    # Part of the scenario: a renews and b tries every retry period; b stays a follower longer than a lease lasts.
     time.sleep(LEASE_DURATION + 1)
     assert a.elector.is_leader and not b.elector.is_leader
     assert holder(api, namespace) == "replica-a" and (a.gauge, b.gauge) == (1, 0)
@@ -76,17 +76,17 @@ def test_one_leads_the_other_waits_and_takes_over_after_a_graceful_stop(api, nam
     a.elector.stop(release=True)
     assert a.calls == ["started", "stopped"] and a.gauge == 0
     # Released: b does not have to wait for the lease to expire, only for its next try.
-    wait_for(lambda: b.calls == ["started"], 2.0)
+    wait_for("b to start leading", lambda: b.calls == ["started"], timeout=2.0, interval=0.05)
     assert b.elector.is_leader and holder(api, namespace) == "replica-b" and b.gauge == 1
 
 
 def test_a_crashed_leader_is_replaced_when_its_lease_expires(api, namespace, candidates):
     a = candidates("replica-a")
-    wait_for(lambda: a.elector.is_leader, 10)
+    wait_for("a to lead", lambda: a.elector.is_leader, timeout=10)
     b = candidates("replica-b")
     a.elector.stop(release=False)  # a crash: the lease still names a
     assert holder(api, namespace) == "replica-a"
-    wait_for(lambda: b.elector.is_leader, LEASE_DURATION + 3)
+    wait_for("b to lead", lambda: b.elector.is_leader, timeout=LEASE_DURATION + 3)
     lease = api.call("GET", f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/itest-leader")["spec"]
     assert lease["holderIdentity"] == "replica-b" and lease["leaseTransitions"] == 1
 

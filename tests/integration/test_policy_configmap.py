@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from eventually import wait_for
+from loguru import logger
 
 from controller.core.policy import load_policy
 from controller.kube.client import MERGE_PATCH
@@ -17,6 +17,7 @@ from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -28,9 +29,6 @@ def policy(pool: str) -> str:
 
 
 BROKEN = EMPTY + "pools:\n  - name: Not_A_Name\n    nodes: [egress-1]\n"  # line 4 is wrong
-
-
-
 
 
 def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):
@@ -51,7 +49,7 @@ def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):
             api.call("PATCH", f"{cm_path}/policy", body={"data": {"policy.yaml": text}}, content_type=MERGE_PATCH)
 
         edit(BROKEN)
-        wait_for(lambda: metrics.policy_reloads.labels(result="refused")._value.get() == 1)
+        wait_for("the broken policy refused", lambda: metrics.policy_reloads.labels(result="refused")._value.get() == 1, timeout=10)
         assert [p.name for p in state.policy.pools] == ["first"] and metrics.policy_valid._value.get() == 0
         assert events.flush(10)
         [refusal] = [e for e in api.call("GET", f"/apis/events.k8s.io/v1/namespaces/{namespace}/events")["items"]]
@@ -60,11 +58,16 @@ def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):
         assert f"configmap {namespace}/policy:policy.yaml:4: pools[0].name" in refusal["note"]
 
         edit(policy("second"))
-        wait_for(lambda: metrics.policy_reloads.labels(result="loaded")._value.get() == 2)
+        wait_for("the fixed policy loaded", lambda: metrics.policy_reloads.labels(result="loaded")._value.get() == 2, timeout=10)
         assert [p.name for p in state.policy.pools] == ["second"] and metrics.policy_valid._value.get() == 1
 
-        api.call("DELETE", f"{cm_path}/policy")
-        time.sleep(0.5)  # the DELETED event arrives and is ignored
+        warnings: list[str] = []
+        sink = logger.add(lambda message: warnings.append(message.record["message"]), level="WARNING")
+        try:
+            api.call("DELETE", f"{cm_path}/policy")
+            wait_for("the DELETED event handled", lambda: any("policy ConfigMap deleted" in w for w in warnings), timeout=10)
+        finally:
+            logger.remove(sink)
         assert [p.name for p in state.policy.pools] == ["second"]
     finally:
         source.stop()

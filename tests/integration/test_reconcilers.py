@@ -12,7 +12,6 @@ import uuid
 from typing import Any, Iterator
 
 import pytest
-from eventually import wait_for
 
 from controller.core.model import Taint
 from controller.core.policy import load_policy
@@ -27,6 +26,7 @@ from controller.reconcile.taints import TaintReconciler
 from controller.settings import Settings
 from controller.state import ClusterState
 from devcluster.cluster import node_manifest
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -120,20 +120,20 @@ def controller(api, nodes, request) -> Iterator[Controller]:
 
 def test_taints_follow_pool_membership_and_foreign_taints_stay(api, nodes, controller):
     node = nodes["plain"]
-    wait_for(lambda: controller.loop.passes >= 1, 10)
+    wait_for("a first reconcile pass", lambda: controller.loop.passes >= 1, timeout=10)
     assert taints_of(api, node) == {FOREIGN}  # not in the pool: nothing of ours
 
     patch_node(api, node, {"metadata": {"labels": {POOL_LABEL: POOL}}})
-    wait_for(lambda: taints_of(api, node) == {FOREIGN, POOL_TAINT}, TAINT_WITHIN)
+    wait_for(f"{node} tainted for the pool", lambda: taints_of(api, node) == {FOREIGN, POOL_TAINT}, timeout=TAINT_WITHIN)
 
     patch_node(api, node, {"spec": {"taints": [FOREIGN.to_dict()]}})  # removed by hand
-    wait_for(lambda: taints_of(api, node) == {FOREIGN, POOL_TAINT}, TAINT_WITHIN)
+    wait_for(f"{node} tainted for the pool", lambda: taints_of(api, node) == {FOREIGN, POOL_TAINT}, timeout=TAINT_WITHIN)
 
     patch_node(api, node, {"metadata": {"labels": {POOL_LABEL: None}}})
-    wait_for(lambda: taints_of(api, node) == {FOREIGN}, TAINT_WITHIN)
+    wait_for(f"the pool taint off {node}", lambda: taints_of(api, node) == {FOREIGN}, timeout=TAINT_WITHIN)
     changes = controller.metrics.taint_changes
     # Counted once each write returned (a moment after the API server shows it).
-    wait_for(lambda: changes.labels(pool=POOL, action="remove")._value.get() == 1, 5)
+    wait_for("the removal counted", lambda: changes.labels(pool=POOL, action="remove")._value.get() == 1, timeout=5)
     assert changes.labels(pool=POOL, action="add")._value.get() == 2
 
 
@@ -165,8 +165,8 @@ def test_an_intruder_is_evicted_and_an_allowed_pod_stays(api, nodes, controller)
     name = f"intruder-{uuid.uuid4().hex[:6]}"
     make_pod(api, ALLOWED_NS, name, nodes["pool"])
     make_pod(api, DENIED_NS, name, nodes["pool"])
-    wait_for(lambda: pod_going(api, DENIED_NS, name), EVICT_WITHIN)
-    wait_for(lambda: "IntruderEvicted" in reasons_about(api, DENIED_NS, name), 5)
+    wait_for(f"pod {name} evicted", lambda: pod_going(api, DENIED_NS, name), timeout=EVICT_WITHIN)
+    wait_for("an IntruderEvicted Event", lambda: "IntruderEvicted" in reasons_about(api, DENIED_NS, name), timeout=5)
     assert not pod_going(api, ALLOWED_NS, name)
     assert controller.metrics.evictions.labels(pool=POOL, outcome="evicted")._value.get() == 1
 
@@ -175,6 +175,6 @@ def test_an_intruder_is_evicted_and_an_allowed_pod_stays(api, nodes, controller)
 def test_report_mode_reports_an_intruder_and_leaves_it(api, nodes, controller):
     name = f"reported-{uuid.uuid4().hex[:6]}"
     make_pod(api, DENIED_NS, name, nodes["pool"])
-    wait_for(lambda: "IntruderFound" in reasons_about(api, DENIED_NS, name), EVICT_WITHIN)
+    wait_for("an IntruderFound Event", lambda: "IntruderFound" in reasons_about(api, DENIED_NS, name), timeout=EVICT_WITHIN)
     assert not pod_going(api, DENIED_NS, name)
     assert controller.metrics.evictions.labels(pool=POOL, outcome="reported")._value.get() == 1

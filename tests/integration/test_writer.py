@@ -9,13 +9,14 @@ import uuid
 from typing import Any
 
 import pytest
-from eventually import wait_for
+from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import Taint
 from controller.kube.client import MERGE_PATCH, KubeApi
 from controller.kube.retry import RetryPolicy
 from controller.kube.writer import REPORTING_CONTROLLER, ApiError, EventRecorder, KubeClient, Outcome
 from controller.metrics import Metrics
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -23,12 +24,9 @@ NODE = "node-3"
 ITEST_KEY = "itest.egress-placer.io/writer"
 
 
-
 @pytest.fixture
 def writer(api) -> KubeClient:
     return KubeClient(api, Metrics(), retry=RetryPolicy(attempts=3, initial=0.05, maximum=0.5))
-
-
 
 
 def node_taints(api: KubeApi) -> tuple[tuple[Taint, ...], str]:
@@ -92,8 +90,19 @@ def test_a_refused_write_raises_a_clear_error(writer):
     assert "set-node-taints failed" in str(raised.value) and "Sometimes" in str(raised.value)
 
 
-def test_taints_of_a_missing_node_are_done(writer):
-    writer.set_node_taints("no-such-node", [Taint(ITEST_KEY, "x", "NoSchedule")], "1")
+def test_taints_of_a_missing_node_are_done(api, writer):
+    """A node deleted after it was read (and one that never was): the write returns and writes nothing."""
+    name = f"itest-gone-{uuid.uuid4().hex[:8]}"
+    api.call("POST", "/api/v1/nodes", body={"metadata": {"name": name}})
+    read = api.call("GET", f"/api/v1/nodes/{name}")["metadata"]["resourceVersion"]
+    api.call("DELETE", f"/api/v1/nodes/{name}")
+    for node, version in ((name, read), ("itest-no-such-node", "1")):
+        writer.set_node_taints(node, [Taint(ITEST_KEY, "x", "NoSchedule")], version)
+        with pytest.raises(ApiException) as read_back:
+            api.call("GET", f"/api/v1/nodes/{node}")
+        assert read_back.value.status == 404, f"{node} exists after the write"  # a PATCH never creates
+    retried = [s for m in writer.metrics.api_write_retries.collect() for s in m.samples if s.name.endswith("_total")]
+    assert retried == []  # a node that is gone is not worth another try
 
 
 def make_pod(api: KubeApi, namespace: str, name: str, labels: dict[str, str] | None = None) -> None:
@@ -114,7 +123,7 @@ def pod_going(api: KubeApi, namespace: str, name: str) -> bool:
 def test_evict(api, writer, namespace):
     make_pod(api, namespace, "victim")
     assert writer.evict(namespace, "victim") is True
-    wait_for(lambda: pod_going(api, namespace, "victim"), 15)
+    wait_for("pod victim evicted", lambda: pod_going(api, namespace, "victim"), timeout=15)
     assert writer.evict(namespace, "never-existed") is True  # gone is done
 
 
@@ -125,7 +134,7 @@ def test_an_eviction_or_delete_for_another_uid_leaves_the_pod_of_that_name_alone
     writer.delete_pod(namespace, "reborn", uid="00000000-0000-0000-0000-000000000000")
     assert not pod_going(api, namespace, "reborn")
     writer.delete_pod(namespace, "reborn", uid=uid)
-    wait_for(lambda: pod_going(api, namespace, "reborn"), 15)
+    wait_for("pod reborn evicted", lambda: pod_going(api, namespace, "reborn"), timeout=15)
     writer.delete_pod(namespace, "reborn", uid=uid)  # gone is done
 
 
@@ -145,7 +154,7 @@ def test_an_eviction_a_disruption_budget_forbids_is_refused_for_now(api, writer,
         )
         return status.get("currentHealthy") == 1 and status.get("disruptionsAllowed") == 0
 
-    wait_for(budget_counts_the_pod, timeout=30)
+    wait_for("the budget to count the pod", budget_counts_the_pod, timeout=30)
     assert writer.evict(namespace, "guarded") is False
     assert not pod_going(api, namespace, "guarded")
 

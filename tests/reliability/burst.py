@@ -18,9 +18,20 @@ from typing import Any, Mapping
 import tenacity
 import urllib3
 from kubernetes.client.exceptions import ApiException
-from tekton_runs import GROUP, MATCHING_IMAGE, POOL, POOL_NODES, VERSION, Runs, decision_of, succeeded, taskrun
 
 from controller.core.model import TAINT_KEY
+from tests.e2e.tekton_runs import (
+    MATCHING_IMAGE,
+    POOL,
+    POOL_NODES,
+    Runs,
+    decision_of,
+    node_of,
+    succeeded,
+    taskrun,
+)
+from tests.kube import TEKTON, namespaced
+from tests.waiting import wait_for
 
 CREATE_TIMEOUT = 15.0  # seconds per attempt: with etcd down, the API server would hold a request ~60 s
 
@@ -45,9 +56,7 @@ class RetryingRuns(Runs):
             nonlocal attempts
             attempts += 1
             try:
-                self.custom.create_namespaced_custom_object(
-                    GROUP, VERSION, namespace, plural, labelled, _request_timeout=CREATE_TIMEOUT
-                )
+                self.api.call("POST", namespaced(namespace, plural, group=TEKTON), body=labelled, timeout=CREATE_TIMEOUT)
             except ApiException as e:
                 if e.status == 409 and attempts > 1:
                     return  # an earlier attempt was stored although its answer was lost
@@ -91,6 +100,7 @@ class Burst:
     def _submit(self) -> None:
         for name in self.names:
             self._futures.append(self._pool.submit(self._create, name))
+            # Part of the scenario: the burst's pace, one creation every `interval` s.
             time.sleep(self.interval)
 
     def _create(self, name: str) -> None:
@@ -116,9 +126,7 @@ class Burst:
 
     def wait_started(self, count: int, timeout: float = 60.0) -> None:
         """Wait until `count` creations were handed to the pool (the burst is under way)."""
-        deadline = time.monotonic() + timeout
-        while self.submitted < count and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(f"{count} creations of the burst under way", lambda: self.submitted >= count, timeout=timeout, interval=0.01)
 
     def join(self, timeout: float = 180.0) -> None:
         """Wait until every creation succeeded or gave up."""
@@ -172,7 +180,7 @@ def pool_outcome(runs: Runs, namespace: str, names: list[str]) -> PoolOutcome:
     present = [n for n in names if n in listed]
     no_pod = [n for n in present if n not in pods and succeeded(listed[n]) == "False"]
     with_pod = [n for n in present if n not in no_pod]
-    pod_decision = {n: decision_of({"metadata": {"annotations": pods[n].metadata.annotations}}) if n in pods else {} for n in with_pod}
+    pod_decision = {n: decision_of(pods[n]) if n in pods else {} for n in with_pod}
     return PoolOutcome(
         total=len(names),
         lost=tuple(n for n in names if n not in listed),
@@ -180,7 +188,7 @@ def pool_outcome(runs: Runs, namespace: str, names: list[str]) -> PoolOutcome:
         no_pod=tuple(no_pod),
         unplaced_template=tuple(n for n in no_pod if not _tolerates_pool(listed[n])),
         failed=tuple(n for n in with_pod if succeeded(listed[n]) == "False"),
-        off_pool=tuple(n for n in with_pod if n not in pods or pods[n].spec.node_name not in POOL_NODES),
+        off_pool=tuple(n for n in with_pod if node_of(pods.get(n)) not in POOL_NODES),
         without_run_decision=tuple(n for n in present if decision_of(listed[n]).get("pool") != POOL),
         pod_without_decision=tuple(n for n in with_pod if pod_decision[n].get("pool") != POOL),
     )
@@ -197,4 +205,4 @@ def all_settled(runs: Runs, namespace: str, names: list[str]) -> bool:
     (A fake node can miss a status update while etcd is away, leaving its pod unfinished for good.)"""
     listed = runs.listed(namespace, "taskruns")
     pods = runs.pods_by_taskrun(namespace)
-    return all(n in listed and (succeeded(listed[n]) is not None or (n in pods and pods[n].spec.node_name)) for n in names)
+    return all(n in listed and (succeeded(listed[n]) is not None or node_of(pods.get(n))) for n in names)

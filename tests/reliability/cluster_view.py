@@ -1,89 +1,67 @@
 """What the reliability tests read from the local cluster while they break it: pool taints, the leader
 Lease, the controller replicas' and the API server's metrics, intruder pods and whether they are gone,
-and a poller that returns how long a condition took."""
+and `quietly`, which lets a `wait_for` probe outlast an API server that is away."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeVar
 
-import pytest
 import requests
-from kubernetes import client
+import urllib3
 from kubernetes.client.exceptions import ApiException
-from tekton_runs import ORDINARY_NODES, POOL, POOL_NODES, POOL_TOLERATION
 
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devcluster.controller import NAMESPACE, ControllerReplica, replicas_of
+from devplacer.controller import NAMESPACE, ControllerReplica, replicas_of
+from tests.e2e.tekton_runs import ORDINARY_NODES, POOL_NODES, POOL_TAINT, POOL_TOLERATION, node_of
+from tests.kube import Api, namespaced, node, pods
+
+T = TypeVar("T")
 
 LEASE = "egress-placer-leader"
-POOL_TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}
-POOL_LABEL = {TAINT_KEY: POOL}  # the devcluster's pool nodes carry it; the policy selects on it
+LEASE_PATH = namespaced(NAMESPACE, "leases", LEASE, group="/apis/coordination.k8s.io/v1")
 
 
-def elapsed_until(what: str, probe: Callable[[], Any], timeout: float, interval: float = 0.1) -> float:
-    """Poll `probe` until truthy; the seconds it took. Fails the test after `timeout`."""
-    started = time.monotonic()
-    while not _quietly(probe):
-        if time.monotonic() - started > timeout:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
-    return time.monotonic() - started
+def quietly(probe: Callable[[], T]) -> Callable[[], T | bool]:
+    """`probe` for `wait_for` while the API server may be restarting: False while it cannot be reached
+    (connection errors, 5xx, 404, 429), the probe's answer otherwise; other 4xx errors still fail."""
 
-
-def eventually(probe: Callable[[], Any], timeout: float, interval: float = 0.5) -> bool:
-    """Poll `probe` until truthy or `timeout`: whether it became true (never fails the test)."""
-    deadline = time.monotonic() + timeout
-    while not _quietly(probe):
-        if time.monotonic() > deadline:
+    def answer() -> T | bool:
+        try:
+            return probe()
+        except (ApiException, requests.RequestException, urllib3.exceptions.HTTPError, OSError) as error:
+            if isinstance(error, ApiException) and 400 <= (error.status or 0) < 500 and error.status not in (404, 429):
+                raise
             return False
-        time.sleep(interval)
-    return True
 
-
-def _quietly(probe: Callable[[], Any]) -> Any:
-    """The probe's answer; False while the API server cannot be reached (it may be restarting)."""
-    try:
-        return probe()
-    except (ApiException, requests.RequestException, OSError) as error:
-        if isinstance(error, ApiException) and 400 <= (error.status or 0) < 500 and error.status not in (404, 429):
-            raise
-        return False
+    return answer
 
 
 # -- nodes and taints ------------------------------------------------------------------------------
 
 
-def pool_taints(core: client.CoreV1Api, node: str) -> list[dict[str, Any]]:
-    """The taints with egress-placer's key on `node`."""
-    taints = core.read_node(node).spec.taints or []
-    return [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints if t.key == TAINT_KEY]
-
-
-def taints_right(core: client.CoreV1Api) -> bool:
+def taints_right(api: Api) -> bool:
     """Every pool node carries exactly the pool taint, no ordinary node carries one."""
-    by_node = {n.metadata.name: n.spec.taints or [] for n in core.list_node().items}
     owned = {
-        name: [{"key": t.key, "value": t.value, "effect": t.effect} for t in taints if t.key == TAINT_KEY]
-        for name, taints in by_node.items()
+        n["metadata"]["name"]: [
+            {"key": t["key"], "value": t.get("value"), "effect": t["effect"]}
+            for t in n["spec"].get("taints") or []
+            if t["key"] == TAINT_KEY
+        ]
+        for n in api.items(node())
     }
     return all(owned.get(n) == [POOL_TAINT] for n in POOL_NODES) and all(not owned.get(n) for n in ORDINARY_NODES)
 
 
-def remove_pool_taint(kube: client.ApiClient, node: str) -> None:
-    """Delete egress-placer's taint from `node` by hand (admin), as an operator might by mistake."""
-    core = client.CoreV1Api(kube)
-    current = core.read_node(node)
-    kept = [kube.sanitize_for_serialization(t) for t in current.spec.taints or [] if t.key != TAINT_KEY]
-    core.patch_node(
-        node,
-        [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": current.metadata.resource_version},
-            {"op": "replace", "path": "/spec/taints", "value": kept},
-        ],
-    )
+def remove_pool_taint(api: Api, name: str) -> None:
+    """Delete egress-placer's taint from node `name` by hand (admin), as an operator might by mistake."""
+    current = api.call("GET", node(name))
+    kept = [t for t in current["spec"].get("taints") or [] if t["key"] != TAINT_KEY]
+    api.json_patch(node(name), [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": current["metadata"]["resourceVersion"]},
+        {"op": "replace", "path": "/spec/taints", "value": kept},
+    ])
 
 
 # -- pods ------------------------------------------------------------------------------------------
@@ -102,39 +80,26 @@ def intruder_pod(name: str, node: str | None = "egress-1", **spec: Any) -> dict[
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body_spec}
 
 
-def pod_gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+def pod_gone(api: Api, namespace: str, name: str) -> bool:
     """Deleted, or being deleted (an eviction sets deletionTimestamp)."""
-    try:
-        return core.read_namespaced_pod(name, namespace).metadata.deletion_timestamp is not None
-    except ApiException as e:
-        if e.status == 404:
-            return True
-        raise
+    pod = api.get(pods(namespace, name))
+    return pod is None or "deletionTimestamp" in pod["metadata"]
 
 
-def pod_node(core: client.CoreV1Api, namespace: str, name: str) -> str | None:
-    return core.read_namespaced_pod(name, namespace).spec.node_name
+def pod_node(api: Api, namespace: str, name: str) -> str | None:
+    return node_of(api.call("GET", pods(namespace, name)))
 
 
 # -- the controller --------------------------------------------------------------------------------
 
 
-def lease_holder(kube: client.ApiClient) -> str | None:
-    try:
-        lease = client.CoordinationV1Api(kube).read_namespaced_lease(LEASE, NAMESPACE)
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
-    return lease.spec.holder_identity or None
+def lease_holder(api: Api) -> str | None:
+    lease = api.get(LEASE_PATH)
+    return ((lease or {}).get("spec") or {}).get("holderIdentity") or None
 
 
-def delete_lease(kube: client.ApiClient) -> None:
-    try:
-        client.CoordinationV1Api(kube).delete_namespaced_lease(LEASE, NAMESPACE)
-    except ApiException as e:
-        if e.status != 404:
-            raise
+def delete_lease(api: Api) -> None:
+    api.delete(LEASE_PATH)
 
 
 def parse_samples(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
@@ -184,6 +149,6 @@ class Placer:
         return record.pid
 
 
-def apiserver_metrics(cluster: Cluster) -> str:
-    """The API server's /metrics (admin client certificate)."""
-    return cluster.api().session.get(cluster.api_url + "/metrics", timeout=10).text
+def apiserver_metrics(api: Api) -> str:
+    """The API server's /metrics."""
+    return api.text("/metrics")

@@ -12,65 +12,19 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator
 
 import pytest
-from kubernetes import client
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))  # the e2e helpers: tekton_runs, running_controller
-
-from burst import RetryingRuns  # noqa: E402
-from cluster_view import Placer, delete_lease, elapsed_until, taints_right  # noqa: E402
-from running_controller import make_plain as make_plain_cluster, namespace_exists  # noqa: E402
-from tekton_runs import Waiter  # noqa: E402
-
-from devcluster.cluster import Cluster  # noqa: E402
-from devcluster.controller import start_controller  # noqa: E402
-
-FIGURES_ENV = "EGRESS_PLACER_RELIABILITY_FIGURES"  # where the figures go (JSON); report.py sets it
-POLICY_FILE = Path(__file__).with_name("policy.yaml")
-# The suite's own tenants (not the e2e tests' team-cdn/team-other, so the two never wait on each other).
-TEAM_CDN = "rel-team-cdn"  # may use pool `overseas`
-TEAM_OTHER = "rel-team-other"  # may not
-TEAM_CDN_EVIL = "rel-team-cdn-evil"  # a "renamed" rel-team-cdn: matches no namespace glob of the policy
-TENANTS = (TEAM_CDN, TEAM_OTHER, TEAM_CDN_EVIL)
-
-
-# -- figures for docs/reliability.md -----------------------------------------------------------------
-
-_FIGURES: dict[str, dict[str, Any]] = {}
-
-
-class Figures:
-    """One test's row(s) of the report. `fault(...)` for the main table, `attempt(...)` for the table
-    of ways onto the pool, `attack(...)` for the hostile tenant's table; `set(key, value)` adds a measured figure as soon as it is known, so a
-    failing test still shows what it measured."""
-
-    def __init__(self, nodeid: str) -> None:
-        self.row = _FIGURES.setdefault(nodeid, {"nodeid": nodeid, "figures": {}, "attempts": [], "attacks": []})
-
-    def fault(self, fault: str, load: str, expected: str) -> None:
-        self.row.update(fault=fault, load=load, expected=expected)
-
-    def set(self, key: str, value: Any) -> None:
-        self.row["figures"][key] = value
-
-    def measured(self, text: str, lost_or_misplaced: int) -> None:
-        self.row.update(measured=text, lost=lost_or_misplaced)
-
-    def attempt(self, attempt: str, outcome: str, seconds: float | None, stopped: bool) -> None:
-        self.row["attempts"].append({"attempt": attempt, "outcome": outcome, "seconds": seconds, "stopped": stopped})
-
-    def attack(self, attack: str, rbac: str, outcome: str, cleared_after: float, worst_window: float, held: bool) -> None:
-        """One row of the hostile-tenant table: who may do it, what became of it, how long its longest-lived
-        pod stayed Running on a pool node (0: never got there) and the most seconds in any 60 s."""
-        self.row["attacks"].append(
-            {"attack": attack, "rbac": rbac, "outcome": outcome, "cleared_after": round(cleared_after, 1),
-             "worst_window": round(worst_window, 1), "held": held}
-        )
+from devcluster.cluster import Cluster
+from devplacer.controller import start_controller
+from tests.e2e.running_controller import make_plain as make_plain_cluster
+from tests.kube import Api, namespace
+from tests.reliability.burst import RetryingRuns
+from tests.reliability.cluster_view import Placer, delete_lease, quietly, taints_right
+from tests.reliability.suite import FIGURES, FIGURES_ENV, POLICY_FILE, TENANTS, ControllerSpec, Figures
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -79,7 +33,7 @@ def figures(request: pytest.FixtureRequest) -> Figures:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    row = _FIGURES.get(report.nodeid)
+    row = FIGURES.get(report.nodeid)
     if row is None:
         return
     if report.when == "call" or report.failed:
@@ -96,58 +50,50 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     target = os.environ.get(FIGURES_ENV)
-    if target and _FIGURES:
-        Path(target).write_text(json.dumps(list(_FIGURES.values()), indent=2) + "\n")
+    if target and FIGURES:
+        Path(target).write_text(json.dumps(list(FIGURES.values()), indent=2) + "\n")
 
 
 # -- the cluster's tenants and the controller ----------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
-def tenants(kube: client.ApiClient, make_namespace: Callable[[str], str], wait_for: Waiter) -> Iterator[tuple[str, ...]]:
+def tenants(api: Api, make_namespace: Callable[[str], str]) -> Iterator[tuple[str, ...]]:
     """TEAM_CDN (may use pool `overseas`), TEAM_OTHER and TEAM_CDN_EVIL (may not); deleted afterwards."""
-    core = client.CoreV1Api(kube)
     for name in TENANTS:
-        wait_for(f"namespace {name} from an earlier run to be gone", lambda: not namespace_exists(core, name), timeout=120)
+        wait_for(f"namespace {name} from an earlier run to be gone", lambda: api.get(namespace(name)) is None, timeout=120)
         make_namespace(name)
     yield TENANTS
     for name in TENANTS:
-        core.delete_namespace(name)
+        api.delete(namespace(name))
     for name in TENANTS:
-        wait_for(f"namespace {name} to be deleted", lambda: not namespace_exists(core, name), timeout=120)
+        wait_for(f"namespace {name} to be deleted", lambda: api.get(namespace(name)) is None, timeout=120)
 
 
-@dataclass(frozen=True)
-class ControllerSpec:
-    replicas: int = 1
-    proxy: bool = False
-    env: tuple[tuple[str, str], ...] = ()  # settings for this module's controller (EGRESS_PLACER_*)
-
-
-def make_plain(kube: client.ApiClient, cluster: Cluster) -> None:
+def make_plain(api: Api, cluster: Cluster) -> None:
     """No controller, no webhook configuration, no pool taints, no leader Lease."""
-    make_plain_cluster(kube, cluster)
-    delete_lease(kube)
+    make_plain_cluster(api, cluster)
+    delete_lease(api)
 
 
 @pytest.fixture(scope="module")
 def placer(
-    request: pytest.FixtureRequest, devcluster: Cluster, kube: client.ApiClient, tenants: tuple[str, ...]
+    request: pytest.FixtureRequest, devcluster: Cluster, api: Api, tenants: tuple[str, ...]
 ) -> Iterator[Placer]:
     """egress-placer as the module's `CONTROLLER` spec says, under its k8s/ identity, pool taints on;
     the cluster made plain again afterwards."""
     spec: ControllerSpec = getattr(request.module, "CONTROLLER", ControllerSpec())
     try:
         start_controller(devcluster, POLICY_FILE, replicas=spec.replicas, proxy=spec.proxy, env=dict(spec.env))
-        elapsed_until("the pool taints", lambda: taints_right(client.CoreV1Api(kube)), timeout=30)
+        wait_for("the pool taints", quietly(lambda: taints_right(api)), timeout=30, interval=0.1)
         yield Placer(devcluster)
     finally:
-        make_plain(kube, devcluster)
+        make_plain(api, devcluster)
 
 
 @pytest.fixture
-def runs(kube: client.ApiClient, wait_for: Waiter, placer: Placer) -> Iterator[RetryingRuns]:
+def runs(api: Api, placer: Placer) -> Iterator[RetryingRuns]:
     """This test's runs and pods (labelled with the test's id), deleted afterwards."""
-    made = RetryingRuns(kube, wait_for)
+    made = RetryingRuns(api)
     yield made
     made.cleanup()

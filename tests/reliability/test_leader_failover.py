@@ -14,23 +14,24 @@ import time
 from pathlib import Path
 
 import pytest
-from burst import Burst, RetryingRuns, all_finished, pool_outcome
-from cluster_view import (
-    POOL_TAINT,
+
+from devcluster.cluster import Cluster
+from devplacer.controller import PROXY_NAME, ControllerReplica, controller_env
+from devplacer.faults import kill_component, start_component
+from tests.e2e.running_controller import pool_taints
+from tests.e2e.tekton_runs import POOL_TAINT, events
+from tests.kube import Api
+from tests.reliability.burst import Burst, RetryingRuns, all_finished, pool_outcome
+from tests.reliability.cluster_view import (
     Placer,
-    elapsed_until,
     intruder_pod,
     lease_holder,
     pod_gone,
-    pool_taints,
+    quietly,
     remove_pool_taint,
 )
-from conftest import ControllerSpec, Figures, TEAM_CDN, TEAM_OTHER
-from kubernetes import client
-from tekton_runs import events
-from devcluster.cluster import Cluster
-from devcluster.controller import PROXY_NAME, ControllerReplica, controller_env
-from devcluster.faults import kill_component, start_component
+from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, ControllerSpec, Figures
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -59,7 +60,7 @@ def webhook_failures_since(cluster: Cluster, offset: int) -> int:
 
 
 def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
-    devcluster: Cluster, kube: client.ApiClient, placer: Placer, runs: RetryingRuns, figures: Figures
+    devcluster: Cluster, api: Api, placer: Placer, runs: RetryingRuns, figures: Figures
 ) -> None:
     figures.fault(
         "the leader replica SIGKILLed mid-burst (2 replicas behind the webhook proxy)",
@@ -68,9 +69,8 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
         f"the follower takes over within {TAKEOVER_SECONDS:.1f} s (lease {LEASE_SECONDS:.0f} s + 2 retries + reconcile): "
         "taint back, intruder evicted once; every run placed and decided",
     )
-    core = client.CoreV1Api(kube)
-    elapsed_until("a leader", lambda: lease_holder(kube), timeout=30)
-    leader = placer.replica(lease_holder(kube) or "")
+    wait_for("a leader", quietly(lambda: lease_holder(api)), timeout=30, interval=0.1)
+    leader = placer.replica(lease_holder(api) or "")
     follower = next(r for r in placer.replicas if r != leader)
     taints_added_before = placer.metric(follower, "egress_placer_taint_changes_total", {"action": "add"})
     log_offset = apiserver_log_size(devcluster)
@@ -81,26 +81,39 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
     burst.wait_started(KILL_AFTER)
     killed = kill_component(devcluster, leader.name)
     killed_at, created_before_kill = time.monotonic(), burst.submitted
-    remove_pool_taint(kube, "egress-1")
+    remove_pool_taint(api, "egress-1")
     intruder = runs.name("intruder")
     runs.create_pod(TEAM_OTHER, intruder_pod(intruder, node="egress-2"))
 
-    elapsed_until(
-        "the removed pool taint back", lambda: pool_taints(core, "egress-1") == [POOL_TAINT], timeout=TAKEOVER_SECONDS + 10
+    wait_for(
+        "the removed pool taint back",
+        quietly(lambda: pool_taints(api, "egress-1") == [POOL_TAINT]),
+        timeout=TAKEOVER_SECONDS + 10,
+        interval=0.1,
     )
     taint_back = time.monotonic() - killed_at
-    elapsed_until("the intruder evicted", lambda: pod_gone(core, TEAM_OTHER, intruder), timeout=TAKEOVER_SECONDS + 10)
+    wait_for(
+        "the intruder evicted",
+        quietly(lambda: pod_gone(api, TEAM_OTHER, intruder)),
+        timeout=TAKEOVER_SECONDS + 10,
+        interval=0.1,
+    )
     evicted = time.monotonic() - killed_at
-    new_leader = lease_holder(kube)
+    new_leader = lease_holder(api)
     figures.set("taint_back_s", round(taint_back, 1))
     figures.set("intruder_evicted_s", round(evicted, 1))
 
     burst.join()
     assert burst.errors == {}, burst.errors
-    elapsed_until(f"the {BURST} runs to finish", lambda: all_finished(runs, TEAM_CDN, burst.names), timeout=FINISH_SECONDS, interval=1.0)
+    wait_for(
+        f"the {BURST} runs to finish",
+        quietly(lambda: all_finished(runs, TEAM_CDN, burst.names)),
+        timeout=FINISH_SECONDS,
+        interval=1.0,
+    )
     outcome = pool_outcome(runs, TEAM_CDN, burst.names)
     failed_reviews = webhook_failures_since(devcluster, log_offset)
-    eviction_events = [e for e in events(kube, TEAM_OTHER, "IntruderEvicted") if e["regarding"]["name"] == intruder]
+    eviction_events = [e for e in events(api, TEAM_OTHER, "IntruderEvicted") if e["regarding"]["name"] == intruder]
     taints_added = placer.metric(follower, "egress_placer_taint_changes_total", {"action": "add"}) - taints_added_before
     figures.set("failed_reviews_at_kill", failed_reviews)
     with open(proxy_log, "rb") as f:
@@ -109,7 +122,7 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
 
     restarted_at = time.monotonic()
     start_component(devcluster, killed)
-    elapsed_until(f"{leader.name} ready again", lambda: placer.ready(leader), timeout=60)
+    wait_for(f"{leader.name} ready again", quietly(lambda: placer.ready(leader)), timeout=60, interval=0.1)
     rejoined = time.monotonic() - restarted_at
     figures.set("rejoined_s", round(rejoined, 1))
     figures.measured(
@@ -126,4 +139,4 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
     assert len(outcome.without_run_decision) <= failed_reviews, outcome
     assert len(eviction_events) == 1 and (eviction_events[0].get("series") or {}).get("count", 1) == 1, eviction_events
     assert taints_added == 1
-    assert lease_holder(kube) == follower.identity  # the old leader came back as a follower
+    assert lease_holder(api) == follower.identity  # the old leader came back as a follower

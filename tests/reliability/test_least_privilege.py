@@ -15,14 +15,17 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import pytest
-from burst import RetryingRuns
-from cluster_view import POOL_TAINT, Placer, elapsed_until, pool_taints, remove_pool_taint
-from conftest import Figures, TEAM_CDN, TEAM_OTHER
-from kubernetes import client, config
-from tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, decision_of, taskrun
+
 from devcluster.cluster import Cluster
-from devcluster.controller import NAMESPACE, service_account_user
-from devcluster.faults import Component, kill_component, start_component
+from devplacer.controller import NAMESPACE, service_account_user
+from devplacer.faults import Component, kill_component, start_component
+from tests.e2e.running_controller import pool_taints
+from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, POOL_TAINT, decision_of, taskrun
+from tests.kube import Api, api_for
+from tests.reliability.burst import RetryingRuns
+from tests.reliability.cluster_view import Placer, quietly, remove_pool_taint
+from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -81,11 +84,13 @@ NON_RESOURCE = {
 }
 
 
-def granted(review: Any) -> tuple[set[Rule], set[tuple[str, str]]]:
+def granted(review: dict[str, Any]) -> tuple[set[Rule], set[tuple[str, str]]]:
     resource = set()
-    for r in review.status.resource_rules:
-        resource |= rules(r.api_groups or [""], r.resources or [], r.verbs, r.resource_names or ["*"])
-    non_resource = {(u, v) for r in review.status.non_resource_rules for u in r.non_resource_urls or [] for v in r.verbs}
+    for r in review["status"].get("resourceRules") or []:
+        resource |= rules(r.get("apiGroups") or [""], r.get("resources") or [], r["verbs"], r.get("resourceNames") or ["*"])
+    non_resource = {
+        (u, v) for r in review["status"].get("nonResourceRules") or [] for u in r.get("nonResourceURLs") or [] for v in r["verbs"]
+    }
     return resource, non_resource
 
 
@@ -95,22 +100,19 @@ def test_the_service_account_has_exactly_the_listed_rights(devcluster: Cluster, 
         f"namespaces {NAMESPACE}, {TEKTON_NAMESPACE} and {TEAM_OTHER}",
         "exactly the rules the test lists (k8s/rbac-*.yaml plus Kubernetes' defaults for authenticated users)",
     )
-    api = config.new_client_from_config(config_file=str(devcluster.mint_kubeconfig(service_account_user())))
-    try:
-        authz = client.AuthorizationV1Api(api)
-        reviews = {
-            ns: authz.create_self_subject_rules_review(
-                {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview", "spec": {"namespace": ns}}
-            )
-            for ns in EXPECTED
-        }
-    finally:
-        api.close()
+    controller_api = api_for(devcluster.mint_kubeconfig(service_account_user()))
+    reviews = {
+        ns: controller_api.create(
+            "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews",
+            {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview", "spec": {"namespace": ns}},
+        )
+        for ns in EXPECTED
+    }
     differences = {}
     for ns, review in reviews.items():
         resource, non_resource = granted(review)
         extra, missing = resource - EXPECTED[ns], EXPECTED[ns] - resource
-        if extra or missing or non_resource != NON_RESOURCE or review.status.incomplete:
+        if extra or missing or non_resource != NON_RESOURCE or review["status"].get("incomplete"):
             differences[ns] = {"extra": sorted(extra), "missing": sorted(missing), "non-resource": sorted(non_resource ^ NON_RESOURCE)}
     figures.measured(
         "; ".join(f"{ns}: {len(granted(r)[0])} resource rules" for ns, r in reviews.items())
@@ -131,7 +133,7 @@ def read_only_root_available() -> bool:
 
 
 def test_the_controller_works_with_a_read_only_root_home_and_working_directory(
-    devcluster: Cluster, kube: client.ApiClient, placer: Placer, runs: RetryingRuns, figures: Figures
+    devcluster: Cluster, api: Api, placer: Placer, runs: RetryingRuns, figures: Figures
 ) -> None:
     if not read_only_root_available():
         pytest.skip("needs `unshare --mount` (root or CAP_SYS_ADMIN) to give the controller a read-only root")
@@ -140,7 +142,6 @@ def test_the_controller_works_with_a_read_only_root_home_and_working_directory(
         "the only replica, swapped for one in a private mount namespace; a pool taint removed; a matching TaskRun",
         "ready, leading, taint restored, run placed, no write refused in its log",
     )
-    core = client.CoreV1Api(kube)
     replica = placer.replicas[0]
     normal = kill_component(devcluster, replica.name)
     argv = ("unshare", "--mount", "--propagation", "private", "sh", "-c", READ_ONLY_ROOT, str(REPO), *normal.argv)
@@ -149,13 +150,20 @@ def test_the_controller_works_with_a_read_only_root_home_and_working_directory(
     offset = log.stat().st_size
     started = time.monotonic()
     start_component(devcluster, read_only)
-    elapsed_until("the read-only replica ready", lambda: placer.ready(replica), timeout=60)
+    wait_for("the read-only replica ready", quietly(lambda: placer.ready(replica)), timeout=60, interval=0.1)
     ready = time.monotonic() - started
     mounts = Path(f"/proc/{placer.pid(replica)}/mounts").read_text().splitlines()
     root_options = next(line.split()[3] for line in mounts if line.split()[1] == "/")
 
-    remove_pool_taint(kube, "egress-3")
-    restored = elapsed_until("the pool taint back", lambda: pool_taints(core, "egress-3") == [POOL_TAINT], timeout=20)
+    remove_pool_taint(api, "egress-3")
+    restored_from = time.monotonic()
+    wait_for(
+        "the pool taint back",
+        quietly(lambda: pool_taints(api, "egress-3") == [POOL_TAINT]),
+        timeout=20,
+        interval=0.1,
+    )
+    restored = time.monotonic() - restored_from
     name = runs.name("read-only")
     runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
     done = runs.wait_succeeded(TEAM_CDN, "taskruns", [name], timeout=90)

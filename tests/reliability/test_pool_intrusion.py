@@ -17,25 +17,28 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import pytest
-from burst import RetryingRuns
-from cluster_view import POOL_LABEL, Placer, elapsed_until, eventually, intruder_pod
-from conftest import ControllerSpec, Figures, TEAM_CDN_EVIL, TEAM_OTHER
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from tekton_runs import (
+
+from controller.core.model import PLACEMENT_ANNOTATION, TAINT_KEY
+from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
     POOL,
+    POOL_LABEL,
     POOL_NODES,
     POOL_TOLERATION,
     TEST_LABEL,
     decision_of,
     events,
+    node_of,
     step,
     taskrun,
 )
-
-from controller.core.model import PLACEMENT_ANNOTATION, TAINT_KEY
+from tests.kube import Api, namespaced, pods
+from tests.reliability.burst import RetryingRuns
+from tests.reliability.cluster_view import Placer, intruder_pod
+from tests.reliability.suite import TEAM_CDN_EVIL, TEAM_OTHER, ControllerSpec, Figures
+from tests.waiting import WaitTimeout, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -43,6 +46,8 @@ EVICTION_SECONDS = 10.0  # stated bound: a pod that got onto a pool node is evic
 OBSERVE_SECONDS = 8.0  # a pod refused at admission is watched this long: it must never reach the pool
 BUDGET_GRACE_SECONDS = 5.0  # EGRESS_PLACER_INTRUDER_BUDGET_GRACE_SECONDS of this module's controller
 CONTROLLER = ControllerSpec(env=(("EGRESS_PLACER_INTRUDER_BUDGET_GRACE_SECONDS", str(BUDGET_GRACE_SECONDS)),))
+POLICY = "/apis/policy/v1"
+Pod = dict[str, Any]
 EXEMPT_NAMESPACE = "kube-public"  # in the policy's default exemptNamespaces
 POOL_AFFINITY = {
     "nodeAffinity": {
@@ -64,66 +69,72 @@ class Result:
 class Attempts:
     """Creates the attempts' objects (labelled for clean-up) and watches what becomes of them."""
 
-    def __init__(self, kube: client.ApiClient, runs: RetryingRuns) -> None:
-        self.kube = kube
+    def __init__(self, api: Api, runs: RetryingRuns) -> None:
+        self.api = api
         self.runs = runs
-        self.core = client.CoreV1Api(kube)
-        self.apps = client.AppsV1Api(kube)
-        self.policy = client.PolicyV1Api(kube)
         self.extra: list[Callable[[], None]] = []  # clean-ups beyond what `runs` deletes
 
     def pod(self, namespace: str, body: dict[str, Any]) -> float:
         """Create a pod; when it was created (monotonic)."""
         if namespace == EXEMPT_NAMESPACE:
             body = {**body, "metadata": {**body["metadata"], "labels": {TEST_LABEL: self.runs.id}}}
-            self.core.create_namespaced_pod(namespace, body)
-            self.extra.append(lambda: self.core.delete_namespaced_pod(body["metadata"]["name"], namespace, grace_period_seconds=0))
+            self.api.create(pods(namespace), body)
+            self.extra.append(lambda: self.api.delete(pods(namespace, body["metadata"]["name"]), gracePeriodSeconds=0))
         else:
             self.runs.create_pod(namespace, body)
         return time.monotonic()
 
-    def read(self, namespace: str, name: str) -> client.V1Pod | None:
-        try:
-            return self.core.read_namespaced_pod(name, namespace)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+    def read(self, namespace: str, name: str) -> Pod | None:
+        return self.api.get(pods(namespace, name))
 
     def kept_off(self, namespace: str, name: str, seconds: float = OBSERVE_SECONDS, asked_node: str | None = None) -> Result:
         """A pod refused at admission: never on a pool node while watched; what it carries and where it is
         (`asked_node`: the nodeName it was created with)."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+
+        def on_the_pool() -> Pod | None:
             pod = self.read(namespace, name)
-            if pod is not None and pod.spec.node_name in POOL_NODES and pod.metadata.deletion_timestamp is None:
-                return Result(f"reached {pod.spec.node_name}", None, False)
-            time.sleep(0.25)
+            if pod is not None and node_of(pod) in POOL_NODES and "deletionTimestamp" not in pod["metadata"]:
+                return pod
+            return None
+
+        try:
+            # Part of the scenario: the pod must NOT reach a pool node within `seconds`.
+            reached = wait_for(f"pod {namespace}/{name} on a pool node", on_the_pool, timeout=seconds)
+            return Result(f"reached {node_of(reached)}", None, False)
+        except WaitTimeout:
+            pass
         pod = self.read(namespace, name)
         if pod is None:
             return Result("gone", 0.0, True)
-        pool_tolerations = [t for t in pod.spec.tolerations or [] if t.key == TAINT_KEY or (not t.key and t.operator == "Exists")]
-        where = pod.spec.node_name or f"{pod.status.phase} (no node it may use)"
+        tolerations = pod["spec"].get("tolerations") or []
+        pool_tolerations = [t for t in tolerations if t.get("key") == TAINT_KEY or (not t.get("key") and t.get("operator") == "Exists")]
+        where = node_of(pod) or f"{pod.get('status', {}).get('phase')} (no node it may use)"
         stripped = "pool toleration stripped at admission" if not pool_tolerations else "toleration kept"
-        if asked_node and pod.spec.node_name != asked_node:
+        if asked_node and node_of(pod) != asked_node:
             stripped = f"nodeName {asked_node} removed at admission" + ("" if pool_tolerations else ", no pool toleration")
-        return Result(f"{stripped}; {where}", 0.0, not pool_tolerations and pod.spec.node_name not in POOL_NODES)
+        return Result(f"{stripped}; {where}", 0.0, not pool_tolerations and node_of(pod) not in POOL_NODES)
 
     def evicted(
         self, namespace: str, name: str, created: float, patience: float = 20.0, within: float = EVICTION_SECONDS
     ) -> Result:
         """A pod that got onto a pool node: gone (or terminating) `within` seconds? (Watched `patience`
         seconds longer, to tell "late" from "never".)"""
-        deadline = created + within + patience
         node = None
-        while time.monotonic() < deadline:
+
+        def gone() -> bool:
+            nonlocal node
             pod = self.read(namespace, name)
-            if pod is None or pod.metadata.deletion_timestamp is not None:
-                took = time.monotonic() - created
-                return Result(f"on {node or 'a pool node'}, evicted", round(took, 1), took <= within)
-            node = pod.spec.node_name or node
-            time.sleep(0.2)
-        return Result(f"still on {node} after {within + patience:.0f} s", None, False)
+            if pod is None or "deletionTimestamp" in pod["metadata"]:
+                return True
+            node = node_of(pod) or node
+            return False
+
+        try:
+            wait_for(f"pod {namespace}/{name} evicted", gone, timeout=max(0.0, created + within + patience - time.monotonic()), interval=0.2)
+        except WaitTimeout:
+            return Result(f"still on {node} after {within + patience:.0f} s", None, False)
+        took = time.monotonic() - created
+        return Result(f"on {node or 'a pool node'}, evicted", round(took, 1), took <= within)
 
     def taskrun_off_pool(self, namespace: str, body: dict[str, Any]) -> Result:
         name = body["metadata"]["name"]
@@ -135,18 +146,26 @@ class Attempts:
 
     def cleanup(self) -> None:
         for undo in self.extra:
-            try:
-                undo()
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+            undo()  # deletes: a 404 is fine
 
 
 @pytest.fixture
-def attempts(kube: client.ApiClient, runs: RetryingRuns) -> Iterator[Attempts]:
-    made = Attempts(kube, runs)
+def attempts(api: Api, runs: RetryingRuns) -> Iterator[Attempts]:
+    made = Attempts(api, runs)
     yield made
     made.cleanup()
+
+
+def unschedulable(pod: Pod | None) -> bool:
+    """The scheduler looked at the pod and found no node for it (PodScheduled False, Unschedulable)."""
+    conditions = ((pod or {}).get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable" for c in conditions)
+
+
+def budget_observed(api: Api, namespace: str, name: str) -> bool:
+    """The disruption controller has computed the budget's status for its current spec."""
+    budget = api.call("GET", namespaced(namespace, "poddisruptionbudgets", name, group=POLICY))
+    return (budget.get("status") or {}).get("observedGeneration") == budget["metadata"]["generation"]
 
 
 # -- the attempts --------------------------------------------------------------------------------------
@@ -169,9 +188,9 @@ def pipelinerun_with_toleration(a: Attempts) -> Result:
     }
     a.runs.create(TEAM_OTHER, "pipelineruns", body)
     a.runs.wait_succeeded(TEAM_OTHER, "pipelineruns", [name], timeout=90)
-    pods = a.runs.core.list_namespaced_pod(TEAM_OTHER, label_selector=f"tekton.dev/pipelineRun={name}").items
-    nodes = sorted({p.spec.node_name for p in pods})
-    return Result(f"stripped at TaskRun and Pod admission; ran on {', '.join(nodes)}", 0.0, bool(pods) and set(nodes) <= ORDINARY_NODES)
+    run_pods = a.api.items(pods(TEAM_OTHER), labelSelector=f"tekton.dev/pipelineRun={name}")
+    nodes = sorted({node_of(p) or "-" for p in run_pods})
+    return Result(f"stripped at TaskRun and Pod admission; ran on {', '.join(nodes)}", 0.0, bool(run_pods) and set(nodes) <= ORDINARY_NODES)
 
 
 def opt_in_from_a_namespace_not_allowed(a: Attempts) -> Result:
@@ -230,14 +249,15 @@ def deployment_with_toleration(a: Attempts) -> Result:
         "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}},
                  "template": {"metadata": {"labels": labels}, "spec": template["spec"]}},
     }
-    a.apps.create_namespaced_deployment(TEAM_OTHER, body)
-    a.extra.append(lambda: a.apps.delete_namespaced_deployment(name, TEAM_OTHER, propagation_policy="Foreground"))
+    deployments = namespaced(TEAM_OTHER, "deployments", group="/apis/apps/v1")
+    a.api.create(deployments, body)
+    a.extra.append(lambda: a.api.delete(f"{deployments}/{name}", propagationPolicy="Foreground"))
 
-    def pods() -> list[str]:
-        return sorted(p.metadata.name for p in a.core.list_namespaced_pod(TEAM_OTHER, label_selector=f"app={name}").items)
+    def replicas() -> list[str]:
+        return sorted(p["metadata"]["name"] for p in a.api.items(pods(TEAM_OTHER), labelSelector=f"app={name}"))
 
-    elapsed_until("the Deployment's 2 pods", lambda: len(pods()) == 2, timeout=30)
-    results = [a.kept_off(TEAM_OTHER, pod, OBSERVE_SECONDS if i == 0 else 0.5) for i, pod in enumerate(pods())]  # watched together
+    wait_for("the Deployment's 2 pods", lambda: len(replicas()) == 2, timeout=30)
+    results = [a.kept_off(TEAM_OTHER, pod, OBSERVE_SECONDS if i == 0 else 0.5) for i, pod in enumerate(replicas())]  # watched together
     return Result(f"{len(results)} pods: {results[0].outcome}", 0.0, all(r.stopped for r in results))
 
 
@@ -245,10 +265,10 @@ def toleration_added_by_an_update(a: Attempts) -> Result:
     """Pods may gain tolerations after creation; admission only sees CREATE."""
     name = a.runs.name("late-tol")
     a.pod(TEAM_OTHER, intruder_pod(name, node=None, nodeSelector=POOL_LABEL, tolerations=[]))
-    time.sleep(1.0)
-    a.core.patch_namespaced_pod(name, TEAM_OTHER, [{"op": "add", "path": "/spec/tolerations/-", "value": POOL_TOLERATION}])
+    wait_for("the scheduler to find no node for the pod", lambda: unschedulable(a.read(TEAM_OTHER, name)), timeout=20)
+    a.api.json_patch(pods(TEAM_OTHER, name), [{"op": "add", "path": "/spec/tolerations/-", "value": POOL_TOLERATION}])
     created = time.monotonic()
-    node = elapsed_until("the pod scheduled after the update", lambda: (p := a.read(TEAM_OTHER, name)) is None or p.spec.node_name, timeout=20)
+    node = wait_for("the pod scheduled after the update", lambda: (p := a.read(TEAM_OTHER, name)) is None or node_of(p), timeout=20)
     result = a.evicted(TEAM_OTHER, name, created)
     return Result(f"scheduled after the update; {result.outcome}" if node else result.outcome, result.seconds, result.stopped)
 
@@ -260,17 +280,23 @@ def protected_by_its_own_disruption_budget(a: Attempts) -> Result:
     body["metadata"]["labels"] = {"pdb": name}
     budget = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name},
               "spec": {"minAvailable": 1, "selector": {"matchLabels": {"pdb": name}}}}
-    a.policy.create_namespaced_pod_disruption_budget(TEAM_OTHER, budget)
-    a.extra.append(lambda: a.policy.delete_namespaced_pod_disruption_budget(name, TEAM_OTHER))
-    time.sleep(1.0)  # the disruption controller computes the budget's status
+    budgets = namespaced(TEAM_OTHER, "poddisruptionbudgets", group=POLICY)
+    a.api.create(budgets, budget)
+    a.extra.append(lambda: a.api.delete(f"{budgets}/{name}"))
+    wait_for("the disruption controller to compute the budget's status", lambda: budget_observed(a.api, TEAM_OTHER, name), timeout=20)
     a.pod(TEAM_OTHER, body)
-    a.core.patch_namespaced_pod(name, TEAM_OTHER, [{"op": "add", "path": "/spec/tolerations", "value": [POOL_TOLERATION]}])
+    a.api.json_patch(pods(TEAM_OTHER, name), [{"op": "add", "path": "/spec/tolerations", "value": [POOL_TOLERATION]}])
     created = time.monotonic()
     result = a.evicted(TEAM_OTHER, name, created, within=BUDGET_GRACE_SECONDS + EVICTION_SECONDS)
-    deleted = eventually(
-        lambda: any(e["regarding"]["name"] == name for e in events(a.kube, TEAM_OTHER, "IntruderDeletedPastBudgetGrace")),
-        timeout=5,
-    )
+    try:
+        deleted = wait_for(
+            "an IntruderDeletedPastBudgetGrace Event",
+            lambda: any(e["regarding"]["name"] == name for e in events(a.api, TEAM_OTHER, "IntruderDeletedPastBudgetGrace")),
+            timeout=5,
+            interval=0.5,
+        )
+    except WaitTimeout:
+        deleted = False
     if result.stopped and not deleted:
         return Result(f"{result.outcome}, but without an IntruderDeletedPastBudgetGrace Event", result.seconds, False)
     outcome = result.outcome.replace("evicted", "evictions refused by the budget, deleted after the grace")
@@ -305,9 +331,10 @@ def exempt_namespace_pod(a: Attempts) -> Result:
     """Exempt namespaces are trusted by design (only cluster admins create pods there): the pod stays."""
     name = a.runs.name("exempt")
     a.pod(EXEMPT_NAMESPACE, intruder_pod(name, node="egress-1"))
+    # Part of the scenario: nothing removes the pod within OBSERVE_SECONDS.
     time.sleep(OBSERVE_SECONDS)
     pod = a.read(EXEMPT_NAMESPACE, name)
-    stays = pod is not None and pod.metadata.deletion_timestamp is None and pod.spec.node_name == "egress-1"
+    stays = pod is not None and "deletionTimestamp" not in pod["metadata"] and node_of(pod) == "egress-1"
     return Result("stays on egress-1 (exempt namespaces are trusted by design)" if stays else "removed", None, stays)
 
 

@@ -1,4 +1,4 @@
-"""The webhook proxy (devcluster/webhook_proxy.py) on its own, no cluster: run as a process in front of
+"""The webhook proxy (devplacer/webhook_proxy.py) on its own, no cluster: run as a process in front of
 two live backends and one dead port, every connection reaches a live backend, turn by turn; when a
 backend dies the next connections go to the one left; with none left the connection is closed."""
 
@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Iterator
@@ -16,6 +15,7 @@ from typing import Iterator
 import pytest
 
 from devcluster.process import free_port
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.reliability]
 
@@ -64,20 +64,21 @@ def backends() -> Iterator[tuple[Backend, Backend]]:
         backend.close()
 
 
+def listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 @pytest.fixture
 def proxy(backends: tuple[Backend, Backend]) -> Iterator[int]:
     port, dead = free_port(), free_port()
-    argv = [sys.executable, "-m", "devcluster.webhook_proxy", "--listen", f"127.0.0.1:{port}",
+    argv = [sys.executable, "-m", "devplacer.webhook_proxy", "--listen", f"127.0.0.1:{port}",
             "--backend", f"127.0.0.1:{backends[0].port}", "--backend", f"127.0.0.1:{dead}", "--backend", f"127.0.0.1:{backends[1].port}"]
     process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "the proxy did not listen"
-            time.sleep(0.05)
+    wait_for("the proxy to listen", lambda: listening(port), timeout=10, interval=0.05)
     yield port
     process.terminate()
     process.wait(10)

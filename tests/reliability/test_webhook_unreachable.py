@@ -11,15 +11,18 @@ import time
 from typing import Iterator
 
 import pytest
-from burst import RetryingRuns, all_finished
-from cluster_view import POOL_LABEL, Placer, elapsed_until, intruder_pod, pod_gone, pod_node
-from conftest import Figures, TEAM_CDN, TEAM_OTHER
-from kubernetes import client
-from tekton_runs import MATCHING_IMAGE, POOL_NODES, decision_of, events, succeeded, taskrun
+
 from devcluster.cluster import Cluster
-from devcluster.controller import WEBHOOK_CONFIG
-from devcluster.faults import kill_component, start_component
 from devcluster.process import free_port
+from devplacer.controller import WEBHOOK_CONFIG
+from devplacer.faults import kill_component, start_component
+from tests.e2e.running_controller import WEBHOOK_CONFIGS
+from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_LABEL, POOL_NODES, decision_of, events, succeeded, taskrun
+from tests.kube import Api
+from tests.reliability.burst import RetryingRuns, all_finished
+from tests.reliability.cluster_view import Placer, intruder_pod, pod_gone, pod_node, quietly
+from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -40,7 +43,12 @@ def finished_off_pool(runs: RetryingRuns, names: dict[str, list[str]]) -> tuple[
     """(Succeeded, on a pool node, with a decision annotation) over all the runs."""
     ok = on_pool = decided = 0
     for ns, ns_names in names.items():
-        elapsed_until(f"the runs in {ns} to finish", lambda: all_finished(runs, ns, ns_names), timeout=FINISH_SECONDS, interval=1.0)
+        wait_for(
+            f"the runs in {ns} to finish",
+            quietly(lambda: all_finished(runs, ns, ns_names)),
+            timeout=FINISH_SECONDS,
+            interval=1.0,
+        )
         listed = runs.listed(ns, "taskruns")
         nodes = runs.nodes_of(ns, ns_names)
         ok += sum(1 for n in ns_names if succeeded(listed[n]) == "True")
@@ -55,16 +63,14 @@ def tolerating_pod(name: str) -> dict:
 
 
 @pytest.fixture
-def dead_webhook_url(kube: client.ApiClient, placer: Placer) -> Iterator[str]:
+def dead_webhook_url(api: Api, placer: Placer) -> Iterator[str]:
     """Every webhook of the configuration points at a port nothing listens on; put back afterwards."""
-    api = client.AdmissionregistrationV1Api(kube)
-    config = api.read_mutating_webhook_configuration(WEBHOOK_CONFIG)
-    original = [w.client_config.url for w in config.webhooks]
+    path = f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}"
+    original = [w["clientConfig"]["url"] for w in api.call("GET", path)["webhooks"]]
     dead = f"https://127.0.0.1:{free_port()}/mutate"
 
     def point_at(urls: list[str]) -> None:
-        patch = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig/url", "value": u} for i, u in enumerate(urls)]
-        api.patch_mutating_webhook_configuration(WEBHOOK_CONFIG, patch)
+        api.json_patch(path, [{"op": "replace", "path": f"/webhooks/{i}/clientConfig/url", "value": u} for i, u in enumerate(urls)])
 
     point_at([dead] * len(original))
     try:
@@ -74,7 +80,7 @@ def dead_webhook_url(kube: client.ApiClient, placer: Placer) -> Iterator[str]:
 
 
 def test_runs_fail_open_and_stay_off_the_pool_while_the_webhook_is_unreachable(
-    kube: client.ApiClient, runs: RetryingRuns, dead_webhook_url: str, figures: Figures
+    api: Api, runs: RetryingRuns, dead_webhook_url: str, figures: Figures
 ) -> None:
     figures.fault(
         "the webhook URL points at a dead port (controller running)",
@@ -82,13 +88,17 @@ def test_runs_fail_open_and_stay_off_the_pool_while_the_webhook_is_unreachable(
         "with the pool toleration and nodeSelector",
         f"runs Succeeded on ordinary nodes (fail-open), none on the pool; the tolerating pod evicted within {EVICTION_SECONDS:.0f} s",
     )
-    core = client.CoreV1Api(kube)
     pod = runs.name("tolerating")
     created = time.monotonic()
     runs.create_pod(TEAM_OTHER, tolerating_pod(pod))
     names = create_runs(runs, "deadport")
 
-    elapsed_until(f"pod {pod} evicted", lambda: pod_gone(core, TEAM_OTHER, pod), timeout=EVICTION_SECONDS + 20)
+    wait_for(
+        f"pod {pod} evicted",
+        quietly(lambda: pod_gone(api, TEAM_OTHER, pod)),
+        timeout=EVICTION_SECONDS + 20,
+        interval=0.1,
+    )
     evicted = time.monotonic() - created
     ok, on_pool, decided = finished_off_pool(runs, names)
     total = sum(len(n) for n in names.values())
@@ -103,7 +113,7 @@ def test_runs_fail_open_and_stay_off_the_pool_while_the_webhook_is_unreachable(
 
 
 def test_a_killed_controller_restarted_reports_every_run_it_missed(
-    devcluster: Cluster, kube: client.ApiClient, placer: Placer, runs: RetryingRuns, figures: Figures
+    devcluster: Cluster, api: Api, placer: Placer, runs: RetryingRuns, figures: Figures
 ) -> None:
     figures.fault(
         "the controller (1 replica) SIGKILLed, started again after the runs finished",
@@ -112,26 +122,35 @@ def test_a_killed_controller_restarted_reports_every_run_it_missed(
         f"runs Succeeded off the pool; after the restart a NotAdmitted Event per missed run within {REPORT_SECONDS:.0f} s "
         f"and the tolerating pod (on the pool meanwhile) evicted within {EVICTION_SECONDS:.0f} s",
     )
-    core = client.CoreV1Api(kube)
     replica = placer.replicas[0]
     killed = kill_component(devcluster, replica.name)
     pod = runs.name("tolerating")
     runs.create_pod(TEAM_OTHER, tolerating_pod(pod))
     names = create_runs(runs, "killed")
     ok, on_pool, decided = finished_off_pool(runs, names)
-    elapsed_until("the tolerating pod scheduled", lambda: pod_node(core, TEAM_OTHER, pod), timeout=30)
-    node_while_down = pod_node(core, TEAM_OTHER, pod)
+    wait_for("the tolerating pod scheduled", quietly(lambda: pod_node(api, TEAM_OTHER, pod)), timeout=30, interval=0.1)
+    node_while_down = pod_node(api, TEAM_OTHER, pod)
 
     restarted = time.monotonic()
     start_component(devcluster, killed)
-    elapsed_until(f"pod {pod} evicted", lambda: pod_gone(core, TEAM_OTHER, pod), timeout=EVICTION_SECONDS + 20)
+    wait_for(
+        f"pod {pod} evicted",
+        quietly(lambda: pod_gone(api, TEAM_OTHER, pod)),
+        timeout=EVICTION_SECONDS + 20,
+        interval=0.1,
+    )
     evicted = time.monotonic() - restarted
 
     def reported() -> set[str]:
-        return {e["regarding"]["name"] for ns in names for e in events(kube, ns, "NotAdmitted")}
+        return {e["regarding"]["name"] for ns in names for e in events(api, ns, "NotAdmitted")}
 
     missed = {n for ns_names in names.values() for n in ns_names}
-    elapsed_until("a NotAdmitted Event for every missed run", lambda: missed <= reported(), timeout=REPORT_SECONDS + 30)
+    wait_for(
+        "a NotAdmitted Event for every missed run",
+        quietly(lambda: missed <= reported()),
+        timeout=REPORT_SECONDS + 30,
+        interval=0.1,
+    )
     reported_after = time.monotonic() - restarted
     total = len(missed)
     figures.measured(

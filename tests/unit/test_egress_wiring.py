@@ -9,7 +9,6 @@ with `responses`: the poller speaks HTTP through `requests`.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 import pytest
@@ -22,6 +21,7 @@ from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import load_policy
 from controller.kube.egress_source import EgressPollers
 from controller.state import ClusterState
+from tests.waiting import wait_for
 
 NOW = 1_800_000_000.0
 URL = "http://prometheus.test:9090"
@@ -130,11 +130,7 @@ def test_pollers_follow_the_policy_and_export_metrics():
             ratios = state.egress_ratios(pool, state.loads(pool))
             return ratios is not None and ratios["egress-2"].source == "measured"
 
-        for _ in range(100):
-            if figure_seen():
-                break
-            time.sleep(0.05)
-        assert figure_seen()
+        wait_for("the measured figure of egress-2", figure_seen, timeout=5, interval=0.05)
         assert registry.get_sample_value(
             "egress_placer_egress_bytes_per_second", {"pool": "overseas", "node": "egress-2"}
         ) == pytest.approx(42_000_000)

@@ -1,9 +1,9 @@
 """Fuzzing the policy loader (`load_policy`): whatever the text (random text, the example policy with
-lines dropped, duplicated or garbled, random YAML documents shaped like a policy, and a table of
-known-nasty YAML: control characters, non-scalar keys, recursive and exponential aliases, deep
-nesting, huge integers, tags), it returns a PlacementPolicy or raises PolicyError, never another
-exception, and every line of a PolicyError's message names the source and a line number (except
-"the policy is empty", which has no line to name)."""
+lines dropped, duplicated or garbled, random YAML documents shaped like a policy), it returns a
+PlacementPolicy or raises PolicyError, never another exception, and every line of a PolicyError's
+message names the source and a line number (except "the policy is empty", which has no line to
+name). A table of known-nasty YAML (control characters, non-scalar keys, recursive and exponential
+aliases, deep nesting, huge integers, tags) must be refused that way; a byte order mark is read past."""
 
 from __future__ import annotations
 
@@ -38,6 +38,16 @@ def check(text: str) -> None:
     assert isinstance(policy, PlacementPolicy)
 
 
+def check_refused(text: str) -> None:
+    """Refused: a PolicyError whose every line is `<fuzz>:LINE: what` (not a policy, not another error)."""
+    with pytest.raises(PolicyError) as refused:
+        load_policy(text, "<fuzz>")
+    lines = str(refused.value).splitlines()
+    assert lines, "an empty PolicyError message"
+    unnamed = [line for line in lines if not NAMES_A_LINE.match(line) and line != EMPTY]
+    assert not unnamed, unnamed
+
+
 def laughs(levels: int) -> str:
     """The "billion laughs": each level nine aliases of the one before (9**levels leaves)."""
     out = [HEADER, "l0: &l0 [ha, ha, ha, ha, ha, ha, ha, ha, ha]\n"]
@@ -53,7 +63,6 @@ NASTY = {
     "a bell character": HEADER + "pools: []\x07\n",
     "a NUL character": HEADER + "pools:\n  - name: a\x00b\n",
     "a lone surrogate": HEADER + "pools: ['\ud800']\n",
-    "a byte order mark": "\ufeff" + HEADER,
     "a list as a key": HEADER + "? [a, b]\n: c\n",
     "a mapping as a key in a pool": HEADER + "pools:\n  - {[a]: b}\n",
     "a recursive list": HEADER + "pools: &a [*a]\n",
@@ -76,7 +85,12 @@ NASTY = {
 
 @pytest.mark.parametrize("text", NASTY.values(), ids=NASTY.keys())
 def test_nasty_yaml_is_refused_with_a_line(text: str) -> None:
-    check(text)
+    check_refused(text)
+
+
+def test_a_byte_order_mark_before_a_valid_policy_is_read_past() -> None:
+    policy = load_policy("\ufeff" + HEADER + "pools:\n  - name: overseas\n    nodes: [egress-1]\n", "<fuzz>")
+    assert [p.name for p in policy.pools] == ["overseas"]
 
 
 @FUZZ

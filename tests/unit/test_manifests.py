@@ -24,6 +24,7 @@ from controller.core.guard import GUARD_NAME
 from controller.core.model import NamespaceState
 from controller.core.policy import load_policy
 from controller.settings import Settings
+from devcluster.build import find_artifacts
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -206,9 +207,18 @@ def test_shipped_policy_is_valid_and_sends_cdn_and_uploader_images_to_overseas()
     assert not pool.matches_image("docker.io/library/ubuntu:24.04")
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) is not on PATH")
-def test_kustomize_renders_every_object_and_the_policy_configmap() -> None:
-    out = subprocess.run(["kubectl", "kustomize", str(K8S)], check=True, capture_output=True, text=True).stdout
+@pytest.fixture(scope="module")
+def kubectl() -> Path:
+    """The kubectl (with kustomize) the local cluster's build made (`python -m devcluster build`, part of
+    `make test`); the rendering checks are skipped, saying so, only before that build."""
+    artifacts = find_artifacts()
+    if artifacts is None:
+        pytest.skip("the local cluster's kubectl is not built yet (python -m devcluster build)")
+    return artifacts.binary("kubectl")
+
+
+def test_kustomize_renders_every_object_and_the_policy_configmap(kubectl: Path) -> None:
+    out = subprocess.run([str(kubectl), "kustomize", str(K8S)], check=True, capture_output=True, text=True).stdout
     rendered = [d for d in yaml.safe_load_all(out) if d]
     assert {key(d) for d in rendered} == {key(o) for o in OBJECTS} | {("ConfigMap", NAMESPACE, default("policy_configmap"))}
     (cm,) = [d for d in rendered if d["kind"] == "ConfigMap"]
@@ -547,8 +557,9 @@ OWN_CERTIFICATE_GRANTS = {
 }  # what only the controller's own certificate upkeep needs
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) is not on PATH")
-def test_the_cert_manager_component_mounts_the_certificate_and_drops_the_rights_for_the_own_one(tmp_path: Path) -> None:
+def test_the_cert_manager_component_mounts_the_certificate_and_drops_the_rights_for_the_own_one(
+    kubectl: Path, tmp_path: Path
+) -> None:
     """Rendered as its header says to use it: an overlay of one's own beside the repository."""
     (tmp_path / "egress-placer").symlink_to(ROOT)
     overlay = tmp_path / "overlay"
@@ -557,7 +568,7 @@ def test_the_cert_manager_component_mounts_the_certificate_and_drops_the_rights_
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
         "resources": ["../egress-placer/k8s"], "components": ["../egress-placer/k8s/cert-manager"],
     }))
-    out = subprocess.run(["kubectl", "kustomize", str(overlay)], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([str(kubectl), "kustomize", str(overlay)], check=True, capture_output=True, text=True).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
     by_kind = {d["kind"]: d for d in docs}
     certificate, issuer = by_kind["Certificate"], by_kind["Issuer"]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+
+from loguru import logger
 
 from controller.app import PolicyTracker
 from controller.core.policy import load_policy
@@ -15,22 +16,13 @@ from controller.kube.policy_source import PolicySource
 from controller.metrics import Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
+from tests.waiting import wait_for
 
 EMPTY = "apiVersion: egress-placer.io/v1alpha1\nkind: PlacementPolicy\n"
 
 
 def policy(pool: str) -> str:
     return EMPTY + f"pools:\n  - name: {pool}\n    nodes: [egress-1]\n"
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"not true within {timeout}s")
 
 
 class Events:
@@ -60,12 +52,17 @@ def test_file_policy_is_loaded_reloaded_refused_and_kept(tmp_path):
     try:
         assert source.synced.wait(5) and pools(state) == ["first"]
         write(path, "pools: [\n", 2)
-        wait_for(lambda: metrics.policy_reloads.labels(result="refused")._value.get() == 1)
+        wait_for("the broken policy refused", lambda: metrics.policy_reloads.labels(result="refused")._value.get() == 1, timeout=10, interval=0.02)
         assert pools(state) == ["first"] and metrics.policy_valid._value.get() == 0
         write(path, policy("second"), 3)
-        wait_for(lambda: pools(state) == ["second"])
-        path.unlink()
-        time.sleep(0.1)  # several polls of a missing file
+        wait_for("the second policy loaded", lambda: pools(state) == ["second"], timeout=10, interval=0.02)
+        warnings: list[str] = []
+        sink = logger.add(lambda message: warnings.append(message.record["message"]), level="WARNING")
+        try:
+            path.unlink()
+            wait_for("a poll of the missing file", lambda: any("policy file missing" in w for w in warnings), timeout=10, interval=0.02)
+        finally:
+            logger.remove(sink)
         assert pools(state) == ["second"]
     finally:
         source.stop()

@@ -4,12 +4,7 @@ its own run, says in the header which rows were measured when, and renders the h
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reliability"))
-
-import report  # noqa: E402
+from tests.reliability import report
 
 OLD = [
     {"nodeid": "a::t", "fault": "fault A", "load": "l", "expected": "e", "measured": "old A", "lost": 0, "outcome": "passed", "seconds": 1,

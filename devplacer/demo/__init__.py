@@ -20,7 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from devcluster.cluster import EGRESS_POOL_LABEL, Cluster, ClusterError
-from devcluster.controller import kubectl, start_controller
+from devplacer.controller import kubectl, start_controller
 
 HERE = Path(__file__).resolve().parent
 POLICY = HERE / "policy.yaml"

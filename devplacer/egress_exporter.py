@@ -16,8 +16,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from devcluster.prometheus import NODE_LABEL  # the label the Prometheus scrape configs put on each exporter's series
+
 DEVICE = "eth0"
-NODE_LABEL = "node"  # the label the Prometheus scrape configs put on each exporter's series
 # Per node, bytes per second sent through eth0 over the last 5 s (5 samples at a 1 s scrape interval).
 EGRESS_QUERY = f'sum by ({NODE_LABEL}) (rate(node_network_transmit_bytes_total{{device="{DEVICE}"}}[5s]))'
 

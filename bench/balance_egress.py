@@ -1,4 +1,4 @@
-"""Benchmark case "egress load": where a burst of uploads goes when one pool node's link is nearly full.
+"""Section 4 (balance), the egress case: where a burst of uploads goes when one pool node's link is nearly full.
 
 On the local cluster, with a real Prometheus scraping a fake exporter per pool node (one node sending
 at `busy_fraction` of its bandwidth, the others at `idle_fraction`), the same burst of long-running
@@ -6,7 +6,7 @@ TaskRuns is placed twice: (a) with the pool's `egressLoad` (egress-aware node ch
 same policy without it (run counts only). `run_egress_case` returns the figures: pods per node, the
 busy node's share against an even share, and how long the burst took to be bound.
 
-    python -m bench.egress_case [--dir RUNNING_CLUSTER_DIR] [--burst 30]   # prints the figures as JSON
+    python -m bench.balance_egress [--dir RUNNING_CLUSTER_DIR] [--burst 30]   # prints the figures as JSON
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.cluster import EGRESS_POOL, EGRESS_POOL_LABEL, Cluster, ClusterError
-from devcluster.controller import WEBHOOK_CONFIG, apply_policy, replicas_of, start_controller, stop_controller
-from devcluster.egress_exporter import EGRESS_QUERY, EgressExporter, egress_load_block, start_exporters, stop_exporters
+from devplacer.controller import WEBHOOK_CONFIG, apply_policy, replicas_of, start_controller, stop_controller
+from devplacer.egress_exporter import EGRESS_QUERY, EgressExporter, egress_load_block, start_exporters, stop_exporters
 from devcluster.prometheus import start_prometheus, stop_prometheus, wait_for_rates
 
 NAMESPACE = "bench-egress"
@@ -250,7 +250,7 @@ def run_egress_case(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.egress_case", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.balance_egress", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, help="a running cluster (default: bring one up and down)")
     parser.add_argument("--burst", type=int, default=30)
     parser.add_argument("--capacity", type=int, default=None, help="the pool's capacity (default: allocatable pods)")

@@ -7,7 +7,7 @@ policy into the policy ConfigMap, mints a kubeconfig for the manifests' ServiceA
 `egress-placer run` under that identity, one process per replica. It returns once every replica
 answers `/readyz` and the webhook's caBundle is set. The processes are recorded in the cluster's
 state, so `python -m devcluster down` stops them too. With `proxy=True` the webhook URL points at a
-round-robin TCP proxy in front of every replica (`devcluster.webhook_proxy`, recorded as
+round-robin TCP proxy in front of every replica (`devplacer.webhook_proxy`, recorded as
 `egress-placer-proxy`), so admission reaches whichever replica is alive, as through a Service.
 """
 
@@ -155,7 +155,7 @@ def start_controller(
         backends = [arg for r in planned for arg in ("--backend", f"127.0.0.1:{r.webhook_port}")]
         cluster.start_process(
             PROXY_NAME,
-            [sys.executable, "-m", "devcluster.webhook_proxy", "--listen", f"127.0.0.1:{proxy_port}", *backends],
+            [sys.executable, "-m", "devplacer.webhook_proxy", "--listen", f"127.0.0.1:{proxy_port}", *backends],
             {"PYTHONPATH": str(REPO)},
             port=proxy_port,
         )

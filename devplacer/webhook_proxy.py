@@ -1,7 +1,7 @@
 """A tiny TCP round-robin proxy in front of several controller replicas: the API server's one webhook URL
 reaches whichever replica is alive, as a Service does in a real cluster.
 
-    python -m devcluster.webhook_proxy --listen 127.0.0.1:PORT --backend 127.0.0.1:P1 --backend 127.0.0.1:P2
+    python -m devplacer.webhook_proxy --listen 127.0.0.1:PORT --backend 127.0.0.1:P1 --backend 127.0.0.1:P2
 
 Each client connection goes to the next backend in turn; a backend that refuses the connection (or
 does not accept it within `--connect-timeout`) is skipped for the next one, and a connection no
@@ -95,7 +95,7 @@ class RoundRobinProxy:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devcluster.webhook_proxy", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devplacer.webhook_proxy", description=__doc__.split("\n")[0])
     parser.add_argument("--listen", type=parse_address, required=True, help="HOST:PORT to listen on")
     parser.add_argument("--backend", type=parse_address, action="append", required=True, help="HOST:PORT (repeat)")
     parser.add_argument("--connect-timeout", type=float, default=1.0, help="seconds before a backend is skipped")
