@@ -58,6 +58,8 @@ class ClusterState:
         self.tekton = TektonObjects()
         self.ledger = LoadLedger()
         self.tekton_coschedule: str | None = None  # Tekton's feature-flags `coschedule` (None: unknown)
+        # The placement fields of Tekton's config-defaults `default-pod-template` (None: none, or unreadable).
+        self.tekton_default_pod_template: dict[str, Any] | None = None
         self._node_versions: dict[str, str] = {}
         self._runs: dict[RunKey, bool] = {}  # run -> has the decision annotation
         self._subscribers: list[Callable[[str], None]] = []
@@ -95,6 +97,10 @@ class ClusterState:
             self.tekton_coschedule = value
         if changed:
             self._notify(TEKTON_FLAGS)
+
+    def set_tekton_default_pod_template(self, template: dict[str, Any] | None) -> None:
+        """Admission reads it whole (it is replaced, never changed in place)."""
+        self.tekton_default_pod_template = template
 
     # -- informer input -----------------------------------------------------------------------
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
