@@ -394,9 +394,9 @@ class Admission:
         )
         self._count(request.kind, decision, placement)
         patch = json_patch(current, placement.template, "/spec")
-        annotations = {DECISION_ANNOTATION: _record(decision, placement)}
+        # The review's uid replaces the TaskRun's, which Tekton copied into the pod with its annotations.
+        annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
         if placement.pool or decision.reason in WARNING_REASONS:
-            annotations[REVIEW_ANNOTATION] = request.uid
             self._emit(request, decision, placement)
         return patch + _annotation_ops(request.object, annotations)
 

@@ -449,6 +449,13 @@ def test_tekton_pod_placement_keeps_what_the_pod_has() -> None:
     assert placed["containers"] == pod["spec"]["containers"] and placed["initContainers"] == pod["spec"]["initContainers"]
 
 
+def test_tekton_pod_gets_its_own_review_uid_over_the_one_tekton_copied_from_its_taskrun() -> None:
+    env = Env()
+    _, patched, _ = env.review(tekton_pod(annotations={REVIEW_ANNOTATION: "the-taskruns-review"}))
+    assert patched["metadata"]["annotations"][REVIEW_ANNOTATION] == "uid-1"
+    assert env.events.sent[0]["token"] == "uid-1"
+
+
 def test_a_burst_of_pods_spreads_evenly() -> None:
     env = Env()
     chosen = Counter()
