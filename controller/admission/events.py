@@ -124,7 +124,7 @@ class QuietEvents:
 
 CREATION_WAIT_SECONDS = 60.0  # an Event whose object has not appeared by then is dropped (and logged)
 MAX_AWAITING = 10_000  # beyond that, the oldest held Event is dropped (and logged)
-KINDS = ("TaskRun", "PipelineRun", "Pod")
+REPORTED_KINDS = ("TaskRun", "PipelineRun", "Pod")  # the kinds admission reports Events on
 
 
 class EventsOnCreation(Protocol):
@@ -216,12 +216,12 @@ class CreationEvents:
     # -- the informers' side (ObjectObserver) --------------------------------------------------------
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         """One object seen (added, changed or deleted: it existed, so its Event is true)."""
-        if kind in KINDS and self._held:
+        if kind in REPORTED_KINDS and self._held:
             self._release(kind, [obj])
 
     def replace(self, kind: str, objs: list[Any]) -> None:
         """A full list (a relist can be the first sight of an object created during a watch gap)."""
-        if kind in KINDS and self._held:
+        if kind in REPORTED_KINDS and self._held:
             self._release(kind, objs)
 
     def _release(self, kind: str, objs: Sequence[Mapping[str, Any]]) -> None:
@@ -262,7 +262,8 @@ class CreationEvents:
             for key, _ in expired:
                 del self._held[key]
         for (kind, namespace, _), awaiting in expired:
-            _log_dropped(kind, namespace, awaiting, f"the object did not appear within {self.ttl:.0f}s (its creation was refused after admission?)")
+            why = f"the object did not appear within {self.ttl:.0f}s (its creation refused after admission?)"
+            _log_dropped(kind, namespace, awaiting, why)
         return len(expired)
 
     @property
@@ -293,7 +294,9 @@ class CreationEvents:
         with self._lock:
             waiting, self._held = len(self._held), {}
         if waiting:
-            logger.bind(count=waiting).info("{} admission Event(s) dropped at shutdown: their objects were not seen yet", waiting)
+            logger.bind(count=waiting).info(
+                "{} admission Event(s) dropped at shutdown: their objects were not seen yet", waiting
+            )
 
 
 def _log_dropped(kind: str, namespace: str, awaiting: _Awaiting, why: str) -> None:

@@ -31,7 +31,15 @@ from controller.core.decide import decide
 from controller.core.images import TASKRUN_LABEL, WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
 from controller.admission.events import EventsOnCreation
 from controller.core.intruders import Agent, daemonset_agent, is_mirror_pod, refused_pool
-from controller.core.model import DECISION_ANNOTATION, REVIEW_ANNOTATION, Decision, NamespaceState, NodeLoad, Reason, owner_refs
+from controller.core.model import (
+    DECISION_ANNOTATION,
+    REVIEW_ANNOTATION,
+    Decision,
+    NamespaceState,
+    NodeLoad,
+    Reason,
+    owner_refs,
+)
 from controller.core.patches import json_patch, over_default, place, tolerates, unplace, with_default
 from controller.core.policy import PlacementPolicy, Pool
 from controller.metrics import Metrics
@@ -243,7 +251,8 @@ class Admission:
             placement = self._place(template, decision.pool, policy, key, request.name, request.dry_run, default)
         self._count(request.kind, decision, placement)
         patch = _ops_at(request.object, ("spec", "podTemplate"), placement.template)
-        patch += _annotation_ops(request.object, {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid})
+        annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
+        patch += _annotation_ops(request.object, annotations)
         if decision.reason == Reason.UNKNOWN_POOL:
             warnings.append(f"egress-placer: {decision.message}")
         self._emit(request, decision, placement)
@@ -537,7 +546,8 @@ def _keep_if_allowed(
     `default`: as in `Admission._place`."""
     pool = _placed_pool(with_default(template, default), policy)
     if pool is not None and pool.allows(namespace):
-        return Placement(over_default(template, default, lambda t: unplace(t, policy, keep_pool=pool.name)), pool=pool.name, note=why)
+        kept = pool.name
+        return Placement(over_default(template, default, lambda t: unplace(t, policy, keep_pool=kept)), pool=kept, note=why)
     return Placement(over_default(template, default, lambda t: unplace(t, policy)), note=why)
 
 

@@ -431,7 +431,8 @@ def default_pod_template(text: str | None) -> dict[str, Any] | None:
     out = {name: doc[name] for name in DEFAULTED_FIELDS if doc.get(name) is not None}
     node_selector = out.get("nodeSelector")
     if node_selector is not None and not (
-        isinstance(node_selector, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in node_selector.items())
+        isinstance(node_selector, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in node_selector.items())
     ):
         raise InvalidDefault("nodeSelector: not a map of strings")
     _check_list_of_maps(out.get("tolerations"), "tolerations")

@@ -428,7 +428,9 @@ def default_pod_template_of(config_defaults: Mapping[str, Any] | None) -> Obj | 
         return None
 
 
-def _fan_out(first: Callable[..., None], observers: Sequence[ObjectObserver], method: str, kind: str) -> Callable[..., None]:
+def _fan_out(
+    first: Callable[..., None], observers: Sequence[ObjectObserver], method: str, kind: str
+) -> Callable[..., None]:
     """`first(kind, ...)`, then the same call on each observer (one that raises does not stop the others)."""
 
     def call(*args: Any) -> None:
