@@ -43,7 +43,7 @@ PODS_PER_NODE = 20
 
 
 class QueuedEvents:
-    """An EventSink shaped like the controller's EventRecorder: a bounded queue, `put_nowait`, drops
+    """An EventSink (and EventsOnCreation) shaped like the controller's EventRecorder: a bounded queue, `put_nowait`, drops
     when full; a daemon thread takes events off (and discards them instead of writing them)."""
 
     def __init__(self, max_queue: int = 1000) -> None:
@@ -56,6 +56,10 @@ class QueuedEvents:
             self._queue.put_nowait((dict(regarding), type, reason, note, action, time.time()))
         except queue.Full:
             self.dropped += 1
+
+    def hold(self, token: str, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "", *, generate_name: str = "") -> None:
+        """Admission's side (EventsOnCreation): no informer here to see the object, so queued at once."""
+        self.emit(regarding, type, reason, note, action)
 
     def _drain(self) -> None:
         while True:

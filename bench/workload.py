@@ -58,9 +58,12 @@ pools:
 
 
 class NoEvents:
-    """An EventSink that drops every Event (in-process measurements)."""
+    """An EventSink (and EventsOnCreation) that drops every Event (in-process measurements)."""
 
     def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None:
+        pass
+
+    def hold(self, token: str, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "", *, generate_name: str = "") -> None:
         pass
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 from loguru import logger
 
 from controller.admission.certs import CertificateKeeper, MountedCertificate
-from controller.admission.events import QuietEvents
+from controller.admission.events import CreationEvents, QuietEvents
 from controller.admission.handlers import Admission
 from controller.admission.server import AdmissionServer
 from controller.core.policy import PlacementPolicy
@@ -116,7 +116,13 @@ class Controller:
         self.policy_source = PolicySource(
             settings, self.policy, self.metrics, self.events, api=self.api, on_refused=self.policy.refused
         )
-        self.informers: list[Informer] = cluster_informers(self.api, self.state, settings, self.metrics)
+        # Admission's Events wait for their object to exist (CreationEvents: the informers tell it), then
+        # until admission is quiet (QuietEvents: written at once, they slow the run they describe).
+        self.admission_events = QuietEvents(self.events)
+        self.creation_events = CreationEvents(self.admission_events)
+        self.informers: list[Informer] = cluster_informers(
+            self.api, self.state, settings, self.metrics, observers=[self.creation_events]
+        )
         self._missed_runs_reported = threading.Event()
         # Set when this replica starts leading: the webhook's caBundle is now its to keep, check it soon.
         self._certs_need_leader = False
@@ -127,9 +133,7 @@ class Controller:
             if settings.tls_cert_file and settings.tls_key_file
             else CertificateKeeper(settings, self.client, clock)
         )
-        # Admission's Events wait until admission is quiet: written at once, they slow the run they describe.
-        self.admission_events = QuietEvents(self.events)
-        self.admission = Admission(self.state, self.metrics, self.admission_events, settings)
+        self.admission = Admission(self.state, self.metrics, self.creation_events, settings)
         self.server = AdmissionServer(settings, self.admission, self.metrics, self.certs.tls, self.not_ready_because)
 
     def _leader_elector(self) -> LeaderElector:
@@ -197,6 +201,7 @@ class Controller:
         """Policy first (fatal when the first one is invalid), then the caches, then leadership."""
         self.events.start()
         self.admission_events.start()
+        self.creation_events.start()
         self.policy_source.start()
         if not self.policy_source.synced.wait(STARTUP_TIMEOUT):
             raise StartupError(f"no answer from the policy source ({self.policy_source.source}) in {STARTUP_TIMEOUT:.0f}s")
@@ -254,6 +259,7 @@ class Controller:
             informer.stop()
         self.policy_source.stop()
         self.egress.stop()
+        self.creation_events.stop()
         self.admission_events.stop()  # into the recorder's queue, which stop() below still writes
         self.events.stop()
 

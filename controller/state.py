@@ -58,8 +58,11 @@ class ClusterState:
         self.tekton = TektonObjects()
         self.ledger = LoadLedger()
         self.tekton_coschedule: str | None = None  # Tekton's feature-flags `coschedule` (None: unknown)
+        # The placement fields of Tekton's config-defaults `default-pod-template` (None: none, or unreadable).
+        self.tekton_default_pod_template: dict[str, Any] | None = None
         self._node_versions: dict[str, str] = {}
         self._runs: dict[RunKey, bool] = {}  # run -> has the decision annotation
+        self._run_uids: dict[RunKey, str] = {}
         self._subscribers: list[Callable[[str], None]] = []
         self._egress: dict[str, Callable[[], Mapping[str, Measurement]]] = {}  # pool -> measured egress
         self._eligible: dict[str, list[NodeState]] = {}  # pool -> eligible nodes, until a node or the policy changes
@@ -95,6 +98,10 @@ class ClusterState:
             self.tekton_coschedule = value
         if changed:
             self._notify(TEKTON_FLAGS)
+
+    def set_tekton_default_pod_template(self, template: dict[str, Any] | None) -> None:
+        """Admission reads it whole (it is replaced, never changed in place)."""
+        self.tekton_default_pod_template = template
 
     # -- informer input -----------------------------------------------------------------------
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
@@ -139,8 +146,10 @@ class ClusterState:
                 key = _run_key(kind, obj)
                 if deleted:
                     self._runs.pop(key, None)
+                    self._run_uids.pop(key, None)
                 else:
                     self._runs[key] = DECISION_ANNOTATION in (obj["metadata"].get("annotations") or {})
+                    self._run_uids[key] = obj["metadata"].get("uid") or ""
         if notify:
             self._notify(kind)
 
@@ -165,8 +174,10 @@ class ClusterState:
                 self.tekton.replace_kind(kind, [dict(o) for o in objs])
             elif kind in RUN_KINDS:
                 self._runs = {k: v for k, v in self._runs.items() if k[0] != kind}
+                self._run_uids = {k: v for k, v in self._run_uids.items() if k[0] != kind}
                 for o in objs:
                     self._runs[_run_key(kind, o)] = DECISION_ANNOTATION in (o["metadata"].get("annotations") or {})
+                    self._run_uids[_run_key(kind, o)] = o["metadata"].get("uid") or ""
         if kind in ("Node", "Namespace", "Pod", "DaemonSet"):
             self._notify(kind)
 
@@ -224,6 +235,11 @@ class ClusterState:
         called, or before egress-placer was installed), sorted."""
         with self._lock:
             return sorted(k for k, placed in self._runs.items() if not placed)
+
+    def run_uid(self, key: RunKey) -> str:
+        """The uid of a run seen by the informers ("" when unknown)."""
+        with self._lock:
+            return self._run_uids.get(key, "")
 
     def namespace(self, name: str) -> NamespaceState:
         with self._lock:

@@ -29,11 +29,19 @@ from loguru import logger
 from controller.core.balance import choose_node, ledger_key
 from controller.core.decide import decide
 from controller.core.images import TASKRUN_LABEL, WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
+from controller.admission.events import EventsOnCreation
 from controller.core.intruders import Agent, daemonset_agent, is_mirror_pod, refused_pool
-from controller.core.model import DECISION_ANNOTATION, Decision, NamespaceState, NodeLoad, Reason, owner_refs
-from controller.core.patches import json_patch, place, tolerates, unplace
+from controller.core.model import (
+    DECISION_ANNOTATION,
+    REVIEW_ANNOTATION,
+    Decision,
+    NamespaceState,
+    NodeLoad,
+    Reason,
+    owner_refs,
+)
+from controller.core.patches import json_patch, over_default, place, tolerates, unplace, with_default
 from controller.core.policy import PlacementPolicy, Pool
-from controller.event_sink import EventSink
 from controller.metrics import Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -97,8 +105,11 @@ class Request:
         return _text_map(self.metadata.get("annotations"))
 
     def regarding(self) -> dict[str, Any]:
+        """The Event's `regarding`, as far as admission knows it: no uid yet, and no name before the API
+        server generates one (CreationEvents adds both once the object exists)."""
         api_version = _text(self.object.get("apiVersion")) or "/".join(p for p in (self.group, self.version) if p)
-        return {"apiVersion": api_version, "kind": self.kind, "namespace": self.namespace, "name": self.name}
+        name = self.name if self.named else ""
+        return {"apiVersion": api_version, "kind": self.kind, "namespace": self.namespace, "name": name}
 
 
 @dataclass(frozen=True)
@@ -167,7 +178,10 @@ class Admission:
     """Answers AdmissionReviews for TaskRuns, PipelineRuns and Pods from the cluster state in memory.
 
     Tekton's `coschedule` feature flag comes from the state (its informer keeps it current);
-    "workspaces", Tekton's default, while it is unknown.
+    "workspaces", Tekton's default, while it is unknown. So does Tekton's default pod template, which
+    placement of a run's template keeps (see `core.patches.over_default`).
+    Each decision's Event goes to `events` with the review's uid, which the patch writes into the
+    object (`egress-placer.io/review`): the Event is sent once the object exists.
     `clock` only times the requests for `metrics.admission_seconds`.
     """
 
@@ -175,7 +189,7 @@ class Admission:
         self,
         state: ClusterState,
         metrics: Metrics,
-        events: EventSink,
+        events: EventsOnCreation,
         settings: Settings,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
@@ -228,15 +242,17 @@ class Admission:
         run = _with_namespace(request)
         decision = decide(policy, namespace, request.annotations, taskrun_images(run, self.state.tekton))
         template = _at(request.object, ("spec", "podTemplate"))
+        default = self.state.tekton_default_pod_template
         if AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
-            placement = _keep_if_allowed(template, policy, namespace, "coscheduled: its PipelineRun places the whole run")
+            why = "coscheduled: its PipelineRun places the whole run"
+            placement = _keep_if_allowed(template, policy, namespace, why, default)
         else:
-            placement = self._place(
-                template, decision.pool, policy, ledger_key("taskrun", request.namespace, request.key_name), request.name, request.dry_run
-            )
+            key = ledger_key("taskrun", request.namespace, request.key_name)
+            placement = self._place(template, decision.pool, policy, key, request.name, request.dry_run, default)
         self._count(request.kind, decision, placement)
         patch = _ops_at(request.object, ("spec", "podTemplate"), placement.template)
-        patch += _annotation_ops(request.object, DECISION_ANNOTATION, _record(decision, placement))
+        annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
+        patch += _annotation_ops(request.object, annotations)
         if decision.reason == Reason.UNKNOWN_POOL:
             warnings.append(f"egress-placer: {decision.message}")
         self._emit(request, decision, placement)
@@ -267,7 +283,7 @@ class Admission:
         }
         if placement is not None and placement.loads:
             record["loads"] = _loads(placement.loads)
-        patch += _annotation_ops(request.object, DECISION_ANNOTATION, _compact(record))
+        patch += _annotation_ops(request.object, {DECISION_ANNOTATION: _compact(record), REVIEW_ANNOTATION: request.uid})
         unknown = [d for _, d in per_task if d.reason == Reason.UNKNOWN_POOL]
         if unknown:
             warnings.append(f"egress-placer: {unknown[0].message}")
@@ -292,9 +308,10 @@ class Admission:
         template, and every pod of the run follows the assistant."""
         if not self._coscheduled(request.object):
             return None, "each task is placed when its TaskRun is created"
+        default = self.state.tekton_default_pod_template  # merged under taskRunTemplate.podTemplate by Tekton
         if len(wanted) == 1 and self.settings.coscheduled == "whole-run":
             key = ledger_key("pipelinerun", request.namespace, request.key_name)
-            placement = self._place(template, wanted[0], policy, key, request.name, request.dry_run)
+            placement = self._place(template, wanted[0], policy, key, request.name, request.dry_run, default)
             if placement.pool:
                 return placement, f"coscheduled run moved whole to pool {placement.pool}"
             return placement, f"coscheduled run left on ordinary nodes: {placement.note}"
@@ -304,7 +321,8 @@ class Admission:
             why = f"its tasks need different pools ({', '.join(wanted)}) and one assistant pod cannot follow them all"
         else:
             why = f"tasks need pool {wanted[0]} but moving coscheduled runs is off (setting coscheduled=off)"
-        return _keep_if_allowed(template, policy, namespace, why), f"coscheduled run (affinity assistant) left as it is: {why}"
+        placement = _keep_if_allowed(template, policy, namespace, why, default)
+        return placement, f"coscheduled run (affinity assistant) left as it is: {why}"
 
     def _coscheduled(self, run: Mapping[str, Any]) -> bool:
         """Does Tekton's affinity assistant coschedule this PipelineRun's pods?"""
@@ -385,25 +403,36 @@ class Admission:
         )
         self._count(request.kind, decision, placement)
         patch = json_patch(current, placement.template, "/spec")
-        patch += _annotation_ops(request.object, DECISION_ANNOTATION, _record(decision, placement))
+        # The review's uid replaces the TaskRun's, which Tekton copied into the pod with its annotations.
+        annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
         if placement.pool or decision.reason in WARNING_REASONS:
             self._emit(request, decision, placement)
-        return patch
+        return patch + _annotation_ops(request.object, annotations)
 
     # -- shared -------------------------------------------------------------------------------------
 
     def _place(
-        self, template: Any, pool_name: str | None, policy: PlacementPolicy, key: str, salt: str, dry_run: bool
+        self,
+        template: Any,
+        pool_name: str | None,
+        policy: PlacementPolicy,
+        key: str,
+        salt: str,
+        dry_run: bool,
+        default: Mapping[str, Any] | None = None,
     ) -> Placement:
         """Send the template to `pool_name` and its least-loaded node (assumed under `key`), or, with no
-        pool (or a pool without a ready node), strip any pool placement."""
+        pool (or a pool without a ready node), strip any pool placement. `default`: Tekton's default
+        pod template, merged under a run's template: what it gives is kept (see `over_default`)."""
         pool = policy.pool(pool_name) if pool_name else None
         if pool is None:
-            return Placement(unplace(template, policy))
+            return Placement(over_default(template, default, lambda t: unplace(t, policy)))
         node, loads = self._choose(pool, key, salt, dry_run)
         if node is None:
-            return Placement(unplace(template, policy), loads=loads, note=f"pool {pool.name} has no ready node")
-        return Placement(place(unplace(template, policy, keep_pool=pool.name), pool, node), pool.name, node, loads)
+            new = over_default(template, default, lambda t: unplace(t, policy))
+            return Placement(new, loads=loads, note=f"pool {pool.name} has no ready node")
+        new = over_default(template, default, lambda t: place(unplace(t, policy, keep_pool=pool.name), pool, node))
+        return Placement(new, pool.name, node, loads)
 
     def _choose(self, pool: Pool, key: str, salt: str, dry_run: bool) -> tuple[str | None, Mapping[str, NodeLoad]]:
         if dry_run:  # a dry run has no side effects: nothing is assumed
@@ -429,14 +458,11 @@ class Admission:
             self._send(request, "Warning" if placement.note else "Normal", "NotPlaced", why)
 
     def _send(self, request: Request, type_: str, reason: str, note: str) -> None:
+        """Hold the Event until the object exists (the patch writes the review's uid into it)."""
         if request.dry_run:
             return
-        if not request.named:
-            logger.bind(kind=request.kind, namespace=request.namespace, name=request.name).info(
-                "no Event for a {} that has only generateName (no name yet): {}", request.kind, reason
-            )
-            return
-        self.events.emit(request.regarding(), type_, reason, note[:1024], "Admit")
+        generate_name = "" if request.named else request.name
+        self.events.hold(request.uid, request.regarding(), type_, reason, note[:1024], "Admit", generate_name=generate_name)
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -490,10 +516,12 @@ def _ops_at(obj: Mapping[str, Any], path: Sequence[str], new: Any) -> Patch:
     return json_patch(node, new, _pointer(path))
 
 
-def _annotation_ops(obj: Mapping[str, Any], key: str, value: str) -> Patch:
+def _annotation_ops(obj: Mapping[str, Any], annotations: Mapping[str, str]) -> Patch:
+    """Set these annotations (replacing values the object came with: Tekton copies a run's
+    annotations to its TaskRuns and pods, and the tenant writes any)."""
     if not isinstance(_at(obj, ("metadata", "annotations")), Mapping):
-        return _ops_at(obj, ("metadata", "annotations"), {key: value})
-    return [{"op": "add", "path": _pointer(("metadata", "annotations", key)), "value": value}]
+        return _ops_at(obj, ("metadata", "annotations"), dict(annotations))
+    return [{"op": "add", "path": _pointer(("metadata", "annotations", k)), "value": v} for k, v in annotations.items()]
 
 
 def _placed_pool(template: Any, policy: PlacementPolicy) -> Pool | None:
@@ -511,12 +539,16 @@ def _placed_pool(template: Any, policy: PlacementPolicy) -> Pool | None:
     return None
 
 
-def _keep_if_allowed(template: Any, policy: PlacementPolicy, namespace: NamespaceState, why: str) -> Placement:
-    """Coscheduled pods follow their assistant: keep a pool placement the namespace may use, add none."""
-    pool = _placed_pool(template, policy)
+def _keep_if_allowed(
+    template: Any, policy: PlacementPolicy, namespace: NamespaceState, why: str, default: Mapping[str, Any] | None = None
+) -> Placement:
+    """Coscheduled pods follow their assistant: keep a pool placement the namespace may use, add none.
+    `default`: as in `Admission._place`."""
+    pool = _placed_pool(with_default(template, default), policy)
     if pool is not None and pool.allows(namespace):
-        return Placement(unplace(template, policy, keep_pool=pool.name), pool=pool.name, note=why)
-    return Placement(unplace(template, policy), note=why)
+        kept = pool.name
+        return Placement(over_default(template, default, lambda t: unplace(t, policy, keep_pool=kept)), pool=kept, note=why)
+    return Placement(over_default(template, default, lambda t: unplace(t, policy)), note=why)
 
 
 def _carries_pool_toleration(tolerations: Any, policy: PlacementPolicy) -> bool:

@@ -14,6 +14,8 @@ from typing import Any, Mapping
 PLACEMENT_ANNOTATION = "egress-placer.io/placement"  # on a run: auto | none | <pool name>
 NAMESPACE_POOLS_ANNOTATION = "egress-placer.io/pools"  # on a Namespace: "pool-a,pool-b"
 DECISION_ANNOTATION = "egress-placer.io/decision"  # written on admitted runs and pods (JSON)
+# Written with the decision: the AdmissionReview's uid, so the decision's Event finds the object once it exists.
+REVIEW_ANNOTATION = "egress-placer.io/review"
 TAINT_KEY = "egress-placer.io/pool"  # default taint key; its value is the pool name
 PREFERRED_NODE_WEIGHT = 100  # weight of the preferred-node term egress-placer writes
 POOL_PREFERENCE_WEIGHT = 80  # weight of the pool term when a pool's placement is "preferred"

@@ -17,10 +17,11 @@ of alternative terms (`pool_terms`).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jsonpatch
+import yaml
 
 from controller.core.model import POOL_PREFERENCE_WEIGHT, PREFERRED_NODE_WEIGHT, Taint
 from controller.core.policy import PlacementPolicy, Pool
@@ -352,3 +353,121 @@ class _PoolTargets:
                 else:
                     del out[kind]
         return out, changed
+
+
+# --- Tekton's default pod template -----------------------------------------------------------------
+
+# The fields placement reads and writes. Tekton merges the `default-pod-template` of its config-defaults
+# ConfigMap under a run's own podTemplate field by field (`pod.MergePodTemplateWithDefault`, v1.15.0):
+# a field the run sets (even to an empty list or map) replaces the default's whole, a field it leaves
+# unset (absent or null) is the default's. Only `env` and `volumes` merge by name; placement touches neither.
+DEFAULTED_FIELDS = ("nodeSelector", "tolerations", "affinity")
+_EMPTY: dict[str, Any] = {"nodeSelector": {}, "tolerations": [], "affinity": {}}
+
+
+def with_default(template: Mapping[str, Any] | None, default: Mapping[str, Any] | None) -> dict[str, Any]:
+    """`template` as Tekton reads it for the fields placement touches: each field the run leaves
+    unset is the default's (a copy). No default: a copy of `template`."""
+    new: dict[str, Any] = copy.deepcopy(dict(template or {}))
+    for name in DEFAULTED_FIELDS:
+        if new.get(name) is None and (default or {}).get(name) is not None:
+            new[name] = copy.deepcopy(default[name])  # type: ignore[index]
+    return new
+
+
+def left_to_default(
+    new: Mapping[str, Any], template: Mapping[str, Any] | None, default: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """`new`, computed from `with_default(template, default)`, as the run's own template again.
+
+    A field the run did not set and placement left as the default has it is dropped again (Tekton
+    fills it in, and a later change of the default still reaches the run); one placement changed is
+    written whole (the default's entries plus the pool's: Tekton would otherwise drop the default's);
+    one placement emptied is written empty, so Tekton does not bring the default's back.
+    """
+    out = dict(new)
+    for name in DEFAULTED_FIELDS:
+        default_value = (default or {}).get(name)
+        if (template or {}).get(name) is not None or default_value is None:
+            continue
+        if out.get(name) is None:
+            if default_value:
+                out[name] = copy.deepcopy(_EMPTY[name])
+            else:
+                out.pop(name, None)
+        elif out[name] == default_value:
+            del out[name]
+    return out
+
+
+def over_default(
+    template: Mapping[str, Any] | None,
+    default: Mapping[str, Any] | None,
+    change: Callable[[dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any]:
+    """`change` (e.g. place or unplace) applied to the template as Tekton will read it, written back
+    as the run's own template: what the default gives is kept, the run's own fields too."""
+    return left_to_default(change(with_default(template, default)), template, default)
+
+
+class InvalidDefault(ValueError):
+    """The default pod template cannot be read (the message says where)."""
+
+
+def default_pod_template(text: str | None) -> dict[str, Any] | None:
+    """The placement fields of Tekton's `default-pod-template` (YAML text), checked for shape; None
+    when there is none. Raises InvalidDefault on YAML that is not a pod template of that shape (Tekton
+    itself refuses such a ConfigMap)."""
+    if text is None or not text.strip():
+        return None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise InvalidDefault(f"not YAML: {e}") from e
+    if doc is None:
+        return None
+    if not isinstance(doc, Mapping):
+        raise InvalidDefault("not a mapping")
+    out = {name: doc[name] for name in DEFAULTED_FIELDS if doc.get(name) is not None}
+    node_selector = out.get("nodeSelector")
+    if node_selector is not None and not (
+        isinstance(node_selector, Mapping)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in node_selector.items())
+    ):
+        raise InvalidDefault("nodeSelector: not a map of strings")
+    _check_list_of_maps(out.get("tolerations"), "tolerations")
+    affinity = out.get("affinity")
+    if affinity is not None:
+        _check_map(affinity, "affinity")
+        node_affinity = affinity.get("nodeAffinity")
+        if node_affinity is not None:
+            _check_map(node_affinity, "affinity.nodeAffinity")
+            required = node_affinity.get(REQUIRED)
+            if required is not None:
+                _check_map(required, f"affinity.nodeAffinity.{REQUIRED}")
+                _check_terms(required.get("nodeSelectorTerms"), f"{REQUIRED}.nodeSelectorTerms")
+            preferences = node_affinity.get(PREFERRED)
+            _check_list_of_maps(preferences, PREFERRED)
+            for i, entry in enumerate(preferences or ()):
+                _check_terms([entry.get("preference") or {}], f"{PREFERRED}[{i}].preference")
+    return out
+
+
+def _check_map(value: Any, where: str) -> None:
+    if not isinstance(value, Mapping):
+        raise InvalidDefault(f"{where}: not a map")
+
+
+def _check_list_of_maps(value: Any, where: str) -> None:
+    if value is not None and not (isinstance(value, list) and all(isinstance(v, Mapping) for v in value)):
+        raise InvalidDefault(f"{where}: not a list of maps")
+
+
+def _check_terms(terms: Any, where: str) -> None:
+    _check_list_of_maps(terms, where)
+    for i, term in enumerate(terms or ()):
+        for kind in _KINDS:
+            _check_list_of_maps(term.get(kind), f"{where}[{i}].{kind}")
+            for r in term.get(kind) or ():
+                if not isinstance(r.get("values") or [], list):
+                    raise InvalidDefault(f"{where}[{i}].{kind}: values is not a list")

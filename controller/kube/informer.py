@@ -30,6 +30,7 @@ import tenacity
 from kubernetes.watch.watch import iter_resp_lines
 from loguru import logger
 
+from controller.core.patches import InvalidDefault, default_pod_template
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.kube.retry import WATCHES, RetryPolicy, retrying
 from controller.metrics import Metrics
@@ -42,6 +43,8 @@ LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 # Tekton's CRDs in v1.15.0 (config/300-crds): Task and Pipeline store v1; StepAction stores v1beta1.
 TEKTON_GROUP = "tekton.dev"
 TEKTON_FEATURE_FLAGS = "feature-flags"
+TEKTON_CONFIG_DEFAULTS = "config-defaults"
+DEFAULT_POD_TEMPLATE_KEY = "default-pod-template"
 
 
 # -- trimming: keep only what the controller reads --------------------------------------------------
@@ -392,6 +395,16 @@ class ObjectSink(Protocol):
 
     def set_tekton_coschedule(self, value: str | None) -> None: ...
 
+    def set_tekton_default_pod_template(self, template: Obj | None) -> None: ...
+
+
+class ObjectObserver(Protocol):
+    """Something else that looks at the objects the informers see (after the ObjectSink)."""
+
+    def replace(self, kind: str, objs: list[Obj]) -> None: ...
+
+    def apply(self, kind: str, event: str, obj: Obj) -> None: ...
+
 
 def coschedule_of(feature_flags: Mapping[str, Any] | None) -> str | None:
     """The `coschedule` value of Tekton's feature-flags ConfigMap (None when absent)."""
@@ -400,18 +413,55 @@ def coschedule_of(feature_flags: Mapping[str, Any] | None) -> str | None:
     return (feature_flags.get("data") or {}).get("coschedule") or None
 
 
+def default_pod_template_of(config_defaults: Mapping[str, Any] | None) -> Obj | None:
+    """The placement fields of the `default-pod-template` in Tekton's config-defaults ConfigMap (None
+    when absent). An unreadable one counts as none, with a warning: Tekton refuses it too."""
+    if not config_defaults:
+        return None
+    text = (config_defaults.get("data") or {}).get(DEFAULT_POD_TEMPLATE_KEY)
+    try:
+        return default_pod_template(text)
+    except InvalidDefault as e:
+        logger.bind(configmap=TEKTON_CONFIG_DEFAULTS, key=DEFAULT_POD_TEMPLATE_KEY).warning(
+            "Tekton's default pod template is ignored: {}", e
+        )
+        return None
+
+
+def _fan_out(
+    first: Callable[..., None], observers: Sequence[ObjectObserver], method: str, kind: str
+) -> Callable[..., None]:
+    """`first(kind, ...)`, then the same call on each observer (one that raises does not stop the others)."""
+
+    def call(*args: Any) -> None:
+        first(kind, *args)
+        for observer in observers:
+            try:
+                getattr(observer, method)(kind, *args)
+            except Exception:
+                logger.bind(kind=kind).exception("object observer failed")
+
+    return call
+
+
 def cluster_informers(
-    api: KubeApi, sink: ObjectSink, settings: Settings, metrics: Metrics, *, backoff: RetryPolicy = WATCHES
+    api: KubeApi,
+    sink: ObjectSink,
+    settings: Settings,
+    metrics: Metrics,
+    *,
+    backoff: RetryPolicy = WATCHES,
+    observers: Sequence[ObjectObserver] = (),
 ) -> list[Informer]:
-    """The informers that feed the controller's state (not started). The policy ConfigMap has its own
-    (see policy_source)."""
+    """The informers that feed the controller's state (not started), and then `observers`. The policy
+    ConfigMap has its own (see policy_source)."""
     resources = [nodes(), namespaces(), pods(), daemonsets(), *(tekton(k) for k in TEKTON_RESOURCES)]
     out = [
         Informer(
             api,
             r,
-            on_replace=partial(sink.replace, r.kind),
-            on_event=partial(sink.apply, r.kind),
+            on_replace=_fan_out(sink.replace, observers, "replace", r.kind),
+            on_event=_fan_out(sink.apply, observers, "apply", r.kind),
             metrics=metrics,
             watch_timeout_seconds=settings.watch_timeout_seconds,
             backoff=backoff,
@@ -431,6 +481,24 @@ def cluster_informers(
             config_map(settings.tekton_namespace, TEKTON_FEATURE_FLAGS),
             on_replace=flags_replaced,
             on_event=flags_changed,
+            metrics=metrics,
+            watch_timeout_seconds=settings.watch_timeout_seconds,
+            backoff=backoff,
+        )
+    )
+
+    def defaults_replaced(objs: list[Obj]) -> None:
+        sink.set_tekton_default_pod_template(default_pod_template_of(objs[0] if objs else None))
+
+    def defaults_changed(event: str, obj: Obj) -> None:
+        sink.set_tekton_default_pod_template(None if event == "DELETED" else default_pod_template_of(obj))
+
+    out.append(
+        Informer(
+            api,
+            config_map(settings.tekton_namespace, TEKTON_CONFIG_DEFAULTS),
+            on_replace=defaults_replaced,
+            on_event=defaults_changed,
             metrics=metrics,
             watch_timeout_seconds=settings.watch_timeout_seconds,
             backoff=backoff,

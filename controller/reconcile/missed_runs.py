@@ -24,6 +24,8 @@ NOT_ADMITTED_NOTE = (
 class RunSource(Protocol):
     def runs_without_decision(self) -> list[RunKey]: ...
 
+    def run_uid(self, key: RunKey) -> str: ...
+
 
 def report_missed_runs(state: RunSource, events: EventSink, limit: int = MAX_REPORTED_RUNS) -> list[RunKey]:
     """Log and emit an Event for each run without a decision annotation; the runs reported."""
@@ -36,6 +38,7 @@ def report_missed_runs(state: RunSource, events: EventSink, limit: int = MAX_REP
     reported = missed[:limit]
     for kind, namespace, name in reported:
         logger.bind(kind=kind, namespace=namespace, name=name).warning("run not admitted: {}", NOT_ADMITTED_NOTE)
-        regarding = {"apiVersion": "tekton.dev/v1", "kind": kind, "namespace": namespace, "name": name}
+        uid = state.run_uid((kind, namespace, name))  # `kubectl describe` shows only Events that name it
+        regarding = {"apiVersion": "tekton.dev/v1", "kind": kind, "namespace": namespace, "name": name, "uid": uid}
         events.emit(regarding, "Warning", "NotAdmitted", NOT_ADMITTED_NOTE, action="Report")
     return reported

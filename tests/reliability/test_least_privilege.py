@@ -67,8 +67,8 @@ OWN_NAMESPACE = (
     | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-pool-guard"])
     | rules([""], ["configmaps"], ["create"])
 )
-# k8s/rbac-tekton.yaml: Tekton's feature flags (the affinity assistant's coschedule mode).
-TEKTON = rules([""], ["configmaps"], READ, ["feature-flags"])
+# k8s/rbac-tekton.yaml: Tekton's feature flags (the affinity assistant's coschedule mode) and defaults.
+TEKTON = rules([""], ["configmaps"], READ, ["feature-flags", "config-defaults"])
 EXPECTED = {
     NAMESPACE: EVERY_USER | CLUSTER_WIDE | OWN_NAMESPACE,
     TEKTON_NAMESPACE: EVERY_USER | CLUSTER_WIDE | TEKTON,

@@ -22,9 +22,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controller.admission.events import CreationEvents
 from controller.admission.handlers import Admission, MalformedReview
 from controller.core.balance import ledger_key
-from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION
+from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION, REVIEW_ANNOTATION
 from controller.core.policy import load_policy
 from controller.metrics import Metrics
 from controller.settings import Settings
@@ -41,13 +42,25 @@ KANIKO_IMAGE = "gcr.io/kaniko-project/executor:v1.5.1"
 
 
 class RecordingEvents:
-    """An in-memory EventSink: records what would be sent."""
+    """An in-memory EventsOnCreation: records what would be sent once the object exists."""
 
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
 
+    def hold(self, token: str, regarding: dict, type: str, reason: str, note: str, action: str = "", *,
+             generate_name: str = "") -> None:
+        self.sent.append({"regarding": regarding, "type": type, "reason": reason, "note": note, "action": action,
+                          "token": token, "generate_name": generate_name})
+
+
+class RecordingSink:
+    """An in-memory EventSink."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[dict, str, str]] = []
+
     def emit(self, regarding: dict, type: str, reason: str, note: str, action: str = "") -> None:
-        self.sent.append({"regarding": regarding, "type": type, "reason": reason, "note": note, "action": action})
+        self.sent.append((regarding, type, reason))
 
 
 class Env:
@@ -268,6 +281,44 @@ def test_taskrun_keeps_the_users_own_template() -> None:
     assert template["tolerations"] == mine["tolerations"] + [EGRESS_TOLERATION]
 
 
+GPU_TOLERATION = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+ANTI_AFFINITY = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+    {"weight": 10, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}]}}
+TEKTON_DEFAULT = {"tolerations": [GPU_TOLERATION], "affinity": ANTI_AFFINITY, "nodeSelector": {"disk": "ssd"}}
+
+
+def test_taskrun_placement_keeps_what_tektons_default_pod_template_gives() -> None:
+    """Tekton keeps a run's own tolerations and affinity and then drops the default's: they are written
+    with the pool's. The nodeSelector, left as the default has it, is left to Tekton."""
+    env = Env()
+    env.state.set_tekton_default_pod_template(copy.deepcopy(TEKTON_DEFAULT))
+    _, patched, _ = env.review(taskrun("kaniko"))
+    template = patched["spec"]["podTemplate"]
+    assert template["tolerations"] == [GPU_TOLERATION, EGRESS_TOLERATION]
+    assert template["affinity"]["podAntiAffinity"] == ANTI_AFFINITY["podAntiAffinity"]
+    assert preferred_node(template) == decision_of(patched)["node"] and required_terms(template)
+    assert "nodeSelector" not in template
+    # the run's own template is kept as before: the default's tolerations are not added to it
+    _, patched, _ = env.review(taskrun("kaniko", name="build-2", pod_template={"tolerations": [{"key": "spot", "operator": "Exists"}]}))
+    assert patched["spec"]["podTemplate"]["tolerations"] == [{"key": "spot", "operator": "Exists"}, EGRESS_TOLERATION]
+
+
+def test_unplaced_taskrun_leaves_tektons_default_to_tekton() -> None:
+    env = Env()
+    env.state.set_tekton_default_pod_template(copy.deepcopy(TEKTON_DEFAULT))
+    _, patched, _ = env.review(taskrun("kaniko", namespace="team-other"))
+    assert decision_of(patched)["pool"] is None and "podTemplate" not in patched["spec"]
+
+
+def test_coscheduled_pipelinerun_moved_whole_keeps_tektons_default() -> None:
+    env = Env()
+    env.state.set_tekton_default_pod_template(copy.deepcopy(TEKTON_DEFAULT))
+    _, patched, _ = env.review(kaniko_pipelinerun())
+    template = patched["spec"]["taskRunTemplate"]["podTemplate"]
+    assert template["tolerations"] == [GPU_TOLERATION, EGRESS_TOLERATION]
+    assert template["affinity"]["podAntiAffinity"] == ANTI_AFFINITY["podAntiAffinity"]
+
+
 @pytest.mark.parametrize(
     "namespace, copied, kept",
     [
@@ -292,12 +343,33 @@ def test_taskrun_copied_pool_placement_is_stripped(namespace: str, copied: list,
     assert decision_of(patched)["pool"] is None
 
 
-def test_taskrun_with_only_generate_name_is_placed_without_an_event() -> None:
+def test_taskrun_with_only_generate_name_is_placed_and_its_event_waits_for_a_name() -> None:
     env = Env()
     _, patched, _ = env.review(taskrun("kaniko", name=None))
     assert decision_of(patched)["pool"] == "egress"
-    assert env.events.sent == []
+    [sent] = env.events.sent
+    assert (sent["reason"], sent["token"], sent["generate_name"]) == ("Placed", "uid-1", "build-")
+    assert sent["regarding"]["name"] == ""  # the API server has not named it yet
+    assert patched["metadata"]["annotations"][REVIEW_ANNOTATION] == "uid-1"
     assert ledger_key("taskrun", "team-ci", "build-uid-1") in env.state.ledger  # generateName + uid: runs counted apart
+
+
+@pytest.mark.parametrize("name", ["build-1", None], ids=["named", "generate-name"])
+def test_the_decision_event_names_the_created_object_with_its_uid(name: str | None) -> None:
+    """Admission and CreationEvents together: the Event is sent when the informer sees the object the
+    API server made from the patched one (named, with a uid), and it names that object."""
+    env = Env()
+    sink = RecordingSink()
+    env.admission.events = CreationEvents(sink)
+    _, patched, _ = env.review(taskrun("kaniko", name=name))
+    assert sink.sent == []
+    created = copy.deepcopy(patched)
+    created["metadata"].update({"name": name or "build-x7k2p", "uid": "5f0c"})
+    env.admission.events.apply("TaskRun", "ADDED", created)
+    [(regarding, type_, reason)] = sink.sent
+    assert regarding == {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "namespace": "team-ci",
+                         "name": created["metadata"]["name"], "uid": "5f0c"}
+    assert (type_, reason) == ("Normal", "Placed")
 
 
 def test_taskrun_dry_run_has_no_side_effects() -> None:
@@ -353,6 +425,35 @@ def test_tekton_pod_goes_to_the_least_loaded_node() -> None:
     record = decision_of(patched)
     assert record["loads"] == {"egress-1": "3/110", "egress-2": "1/110", "egress-3": "2/110"}
     assert env.events.sent[0]["reason"] == "Placed" and "egress-2" in env.events.sent[0]["note"]
+
+
+def test_tekton_pod_placement_keeps_what_the_pod_has() -> None:
+    """The pod carries what Tekton merged (the default pod template's too) and what the API server
+    added: all of it stays, the pool's is added."""
+    not_ready = {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}
+    zone = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    spec = {
+        "tolerations": [GPU_TOLERATION, not_ready],
+        "nodeSelector": {"disk": "ssd"},
+        "affinity": {**ANTI_AFFINITY, "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [zone]}}},
+        "securityContext": {"runAsNonRoot": True},
+    }
+    env = Env()
+    pod = tekton_pod(spec_extra=copy.deepcopy(spec))
+    _, patched, _ = env.review(pod)
+    placed = patched["spec"]
+    assert placed["tolerations"] == [GPU_TOLERATION, not_ready, EGRESS_TOLERATION]
+    assert placed["nodeSelector"] == spec["nodeSelector"] and placed["securityContext"] == spec["securityContext"]
+    assert placed["affinity"]["podAntiAffinity"] == ANTI_AFFINITY["podAntiAffinity"]
+    assert all(r in term["matchExpressions"] for term in required_terms(placed) for r in zone["matchExpressions"])
+    assert placed["containers"] == pod["spec"]["containers"] and placed["initContainers"] == pod["spec"]["initContainers"]
+
+
+def test_tekton_pod_gets_its_own_review_uid_over_the_one_tekton_copied_from_its_taskrun() -> None:
+    env = Env()
+    _, patched, _ = env.review(tekton_pod(annotations={REVIEW_ANNOTATION: "the-taskruns-review"}))
+    assert patched["metadata"]["annotations"][REVIEW_ANNOTATION] == "uid-1"
+    assert env.events.sent[0]["token"] == "uid-1"
 
 
 def test_a_burst_of_pods_spreads_evenly() -> None:

@@ -64,7 +64,8 @@ class NoEvents:
     def __init__(self) -> None:
         self.sent: list[tuple[str, str]] = []
 
-    def emit(self, regarding: dict, type: str, reason: str, note: str, action: str = "") -> None:
+    def hold(self, token: str, regarding: dict, type: str, reason: str, note: str, action: str = "", *,
+             generate_name: str = "") -> None:
         self.sent.append((type, reason))
 
 

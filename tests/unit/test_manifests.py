@@ -76,7 +76,7 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     *{(NAMESPACE, "", "configmaps", v, default("policy_configmap")) for v in ("get", "list", "watch")},
     *{(NAMESPACE, "", "configmaps", v, GUARD_NAME) for v in ("get", "update")},
     (NAMESPACE, "", "configmaps", "create", ANY),
-    *{(TEKTON_NS, "", "configmaps", v, "feature-flags") for v in ("get", "list", "watch")},
+    *{(TEKTON_NS, "", "configmaps", v, n) for v in ("get", "list", "watch") for n in ("feature-flags", "config-defaults")},
 }
 
 # Which webhook admits what: name -> (apiGroup, versions, resource).

@@ -25,7 +25,8 @@ class Sink:
 
 def run(kind: str, name: str, decided: bool, namespace: str = "team-cdn") -> dict[str, Any]:
     annotations = {DECISION_ANNOTATION: "{}"} if decided else {"other": "x"}
-    return {"kind": kind, "metadata": {"name": name, "namespace": namespace, "annotations": annotations}}
+    meta = {"name": name, "namespace": namespace, "uid": f"uid-{name}", "annotations": annotations}
+    return {"kind": kind, "metadata": meta}
 
 
 @pytest.fixture
@@ -44,6 +45,7 @@ def test_only_runs_without_a_decision_are_reported(state):
         ("TaskRun", "missed", "Warning", "NotAdmitted"),
     ]
     assert all(note == NOT_ADMITTED_NOTE for *_, note in sink.sent)
+    assert [r["uid"] for r, *_ in sink.sent] == ["uid-missed-pipeline", "uid-missed"]  # kubectl describe matches by uid
 
 
 def test_a_run_admitted_later_or_deleted_is_not_reported(state):

@@ -2,7 +2,9 @@
 pool toleration and node affinity while keeping the user's constraints, `unplace` strips pool
 tolerations and pool affinity, `json_patch` produces RFC 6902 ops rebased on a JSON pointer.
 Properties: idempotence, user terms kept, one toleration, unplace(place(t)) == t, and the
-scheduling meaning (a node fits the placed template iff it fit before and the pool claims it)."""
+scheduling meaning (a node fits the placed template iff it fit before and the pool claims it).
+Over Tekton's default pod template (`over_default`): placing twice changes nothing, and what the
+default gives survives Tekton's merge of the placed template with it."""
 
 from __future__ import annotations
 
@@ -18,11 +20,15 @@ from controller.core.model import POOL_PREFERENCE_WEIGHT, PREFERRED_NODE_WEIGHT,
 from controller.core.patches import (
     PREFERRED,
     REQUIRED,
+    InvalidDefault,
+    default_pod_template,
     json_patch,
     node_preference,
+    over_default,
     place,
     pool_terms,
     unplace,
+    with_default,
 )
 from controller.core.policy import load_policy
 
@@ -476,3 +482,150 @@ def test_json_patch_turns_old_into_new(template, pool, node):
 def test_unplace_node_selector(node_selector, keep_pool, kept):
     out = unplace({"nodeSelector": node_selector, "tolerations": [FAST_TOL]}, POLICY, keep_pool=keep_pool)
     assert out.get("nodeSelector") == kept
+
+
+# --- over Tekton's default pod template -------------------------------------------------------------
+
+GPU = {"key": "gpu", "operator": "Exists"}
+SPOT = {"key": "spot", "operator": "Exists"}
+ZONE_A = {"nodeSelectorTerms": [{"matchExpressions": [expr("zone", "In", "a")]}]}
+ANTI = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "kubernetes.io/hostname"}]}}
+
+
+def placed_over(template, default, pool=FAST, node="edge-1"):
+    return over_default(template, default, lambda t: place(unplace(t, POLICY, keep_pool=pool.name), pool, node))
+
+
+def unplaced_over(template, default):
+    return over_default(template, default, lambda t: unplace(t, POLICY))
+
+
+@pytest.mark.parametrize(
+    ("template", "default", "tolerations"),
+    [
+        pytest.param(None, {"tolerations": [GPU]}, [GPU, FAST_TOL], id="the-defaults-kept-and-the-pools-added"),
+        pytest.param({"tolerations": [SPOT]}, {"tolerations": [GPU]}, [SPOT, FAST_TOL], id="the-runs-own-replace-the-defaults"),
+        pytest.param({"tolerations": []}, {"tolerations": [GPU]}, [FAST_TOL], id="the-run-said-none"),
+        pytest.param({"tolerations": None}, {"tolerations": [GPU]}, [GPU, FAST_TOL], id="null-is-unset"),
+        pytest.param({}, {"tolerations": [GPU, {"operator": "Exists"}]}, [GPU, FAST_TOL], id="tolerate-all-stripped"),
+        pytest.param({}, None, [FAST_TOL], id="no-default"),
+    ],
+)
+def test_placed_over_default_tolerations(template, default, tolerations):
+    placed = placed_over(copy.deepcopy(template), default)
+    assert placed["tolerations"] == tolerations
+    assert with_default(placed, default)["tolerations"] == tolerations  # what Tekton's merge gives the pod
+
+
+def test_placed_over_default_affinity_is_the_defaults_and_the_pools():
+    default = {"affinity": {**ANTI, "nodeAffinity": {REQUIRED: ZONE_A}}}
+    placed = placed_over({}, default, LAB, "lab-1")
+    assert placed["affinity"]["podAntiAffinity"] == ANTI["podAntiAffinity"]
+    assert required(placed) == [{"matchExpressions": [expr("zone", "In", "a")], "matchFields": [by_name("lab-1")]}]
+    assert preferred(placed) == [node_preference("lab-1")]
+
+
+@pytest.mark.parametrize(
+    ("default", "written"),
+    [
+        pytest.param({"nodeSelector": {"disk": "ssd"}}, None, id="left-to-tekton"),
+        pytest.param({"nodeSelector": {"egress": "soft"}}, {}, id="a-pool-key-stripped-and-kept-out"),
+        pytest.param({"nodeSelector": {"egress": "soft", "disk": "ssd"}}, {"disk": "ssd"}, id="a-pool-key-stripped"),
+    ],
+)
+def test_placed_over_default_node_selector(default, written):
+    placed = placed_over({}, default)
+    assert placed.get("nodeSelector") == written
+    assert with_default(placed, default)["nodeSelector"] == (default["nodeSelector"] if written is None else written)
+
+
+@pytest.mark.parametrize(
+    ("default", "written"),
+    [
+        pytest.param({"tolerations": [GPU], "affinity": ANTI, "nodeSelector": {"disk": "ssd"}}, {}, id="nothing-to-change"),
+        pytest.param({"tolerations": [GPU, FAST_TOL]}, {"tolerations": [GPU]}, id="a-pool-toleration-stripped"),
+        pytest.param({"tolerations": [FAST_TOL]}, {"tolerations": []}, id="emptied-and-kept-empty"),
+        pytest.param({"tolerations": []}, {}, id="empty-default"),
+    ],
+)
+def test_unplaced_over_default(default, written):
+    assert unplaced_over(None, default) == written
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        (None, None),
+        ("", None),
+        ("# nothing\n", None),
+        ("tolerations: [{key: gpu, operator: Exists}]\nsecurityContext: {runAsNonRoot: true}\n", {"tolerations": [GPU]}),
+        ("nodeSelector: {disk: ssd}\naffinity: {nodeAffinity: {}}\n", {"nodeSelector": {"disk": "ssd"}, "affinity": {"nodeAffinity": {}}}),
+        ("tolerations: null\n", {}),
+    ],
+)
+def test_default_pod_template(text, parsed):
+    assert default_pod_template(text) == parsed
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "tolerations: [",
+        "- a list",
+        "tolerations: gpu",
+        "tolerations: [gpu]",
+        "nodeSelector: {disk: 1}",
+        "affinity: [x]",
+        "affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [x]}}}",
+        "affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchFields: [{values: x}]}]}}}",
+        "affinity: {nodeAffinity: {preferredDuringSchedulingIgnoredDuringExecution: [{preference: [x]}]}}",
+    ],
+)
+def test_default_pod_template_refused(text):
+    with pytest.raises(InvalidDefault):
+        default_pod_template(text)
+
+
+def _required_terms(template):
+    return ((template.get("affinity") or {}).get("nodeAffinity") or {}).get(REQUIRED, {}).get("nodeSelectorTerms", [])
+
+
+def _holds_term(terms, term):
+    return any(all(r in t.get(k, []) for k in ("matchExpressions", "matchFields") for r in term.get(k, [])) for t in terms)
+
+
+@st.composite
+def run_templates(draw) -> dict[str, Any] | None:
+    """None (no podTemplate), or the user's own, some fields set explicitly empty or null."""
+    if draw(st.booleans()):
+        return None
+    template = draw(user_templates())
+    for name, empty in (("tolerations", []), ("nodeSelector", {}), ("affinity", {})):
+        template.setdefault(name, draw(st.sampled_from([empty, None, "absent"])))
+        if template[name] == "absent":
+            del template[name]
+    return template
+
+
+defaults = st.one_of(st.none(), user_templates())
+
+
+@given(template=run_templates(), default=defaults, pool=pools, node=chosen)
+def test_placing_over_the_default_twice_changes_nothing(template, default, pool, node):
+    once = placed_over(template, default, pool, node)
+    assert placed_over(once, default, pool, node) == once
+    assert unplaced_over(unplaced_over(template, default), default) == unplaced_over(template, default)
+
+
+@given(template=run_templates(), default=defaults, pool=pools, node=chosen, candidate=nodes)
+def test_the_defaults_entries_survive_placement(template, default, pool, node, candidate):
+    placed = placed_over(copy.deepcopy(template), default, pool, node)
+    before, after = with_default(template, default), with_default(placed, default)  # as Tekton merges them
+    assert after["tolerations"].count(pool.toleration()) == 1
+    assert all(t in after["tolerations"] for t in before.get("tolerations") or [])
+    assert after.get("nodeSelector") == before.get("nodeSelector")
+    assert all(_holds_term(_required_terms(after), term) for term in _required_terms(before))
+    prefs = ((after.get("affinity") or {}).get("nodeAffinity") or {}).get(PREFERRED, [])
+    assert all(p in prefs for p in ((before.get("affinity") or {}).get("nodeAffinity") or {}).get(PREFERRED, []))
+    expected = schedulable(before, candidate) and (pool.placement == "preferred" or pool.claims(candidate))
+    assert schedulable(after, candidate) == expected
