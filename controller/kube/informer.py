@@ -23,7 +23,6 @@ import json
 import socket
 import threading
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import tenacity

@@ -11,8 +11,10 @@ from typing import Any, Iterator
 
 import pytest
 import yaml
-from kubernetes import client
-from tekton_runs import (
+
+from devcluster.cluster import Cluster
+from devplacer.controller import kubectl
+from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     OTHER_IMAGE,
     POOL,
@@ -20,14 +22,13 @@ from tekton_runs import (
     POOL_TOLERATION,
     TEAM_CDN,
     Runs,
-    Waiter,
     decision_of,
+    node_of,
     step,
     taskrun,
 )
-
-from devcluster.cluster import Cluster
-from devcluster.controller import kubectl
+from tests.kube import Api, namespaced
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -47,7 +48,7 @@ def shows_event(text: str, reason: str) -> bool:
 
 
 def test_kubectl_describe_shows_the_decision_on_a_placed_taskrun_and_its_pod(
-    runs: Runs, devcluster: Cluster, wait_for: Waiter
+    runs: Runs, devcluster: Cluster
 ) -> None:
     name = runs.name("described")
     created = runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
@@ -63,14 +64,14 @@ def test_kubectl_describe_shows_the_decision_on_a_placed_taskrun_and_its_pod(
     assert event["regarding"]["uid"] == created["metadata"]["uid"]
     pod = runs.pods_by_taskrun(TEAM_CDN)[name]
     wait_for(
-        f"kubectl describe pod {pod.metadata.name} to show the Placed Event",
-        lambda: shows_event(described(devcluster, "pod", TEAM_CDN, pod.metadata.name), "Placed"),
+        f"kubectl describe pod {pod['metadata']['name']} to show the Placed Event",
+        lambda: shows_event(described(devcluster, "pod", TEAM_CDN, pod["metadata"]["name"]), "Placed"),
         timeout=30,
     )
 
 
 def test_kubectl_describe_shows_the_decision_on_a_pipelinerun_made_with_generate_name(
-    runs: Runs, devcluster: Cluster, wait_for: Waiter
+    runs: Runs, devcluster: Cluster
 ) -> None:
     body = {
         "apiVersion": "tekton.dev/v1",
@@ -97,23 +98,22 @@ def test_kubectl_describe_shows_the_decision_on_a_pipelinerun_made_with_generate
 
 
 @contextlib.contextmanager
-def tekton_default_pod_template(kube: client.ApiClient, template: dict[str, Any]) -> Iterator[None]:
+def tekton_default_pod_template(api: Api, template: dict[str, Any]) -> Iterator[None]:
     """Tekton's config-defaults `default-pod-template` set to `template` for the block, then restored."""
-    core = client.CoreV1Api(kube)
-    old = (core.read_namespaced_config_map("config-defaults", TEKTON_NAMESPACE).data or {}).get("default-pod-template")
-    patch = {"data": {"default-pod-template": yaml.safe_dump(template)}}
-    core.patch_namespaced_config_map("config-defaults", TEKTON_NAMESPACE, patch)
+    path = namespaced(TEKTON_NAMESPACE, "configmaps", "config-defaults")
+    old = ((api.get(path) or {}).get("data") or {}).get("default-pod-template")
+    api.merge_patch(path, {"data": {"default-pod-template": yaml.safe_dump(template)}})
     try:
         yield
     finally:  # None removes the key again
-        core.patch_namespaced_config_map("config-defaults", TEKTON_NAMESPACE, {"data": {"default-pod-template": old}})
+        api.merge_patch(path, {"data": {"default-pod-template": old}})
 
 
 def test_a_placed_runs_pod_keeps_the_toleration_of_tektons_default_pod_template(
-    runs: Runs, kube: client.ApiClient, wait_for: Waiter
+    runs: Runs, api: Api
 ) -> None:
     placed, ordinary = runs.name("placed-default"), runs.name("ordinary-default")
-    with tekton_default_pod_template(kube, {"tolerations": [DEFAULT_TOLERATION]}):
+    with tekton_default_pod_template(api, {"tolerations": [DEFAULT_TOLERATION]}):
 
         def seen_by_egress_placer() -> bool:
             """A server-side dry run goes through the webhook: its answer shows when egress-placer saw the default."""
@@ -127,11 +127,11 @@ def test_a_placed_runs_pod_keeps_the_toleration_of_tektons_default_pod_template(
     assert decision_of(done[placed])["pool"] == POOL and decision_of(done[ordinary])["pool"] is None
     assert "podTemplate" not in done[ordinary]["spec"]  # left to Tekton's own merge
     pods = runs.pods_by_taskrun(TEAM_CDN)
-    tolerations = {name: [t.to_dict() for t in pods[name].spec.tolerations or []] for name in (placed, ordinary)}
+    tolerations = {name: pods[name]["spec"].get("tolerations") or [] for name in (placed, ordinary)}
 
     def has(name: str, toleration: dict[str, Any]) -> bool:
         return any({k: v for k, v in t.items() if v is not None} == toleration for t in tolerations[name])
 
     assert has(ordinary, DEFAULT_TOLERATION), tolerations  # Tekton applied the default (the setup works)
     assert has(placed, DEFAULT_TOLERATION) and has(placed, POOL_TOLERATION), tolerations
-    assert pods[placed].spec.node_name in POOL_NODES
+    assert node_of(pods[placed]) in POOL_NODES
