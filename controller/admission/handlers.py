@@ -10,6 +10,8 @@ the server turns into HTTP 400.
   Coscheduled TaskRuns (affinity assistant) never get a placement added here.
 - PipelineRun CREATE: a per-task summary. Coscheduled runs are moved whole to a pool through
   `taskRunTemplate.podTemplate` (v1; `spec.podTemplate` in v1beta1) when their tasks agree on one.
+- DaemonSet CREATE and UPDATE (`admission.daemonset`): a node agent's pod template tolerates every
+  pool taint, so the DaemonSet controller makes its pods on pool nodes too.
 - Pod CREATE: Tekton pods are placed again with fresh load (their images are final); node agents
   (pods of a real DaemonSet of an agent namespace, resolved by uid in the cache) tolerate every pool
   taint; kubelets' mirror pods are left alone; any other pod loses pool tolerations and pool
@@ -25,6 +27,7 @@ from typing import Any, Callable, Mapping
 
 from loguru import logger
 
+from controller.admission.daemonset import admit_daemonset, is_daemonset
 from controller.admission.review import (
     MalformedReview,
     Patch,
@@ -37,6 +40,7 @@ from controller.admission.review import (
     value_at,
     with_namespace,
 )
+from controller.core.agents import agent_tolerations
 from controller.core.balance import choose_node, ledger_key
 from controller.core.decide import decide
 from controller.core.images import TASKRUN_LABEL, WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
@@ -97,7 +101,7 @@ class Admission:
         except MalformedReview:
             self.metrics.admission_errors.labels(kind="malformed").inc()
             raise
-        kind = request.kind if request.kind in ("TaskRun", "PipelineRun", "Pod") else "other"
+        kind = request.kind if request.kind in ("TaskRun", "PipelineRun", "Pod", "DaemonSet") else "other"
         started = self.clock()
         warnings: list[str] = []
         try:
@@ -114,6 +118,8 @@ class Admission:
         return review_response(request.uid, patch, warnings)
 
     def _dispatch(self, request: Request, warnings: list[str]) -> Patch:
+        if is_daemonset(request):
+            return self._daemonset(request)
         if request.operation != "CREATE":
             return []
         if request.group == "tekton.dev" and request.version in ("v1", "v1beta1"):
@@ -223,6 +229,15 @@ class Admission:
             isinstance(b, Mapping) and (b.get("persistentVolumeClaim") or b.get("volumeClaimTemplate")) for b in bindings
         )
 
+    # -- DaemonSet ----------------------------------------------------------------------------------
+
+    def _daemonset(self, request: Request) -> Patch:
+        admitted = admit_daemonset(request, self.state.policy)
+        if admitted.note:
+            self.metrics.agent_tolerations_added.labels(by="admission").inc()
+            self._send(request, "Normal", "PoolTolerationsAdded", admitted.note)
+        return admitted.patch
+
     # -- Pod ----------------------------------------------------------------------------------------
 
     def _pod(self, request: Request, warnings: list[str]) -> Patch:
@@ -240,7 +255,7 @@ class Admission:
             return []
         agent = daemonset_agent(policy, request.namespace, owners, self.state.daemonsets)
         if agent is Agent.TRUSTED:
-            tolerations = _daemonset_tolerations(spec.get("tolerations"), policy)
+            tolerations = agent_tolerations(spec.get("tolerations"), policy)
             return ops_at(pod, ("spec", "tolerations"), tolerations)
         if agent is Agent.UNRESOLVED:  # an agent namespace's, DaemonSet not in the cache yet: left as it
             return []  # is; the intruder check decides once the cache has it (or evicts it, if it never comes)
@@ -378,16 +393,6 @@ def _carries_pool_toleration(tolerations: Any, policy: PlacementPolicy) -> bool:
         if t.get("key") in owned or any(tolerates(t, p.taint_for()) for p in policy.pools):
             return True
     return False
-
-
-def _daemonset_tolerations(tolerations: Any, policy: PlacementPolicy) -> list[Any]:
-    """The pod's tolerations plus one `Exists` toleration per pool taint key and effect not yet tolerated."""
-    out = list(tolerations or [])
-    for pool in policy.pools:
-        taint = pool.taint_for()
-        if not any(isinstance(t, Mapping) and tolerates(t, taint) for t in out):
-            out.append({"key": taint.key, "operator": "Exists", "effect": taint.effect})
-    return out
 
 
 def _loads(loads: Mapping[str, NodeLoad]) -> dict[str, str]:

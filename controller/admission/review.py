@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from controller.core.patches import json_patch
@@ -34,6 +34,7 @@ class Request:
     namespace: str
     object: Mapping[str, Any]
     dry_run: bool
+    old_object: Mapping[str, Any] = field(default_factory=dict)  # an UPDATE's object before it ({} otherwise)
 
     @property
     def metadata(self) -> Mapping[str, Any]:
@@ -94,6 +95,7 @@ def parse_review(body: Any) -> Request:
     meta = obj.get("metadata")
     if meta is not None and not isinstance(meta, Mapping):
         raise MalformedReview("request.object.metadata is not an object")
+    old = request.get("oldObject")
     namespace = request.get("namespace")
     if namespace is not None and not isinstance(namespace, str):
         raise MalformedReview("request.namespace is not a string")
@@ -106,6 +108,7 @@ def parse_review(body: Any) -> Request:
         namespace=namespace or text((meta or {}).get("namespace")) or "default",
         object=obj,
         dry_run=request.get("dryRun") is True,
+        old_object=old if isinstance(old, Mapping) else {},
     )
 
 
