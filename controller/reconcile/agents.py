@@ -122,7 +122,7 @@ class AgentReconciler:
             self.metrics.agents_missing.labels(namespace=namespace, daemonset=name).set(count)
         self._gauged = set(current)
 
-    def _report(self, gap: AgentGap, now: float) -> bool:
+    def _report(self, gap: AgentGap, now: float, failure: str = "") -> bool:
         said = self._reported.get(gap.uid)
         if said is not None and said[0] == gap.missing and now - said[1] < self.report_again_after:
             return False
@@ -130,10 +130,16 @@ class AgentReconciler:
         shown = ", ".join(show_toleration(t) for t in gap.add)
         note = (
             f"No pod on {len(gap.missing)} of the {len(gap.nodes)} pool nodes it targets ({_nodes(gap.missing)}): "
-            f"its pod template does not tolerate the taint of pool {', '.join(gap.pools)}. Left as it is (changing "
-            f"the template restarts every pod): add the tolerations ({shown}) to its manifest, or opt in with the "
-            f"annotation {POOL_TOLERATIONS_ANNOTATION}=patch or the policy's patchExistingAgents."
+            f"its pod template does not tolerate the taint of pool {', '.join(gap.pools)}."
         )
+        if failure:
+            note += failure
+        else:
+            note += (
+                f" Left as it is (changing the template restarts every pod): add the tolerations ({shown}) to its "
+                f"manifest, or opt in with the annotation {POOL_TOLERATIONS_ANNOTATION}=patch or the policy's "
+                "patchExistingAgents."
+            )
         self.events.emit(_regarding(gap), "Warning", "AgentMissingOnPool", note, action="Report")
         _log(gap).warning("node agent missing on pool nodes: {}", note)
         return True
@@ -151,8 +157,9 @@ class AgentReconciler:
             written = self.writer.set_daemonset_tolerations(
                 gap.namespace, gap.name, gap.uid, rebase, {TOLERATIONS_ADDED_ANNOTATION: record}
             )
-        except Exception as e:
+        except Exception as e:  # forbidden (no rbac-agents Role in its namespace), refused, API down
             log.warning("pod template not patched: {}", e)
+            self._report(gap, now, f" Opted in ({gap.why}), but the patch failed: {e}")
             return False
         self._in_flight[gap.uid] = now
         if written is None:  # the owner added them meanwhile, or it is gone: the next pass sees it

@@ -182,12 +182,13 @@ def test_the_owners_report_annotation_wins_over_the_policy() -> None:
     assert env.writer.patches == [] and env.reasons() == ["AgentMissingOnPool"]
 
 
-def test_a_failed_patch_is_tried_again_next_pass() -> None:
+def test_a_failed_patch_is_reported_and_tried_again_next_pass() -> None:
     env = Env(extra="patchExistingAgents: [kube-system]", daemonsets=[daemonset("kube-proxy", "u-proxy")], fail=1)
     env.reconciler()
-    assert env.writer.patches == [] and env.events.sent == []
+    assert env.writer.patches == [] and env.reasons() == ["AgentMissingOnPool"]
+    assert "but the patch failed: API down" in env.events.sent[0]["note"]
     env.reconciler()
-    assert len(env.writer.patches) == 1 and env.reasons() == ["PoolTolerationsAdded"]
+    assert len(env.writer.patches) == 1 and env.reasons() == ["AgentMissingOnPool", "PoolTolerationsAdded"]
 
 
 def test_tolerations_the_owner_added_meanwhile_are_kept_and_nothing_is_patched_when_they_suffice() -> None:
