@@ -14,7 +14,7 @@ the server turns into HTTP 400.
   pool taint, so the DaemonSet controller makes its pods on pool nodes too.
 - Pod CREATE: Tekton pods are placed again with fresh load (their images are final); node agents
   (pods of a real DaemonSet of an agent namespace, resolved by uid in the cache) tolerate every pool
-  taint; kubelets' mirror pods are left alone; any other pod loses pool tolerations and pool
+  taint (kube-system's pods do not reach this webhook: their DaemonSets' templates carry it); kubelets' mirror pods are left alone; any other pod loses pool tolerations and pool
   constraints, and a `nodeName` of a pool node its namespace may not use.
 """
 
