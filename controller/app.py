@@ -31,6 +31,7 @@ from controller.kube.leader import LeaderElector
 from controller.kube.policy_source import PolicySource
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
+from controller.reconcile.agents import AgentReconciler
 from controller.reconcile.intruders import IntruderReconciler
 from controller.reconcile.loop import ReconcileLoop
 from controller.reconcile.missed_runs import report_missed_runs
@@ -151,7 +152,8 @@ class Controller:
         )
 
     def _reconcile_loop(self) -> ReconcileLoop:
-        """The leader's reconcilers: pool taints, then intruders, then the API server's pool guard."""
+        """The leader's reconcilers: pool taints, then intruders, then the API server's pool guard, then node
+        agents kept off pools."""
         s = self.settings
         intruders = IntruderReconciler(
             self.state,
@@ -168,6 +170,7 @@ class Controller:
                 TaintReconciler(self.state, self.client, self.metrics),
                 intruders,
                 PoolGuardReconciler(self.state, self.client, s.namespace, verify_seconds=s.resync_seconds),
+                AgentReconciler(self.state, self.client, self.events, self.metrics),
             ],
             is_leader=self.is_leader,
             resync_seconds=s.resync_seconds,

@@ -64,6 +64,18 @@ class Metrics:
             "reported (report mode), failed.",
             ["pool", "outcome"],
         )
+        self.agent_tolerations_added = self._counter(
+            "agent_tolerations_added_total",
+            "DaemonSet pod templates of agent namespaces given the pool tolerations, by who: admission "
+            "(CREATE, or an UPDATE that changes the template) or leader (an existing one, opted in).",
+            ["by"],
+        )
+        self.agents_missing = self._gauge(
+            "agent_pool_nodes_missing",
+            "Pool nodes a node agent (DaemonSet of an agent namespace) targets but has no pod on, because its "
+            "pod template does not tolerate the pool taint.",
+            ["namespace", "daemonset"],
+        )
         self.intruders_removed = self._counter(
             "intruders_removed_total",
             "Intruder pods gone from their pool node, by pool and the step that removed them: evicted, "

@@ -10,22 +10,37 @@ the server turns into HTTP 400.
   Coscheduled TaskRuns (affinity assistant) never get a placement added here.
 - PipelineRun CREATE: a per-task summary. Coscheduled runs are moved whole to a pool through
   `taskRunTemplate.podTemplate` (v1; `spec.podTemplate` in v1beta1) when their tasks agree on one.
+- DaemonSet CREATE and UPDATE (`admission.daemonset`): a node agent's pod template tolerates every
+  pool taint, so the DaemonSet controller makes its pods on pool nodes too.
 - Pod CREATE: Tekton pods are placed again with fresh load (their images are final); node agents
   (pods of a real DaemonSet of an agent namespace, resolved by uid in the cache) tolerate every pool
-  taint; kubelets' mirror pods are left alone; any other pod loses pool tolerations and pool
+  taint (kube-system's pods do not reach this webhook: their DaemonSets' templates carry it); kubelets' mirror pods are left alone; any other pod loses pool tolerations and pool
   constraints, and a `nodeName` of a pool node its namespace may not use.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from loguru import logger
 
+from controller.admission.daemonset import admit_daemonset, is_daemonset
+from controller.admission.review import (
+    MalformedReview,
+    Patch,
+    Request,
+    annotation_ops,
+    ops_at,
+    parse_review,
+    review_response,
+    text,
+    value_at,
+    with_namespace,
+)
+from controller.core.agents import agent_tolerations
 from controller.core.balance import choose_node, ledger_key
 from controller.core.decide import decide
 from controller.core.images import TASKRUN_LABEL, WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
@@ -46,70 +61,12 @@ from controller.metrics import Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
 
-ADMISSION_API_VERSION = "admission.k8s.io/v1"
 AFFINITY_ASSISTANT_ANNOTATION = "pipeline.tekton.dev/affinity-assistant"
 COMPONENT_LABEL, AFFINITY_ASSISTANT_COMPONENT = "app.kubernetes.io/component", "affinity-assistant"
 MAX_IMAGES_IN_ANNOTATION = 20
 # Tekton's `coschedule` feature flag (feature-flags ConfigMap).
 WARNING_REASONS = {Reason.UNRESOLVED: "Unresolved", Reason.UNKNOWN_POOL: "UnknownPool"}
 _SPEC_PLACEMENT_FIELDS = ("tolerations", "affinity")
-
-
-class MalformedReview(ValueError):
-    """The body is not an AdmissionReview v1 request this webhook can answer (HTTP 400)."""
-
-
-Patch = list[dict[str, Any]]
-
-
-@dataclass(frozen=True)
-class Request:
-    """The parts of an AdmissionReview request the handlers use, checked for shape."""
-
-    uid: str
-    group: str
-    version: str
-    kind: str
-    operation: str
-    namespace: str
-    object: Mapping[str, Any]
-    dry_run: bool
-
-    @property
-    def metadata(self) -> Mapping[str, Any]:
-        meta = self.object.get("metadata")
-        return meta if isinstance(meta, Mapping) else {}
-
-    @property
-    def name(self) -> str:
-        """The object's name, or its generateName when the API server has not named it yet."""
-        return _text(self.metadata.get("name")) or _text(self.metadata.get("generateName"))
-
-    @property
-    def named(self) -> bool:
-        return bool(_text(self.metadata.get("name")))
-
-    @property
-    def key_name(self) -> str:
-        """The name for load-ledger keys: the name, or generateName plus the request uid, so that
-        objects sharing a generateName are counted apart (their pods cannot settle them by name;
-        their assumptions expire)."""
-        return self.name if self.named else f"{self.name}{self.uid}"
-
-    @property
-    def labels(self) -> Mapping[str, str]:
-        return _text_map(self.metadata.get("labels"))
-
-    @property
-    def annotations(self) -> Mapping[str, str]:
-        return _text_map(self.metadata.get("annotations"))
-
-    def regarding(self) -> dict[str, Any]:
-        """The Event's `regarding`, as far as admission knows it: no uid yet, and no name before the API
-        server generates one (CreationEvents adds both once the object exists)."""
-        api_version = _text(self.object.get("apiVersion")) or "/".join(p for p in (self.group, self.version) if p)
-        name = self.name if self.named else ""
-        return {"apiVersion": api_version, "kind": self.kind, "namespace": self.namespace, "name": name}
 
 
 @dataclass(frozen=True)
@@ -121,57 +78,6 @@ class Placement:
     node: str | None = None
     loads: Mapping[str, NodeLoad] = field(default_factory=dict)
     note: str = ""  # why the decision's pool was not (or not wholly) applied
-
-
-def parse_review(body: Any) -> Request:
-    """Check the AdmissionReview envelope; raise MalformedReview with a short reason."""
-    if not isinstance(body, Mapping):
-        raise MalformedReview("the body is not a JSON object")
-    if body.get("apiVersion") != ADMISSION_API_VERSION or body.get("kind") != "AdmissionReview":
-        raise MalformedReview(f"expected apiVersion {ADMISSION_API_VERSION} and kind AdmissionReview")
-    request = body.get("request")
-    if not isinstance(request, Mapping):
-        raise MalformedReview("request is missing or not an object")
-    uid = request.get("uid")
-    if not isinstance(uid, str) or not uid:
-        raise MalformedReview("request.uid is missing or not a string")
-    kind = request.get("kind")
-    if not isinstance(kind, Mapping) or not all(isinstance(kind.get(k, ""), str) for k in ("group", "version", "kind")):
-        raise MalformedReview("request.kind is missing or not a group/version/kind object")
-    operation = request.get("operation")
-    if not isinstance(operation, str):
-        raise MalformedReview("request.operation is missing or not a string")
-    obj = request.get("object")
-    if operation == "CREATE" and not isinstance(obj, Mapping):
-        raise MalformedReview("request.object of a CREATE is missing or not an object")
-    obj = obj if isinstance(obj, Mapping) else {}
-    meta = obj.get("metadata")
-    if meta is not None and not isinstance(meta, Mapping):
-        raise MalformedReview("request.object.metadata is not an object")
-    namespace = request.get("namespace")
-    if namespace is not None and not isinstance(namespace, str):
-        raise MalformedReview("request.namespace is not a string")
-    return Request(
-        uid=uid,
-        group=kind.get("group") or "",
-        version=kind.get("version") or "",
-        kind=kind.get("kind") or "",
-        operation=operation,
-        namespace=namespace or _text((meta or {}).get("namespace")) or "default",
-        object=obj,
-        dry_run=request.get("dryRun") is True,
-    )
-
-
-def review_response(uid: str, patch: Patch, warnings: Sequence[str] = ()) -> dict[str, Any]:
-    """An AdmissionReview v1 response that allows the object, with its JSON patch when there is one."""
-    response: dict[str, Any] = {"uid": uid, "allowed": True}
-    if patch:
-        response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(json.dumps(patch, separators=(",", ":")).encode()).decode()
-    if warnings:
-        response["warnings"] = list(warnings)
-    return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
 class Admission:
@@ -206,7 +112,7 @@ class Admission:
         except MalformedReview:
             self.metrics.admission_errors.labels(kind="malformed").inc()
             raise
-        kind = request.kind if request.kind in ("TaskRun", "PipelineRun", "Pod") else "other"
+        kind = request.kind if request.kind in ("TaskRun", "PipelineRun", "Pod", "DaemonSet") else "other"
         started = self.clock()
         warnings: list[str] = []
         try:
@@ -223,6 +129,8 @@ class Admission:
         return review_response(request.uid, patch, warnings)
 
     def _dispatch(self, request: Request, warnings: list[str]) -> Patch:
+        if is_daemonset(request):
+            return self._daemonset(request)
         if request.operation != "CREATE":
             return []
         if request.group == "tekton.dev" and request.version in ("v1", "v1beta1"):
@@ -239,9 +147,9 @@ class Admission:
     def _taskrun(self, request: Request, warnings: list[str]) -> Patch:
         policy = self.state.policy
         namespace = self.state.namespace(request.namespace)
-        run = _with_namespace(request)
+        run = with_namespace(request)
         decision = decide(policy, namespace, request.annotations, taskrun_images(run, self.state.tekton))
-        template = _at(request.object, ("spec", "podTemplate"))
+        template = value_at(request.object, ("spec", "podTemplate"))
         default = self.state.tekton_default_pod_template
         if AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
             why = "coscheduled: its PipelineRun places the whole run"
@@ -250,9 +158,9 @@ class Admission:
             key = ledger_key("taskrun", request.namespace, request.key_name)
             placement = self._place(template, decision.pool, policy, key, request.name, request.dry_run, default)
         self._count(request.kind, decision, placement)
-        patch = _ops_at(request.object, ("spec", "podTemplate"), placement.template)
+        patch = ops_at(request.object, ("spec", "podTemplate"), placement.template)
         annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
-        patch += _annotation_ops(request.object, annotations)
+        patch += annotation_ops(request.object, annotations)
         if decision.reason == Reason.UNKNOWN_POOL:
             warnings.append(f"egress-placer: {decision.message}")
         self._emit(request, decision, placement)
@@ -265,16 +173,16 @@ class Admission:
         namespace = self.state.namespace(request.namespace)
         per_task = [
             (task if task != WHOLE_RUN else "(run)", decide(policy, namespace, request.annotations, images))
-            for task, images in pipelinerun_images(_with_namespace(request), self.state.tekton)
+            for task, images in pipelinerun_images(with_namespace(request), self.state.tekton)
         ]
         for _, decision in per_task:
             self.metrics.decisions.labels(kind=request.kind, reason=str(decision.reason), pool=decision.pool or "").inc()
         wanted = sorted({d.pool for _, d in per_task if d.pool})
         path = ("spec", "taskRunTemplate", "podTemplate") if request.version == "v1" else ("spec", "podTemplate")
-        template = _at(request.object, path)
+        template = value_at(request.object, path)
         summary = "; ".join(f"{task} -> {d.pool or 'none'} ({d.reason})" for task, d in per_task) or "no tasks"
         placement, message = self._whole_run(request, template, wanted, policy, namespace)
-        patch = _ops_at(request.object, path, placement.template) if placement is not None else []
+        patch = ops_at(request.object, path, placement.template) if placement is not None else []
         record: dict[str, Any] = {
             "pool": placement.pool if placement else None,
             "node": placement.node if placement else None,
@@ -283,7 +191,7 @@ class Admission:
         }
         if placement is not None and placement.loads:
             record["loads"] = _loads(placement.loads)
-        patch += _annotation_ops(request.object, {DECISION_ANNOTATION: _compact(record), REVIEW_ANNOTATION: request.uid})
+        patch += annotation_ops(request.object, {DECISION_ANNOTATION: _compact(record), REVIEW_ANNOTATION: request.uid})
         unknown = [d for _, d in per_task if d.reason == Reason.UNKNOWN_POOL]
         if unknown:
             warnings.append(f"egress-placer: {unknown[0].message}")
@@ -331,10 +239,19 @@ class Admission:
             return True
         if mode == "disabled":
             return False
-        bindings = _at(run, ("spec", "workspaces"))
+        bindings = value_at(run, ("spec", "workspaces"))
         return isinstance(bindings, list) and any(
             isinstance(b, Mapping) and (b.get("persistentVolumeClaim") or b.get("volumeClaimTemplate")) for b in bindings
         )
+
+    # -- DaemonSet ----------------------------------------------------------------------------------
+
+    def _daemonset(self, request: Request) -> Patch:
+        admitted = admit_daemonset(request, self.state.policy)
+        if admitted.note:
+            self.metrics.agent_tolerations_added.labels(by="admission").inc()
+            self._send(request, "Normal", "PoolTolerationsAdded", admitted.note)
+        return admitted.patch
 
     # -- Pod ----------------------------------------------------------------------------------------
 
@@ -345,7 +262,7 @@ class Admission:
         if not isinstance(spec, Mapping):
             return []
         owners = owner_refs(request.metadata)
-        node_name = _text(spec.get("nodeName"))
+        node_name = text(spec.get("nodeName"))
         # The same trust as the intruder check (core.intruders), on the facts the tenant cannot forge:
         # a mirror pod's Node owner must carry its node's uid; a DaemonSet owner must resolve by uid to a
         # real DaemonSet of this (the request's) namespace, and that namespace must be an agent namespace.
@@ -353,8 +270,8 @@ class Admission:
             return []
         agent = daemonset_agent(policy, request.namespace, owners, self.state.daemonsets)
         if agent is Agent.TRUSTED:
-            tolerations = _daemonset_tolerations(spec.get("tolerations"), policy)
-            return _ops_at(pod, ("spec", "tolerations"), tolerations)
+            tolerations = agent_tolerations(spec.get("tolerations"), policy)
+            return ops_at(pod, ("spec", "tolerations"), tolerations)
         if agent is Agent.UNRESOLVED:  # an agent namespace's, DaemonSet not in the cache yet: left as it
             return []  # is; the intruder check decides once the cache has it (or evicts it, if it never comes)
         if request.namespace in policy.exempt_namespaces:
@@ -407,7 +324,7 @@ class Admission:
         annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
         if placement.pool or decision.reason in WARNING_REASONS:
             self._emit(request, decision, placement)
-        return patch + _annotation_ops(request.object, annotations)
+        return patch + annotation_ops(request.object, annotations)
 
     # -- shared -------------------------------------------------------------------------------------
 
@@ -468,62 +385,6 @@ class Admission:
 # --- helpers --------------------------------------------------------------------------------------
 
 
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _text_map(value: Any) -> dict[str, str]:
-    if not isinstance(value, Mapping):
-        return {}
-    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
-
-
-def _at(obj: Any, path: Sequence[str]) -> Any:
-    """The value at `path` in nested mappings, or None."""
-    for part in path:
-        if not isinstance(obj, Mapping):
-            return None
-        obj = obj.get(part)
-    return obj
-
-
-def _with_namespace(request: Request) -> Mapping[str, Any]:
-    """The object with `metadata.namespace` set (a CREATE may leave it to the request URL)."""
-    if request.metadata.get("namespace") == request.namespace:
-        return request.object
-    return {**request.object, "metadata": {**request.metadata, "namespace": request.namespace}}
-
-
-def _pointer(path: Sequence[str]) -> str:
-    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
-
-
-def _ops_at(obj: Mapping[str, Any], path: Sequence[str], new: Any) -> Patch:
-    """JSON patch making the value at `path` equal to `new`, adding missing parents (nothing when
-    `new` is empty and the path is absent)."""
-    node: Any = obj
-    for i, part in enumerate(path):
-        if not isinstance(node, Mapping):
-            raise TypeError(f"{_pointer(path[:i]) or 'the object'} is not a JSON object")
-        if node.get(part) is None:
-            if not new:
-                return []
-            value = new
-            for inner in reversed(path[i + 1 :]):
-                value = {inner: value}
-            return [{"op": "add", "path": _pointer(path[: i + 1]), "value": value}]
-        node = node[part]
-    return json_patch(node, new, _pointer(path))
-
-
-def _annotation_ops(obj: Mapping[str, Any], annotations: Mapping[str, str]) -> Patch:
-    """Set these annotations (replacing values the object came with: Tekton copies a run's
-    annotations to its TaskRuns and pods, and the tenant writes any)."""
-    if not isinstance(_at(obj, ("metadata", "annotations")), Mapping):
-        return _ops_at(obj, ("metadata", "annotations"), dict(annotations))
-    return [{"op": "add", "path": _pointer(("metadata", "annotations", k)), "value": v} for k, v in annotations.items()]
-
-
 def _placed_pool(template: Any, policy: PlacementPolicy) -> Pool | None:
     """The pool whose own (Equal) toleration the template carries, first in policy order."""
     tolerations = template.get("tolerations") if isinstance(template, Mapping) else None
@@ -559,16 +420,6 @@ def _carries_pool_toleration(tolerations: Any, policy: PlacementPolicy) -> bool:
         if t.get("key") in owned or any(tolerates(t, p.taint_for()) for p in policy.pools):
             return True
     return False
-
-
-def _daemonset_tolerations(tolerations: Any, policy: PlacementPolicy) -> list[Any]:
-    """The pod's tolerations plus one `Exists` toleration per pool taint key and effect not yet tolerated."""
-    out = list(tolerations or [])
-    for pool in policy.pools:
-        taint = pool.taint_for()
-        if not any(isinstance(t, Mapping) and tolerates(t, taint) for t in out):
-            out.append({"key": taint.key, "operator": "Exists", "effect": taint.effect})
-    return out
 
 
 def _loads(loads: Mapping[str, NodeLoad]) -> dict[str, str]:

@@ -1,12 +1,13 @@
 """`egress-placer status`: each pool node, its taint, its load, and what is wrong there.
 
-One read of the cluster (nodes, namespaces, pods, the policy) through the kube adapter, then the same
-core the controller uses: `plan_taints` says whether the taint is right, `find_intruders` who should
-not be there, `ClusterState.loads` the load the balancer would see (without admission-time
-assumptions, which live only in the running controller's memory).
+One read of the cluster (nodes, namespaces, pods, DaemonSets, the policy) through the kube adapter,
+then the same core the controller uses: `plan_taints` says whether the taint is right, `find_intruders`
+who should not be there, `plan_agents` which node agents a pool taint keeps off, `ClusterState.loads`
+the load the balancer would see (without admission-time assumptions, which live only in the running
+controller's memory).
 
-Exit status: 0 all well, 1 a taint is wrong or an intruder is there, 2 the cluster or the policy
-could not be read (the message says which and why).
+Exit status: 0 all well, 1 a taint is wrong, an intruder is there or a node agent is missing, 2 the
+cluster or the policy could not be read (the message says which and why).
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import json
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
+from controller.core.agents import AgentGap
 from controller.core.intruders import find_intruders
 from controller.cli.errors import CommandError
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.core.taints import desired_taints
 from controller.kube.egress_source import EgressPoller, PrometheusClient
 from controller.kube.client import KubeApi, describe_error, make_api_client
+from controller.reconcile.agents import find_gaps
 from controller.settings import Settings
 from controller.state import ClusterState
 
@@ -38,6 +41,9 @@ class PoolNodeRow:
     capacity: int
     intruders: int
     egress: str = "-"  # measured outbound throughput and its age, when the pool has an egress load source
+    # Node agents (DaemonSets of agent namespaces) that target this node but have no pod on it because
+    # their pod template does not tolerate the pool taint ("namespace/name").
+    agents_missing: tuple[str, ...] = ()
 
 
 def read_policy(settings: Settings, api: KubeApi) -> PlacementPolicy:
@@ -52,9 +58,10 @@ def _items(api: KubeApi, path: str) -> list[dict[str, Any]]:
     return list(api.call("GET", path).get("items") or [])
 
 
-def pool_rows(state: ClusterState) -> list[PoolNodeRow]:
+def pool_rows(state: ClusterState, gaps: Sequence[AgentGap] | None = None) -> list[PoolNodeRow]:
     policy = state.policy
     intruders = find_intruders(policy, state.nodes, state.pods.values(), state.namespace_map(), state.daemonset_map())
+    gaps = find_gaps(state) if gaps is None else gaps
     rows = []
     for pool in policy.pools:
         loads = state.loads(pool)
@@ -75,6 +82,7 @@ def pool_rows(state: ClusterState) -> list[PoolNodeRow]:
                     placed=placed,
                     capacity=load.capacity if load else (pool.capacity or node.allocatable_pods),
                     intruders=sum(1 for i in intruders if i.node == node.name),
+                    agents_missing=tuple(g.key for g in gaps if node.name in g.missing),
                 )
             )
     return rows
@@ -107,18 +115,30 @@ def egress_column(state: ClusterState, clock: Callable[[], float] = time.time) -
     return out
 
 
-def print_rows(rows: list[PoolNodeRow], out: TextIO) -> None:
-    header = f"{'POOL':<14}{'NODE':<22}{'READY':<7}{'CORDONED':<10}{'TAINT':<9}{'LOAD':>10}  {'INTRUDERS':>9}  EGRESS"
+def print_rows(rows: list[PoolNodeRow], out: TextIO, gaps: Sequence[AgentGap] = ()) -> None:
+    header = (
+        f"{'POOL':<14}{'NODE':<22}{'READY':<7}{'CORDONED':<10}{'TAINT':<9}{'LOAD':>10}  {'INTRUDERS':>9}  "
+        f"{'AGENTS MISSING':>14}  EGRESS"
+    )
     print(header, file=out)
     for r in rows:
         load = f"{r.placed}/{r.capacity}"
         print(
             f"{r.pool:<14}{r.node:<22}{str(r.ready).lower():<7}{str(r.cordoned).lower():<10}{r.taint:<9}"
-            f"{load:>10}  {r.intruders:>9}  {r.egress}",
+            f"{load:>10}  {r.intruders:>9}  {len(r.agents_missing):>14}  {r.egress}",
             file=out,
         )
     if not rows:
         print("(no pool has a node)", file=out)
+    if gaps:
+        print("\nNode agents whose pod template does not tolerate a pool taint:", file=out)
+        for g in gaps:
+            action = f"patched by the leader ({g.why})" if g.patch else f"reported only ({g.why})"
+            print(
+                f"  {g.key}: pools {', '.join(g.pools)}; no pod on {len(g.missing)} of {len(g.nodes)} pool nodes "
+                f"it targets; {action}",
+                file=out,
+            )
 
 
 def read_cluster(settings: Settings) -> ClusterState:
@@ -140,9 +160,10 @@ def read_cluster(settings: Settings) -> ClusterState:
 def run_status(settings: Settings, out: TextIO, as_json: bool = False) -> int:
     state = read_cluster(settings)
     egress = egress_column(state)
-    rows = [replace(r, egress=egress.get((r.pool, r.node), "-")) for r in pool_rows(state)]
+    gaps = find_gaps(state)
+    rows = [replace(r, egress=egress.get((r.pool, r.node), "-")) for r in pool_rows(state, gaps)]
     if as_json:
         print(json.dumps([asdict(r) for r in rows]), file=out)
     else:
-        print_rows(rows, out)
-    return 0 if all(r.taint == "ok" and r.intruders == 0 for r in rows) else 1
+        print_rows(rows, out, gaps)
+    return 0 if all(r.taint == "ok" and r.intruders == 0 and not r.agents_missing for r in rows) else 1

@@ -174,18 +174,60 @@ def owner_refs(meta: Any) -> tuple[OwnerRef, ...]:
 
 
 @dataclass(frozen=True)
+class AgentTemplate:
+    """The parts of a DaemonSet's pod template that decide which nodes its pods go to."""
+
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    # requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms; None: no required node affinity
+    required_terms: tuple[Mapping[str, Any], ...] | None = None
+    host_network: bool = False
+
+    @classmethod
+    def from_pod_spec(cls, spec: Any) -> "AgentTemplate":
+        spec = spec if isinstance(spec, Mapping) else {}
+        tolerations = spec.get("tolerations")
+        selector = spec.get("nodeSelector")
+        affinity = spec.get("affinity")
+        node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+        required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(node_affinity, Mapping) else None
+        terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+        return cls(
+            tolerations=tuple(t for t in tolerations if isinstance(t, Mapping)) if isinstance(tolerations, list) else (),
+            node_selector={k: v for k, v in selector.items() if isinstance(v, str)} if isinstance(selector, Mapping) else {},
+            required_terms=tuple(terms) if isinstance(terms, list) else None,
+            host_network=spec.get("hostNetwork") is True,
+        )
+
+
+@dataclass(frozen=True)
 class DaemonSetState:
-    """A DaemonSet as the API server has it (trimmed to who it is): what a pod's DaemonSet owner must
-    resolve to before the pod is trusted as a node agent."""
+    """A DaemonSet as the API server has it, trimmed to who it is (what a pod's DaemonSet owner must
+    resolve to before the pod is trusted as a node agent) and where its pods go (the pool nodes a node
+    agent misses, core.agents)."""
 
     namespace: str
     name: str
     uid: str
+    template: AgentTemplate = field(default_factory=AgentTemplate)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    deleting: bool = False
+    # The precondition of a template patch; not compared, so a status update changes nothing kept here.
+    resource_version: str = field(default="", compare=False)
 
     @classmethod
     def from_daemonset(cls, ds: Mapping[str, Any]) -> "DaemonSetState":
         meta = ds.get("metadata") or {}
-        return cls(namespace=meta.get("namespace") or "default", name=meta["name"], uid=meta.get("uid") or "")
+        template = (ds.get("spec") or {}).get("template") or {}
+        return cls(
+            namespace=meta.get("namespace") or "default",
+            name=meta["name"],
+            uid=meta.get("uid") or "",
+            template=AgentTemplate.from_pod_spec(template.get("spec")),
+            annotations=dict(meta.get("annotations") or {}),
+            deleting=bool(meta.get("deletionTimestamp")),
+            resource_version=meta.get("resourceVersion") or "",
+        )
 
 
 DEFAULT_GRACE_SECONDS = 30  # the API server's default terminationGracePeriodSeconds

@@ -222,6 +222,9 @@ class PlacementPolicy(PolicyModel):
     exempt_namespaces: tuple[str, ...] = DEFAULT_EXEMPT_NAMESPACES
     # Namespaces whose node agents (DaemonSets) may run on pool nodes; None: the exempt namespaces.
     agent_namespaces: tuple[NamespaceName, ...] | None = None
+    # Agent namespaces whose EXISTING DaemonSets the leader may change to add the pool tolerations
+    # (which restarts their pods); elsewhere it only reports them (core.agents).
+    patch_existing_agents: tuple[NamespaceName, ...] = ()
     pools: tuple[Pool, ...] = ()
 
     @field_validator("pools")
@@ -233,6 +236,18 @@ class PlacementPolicy(PolicyModel):
                 raise _FieldError(f"pool name {pool.name!r} is already used by pools[{first[pool.name]}]", (i, "name"))
             first[pool.name] = i
         return pools
+
+    @model_validator(mode="after")
+    def _patched_agents_are_agents(self) -> "PlacementPolicy":
+        agents = agent_namespaces(self)
+        for i, namespace in enumerate(self.patch_existing_agents):
+            if namespace not in agents:
+                raise _FieldError(
+                    f"{namespace!r} is not an agent namespace (agentNamespaces, by default the exemptNamespaces: "
+                    f"{', '.join(agents) or 'none'})",
+                    ("patchExistingAgents", i),
+                )
+        return self
 
     @classmethod
     def empty(cls) -> "PlacementPolicy":

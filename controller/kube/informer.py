@@ -39,6 +39,7 @@ Obj = dict[str, Any]
 Trim = Callable[[Mapping[str, Any]], Obj]
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+REQUIRED_NODE_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
 # Tekton's CRDs in v1.15.0 (config/300-crds): Task and Pipeline store v1; StepAction stores v1beta1.
 TEKTON_GROUP = "tekton.dev"
 TEKTON_FEATURE_FLAGS = "feature-flags"
@@ -98,10 +99,20 @@ def trim_pod(obj: Mapping[str, Any]) -> Obj:
 
 
 def trim_daemonset(obj: Mapping[str, Any]) -> Obj:
-    """Who the DaemonSet is (namespace, name, uid), nothing else: what a pod's owner must resolve to."""
+    """Who the DaemonSet is (namespace, name, uid: what a pod's owner must resolve to), its annotations
+    and deletion, and the parts of its pod template that decide which nodes it runs on (tolerations,
+    nodeSelector, required node affinity, hostNetwork). No status, no containers."""
     meta = obj.get("metadata") or {}
-    kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if meta.get(k)}
-    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": kept}
+    kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp") if meta.get(k)}
+    annotations = meta.get("annotations")
+    if annotations:
+        kept["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    pod_spec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+    spec: Obj = {k: pod_spec[k] for k in ("tolerations", "nodeSelector", "hostNetwork") if pod_spec.get(k)}
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(REQUIRED_NODE_AFFINITY)
+    if required:
+        spec["affinity"] = {"nodeAffinity": {REQUIRED_NODE_AFFINITY: required}}
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": kept, "spec": {"template": {"spec": spec}}}
 
 
 def trimmer(api_version: str, kind: str, keep: Sequence[str] = ()) -> Trim:

@@ -233,6 +233,53 @@ class KubeClient:
             if e.outcome not in (Outcome.NOT_FOUND, Outcome.CONFLICT):
                 raise
 
+    # -- daemonsets -----------------------------------------------------------------------------------
+    def set_daemonset_tolerations(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        rebase: Callable[[list[Any]], list[Any]],
+        annotations: Mapping[str, str],
+    ) -> list[Any] | None:
+        """Make the pod template's tolerations `rebase(fresh tolerations)` and set `annotations`, on
+        the DaemonSet read fresh: only that one (`uid`), only if still at the version read (a merge
+        patch with the resourceVersion as precondition; re-read on a conflict), and keeping the
+        tolerations its owner wrote meanwhile. Changing a template restarts the DaemonSet's pods.
+
+        The tolerations written, or None when there was nothing to change (or it is gone, or replaced).
+        """
+        path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
+        for _ in range(MAX_CONFLICT_ATTEMPTS):
+            try:
+                fresh = self.call("read-daemonset", lambda: self.api.call("GET", path))
+            except ApiError as e:
+                if e.outcome is Outcome.NOT_FOUND:
+                    return None
+                raise
+            meta = fresh.get("metadata") or {}
+            if meta.get("uid") != uid or meta.get("deletionTimestamp"):
+                return None
+            current = list((((fresh.get("spec") or {}).get("template") or {}).get("spec") or {}).get("tolerations") or [])
+            wanted = rebase(current)
+            if wanted == current:
+                return None
+            body = {
+                "metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": dict(annotations)},
+                "spec": {"template": {"spec": {"tolerations": wanted}}},  # a merge patch replaces the list whole
+            }
+            try:
+                self.call("set-daemonset-tolerations", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH))
+                return wanted
+            except ApiError as e:
+                if e.outcome is Outcome.NOT_FOUND:
+                    return None
+                if e.outcome is not Outcome.CONFLICT:
+                    raise
+        raise ApiError(
+            "set-daemonset-tolerations", Outcome.CONFLICT, "conflict", RuntimeError(f"{namespace}/{name} kept changing under us")
+        )
+
     # -- secrets --------------------------------------------------------------------------------------
     def read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None:
         """(data, resourceVersion) of a Secret, None when it does not exist."""

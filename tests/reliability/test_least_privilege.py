@@ -1,6 +1,6 @@
 """Reliability, least privilege: the rights of egress-placer's ServiceAccount, read back from the API
 server (SelfSubjectRulesReview with a kubeconfig minted for the ServiceAccount) in its own namespace,
-in Tekton's and in a plain tenant namespace, equal the explicit lists below, no more and no less; and
+in Tekton's, in kube-system and in a plain tenant namespace, equal the explicit lists below, no more and no less; and
 the controller, running under exactly that identity, does its work on a read-only root filesystem
 with only /tmp writable (a private mount namespace, as `readOnlyRootFilesystem` plus an emptyDir on
 /tmp), its HOME and working directory unwritable: it becomes ready, leads, restores a pool taint,
@@ -51,7 +51,7 @@ CLUSTER_WIDE = (
     | rules([""], ["namespaces"], READ)
     | rules([""], ["pods"], [*READ, "delete"])
     | rules([""], ["pods/eviction"], ["create"])
-    | rules(["apps"], ["daemonsets"], ["list", "watch"])
+    | rules(["apps"], ["daemonsets"], READ)
     | rules(["tekton.dev"], ["tasks", "stepactions", "pipelines", "taskruns", "pipelineruns"], READ)
     | rules(["events.k8s.io"], ["events"], ["create", "patch"])
     | rules(["admissionregistration.k8s.io"], ["mutatingwebhookconfigurations"], ["get", "update"], ["egress-placer"])
@@ -69,9 +69,13 @@ OWN_NAMESPACE = (
 )
 # k8s/rbac-tekton.yaml: Tekton's feature flags (the affinity assistant's coschedule mode) and defaults.
 TEKTON = rules([""], ["configmaps"], READ, ["feature-flags", "config-defaults"])
+# k8s/rbac-agents.yaml: patch node agents' templates, where their owner opted in, in kube-system only.
+AGENTS_NAMESPACE = "kube-system"
+AGENTS = rules(["apps"], ["daemonsets"], ["patch"])
 EXPECTED = {
     NAMESPACE: EVERY_USER | CLUSTER_WIDE | OWN_NAMESPACE,
     TEKTON_NAMESPACE: EVERY_USER | CLUSTER_WIDE | TEKTON,
+    AGENTS_NAMESPACE: EVERY_USER | CLUSTER_WIDE | AGENTS,
     TEAM_OTHER: EVERY_USER | CLUSTER_WIDE,
 }
 # Non-resource URLs every authenticated user may GET (discovery, health, version, OIDC discovery).
@@ -97,7 +101,7 @@ def granted(review: dict[str, Any]) -> tuple[set[Rule], set[tuple[str, str]]]:
 def test_the_service_account_has_exactly_the_listed_rights(devcluster: Cluster, placer: Placer, figures: Figures) -> None:
     figures.fault(
         "least privilege: the ServiceAccount's rights read back (SelfSubjectRulesReview)",
-        f"namespaces {NAMESPACE}, {TEKTON_NAMESPACE} and {TEAM_OTHER}",
+        f"namespaces {NAMESPACE}, {TEKTON_NAMESPACE}, {AGENTS_NAMESPACE} and {TEAM_OTHER}",
         "exactly the rules the test lists (k8s/rbac-*.yaml plus Kubernetes' defaults for authenticated users)",
     )
     controller_api = api_for(devcluster.mint_kubeconfig(service_account_user()))

@@ -768,7 +768,7 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
     max_leaves=25,
 )
-KEYS = st.sampled_from(["metadata", "spec", "podTemplate", "tolerations", "affinity", "annotations", "labels", "name",
+KEYS = st.sampled_from(["metadata", "spec", "podTemplate", "template", "tolerations", "affinity", "annotations", "labels", "name",
                         "namespace", "containers", "taskRef", "pipelineRef", "workspaces", "ownerReferences", "kind",
                         "taskRunTemplate", "params", "image", "nodeAffinity"])
 SHAPED = st.recursive(
@@ -778,7 +778,7 @@ SHAPED = st.recursive(
     max_leaves=30,
 )
 KINDS = st.sampled_from([("tekton.dev", "v1", "TaskRun"), ("tekton.dev", "v1beta1", "PipelineRun"), ("tekton.dev", "v1", "PipelineRun"),
-                         ("", "v1", "Pod"), ("x", "v1", "Thing")])
+                         ("", "v1", "Pod"), ("apps", "v1", "DaemonSet"), ("x", "v1", "Thing")])
 ENV = Env()
 
 

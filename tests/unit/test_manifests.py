@@ -57,7 +57,8 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     *{("cluster", "", "namespaces", v, ANY) for v in ("get", "list", "watch")},
     *{("cluster", "", "pods", v, ANY) for v in ("get", "list", "watch", "delete")},
     ("cluster", "", "pods/eviction", "create", ANY),
-    *{("cluster", "apps", "daemonsets", v, ANY) for v in ("list", "watch")},
+    *{("cluster", "apps", "daemonsets", v, ANY) for v in ("get", "list", "watch")},
+    ("kube-system", "apps", "daemonsets", "patch", ANY),  # opted-in node agents' templates (rbac-agents.yaml)
     *{
         ("cluster", "tekton.dev", r, v, ANY)
         for r in ("tasks", "stepactions", "pipelines", "taskruns", "pipelineruns")
@@ -84,7 +85,10 @@ EXPECTED_WEBHOOKS = {
     "taskruns.egress-placer.io": ("tekton.dev", ["v1", "v1beta1"], "taskruns"),
     "pipelineruns.egress-placer.io": ("tekton.dev", ["v1", "v1beta1"], "pipelineruns"),
     "pods.egress-placer.io": ("", ["v1"], "pods"),
+    "daemonsets.egress-placer.io": ("apps", ["v1"], "daemonsets"),
 }
+# The operations each webhook admits: only CREATE, but a DaemonSet's template may be rolled out again.
+WEBHOOK_OPERATIONS = {name: ["CREATE"] for name in EXPECTED_WEBHOOKS} | {"daemonsets.egress-placer.io": ["CREATE", "UPDATE"]}
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -184,7 +188,7 @@ def test_namespaced_objects_name_their_namespace(obj: dict[str, Any]) -> None:
     if obj["kind"] in CLUSTER_SCOPED:
         assert ns is None
     else:
-        assert ns in {NAMESPACE, TEKTON_NS}
+        assert ns in {NAMESPACE, TEKTON_NS, "kube-system"}
 
 
 def test_policy_configmap_is_generated_under_the_fixed_name_the_controller_watches() -> None:
@@ -230,7 +234,7 @@ def test_own_namespace_is_labelled_for_the_webhooks_to_skip() -> None:
     assert one("Namespace", NAMESPACE)["metadata"]["labels"][SKIP_LABEL[0]] == SKIP_LABEL[1]
 
 
-def test_the_three_webhooks_are_there() -> None:
+def test_the_four_webhooks_are_there() -> None:
     assert set(WEBHOOKS) == set(EXPECTED_WEBHOOKS)
 
 
@@ -252,6 +256,9 @@ def test_webhook_skips_the_labelled_namespaces_only(name: str) -> None:
     assert not selector_matches(selector, {SKIP_LABEL[0]: SKIP_LABEL[1]})
     assert selector_matches(selector, {})
     assert selector_matches(selector, {"kubernetes.io/metadata.name": "team-cdn"})
+    kube_system = {"kubernetes.io/metadata.name": "kube-system"}
+    # kube-system's node agents are placed through their DaemonSet's template, not pod by pod.
+    assert selector_matches(selector, kube_system) is (name != "pods.egress-placer.io")
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_WEBHOOKS))
@@ -265,13 +272,13 @@ def test_webhook_calls_the_service_and_leaves_ca_bundle_to_the_controller(name: 
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_WEBHOOKS))
-def test_webhook_admits_only_creates_of_its_resource(name: str) -> None:
+def test_webhook_admits_only_its_operations_on_its_resource(name: str) -> None:
     group, versions, resource = EXPECTED_WEBHOOKS[name]
     (rule,) = WEBHOOKS[name]["rules"]
     assert rule == {
         "apiGroups": [group],
         "apiVersions": versions,
-        "operations": ["CREATE"],
+        "operations": WEBHOOK_OPERATIONS[name],
         "resources": [resource],
         "scope": "Namespaced",
     }
@@ -469,6 +476,7 @@ def test_roles_live_where_the_controller_uses_them() -> None:
     assert {(r["metadata"].get("namespace"), r["metadata"]["name"]) for r in objects("Role")} == {
         (NAMESPACE, "egress-placer"),
         (TEKTON_NS, "egress-placer"),
+        ("kube-system", "egress-placer-agents"),
     }
     assert [r["metadata"]["name"] for r in objects("ClusterRole")] == ["egress-placer"]
 

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from loguru import logger
 
 from controller.core.balance import ledger_key
-from controller.core.model import DECISION_ANNOTATION, DaemonSetState
+from controller.core.model import DECISION_ANNOTATION, AgentTemplate, DaemonSetState
+from controller.kube.informer import LAST_APPLIED, trim_daemonset
 from controller.core.policy import load_policy
 from controller.state import POLICY, TEKTON_FLAGS, ClusterState
 
@@ -175,6 +176,38 @@ def test_daemonsets_are_kept_by_uid_and_wake_subscribers_only_when_they_come_or_
     assert state.daemonset_map() == {} and seen == ["DaemonSet", "DaemonSet"]
     state.replace("DaemonSet", [DS])
     assert list(state.daemonset_map()) == ["ds-1"] and seen[-1] == "DaemonSet"
+
+
+def test_a_daemonsets_template_change_wakes_subscribers_and_its_trimmed_form_is_what_is_kept(state):
+    """The informer keeps who the DaemonSet is, its annotations and where its template sends pods."""
+    seen: list[str] = []
+    state.subscribe(seen.append)
+    full = {
+        **DS,
+        "metadata": {**DS["metadata"], "resourceVersion": "7", "annotations": {"a": "b", LAST_APPLIED: "{}"}},
+        "spec": {"template": {"spec": {
+            "containers": [{"name": "c", "image": "agent:1"}],
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "nodeSelector": {"os": "linux"},
+            "hostNetwork": True,
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{}]},
+                                          "preferredDuringSchedulingIgnoredDuringExecution": []}},
+        }}},
+        "status": {"numberReady": 1},
+    }
+    trimmed = trim_daemonset(full)
+    assert "status" not in trimmed and "containers" not in trimmed["spec"]["template"]["spec"]
+    state.apply("DaemonSet", "ADDED", trimmed)
+    kept = state.daemonset_map()["ds-1"]
+    assert kept.template == AgentTemplate(
+        tolerations=({"key": "gpu", "operator": "Exists"},), node_selector={"os": "linux"}, required_terms=({},), host_network=True
+    )
+    assert kept.annotations == {"a": "b"} and kept.resource_version == "7"
+    state.apply("DaemonSet", "MODIFIED", {**trimmed, "metadata": {**trimmed["metadata"], "resourceVersion": "8"}})
+    assert seen == ["DaemonSet"]  # a new version alone (a status update) is no pass
+    changed = trim_daemonset({**full, "spec": {"template": {"spec": {"tolerations": []}}}})
+    state.apply("DaemonSet", "MODIFIED", changed)
+    assert seen == ["DaemonSet", "DaemonSet"] and state.daemonset_map()["ds-1"].template == AgentTemplate()
 
 
 def test_a_pod_leaving_a_pool_node_wakes_subscribers(state):

@@ -1,0 +1,182 @@
+"""The AdmissionReview v1 envelope and the JSON patches the handlers answer with, shared by every
+admitted kind: `parse_review` checks a request's shape (MalformedReview: HTTP 400), `review_response`
+allows the object with its patch, `ops_at` and `annotation_ops` build RFC 6902 operations that add
+missing parents."""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from controller.core.patches import json_patch
+
+ADMISSION_API_VERSION = "admission.k8s.io/v1"
+
+
+class MalformedReview(ValueError):
+    """The body is not an AdmissionReview v1 request this webhook can answer (HTTP 400)."""
+
+
+Patch = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Request:
+    """The parts of an AdmissionReview request the handlers use, checked for shape."""
+
+    uid: str
+    group: str
+    version: str
+    kind: str
+    operation: str
+    namespace: str
+    object: Mapping[str, Any]
+    dry_run: bool
+    old_object: Mapping[str, Any] = field(default_factory=dict)  # an UPDATE's object before it ({} otherwise)
+
+    @property
+    def metadata(self) -> Mapping[str, Any]:
+        meta = self.object.get("metadata")
+        return meta if isinstance(meta, Mapping) else {}
+
+    @property
+    def name(self) -> str:
+        """The object's name, or its generateName when the API server has not named it yet."""
+        return text(self.metadata.get("name")) or text(self.metadata.get("generateName"))
+
+    @property
+    def named(self) -> bool:
+        return bool(text(self.metadata.get("name")))
+
+    @property
+    def key_name(self) -> str:
+        """The name for load-ledger keys: the name, or generateName plus the request uid, so that
+        objects sharing a generateName are counted apart (their pods cannot settle them by name;
+        their assumptions expire)."""
+        return self.name if self.named else f"{self.name}{self.uid}"
+
+    @property
+    def labels(self) -> Mapping[str, str]:
+        return text_map(self.metadata.get("labels"))
+
+    @property
+    def annotations(self) -> Mapping[str, str]:
+        return text_map(self.metadata.get("annotations"))
+
+    def regarding(self) -> dict[str, Any]:
+        """The Event's `regarding`, as far as admission knows it: no uid yet, and no name before the API
+        server generates one (CreationEvents adds both once the object exists)."""
+        api_version = text(self.object.get("apiVersion")) or "/".join(p for p in (self.group, self.version) if p)
+        name = self.name if self.named else ""
+        return {"apiVersion": api_version, "kind": self.kind, "namespace": self.namespace, "name": name}
+
+
+def parse_review(body: Any) -> Request:
+    """Check the AdmissionReview envelope; raise MalformedReview with a short reason."""
+    if not isinstance(body, Mapping):
+        raise MalformedReview("the body is not a JSON object")
+    if body.get("apiVersion") != ADMISSION_API_VERSION or body.get("kind") != "AdmissionReview":
+        raise MalformedReview(f"expected apiVersion {ADMISSION_API_VERSION} and kind AdmissionReview")
+    request = body.get("request")
+    if not isinstance(request, Mapping):
+        raise MalformedReview("request is missing or not an object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise MalformedReview("request.uid is missing or not a string")
+    kind = request.get("kind")
+    if not isinstance(kind, Mapping) or not all(isinstance(kind.get(k, ""), str) for k in ("group", "version", "kind")):
+        raise MalformedReview("request.kind is missing or not a group/version/kind object")
+    operation = request.get("operation")
+    if not isinstance(operation, str):
+        raise MalformedReview("request.operation is missing or not a string")
+    obj = request.get("object")
+    if operation == "CREATE" and not isinstance(obj, Mapping):
+        raise MalformedReview("request.object of a CREATE is missing or not an object")
+    obj = obj if isinstance(obj, Mapping) else {}
+    meta = obj.get("metadata")
+    if meta is not None and not isinstance(meta, Mapping):
+        raise MalformedReview("request.object.metadata is not an object")
+    old = request.get("oldObject")
+    namespace = request.get("namespace")
+    if namespace is not None and not isinstance(namespace, str):
+        raise MalformedReview("request.namespace is not a string")
+    return Request(
+        uid=uid,
+        group=kind.get("group") or "",
+        version=kind.get("version") or "",
+        kind=kind.get("kind") or "",
+        operation=operation,
+        namespace=namespace or text((meta or {}).get("namespace")) or "default",
+        object=obj,
+        dry_run=request.get("dryRun") is True,
+        old_object=old if isinstance(old, Mapping) else {},
+    )
+
+
+def review_response(uid: str, patch: Patch, warnings: Sequence[str] = ()) -> dict[str, Any]:
+    """An AdmissionReview v1 response that allows the object, with its JSON patch when there is one."""
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    if patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(patch, separators=(",", ":")).encode()).decode()
+    if warnings:
+        response["warnings"] = list(warnings)
+    return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
+
+
+def text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def text_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+def value_at(obj: Any, path: Sequence[str]) -> Any:
+    """The value at `path` in nested mappings, or None."""
+    for part in path:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def with_namespace(request: Request) -> Mapping[str, Any]:
+    """The object with `metadata.namespace` set (a CREATE may leave it to the request URL)."""
+    if request.metadata.get("namespace") == request.namespace:
+        return request.object
+    return {**request.object, "metadata": {**request.metadata, "namespace": request.namespace}}
+
+
+def pointer(path: Sequence[str]) -> str:
+    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
+
+
+def ops_at(obj: Mapping[str, Any], path: Sequence[str], new: Any) -> Patch:
+    """JSON patch making the value at `path` equal to `new`, adding missing parents (nothing when
+    `new` is empty and the path is absent)."""
+    node: Any = obj
+    for i, part in enumerate(path):
+        if not isinstance(node, Mapping):
+            raise TypeError(f"{pointer(path[:i]) or 'the object'} is not a JSON object")
+        if node.get(part) is None:
+            if not new:
+                return []
+            value = new
+            for inner in reversed(path[i + 1 :]):
+                value = {inner: value}
+            return [{"op": "add", "path": pointer(path[: i + 1]), "value": value}]
+        node = node[part]
+    return json_patch(node, new, pointer(path))
+
+
+def annotation_ops(obj: Mapping[str, Any], annotations: Mapping[str, str]) -> Patch:
+    """Set these annotations (replacing values the object came with: Tekton copies a run's
+    annotations to its TaskRuns and pods, and the tenant writes any)."""
+    if not isinstance(value_at(obj, ("metadata", "annotations")), Mapping):
+        return ops_at(obj, ("metadata", "annotations"), dict(annotations))
+    return [{"op": "add", "path": pointer(("metadata", "annotations", k)), "value": v} for k, v in annotations.items()]

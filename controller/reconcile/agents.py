@@ -1,0 +1,189 @@
+"""Agent reconciler: node agents (DaemonSets of agent namespaces) kept off pool nodes by a pool taint
+their pod template does not tolerate.
+
+New templates get the pool tolerations at admission (admission.daemonset). A DaemonSet that was
+there before the install or a policy change (or was written while the webhook was down) is the
+leader's: changing its template restarts every pod of it, so by default it is only reported:
+
+- a Warning Event `AgentMissingOnPool` on the DaemonSet (again when what is missing changes, or after
+  `report_again_after` seconds), the gauge `agent_pool_nodes_missing{namespace, daemonset}`, and
+  `egress-placer status`;
+- where its owner opted in (annotation `egress-placer.io/pool-tolerations: patch` on it, or the
+  policy's `patchExistingAgents`), its template gets the missing tolerations (kube adapter, on the
+  fresh object, resourceVersion as precondition), recorded in the annotation
+  `egress-placer.io/pool-tolerations-added` and a Normal Event `PoolTolerationsAdded`.
+
+Level-based: the plan comes from the caches each pass (core.agents.plan_agents); a patched template
+drops out of the plan once the cache has it (until then, for `in_flight_seconds`, it is not patched
+again).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Protocol
+
+from loguru import logger
+
+from controller.core.agents import (
+    TOLERATIONS_ADDED_ANNOTATION,
+    POOL_TOLERATIONS_ANNOTATION,
+    AgentGap,
+    added_record,
+    agent_tolerations,
+    plan_agents,
+    show_toleration,
+)
+from controller.core.model import DaemonSetState, NodeState, PodState
+from controller.core.policy import PlacementPolicy
+from controller.event_sink import EventSink
+from controller.metrics import Metrics
+
+
+class AgentWriter(Protocol):
+    def set_daemonset_tolerations(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        rebase: Callable[[list[Any]], list[Any]],
+        annotations: Mapping[str, str],
+    ) -> list[Any] | None: ...
+
+
+class AgentSource(Protocol):
+    @property
+    def policy(self) -> PlacementPolicy: ...
+
+    def node_list(self) -> list[NodeState]: ...
+
+    def daemonset_map(self) -> dict[str, DaemonSetState]: ...
+
+    def pods_on(self, node: str) -> list[PodState]: ...
+
+
+def find_gaps(state: AgentSource) -> list[AgentGap]:
+    """The plan from the caches: node agents kept off pool nodes by an untolerated pool taint."""
+    policy = state.policy
+    nodes = state.node_list()
+    pods = [pod for node in nodes if policy.pool_of(node) is not None for pod in state.pods_on(node.name)]
+    return plan_agents(policy, nodes, state.daemonset_map(), pods)
+
+
+class AgentReconciler:
+    def __init__(
+        self,
+        state: AgentSource,
+        writer: AgentWriter,
+        events: EventSink,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        report_again_after: float = 600.0,
+        in_flight_seconds: float = 30.0,
+    ) -> None:
+        self.state = state
+        self.writer = writer
+        self.events = events
+        self.metrics = metrics
+        self.clock = clock
+        self.report_again_after = report_again_after
+        self.in_flight_seconds = in_flight_seconds
+        self._reported: dict[str, tuple[tuple[str, ...], float]] = {}  # uid -> (missing nodes said, when)
+        self._in_flight: dict[str, float] = {}  # uid -> when its template was patched
+        self._gauged: set[tuple[str, str]] = set()
+
+    def __call__(self) -> list[AgentGap]:
+        return self.reconcile()
+
+    def reconcile(self) -> list[AgentGap]:
+        """One pass; the gaps acted on (reported or patched) in it."""
+        now = self.clock()
+        policy = self.state.policy
+        gaps = find_gaps(self.state)
+        present = {g.uid for g in gaps}
+        self._in_flight = {u: t for u, t in self._in_flight.items() if u in present and now - t < self.in_flight_seconds}
+        self._reported = {u: r for u, r in self._reported.items() if u in present}
+        self._set_gauge(gaps)
+        acted = []
+        for gap in gaps:
+            if gap.patch:
+                if gap.uid not in self._in_flight and self._patch(gap, policy, now):
+                    acted.append(gap)
+            elif gap.missing and self._report(gap, now):
+                acted.append(gap)
+        return acted
+
+    def _set_gauge(self, gaps: list[AgentGap]) -> None:
+        current = {(g.namespace, g.name): len(g.missing) for g in gaps}
+        for labels in self._gauged - current.keys():
+            self.metrics.agents_missing.remove(*labels)
+        for (namespace, name), count in current.items():
+            self.metrics.agents_missing.labels(namespace=namespace, daemonset=name).set(count)
+        self._gauged = set(current)
+
+    def _report(self, gap: AgentGap, now: float, failure: str = "") -> bool:
+        said = self._reported.get(gap.uid)
+        if said is not None and said[0] == gap.missing and now - said[1] < self.report_again_after:
+            return False
+        self._reported[gap.uid] = (gap.missing, now)
+        shown = ", ".join(show_toleration(t) for t in gap.add)
+        note = (
+            f"No pod on {len(gap.missing)} of the {len(gap.nodes)} pool nodes it targets ({_nodes(gap.missing)}): "
+            f"its pod template does not tolerate the taint of pool {', '.join(gap.pools)}."
+        )
+        if failure:
+            note += failure
+        else:
+            note += (
+                f" Left as it is (changing the template restarts every pod): add the tolerations ({shown}) to its "
+                f"manifest, or opt in with the annotation {POOL_TOLERATIONS_ANNOTATION}=patch or the policy's "
+                "patchExistingAgents."
+            )
+        self.events.emit(_regarding(gap), "Warning", "AgentMissingOnPool", note, action="Report")
+        _log(gap).warning("node agent missing on pool nodes: {}", note)
+        return True
+
+    def _patch(self, gap: AgentGap, policy: PlacementPolicy, now: float) -> bool:
+        log = _log(gap)
+        before: list[Any] = []
+
+        def rebase(current: list[Any]) -> list[Any]:
+            before[:] = current
+            return agent_tolerations(current, policy)
+
+        record = added_record(gap.add, "leader", gap.why)
+        try:
+            written = self.writer.set_daemonset_tolerations(
+                gap.namespace, gap.name, gap.uid, rebase, {TOLERATIONS_ADDED_ANNOTATION: record}
+            )
+        except Exception as e:  # forbidden (no rbac-agents Role in its namespace), refused, API down
+            log.warning("pod template not patched: {}", e)
+            self._report(gap, now, f" Opted in ({gap.why}), but the patch failed: {e}")
+            return False
+        self._in_flight[gap.uid] = now
+        if written is None:  # the owner added them meanwhile, or it is gone: the next pass sees it
+            return False
+        added = [t for t in written if t not in before]
+        shown = ", ".join(show_toleration(t) for t in added)
+        note = (
+            f"Existing pod template given the pool tolerations ({shown}; opted in: {gap.why}), so it runs on the "
+            f"{len(gap.nodes)} pool nodes it targets ({_nodes(gap.nodes)}). Its pods restart as its updateStrategy says."
+        )
+        self.metrics.agent_tolerations_added.labels(by="leader").inc()
+        self.events.emit(_regarding(gap), "Normal", "PoolTolerationsAdded", note, action="Patch")
+        log.info("node agent's pod template patched: {}", note)
+        return True
+
+
+def _nodes(names: tuple[str, ...], shown: int = 10) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _regarding(gap: AgentGap) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "DaemonSet", "namespace": gap.namespace, "name": gap.name, "uid": gap.uid}
+
+
+def _log(gap: AgentGap) -> Any:
+    return logger.bind(kind="DaemonSet", namespace=gap.namespace, name=gap.name, uid=gap.uid, pools=list(gap.pools))
