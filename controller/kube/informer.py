@@ -479,39 +479,18 @@ def cluster_informers(
         for r in resources
     ]
 
-    def flags_replaced(objs: list[Obj]) -> None:
-        sink.set_tekton_coschedule(coschedule_of(objs[0] if objs else None))
-
-    def flags_changed(event: str, obj: Obj) -> None:
-        sink.set_tekton_coschedule(None if event == "DELETED" else coschedule_of(obj))
-
-    out.append(
-        Informer(
+    def tekton_config(name: str, read: Callable[[Obj | None], Any], keep: Callable[[Any], None]) -> Informer:
+        """An informer on one of Tekton's ConfigMaps: `keep(read(configmap))`, `keep(read(None))` once it is gone."""
+        return Informer(
             api,
-            config_map(settings.tekton_namespace, TEKTON_FEATURE_FLAGS),
-            on_replace=flags_replaced,
-            on_event=flags_changed,
+            config_map(settings.tekton_namespace, name),
+            on_replace=lambda objs: keep(read(objs[0] if objs else None)),
+            on_event=lambda event, obj: keep(read(None if event == "DELETED" else obj)),
             metrics=metrics,
             watch_timeout_seconds=settings.watch_timeout_seconds,
             backoff=backoff,
         )
-    )
 
-    def defaults_replaced(objs: list[Obj]) -> None:
-        sink.set_tekton_default_pod_template(default_pod_template_of(objs[0] if objs else None))
-
-    def defaults_changed(event: str, obj: Obj) -> None:
-        sink.set_tekton_default_pod_template(None if event == "DELETED" else default_pod_template_of(obj))
-
-    out.append(
-        Informer(
-            api,
-            config_map(settings.tekton_namespace, TEKTON_CONFIG_DEFAULTS),
-            on_replace=defaults_replaced,
-            on_event=defaults_changed,
-            metrics=metrics,
-            watch_timeout_seconds=settings.watch_timeout_seconds,
-            backoff=backoff,
-        )
-    )
+    out.append(tekton_config(TEKTON_FEATURE_FLAGS, coschedule_of, sink.set_tekton_coschedule))
+    out.append(tekton_config(TEKTON_CONFIG_DEFAULTS, default_pod_template_of, sink.set_tekton_default_pod_template))
     return out

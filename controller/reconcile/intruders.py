@@ -91,16 +91,12 @@ class IntruderReconciler:
         retry_seconds: float = 5.0,
         owner_settle_seconds: float = 5.0,
     ) -> None:
-        self.state = state
-        self.evictor = evictor
-        self.events = events
-        self.metrics = metrics
+        self.state, self.evictor, self.events, self.metrics = state, evictor, events, metrics
         self.mode = mode
         self.clock = clock
-        self.eviction_grace = eviction_grace
-        self.report_again_after = report_again_after
-        self.budget_grace = budget_grace
-        self.retry_seconds = retry_seconds
+        # How long each step may take (seconds): see the settings of the same names.
+        self.eviction_grace, self.budget_grace = eviction_grace, budget_grace
+        self.report_again_after, self.retry_seconds = report_again_after, retry_seconds
         self.owner_settle_seconds = owner_settle_seconds
         self._tracked: dict[str, _Tracked] = {}  # by uid
         self._reported: dict[str, float] = {}  # uid -> when it was reported (report mode)
