@@ -23,6 +23,7 @@ from typing import Mapping
 
 from controller.admission.review import Patch, Request, annotation_ops, ops_at, value_at
 from controller.core.agents import TOLERATIONS_ADDED_ANNOTATION, added_record, agent_tolerations, missing_tolerations, show_toleration
+from controller.core.model import REVIEW_ANNOTATION
 from controller.core.policy import PlacementPolicy, is_agent_namespace
 
 TEMPLATE = ("spec", "template")
@@ -58,7 +59,9 @@ def admit_daemonset(request: Request, policy: PlacementPolicy) -> AgentAdmission
         return AgentAdmission([])
     why = f"agent namespace {request.namespace}, {request.operation}"
     patch = ops_at(request.object, TOLERATIONS, agent_tolerations(spec.get("tolerations"), policy))
-    patch += annotation_ops(request.object, {TOLERATIONS_ADDED_ANNOTATION: added_record(added, "admission", why)})
+    # The review's uid (the token its Event waits for, see CreationEvents) beside the record of what was added.
+    record = {TOLERATIONS_ADDED_ANNOTATION: added_record(added, "admission", why), REVIEW_ANNOTATION: request.uid}
+    patch += annotation_ops(request.object, record)
     shown = ", ".join(show_toleration(t) for t in added)
     note = (
         f"Pod template tolerates the pool taints ({shown} added at {request.operation}): node agents of "

@@ -124,7 +124,7 @@ class QuietEvents:
 
 CREATION_WAIT_SECONDS = 60.0  # an Event whose object has not appeared by then is dropped (and logged)
 MAX_AWAITING = 10_000  # beyond that, the oldest held Event is dropped (and logged)
-REPORTED_KINDS = ("TaskRun", "PipelineRun", "Pod")  # the kinds admission reports Events on
+REPORTED_KINDS = ("TaskRun", "PipelineRun", "Pod", "DaemonSet")  # the kinds admission reports Events on
 
 
 class EventsOnCreation(Protocol):
@@ -161,7 +161,7 @@ class CreationEvents:
     no name either (the API server names it after mutating admission). So admission writes the
     AdmissionReview's uid into the object (the `egress-placer.io/review` annotation, the token) and
     `hold`s the Event under (kind, namespace, token); the informers call `apply`/`replace` with every
-    TaskRun, PipelineRun and Pod they see, and the first one carrying that token in that namespace,
+    TaskRun, PipelineRun, Pod and DaemonSet they see, and the first one carrying that token in that namespace,
     with that name (or a name starting with that generateName), releases the Event to `sink` (which
     keeps it off the run's critical path: QuietEvents). A second review with the same uid (webhook
     reinvocation) replaces the held Event: the last decision is the one written.

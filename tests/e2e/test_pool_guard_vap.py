@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from controller.core.guard import GUARD_NAME, policy_binding
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION
 from controller.core.policy import load_policy
+from controller.kube.client import JSON_PATCH
 from devcluster.cluster import Cluster
 from devplacer.controller import NAMESPACE, start_controller, stop_controller
 from tests.e2e.running_controller import ADMISSION, POLICY_FILE, EgressPlacer, make_plain
@@ -269,13 +270,25 @@ def test_with_the_params_missing_ordinary_pods_are_admitted_and_the_leader_bring
         ]
     ]
 
+    # Held back by the pool taint (no node yet): a pod the guard judges when an UPDATE adds a toleration.
+    target = runs.create_pod(TEAM_OTHER, pod_body(runs.name("pending"), nodeSelector={"kubernetes.io/hostname": "egress-2"}),
+                             api=tenant)["metadata"]["name"]
+
     start_controller(devcluster, POLICY_FILE, pool_guard=True)
-    # The webhook is back and would strip a pool toleration first; a pool node in nodeName it leaves.
-    message = wait_for(
-        "the leader to recreate the params and the guard to refuse a pool node again",
-        lambda: refusal(tenant, TEAM_OTHER, pod_body("probe", nodeName="egress-2")),
-        timeout=30,
-    )
+    # The webhook is back and strips a pool toleration or a pool node's nodeName at CREATE; it does
+    # not see UPDATEs, so the probe is an UPDATE adding the pool toleration to the pending pod.
+
+    def update_refused() -> str | None:
+        operations = [{"op": "add", "path": "/spec/tolerations/-", "value": POOL_TOLERATION}]
+        try:
+            tenant.call("PATCH", pods(TEAM_OTHER, target), body=operations, content_type=JSON_PATCH, query={"dryRun": "All"})
+            return None
+        except ApiException as e:
+            if e.status == 403 and GUARD_NAME in (e.body or ""):
+                return str(e.body)
+            raise
+
+    message = wait_for("the leader to recreate the params and the guard to refuse again", update_refused, timeout=30)
 
     assert made == [runs.name("plain"), runs.name("foreign"), runs.name("ordinary-node")]
     assert REFUSAL in message

@@ -37,11 +37,14 @@ OWN = {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "ef
 
 
 class RecordingEvents:
+    """An in-memory EventsOnCreation: records what would be sent once the object exists."""
+
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
 
-    def emit(self, regarding: dict, type: str, reason: str, note: str, action: str = "") -> None:
-        self.sent.append({"regarding": regarding, "type": type, "reason": reason, "note": note})
+    def hold(self, token: str, regarding: dict, type: str, reason: str, note: str, action: str = "", *,
+             generate_name: str = "") -> None:
+        self.sent.append({"regarding": regarding, "type": type, "reason": reason, "note": note, "token": token})
 
 
 class Env:

@@ -10,6 +10,7 @@ import pytest
 
 from controller.admission.events import CreationEvents, QuietEvents
 from controller.core.model import REVIEW_ANNOTATION
+from tests.waiting import wait_for
 
 
 class Recorder:
@@ -212,7 +213,7 @@ def test_the_oldest_is_dropped_beyond_max_held() -> None:
     assert [r["name"] for r, _, _ in sink.sent] == ["run-1", "run-2"]
 
 
-def test_the_sweeper_thread_drops_expired_events(wait_for: Any) -> None:
+def test_the_sweeper_thread_drops_expired_events() -> None:
     sink = Sink()
     events = CreationEvents(sink, ttl=0.02)
     events.start()
