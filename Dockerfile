@@ -1,12 +1,22 @@
 # syntax=docker/dockerfile:1
 # egress-placer controller image.
 #   docker build -t egress-placer:0.1.0 .
-# The builder makes a wheel of the project and installs it, with the dependencies pinned in
-# pyproject.toml, into a virtualenv at /opt/egress-placer. The final stage copies that venv only:
-# no compiler, no pip cache, no source tree. The final stage must use the same Python image as the
-# builder, because the venv's interpreter is a link to /usr/local/bin/python3.11.
+#   make image    # the same without a Docker daemon: Debian's buildah, PYTHON_IMAGE a local Debian base
+#                 # made by mmdebstrap (devplacer/image.py; tools installed with apt-get when missing)
+# The builder installs the project's pinned dependencies (their list alone, so a change of code or
+# of other parts of pyproject.toml does not reinstall them), then a wheel of the project, into a
+# virtualenv at /opt/egress-placer.
+# The final stage copies that venv only: no compiler, no pip, no source tree. The final stage must use
+# the same Python image as the builder, because the venv's interpreter is a link to the image's python.
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+# The pinned dependencies, read from pyproject.toml: the builder copies this list alone, so its pip
+# install stays cached while the code or the rest of pyproject.toml changes.
+FROM ${PYTHON_IMAGE} AS requirements
+COPY pyproject.toml /
+RUN python -c "import tomllib; print(*tomllib.load(open('/pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
+      > /requirements.txt
 
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 \
@@ -14,12 +24,16 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
 RUN python -m venv /opt/egress-placer
+COPY --from=requirements /requirements.txt /tmp/requirements.txt
+RUN /opt/egress-placer/bin/pip install --requirement /tmp/requirements.txt
+# Then one wheel for the project (its build backend is pinned in pyproject.toml), installed without
+# dependencies; `pip check` proves they are all there. pip byte-compiles on install, so nothing needs
+# writing at run time.
 COPY pyproject.toml README.md ./
 COPY controller ./controller
-# One wheel for the project (its build backend is pinned in pyproject.toml), then the wheel with its
-# pinned dependencies. pip byte-compiles on install, so nothing needs writing at run time.
 RUN /opt/egress-placer/bin/pip wheel --no-deps --wheel-dir /wheels . \
- && /opt/egress-placer/bin/pip install /wheels/egress_placer-*.whl \
+ && /opt/egress-placer/bin/pip install --no-deps /wheels/egress_placer-*.whl \
+ && /opt/egress-placer/bin/pip check \
  && /opt/egress-placer/bin/pip uninstall --yes pip \
  && /opt/egress-placer/bin/egress-placer --help >/dev/null
 

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test unit reliability cluster-build bench bench-quick clean
+.PHONY: demo test unit reliability cluster-build image bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ unit: $(STAMP)
 # The fault and abuse suite alone (it also runs in `make test`), then docs/reliability.md from its figures.
 reliability: cluster-build
 	$(PY) tests/reliability/report.py
+
+# The controller's image from the Dockerfile, without a Docker daemon: Debian's buildah on a Debian base
+# made by mmdebstrap (cached); installs buildah, mmdebstrap, podman and runc with apt-get when missing (root).
+image: $(STAMP)
+	$(PY) -m devplacer.image
 
 bench: cluster-build
 	$(PY) -m bench --mode full

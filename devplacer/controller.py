@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import requests
 import yaml
@@ -57,6 +57,10 @@ class ControllerReplica:
     @property
     def webhook_url(self) -> str:
         return f"https://127.0.0.1:{self.webhook_port}/mutate"
+
+
+# The command line of one replica given its environment (see `start_controller`).
+Launch = Callable[[ControllerReplica, Mapping[str, str]], Sequence[str]]
 
 
 def service_account_user() -> str:
@@ -131,6 +135,7 @@ def start_controller(
     proxy: bool = False,
     ca_bundle: bytes | None = None,
     pool_guard: bool = False,
+    launch: Launch | None = None,
 ) -> list[ControllerReplica]:
     """Install the manifests (local form) and start `replicas` controller processes; see the module docstring.
 
@@ -140,6 +145,8 @@ def start_controller(
     serving certificate is kept by someone else (`env` names its files, cert-manager's way); the
     webhooks trust this CA from the start, as cert-manager's CA injector would make them. `pool_guard`:
     also install the pool guard (ValidatingAdmissionPolicy and binding of `k8s/pool-guard.yaml`).
+    `launch`: the command line of a replica given its environment, instead of this checkout's
+    `python -m controller run` (e.g. a container of the image: `devplacer.image.ControllerContainer`).
     """
     if not cluster.state():
         raise ClusterError(f"no cluster in {cluster.dir}: run `python -m devcluster up --dir {cluster.dir}` first")
@@ -164,10 +171,11 @@ def start_controller(
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs))
     kubeconfig = cluster.mint_kubeconfig(service_account_user())
     for replica in planned:
+        replica_env = {**controller_env(replica, kubeconfig), **(env or {})}
         cluster.start_process(
             replica.name,
-            [sys.executable, "-m", "controller", "run"],
-            {**controller_env(replica, kubeconfig), **(env or {})},
+            launch(replica, replica_env) if launch else [sys.executable, "-m", "controller", "run"],
+            replica_env,
             port=replica.webhook_port,
             health_url=replica.health_url + "/healthz",
         )
