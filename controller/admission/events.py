@@ -43,10 +43,8 @@ class QuietEvents:
         max_delay: float = MAX_DELAY_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.sink = sink
-        self.quiet = quiet
-        self.max_delay = max_delay
-        self.clock = clock
+        self.sink, self.clock = sink, clock
+        self.quiet, self.max_delay = quiet, max_delay  # see the module docstring
         self._cond = threading.Condition()
         self._held: list[Held] = []
         self._last = 0.0  # when the latest Event was emitted
@@ -179,10 +177,8 @@ class CreationEvents:
         max_held: int = MAX_AWAITING,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.sink = sink
-        self.ttl = ttl
-        self.max_held = max_held
-        self.clock = clock
+        self.sink, self.clock = sink, clock
+        self.ttl, self.max_held = ttl, max_held  # how long, and how many, Events wait for their object
         self._lock = threading.Lock()
         self._held: dict[tuple[str, str, str], _Awaiting] = {}  # oldest first
         self._stop = threading.Event()

@@ -52,11 +52,9 @@ class PoolGuardReconciler:
         clock: Callable[[], float] = time.monotonic,
         verify_seconds: float = 30.0,
     ) -> None:
-        self.state = state
-        self.writer = writer
-        self.namespace = namespace
+        self.state, self.writer, self.namespace = state, writer, namespace
         self.clock = clock
-        self.verify_seconds = verify_seconds
+        self.verify_seconds = verify_seconds  # read the guard back at least this often, even when nothing changed
         # What the last pass left in place: (params data, binding spec); None: read back next pass.
         self._kept: tuple[dict[str, str], dict[str, Any]] | None = None
         self._verified_at = float("-inf")
