@@ -1,9 +1,19 @@
 """Wiring: settings in, a running controller out (`egress-placer run`).
 
-Start order: logging, API client, state, policy (an invalid policy at start is fatal and names the
-bad field), informers (ready after their first list), leader election, reconcilers (leader only),
-the serving certificate, then the HTTPS webhook and the health/metrics server. SIGTERM or SIGINT
-stops it in reverse order: stop accepting, finish in-flight reviews, release the lease.
+Start order: logging, API client, state, policy, informers (ready after their first list), leader
+election, reconcilers (leader only), the serving certificate, then the HTTPS webhook and the
+health/metrics server. SIGTERM or SIGINT stops it in reverse order: stop accepting, finish in-flight
+reviews, release the lease.
+
+A policy problem is never fatal. An invalid or missing policy at start: the last good policy the
+leader stored (controller/reconcile/last_good_policy.py) is validated and kept in force; with none
+stored, no policy is in force: the webhook places nothing and strips pool tolerations as for a run
+without a pool, the intruder reconciler sees no pool, and the taint reconciler leaves the taints as
+they are (they keep everyone off the pools). Later, an invalid policy leaves the one in force.
+
+/readyz stays 200 through a policy problem (its body and `egress-placer status` say what is wrong):
+an unready replica leaves the Service's endpoints, and with failurePolicy Ignore pods would then be
+admitted unchanged, pool tolerations included, where a ready one strips them.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from controller.admission.certs import CertificateKeeper, MountedCertificate
 from controller.admission.events import CreationEvents, QuietEvents
 from controller.admission.handlers import Admission
 from controller.admission.server import AdmissionServer
-from controller.core.policy import PlacementPolicy
+from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.kube.egress_source import EgressPollers
 from controller.kube.client import KubeApi, make_api_client
 from controller.kube.informer import Informer, cluster_informers
@@ -33,6 +43,7 @@ from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.reconcile.agents import AgentReconciler
 from controller.reconcile.intruders import IntruderReconciler
+from controller.reconcile.last_good_policy import POLICY_KEY, LastGoodPolicyKeeper, store_name
 from controller.reconcile.loop import ReconcileLoop
 from controller.reconcile.missed_runs import report_missed_runs
 from controller.reconcile.pool_guard import PoolGuardReconciler
@@ -49,7 +60,7 @@ CERT_TICK_SECONDS = 1.0
 
 
 class StartupError(RuntimeError):
-    """The controller cannot start (e.g. an invalid policy); the message says why."""
+    """The controller cannot start (e.g. a cache that never syncs); the message says why."""
 
 
 def _json_line(record: "loguru.Record") -> str:
@@ -77,24 +88,51 @@ def configure_logging(settings: Settings) -> None:
 
 class PolicyTracker:
     """Where the policy source's answers go: a loaded policy is handed to the state and to
-    `on_policy` (the egress pollers); `loaded` says whether one ever was, `refusal` why the last
-    policy offered was refused (None once a valid one loads). Start-up fails on an invalid first
-    policy with that reason."""
+    `on_policy` (the egress pollers); `loaded` says whether a policy is in force (from the source or,
+    at start, the stored last good copy), `refusal` why the last policy offered was refused or
+    missing (None once a valid one loads from the source), `problem()` both in one sentence."""
 
     def __init__(self, state: ClusterState, on_policy: Callable[[PlacementPolicy], None]) -> None:
         self.state = state
         self.on_policy = on_policy
         self.loaded = threading.Event()
         self.refusal: str | None = None
+        self.stored_copy: str | None = None  # where the policy in force was read from, when it is the stored copy
+        self._lock = threading.Lock()
 
     def set_policy(self, policy: PlacementPolicy) -> None:
-        self.state.set_policy(policy)
-        self.on_policy(policy)
-        self.refusal = None
-        self.loaded.set()
+        with self._lock:
+            self.state.set_policy(policy)
+            self.on_policy(policy)
+            self.refusal = None
+            self.stored_copy = None
+            self.loaded.set()
 
     def refused(self, error: str) -> None:
         self.refusal = error
+
+    def adopt_stored(self, policy: PlacementPolicy, where: str) -> bool:
+        """Put the stored last good policy in force unless the source has given one meanwhile."""
+        with self._lock:
+            if self.loaded.is_set():
+                return False
+            self.state.set_policy(policy)
+            self.on_policy(policy)
+            self.stored_copy = where
+            self.loaded.set()
+            return True
+
+    def problem(self) -> str | None:
+        """None when the policy in force is the source's own; else what is wrong and what is in force."""
+        refusal = self.refusal
+        if not self.loaded.is_set():
+            why = refusal or "no policy loaded yet"
+            return f"{why}; no valid policy in force: nothing is placed on a pool, the pool taints stay"
+        if self.stored_copy is not None:
+            return f"{refusal or 'the policy source gave no valid policy'}; in force: the last good policy stored in {self.stored_copy}"
+        if refusal is not None:
+            return f"{refusal}; in force: the last good policy loaded before"
+        return None
 
 
 class Controller:
@@ -105,7 +143,7 @@ class Controller:
         self.metrics = Metrics()
         self.api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
         self.state = ClusterState(
-            PlacementPolicy.empty(),
+            None,
             clock=clock,
             assumption_ttl=settings.assumption_ttl_seconds,
             balance=settings.balance,
@@ -116,6 +154,9 @@ class Controller:
         self.policy = PolicyTracker(self.state, on_policy=self.egress.sync)
         self.policy_source = PolicySource(
             settings, self.policy, self.metrics, self.events, api=self.api, on_refused=self.policy.refused
+        )
+        self.last_good = LastGoodPolicyKeeper(
+            self.client, settings.namespace, store_name(settings.policy_configmap), lambda: self.policy_source.loaded_text
         )
         # Admission's Events wait for their object to exist (CreationEvents: the informers tell it), then
         # until admission is quiet (QuietEvents: written at once, they slow the run they describe).
@@ -135,7 +176,9 @@ class Controller:
             else CertificateKeeper(settings, self.client, clock)
         )
         self.admission = Admission(self.state, self.metrics, self.creation_events, settings)
-        self.server = AdmissionServer(settings, self.admission, self.metrics, self.certs.tls, self.not_ready_because)
+        self.server = AdmissionServer(
+            settings, self.admission, self.metrics, self.certs.tls, self.not_ready_because, degraded=self.policy.problem
+        )
 
     def _leader_elector(self) -> LeaderElector:
         s = self.settings
@@ -153,7 +196,7 @@ class Controller:
 
     def _reconcile_loop(self) -> ReconcileLoop:
         """The leader's reconcilers: pool taints, then intruders, then the API server's pool guard, then node
-        agents kept off pools."""
+        agents kept off pools, then the stored last good policy."""
         s = self.settings
         intruders = IntruderReconciler(
             self.state,
@@ -171,6 +214,7 @@ class Controller:
                 intruders,
                 PoolGuardReconciler(self.state, self.client, s.namespace, verify_seconds=s.resync_seconds),
                 AgentReconciler(self.state, self.client, self.events, self.metrics),
+                self.last_good,
             ],
             is_leader=self.is_leader,
             resync_seconds=s.resync_seconds,
@@ -192,8 +236,7 @@ class Controller:
             report_missed_runs(self.state, self.events)
 
     def not_ready_because(self) -> str | None:
-        if not self.policy.loaded.is_set():
-            return "no valid policy loaded"
+        """Caches not synced. A policy problem does not count (see the module docstring)."""
         waiting = [i.resource.name for i in self.informers if not i.synced.is_set()]
         if waiting:
             return "caches not synced: " + ", ".join(waiting)
@@ -201,16 +244,16 @@ class Controller:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start_watching(self) -> None:
-        """Policy first (fatal when the first one is invalid), then the caches, then leadership."""
+        """Policy first (the stored last good one when the source has none valid), then the caches,
+        then leadership."""
         self.events.start()
         self.admission_events.start()
         self.creation_events.start()
         self.policy_source.start()
         if not self.policy_source.synced.wait(STARTUP_TIMEOUT):
-            raise StartupError(f"no answer from the policy source ({self.policy_source.source}) in {STARTUP_TIMEOUT:.0f}s")
+            self.policy.refused(f"no answer from the policy source ({self.policy_source.source}) in {STARTUP_TIMEOUT:.0f}s")
         if not self.policy.loaded.is_set():
-            problem = self.policy.refusal or "no policy found"
-            raise StartupError(f"invalid policy at start ({self.policy_source.source}): {problem}")
+            self._adopt_stored_policy()
         for informer in self.informers:
             informer.start()
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -223,6 +266,25 @@ class Controller:
         else:
             self._report_missed_runs()
         self.reconcile_loop.start()
+
+    def _adopt_stored_policy(self) -> None:
+        """At start, when the source gave no valid policy: the stored last good one, validated again."""
+        name = store_name(self.settings.policy_configmap)
+        where = f"configmap {self.settings.namespace}/{name}"
+        log = logger.bind(source=self.policy_source.source, stored=where, error=self.policy.refusal)
+        try:
+            text = self.last_good.read()
+            policy = None if text is None else load_policy(text, source=f"{where}:{POLICY_KEY}")
+        except PolicyError as e:
+            log.bind(stored_error=str(e)).error("no valid policy at start, and the stored last good one is refused too")
+            policy = None
+        except Exception as e:  # noqa: BLE001 - the copy cannot be read: as if there were none
+            log.bind(stored_error=str(e)).error("no valid policy at start, and the stored last good one cannot be read")
+            policy = None
+        if policy is not None and self.policy.adopt_stored(policy, where):
+            log.warning("no valid policy at start: the last good policy stored in {} is in force", where)
+        elif policy is None:
+            log.error("no valid policy at start and none stored: nothing is placed on a pool, the pool taints stay")
 
     async def serve(self, stop: asyncio.Event) -> None:
         await asyncio.to_thread(self.start_watching)

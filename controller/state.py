@@ -42,10 +42,17 @@ RunKey = tuple[str, str, str]  # kind, namespace, name
 
 class ClusterState:
     def __init__(
-        self, policy: PlacementPolicy, clock: Callable[[], float], assumption_ttl: float = 60.0, balance: str = "load"
+        self,
+        policy: PlacementPolicy | None,
+        clock: Callable[[], float],
+        assumption_ttl: float = 60.0,
+        balance: str = "load",
     ) -> None:
+        """`policy` None: no valid policy in force yet (`policy` is then the empty one: nothing is
+        placed, and `policy_in_force` is False so the taint reconciler leaves the taints alone)."""
         self._lock = threading.RLock()
-        self._policy = policy
+        self._policy = policy if policy is not None else PlacementPolicy.empty()
+        self.policy_in_force = policy is not None
         self._clock = clock
         self.assumption_ttl = assumption_ttl
         # Settings.balance: "load" counts assumed placements; "load-without-assumptions" only seen pods.
@@ -89,6 +96,7 @@ class ClusterState:
     def set_policy(self, policy: PlacementPolicy) -> None:
         with self._lock:
             self._policy = policy
+            self.policy_in_force = True
             self._eligible.clear()
         self._notify(POLICY)
 

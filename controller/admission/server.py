@@ -14,7 +14,8 @@
   meanwhile; large reviews wait for each other, never ordinary ones.
 - HTTP on `settings.health_host:health_port`: `/healthz` (the process answers), `/readyz` (200 only
   when the readiness callable has no objection and a certificate is loaded, else 503 with the
-  reason), `/metrics` (Prometheus text of `metrics.registry`).
+  reason; a 200 names what `degraded` reports, e.g. a refused policy, which does not make the
+  replica unready: see controller/app.py), `/metrics` (Prometheus text of `metrics.registry`).
 
 `stop()` closes the listening sockets first, then lets in-flight requests finish (up to
 `shutdown_timeout` seconds).
@@ -44,8 +45,10 @@ INLINE_REVIEW_BYTES = 64 * 1024
 # slower than this is not the API server, or the answer would come too late anyway.
 READ_TIMEOUT_SECONDS = 10.0
 IDLE_TIMEOUT_SECONDS = 30.0  # a connection without a complete request (idle keep-alive or stalled headers)
-# Returns None when the controller is ready (caches synced, policy loaded), else the reason it is not.
+# Returns None when the controller is ready (caches synced), else the reason it is not.
 Readiness = Callable[[], str | None]
+# Returns None when all is well, else what is wrong that does not stop it serving (a refused policy).
+Degraded = Callable[[], str | None]
 
 
 def _text(status: int, message: str) -> web.Response:
@@ -63,12 +66,14 @@ class AdmissionServer:
         tls: ServingTLS,
         readiness: Readiness,
         shutdown_timeout: float = 10.0,
+        degraded: Degraded = lambda: None,
     ) -> None:
         self.settings = settings
         self.admission = admission
         self.metrics = metrics
         self.tls = tls
         self.readiness = readiness
+        self.degraded = degraded
         self.shutdown_timeout = shutdown_timeout
         self._runners: list[web.AppRunner] = []
         self._webhook: web.AppRunner | None = None
@@ -135,7 +140,11 @@ class AdmissionServer:
             reason = "no serving certificate loaded"
         if reason is not None:
             return _text(503, f"not ready: {reason}")
-        return _text(200, "ready")
+        try:
+            problem = self.degraded()
+        except Exception as error:  # noqa: BLE001 - a report that fails must not make the replica unready
+            problem = f"degraded check failed: {error}"
+        return _text(200, "ready" if problem is None else f"ready, degraded: {problem}")
 
     async def metrics_text(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})

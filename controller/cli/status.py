@@ -6,26 +6,34 @@ who should not be there, `plan_agents` which node agents a pool taint keeps off,
 the load the balancer would see (without admission-time assumptions, which live only in the running
 controller's memory).
 
+When the policy is invalid or missing, the table is that of the policy the controller keeps in
+force (the last good copy the leader stored, controller/reconcile/last_good_policy.py; none: no
+pools) and a line `policy: ...` (on stderr with --json) says what is wrong, in the controller's own
+words (`PolicyTracker.problem`).
+
 Exit status: 0 all well, 1 a taint is wrong, an intruder is there or a node agent is missing, 2 the
-cluster or the policy could not be read (the message says which and why).
+cluster could not be read, or the policy is invalid or missing (the message says which and why).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
+from controller.app import PolicyTracker
 from controller.core.agents import AgentGap
-from controller.core.intruders import find_intruders
 from controller.cli.errors import CommandError
+from controller.core.intruders import find_intruders
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.core.taints import desired_taints
 from controller.kube.egress_source import EgressPoller, PrometheusClient
-from controller.kube.client import KubeApi, describe_error, make_api_client
+from controller.kube.client import KubeApi, describe_error, make_api_client, status_of
 from controller.reconcile.agents import find_gaps
+from controller.reconcile.last_good_policy import POLICY_KEY, store_name
 from controller.settings import Settings
 from controller.state import ClusterState
 
@@ -46,12 +54,50 @@ class PoolNodeRow:
     agents_missing: tuple[str, ...] = ()
 
 
+def _config_map_data(api: KubeApi, namespace: str, name: str) -> dict[str, str] | None:
+    try:
+        return dict(api.call("GET", f"/api/v1/namespaces/{namespace}/configmaps/{name}").get("data") or {})
+    except Exception as e:
+        if status_of(e) == 404:
+            return None
+        raise
+
+
 def read_policy(settings: Settings, api: KubeApi) -> PlacementPolicy:
+    """The policy from its source; PolicyError when it is invalid or missing."""
     if settings.policy_file:
-        return load_policy(Path(settings.policy_file).read_text(), source=settings.policy_file)
-    cm = api.call("GET", f"/api/v1/namespaces/{settings.namespace}/configmaps/{settings.policy_configmap}")
+        path = Path(settings.policy_file)
+        if not path.exists():
+            raise PolicyError(f"no policy found in file {settings.policy_file}")
+        return load_policy(path.read_text(), source=settings.policy_file)
     source = f"configmap {settings.namespace}/{settings.policy_configmap}:{settings.policy_key}"
-    return load_policy((cm.get("data") or {}).get(settings.policy_key, ""), source=source)
+    data = _config_map_data(api, settings.namespace, settings.policy_configmap)
+    if data is None or settings.policy_key not in data:
+        raise PolicyError(f"no policy found in {source}")
+    return load_policy(data[settings.policy_key], source=source)
+
+
+def policy_in_force(settings: Settings, api: KubeApi, state: ClusterState) -> str | None:
+    """Put the policy the controller keeps in force into `state`; None, or what is wrong with the policy."""
+    tracker = PolicyTracker(state, on_policy=lambda policy: None)
+    try:
+        tracker.set_policy(read_policy(settings, api))
+        return None
+    except PolicyError as e:
+        tracker.refused(str(e))
+        refusal = str(e)
+    name = store_name(settings.policy_configmap)
+    where = f"configmap {settings.namespace}/{name}"
+    try:
+        stored = (_config_map_data(api, settings.namespace, name) or {}).get(POLICY_KEY)
+    except Exception as e:  # the cluster cannot be read: say what is wrong with the policy too
+        raise CommandError(f"invalid policy: {refusal} (and {where} cannot be read: {describe_error(e)})") from None
+    if stored is not None:
+        try:
+            tracker.adopt_stored(load_policy(stored, source=f"{where}:{POLICY_KEY}"), where)
+        except PolicyError:
+            pass  # an invalid copy is no copy: the controller would not use it either
+    return tracker.problem()
 
 
 def _items(api: KubeApi, path: str) -> list[dict[str, Any]]:
@@ -141,29 +187,35 @@ def print_rows(rows: list[PoolNodeRow], out: TextIO, gaps: Sequence[AgentGap] = 
             )
 
 
-def read_cluster(settings: Settings) -> ClusterState:
-    """The policy, nodes, namespaces, pods and DaemonSets, read once; CommandError when any cannot be read."""
+def read_cluster(settings: Settings) -> tuple[ClusterState, str | None]:
+    """The policy in force, nodes, namespaces, pods and DaemonSets, read once, and what is wrong with
+    the policy (None: nothing); CommandError when the cluster cannot be read."""
     try:
         api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
-        state = ClusterState(read_policy(settings, api), clock=time.time)
+        state = ClusterState(None, clock=time.time)
+        problem = policy_in_force(settings, api, state)
         state.replace("Node", _items(api, "/api/v1/nodes"))
         state.replace("Namespace", _items(api, "/api/v1/namespaces"))
         state.replace("Pod", _items(api, "/api/v1/pods"))
         state.replace("DaemonSet", _items(api, "/apis/apps/v1/daemonsets"))
-    except PolicyError as e:
-        raise CommandError(f"invalid policy: {e}") from None
+    except CommandError:
+        raise
     except Exception as e:  # no kubeconfig, no API server, a refused request, an unreadable policy file
         raise CommandError(f"cannot read the cluster: {describe_error(e)}") from None
-    return state
+    return state, problem
 
 
-def run_status(settings: Settings, out: TextIO, as_json: bool = False) -> int:
-    state = read_cluster(settings)
+def run_status(settings: Settings, out: TextIO, as_json: bool = False, err: TextIO = sys.stderr) -> int:
+    state, problem = read_cluster(settings)
     egress = egress_column(state)
     gaps = find_gaps(state)
     rows = [replace(r, egress=egress.get((r.pool, r.node), "-")) for r in pool_rows(state, gaps)]
+    if problem is not None:
+        print(f"policy: {problem}", file=err if as_json else out)
     if as_json:
         print(json.dumps([asdict(r) for r in rows]), file=out)
     else:
         print_rows(rows, out, gaps)
+    if problem is not None:
+        return 2
     return 0 if all(r.taint == "ok" and r.intruders == 0 and not r.agents_missing for r in rows) else 1

@@ -16,7 +16,10 @@ NAMESPACE_POOLS_ANNOTATION = "egress-placer.io/pools"  # on a Namespace: "pool-a
 DECISION_ANNOTATION = "egress-placer.io/decision"  # written on admitted runs and pods (JSON)
 # Written with the decision: the AdmissionReview's uid, so the decision's Event finds the object once it exists.
 REVIEW_ANNOTATION = "egress-placer.io/review"
-TAINT_KEY = "egress-placer.io/pool"  # default taint key; its value is the pool name
+# The one key of the taints egress-placer keeps on pool nodes (value: the pool name). Fixed: every
+# taint with this key is egress-placer's, whatever the policy says now, so the taints of a pool that
+# was removed are found and removed, and the webhook's matchConditions can name it (k8s/webhook.yaml).
+TAINT_KEY = "egress-placer.io/pool"
 PREFERRED_NODE_WEIGHT = 100  # weight of the preferred-node term egress-placer writes
 POOL_PREFERENCE_WEIGHT = 80  # weight of the pool term when a pool's placement is "preferred"
 

@@ -31,6 +31,7 @@ KIND = "PlacementPolicy"
 DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-node-lease", "kube-public")
 # Values of the run annotation `egress-placer.io/placement` that are not pool names.
 RESERVED_POOL_NAMES = frozenset({"auto", "none"})
+OWNED_TAINT_KEYS = frozenset({TAINT_KEY})
 
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -151,10 +152,22 @@ class LabelSelector(PolicyModel):
 
 
 class PoolTaint(PolicyModel):
-    """The taint egress-placer keeps on every node of the pool; its value is always the pool name."""
+    """The taint egress-placer keeps on every node of the pool; its value is always the pool name.
+    The key is fixed (`TAINT_KEY`): `key` may be written only with that value (policies that
+    spelled out the default still load)."""
 
-    key: LabelKey = TAINT_KEY
+    key: str = TAINT_KEY
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+    @field_validator("key")
+    @classmethod
+    def _fixed_key(cls, key: str) -> str:
+        if key != TAINT_KEY:
+            raise ValueError(
+                f"the taint key is fixed to {TAINT_KEY} (custom keys were dropped; leave `key` out). "
+                f"Taints a former key left on nodes are not egress-placer's to remove: remove them by hand"
+            )
+        return key
 
 
 class Pool(PolicyModel):
@@ -262,7 +275,9 @@ class PlacementPolicy(PolicyModel):
         return next((p for p in self.pools if p.claims(node)), None)
 
     def owned_taint_keys(self) -> frozenset[str]:
-        return frozenset(p.taint.key for p in self.pools)
+        """The taint keys egress-placer owns: the one fixed key, with or without pools (so a valid
+        policy that drops a pool also drops its taints)."""
+        return OWNED_TAINT_KEYS
 
 
 def agent_namespaces(policy: PlacementPolicy) -> tuple[str, ...]:

@@ -1,5 +1,11 @@
 """The taint plan: which owned taints each node must gain or lose so that exactly the members of a
-pool carry that pool's taint. Foreign taints (keys the policy does not own) are never touched.
+pool carry that pool's taint. Owned taints are those with egress-placer's fixed key
+(`egress-placer.io/pool`, any value or effect), whatever pools the policy has now: a valid policy
+without a pool, or with no pools at all, removes that pool's taints. Foreign taints (any other key)
+are never touched.
+
+Only a valid policy is planned for: with none in force (none ever loaded, none stored) the caller
+plans nothing and the taints stay (controller/reconcile/taints.py).
 
 Level-based: plan from the nodes as they are, apply, plan again: nothing left to do.
 """
@@ -37,7 +43,8 @@ def plan_taints(policy: PlacementPolicy, nodes: Iterable[NodeState]) -> list[Tai
     """One change per node whose owned taints differ from the desired ones, in input order.
 
     An owned taint (key in `policy.owned_taint_keys()`) that is not exactly desired is removed
-    (a node that left its pool, a wrong value or effect); a desired taint missing is added.
+    (a node that left its pool, a pool the policy no longer has, a wrong value or effect); a desired
+    taint missing is added.
     """
     owned = policy.owned_taint_keys()
     changes = []

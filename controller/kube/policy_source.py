@@ -4,7 +4,9 @@ A valid new policy goes to `state.set_policy`. An invalid one is refused: its er
 `on_refused` (the app's `PolicyTracker` keeps it), to the log, and as a Warning Event
 `PolicyRefused` on the ConfigMap (the error names the line); it is counted in
 `policy_reloads{result="refused"}` with `policy_valid` 0; the last good policy stays in force.
-A ConfigMap or file that disappears also leaves the last good policy in force (and says so).
+A ConfigMap or file that disappears also leaves the last good policy in force (and says so, also
+to `on_refused`). `loaded_text` is the text of the last policy loaded (the leader stores it:
+controller/reconcile/last_good_policy.py).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class PolicySource:
         self.synced = threading.Event()
         self.on_refused = on_refused
         self._last_text: str | None = None
+        self.loaded_text: str | None = None  # the text of the last valid policy loaded
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._informer: Informer | None = None
@@ -94,8 +97,9 @@ class PolicySource:
         """Load `text` (None: the source has no policy); the loaded policy, or None when refused or absent."""
         try:
             if text is None:
-                if self._last_text is None:
-                    logger.bind(source=self.source).warning("no policy found; the current policy stays in force")
+                logger.bind(source=self.source).warning("no policy found; the current policy stays in force")
+                self._last_text = None  # the same text offered again loads again
+                self.on_refused(f"no policy found in {self.source}")
                 return None
             if text == self._last_text:
                 return None
@@ -105,6 +109,7 @@ class PolicySource:
             except PolicyError as e:
                 self._refuse(str(e), regarding)
                 return None
+            self.loaded_text = text
             self.state.set_policy(policy)
             self.metrics.policy_valid.set(1)
             self.metrics.policy_reloads.labels(result="loaded").inc()  # last: the counter says "done"
@@ -140,6 +145,8 @@ class PolicySource:
     def _configmap_changed(self, event: str, cm: Obj) -> None:
         if event == "DELETED":
             logger.bind(source=self.source).warning("policy ConfigMap deleted; the last good policy stays in force")
+            self._last_text = None  # the same text offered again (re-created) loads again
+            self.on_refused(f"no policy found in {self.source}: the ConfigMap was deleted")
             return
         meta = cm.get("metadata") or {}
         regarding = {
@@ -167,6 +174,8 @@ class PolicySource:
             except FileNotFoundError:
                 if seen is not None or not self.synced.is_set():
                     logger.bind(source=self.source).warning("policy file missing; the last good policy stays in force")
+                    self.on_refused(f"no policy found in {self.source}: the file is missing")
+                    self._last_text = None
                 seen = None
                 self.synced.set()
             except Exception:

@@ -117,8 +117,8 @@ def micro_time(ts: float) -> str:
 
 
 class KubeClient:
-    """The API calls egress-placer makes, on plain JSON: node taints, evictions, Secrets, the
-    webhook's CA bundle, Events; `call` is the one retrying, classifying way to make another."""
+    """The API calls egress-placer makes, on plain JSON: node taints, evictions, Secrets, the webhook's
+    CA bundle, the ConfigMaps the leader keeps (the pool guard's params, the last good policy), Events; `call` is the one retrying, classifying way to make another."""
 
     def __init__(
         self,
@@ -350,7 +350,7 @@ class KubeClient:
             "set-webhook-ca-bundle", Outcome.CONFLICT, "conflict", RuntimeError(f"{config_name} kept changing under us")
         )
 
-    # -- the pool guard: its params ConfigMap and its ValidatingAdmissionPolicyBinding ------------------
+    # -- ConfigMaps the leader keeps (the pool guard's params, the last good policy), the guard's binding --
     def _read(self, operation: str, path: str) -> dict[str, Any] | None:
         try:
             return self.call(operation, lambda: self.api.call("GET", path))

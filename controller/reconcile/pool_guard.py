@@ -6,7 +6,8 @@ policy (`policy_binding`); each pass compares them with what it last wrote and w
 differ; every `verify_seconds` (and after any failure) it reads both objects back and repairs them
 (a deleted params ConfigMap is created again; an edited one or a binding reset by `kubectl apply -k`
 is put back). It never creates the binding or the policy: the installation does (`k8s/pool-guard.yaml`);
-without them the params are kept anyway and the guard simply is not in force.
+without them the params are kept anyway and the guard simply is not in force. With no valid policy
+in force (controller/app.py) it leaves both as they are.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ class NodeSource(Protocol):
     @property
     def policy(self) -> PlacementPolicy: ...
 
+    @property
+    def policy_in_force(self) -> bool: ...
+
     def node_list(self) -> list[NodeState]: ...
 
 
@@ -63,7 +67,10 @@ class PoolGuardReconciler:
         return self.reconcile()
 
     def reconcile(self) -> list[str]:
-        """One pass; what was written ("params", "binding"). A failure is logged and retried next pass."""
+        """One pass; what was written ("params", "binding"). A failure is logged and retried next pass.
+        With no valid policy in force (the empty stand-in) it writes nothing: the guard stays as it was."""
+        if not self.state.policy_in_force:
+            return []
         policy = self.state.policy
         try:
             data = guard_params(policy, self.state.node_list())

@@ -1,8 +1,11 @@
 """Taint reconciler: every pool node carries its pool's taint, no other node carries an owned one.
 
 Level-based: desired taints from the cached nodes and the policy (`plan_taints`), diff with the
-cached taints, write the difference. Safe to repeat; taints with keys the policy does not own are
+cached taints, write the difference. Safe to repeat; taints with keys egress-placer does not own are
 never touched (a conflicting write is rebased on the node's fresh taints).
+
+With no valid policy in force (none loaded and none stored: `state.policy_in_force` False) it plans
+nothing: the taints stay and keep everyone off the pools until a valid policy says who goes where.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ class NodeSource(Protocol):
     @property
     def policy(self) -> PlacementPolicy: ...
 
+    @property
+    def policy_in_force(self) -> bool: ...
+
     def node_list(self) -> list[NodeState]: ...
 
     def node_resource_version(self, name: str) -> str | None: ...
@@ -62,6 +68,8 @@ class TaintReconciler:
 
     def reconcile(self) -> list[TaintChange]:
         """One pass; the changes written. A failed node is logged and left for the next pass."""
+        if not self.state.policy_in_force:
+            return []  # an empty policy stands in: planning with it would remove every pool taint
         policy = self.state.policy
         nodes = {n.name: n for n in self.state.node_list()}
         now = self.clock()

@@ -1,21 +1,26 @@
 """End to end, the controller's life: it runs under the `k8s/` ServiceAccount's identity; while it is
 down runs still finish and the pool taints keep foreign runs off the pool; restarted it is ready,
-places runs again and reports each run it missed (log line and `NotAdmitted` Event); an invalid
-policy is fatal at start (naming the field and line) and refused on reload (old policy kept,
-`PolicyRefused` Event, refused-reloads metric up)."""
+places runs again and reports each run it missed (log line and `NotAdmitted` Event). A policy
+problem is never fatal: restarted with a broken policy it comes up with the last good policy the
+leader stored, keeps the taints and says why (`/readyz` body, `egress-placer status`, log line); with
+none stored it places nothing and still keeps the taints; an invalid policy on reload is refused (old
+policy kept, `PolicyRefused` Event, refused-reloads metric up). A valid policy without the pool
+removes the pool's taints."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import requests
 
+from controller.core.model import TAINT_KEY
+from controller.reconcile.last_good_policy import POLICY_KEY, store_name
 from devcluster.cluster import Cluster
-from devcluster.process import free_port
 from devplacer.controller import (
     NAMESPACE,
     POLICY_CONFIGMAP,
@@ -36,7 +41,7 @@ from tests.e2e.tekton_runs import (
     events,
     taskrun,
 )
-from tests.kube import Api, api_for
+from tests.kube import Api, api_for, namespaced
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -46,6 +51,10 @@ RUNS_WHILE_DOWN = 5
 REFUSED = {"result": "refused"}
 LOADED = {"result": "loaded"}
 RELOADS = "egress_placer_policy_reloads_total"
+LAST_GOOD = store_name(POLICY_CONFIGMAP)
+POOL_TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}
+WITHOUT_THE_POOL = "apiVersion: egress-placer.io/v1alpha1\nkind: PlacementPolicy\npools: []\n"
+PLACMENT = f"configmap {NAMESPACE}/{POLICY_CONFIGMAP}:{POLICY_KEY}:10: pools[0].placment"  # INVALID_POLICY_FILE's error
 
 
 def assert_placed_on_pool(runs: Runs, name: str) -> None:
@@ -106,27 +115,104 @@ def test_runs_finish_while_the_controller_is_down_and_are_reported_after_restart
     assert set(while_down[TEAM_CDN] + while_down[TEAM_OTHER]) <= logged
 
 
-def test_an_invalid_policy_at_start_is_fatal_and_names_the_field(devcluster: Cluster) -> None:
-    kubeconfig = devcluster.mint_kubeconfig(service_account_user())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EGRESS_PLACER_")}
-    env.update(
-        PYTHONPATH=str(REPO),
-        EGRESS_PLACER_POLICY_FILE=str(INVALID_POLICY_FILE),
-        EGRESS_PLACER_KUBECONFIG=str(kubeconfig),
-        EGRESS_PLACER_IDENTITY="e2e-invalid-policy",
-        EGRESS_PLACER_WEBHOOK_HOST="127.0.0.1",
-        EGRESS_PLACER_WEBHOOK_PORT=str(free_port()),
-        EGRESS_PLACER_HEALTH_HOST="127.0.0.1",
-        EGRESS_PLACER_HEALTH_PORT=str(free_port()),
-    )
-    result = subprocess.run(
-        [sys.executable, "-m", "controller", "run"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+def pool_taints(api: Api) -> dict[str, list[dict[str, str]]]:
+    """Each pool node's taints with egress-placer's key."""
+    return {
+        name: [t for t in (api.get(f"/api/v1/nodes/{name}") or {}).get("spec", {}).get("taints") or [] if t["key"] == TAINT_KEY]
+        for name in sorted(POOL_NODES)
+    }
 
-    assert result.returncode != 0
-    verdict = [line for line in result.stderr.splitlines() if line.startswith("egress-placer: ")]
-    assert verdict, result.stderr
-    assert f"{INVALID_POLICY_FILE}:10: pools[0].placment" in verdict[-1]
+
+TAINTED = {node: [POOL_TAINT] for node in sorted(POOL_NODES)}
+
+
+def stored_policy(api: Api) -> str | None:
+    return ((api.get(namespaced(NAMESPACE, "configmaps", LAST_GOOD)) or {}).get("data") or {}).get(POLICY_KEY)
+
+
+def readyz(egress_placer: EgressPlacer) -> requests.Response:
+    return requests.get(egress_placer.replica.health_url + "/readyz", timeout=5)
+
+
+def status_of_the_cluster(cluster: Cluster) -> subprocess.CompletedProcess[str]:
+    """`egress-placer status` as an administrator runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EGRESS_PLACER_")}
+    env.update(PYTHONPATH=str(REPO), EGRESS_PLACER_KUBECONFIG=str(cluster.kubeconfig), EGRESS_PLACER_NAMESPACE=NAMESPACE)
+    return subprocess.run([sys.executable, "-m", "controller", "status"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def restart_with(cluster: Cluster, policy_file: Path) -> None:
+    stop_controller(cluster)
+    start_controller(cluster, policy_file)  # returns once /readyz answers 200
+
+
+def test_after_a_restart_with_a_broken_policy_the_last_good_one_stays_with_the_taints(
+    egress_placer: EgressPlacer, api: Api, runs: Runs
+) -> None:
+    cluster = egress_placer.cluster
+    wait_for("the leader to store the policy it loaded", lambda: stored_policy(api) == POLICY_FILE.read_text(), timeout=20)
+    assert pool_taints(api) == TAINTED
+    try:
+        log_offset = egress_placer.log.stat().st_size
+        restart_with(cluster, INVALID_POLICY_FILE)
+
+        ready = readyz(egress_placer)
+        assert ready.status_code == 200 and ready.text.startswith("ready, degraded: ")
+        assert PLACMENT in ready.text and f"in force: the last good policy stored in configmap {NAMESPACE}/{LAST_GOOD}" in ready.text
+        logged = [r for r in egress_placer.log_records(log_offset) if str(r.get("message", "")).startswith("no valid policy at start")]
+        assert logged and PLACMENT in str(logged[-1]["error"]), logged
+        status = status_of_the_cluster(cluster)
+        assert status.returncode == 2 and "policy: " + PLACMENT in status.stdout, status.stdout + status.stderr
+        assert "overseas" in status.stdout and "egress-1" in status.stdout  # the table of the policy in force
+        assert_placed_on_pool(runs, runs.name("stored-policy"))
+        assert pool_taints(api) == TAINTED
+        assert stored_policy(api) == POLICY_FILE.read_text()  # a refused policy is never stored
+    finally:
+        restart_with(cluster, POLICY_FILE)
+
+
+def test_with_no_valid_policy_and_none_stored_nothing_is_placed_and_the_taints_stay(
+    egress_placer: EgressPlacer, api: Api, runs: Runs
+) -> None:
+    cluster = egress_placer.cluster
+    try:
+        stop_controller(cluster)
+        api.delete(namespaced(NAMESPACE, "configmaps", LAST_GOOD))
+        log_offset = egress_placer.log.stat().st_size
+        start_controller(cluster, INVALID_POLICY_FILE)
+
+        ready = readyz(egress_placer)
+        assert ready.status_code == 200 and PLACMENT in ready.text
+        assert "no valid policy in force: nothing is placed on a pool, the pool taints stay" in ready.text
+        wait_for(
+            "the replica to lead (the taint reconciler runs)",
+            lambda: any(str(r.get("message", "")).startswith("leading:") for r in egress_placer.log_records(log_offset)),
+            timeout=30,
+        )
+        name = runs.name("no-policy")
+        runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
+        done = runs.wait_succeeded(TEAM_CDN, "taskruns", [name], timeout=60)
+        assert decision_of(done[name]).get("pool") is None and runs.nodes_of(TEAM_CDN, [name])[name] not in POOL_NODES
+        # The leader has run its reconcilers (after leading, and again for the run above): give a
+        # wrong removal time to show, then check the taints are all still there.
+        time.sleep(3)
+        assert pool_taints(api) == TAINTED
+        assert stored_policy(api) is None
+    finally:
+        restart_with(cluster, POLICY_FILE)
+    wait_for("the valid policy to be stored again", lambda: stored_policy(api) == POLICY_FILE.read_text(), timeout=20)
+
+
+def test_a_valid_policy_without_the_pool_removes_its_taints(egress_placer: EgressPlacer, api: Api) -> None:
+    cluster = egress_placer.cluster
+    assert pool_taints(api) == TAINTED
+    apply_policy(cluster, WITHOUT_THE_POOL)
+    try:
+        wait_for("the pool's taints to be removed", lambda: pool_taints(api) == {node: [] for node in sorted(POOL_NODES)}, timeout=20)
+        wait_for("the policy without the pool to be stored", lambda: stored_policy(api) == WITHOUT_THE_POOL, timeout=20)
+    finally:
+        apply_policy(cluster, POLICY_FILE.read_text())
+    wait_for("the pool's taints back", lambda: pool_taints(api) == TAINTED, timeout=20)
 
 
 def test_an_invalid_policy_on_reload_is_refused_and_the_old_one_stays(

@@ -3,7 +3,9 @@ labelled into the pool gets its taint, loses it when unlabelled, gets it back wh
 hand, and keeps a foreign taint throughout; a pod bound to a pool node from a namespace the pool
 does not allow is evicted (with an Event), or only reported in report mode; an allowed pod stays.
 
-The test uses its own KWOK nodes, pool label and taint key, so it disturbs nothing else."""
+The test uses its own KWOK nodes, pool label and pool, and its taint reconciler sees only this test's
+nodes (the taint key is egress-placer's fixed one, which the local cluster's pool nodes carry too),
+so it disturbs nothing else."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from controller.core.model import Taint
+from controller.core.model import TAINT_KEY, NodeState, Taint
 from controller.core.policy import load_policy
 from controller.kube.client import MERGE_PATCH, KubeApi
 from controller.kube.informer import cluster_informers
@@ -33,7 +35,6 @@ pytestmark = pytest.mark.cluster
 RUN = uuid.uuid4().hex[:6]
 POOL = f"itest-{RUN}"
 POOL_LABEL = "itest.egress-placer.io/pool"
-TAINT_KEY = "itest.egress-placer.io/pool"
 POOL_TAINT = Taint(TAINT_KEY, POOL, "NoSchedule")
 FOREIGN = Taint("itest.egress-placer.io/foreign", "keep", "NoSchedule")
 ALLOWED_NS, DENIED_NS = f"itest-allowed-{RUN}", f"itest-denied-{RUN}"
@@ -44,7 +45,6 @@ pools:
   - name: {POOL}
     nodeSelector: {{"{POOL_LABEL}": "{POOL}"}}
     namespaces: ["itest-allowed-*"]
-    taint: {{key: "{TAINT_KEY}"}}
 """
 # The brief's promises: a node labelled into the pool is tainted within 5 s; an intruder is evicted within 10 s.
 TAINT_WITHIN, EVICT_WITHIN = 5.0, 10.0
@@ -80,6 +80,28 @@ def nodes(api) -> Iterator[dict[str, str]]:
         api.call("DELETE", f"/api/v1/namespaces/{ns}")
 
 
+class OwnNodes:
+    """The state as the taint reconciler sees it, limited to this test's nodes: the local cluster's
+    own pool nodes carry egress-placer's taint, which this test's policy does not know."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+
+    @property
+    def policy(self):
+        return self.state.policy
+
+    @property
+    def policy_in_force(self) -> bool:
+        return self.state.policy_in_force
+
+    def node_list(self) -> list[NodeState]:
+        return [n for n in self.state.node_list() if n.name.startswith(f"itest-{RUN}-")]
+
+    def node_resource_version(self, name: str) -> str | None:
+        return self.state.node_resource_version(name)
+
+
 class Controller:
     """The leader's side of egress-placer, wired from the real pieces (informers, state, writer,
     reconcilers, loop) with short timings."""
@@ -91,7 +113,7 @@ class Controller:
         self.informers = cluster_informers(api, self.state, settings, self.metrics, backoff=RetryPolicy(attempts=None, initial=0.05, maximum=0.5, jitter=0.05))
         self.writer = KubeClient(api, self.metrics, retry=RetryPolicy(attempts=3, initial=0.05, maximum=0.5))
         self.events = EventRecorder(self.writer, self.metrics, identity="itest")
-        self.taints = TaintReconciler(self.state, self.writer, self.metrics)
+        self.taints = TaintReconciler(OwnNodes(self.state), self.writer, self.metrics)
         self.intruders = IntruderReconciler(self.state, self.writer, self.events, self.metrics, settings.intruder_mode)
         self.loop = ReconcileLoop(self.state, [self.taints, self.intruders], lambda: True, resync_seconds=2.0)
 

@@ -57,7 +57,7 @@ CLUSTER_WIDE = (
     | rules(["admissionregistration.k8s.io"], ["mutatingwebhookconfigurations"], ["get", "update"], ["egress-placer"])
     | rules(["admissionregistration.k8s.io"], ["validatingadmissionpolicybindings"], ["get", "update"], ["egress-placer-pool-guard"])
 )
-# k8s/rbac-namespace.yaml: the leader Lease, the webhook's TLS Secret, the policy ConfigMap, the pool guard's params.
+# k8s/rbac-namespace.yaml: the leader Lease, the webhook's TLS Secret, the policy ConfigMap, the pool guard's params, the stored last good policy.
 OWN_NAMESPACE = (
     rules(["coordination.k8s.io"], ["leases"], ["get", "update"], ["egress-placer-leader"])
     | rules(["coordination.k8s.io"], ["leases"], ["create"])
@@ -65,6 +65,7 @@ OWN_NAMESPACE = (
     | rules([""], ["secrets"], ["create"])
     | rules([""], ["configmaps"], READ, ["egress-placer-policy"])
     | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-pool-guard"])
+    | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-policy-last-good"])
     | rules([""], ["configmaps"], ["create"])
 )
 # k8s/rbac-tekton.yaml: Tekton's feature flags (the affinity assistant's coschedule mode) and defaults.

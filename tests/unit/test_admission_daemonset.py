@@ -28,11 +28,11 @@ kind: PlacementPolicy
 agentNamespaces: [kube-system, monitoring]
 pools:
   - {name: egress, nodeSelector: {egress: fast}, namespaces: [team-ci]}
-  - {name: lab, nodes: [lab-1], taint: {key: example.com/lab, effect: NoExecute}}
+  - {name: lab, nodes: [lab-1], taint: {effect: NoExecute}}
 """
 )
 POOL = {"key": "egress-placer.io/pool", "operator": "Exists", "effect": "NoSchedule"}
-LAB = {"key": "example.com/lab", "operator": "Exists", "effect": "NoExecute"}
+LAB = {"key": "egress-placer.io/pool", "operator": "Exists", "effect": "NoExecute"}
 OWN = {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists", "effect": "NoSchedule"}
 
 

@@ -90,6 +90,7 @@ class Running:
         self.store = MemorySecrets()
         self.keeper = CertificateKeeper(self.settings, self.store, clock=lambda: self.now)
         self.synced = False
+        self.policy_problem: str | None = None
         self.server = AdmissionServer(
             self.settings,
             Admission(self.state, self.metrics, self.events, self.settings),
@@ -97,6 +98,7 @@ class Running:
             self.keeper.tls,
             readiness=lambda: None if self.synced else "caches not synced",
             shutdown_timeout=2.0,
+            degraded=lambda: self.policy_problem,
         )
         self.ca_file = tmp / "ca.crt"
         self.loop = asyncio.new_event_loop()
@@ -200,7 +202,11 @@ def test_health_readiness_and_metrics(running: Running) -> None:
     not_ready = requests.get(running.health + "/readyz", timeout=10)
     assert not_ready.status_code == 503 and "caches not synced" in not_ready.text
     running.synced = True
-    assert requests.get(running.health + "/readyz", timeout=10).status_code == 200
+    ready = requests.get(running.health + "/readyz", timeout=10)
+    assert (ready.status_code, ready.text) == (200, "ready\n")
+    running.policy_problem = "policy.yaml:3: invalid YAML; in force: the last good policy loaded before"
+    degraded = requests.get(running.health + "/readyz", timeout=10)  # still ready: it says why, stays in the endpoints
+    assert (degraded.status_code, degraded.text) == (200, f"ready, degraded: {running.policy_problem}\n")
     requests.post(running.webhook + "/mutate", json=review(copy.deepcopy(KANIKO_RUN)), verify=running.ca_file, timeout=10)
     metrics = requests.get(running.health + "/metrics", timeout=10)
     assert metrics.status_code == 200 and metrics.headers["Content-Type"].startswith("text/plain")

@@ -37,13 +37,13 @@ pools:
     namespaces: [team-a]
   - name: lab
     nodes: [lab-1]
-    taint: {{key: example.com/lab, effect: NoExecute}}
+    taint: {{effect: NoExecute}}
 """
 POLICY = load_policy(POLICY_TEXT.format(extra=""))
 FAST = {"key": "egress-placer.io/pool", "operator": "Exists", "effect": "NoSchedule"}
-LAB = {"key": "example.com/lab", "operator": "Exists", "effect": "NoExecute"}
+LAB = {"key": "egress-placer.io/pool", "operator": "Exists", "effect": "NoExecute"}
 FAST_TAINT = Taint("egress-placer.io/pool", "fast", "NoSchedule")
-LAB_TAINT = Taint("example.com/lab", "lab", "NoExecute")
+LAB_TAINT = Taint("egress-placer.io/pool", "lab", "NoExecute")
 NODES = [
     NodeState("fast-1", labels={"egress": "fast", "os": "linux"}, taints=(FAST_TAINT,)),
     NodeState("fast-2", labels={"egress": "fast", "os": "windows"}),  # joined the pool, not tainted yet
@@ -67,10 +67,11 @@ def policy(extra: str) -> Any:
         pytest.param([FAST], [LAB], id="one-there"),
         pytest.param([{"key": "egress-placer.io/pool", "operator": "Equal", "value": "fast", "effect": "NoSchedule"}], [LAB],
                      id="equal-of-the-only-pool-with-that-key"),
-        pytest.param([{"key": "egress-placer.io/pool", "operator": "Exists"}], [LAB], id="any-effect"),
+        pytest.param([{"key": "egress-placer.io/pool", "operator": "Exists"}], [], id="the-key-any-effect"),
         pytest.param([{"operator": "Exists"}], [], id="tolerates-everything"),
-        pytest.param([{"key": "egress-placer.io/pool", "operator": "Exists", "effect": "NoExecute"}], [FAST, LAB],
-                     id="wrong-effect"),
+        pytest.param([{"key": "egress-placer.io/pool", "operator": "Exists", "effect": "NoExecute"}], [FAST],
+                     id="one-effect"),
+        pytest.param([{"key": "other.example.com/pool", "operator": "Exists"}], [FAST, LAB], id="another-key"),
         pytest.param(["junk", 3, {"key": "gpu", "operator": "Exists"}], [FAST, LAB], id="junk-and-others-ignored"),
         pytest.param("not a list", [FAST, LAB], id="not-a-list"),
     ],
@@ -100,7 +101,7 @@ pools:
 TOLERATION = st.fixed_dictionaries(
     {},
     optional={
-        "key": st.sampled_from(["", "egress-placer.io/pool", "example.com/lab", "gpu"]),
+        "key": st.sampled_from(["", "egress-placer.io/pool", "egress-placer.io/pool", "gpu"]),
         "operator": st.sampled_from(["Exists", "Equal"]),
         "value": st.sampled_from(["", "fast", "lab"]),
         "effect": st.sampled_from(["", "NoSchedule", "NoExecute", "PreferNoSchedule"]),

@@ -55,7 +55,7 @@ pools:
   - name: lab
     nodes: [lab-1]
     namespaces: [team-lab]
-    taint: {key: example.com/lab, effect: NoExecute}
+    taint: {effect: NoExecute}
 """
 )
 NODES = {
@@ -232,11 +232,12 @@ CASES = [
     # (case, namespace, pod, old pod, refused pools)
     ("plain pod", DENIED, pod(DEFAULT_TOLS), None, []),
     ("pool toleration", DENIED, pod([POOL_TOL]), None, ["overseas"]),
-    ("pool key Exists", DENIED, pod([KEY_EXISTS]), None, ["overseas"]),
+    ("pool key Exists", DENIED, pod([KEY_EXISTS]), None, ["overseas", "lab"]),  # one key: every pool
     ("other pool's value", DENIED, pod([{**POOL_TOL, "value": "lab"}]), None, []),
     ("key-less Exists reaches every pool", DENIED, pod([KEYLESS]), None, ["overseas", "lab"]),
     ("key-less Exists, NoExecute only", DENIED, pod([{**KEYLESS, "effect": "NoExecute"}]), None, ["lab"]),
-    ("pool toleration, wrong effect", DENIED, pod([{**KEY_EXISTS, "effect": "NoExecute"}]), None, []),
+    ("pool key Exists, NoExecute: lab's effect only", DENIED, pod([{**KEY_EXISTS, "effect": "NoExecute"}]), None, ["lab"]),
+    ("pool toleration, wrong effect", DENIED, pod([{**POOL_TOL, "effect": "NoExecute"}]), None, []),
     ("key-less without Exists", DENIED, pod([{"effect": "NoSchedule"}]), None, []),
     ("allowed namespace", ALLOWED, pod([POOL_TOL]), None, []),
     ("allowed by glob", NamespaceState("release-7"), pod([POOL_TOL]), None, []),
@@ -369,7 +370,7 @@ def test_params_name_each_pool_node_and_the_pool_rules() -> None:
     assert {k: v for k, v in data.items() if not k[0].isupper()} == {
         "egress-1": "overseas", "egress-2": "overseas", "egress-9": "overseas", "lab-1": "lab",
     }
-    assert data["Pool.lab.TaintKey"] == "example.com/lab" and data["Pool.lab.TaintEffect"] == "NoExecute"
+    assert data["Pool.lab.TaintKey"] == TAINT_KEY and data["Pool.lab.TaintEffect"] == "NoExecute"
     assert data["Pool.overseas.Namespaces"] == "^(?:team-cdn|release-(?s:.*))$"
     assert data["Pool.overseas.Selector"] == "egress|In|allowed;tier|NotIn|sandbox"
     assert data["Pool.lab.Selector"] == ""

@@ -154,3 +154,13 @@ def test_a_policy_change_moves_the_binding_and_the_params() -> None:
     assert api.binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == [  # type: ignore[index]
         "kube-node-lease", "kube-public", "kube-system", "monitoring",
     ]
+
+
+def test_with_no_valid_policy_in_force_the_guard_is_left_as_it_was() -> None:
+    api = FakeApi()
+    state = ClusterState(None, clock=lambda: 0.0)  # none loaded, none stored: the empty stand-in
+    state.replace("Node", [node("egress-1", True)])
+    reconcile = PoolGuardReconciler(state, api, NAMESPACE, verify_seconds=30)
+    assert reconcile() == [] and api.writes == []
+    state.set_policy(POLICY)
+    assert reconcile() == ["params", "binding"]

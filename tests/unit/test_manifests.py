@@ -21,8 +21,9 @@ import pytest
 import yaml
 
 from controller.core.guard import GUARD_NAME
-from controller.core.model import NamespaceState
+from controller.core.model import TAINT_KEY, NamespaceState
 from controller.core.policy import load_policy
+from controller.reconcile.last_good_policy import store_name
 from controller.settings import Settings
 from devcluster.build import find_artifacts
 
@@ -32,7 +33,7 @@ ENV_PREFIX = "EGRESS_PLACER_"
 NAMESPACE = "egress-placer"
 SERVICE_ACCOUNT = "egress-placer"
 SKIP_LABEL = ("egress-placer.io/webhook", "skip")
-POOL_TAINT_KEY = "egress-placer.io/pool"
+POOL_TAINT_KEY = TAINT_KEY  # the fixed key the pod webhook's matchConditions must name
 NOT_RESOURCES = {"kustomization.yaml", "policy.yaml"}  # kustomize input, and the policy document
 CLUSTER_SCOPED = {
     "Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
@@ -76,6 +77,7 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     (NAMESPACE, "", "secrets", "create", ANY),
     *{(NAMESPACE, "", "configmaps", v, default("policy_configmap")) for v in ("get", "list", "watch")},
     *{(NAMESPACE, "", "configmaps", v, GUARD_NAME) for v in ("get", "update")},
+    *{(NAMESPACE, "", "configmaps", v, store_name(default("policy_configmap"))) for v in ("get", "update")},
     (NAMESPACE, "", "configmaps", "create", ANY),
     *{(TEKTON_NS, "", "configmaps", v, n) for v in ("get", "list", "watch") for n in ("feature-flags", "config-defaults")},
 }
@@ -221,12 +223,45 @@ def kubectl() -> Path:
     return artifacts.binary("kubectl")
 
 
+def kustomize(kubectl: Path, tmp: Path, *components: str) -> list[dict[str, Any]]:
+    """The base rendered through an overlay in `tmp` with `components` (folders of k8s/)."""
+    base = os.path.relpath(K8S, tmp)  # kustomize refuses absolute paths
+    overlay = {"resources": [base], "components": [f"{base}/{c}" for c in components]}
+    (tmp / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    out = subprocess.run([str(kubectl), "kustomize", str(tmp)], check=True, capture_output=True, text=True, timeout=60).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def rendered_env(docs: list[dict[str, Any]]) -> dict[str, str | None]:
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
 def test_kustomize_renders_every_object_and_the_policy_configmap(kubectl: Path) -> None:
     out = subprocess.run([str(kubectl), "kustomize", str(K8S)], check=True, capture_output=True, text=True).stdout
     rendered = [d for d in yaml.safe_load_all(out) if d]
     assert {key(d) for d in rendered} == {key(o) for o in OBJECTS} | {("ConfigMap", NAMESPACE, default("policy_configmap"))}
     (cm,) = [d for d in rendered if d["kind"] == "ConfigMap"]
     assert yaml.safe_load(cm["data"][default("policy_key")]) == yaml.safe_load((K8S / "policy.yaml").read_text())
+
+
+def test_the_base_evicts_intruders() -> None:
+    assert effective_setting("intruder_mode") == "evict"
+
+
+@pytest.mark.parametrize("components", [("report-only",), ("report-only", "cert-manager"), ("cert-manager", "report-only")])
+def test_the_report_only_component_only_reports_and_changes_nothing_else(
+    kubectl: Path, tmp_path: Path, components: tuple[str, ...]
+) -> None:
+    (tmp_path / "base").mkdir()
+    (tmp_path / "with").mkdir()
+    without = kustomize(kubectl, tmp_path / "base", *(c for c in components if c != "report-only"))
+    with_it = kustomize(kubectl, tmp_path / "with", *components)
+    assert rendered_env(with_it) == {**rendered_env(without), ENV_PREFIX + "INTRUDER_MODE": "report"}
+    assert rendered_env(without)[ENV_PREFIX + "INTRUDER_MODE"] == "evict"
+    others = lambda docs: [d for d in docs if d["kind"] != "Deployment"]  # noqa: E731
+    assert others(with_it) == others(without)
 
 
 # -- namespace and webhooks -------------------------------------------------------------------

@@ -45,7 +45,7 @@ pools:
   - name: soft
     nodeSelector: {egress: soft}
     placement: preferred
-    taint: {key: example.com/soft, effect: PreferNoSchedule}
+    taint: {effect: PreferNoSchedule}
 """
 )
 FAST, LAB, SOFT = POLICY.pool("fast"), POLICY.pool("lab"), POLICY.pool("soft")
@@ -201,7 +201,7 @@ def test_place_preferred_pool():
         {"weight": POOL_PREFERENCE_WEIGHT, "preference": {"matchExpressions": [expr("egress", "In", "soft")]}}
     ]
     assert placed["tolerations"] == [
-        {"key": "example.com/soft", "operator": "Equal", "value": "soft", "effect": "PreferNoSchedule"}
+        {"key": "egress-placer.io/pool", "operator": "Equal", "value": "soft", "effect": "PreferNoSchedule"}
     ]
 
 
@@ -229,7 +229,8 @@ def test_place_node_preference_replaces_ours_and_keeps_the_users():
         ([{"key": "egress-placer.io/pool", "operator": "Exists"}], "fast", []),  # tolerates every pool
         ([{"key": "egress-placer.io/pool", "operator": "Equal", "value": "gone", "effect": "NoSchedule"}], None, []),
         ([{**FAST_TOL, "effect": "NoExecute"}], "fast", []),  # wrong effect: useless, stripped
-        ([{"key": "example.com/soft", "operator": "Exists"}], None, []),  # a custom owned key
+        ([{"key": "egress-placer.io/pool", "operator": "Exists", "effect": "PreferNoSchedule"}], None, []),  # soft's effect
+        ([{"key": "example.com/soft", "operator": "Exists"}], None, [{"key": "example.com/soft", "operator": "Exists"}]),  # foreign key
         ([{"operator": "Exists"}], None, []),  # tolerates everything, pools included
         ([{"operator": "Exists", "effect": "NoExecute"}], None, [{"operator": "Exists", "effect": "NoExecute"}]),
         ([{"key": "gpu", "operator": "Exists"}, FAST_TOL], None, [{"key": "gpu", "operator": "Exists"}]),

@@ -95,7 +95,9 @@ def test_defaults() -> None:
         (GOOD.replace("nodes: [node-7]", "nodes: [Node_7]"), "policy.yaml:7: pools[0].nodes[0]: 'Node_7' is not a valid node name"),
         (GOOD + "    taint: {key: egress-placer.io/pool, effect: Sometimes}\n",
          "policy.yaml:14: pools[0].taint.effect: Input should be 'NoSchedule', 'PreferNoSchedule' or 'NoExecute'"),
-        (GOOD + "    taint: {key: k, value: v}\n", "policy.yaml:14: pools[0].taint.value: Extra inputs are not permitted"),
+        (GOOD + "    taint: {key: egress-placer.io/pool, value: v}\n", "policy.yaml:14: pools[0].taint.value: Extra inputs are not permitted"),
+        (GOOD + "    taint: {key: example.com/lab}\n",
+         "policy.yaml:14: pools[0].taint.key: the taint key is fixed to egress-placer.io/pool"),
         (GOOD.replace("egress: allowed", "egress: 1"), "policy.yaml:11: pools[0].namespaceSelector.matchLabels.egress: Input should be a valid string"),
         (GOOD + "agentNamespaces: [Monitoring]\n", "policy.yaml:14: agentNamespaces[0]: 'Monitoring' is not a DNS-1123 label"),
         (GOOD + "agentNamespaces: monitoring\n", "policy.yaml:14: agentNamespaces: Input should be a valid tuple"),
@@ -235,13 +237,14 @@ def test_image_matching_agrees_with_fnmatchcase(globs: list[str], image: str) ->
 def test_taint_toleration_and_lookups() -> None:
     policy = policy_of(
         {"name": "overseas", "nodes": ["n"]},
-        {"name": "lab", "nodes": ["m"], "taint": {"key": "example.com/lab", "effect": "NoExecute"}},
+        {"name": "lab", "nodes": ["m"], "taint": {"key": "egress-placer.io/pool", "effect": "NoExecute"}},
     )
     overseas, lab = policy.pools
     assert overseas.taint_for() == Taint(key="egress-placer.io/pool", value="overseas", effect="NoSchedule")
-    assert lab.taint_for() == Taint(key="example.com/lab", value="lab", effect="NoExecute")
-    assert lab.toleration() == {"key": "example.com/lab", "operator": "Equal", "value": "lab", "effect": "NoExecute"}
-    assert policy.owned_taint_keys() == frozenset({"egress-placer.io/pool", "example.com/lab"})
+    assert lab.taint_for() == Taint(key="egress-placer.io/pool", value="lab", effect="NoExecute")
+    assert lab.toleration() == {"key": "egress-placer.io/pool", "operator": "Equal", "value": "lab", "effect": "NoExecute"}
+    assert policy.owned_taint_keys() == frozenset({"egress-placer.io/pool"})
+    assert PlacementPolicy.empty().owned_taint_keys() == frozenset({"egress-placer.io/pool"})  # with no pools too
     assert policy.pool("lab") is lab and policy.pool("nope") is None
 
 

@@ -93,3 +93,28 @@ def test_the_tracker_keeps_why_the_last_policy_was_refused():
     assert tracker.loaded.is_set() and tracker.refusal is None and handed_on == [["a"]] and pools(state) == ["a"]
     source.offer(EMPTY + "pools: [{name: 1}]\n")
     assert "pools[0].name" in (tracker.refusal or "") and pools(state) == ["a"]
+    assert source.offer(None) is None  # the source lost it: the last good stays, the reason changes
+    assert pools(state) == ["a"] and "no policy found in file /nonexistent" in (tracker.refusal or "")
+
+
+def test_the_tracker_says_what_is_wrong_and_what_is_in_force():
+    state = ClusterState(None, clock=time.time)
+    tracker = PolicyTracker(state, on_policy=lambda p: None)
+    assert not state.policy_in_force
+    assert tracker.problem() == "no policy loaded yet; no valid policy in force: nothing is placed on a pool, the pool taints stay"
+    tracker.refused("policy.yaml:10: pools[0].placment: Extra inputs are not permitted")
+    assert tracker.problem() == (
+        "policy.yaml:10: pools[0].placment: Extra inputs are not permitted; no valid policy in force: "
+        "nothing is placed on a pool, the pool taints stay"
+    )
+    assert tracker.adopt_stored(load_policy(policy("kept")), "configmap egress-placer/egress-placer-policy-last-good")
+    assert state.policy_in_force and pools(state) == ["kept"] and tracker.loaded.is_set()
+    assert tracker.problem() == (
+        "policy.yaml:10: pools[0].placment: Extra inputs are not permitted; "
+        "in force: the last good policy stored in configmap egress-placer/egress-placer-policy-last-good"
+    )
+    tracker.set_policy(load_policy(policy("fixed")))  # the source's own: all well
+    assert tracker.problem() is None and pools(state) == ["fixed"]
+    assert not tracker.adopt_stored(load_policy(policy("late")), "x")  # a late read of the copy loses
+    tracker.refused("policy.yaml:3: invalid YAML")
+    assert tracker.problem() == "policy.yaml:3: invalid YAML; in force: the last good policy loaded before"

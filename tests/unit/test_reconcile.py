@@ -109,6 +109,20 @@ def test_taint_pass_writes_the_whole_list_against_the_cached_version(taints, poo
     assert writer.taint_writes == ([] if written is None else [("n1", written, "7")])
 
 
+NO_POOLS = load_policy("apiVersion: egress-placer.io/v1alpha1\nkind: PlacementPolicy\n")
+
+
+def test_without_a_valid_policy_the_taints_stay_and_a_valid_policy_without_pools_removes_them():
+    state = ClusterState(None, clock=lambda: 0.0)  # no policy loaded, none stored
+    state.replace("Node", [node("n1", "7", True, [POOL_TAINT, FOREIGN]), node("n2", "3", False, [POOL_TAINT])])
+    writer = RecordingWriter()
+    reconcile = TaintReconciler(state, writer, Metrics())
+    assert reconcile() == [] and writer.taint_writes == []
+    state.set_policy(NO_POOLS)  # valid, and no pool any more: its taints go, foreign ones stay
+    reconcile()
+    assert sorted(writer.taint_writes) == [("n1", (FOREIGN,), "7"), ("n2", (), "3")]
+
+
 def test_taint_write_in_flight_is_not_repeated_until_the_cache_moves():
     clock = Clock()
     state = make_state(node("n1", "7", True))

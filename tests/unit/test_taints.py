@@ -25,11 +25,23 @@ pools:
     nodes: [edge-1]
   - name: soft
     nodeSelector: {egress: soft}
-    taint: {key: example.com/soft, effect: PreferNoSchedule}
+    taint: {effect: PreferNoSchedule}
+"""
+)
+NO_POOLS = load_policy("apiVersion: egress-placer.io/v1alpha1\nkind: PlacementPolicy\n")
+ONLY_SOFT = load_policy(
+    """
+apiVersion: egress-placer.io/v1alpha1
+kind: PlacementPolicy
+pools:
+  - name: soft
+    nodeSelector: {egress: soft}
+    taint: {effect: PreferNoSchedule}
 """
 )
 FAST = Taint("egress-placer.io/pool", "fast", "NoSchedule")
-SOFT = Taint("example.com/soft", "soft", "PreferNoSchedule")
+SOFT = Taint("egress-placer.io/pool", "soft", "PreferNoSchedule")
+FORMER_KEY = Taint("example.com/soft", "soft", "PreferNoSchedule")  # a custom key of an older version
 FOREIGN = Taint("node.kubernetes.io/unreachable", None, "NoExecute")
 GPU = Taint("nvidia.com/gpu", "present", "NoSchedule")
 
@@ -44,7 +56,8 @@ def node(name: str, egress: str | None, *taints: Taint) -> NodeState:
         (node("a", "fast"), (FAST,), ()),
         (node("a", "fast", GPU, FAST), (), ()),  # already right: no change
         (node("edge-1", None, GPU), (FAST,), ()),  # member by name
-        (node("a", "soft", FOREIGN), (SOFT,), ()),  # custom key and effect
+        (node("a", "soft", FOREIGN), (SOFT,), ()),  # its own effect
+        (node("a", "soft", FORMER_KEY), (SOFT,), ()),  # another key is foreign, even with a pool's value
         (
             node("a", "fast", Taint("egress-placer.io/pool", "soft", "NoSchedule")),
             (FAST,),
@@ -71,6 +84,27 @@ def test_plan_taints(candidate, add, remove):
         assert changes == []
     else:
         assert changes == [TaintChange(node=candidate.name, add=add, remove=remove)]
+
+
+@pytest.mark.parametrize(
+    ("policy", "candidate", "add", "remove"),
+    [
+        # A valid policy without pools: every owned taint goes, foreign ones stay.
+        (NO_POOLS, node("a", "fast", FAST, GPU), (), (FAST,)),
+        (NO_POOLS, node("edge-1", None, SOFT, FOREIGN), (), (SOFT,)),
+        (NO_POOLS, node("a", None, GPU, FOREIGN, FORMER_KEY), (), ()),
+        # Pool `fast` removed from the policy: its members lose its taint, `soft` keeps its own.
+        (ONLY_SOFT, node("a", "fast", FAST), (), (FAST,)),
+        (ONLY_SOFT, node("edge-1", None, FAST, GPU), (), (FAST,)),
+        (ONLY_SOFT, node("b", "soft", SOFT), (), ()),
+        # A taint whose effect the policy changed: the old one goes, the new one comes.
+        (ONLY_SOFT, node("b", "soft", Taint("egress-placer.io/pool", "soft", "NoSchedule")), (SOFT,),
+         (Taint("egress-placer.io/pool", "soft", "NoSchedule"),)),
+    ],
+)
+def test_owned_taints_of_pools_the_policy_no_longer_has_are_removed(policy, candidate, add, remove):
+    changes = plan_taints(policy, [candidate])
+    assert changes == ([TaintChange(node=candidate.name, add=add, remove=remove)] if add or remove else [])
 
 
 def test_desired_taints():
