@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import requests
 import yaml
 
-from devcluster import build, certs, tekton_webhook
+from devcluster import build, certs, tekton_resolvers, tekton_webhook
 from devcluster.process import ProcessRecord, free_port, is_alive, spawn, start_time_of, stop
 
 Log = Callable[[str], None]
@@ -47,7 +47,7 @@ POD_SECONDS_ENV = "EGRESS_PLACER_DEVCLUSTER_POD_SECONDS"
 DEFAULT_POD_SECONDS = 1.5
 STAGES_FILE = Path(__file__).resolve().parent / "kwok-stages.yaml"
 # Optional components `up` can run besides the core (`--with NAME`), each built by `build.ensure_optional`.
-UP_OPTIONAL = (tekton_webhook.NAME,)
+UP_OPTIONAL = (tekton_webhook.NAME, tekton_resolvers.NAME)
 # Stop order: clients of the API server first, then the API server, then etcd.
 _CONTROL_PLANE = ("kube-apiserver", "etcd")
 _CONTROLLERS = (
@@ -245,6 +245,13 @@ def tekton_webhook_command(bin_dir: Path, kubeconfig: Path, ports: Mapping[str, 
     port = ports["tekton-webhook-probes"]
     argv = tekton_webhook.command_argv(bin_dir, kubeconfig)
     return Command(tekton_webhook.NAME, argv, port, f"http://127.0.0.1:{port}/health", env)
+
+
+def tekton_resolvers_command(bin_dir: Path, kubeconfig: Path, ports: Mapping[str, int]) -> Command:
+    """Tekton's resolvers controller: environment per upstream's resolvers-deployment.yaml, loopback ports."""
+    port = ports["tekton-resolvers-probes"]
+    argv = tekton_resolvers.command_argv(bin_dir, kubeconfig)
+    return Command(tekton_resolvers.NAME, argv, port, f"http://127.0.0.1:{port}/health", tekton_resolvers.command_env(ports))
 
 
 def probe_taskrun(name: str) -> dict[str, Any]:
@@ -518,6 +525,7 @@ class Cluster:
         ports = {name: free_port() for name in (
             "etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
             "tekton-probes", "tekton-metrics", *(tekton_webhook.PORTS if tekton_webhook.NAME in optional else ()),
+            *(tekton_resolvers.PORTS if tekton_resolvers.NAME in optional else ()),
         )}
         api_url = f"https://127.0.0.1:{ports['kube-apiserver']}"
         owner = None
@@ -620,6 +628,9 @@ class Cluster:
             bin_dir = Path(self.state()["optional"][tekton_webhook.NAME])
             self._start(tekton_webhook_command(bin_dir, self.kubeconfig, ports))
         self._start(tekton_command(artifacts, self.kubeconfig, ports))
+        if self.runs_with(tekton_resolvers.NAME):
+            bin_dir = Path(self.state()["optional"][tekton_resolvers.NAME])
+            self._start(tekton_resolvers_command(bin_dir, self.kubeconfig, ports))
         self._wait("nodes Ready and schedulable", lambda: self._nodes_ready(api), ["kwok", "kube-controller-manager"])
         step(f"{self.nodes + self.egress_nodes} nodes Ready")
         self._wait("the default ServiceAccount", lambda: self._default_sa(api), ["kube-controller-manager"])
@@ -653,6 +664,9 @@ class Cluster:
         crd_file = self.dir / "tekton-crds.yaml"
         crd_file.write_text(yaml.safe_dump_all(crds, sort_keys=False))
         files = [*sorted((config / "100-namespace").glob("*.yaml")), crd_file, *sorted(config.glob("config-*.yaml"))]
+        resolvers_bin = state.get("optional", {}).get(tekton_resolvers.NAME)
+        if resolvers_bin:
+            files += tekton_resolvers.config_files(Path(resolvers_bin))
         if webhook_bin:
             webhooks_yaml = build.optional_file(Path(webhook_bin), tekton_webhook.WEBHOOKS_FILE).read_text()
             registration = tekton_webhook.registration(webhooks_yaml, TEKTON_NAMESPACE, webhook_port)
@@ -684,10 +698,17 @@ class Cluster:
 
     @staticmethod
     def _tekton_webhook_ready(api: _Api, crd_names: Sequence[str]) -> bool:
+        """knative filled every configuration and CRD, and the API server uses them: a v1beta1
+        TaskRun (dry run) goes through Tekton's defaulting, validation and conversion to v1."""
         if not all(tekton_webhook.configuration_ready(api.get(path)) for path in tekton_webhook.configuration_paths()):
             return False
         crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-        return all(tekton_webhook.conversion_ready(api.get(f"{crds}/{name}")) for name in crd_names)
+        if not all(tekton_webhook.conversion_ready(api.get(f"{crds}/{name}")) for name in crd_names):
+            return False
+        path = f"/apis/tekton.dev/v1beta1/namespaces/{PROBE_NAMESPACE}/taskruns?dryRun=All"
+        body = {**probe_taskrun("conversion-probe"), "apiVersion": "tekton.dev/v1beta1"}
+        admitted = api.session.post(api.url + path, json=body, timeout=10)
+        return admitted.status_code == 201 and admitted.json()["spec"].get("timeout") == "1h0m0s"  # defaulted
 
     def _nodes_ready(self, api: _Api) -> bool:
         nodes = (api.get(f"/api/v1/nodes?labelSelector={KWOK_NODE_SELECTOR}") or {}).get("items", [])

@@ -27,12 +27,12 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from devcluster import tekton_webhook
+from devcluster import tekton_resolvers, tekton_webhook
 from devcluster.cluster import Cluster, ClusterError
 
 EXISTING_CLUSTER_ENV = "EGRESS_PLACER_DEVCLUSTER"
 OPTIONAL_ENV = "EGRESS_PLACER_DEVCLUSTER_WITH"
-SESSION_OPTIONAL = (tekton_webhook.NAME,)
+SESSION_OPTIONAL = (tekton_webhook.NAME, tekton_resolvers.NAME)
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
