@@ -616,6 +616,10 @@ class Cluster:
             api.create("/api/v1/nodes", node_manifest(f"egress-{i}", {EGRESS_POOL_LABEL: EGRESS_POOL}))
         self.install_tekton_config()
         crd_names = self._crd_names(artifacts)
+        with_webhook = self.runs_with(tekton_webhook.NAME)
+        if with_webhook:  # it watches the CRDs, its Secret and configurations, no tekton.dev objects: start it now
+            bin_dir = Path(self.state()["optional"][tekton_webhook.NAME])
+            self._start(tekton_webhook_command(bin_dir, self.kubeconfig, ports))
         self._wait(
             f"Tekton CRDs Established ({', '.join(crd_names)})",
             lambda: all(self._crd_established(api, name) for name in crd_names),
@@ -623,10 +627,6 @@ class Cluster:
         )
         step("nodes created, Tekton CRDs established")
 
-        with_webhook = self.runs_with(tekton_webhook.NAME)
-        if with_webhook:
-            bin_dir = Path(self.state()["optional"][tekton_webhook.NAME])
-            self._start(tekton_webhook_command(bin_dir, self.kubeconfig, ports))
         self._start(tekton_command(artifacts, self.kubeconfig, ports))
         if self.runs_with(tekton_resolvers.NAME):
             bin_dir = Path(self.state()["optional"][tekton_resolvers.NAME])
