@@ -101,6 +101,32 @@ def test_a_v1beta1_taskrun_is_converted_and_placed(runs: Runs) -> None:
     assert pool_tolerations(as_beta["spec"].get("podTemplate")) == [POOL_TOLERATION]
 
 
+def test_a_v1beta1_pipelinerun_is_converted_and_places_its_matching_task(runs: Runs) -> None:
+    name = runs.name("beta-release")
+    tasks = [
+        {"name": "upload", "taskSpec": {"steps": [step(MATCHING_IMAGE)]}},
+        {"name": "build", "runAfter": ["upload"], "taskSpec": {"steps": [step(OTHER_IMAGE)]}},
+    ]
+    body = {
+        "apiVersion": f"{GROUP}/v1beta1",
+        "kind": "PipelineRun",
+        "metadata": {"name": name},
+        "spec": {"pipelineSpec": {"tasks": tasks}},
+    }
+
+    runs.create(TEAM_CDN, "pipelineruns", body, version="v1beta1")
+
+    done = runs.wait_succeeded(TEAM_CDN, "pipelineruns", [name])[name]  # read as v1: converted
+    assert done["apiVersion"] == f"{GROUP}/v1"
+    upload, build = f"{name}-upload", f"{name}-build"
+    nodes = runs.nodes_of(TEAM_CDN, [upload, build])
+    assert nodes[upload] in POOL_NODES, nodes
+    assert nodes[build] in ORDINARY_NODES, nodes
+    taskruns = runs.listed(TEAM_CDN, "taskruns")
+    assert decision_of(taskruns[upload])["reason"] == "image-match"
+    assert decision_of(taskruns[build])["reason"] == "no-match"
+
+
 def test_tekton_refuses_a_change_to_a_placed_runs_pod_template(runs: Runs) -> None:
     name = runs.name("placed")
     runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
