@@ -4,8 +4,8 @@ Enable with `pytest_plugins = ["devcluster.pytest_plugin"]`; tests that use the 
 `cluster` marker. One cluster is brought up per session in a temporary directory, or, when
 EGRESS_PLACER_DEVCLUSTER=DIR names a running cluster, that one is used and left up.
 
-The session cluster runs Tekton's own webhook (defaulting, validation, conversion), as every real
-Tekton installation does: `SESSION_OPTIONAL`. EGRESS_PLACER_DEVCLUSTER_WITH=NAME[,NAME] names the
+The session cluster runs Tekton's own webhook (defaulting, validation, conversion) and resolvers
+controller, as a real Tekton installation does: `SESSION_OPTIONAL`. EGRESS_PLACER_DEVCLUSTER_WITH=NAME[,NAME] names the
 optional components instead (empty: the core cluster only).
 
 A cluster the fixture started is always brought down: at session end (also after failures and
