@@ -36,16 +36,13 @@ GROUP = "tekton.dev"
 ADMISSION = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 STARTED_RUN_REFUSED = "Once the TaskRun has started, only status and statusMessage updates are allowed"
 CI_TOLERATION = {"key": "example.com/ci", "operator": "Exists", "effect": "NoSchedule"}
-# A default pod template that would send every run to node-1: what Tekton's defaulting merges in.
+LINUX = {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}  # every node of the cluster
+# A default pod template with placement fields of its own: what Tekton's defaulting merges in.
 DEFAULT_POD_TEMPLATE = {
     "tolerations": [CI_TOLERATION],
     "affinity": {
         "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {
-                "nodeSelectorTerms": [
-                    {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-1"]}]}
-                ]
-            }
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [LINUX]}]}
         }
     },
 }
@@ -176,8 +173,9 @@ def default_pod_template(api: Api, runs: Runs) -> Iterator[dict[str, Any]]:
 
 def test_placement_survives_tekton_defaulting(runs: Runs, default_pod_template: dict[str, Any]) -> None:
     """Tekton merges the default pod template under the run's own fields, and keeps a field the run
-    has whole: egress-placer's tolerations and affinity win over the default's; a run egress-placer
-    leaves alone gets the default's (so the defaulting really ran)."""
+    has whole. egress-placer, called first, places on top of the default's tolerations and affinity,
+    so the placed run keeps both; a run egress-placer leaves alone gets the default's (so the
+    defaulting really ran)."""
     placed, plain = runs.name("cdn"), runs.name("build")
     runs.create_all(
         [(TEAM_CDN, "taskruns", taskrun(placed, MATCHING_IMAGE)), (TEAM_CDN, "taskruns", taskrun(plain, OTHER_IMAGE))]
@@ -186,12 +184,13 @@ def test_placement_survives_tekton_defaulting(runs: Runs, default_pod_template: 
     done = runs.wait_succeeded(TEAM_CDN, "taskruns", [placed, plain])
     nodes = runs.nodes_of(TEAM_CDN, [placed, plain])
     assert nodes[placed] in POOL_NODES
-    assert nodes[plain] == "node-1"  # the default template's affinity
+    assert nodes[plain] in ORDINARY_NODES
     assert done[plain]["spec"]["podTemplate"] == default_pod_template
     template = done[placed]["spec"]["podTemplate"]
     assert pool_tolerations(template) == [POOL_TOLERATION]
-    assert CI_TOLERATION not in template["tolerations"]  # the run's own tolerations replace the default's whole
-    assert template["affinity"] != default_pod_template["affinity"]
+    assert CI_TOLERATION in template["tolerations"]  # the default's, kept beside the pool's
+    terms = template["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms and all(LINUX in term["matchExpressions"] for term in terms)  # the default's requirement, ANDed
     assert (decision_of(done[placed]).get("pool"), decision_of(done[placed]).get("reason")) == (POOL, "image-match")
     # Defaults of Tekton's webhook on the same object: it ran after egress-placer, on the placed run.
     assert done[placed]["spec"]["serviceAccountName"] == "default"
