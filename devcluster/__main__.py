@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from devcluster.build import OPTIONAL_COMPONENTS, BuildError, ensure_built, ensure_optional
-from devcluster.cluster import DEFAULT_POD_SECONDS, POD_SECONDS_ENV, Cluster, ClusterError
+from devcluster.cluster import DEFAULT_POD_SECONDS, POD_SECONDS_ENV, UP_OPTIONAL, Cluster, ClusterError
 
 
 def _log(message: str) -> None:
@@ -41,6 +41,15 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help=f"how long a Tekton pod runs on a fake node (env {POD_SECONDS_ENV}, default {DEFAULT_POD_SECONDS})",
     )
+    up.add_argument(
+        "--with",
+        dest="optional",
+        action="append",
+        default=[],
+        choices=UP_OPTIONAL,
+        help="also run an optional component (repeatable; built first if needed), e.g. tekton-webhook: "
+        "Tekton's own defaulting, validation and conversion webhook",
+    )
     with_dir("down", "stop every process the cluster in DIR started")
     with_dir("status", "what runs; exit status 1 when something is down")
     kc = with_dir("kubeconfig", "mint a client-certificate kubeconfig for a user")
@@ -67,7 +76,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "up":
             cluster = Cluster(
-                args.dir, nodes=args.nodes, egress_nodes=args.egress_nodes, pod_seconds=args.pod_seconds, log=_log
+                args.dir,
+                nodes=args.nodes,
+                egress_nodes=args.egress_nodes,
+                pod_seconds=args.pod_seconds,
+                log=_log,
+                optional=args.optional,
             )
             cluster.up()
             print(f"export KUBECONFIG={cluster.kubeconfig}")

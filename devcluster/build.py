@@ -49,6 +49,8 @@ class Component:
     # Fixes the pinned upstream release lacks: a directory under tools/<module>/ of patched .go files
     # -> the Go package whose files of the same names they replace (see `_patched_modfile`).
     patches: dict[str, str] = field(default_factory=dict)
+    # Optional components only: files of the pinned module's tree copied beside bin/ (`optional_file`).
+    module_files: tuple[str, ...] = ()
 
 
 COMPONENTS: tuple[Component, ...] = (
@@ -103,8 +105,41 @@ PROMETHEUS = Component(
     version_variable="github.com/prometheus/common/version.Version",
 )
 
+TEKTON_WEBHOOK = Component(
+    module="tekton-webhook",
+    pin=TEKTON_MODULE,
+    # Tekton's cmd/webhook bound to loopback (see tools/tekton-webhook/webhook/main.go), same Tekton pin
+    # as the controller but its own module, so the core cache key stays as it is.
+    binaries={"tekton-webhook": "egress-placer/devcluster/tools/tekton-webhook/webhook"},
+    why="Tekton webhook with knative's admission and conversion webhooks: ~3 min cold on 2 cores",
+    # knative serves admission on ":PORT" (every interface) with no option to change it.
+    patches={"_patches/knative-webhook": "knative.dev/pkg/webhook"},
+    module_files=("config/500-webhooks.yaml",),
+)
+
+TEKTON_RESOLVERS = Component(
+    module="tekton-resolvers",
+    pin=TEKTON_MODULE,
+    # Tekton's cmd/resolvers (git, hub, bundles, cluster, http) with loopback-only probes
+    # (see tools/tekton-resolvers/resolvers/main.go).
+    binaries={"tekton-resolvers": "egress-placer/devcluster/tools/tekton-resolvers/resolvers"},
+    why="Tekton resolvers with go-git, OCI bundles and the hub client: ~3 min cold on 2 cores",
+    module_files=tuple(
+        f"config/resolvers/{name}.yaml"
+        for name in (
+            "100-namespace", "bundleresolver-config", "cluster-resolver-config", "config-feature-flags",
+            "config-leader-election", "config-logging", "config-observability", "git-resolver-config",
+            "http-resolver-config", "hubresolver-config", "resolver-cache-config",
+        )
+    ),
+)
+
 # Built only when a test or benchmark asks for them (`ensure_optional`), each into its own cache key.
-OPTIONAL_COMPONENTS: dict[str, Component] = {"prometheus": PROMETHEUS}
+OPTIONAL_COMPONENTS: dict[str, Component] = {
+    "prometheus": PROMETHEUS,
+    "tekton-webhook": TEKTON_WEBHOOK,
+    "tekton-resolvers": TEKTON_RESOLVERS,
+}
 
 
 def pinned_version(component: Component) -> str:
@@ -239,7 +274,14 @@ def _optional_component(name: str) -> Component:
 
 
 def _optional_complete(root: Path, component: Component) -> bool:
-    return all(os.access(root / "bin" / binary, os.X_OK) for binary in component.binaries)
+    return all(os.access(root / "bin" / binary, os.X_OK) for binary in component.binaries) and all(
+        (root / "files" / name).is_file() for name in component.module_files
+    )
+
+
+def optional_file(bin_dir: Path, name: str) -> Path:
+    """One of `module_files` of the optional component whose `bin/` is `bin_dir`."""
+    return bin_dir.parent / "files" / name
 
 
 def find_optional(name: str) -> Path | None:
@@ -270,6 +312,7 @@ def ensure_optional(name: str, log: Log = print) -> Path:
     try:
         (staging / "bin").mkdir()
         _build_component(component, staging / "bin", log)
+        _copy_module_files(component, staging / "files")
         os.rename(staging, final)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -377,6 +420,26 @@ def tekton_module_dir() -> Path:
         subprocess.run(["go", "mod", "download", TEKTON_MODULE], cwd=TOOLS_DIR / "tekton", env=_go_env(), check=True)
         return tekton_module_dir()
     return Path(module_dir)
+
+
+def _copy_module_files(component: Component, dest: Path) -> None:
+    """Copy `component.module_files` from the pinned module (as writable files) into `dest`."""
+    if not component.module_files:
+        return
+    listed = subprocess.run(
+        ["go", "mod", "download", "-json", component.pin],
+        cwd=TOOLS_DIR / component.module,
+        env=_go_env(),
+        capture_output=True,
+        text=True,
+    )
+    if listed.returncode != 0:
+        raise BuildError(f"cannot find {component.pin}: {listed.stderr.strip()}")
+    source = Path(json.loads(listed.stdout)["Dir"])
+    for name in component.module_files:
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((source / name).read_bytes())
 
 
 def _copy_tekton_config(dest: Path) -> None:

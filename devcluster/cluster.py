@@ -9,8 +9,10 @@
     DIR/pki/                CA, serving certs, service-account key
     DIR/etcd/               etcd data
 
-Every process listens on 127.0.0.1 only, except the Tekton controller's profiling server, which
-knative binds on all interfaces (an ephemeral port; see README). Processes are stopped by pid, never by name.
+Every process listens on 127.0.0.1 only, except the profiling servers of Tekton's controller and
+webhook, which knative binds on all interfaces (an ephemeral port; see README). Processes are
+stopped by pid, never by name. `optional=("tekton-webhook",)` (`up --with tekton-webhook`) also runs
+Tekton's own webhook (`devcluster.tekton_webhook`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import requests
 import yaml
 
-from devcluster import build, certs
+from devcluster import build, certs, tekton_resolvers, tekton_webhook
 from devcluster.process import ProcessRecord, free_port, is_alive, spawn, start_time_of, stop
 
 Log = Callable[[str], None]
@@ -44,6 +46,8 @@ PROBE_NAMESPACE = "devcluster-probe"
 POD_SECONDS_ENV = "EGRESS_PLACER_DEVCLUSTER_POD_SECONDS"
 DEFAULT_POD_SECONDS = 1.5
 STAGES_FILE = Path(__file__).resolve().parent / "kwok-stages.yaml"
+# Optional components `up` can run besides the core (`--with NAME`), each built by `build.ensure_optional`.
+UP_OPTIONAL = (tekton_webhook.NAME, tekton_resolvers.NAME)
 # Stop order: clients of the API server first, then the API server, then etcd.
 _CONTROL_PLANE = ("kube-apiserver", "etcd")
 _CONTROLLERS = (
@@ -235,6 +239,21 @@ def tekton_command(artifacts: build.Artifacts, kubeconfig: Path, ports: Mapping[
     return Command("tekton-controller", argv, port, f"http://127.0.0.1:{port}/health", env)
 
 
+def tekton_webhook_command(bin_dir: Path, kubeconfig: Path, ports: Mapping[str, int]) -> Command:
+    """Tekton's webhook: environment per upstream's config/webhook.yaml, loopback ports (see `tekton_webhook`)."""
+    env = tekton_webhook.command_env(TEKTON_NAMESPACE, ports)
+    port = ports["tekton-webhook-probes"]
+    argv = tekton_webhook.command_argv(bin_dir, kubeconfig)
+    return Command(tekton_webhook.NAME, argv, port, f"http://127.0.0.1:{port}/health", env)
+
+
+def tekton_resolvers_command(bin_dir: Path, kubeconfig: Path, ports: Mapping[str, int]) -> Command:
+    """Tekton's resolvers controller: environment per upstream's resolvers-deployment.yaml, loopback ports."""
+    port = ports["tekton-resolvers-probes"]
+    argv = tekton_resolvers.command_argv(bin_dir, kubeconfig)
+    return Command(tekton_resolvers.NAME, argv, port, f"http://127.0.0.1:{port}/health", tekton_resolvers.command_env(ports))
+
+
 def probe_taskrun(name: str) -> dict[str, Any]:
     return {
         "apiVersion": "tekton.dev/v1",
@@ -340,7 +359,13 @@ class Cluster:
         egress_nodes: int = 3,
         pod_seconds: float | None = None,
         log: Log = print,
+        optional: Sequence[str] = (),
     ) -> None:
+        """`optional`: components of `UP_OPTIONAL` that `up` starts too (e.g. "tekton-webhook")."""
+        unknown = sorted(set(optional) - set(UP_OPTIONAL))
+        if unknown:
+            raise ClusterError(f"no optional component {', '.join(unknown)} to run; known: {', '.join(UP_OPTIONAL)}")
+        self.optional = tuple(dict.fromkeys(optional))
         self.dir = Path(directory).resolve()
         self.nodes = nodes
         self.egress_nodes = egress_nodes
@@ -377,6 +402,10 @@ class Cluster:
 
     def process(self, name: str) -> ProcessRecord | None:
         return next((p for p in self.processes() if p.name == name), None)
+
+    def runs_with(self, name: str) -> bool:
+        """Whether this cluster was brought up with optional component `name` (`up --with NAME`)."""
+        return name in self.state().get("optional", {})
 
     def binary(self, name: str) -> Path:
         """Path of a cached binary (kubectl, kube-apiserver, ...)."""
@@ -478,7 +507,8 @@ class Cluster:
             raise ClusterError(f"a cluster already runs in {self.dir}; run `down` first")
         started = time.monotonic()
         artifacts = build.ensure_built(self.log)
-        self._prepare(artifacts, owner_pid)
+        optional = {name: str(build.ensure_optional(name, self.log)) for name in self.optional}
+        self._prepare(artifacts, owner_pid, optional)
         try:
             self._start_all(artifacts)
         except BaseException as err:
@@ -487,14 +517,15 @@ class Cluster:
             raise
         self.log(f"[devcluster] up in {time.monotonic() - started:.1f} s: {self.api_url}")
 
-    def _prepare(self, artifacts: build.Artifacts, owner_pid: int | None) -> None:
+    def _prepare(self, artifacts: build.Artifacts, owner_pid: int | None, optional: Mapping[str, str]) -> None:
         for sub in ("logs", "pids", "etcd", "users"):  # a fresh start: nothing of an earlier cluster
             shutil.rmtree(self.dir / sub, ignore_errors=True)
             (self.dir / sub).mkdir(parents=True)
         certs.create_pki(self.pki.dir)
         ports = {name: free_port() for name in (
             "etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-            "tekton-probes", "tekton-metrics",
+            "tekton-probes", "tekton-metrics", *(tekton_webhook.PORTS if tekton_webhook.NAME in optional else ()),
+            *(tekton_resolvers.PORTS if tekton_resolvers.NAME in optional else ()),
         )}
         api_url = f"https://127.0.0.1:{ports['kube-apiserver']}"
         owner = None
@@ -507,6 +538,7 @@ class Cluster:
             "ca_file": str(self.ca_file),
             "bin_dir": str(artifacts.bin_dir),
             "tekton_config": str(artifacts.tekton_config),
+            "optional": dict(optional),  # optional component -> its bin/ directory
             "ports": ports,
             "nodes": self.nodes,
             "egress_nodes": self.egress_nodes,
@@ -584,6 +616,10 @@ class Cluster:
             api.create("/api/v1/nodes", node_manifest(f"egress-{i}", {EGRESS_POOL_LABEL: EGRESS_POOL}))
         self.install_tekton_config()
         crd_names = self._crd_names(artifacts)
+        with_webhook = self.runs_with(tekton_webhook.NAME)
+        if with_webhook:  # it watches the CRDs, its Secret and configurations, no tekton.dev objects: start it now
+            bin_dir = Path(self.state()["optional"][tekton_webhook.NAME])
+            self._start(tekton_webhook_command(bin_dir, self.kubeconfig, ports))
         self._wait(
             f"Tekton CRDs Established ({', '.join(crd_names)})",
             lambda: all(self._crd_established(api, name) for name in crd_names),
@@ -592,17 +628,35 @@ class Cluster:
         step("nodes created, Tekton CRDs established")
 
         self._start(tekton_command(artifacts, self.kubeconfig, ports))
+        if self.runs_with(tekton_resolvers.NAME):
+            bin_dir = Path(self.state()["optional"][tekton_resolvers.NAME])
+            self._start(tekton_resolvers_command(bin_dir, self.kubeconfig, ports))
         self._wait("nodes Ready and schedulable", lambda: self._nodes_ready(api), ["kwok", "kube-controller-manager"])
         step(f"{self.nodes + self.egress_nodes} nodes Ready")
         self._wait("the default ServiceAccount", lambda: self._default_sa(api), ["kube-controller-manager"])
+        if with_webhook:
+            self._wait(
+                "Tekton's webhook to fill its configurations and the CRDs' conversion caBundle",
+                lambda: self._tekton_webhook_ready(api, crd_names),
+                [tekton_webhook.NAME],
+            )
+            step("Tekton's webhook serves defaulting, validation and conversion")
         self._probe_tekton(api)
         step("Tekton ran the probe TaskRun")
 
     def install_tekton_config(self) -> None:
-        """Apply Tekton's namespace, CRDs (storage versions only) and ConfigMaps."""
-        config = Path(self.state()["tekton_config"])
+        """Apply Tekton's namespace, CRDs (storage versions only) and ConfigMaps.
+
+        With Tekton's webhook (`up --with tekton-webhook`): the CRDs serve every version and convert
+        through the webhook, and its Service, Secret and webhook configurations are applied too."""
+        state = self.state()
+        config = Path(state["tekton_config"])
+        webhook_bin = state.get("optional", {}).get(tekton_webhook.NAME)
+        webhook_port = state["ports"].get(tekton_webhook.NAME)
         crds = [
-            served_storage_version_only(doc)
+            tekton_webhook.with_conversion_webhook(doc, TEKTON_NAMESPACE, webhook_port)
+            if webhook_bin
+            else served_storage_version_only(doc)
             for path in sorted((config / "300-crds").glob("*.yaml"))
             for doc in yaml.safe_load_all(path.read_text())
             if doc
@@ -610,6 +664,14 @@ class Cluster:
         crd_file = self.dir / "tekton-crds.yaml"
         crd_file.write_text(yaml.safe_dump_all(crds, sort_keys=False))
         files = [*sorted((config / "100-namespace").glob("*.yaml")), crd_file, *sorted(config.glob("config-*.yaml"))]
+        resolvers_bin = state.get("optional", {}).get(tekton_resolvers.NAME)
+        if resolvers_bin:
+            files += tekton_resolvers.config_files(Path(resolvers_bin))
+        if webhook_bin:
+            webhooks_yaml = build.optional_file(Path(webhook_bin), tekton_webhook.WEBHOOKS_FILE).read_text()
+            registration = tekton_webhook.registration(webhooks_yaml, TEKTON_NAMESPACE, webhook_port)
+            files.append(self.dir / "tekton-webhook-registration.yaml")
+            files[-1].write_text(yaml.safe_dump_all(registration, sort_keys=False))
         # Server-side apply: the CRDs are too large for client-side apply's annotation.
         argv = [str(self.binary("kubectl")), f"--kubeconfig={self.kubeconfig}", "apply", "--server-side",
                 "--force-conflicts", "--field-manager=devcluster"]
@@ -633,6 +695,20 @@ class Cluster:
         crd = api.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
         conditions = (crd or {}).get("status", {}).get("conditions", [])
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    @staticmethod
+    def _tekton_webhook_ready(api: _Api, crd_names: Sequence[str]) -> bool:
+        """knative filled every configuration and CRD, and the API server uses them: a v1beta1
+        TaskRun (dry run) goes through Tekton's defaulting, validation and conversion to v1."""
+        if not all(tekton_webhook.configuration_ready(api.get(path)) for path in tekton_webhook.configuration_paths()):
+            return False
+        crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+        if not all(tekton_webhook.conversion_ready(api.get(f"{crds}/{name}")) for name in crd_names):
+            return False
+        path = f"/apis/tekton.dev/v1beta1/namespaces/{PROBE_NAMESPACE}/taskruns?dryRun=All"
+        body = {**probe_taskrun("conversion-probe"), "apiVersion": "tekton.dev/v1beta1"}
+        admitted = api.session.post(api.url + path, json=body, timeout=10)
+        return admitted.status_code == 201 and admitted.json()["spec"].get("timeout") == "1h0m0s"  # defaulted
 
     def _nodes_ready(self, api: _Api) -> bool:
         nodes = (api.get(f"/api/v1/nodes?labelSelector={KWOK_NODE_SELECTOR}") or {}).get("items", [])

@@ -4,6 +4,10 @@ Enable with `pytest_plugins = ["devcluster.pytest_plugin"]`; tests that use the 
 `cluster` marker. One cluster is brought up per session in a temporary directory, or, when
 EGRESS_PLACER_DEVCLUSTER=DIR names a running cluster, that one is used and left up.
 
+The session cluster runs Tekton's own webhook (defaulting, validation, conversion) and resolvers
+controller, as a real Tekton installation does: `SESSION_OPTIONAL`. EGRESS_PLACER_DEVCLUSTER_WITH=NAME[,NAME] names the
+optional components instead (empty: the core cluster only).
+
 A cluster the fixture started is always brought down: at session end (also after failures and
 Ctrl-C, which pytest turns into a session teardown), at interpreter exit (atexit), on SIGTERM or
 SIGHUP, and if the pytest process is killed outright its processes get SIGTERM from the kernel
@@ -23,9 +27,12 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
+from devcluster import tekton_resolvers, tekton_webhook
 from devcluster.cluster import Cluster, ClusterError
 
 EXISTING_CLUSTER_ENV = "EGRESS_PLACER_DEVCLUSTER"
+OPTIONAL_ENV = "EGRESS_PLACER_DEVCLUSTER_WITH"
+SESSION_OPTIONAL = (tekton_webhook.NAME, tekton_resolvers.NAME)
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
@@ -68,6 +75,14 @@ class _DownGuard:
                         signal.signal(sig, previous)
 
 
+def session_optional() -> tuple[str, ...]:
+    """The optional components the session cluster runs: `SESSION_OPTIONAL`, or the env's list."""
+    value = os.environ.get(OPTIONAL_ENV)
+    if value is None:
+        return SESSION_OPTIONAL
+    return tuple(name for name in (part.strip() for part in value.split(",")) if name)
+
+
 def _reporter(config: pytest.Config) -> Callable[[str], None]:
     """Progress lines straight to the terminal, past output capture (a cold build takes minutes)."""
     terminal = config.pluginmanager.get_plugin("terminalreporter")
@@ -92,7 +107,7 @@ def devcluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
             raise ClusterError(f"{EXISTING_CLUSTER_ENV}={existing} does not name a running cluster")
         yield cluster
         return
-    cluster = Cluster(tmp_path_factory.mktemp("devcluster"), log=_reporter(request.config))
+    cluster = Cluster(tmp_path_factory.mktemp("devcluster"), log=_reporter(request.config), optional=session_optional())
     guard = _DownGuard(cluster)
     guard.install()
     try:

@@ -23,6 +23,7 @@ import devcluster.cluster as cluster_module
 from devcluster import build
 from devcluster.cluster import EGRESS_POOL, EGRESS_POOL_LABEL, Cluster, ClusterError
 from devcluster.process import ProcessRecord, spawn
+from devcluster.pytest_plugin import session_optional
 from tests.kube import TEKTON, Api, api_for, namespaced, node, pods
 from tests.waiting import wait_for
 
@@ -143,6 +144,52 @@ def _scheduling_outcome(api: Api, namespace: str, name: str) -> str | None:
     if scheduled and scheduled["status"] == "False" and scheduled.get("reason") == "Unschedulable":
         return "unschedulable"
     return None
+
+
+def _listening(pid: int) -> set[tuple[str, int]]:
+    """(hex local address, port) of the TCP sockets process `pid` listens on (/proc/PID/net/tcp{,6})."""
+    fd_dir = Path(f"/proc/{pid}/fd")
+    inodes = set()
+    for fd in fd_dir.iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:["):-1])
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # state LISTEN, one of the process' sockets
+                address, port = fields[1].split(":")
+                found.add((address, int(port, 16)))
+    return found
+
+
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}
+
+
+def test_tekton_webhook_serves_conversion_and_listens_on_loopback(devcluster: Cluster, api: Api, namespace: str) -> None:
+    """With `--with tekton-webhook` (the session cluster): a v1beta1 Task goes in and comes out as v1
+    through Tekton's conversion webhook, and the webhook's admission and probe ports are loopback
+    only (its one other listener is knative's profiling server on an ephemeral port, see README)."""
+    if not devcluster.runs_with("tekton-webhook"):
+        pytest.skip("this cluster runs without Tekton's webhook")
+    body = {"apiVersion": "tekton.dev/v1beta1", "kind": "Task", "metadata": {"name": "beta"},
+            "spec": {"steps": [{"name": "s", "image": "busybox", "script": "true"}]}}
+    api.create(namespaced(namespace, "tasks", group="/apis/tekton.dev/v1beta1"), body)
+
+    as_v1 = api.call("GET", namespaced(namespace, "tasks", "beta", group=TEKTON))
+
+    assert as_v1["apiVersion"] == "tekton.dev/v1"
+    assert [s["name"] for s in as_v1["spec"]["steps"]] == ["s"]
+    record = devcluster.process("tekton-webhook")
+    assert record is not None and record.alive()
+    listening = _listening(record.pid)
+    ports = devcluster.state()["ports"]
+    loopback_ports = {port for address, port in listening if address in LOOPBACK}
+    assert {ports["tekton-webhook"], ports["tekton-webhook-probes"]} <= loopback_ports
+    others = {port for address, port in listening if address not in LOOPBACK}
+    assert len(others) <= 1 and not others & set(ports.values()), listening
 
 
 PODS_PER_CASE = 6  # twice the egress nodes: a scheduler ignoring the taint would use some of them
@@ -287,7 +334,7 @@ def test_fixture_cluster_goes_when_the_pytest_process_is_killed(
         wait_for("the inner session's cluster", lambda: pid_file.exists() or inner.poll() is not None, timeout=300)
         assert inner.poll() is None, "the inner pytest session ended before its cluster was up"
         pids = [int(p) for p in pid_file.read_text().split()]
-        assert len(pids) == 6
+        assert len(pids) == 6 + len(session_optional())  # the core's six, and e.g. Tekton's webhook
 
         inner.send_signal(signum)
         inner.wait(timeout=60)

@@ -16,7 +16,7 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from devcluster import build, certs
+from devcluster import build, certs, tekton_webhook
 from devcluster.cluster import (
     EGRESS_POOL,
     EGRESS_POOL_LABEL,
@@ -281,3 +281,112 @@ def test_multi_version_crds_serve_only_their_storage_version(
 def test_single_version_crds_are_unchanged() -> None:
     crd = {"kind": "CustomResourceDefinition", "spec": {"versions": [{"name": "v1", "served": True, "storage": True}]}}
     assert served_storage_version_only(crd) == crd
+
+
+def test_optional_components_leave_the_core_cache_key_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tekton's webhook has a tool module of its own: changing it changes its key, never the core's
+    (so a warm core cache stays valid), and the core key never reads it."""
+    tools = tmp_path / "tools"
+    shutil.copytree(build.TOOLS_DIR, tools)
+    monkeypatch.setattr(build, "TOOLS_DIR", tools)
+    core, webhook = build.key_prefix(), build.optional_key(build.TEKTON_WEBHOOK)
+    assert build.OPTIONAL_COMPONENTS["tekton-webhook"] is build.TEKTON_WEBHOOK
+    assert build.TEKTON_WEBHOOK.module not in {c.module for c in build.COMPONENTS}
+    with open(tools / "tekton-webhook" / "webhook" / "main.go", "a") as main_go:
+        main_go.write("\n// changed\n")
+    assert build.key_prefix() == core
+    assert build.optional_key(build.TEKTON_WEBHOOK) != webhook
+    assert build.optional_key(build.TEKTON_WEBHOOK).startswith("tekton-webhook-v1.15.0_")
+
+
+def test_tekton_webhook_pins_the_same_tekton_as_the_controller() -> None:
+    controller = next(c for c in build.COMPONENTS if c.module == "tekton")
+    assert build.pinned_version(build.TEKTON_WEBHOOK) == build.pinned_version(controller)
+
+
+WEBHOOKS_YAML = """
+apiVersion: v1
+kind: Secret
+metadata: {name: webhook-certs, namespace: tekton-pipelines}
+---
+apiVersion: admissionregistration.k8s.io/v1
+kind: MutatingWebhookConfiguration
+metadata: {name: webhook.pipeline.tekton.dev}
+webhooks:
+- name: webhook.pipeline.tekton.dev
+  clientConfig: {service: {name: tekton-pipelines-webhook, namespace: tekton-pipelines}}
+"""
+
+
+def test_tekton_webhook_registration_names_the_loopback_port_on_an_external_name_service() -> None:
+    docs = tekton_webhook.registration(WEBHOOKS_YAML, "tekton-pipelines", 40123)
+    service, secret, mutating = docs
+    assert service["spec"] == {"type": "ExternalName", "externalName": "localhost"}
+    assert (service["metadata"]["name"], service["metadata"]["namespace"]) == (
+        "tekton-pipelines-webhook", "tekton-pipelines",
+    )
+    assert secret["kind"] == "Secret" and "data" not in secret  # knative fills it
+    assert mutating["webhooks"][0]["clientConfig"]["service"] == {
+        "name": "tekton-pipelines-webhook", "namespace": "tekton-pipelines", "port": 40123,
+    }
+
+
+def test_tekton_webhook_registration_refuses_a_service_it_does_not_run() -> None:
+    with pytest.raises(ValueError, match="unexpected service"):
+        tekton_webhook.registration(WEBHOOKS_YAML.replace("tekton-pipelines-webhook", "other"), "tekton-pipelines", 1)
+
+
+def test_crds_with_tekton_webhook_serve_every_version_and_convert_on_loopback() -> None:
+    original = _crd(("v1beta1", False), ("v1", True))
+    crd = tekton_webhook.with_conversion_webhook(original, "tekton-pipelines", 40123)
+    assert [v["served"] for v in crd["spec"]["versions"]] == [True, True]
+    assert crd["spec"]["conversion"]["strategy"] == "Webhook"
+    assert crd["spec"]["conversion"]["webhook"]["clientConfig"] == {
+        "service": {
+            "name": "tekton-pipelines-webhook", "namespace": "tekton-pipelines", "path": "/resource-conversion",
+            "port": 40123,
+        }
+    }
+    assert original["spec"]["conversion"]["webhook"]["clientConfig"] == {"service": {"name": "tekton"}}
+    single = {"kind": "CustomResourceDefinition", "spec": {"versions": [{"name": "v1", "served": True, "storage": True}]}}
+    assert tekton_webhook.with_conversion_webhook(single, "tekton-pipelines", 1) == single
+
+
+def _webhook(rules: bool, ca: bool, path: bool) -> dict[str, Any]:
+    service: dict[str, Any] = {"name": "tekton-pipelines-webhook", **({"path": "/defaulting"} if path else {})}
+    return {
+        "clientConfig": {"service": service, **({"caBundle": "Q0E="} if ca else {})},
+        **({"rules": [{"operations": ["CREATE"]}]} if rules else {}),
+    }
+
+
+@pytest.mark.parametrize(
+    ("configuration", "ready"),
+    [
+        (None, False),
+        ({"webhooks": []}, False),
+        ({"webhooks": [_webhook(rules=False, ca=False, path=False)]}, False),  # as applied, before knative
+        ({"webhooks": [_webhook(rules=True, ca=False, path=True)]}, False),
+        ({"webhooks": [_webhook(rules=False, ca=True, path=True)]}, False),
+        ({"webhooks": [_webhook(rules=True, ca=True, path=False)]}, False),
+        ({"webhooks": [_webhook(rules=True, ca=True, path=True)]}, True),
+    ],
+)
+def test_tekton_webhook_configuration_is_ready_once_knative_filled_it(
+    configuration: dict[str, Any] | None, ready: bool
+) -> None:
+    assert tekton_webhook.configuration_ready(configuration) is ready
+
+
+@pytest.mark.parametrize(
+    ("crd", "ready"),
+    [
+        (None, False),
+        ({"spec": {"conversion": {"strategy": "None"}}}, True),
+        ({"spec": {}}, True),
+        ({"spec": {"conversion": {"strategy": "Webhook", "webhook": {"clientConfig": {"service": {}}}}}}, False),
+        ({"spec": {"conversion": {"strategy": "Webhook", "webhook": {"clientConfig": {"caBundle": "Q0E="}}}}}, True),
+    ],
+)
+def test_crd_conversion_is_ready_once_it_has_the_webhooks_ca(crd: dict[str, Any] | None, ready: bool) -> None:
+    assert tekton_webhook.conversion_ready(crd) is ready

@@ -90,12 +90,16 @@ class Runs:
         return body
 
     # -- create -------------------------------------------------------------------------------------
-    def create(self, namespace: str, plural: str, body: Mapping[str, Any], dry_run: bool = False) -> dict[str, Any]:
-        """Create a tekton.dev/v1 object (`dry_run`: server-side dry run, the admitted object comes back)."""
+    def create(
+        self, namespace: str, plural: str, body: Mapping[str, Any], dry_run: bool = False, version: str = "v1"
+    ) -> dict[str, Any]:
+        """Create a tekton.dev object, v1 unless `version` says otherwise (`dry_run`: server-side dry
+        run, the admitted object comes back)."""
         if not dry_run:
             self._made.add((namespace, plural))
         extra = {"dryRun": "All"} if dry_run else {}
-        return self.api.create(namespaced(namespace, plural, group=TEKTON), self._labelled(body), **extra)
+        group = f"/apis/tekton.dev/{version}"
+        return self.api.create(namespaced(namespace, plural, group=group), self._labelled(body), **extra)
 
     def create_all(self, items: Iterable[tuple[str, str, Mapping[str, Any]]]) -> None:
         """Create (namespace, plural, body) items together, from one thread per item."""
