@@ -3,7 +3,9 @@
 Informers feed it (`apply` and `replace`); the admission handlers and reconcilers read it. It makes
 no API call. Every method is thread-safe: informers run in threads, admission in the event loop.
 Only the fields the core needs are kept (NodeState, NamespaceState, PodState, the TektonObjects
-index, run names), so memory stays small on big clusters.
+index, run names), so memory stays small on big clusters and does not grow with what tenants write
+(the informers keep only the labels and annotations some reader looks up: kube.informer.KEPT_LABELS,
+KEPT_ANNOTATIONS). Finished pods (Succeeded, Failed) are not kept: they hold no node.
 
 `subscribe(callback)` tells the reconcile loop that something it acts on changed: nodes,
 namespaces, the policy, Tekton's coschedule flag, DaemonSets coming and going (they decide which pods
@@ -198,15 +200,18 @@ class ClusterState:
         on_pool = self._on_pool_node(old.node_name if old is not None else None)
         if deleted:
             return on_pool
-        self.pods[key] = pod
         if pod.node_name:
-            self._pods_by_node.setdefault(pod.node_name, set()).add(key)
-            # The scheduler has bound it: from now on the pod itself is counted.
+            # The scheduler has bound it: from now on the pod itself is counted (or, finished, nothing is).
             self.ledger.settle(ledger_key("pod", pod.namespace, pod.name))
             taskrun = pod.labels.get(TASKRUN_LABEL)
             if taskrun:
                 self.ledger.settle(ledger_key("taskrun", pod.namespace, taskrun))
             on_pool = on_pool or self._on_pool_node(pod.node_name)
+        if pod.finished:  # neither load nor intruder: kept no longer than a deleted one
+            return on_pool
+        self.pods[key] = pod
+        if pod.node_name:
+            self._pods_by_node.setdefault(pod.node_name, set()).add(key)
         return on_pool
 
     def _on_pool_node(self, node: str | None) -> bool:

@@ -460,6 +460,95 @@ def pipeline_spec(raw: Any) -> PipelineSpec:
     )
 
 
+# -- what image discovery reads of a definition ---------------------------------------------------
+
+_REF_FIELDS = ("name", "kind", "apiVersion", "resolver", "bundle")
+
+
+def _pick(raw: Mapping[str, Any], keys: Iterable[str]) -> dict[str, Any]:
+    return {k: raw[k] for k in keys if k in raw}
+
+
+def _params_fields(raw: Any, value: str) -> list[Any]:
+    """`[{name, value}]` (or `default` for param specs): what _params and _param_specs read."""
+    return [_pick(p, ("name", value)) for p in _list(raw) if _is_mapping(p) and "name" in p]
+
+
+def _ref_fields(raw: Any) -> Any:
+    if not _is_mapping(raw):
+        return None
+    out = _pick(raw, _REF_FIELDS)
+    if "params" in raw:
+        out["params"] = _params_fields(raw["params"], "value")
+    return out
+
+
+def _step_fields(raw: Any) -> dict[str, Any]:
+    step = _dict(raw)
+    out = _pick(step, ("name", "image"))
+    if "ref" in step:
+        out["ref"] = _ref_fields(step["ref"])
+    if "params" in step:
+        out["params"] = _params_fields(step["params"], "value")
+    return out  # a step that is not an object keeps its place (its default name counts)
+
+
+def _task_fields(raw: Any) -> dict[str, Any]:
+    spec = _dict(raw)
+    out: dict[str, Any] = _pick(spec, ("apiVersion", "kind"))  # a custom task's spec says so
+    if "params" in spec:
+        out["params"] = _params_fields(spec["params"], "default")
+    for key in ("steps", "sidecars"):
+        if key in spec:
+            out[key] = [_step_fields(s) for s in _list(spec[key])]
+    template = _dict(spec.get("stepTemplate"))
+    if "image" in template:
+        out["stepTemplate"] = {"image": template["image"]}
+    return out
+
+
+def _pipeline_task_fields(raw: Any) -> dict[str, Any]:
+    task = _dict(raw)
+    out = _pick(task, ("name",))
+    if "params" in task:
+        out["params"] = _params_fields(task["params"], "value")
+    if "matrix" in task:
+        matrix = _dict(task["matrix"])
+        out["matrix"] = {"params": _params_fields(matrix.get("params"), "value"),
+                         "include": [{"params": _params_fields(_dict(i).get("params"), "value")}
+                                     for i in _list(matrix.get("include"))]}
+    if "taskSpec" in task:
+        out["taskSpec"] = _task_fields(task["taskSpec"]) if _is_mapping(task["taskSpec"]) else None
+    if "taskRef" in task:
+        out["taskRef"] = _ref_fields(task["taskRef"])
+    for key in ("pipelineRef", "pipelineSpec"):  # only whether there is one
+        if task.get(key):
+            out[key] = True
+    return out
+
+
+def image_fields(kind: str, spec: Any) -> Any:
+    """The parts of a Task, Pipeline or StepAction spec image discovery reads (task_spec, pipeline_spec,
+    step_action_spec give the same answer for both): no scripts, env, volumes, workspaces or results,
+    which can be most of a definition. What the informer keeps of each definition until it is parsed."""
+    if not _is_mapping(spec):
+        return None
+    if kind == "StepAction":
+        out = _pick(spec, ("image",))
+        if "params" in spec:
+            out["params"] = _params_fields(spec["params"], "default")
+        return out
+    if kind == "Pipeline":
+        out = {}
+        if "params" in spec:
+            out["params"] = _params_fields(spec["params"], "default")
+        for key in ("tasks", "finally"):
+            if key in spec:
+                out[key] = [_pipeline_task_fields(t) for t in _list(spec[key])]
+        return out
+    return _task_fields(spec)
+
+
 class TektonObjects:
     """Tasks, StepActions and Pipelines by namespace and name, trimmed to what decides images.
 

@@ -247,7 +247,6 @@ class PodState:
     owners: tuple[OwnerRef, ...] = ()  # the ownerReferences as written (by the tenant, for a bare pod)
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
-    tolerations: tuple[Mapping[str, Any], ...] = ()
     deleting: bool = False
     uid: str = ""  # this pod, not a later one of the same name (preconditions of evictions and deletes)
     # Seconds its containers get to stop: the deletion's grace once it is being deleted, else its own
@@ -258,6 +257,11 @@ class PodState:
     def owner_kinds(self) -> tuple[str, ...]:
         """The kinds its ownerReferences claim (load counting only: a claim proves nothing)."""
         return tuple(o.kind for o in self.owners)
+
+    @property
+    def finished(self) -> bool:
+        """Succeeded or Failed: it holds no node and takes no place any more (the cache drops it)."""
+        return self.phase in ("Succeeded", "Failed")
 
     @property
     def on_node(self) -> bool:
@@ -282,7 +286,6 @@ class PodState:
             owners=owner_refs(meta),
             labels=dict(meta.get("labels") or {}),
             annotations=dict(meta.get("annotations") or {}),
-            tolerations=tuple(spec.get("tolerations") or ()),
             deleting=bool(meta.get("deletionTimestamp")),
             uid=meta.get("uid") or "",
             grace_seconds=_grace(meta.get("deletionGracePeriodSeconds"), spec.get("terminationGracePeriodSeconds")),

@@ -29,6 +29,10 @@ import tenacity
 from kubernetes.watch.watch import iter_resp_lines
 from loguru import logger
 
+from controller.core.agents import POOL_TOLERATIONS_ANNOTATION
+from controller.core.images import TASKRUN_LABEL, TektonObjects, image_fields
+from controller.core.intruders import MIRROR_POD_ANNOTATION
+from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
 from controller.core.patches import InvalidDefault, default_pod_template
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.kube.retry import WATCHES, RetryPolicy, retrying
@@ -38,7 +42,6 @@ from controller.settings import Settings
 Obj = dict[str, Any]
 Trim = Callable[[Mapping[str, Any]], Obj]
 
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 REQUIRED_NODE_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
 # Tekton's CRDs in v1.15.0 (config/300-crds): Task and Pipeline store v1; StepAction stores v1beta1.
 TEKTON_GROUP = "tekton.dev"
@@ -48,28 +51,77 @@ DEFAULT_POD_TEMPLATE_KEY = "default-pod-template"
 
 
 # -- trimming: keep only what the controller reads --------------------------------------------------
+#
+# Labels, annotations and ownerReferences are the tenant's to write, as many and as long as the API
+# server takes (up to about 1.5 MB an object; kubectl apply's last-applied-configuration annotation alone
+# repeats the whole object). The cache keeps only the keys some reader looks up, listed here, in ONE
+# place: a reader that needs another key adds it to these tables (and to tests/unit/test_trim.py).
+# A kind not named keeps no labels or no annotations.
+
+KEPT_LABELS: dict[str, frozenset[str] | None] = {  # None: every label
+    # The administrator's (the `edit` role cannot write Nodes): the policy's node selectors name any.
+    "Node": None,
+    # The namespace owner's, not a tenant's (nor Namespaces): the policy's namespaceSelectors name any,
+    # and a changed policy must not need a relist to see them. The API server bounds each (key 317,
+    # value 63 characters).
+    "Namespace": None,
+    "Pod": frozenset({TASKRUN_LABEL}),  # ClusterState: a bound pod settles its TaskRun's assumed placement
+}
+KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
+    "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),  # Pool.allows
+    # core.intruders.is_mirror_pod (its presence); admission.events: the review token of a held Event
+    "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION}),
+    # missed runs: admitted without a decision (its presence); admission.events: the review token
+    "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION}),
+    "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION}),
+    "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),  # core.agents: the pools a node agent opts into
+}
+# A kept value longer than this is kept empty (the key is there, its value is not read): presence is what
+# a pod's and a run's annotations tell; an empty pools annotation gives no pool (never more rights).
+MAX_KEPT_VALUE_CHARS = 4096
 
 
-def trim_metadata(meta: Mapping[str, Any]) -> Obj:
+def _kept(values: Any, keys: frozenset[str] | None) -> dict[str, str] | None:
+    if not isinstance(values, Mapping) or not values:
+        return None
+    picked = values.items() if keys is None else ((k, values[k]) for k in keys if k in values)
+    out = {k: v if isinstance(v, str) and len(v) <= MAX_KEPT_VALUE_CHARS else "" for k, v in picked}
+    return out or None
+
+
+def _kept_owners(owners: Any) -> list[Obj] | None:
+    """The controller owner (what a node agent or a mirror pod must resolve to) and the first DaemonSet
+    owner (load counting leaves DaemonSet pods out): at most two of however many the tenant wrote."""
+    if not isinstance(owners, list):
+        return None
+    entries = [o for o in owners if isinstance(o, Mapping)]
+    controller = next((o for o in entries if o.get("controller") is True), None)
+    daemonset = next((o for o in entries if o.get("kind") == "DaemonSet"), None)
+    kept = [controller] if controller is not None else []
+    if daemonset is not None and daemonset is not controller:
+        kept.append(daemonset)
+    return [{k: o[k] for k in ("apiVersion", "kind", "name", "uid", "controller") if k in o} for o in kept] or None
+
+
+def trim_metadata(meta: Mapping[str, Any], kind: str) -> Obj:
+    """Who the object is, whether it is being deleted, and the labels and annotations `kind` keeps."""
     out: Obj = {"name": meta.get("name")}
-    for key in ("namespace", "uid", "resourceVersion", "deletionTimestamp", "labels"):
+    for key in ("namespace", "uid", "resourceVersion", "deletionTimestamp"):
         if meta.get(key):
             out[key] = meta[key]
     if meta.get("deletionGracePeriodSeconds") is not None:  # 0 counts
         out["deletionGracePeriodSeconds"] = meta["deletionGracePeriodSeconds"]
-    annotations = meta.get("annotations")
-    if annotations:
-        out["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-    owners = meta.get("ownerReferences")
-    if owners:
-        out["ownerReferences"] = [
-            {k: o[k] for k in ("apiVersion", "kind", "name", "uid", "controller") if k in o} for o in owners
-        ]
+    if kind in KEPT_LABELS and (labels := _kept(meta.get("labels"), KEPT_LABELS[kind])):
+        out["labels"] = labels
+    if kind in KEPT_ANNOTATIONS and (annotations := _kept(meta.get("annotations"), KEPT_ANNOTATIONS[kind])):
+        out["annotations"] = annotations
+    if kind == "Pod" and (owners := _kept_owners(meta.get("ownerReferences"))):
+        out["ownerReferences"] = owners
     return out
 
 
 def _head(obj: Mapping[str, Any], api_version: str, kind: str) -> Obj:
-    return {"apiVersion": api_version, "kind": kind, "metadata": trim_metadata(obj.get("metadata") or {})}
+    return {"apiVersion": api_version, "kind": kind, "metadata": trim_metadata(obj.get("metadata") or {}, kind)}
 
 
 def trim_node(obj: Mapping[str, Any]) -> Obj:
@@ -86,13 +138,13 @@ def trim_node(obj: Mapping[str, Any]) -> Obj:
 
 
 def trim_pod(obj: Mapping[str, Any]) -> Obj:
+    """Where it runs, its phase, its grace: not its containers or tolerations (admission reads those from
+    the request, not the cache)."""
     out = _head(obj, "v1", "Pod")
     spec = obj.get("spec") or {}
     out["spec"] = {
         "nodeName": spec.get("nodeName"),
         "terminationGracePeriodSeconds": spec.get("terminationGracePeriodSeconds"),
-        "tolerations": spec.get("tolerations") or [],
-        "containers": [{"name": c.get("name"), "image": c.get("image")} for c in spec.get("containers") or []],
     }
     out["status"] = {"phase": (obj.get("status") or {}).get("phase") or "Pending"}
     return out
@@ -104,9 +156,8 @@ def trim_daemonset(obj: Mapping[str, Any]) -> Obj:
     nodeSelector, required node affinity, hostNetwork). No status, no containers."""
     meta = obj.get("metadata") or {}
     kept = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "deletionTimestamp") if meta.get(k)}
-    annotations = meta.get("annotations")
-    if annotations:
-        kept["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    if annotations := _kept_annotations(meta.get("annotations"), KEPT_ANNOTATIONS["DaemonSet"]):
+        kept["annotations"] = annotations
     pod_spec = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
     spec: Obj = {k: pod_spec[k] for k in ("tolerations", "nodeSelector", "hostNetwork") if pod_spec.get(k)}
     required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(REQUIRED_NODE_AFFINITY)
@@ -116,13 +167,26 @@ def trim_daemonset(obj: Mapping[str, Any]) -> Obj:
 
 
 def trimmer(api_version: str, kind: str, keep: Sequence[str] = ()) -> Trim:
-    """Metadata plus the top-level fields in `keep` (e.g. "spec" of a Task, "data" of a ConfigMap)."""
+    """Metadata plus the top-level fields in `keep` (e.g. "data" of a ConfigMap)."""
 
     def trim(obj: Mapping[str, Any]) -> Obj:
         out = _head(obj, api_version, kind)
         for key in keep:
             if key in obj:
                 out[key] = obj[key]
+        return out
+
+    return trim
+
+
+def tekton_definition_trimmer(api_version: str, kind: str) -> Trim:
+    """A Task, Pipeline or StepAction: metadata and only the fields of its spec image discovery reads
+    (steps' names, images, refs and params, not their scripts; see core.images.image_fields)."""
+
+    def trim(obj: Mapping[str, Any]) -> Obj:
+        out = _head(obj, api_version, kind)
+        if "spec" in obj:
+            out["spec"] = image_fields(kind, obj["spec"])
         return out
 
     return trim
@@ -159,20 +223,21 @@ def daemonsets() -> Resource:
     return Resource("daemonsets", "DaemonSet", "/apis/apps/v1/daemonsets", trim_daemonset)
 
 
-TEKTON_RESOURCES: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    # kind: (version, plural, top-level fields kept)
-    "Task": ("v1", "tasks", ("spec",)),
-    "Pipeline": ("v1", "pipelines", ("spec",)),
-    "StepAction": ("v1beta1", "stepactions", ("spec",)),
-    "TaskRun": ("v1", "taskruns", ()),  # metadata only: finds runs admitted without a decision
-    "PipelineRun": ("v1", "pipelineruns", ()),
+TEKTON_RESOURCES: dict[str, tuple[str, str]] = {
+    # kind: (version, plural)
+    "Task": ("v1", "tasks"),
+    "Pipeline": ("v1", "pipelines"),
+    "StepAction": ("v1beta1", "stepactions"),
+    "TaskRun": ("v1", "taskruns"),  # metadata only: finds runs admitted without a decision
+    "PipelineRun": ("v1", "pipelineruns"),
 }
 
 
 def tekton(kind: str) -> Resource:
-    version, plural, keep = TEKTON_RESOURCES[kind]
+    version, plural = TEKTON_RESOURCES[kind]
     api_version = f"{TEKTON_GROUP}/{version}"
-    return Resource(plural, kind, f"/apis/{api_version}/{plural}", trimmer(api_version, kind, keep))
+    trim = tekton_definition_trimmer if kind in TektonObjects.KINDS else trimmer
+    return Resource(plural, kind, f"/apis/{api_version}/{plural}", trim(api_version, kind))
 
 
 def config_map(namespace: str, name: str) -> Resource:
