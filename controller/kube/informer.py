@@ -76,16 +76,27 @@ KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
     "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION}),
     "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),  # core.agents: the pools a node agent opts into
 }
-# A kept value longer than this is kept empty (the key is there, its value is not read): presence is what
-# a pod's and a run's annotations tell; an empty pools annotation gives no pool (never more rights).
+# A kept annotation value longer than this is kept empty (the key is there, its value is not read):
+# presence is what a pod's and a run's annotations tell; an empty pools annotation gives no pool (never
+# more rights). Label values are kept as they are (see _kept_labels).
 MAX_KEPT_VALUE_CHARS = 4096
 
 
-def _kept(values: Any, keys: frozenset[str] | None) -> dict[str, str] | None:
-    if not isinstance(values, Mapping) or not values:
+def _kept_labels(labels: Any, keys: frozenset[str] | None) -> dict[str, str] | None:
+    """Label values as they are: the API server bounds them (63 characters), and any other value could
+    change what a selector matches (`DoesNotExist`, `NotIn`, a value "")."""
+    if not isinstance(labels, Mapping) or not labels:
         return None
-    picked = values.items() if keys is None else ((k, values[k]) for k in keys if k in values)
-    out = {k: v if isinstance(v, str) and len(v) <= MAX_KEPT_VALUE_CHARS else "" for k, v in picked}
+    return dict(labels.items() if keys is None else ((k, labels[k]) for k in keys if k in labels)) or None
+
+
+def _kept_annotations(annotations: Any, keys: frozenset[str]) -> dict[str, str] | None:
+    if not isinstance(annotations, Mapping):
+        return None
+    out = {
+        k: v if isinstance(v, str) and len(v) <= MAX_KEPT_VALUE_CHARS else ""
+        for k, v in ((k, annotations[k]) for k in keys if k in annotations)
+    }
     return out or None
 
 
@@ -111,9 +122,9 @@ def trim_metadata(meta: Mapping[str, Any], kind: str) -> Obj:
             out[key] = meta[key]
     if meta.get("deletionGracePeriodSeconds") is not None:  # 0 counts
         out["deletionGracePeriodSeconds"] = meta["deletionGracePeriodSeconds"]
-    if kind in KEPT_LABELS and (labels := _kept(meta.get("labels"), KEPT_LABELS[kind])):
+    if kind in KEPT_LABELS and (labels := _kept_labels(meta.get("labels"), KEPT_LABELS[kind])):
         out["labels"] = labels
-    if kind in KEPT_ANNOTATIONS and (annotations := _kept(meta.get("annotations"), KEPT_ANNOTATIONS[kind])):
+    if kind in KEPT_ANNOTATIONS and (annotations := _kept_annotations(meta.get("annotations"), KEPT_ANNOTATIONS[kind])):
         out["annotations"] = annotations
     if kind == "Pod" and (owners := _kept_owners(meta.get("ownerReferences"))):
         out["ownerReferences"] = owners

@@ -114,6 +114,21 @@ def test_binding_a_pod_settles_its_pod_and_taskrun_assumptions(state):
     assert len(state.ledger) == 0
 
 
+def test_finished_pods_leave_the_cache_and_settle_their_assumptions(state):
+    """A finished pod holds no node and takes no place: not kept (memory does not grow with pods that ran),
+    and a pod first seen finished still settles what was assumed for it."""
+    state.ledger.assume(ledger_key("taskrun", "team-a", "quick"), "overseas", "pool-1", 1000.0)
+    seen: list[str] = []
+    state.subscribe(seen.append)
+    state.apply("Pod", "ADDED", pod("team-a", "quick-pod", "pool-1", "Succeeded", labels={"tekton.dev/taskRun": "quick"}))
+    assert len(state.ledger) == 0 and state.pods == {} and state.pods_on("pool-1") == []
+    state.apply("Pod", "ADDED", pod("team-a", "p", "pool-1"))
+    state.apply("Pod", "MODIFIED", pod("team-a", "p", "pool-1", "Failed"))
+    assert state.pods == {} and state.pods_on("pool-1") == [] and seen == ["Pod", "Pod", "Pod"]
+    state.replace("Pod", [pod("team-a", "done", "plain-1", "Succeeded"), pod("team-a", "run", "plain-1")])
+    assert [p.name for p in state.pods_on("plain-1")] == ["run"]
+
+
 def test_runs_without_decision(state):
     state.replace("TaskRun", [run("TaskRun", "a", "t1", True), run("TaskRun", "a", "t2", False)])
     state.apply("PipelineRun", "ADDED", run("PipelineRun", "b", "p1", False))
