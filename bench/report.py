@@ -7,6 +7,8 @@ from typing import Any
 
 TARGET_RATE = 200
 FULL_SCALE = (5000, 20000)
+# First-sync RSS with tenant-sized metadata against lean objects: memory must not grow with tenant data.
+TENANT_GROWTH_LIMIT = 1.10
 
 
 def _target(name: str, target: str, value: float | None, unit: str, limit: float, higher_is_better: bool = False) -> dict[str, Any]:
@@ -30,9 +32,17 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         _target("balance (a) imbalance, worst burst", "<= 1.1", bal["worst_imbalance"]["a"], "x", 1.1),
         _target("balance (egress) busy node's share / even share, egress-aware", "<= 0.5", _busy_ratio(bal["egress"]), "x", 0.5),
         _target("controller RSS at 5,000 nodes / 20,000 pods" + scale_note, "<= 300 MB", scale["rss_mb"], "MB", 300.0),
+        _target("first-sync RSS with tenant-sized metadata / lean" + _sync_note(scale["first_sync_memory"]),
+                f"<= {TENANT_GROWTH_LIMIT:.2f}", scale["first_sync_memory"]["tenant_growth"], "x", TENANT_GROWTH_LIMIT),
         _target("end to end p50 with / without webhook", "<= 1.10", e2e["p50_ratio"], "x", 1.10),
         _target("end to end p99 with / without webhook", "<= 1.10", e2e["p99_ratio"], "x", 1.10),
     ]
+
+
+def _sync_note(memory: dict[str, Any]) -> str:
+    if memory["nodes"] is None:
+        return ""
+    return f" ({memory['nodes']:,} nodes, {memory['pods']:,} pods, {memory['taskruns']:,} TaskRuns)"
 
 
 def _busy_ratio(egress: dict[str, Any]) -> float | None:
@@ -53,6 +63,22 @@ def _cpu_rows(e2e: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|",
         *[f"| {p} | {_v(ms)} | {_v(without_cpu.get(p))} | {_v(round(ms - without_cpu[p], 1) if p in without_cpu else None)} |"
           for p, ms in with_cpu.items()],
+        "",
+    ]
+
+
+def _first_sync_rows(memory: dict[str, Any]) -> list[str]:
+    """Memory after the first sync, lean objects against tenant-sized ones (in-process)."""
+    if memory["nodes"] is None:
+        return []
+    lean, tenant = memory["lean"], memory["tenant"]
+    return [
+        f"Memory after the first sync of {memory['nodes']:,} nodes, {memory['pods']:,} pods and {memory['taskruns']:,} "
+        "TaskRuns (the controller's informers and ClusterState in a process of their own, listing from a stand-in API "
+        "server page by page; `python -m bench.scale first-sync-memory N P T`): lean objects "
+        f"**{_v(lean['rss_mb'])} MB** RSS (peak {_v(lean['rss_peak_mb'])} MB, {_v(lean['rss_before_mb'])} MB before the "
+        f"sync); with tenant-sized metadata (last-applied-configuration, CI labels and annotations, scripts) "
+        f"**{_v(tenant['rss_mb'])} MB** (peak {_v(tenant['rss_peak_mb'])} MB): {_v(memory['tenant_growth'])}x.",
         "",
     ]
 
@@ -326,6 +352,7 @@ def _scale_part(scale: dict[str, Any]) -> list[str]:
         f"{_v(scale['rss_baseline_mb'])} MB; a ClusterState of these trimmed nodes and pods is {_v(scale['state_mb'])} MB "
         "of Python heap (tracemalloc, in-process).",
         "",
+        *_first_sync_rows(scale["first_sync_memory"]),
         f"Events: {_v(scale['events'])} pod phase changes on pool nodes, written in {_v(scale['api_write_s'])} s, all seen by "
         f"the controller's load {_v(scale['seen_after_s'])} s after the first write ({_v(scale['events_seen_per_s'])} "
         f"events/s, bounded by the API's write rate; {_v(scale['lag_after_last_write_s'])} s after the last write). "

@@ -14,7 +14,9 @@ Then the controller starts (`python -m controller run` under its ServiceAccount)
 - in-process: the same watch events (JSON lines of the API's pod objects) through the informer's
   event handling and ClusterState.apply, as fast as they go: the controller's event capacity;
   and the Python heap (tracemalloc) a ClusterState of the same trimmed nodes and pods takes;
-- a py-spy profile of the controller from its start to ready (where the first sync's time goes).
+- a py-spy profile of the controller from its start to ready (where the first sync's time goes);
+- memory after the first sync of N nodes, P pods and T TaskRuns, lean and with tenant-sized metadata
+  (in-process, no cluster: `first_sync_memory` below; `python -m bench.scale first-sync-memory N P T`).
 `rss_baseline_mb` (set by the caller) is the controller's RSS on the small cluster, before.
 """
 
@@ -45,6 +47,7 @@ from controller.metrics import Metrics
 from controller.state import ClusterState
 
 from bench import profiling
+from bench.report import TENANT_GROWTH_LIMIT
 from bench.cluster import WEBHOOK_PATH, BenchCluster, bench_taskrun, namespace_for, read_json_lines
 from bench.kube import Kube, bounded, ensure_namespace
 from bench.workload import catalog_task, node, review, running_pod, tekton_pod
@@ -301,6 +304,7 @@ def run(bc: BenchCluster, log: Log) -> dict[str, Any]:
     bc.stop_controller()
     in_process = in_process_events(bc, made["sample_pods"], min(sizes.scale_nodes, 1000))
     heap = state_mb(bc, sizes.scale_nodes, sizes.scale_pods)
+    first_sync = first_sync_memory(sizes.scale_nodes, sizes.scale_pods, sizes.scale_taskruns, log)
     return {
         "nodes": sizes.scale_nodes,
         "pods": sizes.scale_pods,
@@ -316,6 +320,7 @@ def run(bc: BenchCluster, log: Log) -> dict[str, Any]:
         "in_process_events_per_s": in_process,
         "state_mb": heap,
         "profile": sync_profile,
+        "first_sync_memory": first_sync,
     }
 
 
@@ -325,3 +330,194 @@ async def clean(bc: BenchCluster) -> None:
         await kube.delete(f"/api/v1/namespaces/{SCALE_NAMESPACE}/pods", gracePeriodSeconds=0)
         await kube.delete(f"/api/v1/namespaces/{namespace_for('scale', bc.largest_pool)}/pods", gracePeriodSeconds=0)
         await kube.delete("/api/v1/nodes", labelSelector="bench=scale")
+
+
+# -- memory after the first sync, with and without tenant-sized metadata ------------------------------
+#
+# The real informers (kube.informer.cluster_informers) and ClusterState of the controller, in a process of
+# their own, list from a stand-in for the API server that makes each page of objects when asked (one
+# page's JSON in memory at a time, as from a real one): N nodes, P Tekton pods, T TaskRuns, Tasks and
+# namespaces. Twice: "lean" objects (nothing but what Kubernetes and Tekton write) and "tenant" objects
+# (the same, plus what tenants and their tools write: kubectl apply's last-applied-configuration of each
+# run, labels and annotations a CI system adds, scripts in Tasks). Memory that does not grow with tenant
+# data means the two RSS figures are close: the target is tenant RSS <= lean RSS x TENANT_GROWTH_LIMIT
+# (bench.report).
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+SYNC_NAMESPACES = 200
+SYNC_TASKS = 500
+TENANT_LABELS = {f"ci.example.com/{k}": v for k, v in (
+    ("team", "platform"), ("repo", "github.com-example-monorepo"), ("branch", "feature-1234-longish-name"),
+    ("commit", "0123456789abcdef0123456789abcdef01234567"), ("trigger", "push"), ("cost-center", "cc-4711"),
+    ("env", "ci"), ("owner", "someone-at-example.com"))}
+
+
+def _blob(seed: int, size: int) -> str:
+    """`size` characters of JSON-looking text that do not repeat between objects (no interning)."""
+    unit = json.dumps({"seed": seed, "build": f"{seed:08x}", "log": "https://ci.example.com/builds/"})
+    return (unit * (size // len(unit) + 1))[:size]
+
+
+def _team(i: int) -> str:
+    return f"team-{i % SYNC_NAMESPACES:03d}"
+
+
+def sync_namespace(i: int, tenant: bool) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": _team(i), "uid": f"ns-{i}", "resourceVersion": "1",
+                            "labels": {"kubernetes.io/metadata.name": _team(i)}}
+    if tenant:
+        meta["labels"].update(TENANT_LABELS)
+        meta["annotations"] = {LAST_APPLIED: _blob(i, 1500), "egress-placer.io/pools": "pool-3"}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta, "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"}}
+
+
+def sync_pod(i: int, nodes: int, tenant: bool) -> dict[str, Any]:
+    pod = scale_pod(i, f"scale-{i % nodes:05d}")
+    meta = pod["metadata"]
+    meta.update(namespace=_team(i), uid=f"{i:08x}-1111-4000-8000-000000000000", resourceVersion=str(1000 + i))
+    meta["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": f"ci-{i:06d}",
+                                "uid": f"{i:08x}-2222-4000-8000-000000000000", "controller": True,
+                                "blockOwnerDeletion": True}]
+    pod["status"] = {"phase": "Running", "podIP": "10.0.0.1", "startTime": "2026-07-01T00:00:00Z"}
+    if tenant:  # what Tekton copies from the run, and what the tenant's CI adds
+        meta["labels"].update(TENANT_LABELS)
+        meta.setdefault("annotations", {}).update({
+            "pipeline.tekton.dev/release": "v1.15.0", "tekton.dev/ready": "READY",
+            "ci.example.com/build-info": _blob(i, 2048), "ci.example.com/trace": _blob(i + 1, 512)})
+        pod["spec"]["tolerations"] = [{"key": f"ci.example.com/t{j}", "operator": "Exists"} for j in range(8)]
+    else:
+        meta["labels"] = {k: v for k, v in meta["labels"].items() if k.startswith("tekton.dev/")}
+        meta.pop("annotations", None)
+    return pod
+
+
+def sync_taskrun(i: int, tenant: bool) -> dict[str, Any]:
+    run = bench_taskrun(_team(i), f"ci-{i:06d}")
+    meta = run["metadata"]
+    meta.update(uid=f"{i:08x}-2222-4000-8000-000000000000", resourceVersion=str(50_000 + i))
+    meta["annotations"] = {"egress-placer.io/decision": json.dumps(
+        {"pool": None, "reason": "no-match", "images": ["ghcr.io/tektoncd-catalog/git-clone:v1.1.0"]})}
+    run["status"] = {"podName": f"ci-{i:06d}-pod", "startTime": "2026-07-01T00:00:00Z",
+                     "conditions": [{"type": "Succeeded", "status": "Unknown", "reason": "Running"}]}
+    if tenant:  # applied with kubectl apply: the annotation repeats the run; a CI system's labels and notes
+        meta["labels"].update(TENANT_LABELS)
+        meta["annotations"].update({LAST_APPLIED: json.dumps(run)[:4096] + _blob(i, 2048),
+                                    "ci.example.com/build-info": _blob(i + 2, 2048)})
+    return run
+
+
+def sync_task(i: int, tenant: bool) -> dict[str, Any]:
+    task = copy.deepcopy(catalog_task("git-clone"))
+    task["metadata"] = {"name": f"task-{i:04d}", "namespace": _team(i), "uid": f"task-{i}", "resourceVersion": "1"}
+    for step in task["spec"].get("steps") or []:
+        if tenant:
+            step["script"] = _blob(i, 8192)
+        else:
+            step.pop("script", None)
+    return task
+
+
+class PagedApi:
+    """Stands in for KubeApi under the informers: pages of generated objects, watches that stay quiet."""
+
+    timeout = 10.0
+
+    def __init__(self, collections: dict[str, tuple[int, Callable[[int], dict[str, Any]]]]) -> None:
+        self.collections = collections
+        self.quiet = threading.Event()  # never set: a watch that sends nothing until stopped
+
+    def call(self, method: str, path: str, *, query: dict[str, Any] | None = None, **_: Any) -> dict[str, Any]:
+        count, make = self.collections.get(path, (0, lambda i: {}))
+        start, limit = int((query or {}).get("continue") or 0), int((query or {}).get("limit") or 500)
+        end = min(start + limit, count)
+        page = {"items": [make(i) for i in range(start, end)],
+                "metadata": {"resourceVersion": "1", "continue": str(end) if end < count else None}}
+        return json.loads(json.dumps(page))  # decoded from its JSON, as KubeApi.call does
+
+    def stream(self, path: str, *, query: dict[str, Any], timeout: Any) -> Any:
+        api = self
+
+        class Quiet:
+            def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
+                api.quiet.wait()
+                return iter(())
+
+            def close(self) -> None: ...
+
+            def release_conn(self) -> None: ...
+
+        return Quiet()
+
+
+def first_sync_rss(nodes: int, pods: int, taskruns: int, tenant: bool) -> dict[str, Any]:
+    """In this process: the controller's informers list everything into a ClusterState; its memory."""
+    from controller.kube.informer import cluster_informers
+    from controller.settings import Settings
+
+    policy = load_policy(POLICY_FOR_SYNC)
+    api = PagedApi({
+        "/api/v1/nodes": (nodes, lambda i: scale_node(i)),
+        "/api/v1/namespaces": (SYNC_NAMESPACES, lambda i: sync_namespace(i, tenant)),
+        "/api/v1/pods": (pods, lambda i: sync_pod(i, nodes, tenant)),
+        "/apis/tekton.dev/v1/taskruns": (taskruns, lambda i: sync_taskrun(i, tenant)),
+        "/apis/tekton.dev/v1/tasks": (SYNC_TASKS, lambda i: sync_task(i, tenant)),
+    })
+    gc.collect()
+    before = memory(os.getpid())
+    state = ClusterState(policy, clock=time.time)
+    informers = cluster_informers(api, state, Settings(), Metrics())  # type: ignore[arg-type]
+    started = time.monotonic()
+    for informer in informers:
+        informer.start()
+    for informer in informers:
+        informer.synced.wait(600)
+    synced_s = time.monotonic() - started
+    gc.collect()
+    after = memory(os.getpid())
+    kept = {"nodes": len(state.nodes), "pods": len(state.pods), "runs": len(state._runs),  # noqa: SLF001
+            "tekton": len(state.tekton), "namespaces": len(state.namespaces)}
+    return {"tenant": tenant, "rss_before_mb": before.get("VmRSS"), "rss_mb": after.get("VmRSS"),
+            "rss_peak_mb": after.get("VmHWM"), "sync_s": round(synced_s, 1), "kept": kept}
+
+
+POLICY_FOR_SYNC = """
+apiVersion: egress-placer.io/v1alpha1
+kind: PlacementPolicy
+pools:
+  - name: pool-3
+    nodeSelector: {node.kubernetes.io/pool: ci-3}
+    namespaces: ["team-00*"]
+    images: ["ghcr.io/tektoncd-catalog/*"]
+"""
+
+
+def first_sync_memory(nodes: int, pods: int, taskruns: int, log: Log = print) -> dict[str, Any]:
+    """Lean and tenant-sized first syncs, each in a fresh process; the target: tenant RSS within
+    TENANT_GROWTH_LIMIT of lean RSS."""
+    import subprocess
+    import sys
+
+    out: dict[str, Any] = {"nodes": nodes, "pods": pods, "taskruns": taskruns}
+    for mode in ("lean", "tenant"):
+        args = [sys.executable, "-m", "bench.scale", "first-sync", str(nodes), str(pods), str(taskruns), mode]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=900, check=True)
+        out[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        log(f"scale: first sync ({mode}) of {nodes} nodes, {pods} pods, {taskruns} TaskRuns: "
+            f"RSS {out[mode]['rss_mb']} MB (peak {out[mode]['rss_peak_mb']} MB)")
+    lean, tenant = out["lean"]["rss_mb"], out["tenant"]["rss_mb"]
+    out["tenant_growth"] = round(tenant / lean, 3) if lean else None
+    out["met"] = out["tenant_growth"] is not None and out["tenant_growth"] <= TENANT_GROWTH_LIMIT
+    return out
+
+
+if __name__ == "__main__":  # python -m bench.scale first-sync NODES PODS TASKRUNS lean|tenant  (one JSON line)
+    import sys
+
+    if len(sys.argv) == 6 and sys.argv[1] == "first-sync":
+        n, p, t = (int(a) for a in sys.argv[2:5])
+        print(json.dumps(first_sync_rss(n, p, t, sys.argv[5] == "tenant")))
+    elif len(sys.argv) == 5 and sys.argv[1] == "first-sync-memory":
+        print(json.dumps(first_sync_memory(*(int(a) for a in sys.argv[2:5])), indent=1))
+    else:
+        raise SystemExit("usage: python -m bench.scale first-sync-memory NODES PODS TASKRUNS")

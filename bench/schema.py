@@ -68,6 +68,11 @@ TEMPLATE: dict[str, Any] = {
         "events": None, "baseline_load": None, "load_at_end": None, "api_write_s": None, "seen_after_s": None, "events_seen_per_s": None,
         "lag_after_last_write_s": None, "in_process_events_per_s": None, "state_mb": None, "rss_baseline_mb": None,
         "profile": copy.deepcopy(PROFILE),
+        "first_sync_memory": {
+            "nodes": None, "pods": None, "taskruns": None, "tenant_growth": None, "met": None,
+            "lean": {"tenant": None, "rss_before_mb": None, "rss_mb": None, "rss_peak_mb": None, "sync_s": None, "kept": {}},
+            "tenant": {"tenant": None, "rss_before_mb": None, "rss_mb": None, "rss_peak_mb": None, "sync_s": None, "kept": {}},
+        },
     },
     "e2e": {
         "with": copy.deepcopy(E2E_MODE),

@@ -38,6 +38,8 @@ class Sizes:
     e2e_rate: float
     # Ordinary (non-pool) KWOK nodes of the bench cluster.
     ordinary_nodes: int = 2
+    # 4. Scale, memory after the first sync (in-process, no cluster): TaskRuns beside scale_nodes and scale_pods.
+    scale_taskruns: int = 0
 
     @property
     def pool_sizes(self) -> tuple[int, ...]:
@@ -63,6 +65,7 @@ SIZES: dict[str, Sizes] = {
         scale_nodes=500,
         scale_pods=2000,
         scale_event_pods=300,
+        scale_taskruns=2000,
         e2e_runs=40,
         e2e_blocks=2,
         e2e_rate=5.0,
@@ -84,6 +87,7 @@ SIZES: dict[str, Sizes] = {
         scale_nodes=5000,
         scale_pods=20000,
         scale_event_pods=2000,
+        scale_taskruns=20000,
         e2e_runs=200,
         e2e_blocks=4,
         e2e_rate=5.0,
@@ -105,6 +109,7 @@ SIZES: dict[str, Sizes] = {
         scale_nodes=20,
         scale_pods=60,
         scale_event_pods=10,
+        scale_taskruns=60,
         e2e_runs=4,
         e2e_blocks=1,
         e2e_rate=5.0,
