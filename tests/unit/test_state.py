@@ -13,7 +13,10 @@ from loguru import logger
 
 from controller.core.balance import ledger_key
 from controller.core.model import DECISION_ANNOTATION, AgentTemplate, DaemonSetState
-from controller.kube.informer import LAST_APPLIED, trim_daemonset
+from controller.core.agents import POOL_TOLERATIONS_ANNOTATION
+from controller.kube.informer import trim_daemonset
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 from controller.core.policy import load_policy
 from controller.state import POLICY, TEKTON_FLAGS, ClusterState
 
@@ -194,12 +197,13 @@ def test_daemonsets_are_kept_by_uid_and_wake_subscribers_only_when_they_come_or_
 
 
 def test_a_daemonsets_template_change_wakes_subscribers_and_its_trimmed_form_is_what_is_kept(state):
-    """The informer keeps who the DaemonSet is, its annotations and where its template sends pods."""
+    """The informer keeps who the DaemonSet is, the annotation core.agents reads and where its template
+    sends pods."""
     seen: list[str] = []
     state.subscribe(seen.append)
     full = {
         **DS,
-        "metadata": {**DS["metadata"], "resourceVersion": "7", "annotations": {"a": "b", LAST_APPLIED: "{}"}},
+        "metadata": {**DS["metadata"], "resourceVersion": "7", "annotations": {"a": "b", LAST_APPLIED: "{}", POOL_TOLERATIONS_ANNOTATION: "patch"}},
         "spec": {"template": {"spec": {
             "containers": [{"name": "c", "image": "agent:1"}],
             "tolerations": [{"key": "gpu", "operator": "Exists"}],
@@ -217,7 +221,7 @@ def test_a_daemonsets_template_change_wakes_subscribers_and_its_trimmed_form_is_
     assert kept.template == AgentTemplate(
         tolerations=({"key": "gpu", "operator": "Exists"},), node_selector={"os": "linux"}, required_terms=({},), host_network=True
     )
-    assert kept.annotations == {"a": "b"} and kept.resource_version == "7"
+    assert kept.annotations == {POOL_TOLERATIONS_ANNOTATION: "patch"} and kept.resource_version == "7"
     state.apply("DaemonSet", "MODIFIED", {**trimmed, "metadata": {**trimmed["metadata"], "resourceVersion": "8"}})
     assert seen == ["DaemonSet"]  # a new version alone (a status update) is no pass
     changed = trim_daemonset({**full, "spec": {"template": {"spec": {"tolerations": []}}}})

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.corpus import tekton_examples_dir
+from controller.core.agents import POOL_TOLERATIONS_ANNOTATION
 from controller.core.images import (
     TASKRUN_LABEL,
     image_fields,
@@ -25,6 +26,7 @@ from controller.core.intruders import MIRROR_POD_ANNOTATION, controller_owner, i
 from controller.core.model import (
     DECISION_ANNOTATION,
     NAMESPACE_POOLS_ANNOTATION,
+    REVIEW_ANNOTATION,
     NamespaceState,
     NodeState,
     PodState,
@@ -65,8 +67,9 @@ def meta(**fields: Any) -> dict[str, Any]:
     ("kind", "labels", "annotations", "kept_labels", "kept_annotations"),
     [
         pytest.param(
-            "Pod", TEKTON_LABELS, {LAST_APPLIED: HUGE, "tekton.dev/ready": "READY", MIRROR_POD_ANNOTATION: "abc"},
-            {TASKRUN_LABEL: "build-run-1"}, {MIRROR_POD_ANNOTATION: "abc"}, id="pod-tekton",
+            "Pod", TEKTON_LABELS,
+            {LAST_APPLIED: HUGE, "tekton.dev/ready": "READY", MIRROR_POD_ANNOTATION: "abc", REVIEW_ANNOTATION: "r-1"},
+            {TASKRUN_LABEL: "build-run-1"}, {MIRROR_POD_ANNOTATION: "abc", REVIEW_ANNOTATION: "r-1"}, id="pod-tekton",
         ),
         pytest.param("Pod", {"app": "x"}, {"note": "hello"}, None, None, id="pod-nothing-read"),
         pytest.param(
@@ -74,6 +77,8 @@ def meta(**fields: Any) -> dict[str, Any]:
             None, {DECISION_ANNOTATION: '{"pool": "overseas"}'}, id="taskrun-decided",
         ),
         pytest.param("PipelineRun", {"a": "b"}, {LAST_APPLIED: HUGE}, None, None, id="pipelinerun-undecided"),
+        pytest.param("DaemonSet", {"app": "agent"}, {LAST_APPLIED: HUGE, POOL_TOLERATIONS_ANNOTATION: "patch"},
+                     None, {POOL_TOLERATIONS_ANNOTATION: "patch"}, id="daemonset-opt-in"),
         pytest.param(
             "Namespace", {"team": "cdn", "kubernetes.io/metadata.name": "team-a"},
             {LAST_APPLIED: HUGE, NAMESPACE_POOLS_ANNOTATION: "overseas,lab", "owner": "someone"},
@@ -114,9 +119,10 @@ def test_the_allow_lists_name_only_what_a_reader_reads():
     assert {k: v for k, v in KEPT_LABELS.items() if v is not None} == {"Pod": frozenset({TASKRUN_LABEL})}
     assert KEPT_ANNOTATIONS == {
         "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),
-        "Pod": frozenset({MIRROR_POD_ANNOTATION}),
-        "TaskRun": frozenset({DECISION_ANNOTATION}),
-        "PipelineRun": frozenset({DECISION_ANNOTATION}),
+        "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION}),
+        "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION}),
+        "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION}),
+        "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),
     }
 
 
@@ -291,7 +297,7 @@ def pod_answers(pod: PodState) -> tuple[Any, ...]:
 def test_every_pod_reader_answers_the_same_from_the_trimmed_pod(pod):
     whole, trimmed = PodState.from_pod(pod), PodState.from_pod(trim_pod(pod))
     assert pod_answers(trimmed) == pod_answers(whole)
-    assert set(trimmed.labels) <= {TASKRUN_LABEL} and set(trimmed.annotations) <= {MIRROR_POD_ANNOTATION}
+    assert set(trimmed.labels) <= {TASKRUN_LABEL} and set(trimmed.annotations) <= KEPT_ANNOTATIONS["Pod"]
     assert len(trimmed.owners) <= 2
 
 
