@@ -69,7 +69,7 @@ TEMPLATE: dict[str, Any] = {
         "lag_after_last_write_s": None, "in_process_events_per_s": None, "state_mb": None, "rss_baseline_mb": None,
         "profile": copy.deepcopy(PROFILE),
         "first_sync_memory": {
-            "nodes": None, "pods": None, "taskruns": None, "tenant_growth": None, "met": None,
+            "nodes": None, "pods": None, "taskruns": None, "tenant_extra_mb": None, "met": None,
             "lean": {"tenant": None, "rss_before_mb": None, "rss_mb": None, "rss_peak_mb": None, "sync_s": None, "kept": {}},
             "tenant": {"tenant": None, "rss_before_mb": None, "rss_mb": None, "rss_peak_mb": None, "sync_s": None, "kept": {}},
         },
