@@ -432,7 +432,7 @@ def test_scrape_annotations_point_at_the_metrics_endpoint() -> None:
 def test_resources_are_the_agreed_requests_and_limits() -> None:
     assert CONTAINER["resources"] == {
         "requests": {"cpu": "50m", "memory": "96Mi"},
-        "limits": {"cpu": "500m", "memory": "256Mi"},
+        "limits": {"cpu": "500m", "memory": "320Mi"},
     }
 
 
