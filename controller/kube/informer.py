@@ -265,9 +265,12 @@ def config_map(namespace: str, name: str) -> Resource:
 # -- the informer ------------------------------------------------------------------------------------
 
 # Objects per list page: one page is decoded whole before it is trimmed, and a tenant's objects can be
-# big (100 runs with 10 KB of annotations each: 1 MB of JSON, several MB decoded). Memory freed after the
-# first sync mostly stays with the process, so the page bounds what the first sync costs for good.
-LIST_PAGE_SIZE = 100
+# big (250 runs with 10 KB of annotations each: 2.5 MB of JSON, several times that decoded). Memory freed
+# after the first sync mostly stays with the process, so the page bounds what the first sync costs for
+# good. Measured at 5,000 nodes, 20,000 pods and 20,000 TaskRuns: 100 a page adds 9 MB for tenant-sized
+# metadata but the first sync on the local cluster took over 60 s (each page costs the API server too);
+# 500 adds 30 MB; 250 adds 19 MB with a first sync of 42 s (bench.scale).
+LIST_PAGE_SIZE = 250
 
 
 class WatchExpired(Exception):
