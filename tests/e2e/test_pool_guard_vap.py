@@ -211,7 +211,9 @@ def test_with_the_webhook_down_a_keyless_exists_daemonset_runs_on_every_ordinary
         events = api.items(namespaced(TEAM_OTHER, "events"), fieldSelector=f"involvedObject.name={daemonset}")
         return [e.get("message") for e in events if e.get("reason") == "FailedCreate" and REFUSAL in (e.get("message") or "")]
 
-    wait_for("the DaemonSet's pods running on every ordinary node", lambda: nodes_running() >= ORDINARY_NODES, timeout=60)
+    # The DaemonSet controller creates in slow-start batches and stops a batch at the first refused create,
+    # then backs off exponentially: with the pool nodes' creates refused, the ordinary ones can take a while.
+    wait_for("the DaemonSet's pods running on every ordinary node", lambda: nodes_running() >= ORDINARY_NODES, timeout=120)
     messages = wait_for("the DaemonSet controller's pool-node pods refused by the guard", refused_for_pool_nodes, timeout=30)
     listed = api.items(pods(TEAM_OTHER), labelSelector=f"app={daemonset}")
 

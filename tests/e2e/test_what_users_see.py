@@ -125,7 +125,8 @@ def test_a_placed_runs_pod_keeps_the_toleration_of_tektons_default_pod_template(
         done = runs.wait_succeeded(TEAM_CDN, "taskruns", [placed, ordinary])
 
     assert decision_of(done[placed])["pool"] == POOL and decision_of(done[ordinary])["pool"] is None
-    assert "podTemplate" not in done[ordinary]["spec"]  # left to Tekton's own merge
+    # An ordinary run's podTemplate is not ours: absent, or (with Tekton's webhook) Tekton's own default copied in.
+    assert (done[ordinary]["spec"].get("podTemplate") or {}).get("tolerations", [DEFAULT_TOLERATION]) == [DEFAULT_TOLERATION]
     pods = runs.pods_by_taskrun(TEAM_CDN)
     tolerations = {name: pods[name]["spec"].get("tolerations") or [] for name in (placed, ordinary)}
 

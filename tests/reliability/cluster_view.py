@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
 from devplacer.controller import NAMESPACE, ControllerReplica, replicas_of
-from tests.e2e.tekton_runs import ORDINARY_NODES, POOL_NODES, POOL_TAINT, POOL_TOLERATION, node_of
+from tests.e2e.tekton_runs import ORDINARY_NODES, POOL_NODES, POOL_TAINT, POOL_TOLERATION, Runs, node_of
 from tests.kube import Api, namespaced, node, pods
 
 T = TypeVar("T")
@@ -78,6 +78,14 @@ def intruder_pod(name: str, node: str | None = "egress-1", **spec: Any) -> dict[
         body_spec["nodeName"] = node
     body_spec.update(spec)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": body_spec}
+
+
+def sneak_onto(api: Api, runs: Runs, namespace: str, name: str, node: str) -> None:
+    """Put intruder `name` on pool node `node` the way admission cannot stop (it strips a pool node's
+    nodeName and the pool toleration at CREATE): pinned to the node by its hostname label, held back by
+    the taint, then given the pool toleration by an UPDATE. `runs` creates the pod (and cleans it up)."""
+    runs.create_pod(namespace, intruder_pod(name, node=None, tolerations=[], nodeSelector={"kubernetes.io/hostname": node}))
+    api.json_patch(pods(namespace, name), [{"op": "add", "path": "/spec/tolerations/-", "value": POOL_TOLERATION}])
 
 
 def pod_gone(api: Api, namespace: str, name: str) -> bool:

@@ -33,11 +33,11 @@ from tests.reliability.burst import Burst, RetryingRuns, all_finished, pool_outc
 from tests.reliability.cluster_view import (
     Placer,
     apiserver_metrics,
-    intruder_pod,
     parse_samples,
     pod_gone,
     quietly,
     remove_pool_taint,
+    sneak_onto,
 )
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
 from tests.waiting import wait_for
@@ -222,7 +222,7 @@ def test_under_sustained_429s_the_controller_backs_off_and_drops_nothing(
         remove_pool_taint(api, node)
     intruders = [runs.name(f"intruder-{i}") for i in range(INTRUDERS)]
     for i, name in enumerate(intruders):
-        runs.create_pod(TEAM_OTHER, intruder_pod(name, node=sorted(POOL_NODES)[i % len(POOL_NODES)]))
+        sneak_onto(api, runs, TEAM_OTHER, name, sorted(POOL_NODES)[i % len(POOL_NODES)])
     burst = Burst(runs, TEAM_CDN, BURST, prefix="pressure").start()
     # Part of the scenario: the pressure lasts PRESSURE_SECONDS, whatever happens meanwhile.
     time.sleep(max(0.0, PRESSURE_SECONDS - (time.time() - pressure_from)))

@@ -19,16 +19,16 @@ from devcluster.cluster import Cluster
 from devplacer.controller import PROXY_NAME, ControllerReplica, controller_env
 from devplacer.faults import kill_component, start_component
 from tests.e2e.running_controller import pool_taints
-from tests.e2e.tekton_runs import POOL_TAINT, POOL_TOLERATION, events
-from tests.kube import Api, pods
+from tests.e2e.tekton_runs import POOL_TAINT, events
+from tests.kube import Api
 from tests.reliability.burst import Burst, RetryingRuns, all_finished, pool_outcome
 from tests.reliability.cluster_view import (
     Placer,
-    intruder_pod,
     lease_holder,
     pod_gone,
     quietly,
     remove_pool_taint,
+    sneak_onto,
 )
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, ControllerSpec, Figures
 from tests.waiting import wait_for
@@ -82,12 +82,8 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
     killed = kill_component(devcluster, leader.name)
     killed_at, created_before_kill = time.monotonic(), burst.submitted
     remove_pool_taint(api, "egress-1")
-    # Onto the pool as admission cannot stop it (a pool node's nodeName is stripped at CREATE): pinned
-    # to egress-2, held back by its taint, then given the pool toleration by an UPDATE.
     intruder = runs.name("intruder")
-    runs.create_pod(TEAM_OTHER, intruder_pod(intruder, node=None, tolerations=[],
-                                             nodeSelector={"kubernetes.io/hostname": "egress-2"}))
-    api.json_patch(pods(TEAM_OTHER, intruder), [{"op": "add", "path": "/spec/tolerations/-", "value": POOL_TOLERATION}])
+    sneak_onto(api, runs, TEAM_OTHER, intruder, "egress-2")
 
     wait_for(
         "the removed pool taint back",
