@@ -47,6 +47,7 @@ from controller.reconcile.last_good_policy import POLICY_KEY, LastGoodPolicyKeep
 from controller.reconcile.loop import ReconcileLoop
 from controller.reconcile.missed_runs import report_missed_runs
 from controller.reconcile.pool_guard import PoolGuardReconciler
+from controller.reconcile.pool_metrics import PoolMetrics
 from controller.reconcile.taints import TaintReconciler
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -184,6 +185,8 @@ class Controller:
         self.server = AdmissionServer(
             settings, self.admission, self.metrics, self.certs.tls, self.not_ready_because, degraded=self.policy.problem
         )
+        self.metrics.track_policy(ready=lambda: self.policy.problem() is None, in_force=self.policy.loaded.is_set)
+        self.metrics.track_certificate(lambda: self.certs.tls.not_after)
 
     def _leader_elector(self) -> LeaderElector:
         s = self.settings
@@ -197,11 +200,12 @@ class Controller:
             renew_deadline=s.renew_deadline_seconds,
             retry_period=s.retry_period_seconds,
             on_started_leading=self._started_leading,
+            on_stopped_leading=self.metrics.clear_leader_series,
         )
 
     def _reconcile_loop(self) -> ReconcileLoop:
         """The leader's reconcilers: pool taints, then intruders, then the API server's pool guard, then node
-        agents kept off pools, then the stored last good policy."""
+        agents kept off pools, then the stored last good policy, then the pool's load in metrics."""
         s = self.settings
         intruders = IntruderReconciler(
             self.state,
@@ -220,6 +224,7 @@ class Controller:
                 PoolGuardReconciler(self.state, self.client, s.namespace, verify_seconds=s.resync_seconds),
                 AgentReconciler(self.state, self.client, self.events, self.metrics),
                 self.last_good,
+                PoolMetrics(self.state, self.metrics),
             ],
             is_leader=self.is_leader,
             resync_seconds=s.resync_seconds,

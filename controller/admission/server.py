@@ -33,8 +33,8 @@ from loguru import logger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.admission.certs import ServingTLS
-from controller.admission.handlers import Admission, MalformedReview
-from controller.metrics import Metrics
+from controller.admission.handlers import UNKNOWN_KIND, Admission, MalformedReview
+from controller.metrics import MALFORMED, Metrics
 from controller.settings import Settings
 
 MAX_REVIEW_BYTES = 3 * 1024 * 1024  # the API server's request size limit
@@ -102,10 +102,10 @@ class AdmissionServer:
             async with asyncio.timeout(READ_TIMEOUT_SECONDS):
                 raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            self.metrics.admission_errors.labels(kind="malformed").inc()
+            self._malformed()
             raise
         except TimeoutError:
-            self.metrics.admission_errors.labels(kind="malformed").inc()
+            self._malformed()
             return _text(408, f"the request body did not arrive within {READ_TIMEOUT_SECONDS:.0f} s")
         if len(raw) <= INLINE_REVIEW_BYTES or self._large_reviews is None:
             return self._answer(raw, request.path)
@@ -116,10 +116,10 @@ class AdmissionServer:
         try:
             body: Any = json.loads(raw)
         except (UnicodeDecodeError, ValueError):
-            self.metrics.admission_errors.labels(kind="malformed").inc()
+            self._malformed()
             return _text(400, "the body is not JSON")
         except RecursionError:  # e.g. 100,000 nested arrays: the decoder gives up
-            self.metrics.admission_errors.labels(kind="malformed").inc()
+            self._malformed()
             return _text(400, "the body is JSON nested too deeply")
         try:
             answer = self.admission.review(body)
@@ -127,6 +127,9 @@ class AdmissionServer:
             logger.bind(path=path).warning("malformed AdmissionReview: {}", error)
             return _text(400, f"malformed AdmissionReview: {error}")
         return web.json_response(answer, dumps=_dumps)
+
+    def _malformed(self) -> None:
+        self.metrics.admission_reviews.labels(kind=UNKNOWN_KIND, outcome=MALFORMED).inc()
 
     async def healthz(self, request: web.Request) -> web.Response:
         return _text(200, "ok")

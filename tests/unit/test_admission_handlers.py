@@ -716,7 +716,7 @@ def test_malformed_reviews_are_refused(body: Any) -> None:
     env = Env()
     with pytest.raises(MalformedReview):
         env.admission.review(body)
-    assert env.metrics.admission_errors.labels(kind="malformed")._value.get() == 1
+    assert env.metrics.admission_reviews.labels(kind="unknown", outcome="malformed")._value.get() == 1
 
 
 @pytest.mark.parametrize(
@@ -744,7 +744,8 @@ def test_internal_error_fails_open() -> None:
     response, _, patch = env.review(taskrun("kaniko"))
     assert patch == []
     assert "internal error" in response["warnings"][0]
-    assert env.metrics.admission_errors.labels(kind="TaskRun")._value.get() == 1
+    assert env.metrics.admission_reviews.labels(kind="TaskRun", outcome="error")._value.get() == 1
+    assert env.metrics.admission_reviews.labels(kind="TaskRun", outcome="unchanged")._value.get() == 0
 
 
 def test_garbage_pod_template_fails_open() -> None:
