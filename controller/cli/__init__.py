@@ -105,6 +105,25 @@ def _run_status(args: argparse.Namespace) -> int:
     return run_status(_settings(args), out=sys.stdout, as_json=args.json)
 
 
+def _configure_uninstall(parser: argparse.ArgumentParser) -> None:
+    _configure_cluster(parser)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="show what would be removed, change nothing")
+    mode.add_argument("--yes", action="store_true", help="remove it")
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, metavar="SECONDS",
+        help="how long to wait for the controller to stop leading before removing the taints (default 120)",
+    )
+
+
+def _run_uninstall(args: argparse.Namespace) -> int:
+    from controller.cli.status import connect
+    from controller.cli.uninstall import run_uninstall
+
+    settings = _settings(args)
+    return run_uninstall(settings, connect(settings), sys.stdout, dry_run=args.dry_run, yes=args.yes, timeout=args.timeout)
+
+
 COMMANDS: Mapping[str, Command] = {
     "run": Command(
         help="run the controller (settings from EGRESS_PLACER_* environment variables)",
@@ -116,6 +135,12 @@ COMMANDS: Mapping[str, Command] = {
         "or a node agent is missing, 2 when the policy is invalid or missing, 3 when the cluster cannot be read",
         configure=_configure_status,
         run=_run_status,
+    ),
+    "uninstall": Command(
+        help="remove egress-placer from the cluster: the controller, its webhooks and pool guard, the pool "
+        "taints, its RBAC and namespace (docs/uninstall.md); --dry-run shows the plan, --yes does it",
+        configure=_configure_uninstall,
+        run=_run_uninstall,
     ),
     "explain": Command(
         help="print, one JSON line each, where the runs and pods of manifest files would be placed",

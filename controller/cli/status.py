@@ -199,14 +199,19 @@ def print_rows(rows: list[PoolNodeRow], out: TextIO, gaps: Sequence[AgentGap] = 
             )
 
 
+def connect(settings: Settings) -> KubeApi:
+    """The API client for a command; CommandError (status 2) when there is no usable kubeconfig."""
+    try:
+        return KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
+    except ClusterConfigError as e:
+        raise CommandError(str(e)) from None
+
+
 def read_cluster(settings: Settings) -> tuple[ClusterState, str | None]:
     """The policy in force, nodes, namespaces, pods and DaemonSets, read once, and what is wrong with
     the policy (None: nothing); CommandError when there is no usable kubeconfig, ClusterUnreachable
     when the cluster cannot be reached or read."""
-    try:
-        api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
-    except ClusterConfigError as e:
-        raise CommandError(str(e)) from None
+    api = connect(settings)
     try:
         state = ClusterState(None, clock=time.time)
         problem = policy_in_force(settings, api, state)

@@ -7,7 +7,6 @@ tests/unit/test_cli_exit_codes.py has the whole table."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,29 +17,16 @@ import yaml
 
 from controller.cli import PLUGIN_EXECUTABLE
 from controller.cli.errors import Exit
-from devcluster.cluster import Cluster
 from devcluster.process import free_port
 from devplacer.controller import stop_controller
-from tests.e2e.running_controller import EgressPlacer, pool_taints
+from tests.e2e.running_controller import EgressPlacer, as_an_administrator, egress_placer_command, pool_taints
 from tests.e2e.tekton_runs import POOL_NODES, POOL_TAINT
 from tests.kube import Api, node
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
-REPO = Path(__file__).resolve().parents[2]
 UNTAINTED = "egress-2"
-
-
-def as_an_administrator(cluster: Cluster, *argv: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """`argv` with KUBECONFIG set as for kubectl and no EGRESS_PLACER_* variable (the venv's scripts on PATH)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EGRESS_PLACER_")}
-    env.update(
-        KUBECONFIG=str(kubeconfig or cluster.kubeconfig),
-        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-        PYTHONPATH=str(REPO),
-    )
-    return subprocess.run(list(argv), env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
 def status_rows(done: subprocess.CompletedProcess[str]) -> dict[str, dict[str, object]]:
@@ -50,7 +36,7 @@ def status_rows(done: subprocess.CompletedProcess[str]) -> dict[str, dict[str, o
 def test_status_is_0_while_the_controller_keeps_the_pool_right(egress_placer: EgressPlacer, api: Api) -> None:
     cluster = egress_placer.cluster
     wait_for("every pool node tainted", lambda: all(pool_taints(api, n) == [POOL_TAINT] for n in POOL_NODES), timeout=30)
-    done = as_an_administrator(cluster, sys.executable, "-m", "controller", "status", "--json")
+    done = egress_placer_command(cluster, "status", "--json")
     assert done.returncode == Exit.OK, done.stdout + done.stderr
     rows = status_rows(done)
     assert set(rows) == POOL_NODES and {r["taint"] for r in rows.values()} == {"ok"}
@@ -63,7 +49,7 @@ def test_status_is_1_when_a_pool_node_lost_its_taint_also_as_the_kubectl_plugin(
     kept = [t for t in listed["spec"].get("taints") or [] if t != POOL_TAINT]
     api.json_patch(node(UNTAINTED), [{"op": "replace", "path": "/spec/taints", "value": kept}])
 
-    done = as_an_administrator(cluster, sys.executable, "-m", "controller", "status", "--json")
+    done = egress_placer_command(cluster, "status", "--json")
     assert done.returncode == Exit.FINDINGS, done.stdout + done.stderr
     assert status_rows(done)[UNTAINTED]["taint"] == "missing"
 
@@ -81,7 +67,7 @@ def test_status_is_3_when_the_api_server_does_not_answer(egress_placer: EgressPl
         entry["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"  # nothing listens there
     closed = tmp_path / "kubeconfig"
     closed.write_text(yaml.safe_dump(config))
-    done = as_an_administrator(cluster, sys.executable, "-m", "controller", "status", kubeconfig=closed)
+    done = egress_placer_command(cluster, "status", kubeconfig=closed)
     assert done.returncode == Exit.UNREACHABLE, done.stdout + done.stderr
     (line,) = done.stderr.splitlines()
     assert line.startswith("egress-placer status: cannot reach the API server at https://127.0.0.1:") and "Connection refused" in line

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -657,6 +658,10 @@ def test_the_builder_stage_makes_a_wheel_with_the_whole_controller(tmp_path: Pat
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "controller").rglob("*.py")}
     assert modules - names == set()
     assert "egress-placer = controller.cli:main" in entry_points
+    assert "kubectl-egress_placer = controller.cli:main" in entry_points  # `kubectl egress-placer`
+    (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read(license_file) == (ROOT / "LICENSE").read_bytes()
     helped = subprocess.run(
         [sys.executable, "-c", "import sys; from controller.cli import main; sys.argv[0] = 'egress-placer'; main()", "--help"],
         env={**os.environ, "PYTHONPATH": str(wheel)}, cwd=tmp_path, capture_output=True, text=True, timeout=60,
@@ -666,6 +671,14 @@ def test_the_builder_stage_makes_a_wheel_with_the_whole_controller(tmp_path: Pat
         [sys.executable, "-c", "import controller; print(controller.__file__)"],
         env={**os.environ, "PYTHONPATH": str(wheel)}, cwd=tmp_path, capture_output=True, text=True, check=True,
     ).stdout
+
+
+def test_the_license_is_the_one_the_package_declares() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    text = (ROOT / "LICENSE").read_text()
+    assert project["license"] == "Apache-2.0"
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) == 201  # the whole text, appendix too
 
 
 # -- the cert-manager component ---------------------------------------------------------------------
