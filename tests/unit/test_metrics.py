@@ -195,7 +195,7 @@ def test_the_pass_sets_load_capacity_and_ready_nodes_and_removes_a_node_that_lef
     chosen, _ = state.choose_and_assume(pool, "taskrun/team-a/r", salt="r")
     assert chosen == "pool-2"  # the least loaded
     metrics = Metrics()
-    publish = PoolMetrics(state, metrics)
+    publish = PoolMetrics(state, metrics, min_interval=0)
 
     publish()
     assert samples(metrics, "pool_node_load") == {
@@ -216,13 +216,30 @@ def test_a_replica_that_stops_leading_exports_no_leader_series_and_sets_them_aga
     state = ClusterState(load_policy(POLICY), clock=lambda: 1000.0)
     state.replace("Node", [node("pool-1")])
     metrics = Metrics()
-    publish = PoolMetrics(state, metrics)
+    publish = PoolMetrics(state, metrics, min_interval=0)
     publish()
     metrics.intruders.labels(pool="overseas").set(1)
     metrics.clear_leader_series()
     assert all(samples(metrics, attr) == {} for attr in LEADER_SERIES)
     publish()  # leading again: the series come back
     assert samples(metrics, "pool_ready_nodes") == {("overseas",): 1}
+
+
+def test_passes_close_together_count_the_pool_once_per_interval() -> None:
+    """`loads` holds the state's lock while it counts: a burst of passes does not repeat it."""
+    now = [0.0]
+    state = ClusterState(load_policy(POLICY), clock=lambda: 1000.0)
+    state.replace("Node", [node("pool-1")])
+    metrics = Metrics()
+    publish = PoolMetrics(state, metrics, min_interval=10.0, clock=lambda: now[0])
+    publish()
+    state.replace("Node", [node("pool-1"), node("pool-2")])
+    for now[0] in (0.2, 5.0, 9.9):
+        publish()
+        assert samples(metrics, "pool_ready_nodes") == {("overseas",): 1}
+    now[0] = 10.0
+    publish()
+    assert samples(metrics, "pool_ready_nodes") == {("overseas",): 2}
 
 
 @pytest.mark.parametrize(
