@@ -29,7 +29,7 @@ RUN /opt/egress-placer/bin/pip install --requirement /tmp/requirements.txt
 # Then one wheel for the project (its build backend is pinned in pyproject.toml), installed without
 # dependencies; `pip check` proves they are all there. pip byte-compiles on install, so nothing needs
 # writing at run time.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY controller ./controller
 RUN /opt/egress-placer/bin/pip wheel --no-deps --wheel-dir /wheels . \
  && /opt/egress-placer/bin/pip install --no-deps /wheels/egress_placer-*.whl \

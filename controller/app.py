@@ -35,7 +35,7 @@ from controller.admission.handlers import Admission
 from controller.admission.server import AdmissionServer
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.kube.egress_source import EgressPollers
-from controller.kube.client import KubeApi, make_api_client
+from controller.kube.client import ClusterConfigError, KubeApi, make_api_client
 from controller.kube.informer import Informer, cluster_informers
 from controller.kube.leader import LeaderElector
 from controller.kube.policy_source import PolicySource
@@ -47,6 +47,7 @@ from controller.reconcile.last_good_policy import POLICY_KEY, LastGoodPolicyKeep
 from controller.reconcile.loop import ReconcileLoop
 from controller.reconcile.missed_runs import report_missed_runs
 from controller.reconcile.pool_guard import PoolGuardReconciler
+from controller.reconcile.pool_metrics import PoolMetrics
 from controller.reconcile.taints import TaintReconciler
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -60,7 +61,12 @@ CERT_TICK_SECONDS = 1.0
 
 
 class StartupError(RuntimeError):
-    """The controller cannot start (e.g. a cache that never syncs); the message says why."""
+    """The controller cannot start; the message says why. `unreachable`: because the cluster could not
+    be read (a cache that never syncs), not because of its configuration."""
+
+    def __init__(self, message: str, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 def _json_line(record: "loguru.Record") -> str:
@@ -179,6 +185,8 @@ class Controller:
         self.server = AdmissionServer(
             settings, self.admission, self.metrics, self.certs.tls, self.not_ready_because, degraded=self.policy.problem
         )
+        self.metrics.track_policy(ready=lambda: self.policy.problem() is None, in_force=self.policy.loaded.is_set)
+        self.metrics.track_certificate(lambda: self.certs.tls.not_after)
 
     def _leader_elector(self) -> LeaderElector:
         s = self.settings
@@ -192,11 +200,12 @@ class Controller:
             renew_deadline=s.renew_deadline_seconds,
             retry_period=s.retry_period_seconds,
             on_started_leading=self._started_leading,
+            on_stopped_leading=self.metrics.clear_leader_series,
         )
 
     def _reconcile_loop(self) -> ReconcileLoop:
         """The leader's reconcilers: pool taints, then intruders, then the API server's pool guard, then node
-        agents kept off pools, then the stored last good policy."""
+        agents kept off pools, then the stored last good policy, then the pool's load in metrics."""
         s = self.settings
         intruders = IntruderReconciler(
             self.state,
@@ -215,6 +224,7 @@ class Controller:
                 PoolGuardReconciler(self.state, self.client, s.namespace, verify_seconds=s.resync_seconds),
                 AgentReconciler(self.state, self.client, self.events, self.metrics),
                 self.last_good,
+                PoolMetrics(self.state, self.metrics),
             ],
             is_leader=self.is_leader,
             resync_seconds=s.resync_seconds,
@@ -259,7 +269,9 @@ class Controller:
         deadline = time.monotonic() + STARTUP_TIMEOUT
         for informer in self.informers:
             if not informer.synced.wait(max(0.0, deadline - time.monotonic())):
-                raise StartupError(f"the {informer.resource.name} cache did not sync in {STARTUP_TIMEOUT:.0f}s")
+                raise StartupError(
+                    f"the {informer.resource.name} cache did not sync in {STARTUP_TIMEOUT:.0f}s", unreachable=True
+                )
         logger.bind(nodes=len(self.state.nodes), pods=len(self.state.pods)).info("caches synced")
         if self.settings.leader_election:
             self.leader.start()
@@ -287,7 +299,11 @@ class Controller:
             log.error("no valid policy at start and none stored: nothing is placed on a pool, the pool taints stay")
 
     async def serve(self, stop: asyncio.Event) -> None:
-        await asyncio.to_thread(self.start_watching)
+        try:
+            await asyncio.to_thread(self.start_watching)
+        except StartupError:
+            await self.shutdown()  # the threads it started: the informers still retrying
+            raise
         await self._ensure_certs()
         await self.server.start()
         logger.info("egress-placer running as {}", self.settings.identity)
@@ -330,20 +346,21 @@ class Controller:
 
 
 def run(settings: Settings) -> int:
-    """Build the controller and serve until SIGTERM or SIGINT; 2 (and why, not a traceback) when it
-    cannot start."""
+    """Build the controller and serve until SIGTERM or SIGINT, then 0; StartupError (logged, and its
+    message says why) when it cannot start."""
     configure_logging(settings)
     try:
         try:
             controller = Controller(settings)
-        except Exception as error:  # an unreadable kubeconfig, timings that cannot work...
+        except ClusterConfigError as error:
+            raise StartupError(str(error)) from error
+        except Exception as error:  # timings that cannot work...
             logger.opt(exception=True).debug("the controller could not be built")
             raise StartupError(f"{type(error).__name__}: {error}") from error
         asyncio.run(_serve_until_signalled(controller))
     except StartupError as error:
         logger.error("egress-placer cannot start: {}", error)
-        print(f"egress-placer: {error}", file=sys.stderr)
-        return 2
+        raise
     return 0
 
 

@@ -2,21 +2,51 @@
 
 Built per process (no module-level singletons): `Metrics()` makes a fresh registry, so tests and
 benchmarks can make as many as they like. Grouped by who records them: admission, the pool
-(load, taints, intruders), and the adapters (watches, API calls, Events, the policy, the lease).
+(load, taints, intruders: the leader's reconcile pass), the adapters (watches, API calls, Events,
+the policy, the lease, the serving certificate), and the process (build info, prometheus_client's
+process, platform and garbage-collector collectors).
+
+docs/metrics.md lists every series with its type, labels and who sets it; tests/unit/test_metrics.py
+holds the same list as a table and checks the exposition against it.
+
+Series only the leader sets (`LEADER_SERIES`) are removed when it stops leading (`clear_leader_series`):
+a follower exports none, so a sum over replicas counts each pool node once.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import platform
+from typing import Callable, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
+
+from controller import __version__
+
+# No `<counter>_created` gauge beside every counter and histogram (prometheus_client's default in the
+# text format): Prometheus reads them as more series and nothing here uses them. A process-wide switch.
+disable_created_metrics()
 
 ADMISSION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+# The outcomes of one AdmissionReview (admission_reviews_total{outcome}).
+MUTATED, UNCHANGED, ERROR, MALFORMED = "mutated", "unchanged", "error", "malformed"
+# The attributes of Metrics that only the leader's reconcile pass sets.
+LEADER_SERIES = ("pool_node_load", "pool_node_capacity", "pool_ready_nodes", "intruders", "taint_drift_nodes", "agents_missing")
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self._process()
         self._admission()
         self._pool()
         self._adapters()
@@ -26,6 +56,13 @@ class Metrics:
 
     def _gauge(self, name: str, help: str, labels: Sequence[str] = ()) -> Gauge:
         return Gauge(f"egress_placer_{name}", help, list(labels), registry=self.registry)
+
+    def _process(self) -> None:
+        self.build_info = Info("egress_placer_build", "The running egress-placer: version and Python.", registry=self.registry)
+        self.build_info.info({"version": __version__, "python_version": platform.python_version()})
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+        PlatformCollector(registry=self.registry)  # python_info
+        GCCollector(registry=self.registry)  # python_gc_objects_collected_total, ...
 
     def _admission(self) -> None:
         self.decisions = self._counter(
@@ -38,31 +75,57 @@ class Metrics:
             buckets=ADMISSION_BUCKETS,
             registry=self.registry,
         )
-        self.admission_errors = self._counter(
-            "admission_errors_total",
-            "AdmissionReviews answered with an error or allowed unchanged because of an internal error.",
-            ["kind"],
+        self.admission_reviews = self._counter(
+            "admission_reviews_total",
+            "AdmissionReviews answered, by kind (TaskRun, PipelineRun, Pod, DaemonSet, other; unknown when the "
+            "body could not be read) and outcome: mutated (a patch), unchanged (allowed as sent), error (an "
+            "internal error: allowed unchanged, fail-open), malformed (refused with 400, 408 or 413: not an "
+            "AdmissionReview, too large, or too slow to arrive).",
+            ["kind", "outcome"],
         )
 
     def _pool(self) -> None:
         self.pool_node_load = self._gauge(
             "pool_node_load",
-            "Runs counted on a pool node: placed (pending or running) and assumed (admitted, pod not seen yet).",
+            "Runs counted on a pool node that takes runs, by state: placed (pending or running) and assumed "
+            "(admitted, pod not seen yet), as the leader's last reconcile pass saw them.",
             ["pool", "node", "state"],
         )
         self.pool_node_capacity = self._gauge(
-            "pool_node_capacity", "Runs a pool node takes before it counts as full.", ["pool", "node"]
+            "pool_node_capacity", "Runs a pool node takes before it counts as full (the leader's last pass).", ["pool", "node"]
+        )
+        self.pool_ready_nodes = self._gauge(
+            "pool_ready_nodes",
+            "Pool nodes that take runs (members, Ready, not cordoned), by pool; 0: the pool's runs are not placed.",
+            ["pool"],
         )
         self.taint_changes = self._counter(
             "taint_changes_total", "Taints added or removed on pool nodes.", ["pool", "action"]
+        )
+        self.taint_drift_nodes = self._gauge(
+            "taint_drift_nodes",
+            "Nodes whose egress-placer taints differ from what the policy wants, as the leader's last pass found "
+            "them (before its writes), by the pool of the taint (the one wanted, else the one to remove).",
+            ["pool"],
         )
         self.evictions = self._counter(
             "intruder_evictions_total",
             "Steps taken against intruder pods on pool nodes, by pool and outcome: evicted, deferred (a "
             "PodDisruptionBudget refused), deleted-past-budget-grace (refused for the whole budget grace), "
             "deleted-after-grace (still there once the eviction's grace was over: deleted with grace 0), "
-            "reported (report mode), failed.",
+            "failed. Report mode takes no step: see intruders_reported_total.",
             ["pool", "outcome"],
+        )
+        self.intruders_reported = self._counter(
+            "intruders_reported_total",
+            "Intruder pods reported and left where they are (intruder mode report), by pool; one report per "
+            "intruder every 10 minutes while it stays.",
+            ["pool"],
+        )
+        self.intruders = self._gauge(
+            "intruders",
+            "Intruder pods on pool nodes (terminating ones included), as the leader's last pass found them, by pool.",
+            ["pool"],
         )
         self.agent_tolerations_added = self._counter(
             "agent_tolerations_added_total",
@@ -100,6 +163,16 @@ class Metrics:
         self.policy_valid = self._gauge(
             "policy_valid", "1 when the last policy seen was valid, 0 when it was refused."
         )
+        self.policy_ready = self._gauge(
+            "policy_ready",
+            "1 when the policy in force is the policy source's own (/readyz says ready, not degraded); 0 while "
+            "the source's policy is refused or missing (an earlier or the stored last good policy, or none, in force).",
+        )
+        self.policy_in_force = self._gauge(
+            "policy_in_force",
+            "1 when a valid policy is in force (the source's, an earlier one or the stored last good one); 0: none, "
+            "nothing is placed on a pool and the pool taints stay.",
+        )
         self.api_write_retries = self._counter(
             "api_write_retries_total", "API writes retried, by operation and cause.", ["operation", "cause"]
         )
@@ -107,3 +180,43 @@ class Metrics:
             "events_dropped_total", "Kubernetes Events not sent because the queue was full."
         )
         self.is_leader = self._gauge("leader", "1 while this replica holds the leader lease.")
+        self.certificate_expiry = self._gauge(
+            "webhook_certificate_expiration_timestamp_seconds",
+            "When the serving certificate the webhook presents expires (its notAfter, Unix seconds); 0 until one is loaded.",
+        )
+
+    # -- wiring --------------------------------------------------------------------------------------
+
+    def track_policy(self, ready: Callable[[], bool], in_force: Callable[[], bool]) -> None:
+        """policy_ready and policy_in_force read from the policy tracker at each scrape."""
+        self.policy_ready.set_function(lambda: 1.0 if ready() else 0.0)
+        self.policy_in_force.set_function(lambda: 1.0 if in_force() else 0.0)
+
+    def track_certificate(self, not_after: Callable[[], float | None]) -> None:
+        """certificate_expiry read from the served certificate at each scrape (0 while none is loaded)."""
+        self.certificate_expiry.set_function(lambda: not_after() or 0.0)
+
+    def clear_leader_series(self) -> None:
+        """Remove every series only the leader sets (this replica stopped leading)."""
+        for name in LEADER_SERIES:
+            getattr(self, name).clear()
+
+
+class GaugeSnapshot:
+    """The series of one labelled gauge as a whole: `set(values)` sets these label sets and removes
+    the ones the previous call set that are not among them (a pool node that left, a pool the
+    policy dropped)."""
+
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge
+        self._set: set[tuple[str, ...]] = set()
+
+    def set(self, values: Mapping[tuple[str, ...], float]) -> None:
+        for labels in self._set - values.keys():
+            try:
+                self.gauge.remove(*labels)
+            except KeyError:  # already gone (cleared when this replica stopped leading)
+                pass
+        for labels, value in values.items():
+            self.gauge.labels(*labels).set(value)
+        self._set = set(values)

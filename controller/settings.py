@@ -1,23 +1,35 @@
 """Controller settings: one typed object read from the environment (prefix EGRESS_PLACER_).
 
-Validated at start and passed explicitly; tests build it with keyword arguments.
-`config/settings.md` documents every field.
+Validated at start and passed explicitly; tests build it with keyword arguments, commands with
+`load_settings`, whose one-line `SettingsError` names the variable (or the command-line option) that
+is wrong. `config/settings.md` documents every field.
 """
 
 from __future__ import annotations
 
+import re
 import socket
-from typing import Literal
+from typing import Any, Literal, Mapping
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsError as SourceError
+
+ENV_PREFIX = "EGRESS_PLACER_"
+
+
+class SettingsError(ValueError):
+    """Invalid settings, in one line that names each variable (or option) at fault and why."""
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="EGRESS_PLACER_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
 
-    # Where the cluster is: a kubeconfig path, or in-cluster credentials when empty.
+    # Where the cluster is, as kubectl finds it: this kubeconfig path, else $KUBECONFIG, else
+    # ~/.kube/config when it exists, else the pod's ServiceAccount (controller/kube/client.py).
     kubeconfig: str | None = None
+    # The kubeconfig context to use; empty: its current-context.
+    kube_context: str | None = None
     # The controller's own namespace (Lease, TLS Secret, policy ConfigMap, Events about itself).
     namespace: str = "egress-placer"
     # Identity of this replica in the leader Lease.
@@ -88,5 +100,38 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _both_certificate_files_or_none(self) -> "Settings":
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ValueError("set both tls_cert_file and tls_key_file (a certificate kept by cert-manager), or neither")
+            raise ValueError(
+                f"set both {env_name('tls_cert_file')} and {env_name('tls_key_file')} (a certificate kept by "
+                "cert-manager), or neither"
+            )
         return self
+
+
+def env_name(field: str) -> str:
+    """The environment variable of a settings field."""
+    return ENV_PREFIX + field.upper()
+
+
+def load_settings(overrides: Mapping[str, Any] | None = None, options: Mapping[str, str] | None = None) -> Settings:
+    """The settings from EGRESS_PLACER_* variables and `overrides` (fields given on a command line,
+    named by `options`: field -> option); SettingsError, in one line naming what is wrong, when invalid."""
+    overrides = dict(overrides or {})
+    names = {**{f: env_name(f) for f in Settings.model_fields}, **(options or {})}
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        problems = []
+        for error in e.errors(include_url=False):
+            loc = error.get("loc") or ()
+            message = str(error.get("msg", "")).removeprefix("Value error, ")
+            if loc and str(loc[0]) in names:
+                field = str(loc[0])
+                shown = overrides[field] if field in overrides else error.get("input")
+                problems.append(f"{names[field]}={shown!s}: {message}" if shown is not None else f"{names[field]}: {message}")
+            else:
+                problems.append(message)
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from None
+    except SourceError as e:  # a list or a map that is not JSON, before validation
+        found = re.search(r'field "([a-z_]+)"', str(e))
+        name = names.get(found.group(1), found.group(1)) if found else "an EGRESS_PLACER_* variable"
+        raise SettingsError(f"invalid settings: {name}: not valid JSON (lists are written as JSON)") from None

@@ -219,6 +219,13 @@ class ServingTLS:
     def loaded(self) -> bool:
         return self.cert_pem is not None
 
+    @property
+    def not_after(self) -> float | None:
+        """When the certificate presented now expires (Unix seconds); None while none is loaded."""
+        if self.cert_pem is None:
+            return None
+        return x509.load_pem_x509_certificate(self.cert_pem).not_valid_after_utc.timestamp()
+
     def load(self, pair: KeyPair) -> None:
         """Present `pair` on every new handshake (same context: no restart). Raises ssl.SSLError
         when the key does not match the certificate; the old certificate then stays."""

@@ -57,7 +57,7 @@ from controller.core.model import (
 )
 from controller.core.patches import json_patch, over_default, place, tolerates, unplace, with_default
 from controller.core.policy import PlacementPolicy, Pool
-from controller.metrics import Metrics
+from controller.metrics import ERROR, MALFORMED, MUTATED, UNCHANGED, Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
 
@@ -78,6 +78,9 @@ class Placement:
     node: str | None = None
     loads: Mapping[str, NodeLoad] = field(default_factory=dict)
     note: str = ""  # why the decision's pool was not (or not wholly) applied
+
+
+UNKNOWN_KIND = "unknown"  # the kind label of a review whose body could not be read
 
 
 class Admission:
@@ -110,15 +113,16 @@ class Admission:
         try:
             request = parse_review(body)
         except MalformedReview:
-            self.metrics.admission_errors.labels(kind="malformed").inc()
+            self.metrics.admission_reviews.labels(kind=UNKNOWN_KIND, outcome=MALFORMED).inc()
             raise
         kind = request.kind if request.kind in ("TaskRun", "PipelineRun", "Pod", "DaemonSet") else "other"
         started = self.clock()
         warnings: list[str] = []
         try:
             patch = self._dispatch(request, warnings)
+            outcome = MUTATED if patch else UNCHANGED
         except Exception as error:  # noqa: BLE001 - fail-open: never block a run because of a bug here
-            self.metrics.admission_errors.labels(kind=kind).inc()
+            outcome = ERROR
             logger.bind(kind=request.kind, namespace=request.namespace, name=request.name).opt(exception=error).error(
                 "admission failed; admitting unchanged"
             )
@@ -126,6 +130,7 @@ class Admission:
             warnings = [f"egress-placer: internal error ({type(error).__name__}); admitted without placement"]
         finally:
             self.metrics.admission_seconds.labels(kind=kind).observe(max(self.clock() - started, 0.0))
+        self.metrics.admission_reviews.labels(kind=kind, outcome=outcome).inc()
         return review_response(request.uid, patch, warnings)
 
     def _dispatch(self, request: Request, warnings: list[str]) -> Patch:

@@ -1,22 +1,32 @@
-"""The `egress-placer` command line: one subcommand per entry of COMMANDS.
+"""The `egress-placer` command line (also `kubectl egress-placer`): one subcommand per entry of COMMANDS.
 
 To add a subcommand, write a `configure(parser)` that declares its arguments and a `run(args) -> int`
 that returns the exit status, and add a `Command` to COMMANDS. A command that cannot do its work
-raises `CommandError`: its message is printed and the exit status is 2.
+raises `CommandError` (or `ClusterUnreachable`): its message is printed in one line on stderr and
+the exit status is the error's (controller/cli/errors.py has the table: 0 ok, 1 drift or findings,
+2 usage or configuration, 3 cannot reach the cluster, 4 internal error).
+
+Commands that talk to a cluster find it as kubectl does (controller/kube/client.py): --kubeconfig,
+else EGRESS_PLACER_KUBECONFIG, else $KUBECONFIG, else ~/.kube/config, else the pod's ServiceAccount.
+Installed as `kubectl-egress_placer` too, so that kubectl runs it as the plugin `kubectl egress-placer`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Sequence
 
-from controller.cli.errors import CommandError
+from controller import __version__
+from controller.cli.errors import ClusterUnreachable, CommandError, Exit
 from controller.cli.explain import run_explain
 
 if TYPE_CHECKING:
     from controller.settings import Settings
+
+PLUGIN_EXECUTABLE = "kubectl-egress_placer"  # kubectl runs it for `kubectl egress-placer`
 
 
 @dataclass(frozen=True)
@@ -24,6 +34,13 @@ class Command:
     help: str
     configure: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its usage errors in one line, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(Exit.USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _configure_explain(parser: argparse.ArgumentParser) -> None:
@@ -37,29 +54,44 @@ def _run_explain(args: argparse.Namespace) -> int:
     return run_explain(args.policy, args.manifests, out=sys.stdout, err=sys.stderr)
 
 
+def _configure_cluster(parser: argparse.ArgumentParser) -> None:
+    """The options of every command that talks to a cluster, as kubectl names them."""
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="PATH",
+        help="kubeconfig file (default: EGRESS_PLACER_KUBECONFIG, else $KUBECONFIG, else ~/.kube/config, else in-cluster)",
+    )
+    parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current-context)")
+
+
 def _configure_run(parser: argparse.ArgumentParser) -> None:
+    _configure_cluster(parser)
     parser.add_argument(
         "--policy", metavar="POLICY.yaml", help="read the policy from this file (default: the ConfigMap in the settings)"
     )
 
 
 def _settings(args: argparse.Namespace) -> "Settings":
-    """The settings from EGRESS_PLACER_* and the command line; CommandError when they are invalid."""
-    from pydantic import ValidationError
+    """The settings from EGRESS_PLACER_* and the command line; CommandError (naming the variable or
+    option) when they are invalid."""
+    from controller.settings import SettingsError, load_settings
 
-    from controller.settings import Settings
-
-    overrides = {"policy_file": args.policy} if args.policy else {}
+    options = {"policy_file": "--policy", "kubeconfig": "--kubeconfig", "kube_context": "--context"}
+    given = {field: getattr(args, option[2:], None) for field, option in options.items()}
     try:
-        return Settings(**overrides)
-    except ValidationError as e:
-        raise CommandError(f"invalid settings (EGRESS_PLACER_*): {e}") from None
+        return load_settings({k: v for k, v in given.items() if v}, options)
+    except SettingsError as e:
+        raise CommandError(str(e)) from None
 
 
 def _run_controller(args: argparse.Namespace) -> int:
-    from controller.app import run
+    from controller.app import StartupError, run
 
-    return run(_settings(args))
+    settings = _settings(args)
+    try:
+        return run(settings)
+    except StartupError as e:
+        raise (ClusterUnreachable if e.unreachable else CommandError)(str(e)) from None
 
 
 def _configure_status(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +105,25 @@ def _run_status(args: argparse.Namespace) -> int:
     return run_status(_settings(args), out=sys.stdout, as_json=args.json)
 
 
+def _configure_uninstall(parser: argparse.ArgumentParser) -> None:
+    _configure_cluster(parser)
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--dry-run", action="store_true", help="show what would be removed, change nothing")
+    mode.add_argument("--yes", action="store_true", help="remove it")
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, metavar="SECONDS",
+        help="how long to wait for the controller to stop leading before removing the taints (default 120)",
+    )
+
+
+def _run_uninstall(args: argparse.Namespace) -> int:
+    from controller.cli.status import connect
+    from controller.cli.uninstall import run_uninstall
+
+    settings = _settings(args)
+    return run_uninstall(settings, connect(settings), sys.stdout, dry_run=args.dry_run, yes=args.yes, timeout=args.timeout)
+
+
 COMMANDS: Mapping[str, Command] = {
     "run": Command(
         help="run the controller (settings from EGRESS_PLACER_* environment variables)",
@@ -80,10 +131,16 @@ COMMANDS: Mapping[str, Command] = {
         run=_run_controller,
     ),
     "status": Command(
-        help="pool nodes, their taints, load and intruders; exit 1 when a taint is wrong or an intruder is there, "
-        "2 when the cluster or the policy cannot be read",
+        help="pool nodes, their taints, load and intruders; exit 1 when a taint is wrong, an intruder is there "
+        "or a node agent is missing, 2 when the policy is invalid or missing, 3 when the cluster cannot be read",
         configure=_configure_status,
         run=_run_status,
+    ),
+    "uninstall": Command(
+        help="remove egress-placer from the cluster: the controller, its webhooks and pool guard, the pool "
+        "taints, its RBAC and namespace (docs/uninstall.md); --dry-run shows the plan, --yes does it",
+        configure=_configure_uninstall,
+        run=_run_uninstall,
     ),
     "explain": Command(
         help="print, one JSON line each, where the runs and pods of manifest files would be placed",
@@ -92,26 +149,49 @@ COMMANDS: Mapping[str, Command] = {
     ),
 }
 
+EPILOG = """exit status: 0 ok, 1 drift or findings, 2 usage or configuration, 3 cannot reach the cluster,
+4 internal error. Settings: EGRESS_PLACER_* variables (config/settings.md)."""
 
-def build_parser(commands: Mapping[str, Command] = COMMANDS) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="egress-placer", description="Places Tekton runs that need good egress onto the node pools that have it."
+
+def program_name(argv0: str | None = None) -> str:
+    """`kubectl egress-placer` when run as the kubectl plugin, else `egress-placer`."""
+    name = os.path.basename(argv0 if argv0 is not None else (sys.argv[0] if sys.argv else ""))
+    return "kubectl egress-placer" if name == PLUGIN_EXECUTABLE else "egress-placer"
+
+
+def build_parser(commands: Mapping[str, Command] = COMMANDS, prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(
+        prog=prog or program_name(),
+        description="Places Tekton runs that need good egress onto the node pools that have it.",
+        epilog=EPILOG,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, command in commands.items():
-        sub = subparsers.add_parser(name, help=command.help, description=command.help)
+        sub = subparsers.add_parser(name, help=command.help, description=command.help, epilog=EPILOG)
         command.configure(sub)
         sub.set_defaults(run=command.run)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    where = f"{parser.prog} {args.command}"
     try:
         return int(args.run(args))
     except CommandError as error:
-        print(f"egress-placer {args.command}: {error}", file=sys.stderr)
-        return 2
+        print(f"{where}: {_one_line(error)}", file=sys.stderr)
+        return int(error.status)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as error:  # noqa: BLE001 - a bug: one line, its own status, not "drift found"
+        print(f"{where}: internal error (a bug in egress-placer): {type(error).__name__}: {_one_line(error)}", file=sys.stderr)
+        return int(Exit.INTERNAL)
+
+
+def _one_line(error: Any) -> str:
+    return " ".join(str(error).split())
 
 
 if __name__ == "__main__":

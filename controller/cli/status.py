@@ -11,8 +11,9 @@ force (the last good copy the leader stored, controller/reconcile/last_good_poli
 pools) and a line `policy: ...` (on stderr with --json) says what is wrong, in the controller's own
 words (`PolicyTracker.problem`).
 
-Exit status: 0 all well, 1 a taint is wrong, an intruder is there or a node agent is missing, 2 the
-cluster could not be read, or the policy is invalid or missing (the message says which and why).
+Exit status (controller/cli/errors.py): 0 all well, 1 a taint is wrong, an intruder is there or a
+node agent is missing, 2 the policy is invalid or missing or there is no usable kubeconfig, 3 the
+cluster could not be reached or read (the message says which and why).
 """
 
 from __future__ import annotations
@@ -26,12 +27,19 @@ from typing import Any, Callable, Sequence, TextIO
 
 from controller.app import PolicyTracker
 from controller.core.agents import AgentGap
-from controller.cli.errors import CommandError
+from controller.cli.errors import ClusterUnreachable, CommandError, Exit
 from controller.core.intruders import find_intruders
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.core.taints import desired_taints
 from controller.kube.egress_source import EgressPoller, PrometheusClient
-from controller.kube.client import KubeApi, describe_error, make_api_client, status_of
+from controller.kube.client import (
+    ClusterConfigError,
+    KubeApi,
+    describe_error,
+    describe_unreachable,
+    make_api_client,
+    status_of,
+)
 from controller.reconcile.agents import find_gaps
 from controller.reconcile.last_good_policy import POLICY_KEY, store_name
 from controller.settings import Settings
@@ -69,7 +77,11 @@ def read_policy(settings: Settings, api: KubeApi) -> PlacementPolicy:
         path = Path(settings.policy_file)
         if not path.exists():
             raise PolicyError(f"no policy found in file {settings.policy_file}")
-        return load_policy(path.read_text(), source=settings.policy_file)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise PolicyError(f"cannot read policy file {settings.policy_file}: {e}") from None
+        return load_policy(text, source=settings.policy_file)
     source = f"configmap {settings.namespace}/{settings.policy_configmap}:{settings.policy_key}"
     data = _config_map_data(api, settings.namespace, settings.policy_configmap)
     if data is None or settings.policy_key not in data:
@@ -187,11 +199,20 @@ def print_rows(rows: list[PoolNodeRow], out: TextIO, gaps: Sequence[AgentGap] = 
             )
 
 
+def connect(settings: Settings) -> KubeApi:
+    """The API client for a command; CommandError (status 2) when there is no usable kubeconfig."""
+    try:
+        return KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
+    except ClusterConfigError as e:
+        raise CommandError(str(e)) from None
+
+
 def read_cluster(settings: Settings) -> tuple[ClusterState, str | None]:
     """The policy in force, nodes, namespaces, pods and DaemonSets, read once, and what is wrong with
-    the policy (None: nothing); CommandError when the cluster cannot be read."""
+    the policy (None: nothing); CommandError when there is no usable kubeconfig, ClusterUnreachable
+    when the cluster cannot be reached or read."""
+    api = connect(settings)
     try:
-        api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
         state = ClusterState(None, clock=time.time)
         problem = policy_in_force(settings, api, state)
         state.replace("Node", _items(api, "/api/v1/nodes"))
@@ -200,8 +221,10 @@ def read_cluster(settings: Settings) -> tuple[ClusterState, str | None]:
         state.replace("DaemonSet", _items(api, "/apis/apps/v1/daemonsets"))
     except CommandError:
         raise
-    except Exception as e:  # no kubeconfig, no API server, a refused request, an unreadable policy file
-        raise CommandError(f"cannot read the cluster: {describe_error(e)}") from None
+    except Exception as e:  # no API server, a refused request
+        if status_of(e) is not None:
+            raise ClusterUnreachable(f"cannot read the cluster: {describe_error(e)}") from None
+        raise ClusterUnreachable(describe_unreachable(e, api.api_client.configuration.host)) from None
     return state, problem
 
 
@@ -217,5 +240,5 @@ def run_status(settings: Settings, out: TextIO, as_json: bool = False, err: Text
     else:
         print_rows(rows, out, gaps)
     if problem is not None:
-        return 2
-    return 0 if all(r.taint == "ok" and r.intruders == 0 and not r.agents_missing for r in rows) else 1
+        return Exit.USAGE
+    return Exit.OK if all(r.taint == "ok" and r.intruders == 0 and not r.agents_missing for r in rows) else Exit.FINDINGS

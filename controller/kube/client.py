@@ -1,6 +1,9 @@
 """The API client, and raw JSON access through it.
 
-`make_api_client` configures the pinned `kubernetes` client (kubeconfig or in-cluster credentials).
+`make_api_client` configures the pinned `kubernetes` client, finding the cluster as kubectl does
+(`kubeconfig_source`): EGRESS_PLACER_KUBECONFIG, else $KUBECONFIG (a list of files, merged), else
+~/.kube/config when it exists, else the pod's ServiceAccount. It raises `ClusterConfigError` when
+none of these gives a usable configuration.
 `KubeApi` sends requests through that client's `ApiClient` (authentication, TLS, connection pool,
 token refresh) but reads and writes plain JSON: no pydantic models, which are too slow and too big
 for tens of thousands of pods. Errors are the client's own `ApiException` (with `.status`).
@@ -9,6 +12,8 @@ for tens of thousands of pods. Errors are the client's own `ApiException` (with 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any, Mapping
 
 import urllib3
@@ -26,13 +31,41 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 
-def make_api_client(settings: Settings) -> ApiClient:
-    """An ApiClient for `settings.kubeconfig`, or for the pod's ServiceAccount when it is empty."""
-    configuration = Configuration()
+class ClusterConfigError(Exception):
+    """No usable way to reach a cluster (a kubeconfig that cannot be read, no kubeconfig outside a pod).
+    The message says which source was tried and why it failed."""
+
+
+def kubeconfig_source(settings: Settings, environ: Mapping[str, str] | None = None, home: Path | None = None) -> str | None:
+    """The kubeconfig to load, as kubectl finds it: `settings.kubeconfig` (EGRESS_PLACER_KUBECONFIG, or
+    the command's --kubeconfig), else $KUBECONFIG (one path or several joined by os.pathsep, merged),
+    else ~/.kube/config when it exists; None: the pod's ServiceAccount (in-cluster)."""
+    environ = os.environ if environ is None else environ
     if settings.kubeconfig:
-        config.load_kube_config(config_file=settings.kubeconfig, client_configuration=configuration)
-    else:
-        config.load_incluster_config(client_configuration=configuration)
+        return settings.kubeconfig
+    if environ.get("KUBECONFIG"):
+        return environ["KUBECONFIG"]
+    default = (home if home is not None else Path(os.path.expanduser("~"))) / ".kube" / "config"
+    return str(default) if default.is_file() else None
+
+
+def make_api_client(settings: Settings, environ: Mapping[str, str] | None = None, home: Path | None = None) -> ApiClient:
+    """An ApiClient for the kubeconfig `kubeconfig_source` names (its `settings.kube_context`, or its
+    current context), or for the pod's ServiceAccount; ClusterConfigError when neither works."""
+    configuration = Configuration()
+    source = kubeconfig_source(settings, environ, home)
+    try:
+        if source is not None:
+            config.load_kube_config(config_file=source, context=settings.kube_context, client_configuration=configuration)
+        else:
+            config.load_incluster_config(client_configuration=configuration)
+    except Exception as e:  # ConfigException, an unreadable file, YAML that is no kubeconfig...
+        where = (
+            f"kubeconfig {source}"
+            if source is not None
+            else "no kubeconfig (EGRESS_PLACER_KUBECONFIG, KUBECONFIG, ~/.kube/config) and no in-cluster ServiceAccount"
+        )
+        raise ClusterConfigError(" ".join(f"{where}: {type(e).__name__}: {e}".split())[:300]) from None
     configuration.connection_pool_maxsize = CONNECTION_POOL_SIZE
     return ApiClient(configuration)
 
@@ -113,6 +146,15 @@ def describe_error(error: BaseException | None) -> str:
         message = str(error_body(error).get("message") or "")
         return f"HTTP {status} {getattr(error, 'reason', '') or ''}".strip() + (f": {message}"[:300] if message else "")
     return f"{type(error).__name__}: {error}"[:300]
+
+
+def describe_unreachable(error: BaseException, host: str) -> str:
+    """One line for a request that got no answer from the API server at `host`: the cause urllib3
+    gives (connection refused, name not resolved, TLS, timeout) without its retry wrapping."""
+    reason = getattr(error, "reason", None) if isinstance(error, urllib3.exceptions.MaxRetryError) else None
+    cause = reason if isinstance(reason, BaseException) else error
+    text = str(cause).split("): ", 1)[-1].strip() or type(cause).__name__  # drop urllib3's "Conn(host=..., port=...)"
+    return f"cannot reach the API server at {host}: {text}"[:300]
 
 
 def error_body(error: BaseException) -> dict[str, Any]:

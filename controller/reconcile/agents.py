@@ -37,7 +37,7 @@ from controller.core.agents import (
 from controller.core.model import DaemonSetState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
 from controller.event_sink import EventSink
-from controller.metrics import Metrics
+from controller.metrics import GaugeSnapshot, Metrics
 
 
 class AgentWriter(Protocol):
@@ -91,7 +91,7 @@ class AgentReconciler:
         self.in_flight_seconds = in_flight_seconds
         self._reported: dict[str, tuple[tuple[str, ...], float]] = {}  # uid -> (missing nodes said, when)
         self._in_flight: dict[str, float] = {}  # uid -> when its template was patched
-        self._gauged: set[tuple[str, str]] = set()
+        self._gauge = GaugeSnapshot(metrics.agents_missing)
 
     def __call__(self) -> list[AgentGap]:
         return self.reconcile()
@@ -104,7 +104,7 @@ class AgentReconciler:
         present = {g.uid for g in gaps}
         self._in_flight = {u: t for u, t in self._in_flight.items() if u in present and now - t < self.in_flight_seconds}
         self._reported = {u: r for u, r in self._reported.items() if u in present}
-        self._set_gauge(gaps)
+        self._gauge.set({(g.namespace, g.name): len(g.missing) for g in gaps})
         acted = []
         for gap in gaps:
             if gap.patch:
@@ -113,14 +113,6 @@ class AgentReconciler:
             elif gap.missing and self._report(gap, now):
                 acted.append(gap)
         return acted
-
-    def _set_gauge(self, gaps: list[AgentGap]) -> None:
-        current = {(g.namespace, g.name): len(g.missing) for g in gaps}
-        for labels in self._gauged - current.keys():
-            self.metrics.agents_missing.remove(*labels)
-        for (namespace, name), count in current.items():
-            self.metrics.agents_missing.labels(namespace=namespace, daemonset=name).set(count)
-        self._gauged = set(current)
 
     def _report(self, gap: AgentGap, now: float, failure: str = "") -> bool:
         said = self._reported.get(gap.uid)

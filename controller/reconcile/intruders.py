@@ -20,13 +20,15 @@ through these steps:
 
 When the pod is gone, the step that removed it is counted (`intruders_removed{step}`), the time from
 finding it to its being gone observed (`intruder_clear_seconds`) and said in a Normal Event
-`IntruderRemoved`. `report` mode: only a Warning Event `IntruderFound`, the metric and a log line, once
-per pod per `report_again_after` seconds.
+`IntruderRemoved`. `report` mode: only a Warning Event `IntruderFound`, the metric
+`intruders_reported_total` and a log line, once per pod per `report_again_after` seconds. Either
+way the gauge `intruders{pool}` is what the last pass found.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
@@ -36,7 +38,7 @@ from controller.core.intruders import Intruder, eviction_grace, find_intruders
 from controller.core.model import DaemonSetState, NamespaceState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
 from controller.event_sink import EventSink
-from controller.metrics import Metrics
+from controller.metrics import GaugeSnapshot, Metrics
 
 EVICTED = "evicted"
 DELETED_AFTER_GRACE = "deleted-after-grace"
@@ -101,6 +103,7 @@ class IntruderReconciler:
         self._tracked: dict[str, _Tracked] = {}  # by uid
         self._reported: dict[str, float] = {}  # uid -> when it was reported (report mode)
         self._next_pass: float | None = None  # seconds within which the next pass is wanted
+        self._gauge = GaugeSnapshot(metrics.intruders)  # intruders found in the last pass, by pool
 
     def __call__(self) -> list[Intruder]:
         return self.reconcile()
@@ -124,6 +127,8 @@ class IntruderReconciler:
         """One pass; the intruders a step was taken against (evicted, deleted or reported) in this pass."""
         now = self.clock()
         intruders = self.find()
+        found = Counter(i.pool for i in intruders)
+        self._gauge.set({(pool,): found[pool] for pool in {p.name for p in self.state.policy.pools} | set(found)})
         if self.mode == "report":
             self._next_pass = None
             return self._report(intruders, now)
@@ -247,7 +252,7 @@ class IntruderReconciler:
             if intruder.key in self._reported:
                 continue
             self._reported[intruder.key] = now
-            self.metrics.evictions.labels(pool=intruder.pool, outcome="reported").inc()
+            self.metrics.intruders_reported.labels(pool=intruder.pool).inc()
             self.events.emit(_regarding(intruder), "Warning", "IntruderFound", intruder.reason, action="Report")
             _log(intruder).warning("intruder found (report mode): {}", intruder.reason)
             acted.append(intruder)

@@ -1,7 +1,8 @@
 """Taint reconciler: every pool node carries its pool's taint, no other node carries an owned one.
 
 Level-based: desired taints from the cached nodes and the policy (`plan_taints`), diff with the
-cached taints, write the difference. Safe to repeat; taints with keys egress-placer does not own are
+cached taints, write the difference (the nodes that differ, by pool: the gauge `taint_drift_nodes`).
+Safe to repeat; taints with keys egress-placer does not own are
 never touched (a conflicting write is rebased on the node's fresh taints).
 
 With no valid policy in force (none loaded and none stored: `state.policy_in_force` False) it plans
@@ -11,6 +12,7 @@ nothing: the taints stay and keep everyone off the pools until a valid policy sa
 from __future__ import annotations
 
 import time
+from collections import Counter
 from typing import Callable, Protocol, Sequence
 
 from loguru import logger
@@ -18,7 +20,7 @@ from loguru import logger
 from controller.core.model import NodeState, Taint
 from controller.core.policy import PlacementPolicy
 from controller.core.taints import TaintChange, plan_taints
-from controller.metrics import Metrics
+from controller.metrics import GaugeSnapshot, Metrics
 
 
 class TaintWriter(Protocol):
@@ -62,6 +64,7 @@ class TaintReconciler:
         # node -> (resourceVersion we wrote against, when): until the cache moves past that version
         # (or the time runs out) the change is in flight and is not written again.
         self._in_flight: dict[str, tuple[str | None, float]] = {}
+        self._drift = GaugeSnapshot(metrics.taint_drift_nodes)  # nodes with taints to change in the last pass, by pool
 
     def __call__(self) -> list[TaintChange]:
         return self.reconcile()
@@ -79,8 +82,11 @@ class TaintReconciler:
             for n, (v, t) in self._in_flight.items()
             if n in nodes and self.state.node_resource_version(n) == v and now - t < self.in_flight_seconds
         }
+        changes = plan_taints(policy, nodes.values())
+        drift = Counter((change.add or change.remove)[0].value or "" for change in changes if change.add or change.remove)
+        self._drift.set({(pool,): drift[pool] for pool in {p.name for p in policy.pools} | set(drift)})
         written = []
-        for change in plan_taints(policy, nodes.values()):
+        for change in changes:
             version = self.state.node_resource_version(change.node)
             if change.node in self._in_flight:
                 continue

@@ -1,9 +1,13 @@
 """The egress-placer process the end-to-end tests run (through devplacer.controller): where its
-replica listens, its JSON log, its metrics; and how to remove its taints once it is stopped."""
+replica listens, its JSON log, its metrics; how to remove its taints once it is stopped; and the
+`egress-placer` command as an administrator runs it."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +20,8 @@ from devcluster.cluster import Cluster
 from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG, ControllerReplica, replicas_of, stop_controller
 from tests.kube import Api, namespaced, node
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "e2e"
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "tests" / "data" / "e2e"
 POLICY_FILE = DATA / "policy.yaml"
 INVALID_POLICY_FILE = DATA / "policy-invalid.yaml"  # `placment` (line 10) is not a field
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
@@ -92,3 +97,20 @@ def make_plain(api: Api, cluster: Cluster) -> None:
     api.delete(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")
     remove_pool_guard(api)
     remove_pool_taints(api)
+
+
+def as_an_administrator(cluster: Cluster, *argv: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`argv` with KUBECONFIG set as for kubectl (the cluster's admin, or `kubeconfig`) and no
+    EGRESS_PLACER_* variable; this venv's scripts (egress-placer, kubectl-egress_placer) on PATH."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EGRESS_PLACER_")}
+    env.update(
+        KUBECONFIG=str(kubeconfig or cluster.kubeconfig),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=str(REPO),
+    )
+    return subprocess.run(list(argv), env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+
+
+def egress_placer_command(cluster: Cluster, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`egress-placer ARGS` (this checkout's) as an administrator runs it."""
+    return as_an_administrator(cluster, sys.executable, "-m", "controller", *args, kubeconfig=kubeconfig)

@@ -1,5 +1,7 @@
 """End to end, installation: the `k8s/` kustomize base is accepted by the real API server
-(`kubectl apply --dry-run=server -k k8s/`, admin credentials).
+(`kubectl apply --dry-run=server -k k8s/`, admin credentials), and its Deployment, applied for real,
+puts its two replicas on two nodes (the scheduler honours its spread; the local cluster's nodes are
+KWOK's, so no container runs).
 
 A server-side dry run creates nothing, so the namespaced objects need their namespace to exist:
 the test applies `k8s/namespace.yaml` for real first (the first step of an install) and deletes it
@@ -9,14 +11,15 @@ form over it client-side would set both and be refused, which says nothing about
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from devcluster.cluster import Cluster
-from devplacer.controller import NAMESPACE, kubectl
-from tests.kube import Api, namespace
+from devplacer.controller import NAMESPACE, kubectl, render_manifests
+from tests.kube import Api, namespace, namespaced, pods
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -47,3 +50,22 @@ def test_the_k8s_base_passes_a_server_side_dry_run(devcluster: Cluster, controll
         "validatingadmissionpolicy.admissionregistration.k8s.io",  # its CEL compiled by the API server
         "validatingadmissionpolicybinding.admissionregistration.k8s.io",
     } <= kinds, out
+
+
+def test_the_two_replicas_of_the_deployment_run_on_two_nodes(devcluster: Cluster, api: Api, controller_namespace: str) -> None:
+    docs = render_manifests(devcluster)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
+    replicas = deployment["spec"]["replicas"]
+    selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
+    kubectl(devcluster, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [account, deployment]}))
+    try:
+        def scheduled() -> dict[str, str] | None:
+            bound = {p["metadata"]["name"]: p["spec"].get("nodeName") for p in api.items(pods(NAMESPACE), labelSelector=selector)}
+            return bound if len(bound) == replicas and all(bound.values()) else None
+
+        bound = wait_for(f"{replicas} replicas scheduled", scheduled, timeout=60)
+        assert replicas == 2 and len(set(bound.values())) == replicas, bound
+    finally:
+        api.delete(namespaced(NAMESPACE, "deployments", deployment["metadata"]["name"], group="/apis/apps/v1"))
+        wait_for("the replicas to be gone", lambda: not api.items(pods(NAMESPACE), labelSelector=selector), timeout=60)

@@ -199,4 +199,4 @@ def test_report_mode_reports_an_intruder_and_leaves_it(api, nodes, controller):
     make_pod(api, DENIED_NS, name, nodes["pool"])
     wait_for("an IntruderFound Event", lambda: "IntruderFound" in reasons_about(api, DENIED_NS, name), timeout=EVICT_WITHIN)
     assert not pod_going(api, DENIED_NS, name)
-    assert controller.metrics.evictions.labels(pool=POOL, outcome="reported")._value.get() == 1
+    assert controller.metrics.intruders_reported.labels(pool=POOL)._value.get() == 1

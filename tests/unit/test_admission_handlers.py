@@ -265,6 +265,8 @@ def test_taskrun_decision_table(run: dict, pool: str | None, reason: str, event:
                                  "name": "build-1"}
     assert ("warnings" in response) == (reason == "unknown-pool")
     assert env.metrics.decisions.labels(kind="TaskRun", reason=reason, pool=pool or "")._value.get() == 1
+    # Every run gets at least its decision annotation: a patch.
+    assert env.metrics.admission_reviews.labels(kind="TaskRun", outcome="mutated")._value.get() == 1
 
 
 def test_taskrun_keeps_the_users_own_template() -> None:
@@ -377,6 +379,26 @@ def test_taskrun_dry_run_has_no_side_effects() -> None:
     _, patched, _ = env.review(taskrun("kaniko"), dry_run=True)
     assert patched["spec"]["podTemplate"]["tolerations"] == [EGRESS_TOLERATION]
     assert env.events.sent == [] and len(env.state.ledger) == 0
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: taskrun("kaniko"), id="taskrun"),
+        pytest.param(lambda: taskrun("kaniko", annotations={PLACEMENT_ANNOTATION: "moon"}), id="taskrun-warning"),
+        pytest.param(lambda: kaniko_pipelinerun(), id="coscheduled-pipelinerun"),
+        pytest.param(lambda: tekton_pod(), id="tekton-pod"),
+    ],
+)
+def test_a_dry_run_is_decided_as_the_real_one_and_writes_nothing(make: Any) -> None:
+    """The webhooks say sideEffects NoneOnDryRun (k8s/webhook.yaml): a review's side effects are its
+    Event and its assumed placement; a dry run has the real one's answer and neither."""
+    dry, real = Env(), Env()
+    dry_response, dry_patched, _ = dry.review(make(), dry_run=True)
+    real_response, real_patched, _ = real.review(make())
+    assert dry_patched == real_patched and dry_response.get("warnings") == real_response.get("warnings")
+    assert dry.events.sent == [] and len(dry.state.ledger) == 0
+    assert real.events.sent or len(real.state.ledger)  # the real review has a side effect to skip
 
 
 @pytest.mark.parametrize(
@@ -716,7 +738,7 @@ def test_malformed_reviews_are_refused(body: Any) -> None:
     env = Env()
     with pytest.raises(MalformedReview):
         env.admission.review(body)
-    assert env.metrics.admission_errors.labels(kind="malformed")._value.get() == 1
+    assert env.metrics.admission_reviews.labels(kind="unknown", outcome="malformed")._value.get() == 1
 
 
 @pytest.mark.parametrize(
@@ -732,6 +754,10 @@ def test_other_operations_and_kinds_pass_unchanged(obj: dict, operation: str) ->
     env = Env()
     response, _, patch = env.review(obj, operation=operation)
     assert patch == [] and "warnings" not in response and env.events.sent == []
+    kind = obj["kind"] if obj["kind"] == "TaskRun" else "other"
+    assert [(s.labels, s.value) for f in env.metrics.admission_reviews.collect() for s in f.samples] == [
+        ({"kind": kind, "outcome": "unchanged"}, 1.0)
+    ]
 
 
 def test_internal_error_fails_open() -> None:
@@ -744,7 +770,8 @@ def test_internal_error_fails_open() -> None:
     response, _, patch = env.review(taskrun("kaniko"))
     assert patch == []
     assert "internal error" in response["warnings"][0]
-    assert env.metrics.admission_errors.labels(kind="TaskRun")._value.get() == 1
+    assert env.metrics.admission_reviews.labels(kind="TaskRun", outcome="error")._value.get() == 1
+    assert env.metrics.admission_reviews.labels(kind="TaskRun", outcome="unchanged")._value.get() == 0
 
 
 def test_garbage_pod_template_fails_open() -> None:

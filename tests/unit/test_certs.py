@@ -339,7 +339,7 @@ def test_a_pair_that_cannot_be_served_is_refused_and_the_loaded_one_stays(tmp_pa
 
 def test_certificate_files_come_in_pairs(monkeypatch) -> None:
     monkeypatch.setenv("EGRESS_PLACER_TLS_CERT_FILE", "/certs/tls.crt")
-    with pytest.raises(ValueError, match="both tls_cert_file and tls_key_file"):
+    with pytest.raises(ValueError, match="both EGRESS_PLACER_TLS_CERT_FILE and EGRESS_PLACER_TLS_KEY_FILE"):
         Settings()
     monkeypatch.setenv("EGRESS_PLACER_TLS_KEY_FILE", "/certs/tls.key")
     assert Settings().tls_key_file == "/certs/tls.key"

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -274,26 +275,47 @@ def test_the_four_webhooks_are_there() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_WEBHOOKS))
-def test_webhook_fails_open_fast_and_has_no_side_effects(name: str) -> None:
+def test_webhook_fails_open_fast_and_has_no_side_effects_on_a_dry_run(name: str) -> None:
+    """A review writes an Event (and counts an assumed placement); a dry run does neither
+    (tests/unit/test_admission_handlers.py: the dry-run tests), hence NoneOnDryRun."""
     w = WEBHOOKS[name]
     assert w["failurePolicy"] == "Ignore"
     assert 1 <= w["timeoutSeconds"] <= 5
-    assert w["sideEffects"] == "None"
+    assert w["sideEffects"] == "NoneOnDryRun"
     assert w["admissionReviewVersions"] == ["v1"]
     assert w["reinvocationPolicy"] == "Never"
 
 
+def name_label(namespace: str) -> dict[str, str]:
+    """The label the API server sets on every namespace (and that nobody can change)."""
+    return {"kubernetes.io/metadata.name": namespace}
+
+
+# Which namespaces each webhook sees, by the name label alone: never the controller's own; kube-system
+# only for DaemonSets (its node agents are placed through their template, not pod by pod; its critical
+# pods and any run there never wait on this webhook).
+@pytest.mark.parametrize(
+    ("namespace", "seen_by"),
+    [
+        (NAMESPACE, set()),
+        ("kube-system", {"daemonsets.egress-placer.io"}),
+        ("team-cdn", set(EXPECTED_WEBHOOKS)),
+        ("tekton-pipelines", set(EXPECTED_WEBHOOKS)),
+    ],
+)
+def test_webhooks_leave_out_namespaces_by_their_name(namespace: str, seen_by: set[str]) -> None:
+    assert {name for name, w in WEBHOOKS.items() if selector_matches(w["namespaceSelector"], name_label(namespace))} == seen_by
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED_WEBHOOKS))
-def test_webhook_skips_the_labelled_namespaces_only(name: str) -> None:
+def test_webhook_skips_the_labelled_namespaces_and_its_own_even_unlabelled(name: str) -> None:
     selector = WEBHOOKS[name]["namespaceSelector"]
-    own_labels = one("Namespace", NAMESPACE)["metadata"]["labels"]
-    assert not selector_matches(selector, own_labels)
-    assert not selector_matches(selector, {SKIP_LABEL[0]: SKIP_LABEL[1]})
+    own = one("Namespace", NAMESPACE)["metadata"]
+    assert own["name"] == default("namespace")
+    assert not selector_matches(selector, {**own["labels"], **name_label(NAMESPACE)})
+    assert not selector_matches(selector, name_label(NAMESPACE))  # someone removed the skip label
+    assert not selector_matches(selector, {SKIP_LABEL[0]: SKIP_LABEL[1], **name_label("team-cdn")})
     assert selector_matches(selector, {})
-    assert selector_matches(selector, {"kubernetes.io/metadata.name": "team-cdn"})
-    kube_system = {"kubernetes.io/metadata.name": "kube-system"}
-    # kube-system's node agents are placed through their DaemonSet's template, not pod by pod.
-    assert selector_matches(selector, kube_system) is (name != "pods.egress-placer.io")
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_WEBHOOKS))
@@ -404,11 +426,64 @@ def test_tmp_is_a_writable_empty_dir() -> None:
     assert "emptyDir" in volume
 
 
-@pytest.mark.parametrize(("probe", "path"), [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")])
+@pytest.mark.parametrize(
+    ("probe", "path"), [("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")]
+)
 def test_probes_hit_the_health_server(probe: str, path: str) -> None:
     get = CONTAINER[probe]["httpGet"]
     assert get["path"] == path
     assert container_port(get["port"]) == effective_setting("health_port")
+
+
+FIRST_SYNC_SECONDS = 12.0  # measured: the first sync at 5,000 nodes and 20,000 pods on 2 cores (README)
+
+
+def probe_budget(probe: Mapping[str, Any]) -> float:
+    """Seconds of failures the kubelet accepts before acting on a probe."""
+    return probe.get("initialDelaySeconds", 0) + probe["periodSeconds"] * probe["failureThreshold"]
+
+
+def test_the_startup_probe_outlasts_the_controller_s_own_start_deadline() -> None:
+    """The health server answers only once the caches have synced. The startup probe holds liveness off
+    longer than the controller waits itself (the policy, then the caches: STARTUP_TIMEOUT each, then it
+    exits), and far longer than the measured first sync: the kubelet never kills a replica that syncs."""
+    from controller.app import STARTUP_TIMEOUT
+
+    startup = CONTAINER["startupProbe"]
+    assert probe_budget(startup) >= 2 * STARTUP_TIMEOUT + 30
+    assert probe_budget(startup) >= 10 * FIRST_SYNC_SECONDS
+    assert probe_budget(startup) <= 600  # a replica that cannot start is restarted within 10 minutes
+    assert "initialDelaySeconds" not in CONTAINER["livenessProbe"]  # the startup probe gates it
+    assert probe_budget(CONTAINER["livenessProbe"]) < probe_budget(startup)
+
+
+def test_the_pre_stop_delay_and_the_grace_period_agree() -> None:
+    """preStop keeps serving while the API server learns the pod left the endpoints; then SIGTERM: the
+    webhook server finishes in-flight reviews (its shutdown timeout), the leader releases its Lease
+    (within the renew deadline); the grace period covers all of it."""
+    import inspect
+
+    from controller.admission.server import AdmissionServer
+
+    delay = CONTAINER["lifecycle"]["preStop"]["sleep"]["seconds"]
+    shutdown = inspect.signature(AdmissionServer).parameters["shutdown_timeout"].default
+    webhook_timeout = max(w["timeoutSeconds"] for w in WEBHOOKS.values())
+    assert webhook_timeout < delay <= 15
+    assert POD_SPEC["terminationGracePeriodSeconds"] >= delay + shutdown + effective_setting("renew_deadline_seconds") + 5
+
+
+def test_the_two_replicas_spread_over_hosts_and_zones() -> None:
+    """Spread constraints and anti-affinity count exactly the controller's pods, per host and zone."""
+    labels = DEPLOYMENT["spec"]["template"]["metadata"]["labels"]
+    constraints = POD_SPEC["topologySpreadConstraints"]
+    assert {c["topologyKey"] for c in constraints} == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    for c in constraints:
+        assert c["maxSkew"] == 1 and c["whenUnsatisfiable"] == "ScheduleAnyway"  # a one-node cluster still runs both
+        assert selector_matches(c["labelSelector"], labels)
+        assert not selector_matches(c["labelSelector"], {**labels, "app.kubernetes.io/component": "other"})
+    (term,) = POD_SPEC["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert selector_matches(term["podAffinityTerm"]["labelSelector"], labels)
 
 
 @pytest.mark.parametrize(("port_name", "field"), [("webhook", "webhook_port"), ("health", "health_port")])
@@ -583,6 +658,10 @@ def test_the_builder_stage_makes_a_wheel_with_the_whole_controller(tmp_path: Pat
     modules = {str(p.relative_to(ROOT)) for p in (ROOT / "controller").rglob("*.py")}
     assert modules - names == set()
     assert "egress-placer = controller.cli:main" in entry_points
+    assert "kubectl-egress_placer = controller.cli:main" in entry_points  # `kubectl egress-placer`
+    (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    with zipfile.ZipFile(wheel) as archive:
+        assert archive.read(license_file) == (ROOT / "LICENSE").read_bytes()
     helped = subprocess.run(
         [sys.executable, "-c", "import sys; from controller.cli import main; sys.argv[0] = 'egress-placer'; main()", "--help"],
         env={**os.environ, "PYTHONPATH": str(wheel)}, cwd=tmp_path, capture_output=True, text=True, timeout=60,
@@ -592,6 +671,14 @@ def test_the_builder_stage_makes_a_wheel_with_the_whole_controller(tmp_path: Pat
         [sys.executable, "-c", "import controller; print(controller.__file__)"],
         env={**os.environ, "PYTHONPATH": str(wheel)}, cwd=tmp_path, capture_output=True, text=True, check=True,
     ).stdout
+
+
+def test_the_license_is_the_one_the_package_declares() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    text = (ROOT / "LICENSE").read_text()
+    assert project["license"] == "Apache-2.0"
+    assert text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) == 201  # the whole text, appendix too
 
 
 # -- the cert-manager component ---------------------------------------------------------------------

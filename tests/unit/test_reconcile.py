@@ -357,7 +357,9 @@ def test_report_mode_reports_and_never_evicts():
     reconcile()
     assert writer.evictions == []
     assert events.events == [("x", "Warning", "IntruderFound")]
-    assert metrics.evictions.labels(pool="overseas", outcome="reported")._value.get() == 1
+    assert metrics.intruders_reported.labels(pool="overseas")._value.get() == 1
+    assert metrics.intruders.labels(pool="overseas")._value.get() == 1  # still there: reported, not removed
+    assert not [s for f in metrics.evictions.collect() for s in f.samples]  # a report is no eviction step
 
 
 @pytest.mark.parametrize(("leader", "passes"), [(True, 1), (False, 0)])

@@ -1,0 +1,144 @@
+"""The shell commands the documentation shows (fenced `sh` blocks of README.md, config/, k8s/README.md and
+docs/) work as written: each one is run here, on the local cluster where it needs one, or listed in
+SKIPPED with the reason. A command added to the docs fails `test_every_documented_command_is_run_or_skipped`
+until it is one or the other.
+
+The run is one install-and-uninstall story, in the order a reader follows it: install with
+`kubectl apply -k k8s/` (the local cluster's nodes are KWOK's, so the Deployment's pods "run" without
+an image), wait for the rollout, uninstall with `egress-placer uninstall`; install again and uninstall
+with kubectl alone (docs/uninstall.md). Before each uninstall a pool node gets the pool taint, as the
+controller would have left it; after it, nothing of egress-placer is left. Placeholders (`NODES PODS
+TASKRUNS`) get small values. Inline commands in prose (`egress-placer status`, ...) are not collected:
+most are fragments or syntax summaries; the CLI's own tests run them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from controller.core.model import TAINT_KEY
+from devcluster.cluster import Cluster
+from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG
+from tests.e2e.running_controller import REPO, WEBHOOK_CONFIGS, remove_pool_taints
+from tests.e2e.tekton_runs import POOL, POOL_NODES
+from tests.kube import Api, namespace, node
+from tests.waiting import wait_for
+
+DOCS = [REPO / "README.md", *sorted((REPO / "config").glob("*.md")), REPO / "k8s" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+SKIPPED = {
+    "make demo": "the whole demo on a cluster of its own (minutes); its parts are the e2e tests",
+    "make test": "the whole suite, this test among it",
+    "docker build -t registry.example.com/egress-placer:0.1.0 .": (
+        "needs a Docker daemon; `make image` builds the same Dockerfile without one (tests/e2e/test_image.py)"
+    ),
+    "docker push registry.example.com/egress-placer:0.1.0": "needs a registry",
+    "kubectl -n NAMESPACE edit daemonset NAME": "interactive (opens an editor)",
+}
+PLACEHOLDERS = {"NODES PODS TASKRUNS": "10 40 40"}
+
+INSTALL = ["kubectl apply -k k8s/", "kubectl -n egress-placer rollout status deploy/egress-placer"]
+UNINSTALL_WITH_THE_COMMAND = ["egress-placer uninstall --dry-run", "egress-placer uninstall --yes"]
+UNINSTALL_WITH_KUBECTL = [
+    "kubectl -n egress-placer delete deployment egress-placer --ignore-not-found --wait",
+    "kubectl -n egress-placer get lease egress-placer-leader --ignore-not-found -o jsonpath='{.spec.holderIdentity}'",
+    "kubectl delete -k k8s/ --ignore-not-found --wait",
+    "kubectl taint nodes --all egress-placer.io/pool-",
+]
+AFTERWARDS = [
+    "kubectl get daemonsets -A -o jsonpath='{range .items[?(@.metadata.annotations.egress-placer\\.io/pool-tolerations-added)]}"
+    "{.metadata.namespace}/{.metadata.name}{\"\\n\"}{end}'",
+]
+WITHOUT_A_CLUSTER = ["python -m bench.scale first-sync-memory NODES PODS TASKRUNS"]
+# Exit statuses other than 0 that the docs say to expect.
+EXPECTED_STATUS = {"kubectl taint nodes --all egress-placer.io/pool-": 1}  # "not found" on the nodes without it
+RUN = [*WITHOUT_A_CLUSTER, *INSTALL, *UNINSTALL_WITH_THE_COMMAND, *UNINSTALL_WITH_KUBECTL, *AFTERWARDS]
+
+
+def documented() -> dict[str, str]:
+    """Each command of a fenced sh block (comment and prompt stripped) -> the file that shows it."""
+    found: dict[str, str] = {}
+    for path in DOCS:
+        for block in re.findall(r"^```(?:sh|bash|shell|console)\n(.*?)^```", path.read_text(), re.M | re.S):
+            for line in block.splitlines():
+                command = re.sub(r"\s+#\s.*$", "", line).strip().removeprefix("$ ")
+                if command and not command.startswith("#"):
+                    found.setdefault(command, str(path.relative_to(REPO)))
+    return found
+
+
+def test_every_documented_command_is_run_or_skipped() -> None:
+    shown = documented()
+    assert sorted(set(shown) - set(RUN) - set(SKIPPED)) == [], "run them below or say in SKIPPED why not"
+    assert sorted((set(RUN) | set(SKIPPED)) - set(shown)) == [], "no longer in the docs: drop them here"
+
+
+def shell(cluster: Cluster | None, command: str) -> subprocess.CompletedProcess[str]:
+    """`command` as a reader types it: bash in the repository, kubectl the local cluster's (admin), this
+    venv's egress-placer and python first on PATH, no EGRESS_PLACER_* variable."""
+    for placeholder, value in PLACEHOLDERS.items():
+        command = command.replace(placeholder, value)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EGRESS_PLACER_")}
+    venv = Path(sys.executable).parent
+    tools = [str(venv)] + ([str(cluster.binary("kubectl").parent)] if cluster else [])
+    env["PATH"] = os.pathsep.join([*tools, env.get("PATH", "")])
+    if cluster is not None:
+        env["KUBECONFIG"] = str(cluster.kubeconfig)
+    return subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def run(cluster: Cluster | None, command: str) -> subprocess.CompletedProcess[str]:
+    done = shell(cluster, command)
+    assert done.returncode == EXPECTED_STATUS.get(command, 0), f"{command}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+@pytest.mark.parametrize("command", WITHOUT_A_CLUSTER)
+def test_commands_without_a_cluster(command: str) -> None:
+    run(None, command)
+
+
+def leftovers(api: Api) -> list[str]:
+    """What of egress-placer is on the cluster: the webhook configuration, the namespace, pool taints."""
+    found = [what for what, path in (("webhook configuration", f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}"), ("namespace", namespace(NAMESPACE)))
+             if api.get(path) is not None]
+    found += [f"taint on {n['metadata']['name']}" for n in api.items(node()) if any(t["key"] == TAINT_KEY for t in n["spec"].get("taints") or [])]
+    return found
+
+
+def taint_a_pool_node(api: Api) -> None:
+    """As a controller that ran leaves a pool node."""
+    name = sorted(POOL_NODES)[0]
+    taints = api.call("GET", node(name))["spec"].get("taints") or []
+    api.merge_patch(node(name), {"spec": {"taints": [*taints, {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}]}})
+
+
+@pytest.fixture
+def plain_cluster(devcluster: Cluster, api: Api) -> Iterator[Cluster]:
+    """No webhook configuration of another form (an earlier module's local one) and no namespace being deleted."""
+    api.delete(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")
+    wait_for("no namespace being deleted", lambda: ((api.get(namespace(NAMESPACE)) or {}).get("status") or {}).get("phase") != "Terminating", timeout=90)
+    yield devcluster
+    remove_pool_taints(api)
+    wait_for(f"namespace {NAMESPACE} to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=90)
+
+
+@pytest.mark.cluster
+@pytest.mark.e2e
+def test_install_then_uninstall_twice_as_the_docs_say(plain_cluster: Cluster, api: Api) -> None:
+    for uninstall in (UNINSTALL_WITH_THE_COMMAND, UNINSTALL_WITH_KUBECTL):
+        for command in INSTALL:
+            run(plain_cluster, command)
+        taint_a_pool_node(api)
+        for command in uninstall:
+            run(plain_cluster, command)
+        wait_for(f"nothing left after {uninstall[-1]!r}", lambda: leftovers(api) == [], timeout=90)
+    for command in AFTERWARDS:
+        run(plain_cluster, command)
