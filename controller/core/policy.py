@@ -435,6 +435,11 @@ class PlacementPolicy(PolicyModel):
         return OWNED_TAINT_KEYS
 
 
+def dump_policy(policy: PlacementPolicy) -> str:
+    """`policy` as a PlacementPolicy document that `load_policy` reads back equal (defaults left out)."""
+    return yaml.safe_dump(policy.model_dump(mode="json", by_alias=True, exclude_defaults=True), sort_keys=False)
+
+
 def agent_namespaces(policy: PlacementPolicy) -> tuple[str, ...]:
     """Where node agents (DaemonSets) may run on pool nodes: `agentNamespaces`, or by default the
     exempt namespaces."""

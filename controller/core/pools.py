@@ -48,6 +48,7 @@ CONFIG_KIND = "EgressPlacerConfig"
 CONFIG_PLURAL = "egressplacerconfigs"
 CONFIG_NAME = "cluster"  # the one EgressPlacerConfig there may be
 KINDS = (POOL_KIND, CONFIG_KIND)
+PLURALS = {POOL_KIND: POOL_PLURAL, CONFIG_KIND: CONFIG_PLURAL}
 # The PlacementPolicy fields an EgressPlacerConfig holds (Python names); the rest are the pools'.
 CONFIG_FIELDS = ("exempt_namespaces", "agent_namespaces", "patch_existing_agents")
 MAX_PRIORITY = 1_000_000

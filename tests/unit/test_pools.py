@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.core.model import NodeState
-from controller.core.policy import PlacementPolicy, PolicyError, load_policy
+from controller.core.policy import PlacementPolicy, PolicyError, dump_policy, load_policy
 from controller.core.pools import (
     CONFIG_KIND,
     POOL_KIND,
@@ -318,3 +318,4 @@ def test_a_policy_made_objects_and_back_is_the_same_policy(policy: PlacementPoli
     assert policy_from_objects(objects) == policy
     if objects:  # no object at all is an empty file, which is refused (as an empty policy document)
         assert load_any_policy(dump_objects(objects), "dumped.yaml") == policy
+    assert load_policy(dump_policy(policy)) == policy  # the controller stores the last good one so
