@@ -11,6 +11,7 @@ validators stay the judge in Python, and tests/unit/test_pools_schema.py holds t
 
 from __future__ import annotations
 
+import re
 import types
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal, Mapping, Union, get_args, get_origin
@@ -94,28 +95,18 @@ def openapi_schema(model: type[BaseModel], exclude: frozenset[str] = frozenset()
     marks = getattr(model, "openapi", None)
     if isinstance(marks, OpenAPI) and marks.rules:
         names = set(properties)
-        out["x-kubernetes-validations"] = [r.render() for r in marks.rules if _names_only(r, names)]
+        out["x-kubernetes-validations"] = [r.render() for r in marks.rules if _reads_only(r, names)]
         if not out["x-kubernetes-validations"]:
             del out["x-kubernetes-validations"]
     return out
 
 
-def _names_only(rule: Rule, names: set[str]) -> bool:
-    """A model rule applies to a rendering of part of the model only when every field it reads is there."""
-    read = {word for word in _identifiers(rule.rule) if word.startswith("self.")}
-    return all(word.removeprefix("self.") in names for word in read)
+_FIELD_READ = re.compile(r"\bself\.(\w+)")
 
 
-def _identifiers(text: str) -> list[str]:
-    out, word = [], ""
-    for c in text + " ":
-        if c.isalnum() or c in "._":
-            word += c
-        else:
-            if word.startswith("self."):
-                out.append("self." + word.removeprefix("self.").split(".")[0])
-            word = ""
-    return out
+def _reads_only(rule: Rule, names: set[str]) -> bool:
+    """A model's rule goes into a rendering of part of the model only when every field it reads is there."""
+    return set(_FIELD_READ.findall(rule.rule)) <= names
 
 
 def _schema_of(annotation: Any, metadata: tuple[Any, ...] = ()) -> dict[str, Any]:
