@@ -7,7 +7,9 @@ from `k8s/` (the CRDs included) and running with `EGRESS_PLACER_POLICY_SOURCE=po
   `egress-placer migrate-policy`) applies cleanly (server-side dry run: the API server's whole check);
 - `kubectl explain` prints the fields' descriptions;
 - creating, editing and deleting EgressPools changes admission's decisions and the pool taints within
-  10 s, with no restart; deleting every pool leaves no taint of egress-placer's."""
+  10 s, with no restart; deleting every pool leaves no taint of egress-placer's;
+- a restart with an object the loader refuses (what the schema lets through) never exits: the replica
+  is ready, says what is wrong, and keeps the last good policy it stored, taints included."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+import requests
 import yaml
 
 from controller.cli.migrate import run_migrate
@@ -25,10 +28,13 @@ from controller.core.model import TAINT_KEY
 from controller.core.policy import Pool
 from controller.core.pools import CONFIG_PLURAL, GROUP, POOL_PLURAL, VERSION
 from devcluster.cluster import Cluster
-from devplacer.controller import start_controller
+from controller.core.policy import load_policy
+from controller.reconcile.last_good_policy import POLICY_KEY, store_name
+from controller.settings import Settings
+from devplacer.controller import NAMESPACE, start_controller, stop_controller
 from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, make_plain, pool_taints
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, decision_of, taskrun
-from tests.kube import Api
+from tests.kube import Api, namespaced
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -53,6 +59,10 @@ def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> subproces
     )
 
 
+PLACEMENT_BY_POOLS = {"EGRESS_PLACER_POLICY_SOURCE": "pools"}
+LAST_GOOD = store_name(Settings.model_fields["policy_configmap"].default)
+
+
 def delete_every_object(api: Api) -> None:
     for path in (POOLS, CONFIGS):
         for obj in api.items(path):
@@ -63,7 +73,7 @@ def delete_every_object(api: Api) -> None:
 def controller(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[EgressPlacer]:
     """egress-placer reading the pools API (k8s/ applied, CRDs included), with no pool to begin with."""
     try:
-        start_controller(devcluster, POLICY_FILE, env={"EGRESS_PLACER_POLICY_SOURCE": "pools"})
+        start_controller(devcluster, POLICY_FILE, env=PLACEMENT_BY_POOLS)
         running = EgressPlacer(devcluster)
         delete_every_object(api)
         wait_for(
@@ -247,3 +257,35 @@ def test_editing_pools_changes_decisions_and_taints_within_10s_and_deleting_ever
     within_10s("every pool deleted: nothing placed", lambda: decision(runs, TEAM_OTHER) == (None, "no-match"))
     after = devcluster.process(controller.replica.name)
     assert after is not None and after.pid == replica.pid and after.alive()
+
+
+def test_a_restart_with_an_object_the_loader_refuses_never_exits_and_keeps_the_last_good_policy(
+    devcluster: Cluster, api: Api, controller: EgressPlacer
+) -> None:
+    overseas = {"priority": 10, "nodeSelector": {TAINT_KEY: "overseas"}, "images": ["*/cdn-*"], "namespaces": [TEAM_CDN]}
+    api.create(POOLS, egress_pool("overseas", overseas))
+    on_pool = only({n: [("overseas", "NoSchedule")] for n in POOL_NODES})
+
+    def stored() -> list[str]:
+        text = ((api.get(namespaced(NAMESPACE, "configmaps", LAST_GOOD)) or {}).get("data") or {}).get(POLICY_KEY)
+        return [p.name for p in load_policy(text).pools] if text else []
+
+    within_10s("the pool's taints", lambda: taints(api) == on_pool)
+    wait_for("the leader to store the policy it loaded", lambda: stored() == ["overseas"], timeout=40)
+    try:
+        # Go's URL parser (the API server's CEL) takes a port above 65535; the loader does not.
+        api.merge_patch(f"{POOLS}/overseas", {"spec": {"egressLoad": {"prometheus": {"url": "http://prometheus:99999"}}}})
+        within_10s("the refusal", lambda: controller.metric("egress_placer_policy_reloads_total", {"result": "refused"}) >= 1)
+        stop_controller(devcluster)
+        start_controller(devcluster, POLICY_FILE, env=PLACEMENT_BY_POOLS)  # returns once /readyz answers 200
+        ready = requests.get(controller.replica.health_url + "/readyz", timeout=5)
+        assert ready.status_code == 200 and ready.text.startswith("ready, degraded: "), ready.text
+        assert "EgressPool overseas: spec.egressLoad.prometheus.url" in ready.text
+        assert f"in force: the last good policy stored in configmap {NAMESPACE}/{LAST_GOOD}" in ready.text
+        assert taints(api) == on_pool and stored() == ["overseas"]
+        uid = api.call("GET", f"{POOLS}/overseas")["metadata"]["uid"]
+        refusals = [e for e in api.items("/apis/events.k8s.io/v1/namespaces/default/events") if e["regarding"].get("uid") == uid]
+        assert refusals and all(e["reason"] == "PolicyRefused" for e in refusals)
+    finally:
+        delete_every_object(api)
+    within_10s("every pool deleted: no taint of ours", lambda: taints(api) == only({}))
