@@ -155,7 +155,7 @@ class Controller:
             balance=settings.balance,
         )
         self.client = KubeClient(self.api, self.metrics)
-        self.events = EventRecorder(self.client, self.metrics, settings.identity, default_namespace=settings.namespace)
+        self.events = EventRecorder(self.client, self.metrics, settings.identity)
         self.egress = EgressPollers(self.state, clock, registry=self.metrics.registry)
         self.policy = PolicyTracker(self.state, on_policy=self.egress.sync)
         self.policy_source = PolicySource(

@@ -44,7 +44,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def _configure_explain(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--policy", required=True, metavar="POLICY.yaml", help="the PlacementPolicy file")
+    parser.add_argument(
+        "--policy",
+        required=True,
+        metavar="POLICY.yaml",
+        help="the policy: a PlacementPolicy file, or EgressPool and EgressPlacerConfig objects",
+    )
     parser.add_argument(
         "manifests", nargs="+", metavar="MANIFEST.yaml", help="runs, pods and their context (Namespaces, Tasks, ...)"
     )
@@ -62,6 +67,16 @@ def _configure_cluster(parser: argparse.ArgumentParser) -> None:
         help="kubeconfig file (default: EGRESS_PLACER_KUBECONFIG, else $KUBECONFIG, else ~/.kube/config, else in-cluster)",
     )
     parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current-context)")
+
+
+def _configure_migrate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("policy", metavar="POLICY.yaml", help="the PlacementPolicy file")
+
+
+def _run_migrate(args: argparse.Namespace) -> int:
+    from controller.cli.migrate import run_migrate
+
+    return run_migrate(args.policy, out=sys.stdout)
 
 
 def _configure_run(parser: argparse.ArgumentParser) -> None:
@@ -146,6 +161,11 @@ COMMANDS: Mapping[str, Command] = {
         help="print, one JSON line each, where the runs and pods of manifest files would be placed",
         configure=_configure_explain,
         run=_run_explain,
+    ),
+    "migrate-policy": Command(
+        help="print the EgressPool and EgressPlacerConfig objects that make the policy of a PlacementPolicy file",
+        configure=_configure_migrate,
+        run=_run_migrate,
     ),
 }
 

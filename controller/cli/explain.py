@@ -1,5 +1,8 @@
 """`egress-placer explain`: what the admission webhook would decide for the runs and pods in manifest files.
 
+The policy is a PlacementPolicy file or EgressPool and EgressPlacerConfig objects (one or many YAML
+documents, as `kubectl get egresspools -o yaml` writes them too), read with no cluster.
+
 Every YAML document of every manifest is read first (and must be understood); Namespaces, Tasks,
 StepActions and Pipelines among them are context. Then each TaskRun, each pipeline task (and finally
 task) of a PipelineRun and each Tekton pod gives one JSON line, in input order, built by the same core
@@ -25,7 +28,8 @@ from controller.core.images import (
     taskrun_images,
 )
 from controller.core.model import Decision, ImageSet, NamespaceState
-from controller.core.policy import PlacementPolicy, PolicyError, load_policy, yaml_problem
+from controller.core.policy import PlacementPolicy, PolicyError, yaml_problem
+from controller.core.pools import load_any_policy
 
 class ManifestError(ValueError):
     """A manifest cannot be read. The message names the file, the document and the line."""
@@ -134,7 +138,7 @@ def run_explain(policy_path: str, manifest_paths: Sequence[str], out: TextIO, er
     errors: list[str] = []
     policy: PlacementPolicy | None = None
     try:
-        policy = load_policy(_read(policy_path), source=policy_path)
+        policy = load_any_policy(_read(policy_path), source=policy_path)
     except (PolicyError, ManifestError) as e:
         errors.append(str(e))
     documents: list[Document] = []

@@ -40,6 +40,7 @@ from controller.kube.client import (
     make_api_client,
     status_of,
 )
+from controller.kube.policy_source import read_pools_policy
 from controller.reconcile.agents import find_gaps
 from controller.reconcile.last_good_policy import POLICY_KEY, store_name
 from controller.settings import Settings
@@ -82,6 +83,8 @@ def read_policy(settings: Settings, api: KubeApi) -> PlacementPolicy:
         except (OSError, UnicodeDecodeError) as e:
             raise PolicyError(f"cannot read policy file {settings.policy_file}: {e}") from None
         return load_policy(text, source=settings.policy_file)
+    if settings.policy_source == "pools":
+        return read_pools_policy(api)
     source = f"configmap {settings.namespace}/{settings.policy_configmap}:{settings.policy_key}"
     data = _config_map_data(api, settings.namespace, settings.policy_configmap)
     if data is None or settings.policy_key not in data:

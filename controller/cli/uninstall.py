@@ -7,7 +7,7 @@ made since, in an order that leaves nothing half-done (docs/uninstall.md).
 3. the pool guard (ValidatingAdmissionPolicyBinding and ValidatingAdmissionPolicy);
 4. the pool taints (key `egress-placer.io/pool`) on every node, nothing else of the node;
 5. the ClusterRole, ClusterRoleBinding, and the Roles and RoleBindings in Tekton's namespace and in
-   kube-system;
+   kube-system; the CRDs of the pools API, and with them every EgressPool and the EgressPlacerConfig;
 6. the controller's namespace, and with it the TLS Secret, the policy ConfigMap, its last good copy,
    the pool guard's params, the Lease, the Service, the PodDisruptionBudget and the ServiceAccount.
 
@@ -31,6 +31,7 @@ from controller.cli.errors import ClusterUnreachable, CommandError, Exit
 from controller.core.agents import TOLERATIONS_ADDED_ANNOTATION
 from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY, Taint
+from controller.core.pools import custom_resource_definitions
 from controller.kube.client import KubeApi
 from controller.kube.writer import ApiError, KubeClient, Outcome
 from controller.metrics import Metrics
@@ -40,6 +41,7 @@ NAME = "egress-placer"  # the Deployment, the ClusterRole and the Roles (k8s/)
 AGENTS_ROLE = "egress-placer-agents"  # in each agent namespace that lets the leader patch node agents (k8s/rbac-agents.yaml)
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,20 @@ def access_things(settings: Settings) -> list[Thing]:
     return things
 
 
+def pools_api_things() -> list[Thing]:
+    """The CRDs of the pools API (k8s/crds/): deleting them deletes every EgressPool and the EgressPlacerConfig."""
+    return [
+        Thing(f"customresourcedefinition {crd['metadata']['name']} (and its objects)", f"{CRDS}/{crd['metadata']['name']}")
+        for crd in custom_resource_definitions()
+    ]
+
+
 def namespace_thing(settings: Settings) -> Thing:
     return Thing(f"namespace {settings.namespace} (its Secret, ConfigMaps, Lease, Service, ...)", f"/api/v1/namespaces/{settings.namespace}")
 
 
 def every_thing(settings: Settings) -> list[Thing]:
-    return [deployment(settings), *admission_things(settings), *access_things(settings), namespace_thing(settings)]
+    return [deployment(settings), *admission_things(settings), *access_things(settings), *pools_api_things(), namespace_thing(settings)]
 
 
 class Uninstall:
@@ -163,7 +173,7 @@ class Uninstall:
                 name, kept, node["metadata"]["resourceVersion"], rebase=lambda current: [t for t in current if t.key != TAINT_KEY]
             )
             self.say(f"removed the pool taint from node {name}")
-        for thing in access_things(self.settings):
+        for thing in [*access_things(self.settings), *pools_api_things()]:
             self._delete(thing)
         self._delete(namespace_thing(self.settings))
         self._left()

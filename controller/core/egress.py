@@ -16,16 +16,19 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, Mapping
 
+from decimal import Decimal
+
 from pydantic import (
     BeforeValidator,
     Field,
     HttpUrl,
+    PlainSerializer,
     field_validator,
     model_validator,
 )
 
 from controller.core.model import NodeLoad
-from controller.core.schema import PolicyModel
+from controller.core.schema import NOT_BLANK, OpenAPI, PolicyModel, Rule
 
 DEFAULT_EGRESS_QUERY = (
     'sum by (instance) (rate(node_network_transmit_bytes_total{device!~"lo|veth.*|cali.*|flannel.*|cni.*"}[1m]))'
@@ -35,8 +38,11 @@ GIGABIT_BYTES_PER_SECOND = 125_000_000.0
 # -- durations ------------------------------------------------------------------------------------
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
+# The durations the API server takes: an integer of seconds or this (Go's time.ParseDuration reads it too).
+DURATION_PATTERN = r"^((\d+(\.\d*)?|\.\d+)(ms|s|m|h))+$"
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PROMETHEUS_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+PROMETHEUS_LABEL = r"[a-zA-Z_][a-zA-Z0-9_]*"
+_PROMETHEUS_LABEL = re.compile(PROMETHEUS_LABEL)
 
 
 def parse_duration(value: Any) -> float:
@@ -56,9 +62,45 @@ def parse_duration(value: Any) -> float:
     raise ValueError(f"{value!r} is not a duration: use seconds or a string like '15s', '1m' or '500ms'")
 
 
+def format_duration(seconds: float) -> str:
+    """A duration as `parse_duration` and the API server read it back exactly ("15s", "0.5s")."""
+    text = f"{Decimal(repr(float(seconds))):f}"  # the shortest decimal that is this float, never 1e-05
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text + "s"
+
+
+def _number(value: float) -> float | int:
+    """A whole number written without ".0" (bytes per second read better so)."""
+    return int(value) if float(value).is_integer() else value
+
+
+def _cel_duration(field: str, default: float) -> str:
+    """CEL: the duration `self.<field>` (an integer of seconds or a string like 15s), or the default."""
+    value = f"self.{field}"
+    return (
+        f"(has({value}) ? (type({value}) == int ? duration(string({value}) + 's') : duration({value})) "
+        f": duration('{format_duration(default)}'))"
+    )
+
+
 # Finite and above zero: seconds, or bytes per second.
-Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Duration = Annotated[Positive, BeforeValidator(parse_duration)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False), PlainSerializer(_number, when_used="json")]
+Duration = Annotated[
+    Positive,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, when_used="json"),
+    OpenAPI(
+        int_or_string=True,
+        patterns=(DURATION_PATTERN,),
+        rules=(
+            Rule(
+                f"type(self) == int ? self > 0 : self.matches(r'{DURATION_PATTERN}') && duration(self) > duration('0s')",
+                "a duration is a number of seconds above 0 or a string like 15s, 1m or 500ms",
+            ),
+        ),
+    ),
+]
 
 
 # -- configuration --------------------------------------------------------------------------------
@@ -67,18 +109,51 @@ Duration = Annotated[Positive, BeforeValidator(parse_duration)]
 class PrometheusSource(PolicyModel):
     """Where a pool's per-node outbound throughput (bytes per second) is read from."""
 
-    url: HttpUrl
-    query: str = DEFAULT_EGRESS_QUERY
+    url: Annotated[
+        HttpUrl,
+        OpenAPI(
+            max_length=2083,
+            rules=(
+                Rule(
+                    "isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''",
+                    "must be an http or https URL with a host",
+                ),
+            ),
+        ),
+    ] = Field(description="Prometheus' base URL, e.g. http://prometheus.monitoring:9090.")
+    query: Annotated[str, OpenAPI(patterns=(NOT_BLANK,))] = Field(
+        default=DEFAULT_EGRESS_QUERY,
+        description="The PromQL query giving each node's outbound bytes per second, one series per node. "
+        f"Default: {DEFAULT_EGRESS_QUERY}",
+    )
     # The result label that names the node; "node-1:9100" matches node "node-1" (the part before ":").
-    node_label: str = "instance"
-    interval: Duration = 15.0
-    timeout: Duration = 3.0
-    max_age: Duration = 60.0
+    node_label: Annotated[str, OpenAPI(patterns=(f"^{PROMETHEUS_LABEL}$",))] = Field(
+        default="instance",
+        description="The result label that names the node (node-1:9100 matches node node-1: the part "
+        "before the colon). Default: instance.",
+    )
+    interval: Duration = Field(default=15.0, description="How often to query: seconds, or a string like 15s. Default: 15s.")
+    timeout: Duration = Field(default=3.0, description="How long one query may take. Default: 3s.")
+    max_age: Duration = Field(
+        default=60.0,
+        description="A figure older than this is stale: the node's run count is used instead. Longer than "
+        "interval. Default: 60s.",
+    )
+
+    openapi = OpenAPI(
+        rules=(
+            Rule(
+                f"{_cel_duration('maxAge', 60.0)} > {_cel_duration('interval', 15.0)}",
+                "maxAge must be longer than interval, or every figure goes stale before the next poll",
+                field_path=".maxAge",
+            ),
+        )
+    )
 
     @field_validator("query")
     @classmethod
     def _query_not_empty(cls, query: str) -> str:
-        if not query.strip():
+        if not re.search(NOT_BLANK, query):
             raise ValueError("the query must not be empty")
         return query
 
@@ -102,9 +177,15 @@ class PrometheusSource(PolicyModel):
 class EgressLoad(PolicyModel):
     """A pool's `egressLoad`: measured throughput and each node's outbound capacity."""
 
-    prometheus: PrometheusSource
-    bandwidth_bytes_per_second: Positive = GIGABIT_BYTES_PER_SECOND
-    node_bandwidth: dict[str, Positive] = Field(default_factory=dict)
+    prometheus: PrometheusSource = Field(description="Where each node's outbound throughput is read from.")
+    bandwidth_bytes_per_second: Positive = Field(
+        default=GIGABIT_BYTES_PER_SECOND,
+        description="What one node can send, in bytes per second (above 0). Default: 125000000 (1 Gbit/s).",
+    )
+    node_bandwidth: dict[str, Positive] = Field(
+        default_factory=dict,
+        description="Per node name, what that node can send in bytes per second, instead of bandwidthBytesPerSecond.",
+    )
 
     def bandwidth_of(self, node: str) -> float:
         """Outbound capacity of `node` in bytes per second (its override, else the pool's)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 from fnmatch import translate
-from typing import Annotated, Any, Literal, Mapping
+from contextlib import contextmanager
+from typing import Annotated, Any, Callable, Iterator, Literal, Mapping
 
 import yaml
 from pydantic import (
@@ -24,18 +25,33 @@ from pydantic import (
 
 from controller.core.egress import EgressLoad
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION, TAINT_KEY, NamespaceState, NodeState, Taint
-from controller.core.schema import PolicyModel
+from controller.core.schema import NOT_BLANK, OpenAPI, PolicyModel, Rule
 
 API_VERSION = "egress-placer.io/v1alpha1"
 KIND = "PlacementPolicy"
 DEFAULT_EXEMPT_NAMESPACES = ("kube-system", "kube-node-lease", "kube-public")
 # Values of the run annotation `egress-placer.io/placement` that are not pool names.
 RESERVED_POOL_NAMES = frozenset({"auto", "none"})
+# Bounds the API server needs to cost its CEL rules (a selector's labels, a list of namespaces); far
+# above any real policy.
+MAX_SELECTOR_LABELS = 64
+MAX_NAMESPACES = 256
 OWNED_TAINT_KEYS = frozenset({TAINT_KEY})
 
-_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_QUALIFIED_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+# The regular expressions of the checks below, shared with the API server's schema (Go's regexp reads
+# them the same: classes, groups and repetition only). Matched whole.
+DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_SUBDOMAIN = rf"{DNS1123_LABEL}(\.{DNS1123_LABEL})*"
+QUALIFIED_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_DNS1123_LABEL = re.compile(DNS1123_LABEL)
+_DNS1123_SUBDOMAIN = re.compile(DNS1123_SUBDOMAIN)
+_QUALIFIED_NAME = re.compile(QUALIFIED_NAME)
+_NOT_BLANK = re.compile(NOT_BLANK)
+
+
+def whole(pattern: str) -> str:
+    """`pattern` anchored at both ends, as the API server's `pattern` needs it."""
+    return f"^({pattern})$"
 
 
 class PolicyError(ValueError):
@@ -54,8 +70,8 @@ class _FieldError(ValueError):
 
 
 def _label_key(key: str) -> str:
-    prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix)):
+    prefix, slash, name = key.rpartition("/")
+    if slash and (not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix)):
         raise ValueError(f"{key!r} is not a valid label key: the prefix must be a DNS subdomain")
     if len(name) > 63 or not _QUALIFIED_NAME.fullmatch(name):
         raise ValueError(
@@ -84,16 +100,29 @@ def _node_name(name: str) -> str:
 
 
 def _glob(pattern: str) -> str:
-    if not pattern.strip():
+    if not _NOT_BLANK.search(pattern):
         raise ValueError("a glob must not be empty")
     return pattern
 
 
-LabelKey = Annotated[str, AfterValidator(_label_key)]
-LabelValue = Annotated[str, AfterValidator(_label_value)]
-Glob = Annotated[str, AfterValidator(_glob)]
-NodeName = Annotated[str, AfterValidator(_node_name)]
-NamespaceName = Annotated[str, AfterValidator(_dns_label)]
+# What the API server checks of the same values (controller/core/schema.py; the unit tests hold each
+# pattern to its check): a label key is a qualified name with an optional DNS-subdomain prefix, the
+# prefix at most 253 characters and the name at most 63.
+LABEL_KEY_PATTERNS = (whole(rf"({DNS1123_SUBDOMAIN}/)?{QUALIFIED_NAME}"), r"^([^/]{1,253}/)?[^/]{1,63}$")
+LabelKey = Annotated[
+    str,
+    AfterValidator(_label_key),
+    OpenAPI(
+        patterns=LABEL_KEY_PATTERNS,
+        max_length=317,
+        message="every key must be a label key: an optional DNS subdomain and '/', then at most 63 "
+        "alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric",
+    ),
+]
+LabelValue = Annotated[str, AfterValidator(_label_value), OpenAPI(patterns=(whole(f"({QUALIFIED_NAME})?"),), max_length=63)]
+Glob = Annotated[str, AfterValidator(_glob), OpenAPI(patterns=(NOT_BLANK,))]
+NodeName = Annotated[str, AfterValidator(_node_name), OpenAPI(patterns=(whole(DNS1123_SUBDOMAIN),), max_length=253)]
+NamespaceName = Annotated[str, AfterValidator(_dns_label), OpenAPI(patterns=(whole(DNS1123_LABEL),), max_length=63)]
 
 
 def _glob_regex(globs: tuple[str, ...]) -> re.Pattern[str] | None:
@@ -107,9 +136,33 @@ def _glob_regex(globs: tuple[str, ...]) -> re.Pattern[str] | None:
 
 
 class LabelSelectorRequirement(PolicyModel):
-    key: LabelKey
-    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
-    values: tuple[LabelValue, ...] = ()
+    key: LabelKey = Field(
+        description="The label key the requirement reads (e.g. team or example.com/tier)."
+    )
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"] = Field(
+        description="In and NotIn compare the label's value with `values`; Exists and DoesNotExist only look for the key."
+    )
+    values: tuple[LabelValue, ...] = Field(
+        default=(),
+        description="The values for In and NotIn (at least one); none for Exists and DoesNotExist.",
+    )
+
+    openapi = OpenAPI(
+        rules=(
+            Rule(
+                "self.operator in ['Exists', 'DoesNotExist'] || (has(self.values) && size(self.values) > 0)",
+                "operator In and NotIn need at least one value",
+                field_path=".values",
+                reason="FieldValueRequired",
+            ),
+            Rule(
+                "self.operator in ['In', 'NotIn'] || !has(self.values) || size(self.values) == 0",
+                "operator Exists and DoesNotExist take no values",
+                field_path=".values",
+                reason="FieldValueForbidden",
+            ),
+        )
+    )
 
     @model_validator(mode="after")
     def _values_fit_operator(self) -> "LabelSelectorRequirement":
@@ -133,8 +186,22 @@ class LabelSelectorRequirement(PolicyModel):
 class LabelSelector(PolicyModel):
     """A Kubernetes LabelSelector. An empty selector matches nothing here (never "everything")."""
 
-    match_labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
-    match_expressions: tuple[LabelSelectorRequirement, ...] = ()
+    match_labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=MAX_SELECTOR_LABELS, description="Labels the namespace must all have, with these values."
+    )
+    match_expressions: tuple[LabelSelectorRequirement, ...] = Field(
+        default=(), description="Requirements on the namespace's labels, all of which must hold."
+    )
+
+    openapi = OpenAPI(
+        rules=(
+            Rule(
+                "(has(self.matchLabels) && size(self.matchLabels) > 0) || "
+                "(has(self.matchExpressions) && size(self.matchExpressions) > 0)",
+                "a selector needs matchLabels or matchExpressions (an empty one would match everything)",
+            ),
+        )
+    )
 
     @model_validator(mode="after")
     def _not_empty(self) -> "LabelSelector":
@@ -156,8 +223,15 @@ class PoolTaint(PolicyModel):
     The key is fixed (`TAINT_KEY`): `key` may be written only with that value (policies that
     spelled out the default still load)."""
 
-    key: str = TAINT_KEY
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+    key: Annotated[str, OpenAPI(extra={"enum": [TAINT_KEY]})] = Field(
+        default=TAINT_KEY,
+        description=f"Always {TAINT_KEY} (the only value allowed; leave it out). Taints with any other key are never touched.",
+    )
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        default="NoSchedule",
+        description="The taint's effect: NoSchedule (the default), PreferNoSchedule or NoExecute (also evicts "
+        "running pods that do not tolerate it).",
+    )
 
     @field_validator("key")
     @classmethod
@@ -171,17 +245,66 @@ class PoolTaint(PolicyModel):
 
 
 class Pool(PolicyModel):
-    name: str
-    node_selector: dict[LabelKey, LabelValue] = Field(default_factory=dict)
-    nodes: tuple[NodeName, ...] = ()
-    images: tuple[Glob, ...] = ()
-    namespaces: tuple[Glob, ...] = ()
-    namespace_selector: LabelSelector | None = None
-    placement: Literal["required", "preferred"] = "required"
-    capacity: PositiveInt | None = None
-    taint: PoolTaint = Field(default_factory=PoolTaint)
-    # Optional: measured outbound throughput per node from Prometheus (docs/egress-load.md).
-    egress_load: EgressLoad | None = None
+    name: str = Field(
+        description="The pool's name: a DNS-1123 label, unique; auto and none are reserved (values of the "
+        "run annotation egress-placer.io/placement)."
+    )
+    node_selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        max_length=MAX_SELECTOR_LABELS,
+        description="Membership: a node with ALL these labels is in the pool. At least one of nodeSelector "
+        "and nodes is required.",
+    )
+    nodes: tuple[NodeName, ...] = Field(
+        default=(), description="Membership: these nodes, by name, are in the pool (whatever their labels)."
+    )
+    images: tuple[Glob, ...] = Field(
+        default=(),
+        description="A run using an image that matches one of these globs goes to the pool (fnmatch: * ? "
+        "[abc]; * also matches /; case-sensitive; the whole reference as written in the run after params "
+        "are substituted, not normalised: ubuntu is not docker.io/library/ubuntu:latest). Empty: only "
+        "runs that opt in (egress-placer.io/placement: <pool>) come here.",
+    )
+    namespaces: tuple[Glob, ...] = Field(
+        default=(),
+        description="Who may use the pool: namespaces whose name matches one of these globs (also: "
+        "namespaceSelector, or the Namespace annotation egress-placer.io/pools naming the pool).",
+    )
+    namespace_selector: LabelSelector | None = Field(
+        default=None,
+        description="Who may use the pool: namespaces whose labels match this selector (it must not be "
+        "empty: an empty selector would match every namespace).",
+    )
+    placement: Annotated[Literal["required", "preferred"], OpenAPI(default="required")] = Field(
+        default="required",
+        description="required: runs may only be scheduled on pool nodes (a required node affinity). "
+        "preferred: runs prefer pool nodes but may run elsewhere when the pool is full or down.",
+    )
+    capacity: PositiveInt | None = Field(
+        default=None,
+        description="Runs per node before the node counts as full (at least 1). Default: the node's "
+        "allocatable pods.",
+    )
+    taint: PoolTaint = Field(
+        default_factory=PoolTaint,
+        description=f"The taint kept on every node of the pool: key {TAINT_KEY}, value the pool's name; "
+        "admitted runs get the matching toleration.",
+    )
+    egress_load: EgressLoad | None = Field(
+        default=None,
+        description="Optional: each node's measured outbound throughput from Prometheus, weighed with its "
+        "run count when a node is chosen (docs/egress-load.md).",
+    )
+
+    openapi = OpenAPI(
+        rules=(
+            Rule(
+                "(has(self.nodeSelector) && size(self.nodeSelector) > 0) || (has(self.nodes) && size(self.nodes) > 0)",
+                "a pool needs nodeSelector or nodes (or both) to have members",
+                reason="FieldValueRequired",
+            ),
+        )
+    )
 
     _image_regex: re.Pattern[str] | None = PrivateAttr(default=None)
     _namespace_regex: re.Pattern[str] | None = PrivateAttr(default=None)
@@ -230,15 +353,47 @@ class Pool(PolicyModel):
 
 
 class PlacementPolicy(PolicyModel):
-    api_version: Literal["egress-placer.io/v1alpha1"]
-    kind: Literal["PlacementPolicy"]
-    exempt_namespaces: tuple[str, ...] = DEFAULT_EXEMPT_NAMESPACES
+    api_version: Literal["egress-placer.io/v1alpha1"] = Field(description="egress-placer.io/v1alpha1")
+    kind: Literal["PlacementPolicy"] = Field(description="PlacementPolicy")
+    exempt_namespaces: tuple[Annotated[str, Field(max_length=63)], ...] = Field(
+        default=DEFAULT_EXEMPT_NAMESPACES,
+        max_length=MAX_NAMESPACES,
+        description="Pods of these namespaces (exact names) are never intruders on pool nodes. Default: "
+        "kube-system, kube-node-lease, kube-public; setting it replaces that list.",
+    )
     # Namespaces whose node agents (DaemonSets) may run on pool nodes; None: the exempt namespaces.
-    agent_namespaces: tuple[NamespaceName, ...] | None = None
+    agent_namespaces: tuple[NamespaceName, ...] | None = Field(
+        default=None,
+        max_length=MAX_NAMESPACES,
+        description="Node agents (DaemonSets: log shippers, node exporters) of these namespaces (exact "
+        "names) may run on pool nodes: new DaemonSets get the pool tolerations at admission, and the "
+        "API server's pool guard leaves them out. Default: the exemptNamespaces.",
+    )
     # Agent namespaces whose EXISTING DaemonSets the leader may change to add the pool tolerations
     # (which restarts their pods); elsewhere it only reports them (core.agents).
-    patch_existing_agents: tuple[NamespaceName, ...] = ()
-    pools: tuple[Pool, ...] = ()
+    patch_existing_agents: tuple[NamespaceName, ...] = Field(
+        default=(),
+        max_length=MAX_NAMESPACES,
+        description="Agent namespaces whose EXISTING DaemonSets the leader may change to add the pool "
+        "tolerations (their pods restart); elsewhere they are only reported. Each must be an agent "
+        "namespace. Default: none.",
+    )
+    pools: tuple[Pool, ...] = Field(
+        default=(), description="The pools, in priority order: a node belongs to the first pool that claims it."
+    )
+
+    openapi = OpenAPI(
+        rules=(
+            Rule(
+                "!has(self.patchExistingAgents) || self.patchExistingAgents.all(n, n in "
+                "(has(self.agentNamespaces) ? self.agentNamespaces : has(self.exemptNamespaces) ? "
+                f"self.exemptNamespaces : {list(DEFAULT_EXEMPT_NAMESPACES)!r}))",
+                "every namespace of patchExistingAgents must be an agent namespace (agentNamespaces, by default "
+                "the exemptNamespaces)",
+                field_path=".patchExistingAgents",
+            ),
+        )
+    )
 
     @field_validator("pools")
     @classmethod
@@ -280,6 +435,11 @@ class PlacementPolicy(PolicyModel):
         return OWNED_TAINT_KEYS
 
 
+def dump_policy(policy: PlacementPolicy) -> str:
+    """`policy` as a PlacementPolicy document that `load_policy` reads back equal (defaults left out)."""
+    return yaml.safe_dump(policy.model_dump(mode="json", by_alias=True, exclude_defaults=True), sort_keys=False)
+
+
 def agent_namespaces(policy: PlacementPolicy) -> tuple[str, ...]:
     """Where node agents (DaemonSets) may run on pool nodes: `agentNamespaces`, or by default the
     exempt namespaces."""
@@ -307,11 +467,7 @@ class _PolicyLoader(yaml.SafeLoader):
 
 def load_policy(text: str, source: str = "<policy>") -> PlacementPolicy:
     """Parse and validate a policy document; raise PolicyError naming source, line and field."""
-    try:
-        loader = _PolicyLoader(text)
-    except yaml.reader.ReaderError as e:  # a character YAML does not allow (control characters, surrogates)
-        raise PolicyError(f"{source}:{text.count(chr(10), 0, e.position) + 1}: invalid YAML: {e.reason}") from None
-    try:
+    with _yaml_errors(text, source) as loader:
         root = loader.get_single_node()
         if root is None:
             raise PolicyError(f"{source}: the policy is empty; expected a {KIND} mapping")
@@ -319,6 +475,35 @@ def load_policy(text: str, source: str = "<policy>") -> PlacementPolicy:
             raise PolicyError(f"{source}:{_line(root)}: expected a {KIND} mapping, got {_node_kind(root)}")
         _refuse_duplicate_keys(root, source)
         data = loader.construct_document(root)
+    try:
+        return validate_policy(data, lambda loc: f"{source}:{_line(node_at(root, loc))}: {field_path(loc) or '(top level)'}")
+    except RecursionError:
+        raise PolicyError(f"{source}:{_line(root)}: the policy is nested too deeply") from None
+
+
+def read_documents(text: str, source: str) -> list[tuple[yaml.Node, Any]]:
+    """Every YAML document of `text` (empty ones left out), as its node (for line numbers) and its
+    value; PolicyError naming the line for invalid YAML, duplicate keys or a self-referring alias."""
+    documents = []
+    with _yaml_errors(text, source) as loader:
+        while loader.check_node():
+            node = loader.get_node()
+            if node is None:
+                continue
+            _refuse_duplicate_keys(node, source)
+            documents.append((node, loader.construct_document(node)))
+    return documents
+
+
+@contextmanager
+def _yaml_errors(text: str, source: str) -> Iterator[_PolicyLoader]:
+    """A loader of `text` whose YAML errors become PolicyError naming source and line."""
+    try:
+        loader = _PolicyLoader(text)
+    except yaml.reader.ReaderError as e:  # a character YAML does not allow (control characters, surrogates)
+        raise PolicyError(f"{source}:{text.count(chr(10), 0, e.position) + 1}: invalid YAML: {e.reason}") from None
+    try:
+        yield loader
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"{source}:{mark.line + 1}" if mark else f"{source}:{loader.line + 1}"
@@ -327,26 +512,29 @@ def load_policy(text: str, source: str = "<policy>") -> PlacementPolicy:
         raise PolicyError(f"{source}:{loader.line + 1}: invalid YAML: nested too deeply") from None
     finally:
         loader.dispose()
+
+
+def validate_policy(data: Any, where: Callable[[tuple[str | int, ...]], str]) -> PlacementPolicy:
+    """The one validation of a policy, whatever its form (a document, objects of the API): `data` as
+    a PlacementPolicy, or PolicyError with one line per problem, `where(loc)` naming the place of the
+    field at `loc` (e.g. "policy.yaml:9: pools[0].placement")."""
     try:
         return PlacementPolicy.model_validate(data)
     except ValidationError as e:
-        raise PolicyError("\n".join(_describe(err, root, source) for err in e.errors())) from None
-    except RecursionError:
-        raise PolicyError(f"{source}:{_line(root)}: the policy is nested too deeply") from None
+        raise PolicyError("\n".join(f"{where(loc)}: {message}" for loc, message in _problems(e))) from None
 
 
-def _describe(err: Any, root: yaml.Node, source: str) -> str:
-    loc = tuple(err["loc"])
-    cause = (err.get("ctx") or {}).get("error")
-    if isinstance(cause, _FieldError):
-        loc += cause.loc
-    message = str(cause) if cause is not None else err["msg"]
-    node = _node_at(root, loc)
-    path = _path(loc) or "(top level)"
-    return f"{source}:{_line(node)}: {path}: {message}"
+def _problems(error: ValidationError) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    """(where, what) of each problem: a _FieldError's own location is added to pydantic's."""
+    for err in error.errors():
+        loc = tuple(err["loc"])
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, _FieldError):
+            loc += cause.loc
+        yield loc, str(cause) if cause is not None else err["msg"]
 
 
-def _node_at(root: yaml.Node, loc: tuple[str | int, ...]) -> yaml.Node:
+def node_at(root: yaml.Node, loc: tuple[str | int, ...]) -> yaml.Node:
     """The YAML node to blame for `loc`: the key of the deepest field found, or the list item.
 
     A missing field is blamed on the mapping that lacks it."""
@@ -364,7 +552,8 @@ def _node_at(root: yaml.Node, loc: tuple[str | int, ...]) -> yaml.Node:
     return blamed
 
 
-def _path(loc: tuple[str | int, ...]) -> str:
+def field_path(loc: tuple[str | int, ...]) -> str:
+    """`pools[0].namespaceSelector.matchLabels` for a pydantic location."""
     out = ""
     for part in loc:
         if isinstance(part, int):

@@ -251,6 +251,11 @@ def tekton(kind: str) -> Resource:
     return Resource(plural, kind, f"/apis/{api_version}/{plural}", trim(api_version, kind))
 
 
+def pools_api(kind: str, plural: str, api_version: str) -> Resource:
+    """The objects of one kind of the pools API (EgressPool, EgressPlacerConfig): metadata and spec."""
+    return Resource(plural, kind, f"/apis/{api_version}/{plural}", trimmer(api_version, kind, ("spec",)))
+
+
 def config_map(namespace: str, name: str) -> Resource:
     """One ConfigMap, by name (a field selector), with its data."""
     return Resource(
@@ -295,11 +300,13 @@ class Informer:
         page_size: int = LIST_PAGE_SIZE,
         watch_timeout_seconds: int = 300,
         backoff: RetryPolicy = WATCHES,
+        on_error: Callable[[BaseException | None], None] = lambda error: None,
     ) -> None:
         self.api = api
         self.resource = resource
         self.on_replace = on_replace
         self.on_event = on_event
+        self.on_error = on_error  # told of each failed list or watch, before the backoff
         self.metrics = metrics
         self.page_size = page_size
         self.watch_timeout_seconds = watch_timeout_seconds
@@ -372,6 +379,10 @@ class Informer:
         else:
             cause, relist = "failure", False
         self._restart(cause, relist)
+        try:
+            self.on_error(error)
+        except Exception:
+            self._log.exception("error handler failed")
         wait = state.next_action.sleep if state.next_action else 0.0
         self._log.bind(cause=cause, attempt=state.attempt_number).warning(
             "list/watch failed, retrying in {:.1f}s: {}", wait, describe_error(error)

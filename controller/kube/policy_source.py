@@ -1,4 +1,6 @@
-"""Keeps the placement policy current: from a ConfigMap key (watched) or from a file (polled).
+"""Keeps the placement policy current: from a ConfigMap key (watched), from a file (polled), or from
+the EgressPool and EgressPlacerConfig objects of the pools API (watched; `policy_source: pools`,
+docs/pools-api.md).
 
 A valid new policy goes to `state.set_policy`. An invalid one is refused: its error goes to
 `on_refused` (the app's `PolicyTracker` keeps it), to the log, and as a Warning Event
@@ -7,23 +9,56 @@ A valid new policy goes to `state.set_policy`. An invalid one is refused: its er
 A ConfigMap or file that disappears also leaves the last good policy in force (and says so, also
 to `on_refused`). `loaded_text` is the text of the last policy loaded (the leader stores it:
 controller/reconcile/last_good_policy.py).
+
+Pools API: every change of the objects' specs rebuilds the policy from all of them
+(`core.pools.policy_from_objects`, the loader's validation); no object is the empty policy, which
+places nothing and removes the pool taints. Objects the validation refuses (only what the API server's
+schema cannot check gets that far) are refused as a whole, with a PolicyRefused Event on the first
+object named, the policy in force staying. A pools API that cannot be read before its first list (404:
+the CRDs are not installed; 403: no RBAC) counts as no policy found; once listed, a failed watch keeps
+the objects seen (the informer resumes). `loaded_text` is then the policy as a document (`dump_policy`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
-from typing import Any, Callable, Protocol
+from functools import partial
+from typing import Any, Callable, Protocol, Sequence
 
 from loguru import logger
 
-from controller.core.policy import PlacementPolicy, PolicyError, load_policy
+from controller.core.policy import API_VERSION, PlacementPolicy, PolicyError, dump_policy, load_policy
+from controller.core.pools import CONFIG_PLURAL, GROUP, KINDS, PLURALS, POOL_PLURAL, policy_from_objects
 from controller.event_sink import EventSink
-from controller.kube.client import KubeApi
-from controller.kube.informer import Informer, Obj, config_map
+from controller.kube.client import KubeApi, describe_error, status_of
+from controller.kube.informer import Informer, Obj, config_map, pools_api
 from controller.kube.retry import WATCHES, RetryPolicy
 from controller.metrics import Metrics
 from controller.settings import Settings
+
+
+def read_pools_policy(api: KubeApi) -> PlacementPolicy:
+    """The policy of the objects of the pools API, read once (`egress-placer status`); PolicyError
+    when the API server refuses to list them (no CRD, no right) or the objects are refused; a cluster
+    that does not answer raises as it is."""
+    objects: list[Obj] = []
+    for kind in KINDS:
+        try:
+            items = api.call("GET", f"/apis/{API_VERSION}/{PLURALS[kind]}").get("items") or []
+        except Exception as e:
+            if status_of(e) is None:
+                raise
+            raise PolicyError(_unreadable(e)) from None
+        objects.extend({**o, "apiVersion": API_VERSION, "kind": kind} for o in items)
+    return policy_from_objects(objects)
+
+
+def _unreadable(error: BaseException | None) -> str:
+    """What is wrong, the same for both kinds (they fail together; one message, said once)."""
+    why = " (its CRDs are not installed: k8s/crds/)" if error is not None and status_of(error) == 404 else ""
+    return f"no policy found: the pools API ({GROUP}) cannot be read{why}: {describe_error(error)}"
 
 
 class PolicyTarget(Protocol):
@@ -57,38 +92,54 @@ class PolicySource:
         self.loaded_text: str | None = None  # the text of the last valid policy loaded
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._informer: Informer | None = None
+        self._informers: list[Informer] = []
+        # Pools API mode: the objects seen, by kind and name, and the kinds listed at least once.
+        self._objects: dict[str, dict[str, Obj]] = {kind: {} for kind in KINDS}
+        self._listed: set[str] = set()
+        self._objects_lock = threading.Lock()
         if settings.policy_file is None:
             if api is None:
-                raise ValueError("ConfigMap mode (no policy_file) needs an API client")
-            self._informer = Informer(
-                api,
-                config_map(settings.namespace, settings.policy_configmap),
-                on_replace=self._configmaps_listed,
-                on_event=self._configmap_changed,
-                metrics=metrics,
-                watch_timeout_seconds=settings.watch_timeout_seconds,
-                backoff=backoff,
-            )
+                raise ValueError("ConfigMap and pools API modes (no policy_file) need an API client")
+            watch = partial(Informer, api, metrics=metrics, watch_timeout_seconds=settings.watch_timeout_seconds, backoff=backoff)
+            if settings.policy_source == "pools":
+                self._informers = [
+                    watch(
+                        pools_api(kind, PLURALS[kind], API_VERSION),
+                        on_replace=partial(self._objects_listed, kind),
+                        on_event=partial(self._object_changed, kind),
+                        on_error=partial(self._objects_unreadable, kind),
+                    )
+                    for kind in KINDS
+                ]
+            else:
+                self._informers = [
+                    watch(
+                        config_map(settings.namespace, settings.policy_configmap),
+                        on_replace=self._configmaps_listed,
+                        on_event=self._configmap_changed,
+                    )
+                ]
 
     @property
     def source(self) -> str:
         s = self.settings
         if s.policy_file is not None:
             return f"file {s.policy_file}"
+        if s.policy_source == "pools":
+            return f"{POOL_PLURAL} and {CONFIG_PLURAL} ({GROUP})"
         return f"configmap {s.namespace}/{s.policy_configmap}:{s.policy_key}"
 
     def start(self) -> None:
-        if self._informer is not None:
-            self._informer.start()
-        elif self._thread is None:
+        for informer in self._informers:
+            informer.start()
+        if not self._informers and self._thread is None:
             self._thread = threading.Thread(target=self._poll_file, name="policy file", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._informer is not None:
-            self._informer.stop()
+        for informer in self._informers:
+            informer.stop()
         if self._thread is not None:
             self._thread.join(5.0)
 
@@ -101,15 +152,28 @@ class PolicySource:
                 self._last_text = None  # the same text offered again loads again
                 self.on_refused(f"no policy found in {self.source}")
                 return None
-            if text == self._last_text:
+            return self._judge(text, lambda: load_policy(text, source=self.source), lambda error: regarding, lambda p: text)
+        finally:
+            self.synced.set()
+
+    def _judge(
+        self,
+        key: str,
+        load: Callable[[], PlacementPolicy],
+        regarding: Callable[[str], dict[str, Any] | None],
+        text_of: Callable[[PlacementPolicy], str],
+    ) -> PlacementPolicy | None:
+        """`load()` unless `key` (what the policy is made of) was judged last; the policy, or None."""
+        try:
+            if key == self._last_text:
                 return None
-            self._last_text = text
+            self._last_text = key
             try:
-                policy = load_policy(text, source=self.source)
+                policy = load()
             except PolicyError as e:
-                self._refuse(str(e), regarding)
+                self._refuse(str(e), regarding(str(e)))
                 return None
-            self.loaded_text = text
+            self.loaded_text = text_of(policy)
             self.state.set_policy(policy)
             self.metrics.policy_valid.set(1)
             self.metrics.policy_reloads.labels(result="loaded").inc()  # last: the counter says "done"
@@ -158,6 +222,43 @@ class PolicySource:
         }
         self.offer(self._text_of(cm), regarding)
 
+    # -- pools API mode ---------------------------------------------------------------------------
+    def _objects_listed(self, kind: str, objs: list[Obj]) -> None:
+        with self._objects_lock:
+            self._objects[kind] = {str(o["metadata"]["name"]): o for o in objs}
+            self._listed.add(kind)
+            self._offer_objects()
+
+    def _object_changed(self, kind: str, event: str, obj: Obj) -> None:
+        with self._objects_lock:
+            name = str(obj["metadata"]["name"])
+            if event == "DELETED":
+                self._objects[kind].pop(name, None)
+            else:
+                self._objects[kind][name] = obj
+            self._offer_objects()
+
+    def _objects_unreadable(self, kind: str, error: BaseException | None) -> None:
+        """Before its first list, a kind that cannot be read means no policy (said once per cause)."""
+        with self._objects_lock:
+            if kind in self._listed:
+                return  # the objects seen stay; the informer resumes the watch
+            message = _unreadable(error)
+            if self._last_text == f"unreadable: {message}":
+                return
+            logger.bind(source=self.source).warning(message + "; the current policy stays in force")
+            self._last_text = f"unreadable: {message}"  # the objects, once listed, are judged again
+            self.on_refused(message)
+            self.synced.set()
+
+    def _offer_objects(self) -> None:
+        """Once every kind is listed: the policy of all the objects (under the lock)."""
+        if self._listed != set(KINDS):
+            return
+        objects = [o for kind in KINDS for _, o in sorted(self._objects[kind].items())]
+        key = json.dumps([[o["kind"], o["metadata"]["name"], o.get("spec")] for o in objects], sort_keys=True)
+        self._judge(key, lambda: policy_from_objects(objects), partial(_named_first, objects), dump_policy)
+
     # -- file mode --------------------------------------------------------------------------------
     def _poll_file(self) -> None:
         path = self.settings.policy_file
@@ -181,3 +282,13 @@ class PolicySource:
             except Exception:
                 logger.bind(source=self.source).exception("policy file not read")
             self._stop.wait(self.poll_seconds)
+
+
+def _named_first(objects: Sequence[Obj], error: str) -> dict[str, Any] | None:
+    """The object the first line of `error` names (`EgressPool overseas: spec...`), for its Event."""
+    for line in error.splitlines():
+        for obj in objects:
+            meta = obj["metadata"]
+            if line.startswith(f"{obj['kind']} {meta['name']}:"):
+                return {"apiVersion": API_VERSION, "kind": obj["kind"], "name": meta["name"], "uid": meta.get("uid")}
+    return None

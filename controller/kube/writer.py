@@ -430,14 +430,12 @@ class EventRecorder:
         max_queue: int = 1000,
         series_window: float = 600.0,
         clock: Callable[[], float] = time.time,
-        default_namespace: str = "default",
     ) -> None:
         self.writer = writer
         self.metrics = metrics
         self.identity = identity
         self.series_window = series_window
         self.clock = clock
-        self.default_namespace = default_namespace
         self._queue: queue.Queue[tuple[dict[str, Any], str, str, str, str, float] | None] = queue.Queue(max_queue)
         self._series: OrderedDict[tuple[str, ...], tuple[_Series, float]] = OrderedDict()
         self._thread: threading.Thread | None = None
@@ -488,7 +486,9 @@ class EventRecorder:
                 self._queue.task_done()
 
     def _write(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str, ts: float) -> None:
-        namespace = regarding.get("namespace") or self.default_namespace
+        # An Event about a cluster-scoped object (an EgressPool) must be in `default`: the API server
+        # refuses it in any other namespace.
+        namespace = regarding.get("namespace") or "default"
         note = note[:MAX_NOTE]
         key = (
             namespace,

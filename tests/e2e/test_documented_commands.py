@@ -5,7 +5,7 @@ until it is one or the other.
 
 The run is one install-and-uninstall story, in the order a reader follows it: install with
 `kubectl apply -k k8s/` (the local cluster's nodes are KWOK's, so the Deployment's pods "run" without
-an image), wait for the rollout, uninstall with `egress-placer uninstall`; install again and uninstall
+an image), wait for the rollout, apply the example policy as objects of the pools API, uninstall with `egress-placer uninstall`; install again and uninstall
 with kubectl alone (docs/uninstall.md). Before each uninstall a pool node gets the pool taint, as the
 controller would have left it; after it, nothing of egress-placer is left. Placeholders (`NODES PODS
 TASKRUNS`) get small values. Inline commands in prose (`egress-placer status`, ...) are not collected:
@@ -45,6 +45,12 @@ SKIPPED = {
 PLACEHOLDERS = {"NODES PODS TASKRUNS": "10 40 40"}
 
 INSTALL = ["kubectl apply -k k8s/", "kubectl -n egress-placer rollout status deploy/egress-placer"]
+# docs/pools-api.md, right after the install (the uninstall removes the CRDs and the objects with them).
+POOLS_API = [
+    "egress-placer migrate-policy config/policy.example.yaml | kubectl apply -f -",
+    "kubectl get egresspools",
+    "kubectl explain egresspool.spec.images",
+]
 UNINSTALL_WITH_THE_COMMAND = ["egress-placer uninstall --dry-run", "egress-placer uninstall --yes"]
 UNINSTALL_WITH_KUBECTL = [
     "kubectl -n egress-placer delete deployment egress-placer --ignore-not-found --wait",
@@ -56,10 +62,13 @@ AFTERWARDS = [
     "kubectl get daemonsets -A -o jsonpath='{range .items[?(@.metadata.annotations.egress-placer\\.io/pool-tolerations-added)]}"
     "{.metadata.namespace}/{.metadata.name}{\"\\n\"}{end}'",
 ]
-WITHOUT_A_CLUSTER = ["python -m bench.scale first-sync-memory NODES PODS TASKRUNS"]
+WITHOUT_A_CLUSTER = [
+    "python -m bench.scale first-sync-memory NODES PODS TASKRUNS",
+    "egress-placer explain --policy <(egress-placer migrate-policy config/policy.example.yaml) devplacer/demo/runs.yaml",
+]
 # Exit statuses other than 0 that the docs say to expect.
 EXPECTED_STATUS = {"kubectl taint nodes --all egress-placer.io/pool-": 1}  # "not found" on the nodes without it
-RUN = [*WITHOUT_A_CLUSTER, *INSTALL, *UNINSTALL_WITH_THE_COMMAND, *UNINSTALL_WITH_KUBECTL, *AFTERWARDS]
+RUN = [*WITHOUT_A_CLUSTER, *INSTALL, *POOLS_API, *UNINSTALL_WITH_THE_COMMAND, *UNINSTALL_WITH_KUBECTL, *AFTERWARDS]
 
 
 def documented() -> dict[str, str]:
@@ -134,7 +143,7 @@ def plain_cluster(devcluster: Cluster, api: Api) -> Iterator[Cluster]:
 @pytest.mark.e2e
 def test_install_then_uninstall_twice_as_the_docs_say(plain_cluster: Cluster, api: Api) -> None:
     for uninstall in (UNINSTALL_WITH_THE_COMMAND, UNINSTALL_WITH_KUBECTL):
-        for command in INSTALL:
+        for command in [*INSTALL, *POOLS_API]:
             run(plain_cluster, command)
         taint_a_pool_node(api)
         for command in uninstall:

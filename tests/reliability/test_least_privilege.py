@@ -45,7 +45,8 @@ EVERY_USER = (
     | rules(["authentication.k8s.io"], ["selfsubjectreviews"], ["create"])
     | rules(["certificates.k8s.io"], ["clustertrustbundles"], READ)
 )
-# k8s/rbac-cluster.yaml: caches, the pool taint, evictions, Events, its own webhook's caBundle, the pool guard's binding.
+# k8s/rbac-cluster.yaml: caches, the pool taint, evictions, Events, its own webhook's caBundle, the pool guard's binding,
+# the pools API (and its status).
 CLUSTER_WIDE = (
     rules([""], ["nodes"], [*READ, "patch"])
     | rules([""], ["namespaces"], READ)
@@ -56,6 +57,8 @@ CLUSTER_WIDE = (
     | rules(["events.k8s.io"], ["events"], ["create", "patch"])
     | rules(["admissionregistration.k8s.io"], ["mutatingwebhookconfigurations"], ["get", "update"], ["egress-placer"])
     | rules(["admissionregistration.k8s.io"], ["validatingadmissionpolicybindings"], ["get", "update"], ["egress-placer-pool-guard"])
+    | rules(["egress-placer.io"], ["egresspools", "egressplacerconfigs"], READ)
+    | rules(["egress-placer.io"], ["egresspools/status"], ["update", "patch"])
 )
 # k8s/rbac-namespace.yaml: the leader Lease, the webhook's TLS Secret, the policy ConfigMap, the pool guard's params, the stored last good policy.
 OWN_NAMESPACE = (

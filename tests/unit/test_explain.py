@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from controller.cli import explain
 from controller.core import decide, images
@@ -217,3 +218,34 @@ def test_explain_uses_the_admission_core_functions() -> None:
     assert explain.pipelinerun_images is images.pipelinerun_images
     assert explain.pod_images is images.pod_images
     assert explain.decide is decide.decide
+
+
+# -- the policy as objects of the pools API (docs/pools-api.md) -------------------------------------
+
+
+def migrate_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SCRIPT), "migrate-policy", *args], capture_output=True, text=True, check=False)
+
+
+def test_the_migrated_objects_explain_exactly_as_the_file(tmp_path: Path) -> None:
+    migrated = migrate_cli(write(tmp_path, "policy.yaml", POLICY))
+    assert (migrated.returncode, migrated.stderr) == (0, "")
+    kinds = [doc["kind"] for doc in yaml.safe_load_all(migrated.stdout) if doc]
+    assert kinds == ["EgressPool", "EgressPool"]
+    files = [write(tmp_path, "context.yaml", CONTEXT), write(tmp_path, "runs.yaml", RUNS), write(tmp_path, "more.yaml", MORE)]
+    done = explain_cli("--policy", write(tmp_path, "objects.yaml", migrated.stdout), *files)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout.splitlines() == EXPECTED
+
+
+def test_a_bad_object_exits_2_naming_its_line_and_field(tmp_path: Path) -> None:
+    objects = migrate_cli(write(tmp_path, "policy.yaml", POLICY)).stdout.replace("name: lab", "name: none")
+    done = explain_cli("--policy", write(tmp_path, "objects.yaml", objects), write(tmp_path, "runs.yaml", RUNS))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "objects.yaml:" in done.stderr and ": EgressPool none: metadata.name: 'none' is reserved" in done.stderr
+
+
+def test_an_invalid_policy_is_not_migrated(tmp_path: Path) -> None:
+    done = migrate_cli(write(tmp_path, "policy.yaml", POLICY.replace("nodes: [lab-1]", "nodes: [Lab-1]")))
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "policy.yaml:11: pools[1].nodes[0]: 'Lab-1' is not a valid node name" in done.stderr

@@ -37,7 +37,7 @@ SKIP_LABEL = ("egress-placer.io/webhook", "skip")
 POOL_TAINT_KEY = TAINT_KEY  # the fixed key the pod webhook's matchConditions must name
 NOT_RESOURCES = {"kustomization.yaml", "policy.yaml"}  # kustomize input, and the policy document
 CLUSTER_SCOPED = {
-    "Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+    "CustomResourceDefinition", "Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
     "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 }
 
@@ -81,6 +81,9 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     *{(NAMESPACE, "", "configmaps", v, store_name(default("policy_configmap"))) for v in ("get", "update")},
     (NAMESPACE, "", "configmaps", "create", ANY),
     *{(TEKTON_NS, "", "configmaps", v, n) for v in ("get", "list", "watch") for n in ("feature-flags", "config-defaults")},
+    # The pools API (k8s/crds/): read and watched; the leader writes each pool's status.
+    *{("cluster", "egress-placer.io", r, v, ANY) for r in ("egresspools", "egressplacerconfigs") for v in ("get", "list", "watch")},
+    *{("cluster", "egress-placer.io", "egresspools/status", v, ANY) for v in ("update", "patch")},
 }
 
 # Which webhook admits what: name -> (apiGroup, versions, resource).
@@ -96,7 +99,8 @@ WEBHOOK_OPERATIONS = {name: ["CREATE"] for name in EXPECTED_WEBHOOKS} | {"daemon
 
 # -- loading ----------------------------------------------------------------------------------
 def resource_files() -> list[Path]:
-    return sorted(p for p in K8S.glob("*.yaml") if p.name not in NOT_RESOURCES)
+    """The base's resources: k8s/*.yaml and the CRDs in k8s/crds/."""
+    return sorted(p for p in [*K8S.glob("*.yaml"), *K8S.glob("crds/*.yaml")] if p.name not in NOT_RESOURCES)
 
 
 def load_objects() -> list[dict[str, Any]]:
@@ -178,7 +182,7 @@ def effective_setting(field: str) -> Any:
 
 # -- the kustomize base -----------------------------------------------------------------------
 def test_kustomization_lists_every_resource_file() -> None:
-    assert sorted(KUSTOMIZATION["resources"]) == [p.name for p in resource_files()]
+    assert sorted(KUSTOMIZATION["resources"]) == sorted(str(p.relative_to(K8S)) for p in resource_files())
 
 
 def test_kustomization_sets_no_namespace_so_the_tekton_role_stays_in_tekton_namespace() -> None:

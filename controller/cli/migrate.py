@@ -1,0 +1,35 @@
+"""`egress-placer migrate-policy POLICY.yaml`: the EgressPool objects (and the EgressPlacerConfig
+`cluster`, when a policy-wide field is not its default) that make the same policy, as YAML on stdout,
+ready for `kubectl apply -f -` (docs/pools-api.md, "Migrating from the policy file"). Pools get the
+priorities 10, 20, 30... in the file's order, so that a node two pools claim keeps its pool. Reads
+either form (objects come out renumbered). Exit status 2, with nothing on stdout, when the policy
+is invalid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TextIO
+
+from controller.cli.errors import CommandError
+from controller.core.policy import PolicyError
+from controller.core.pools import dump_objects, load_any_policy, objects_from_policy, policy_from_objects
+
+
+def run_migrate(policy_path: str, out: TextIO) -> int:
+    try:
+        text = Path(policy_path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CommandError(f"{policy_path}: cannot read the file: {e}") from None
+    try:
+        policy = load_any_policy(text, source=policy_path)
+    except PolicyError as e:
+        raise CommandError(str(e)) from None
+    objects = objects_from_policy(policy)
+    if policy_from_objects(objects) != policy:  # never expected: the conversion is tested both ways
+        raise CommandError(f"{policy_path}: the objects would not make the same policy; nothing printed")
+    print(f"# The policy of {policy_path} as objects of the pools API: kubectl apply -f THIS-FILE", file=out)
+    if objects:
+        out.write(dump_objects(objects))
+    else:
+        print("# (no pool and only defaults: no object is needed)", file=out)
+    return 0

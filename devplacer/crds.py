@@ -1,0 +1,43 @@
+"""`python -m devplacer.crds`: write k8s/crds/ from the render in controller/core/pools.py (the
+CustomResourceDefinitions of EgressPool and EgressPlacerConfig). tests/unit/test_pools_schema.py fails
+when the files and the render differ, and names this command."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from controller.core.pools import custom_resource_definitions
+
+CRDS_DIR = Path(__file__).resolve().parents[1] / "k8s" / "crds"
+HEADER = (
+    "# Generated from controller/core/pools.py by `python -m devplacer.crds`: edit the models there, not this file.\n"
+    "# docs/pools-api.md explains the resource; `kubectl explain {singular}.spec` describes every field.\n"
+)
+
+
+def file_name(crd: Mapping[str, Any]) -> str:
+    return f"{crd['metadata']['name']}.yaml"
+
+
+def render(crd: Mapping[str, Any]) -> str:
+    body = yaml.safe_dump(dict(crd), sort_keys=False, width=120, allow_unicode=True)
+    return HEADER.format(singular=crd["spec"]["names"]["singular"]) + body
+
+
+def write(directory: Path = CRDS_DIR) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for crd in custom_resource_definitions():
+        path = directory / file_name(crd)
+        path.write_text(render(crd))
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for path in write():
+        print(path, file=sys.stdout)
