@@ -219,25 +219,26 @@ class ClusterState:
         old = self.pods.pop(key, None)
         if old is not None and old.node_name:
             self._pods_by_node.get(old.node_name, set()).discard(key)
-            if _takes_a_place(old):
-                self._count_placed(old.node_name, -1)
         on_pool = self._on_pool_node(old.node_name if old is not None else None)
-        if deleted:
-            return on_pool
-        if pod.node_name:
-            # The scheduler has bound it: from now on the pod itself is counted (or, finished, nothing is).
-            self.ledger.settle(ledger_key("pod", pod.namespace, pod.name))
-            taskrun = pod.labels.get(TASKRUN_LABEL)
-            if taskrun:
-                self.ledger.settle(ledger_key("taskrun", pod.namespace, taskrun))
-            on_pool = on_pool or self._on_pool_node(pod.node_name)
-        if pod.finished:  # neither load nor intruder: kept no longer than a deleted one
-            return on_pool
-        self.pods[key] = pod
-        if pod.node_name:
-            self._pods_by_node.setdefault(pod.node_name, set()).add(key)
-            if _takes_a_place(pod):
-                self._count_placed(pod.node_name, 1)
+        kept = None
+        if not deleted:
+            if pod.node_name:
+                # The scheduler has bound it: from now on the pod itself is counted (or, finished, nothing is).
+                self.ledger.settle(ledger_key("pod", pod.namespace, pod.name))
+                taskrun = pod.labels.get(TASKRUN_LABEL)
+                if taskrun:
+                    self.ledger.settle(ledger_key("taskrun", pod.namespace, taskrun))
+                on_pool = on_pool or self._on_pool_node(pod.node_name)
+            if not pod.finished:  # neither load nor intruder: kept no longer than a deleted one
+                kept = self.pods[key] = pod
+                if pod.node_name:
+                    self._pods_by_node.setdefault(pod.node_name, set()).add(key)
+        before, after = _place_taken(old), _place_taken(kept)
+        if before != after:  # most updates (status, annotations) leave the count where it was
+            if before is not None:
+                self._count_placed(before, -1)
+            if after is not None:
+                self._count_placed(after, 1)
         return on_pool
 
     # -- the load picture ---------------------------------------------------------------------
@@ -415,9 +416,12 @@ class ClusterState:
             self.ledger.settle(key)
 
 
-def _takes_a_place(pod: PodState) -> bool:
-    """Pending or running, not being deleted, on a node, and no DaemonSet's: it counts as a run."""
-    return bool(pod.node_name) and pod.active and "DaemonSet" not in pod.owner_kinds
+def _place_taken(pod: PodState | None) -> str | None:
+    """The node whose place `pod` takes (as a run): it is pending or running there, not being deleted,
+    and no DaemonSet's. None when it takes none."""
+    if pod is None or not pod.node_name or not pod.active or "DaemonSet" in pod.owner_kinds:
+        return None
+    return pod.node_name
 
 
 def _run_key(kind: str, obj: Mapping[str, Any]) -> RunKey:

@@ -79,14 +79,19 @@ def load_rank(load: NodeLoad, measured: tuple[int, int] | None = None) -> Rank:
     fraction (numerator, denominator > 0), the measured egress ratio of `core.egress.measured_ratio`)
     when given; then the absolute count. A node with capacity 0 or less sorts after every node that
     has some, whatever its ratio."""
-    if load.capacity <= 0:
-        return (True, 0.0, _NO_RATIO, load.total)
-    num, den = measured if measured is not None else (load.total, load.capacity)
+    return rank_of(load.total, load.capacity, measured)
+
+
+def rank_of(total: int, capacity: int, measured: tuple[int, int] | None = None) -> Rank:
+    """`load_rank` of a node with `total` runs (placed + assumed, as ranked) and `capacity`."""
+    if capacity <= 0:
+        return (True, 0.0, _NO_RATIO, total)
+    num, den = measured if measured is not None else (total, capacity)
     try:
         approx = num / den  # int / int is correctly rounded: monotone in the exact value
     except OverflowError:
         approx = math.inf
-    return (False, approx, Ratio(num, den), load.total)
+    return (False, approx, Ratio(num, den), total)
 
 
 def spread_index(salt: str, count: int) -> int:

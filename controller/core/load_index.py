@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 
 from sortedcontainers import SortedList
 
-from controller.core.balance import Rank, load_rank, spread_index
+from controller.core.balance import Rank, rank_of, spread_index
 from controller.core.egress import EgressLoad, Measurement, is_fresh, measured_ratio
 from controller.core.model import NodeLoad
 
@@ -186,14 +186,15 @@ class PoolLoads:
             heapq.heappush(self._expiry, (expires, next(self._sequence), name, measurement))
 
     def _rerank(self, name: str, member: _Member) -> None:
-        load = self._load(name, member)
-        seen = load if self.count_assumed else NodeLoad(name, load.placed, 0, load.capacity)
+        capacity = self.capacity if self.capacity is not None else member.allocatable
+        assumed = member.assumed if self.count_assumed else 0
         measured = None
         if self.egress is not None and member.measurement is not None:
+            seen = NodeLoad(name, member.placed, assumed, capacity)
             measured = measured_ratio(
                 seen, member.measurement, self.egress.bandwidth_of(name), self._now, self.egress.prometheus.max_age
             )
-        key = (*load_rank(seen, measured), name)
+        key = (*rank_of(member.placed + assumed, capacity, measured), name)
         if key == member.key:
             return
         if member.key is not None:
