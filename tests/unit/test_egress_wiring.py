@@ -9,6 +9,7 @@ with `responses`: the poller speaks HTTP through `requests`.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 import pytest
@@ -102,6 +103,16 @@ def test_stale_figures_fall_back_to_run_counts():
     pool = state.policy.pool("overseas")
     picks = Counter(state.choose_and_assume(pool, f"taskrun/team-cdn/run-{i}", salt=f"run-{i}").node for i in range(12))
     assert picks == {"egress-1": 4, "egress-2": 4, "egress-3": 4}
+    figures = state.egress_ratios(pool, state.loads(pool))
+    assert figures is not None and figures["egress-1"].source == "runs"
+
+
+def test_figures_of_a_stopped_or_replaced_poller_are_not_taken():
+    # A poll in flight while the policy changes must not put its figures back after the stop.
+    state = state_with({})
+    pollers = EgressPollers(state, clock=lambda: NOW)
+    pollers._publish("overseas", threading.Event(), {"egress-1": Measurement(90_000_000, NOW)})  # noqa: SLF001
+    pool = state.policy.pool("overseas")
     figures = state.egress_ratios(pool, state.loads(pool))
     assert figures is not None and figures["egress-1"].source == "runs"
 
