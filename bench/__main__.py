@@ -116,9 +116,15 @@ def findings(results: dict[str, Any]) -> list[str]:
             f"Admission: the server's CPU per request is {head['cpu_ms_per_request']} ms against the floor's "
             f"{head['floor_cpu_ms_per_request']} ms (aiohttp + TLS + JSON). py-spy: Admission.review "
             f"{incl.get('Admission.review', '?')}% of the samples, of which ClusterState.choose_and_assume "
-            f"{incl.get('ClusterState.choose_and_assume', '?')}% (eligible_nodes {incl.get('eligible_nodes', '?')}%, "
-            f"ClusterState.loads {incl.get('ClusterState.loads', '?')}%), json_patch {incl.get('json_patch', '?')}%, "
+            f"{incl.get('ClusterState.choose_and_assume', '?')}% (PoolLoads.choose {incl.get('PoolLoads.choose', '?')}%), "
+            f"json_patch {incl.get('json_patch', '?')}%, "
             f"events {incl.get('Admission._emit', '?')}%.")
+    if "core" in missed and results["core"]["profile"]["top_self"]:
+        rows = results["core"]["rows"]
+        top = ", ".join(f"{r['function']} {r['pct']}%" for r in results["core"]["profile"]["top_self"][:5])
+        out.append("Decision core: " + "; ".join(f"{r['pool_nodes']:,} pool nodes {r['decisions_per_s']} decisions/s, "
+                                                  f"{r['handler_us']} us per review" for r in rows)
+                   + f". cProfile of the handler at the largest pool, most own time: {top}.")
     if "balance" in missed:
         for c in results["balance"]["cases"]:
             if c["case"] == "a" and c["imbalance"] > 1.1:

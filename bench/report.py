@@ -10,6 +10,10 @@ FULL_SCALE = (5000, 20000)
 # First-sync RSS with tenant-sized metadata minus lean objects' (MiB): memory must not grow with tenant
 # data. What remains is a fixed cost (one decoded page of big objects per informer), not one per object.
 TENANT_EXTRA_LIMIT_MB = 20.0
+# Node choice whose cost does not grow with the pool (issue 17), over core.rows (10 to 10,000 pool nodes).
+CORE_DECISIONS_FLOOR = 2000.0  # decisions/s at every pool size
+CORE_RATE_KEPT = 0.5  # decisions/s at the largest pool / at the smallest, at least
+CORE_HANDLER_GROWTH = 1.5  # handler us per review at the largest pool / at the smallest, at most
 
 
 def _target(name: str, target: str, value: float | None, unit: str, limit: float, higher_is_better: bool = False) -> dict[str, Any]:
@@ -35,8 +39,28 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         _target("controller RSS at 5,000 nodes / 20,000 pods" + scale_note, "<= 300 MB", scale["rss_mb"], "MB", 300.0),
         _target("first-sync RSS added by tenant-sized metadata" + _sync_note(scale["first_sync_memory"]),
                 f"<= {TENANT_EXTRA_LIMIT_MB:.0f} MB", scale["first_sync_memory"]["tenant_extra_mb"], "MB", TENANT_EXTRA_LIMIT_MB),
+        *_core_targets(results["core"]["rows"]),
         _target("end to end p50 with / without webhook", "<= 1.10", e2e["p50_ratio"], "x", 1.10),
         _target("end to end p99 with / without webhook", "<= 1.10", e2e["p99_ratio"], "x", 1.10),
+    ]
+
+
+def _core_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Decisions per second at every pool size, and how they and the handler's time hold from the
+    smallest pool to the largest."""
+    small = min(rows, key=lambda r: r["pool_nodes"]) if rows else None
+    large = max(rows, key=lambda r: r["pool_nodes"]) if rows else None
+    sizes = f" ({small['pool_nodes']:,} to {large['pool_nodes']:,} pool nodes)" if small and large else ""
+    slowest = min(r["decisions_per_s"] for r in rows) if rows else None
+    apart = small is not None and large is not None and small is not large
+    kept = round(large["decisions_per_s"] / small["decisions_per_s"], 3) if apart else None
+    growth = round(large["handler_us"] / small["handler_us"], 3) if apart else None
+    return [
+        _target("core decisions/s, slowest pool size" + sizes, f">= {CORE_DECISIONS_FLOOR:,.0f}/s", slowest, "/s",
+                CORE_DECISIONS_FLOOR, True),
+        _target("core decisions/s, largest pool / smallest" + sizes, f">= {CORE_RATE_KEPT}", kept, "x", CORE_RATE_KEPT, True),
+        _target("core handler us per review, largest pool / smallest" + sizes, f"<= {CORE_HANDLER_GROWTH}", growth, "x",
+                CORE_HANDLER_GROWTH),
     ]
 
 
@@ -291,10 +315,11 @@ def _core_part(core: dict[str, Any]) -> list[str]:
     return [
         "## 2. Decision core (in-process)",
         "",
-        "| pool nodes | decisions/s (core) | us/decision | reviews/s (handler, JSON in+out) | us/review |",
-        "|---:|---:|---:|---:|---:|",
+        "| pool nodes | decisions/s (core) | us/decision | reviews/s (handler, JSON in+out) | us/review | RSS MB (peak) |",
+        "|---:|---:|---:|---:|---:|---:|",
         *[f"| {_v(c['pool_nodes'])} | {_v(c['decisions_per_s'])} | {_v(c['decision_us'])} | "
-          f"{_v(c['handler_reviews_per_s'])} | {_v(c['handler_us'])} |" for c in core["rows"]],
+          f"{_v(c['handler_reviews_per_s'])} | {_v(c['handler_us'])} | {_v(c.get('rss_mb'))} ({_v(c.get('rss_peak_mb'))}) |"
+          for c in core["rows"]],
         "",
         *_profile(core["profile"], "Profile of the handler at the largest pool"),
     ]

@@ -127,6 +127,8 @@ class WebhookProbe:
         from bench.workload import decision_of, response_patch
 
         decision = decision_of(response_patch(answer)) or {}
+        if decision.get("moreNodes"):  # the decision lists the loads of LOADS_SHOWN nodes at most
+            raise RuntimeError(f"the probe's pool has {decision['moreNodes']} nodes more than its decision lists")
         loads = decision.get("loads") or {}
         return sum(int(v.split("/")[0]) for n, v in loads.items() if n in self.nodes)
 

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from loguru import logger
 
-from controller.core.balance import LoadLedger, choose_node, eligible_nodes, ledger_key
+from controller.core.balance import LoadLedger, ledger_key
 from controller.core.egress import Measurement, RatioFigure, rank_nodes
 from controller.core.images import TASKRUN_LABEL, TektonObjects
+from controller.core.load_index import PoolLoads
 from controller.core.model import (
     DECISION_ANNOTATION,
     DaemonSetState,
@@ -40,6 +41,18 @@ TEKTON_FLAGS = "TektonFeatureFlags"  # ... and when Tekton's coschedule flag cha
 
 PodKey = tuple[str, str]
 RunKey = tuple[str, str, str]  # kind, namespace, name
+LOADS_SHOWN = 10  # nodes whose load a choice reports: the chosen one and the least loaded others
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A node choice and the load picture it saw (before the placement it made)."""
+
+    node: str | None
+    # The chosen node's load and the least loaded others', at most LOADS_SHOWN (shown): not every
+    # node's, so a choice costs the same in a pool of 10 nodes or 10,000.
+    loads: Mapping[str, NodeLoad] = field(default_factory=dict)
+    more_nodes: int = 0  # eligible nodes of the pool not in `loads`
 
 
 class ClusterState:
@@ -65,7 +78,7 @@ class ClusterState:
         self.daemonsets: dict[str, DaemonSetState] = {}  # by uid: what a pod's DaemonSet owner must resolve to
         self._pods_by_node: dict[str, set[PodKey]] = {}
         self.tekton = TektonObjects()
-        self.ledger = LoadLedger()
+        self.ledger = LoadLedger(on_change=self._assumed_changed)
         self.tekton_coschedule: str | None = None  # Tekton's feature-flags `coschedule` (None: unknown)
         # The placement fields of Tekton's config-defaults `default-pod-template` (None: none, or unreadable).
         self.tekton_default_pod_template: dict[str, Any] | None = None
@@ -73,8 +86,14 @@ class ClusterState:
         self._runs: dict[RunKey, bool] = {}  # run -> has the decision annotation
         self._run_uids: dict[RunKey, str] = {}
         self._subscribers: list[Callable[[str], None]] = []
-        self._egress: dict[str, Callable[[], Mapping[str, Measurement]]] = {}  # pool -> measured egress
-        self._eligible: dict[str, list[NodeState]] = {}  # pool -> eligible nodes, until a node or the policy changes
+        self._egress: dict[str, Mapping[str, Measurement]] = {}  # pool -> measured egress, as last polled
+        # The load picture node choice reads, kept current on events (pods, assumptions, nodes, the
+        # policy, egress figures) so that no decision rebuilds it: pods counted per node, the pool
+        # each eligible node belongs to, and one load index per pool.
+        self._placed: Counter[str] = Counter()
+        self._member_of: dict[str, str] = {}
+        self._pool_loads: dict[str, PoolLoads] = {}
+        self._rebuild_pool_loads()
 
     # -- change notification ------------------------------------------------------------------
     def subscribe(self, callback: Callable[[str], None]) -> None:
@@ -99,7 +118,7 @@ class ClusterState:
         with self._lock:
             self._policy = policy
             self.policy_in_force = True
-            self._eligible.clear()
+            self._rebuild_pool_loads()
         self._notify(POLICY)
 
     def set_tekton_coschedule(self, value: str | None) -> None:
@@ -124,11 +143,11 @@ class ClusterState:
                 if deleted:
                     self.nodes.pop(name, None)
                     self._node_versions.pop(name, None)
-                    self._eligible.clear()
+                    self._place_node(name, None)
                 else:
                     node = NodeState.from_node(obj)
                     if self.nodes.get(name) != node:  # a heartbeat changes nothing the core reads
-                        self._eligible.clear()
+                        self._place_node(name, node)
                     self.nodes[name] = node
                     self._node_versions[name] = obj["metadata"].get("resourceVersion") or ""
             elif kind == "Namespace":
@@ -169,15 +188,18 @@ class ClusterState:
         with self._lock:
             if kind == "Node":
                 self.nodes = {o["metadata"]["name"]: NodeState.from_node(o) for o in objs}
-                self._eligible.clear()
+                self._rebuild_pool_loads()
                 self._node_versions = {o["metadata"]["name"]: o["metadata"].get("resourceVersion") or "" for o in objs}
             elif kind == "Namespace":
                 self.namespaces = {o["metadata"]["name"]: NamespaceState.from_namespace(o) for o in objs}
             elif kind == "Pod":
                 self.pods.clear()
                 self._pods_by_node.clear()
+                self._placed.clear()
+                self._member_of.clear()  # no index update per pod: rebuilt once below
                 for o in objs:
                     self._apply_pod(PodState.from_pod(o), False)
+                self._rebuild_pool_loads()
             elif kind == "DaemonSet":
                 self.daemonsets = {d.uid: d for d in map(DaemonSetState.from_daemonset, objs)}
             elif kind in TektonObjects.KINDS:
@@ -198,21 +220,67 @@ class ClusterState:
         if old is not None and old.node_name:
             self._pods_by_node.get(old.node_name, set()).discard(key)
         on_pool = self._on_pool_node(old.node_name if old is not None else None)
-        if deleted:
-            return on_pool
-        if pod.node_name:
-            # The scheduler has bound it: from now on the pod itself is counted (or, finished, nothing is).
-            self.ledger.settle(ledger_key("pod", pod.namespace, pod.name))
-            taskrun = pod.labels.get(TASKRUN_LABEL)
-            if taskrun:
-                self.ledger.settle(ledger_key("taskrun", pod.namespace, taskrun))
-            on_pool = on_pool or self._on_pool_node(pod.node_name)
-        if pod.finished:  # neither load nor intruder: kept no longer than a deleted one
-            return on_pool
-        self.pods[key] = pod
-        if pod.node_name:
-            self._pods_by_node.setdefault(pod.node_name, set()).add(key)
+        kept = None
+        if not deleted:
+            if pod.node_name:
+                # The scheduler has bound it: from now on the pod itself is counted (or, finished, nothing is).
+                self.ledger.settle(ledger_key("pod", pod.namespace, pod.name))
+                taskrun = pod.labels.get(TASKRUN_LABEL)
+                if taskrun:
+                    self.ledger.settle(ledger_key("taskrun", pod.namespace, taskrun))
+                on_pool = on_pool or self._on_pool_node(pod.node_name)
+            if not pod.finished:  # neither load nor intruder: kept no longer than a deleted one
+                kept = self.pods[key] = pod
+                if pod.node_name:
+                    self._pods_by_node.setdefault(pod.node_name, set()).add(key)
+        before, after = _place_taken(old), _place_taken(kept)
+        if before != after:  # most updates (status, annotations) leave the count where it was
+            if before is not None:
+                self._count_placed(before, -1)
+            if after is not None:
+                self._count_placed(after, 1)
         return on_pool
+
+    # -- the load picture ---------------------------------------------------------------------
+    def _rebuild_pool_loads(self) -> None:
+        """Every pool's load index from the nodes, counts and figures (the policy, every node or every
+        pod changed at once)."""
+        count_assumed = self.balance == "load"
+        self._pool_loads = {
+            pool.name: PoolLoads(pool.capacity, count_assumed=count_assumed, egress=pool.egress_load)
+            for pool in self._policy.pools
+        }
+        for name, loads in self._pool_loads.items():
+            if loads.egress is not None and name in self._egress:
+                loads.set_figures(self._egress[name])
+        self._member_of = {}
+        for name, node in self.nodes.items():
+            self._place_node(name, node)
+
+    def _place_node(self, name: str, node: NodeState | None) -> None:
+        """Node `name` changed (None: deleted): it joins, stays in or leaves its pool's index."""
+        pool = self._policy.pool_of(node) if node is not None and node.ready and not node.unschedulable else None
+        old = self._member_of.get(name)
+        if old is not None and (pool is None or pool.name != old):
+            self._pool_loads[old].remove(name)
+            del self._member_of[name]
+        if pool is not None and node is not None:
+            self._member_of[name] = pool.name
+            self._pool_loads[pool.name].put(name, node.allocatable_pods, self._placed[name], self.ledger.assumed_on(name))
+
+    def _count_placed(self, node: str, change: int) -> None:
+        self._placed[node] += change
+        if self._placed[node] <= 0:
+            del self._placed[node]
+        pool = self._member_of.get(node)
+        if pool is not None:
+            self._pool_loads[pool].set_placed(node, self._placed[node])
+
+    def _assumed_changed(self, node: str) -> None:
+        """The ledger's count on `node` changed (it calls this, under the lock its caller holds)."""
+        pool = self._member_of.get(node)
+        if pool is not None:
+            self._pool_loads[pool].set_assumed(node, self.ledger.assumed_on(node))
 
     def _on_pool_node(self, node: str | None) -> bool:
         if not node:
@@ -265,67 +333,95 @@ class ClusterState:
     def placed_counts(self, nodes: Iterable[str]) -> dict[str, int]:
         """Active pods that take a run's place on each node (DaemonSet pods do not count)."""
         with self._lock:
-            out: Counter[str] = Counter()
-            for node in nodes:
-                for key in self._pods_by_node.get(node, ()):
-                    pod = self.pods[key]
-                    if pod.active and "DaemonSet" not in pod.owner_kinds:
-                        out[node] += 1
-            return {n: out[n] for n in nodes}
+            return {n: self._placed[n] for n in nodes}
 
     def pool_nodes(self, pool: Pool) -> list[NodeState]:
-        """The pool's eligible nodes (members, Ready, not cordoned); computed again only after a node
-        or the policy changed, not on every admission."""
+        """The pool's eligible nodes (members, Ready, not cordoned), by name; kept on node and policy
+        changes. O(n): for the egress pollers and `status`, not for a decision."""
         with self._lock:
-            nodes = self._eligible.get(pool.name)
-            if nodes is None:
-                nodes = self._eligible[pool.name] = eligible_nodes(pool, self._policy, self.nodes.values())
-            return list(nodes)
+            loads = self._pool_loads.get(pool.name)
+            return [self.nodes[name] for name in sorted(loads.names())] if loads is not None else []
 
     def loads(self, pool: Pool) -> dict[str, NodeLoad]:
+        """The load of each of the pool's eligible nodes (placed, assumed, capacity). O(n): for `status`,
+        `explain` and tests; a decision reads only what `choose` reports."""
         with self._lock:
             self.ledger.expire(self._clock(), self.assumption_ttl)
-            nodes = self.pool_nodes(pool)
-            placed = self.placed_counts([n.name for n in nodes])
-            return self.ledger.loads(nodes, placed, pool.capacity)
+            loads = self._pool_loads.get(pool.name)
+            return loads.loads() if loads is not None else {}
 
-    def set_egress_figures(self, pool: str, snapshot: Callable[[], Mapping[str, Measurement]] | None) -> None:
-        """Where measured egress throughput of `pool`'s nodes comes from (a poller's snapshot), or None."""
+    def set_egress_figures(self, pool: str, figures: Mapping[str, Measurement] | None) -> None:
+        """The measured egress throughput of `pool`'s nodes as last polled (a new mapping each poll,
+        not changed after), or None when the pool has no source any more."""
         with self._lock:
-            if snapshot is None:
+            if figures is None:
                 self._egress.pop(pool, None)
             else:
-                self._egress[pool] = snapshot
+                self._egress[pool] = figures
+            loads = self._pool_loads.get(pool)
+            if loads is not None and loads.egress is not None:
+                loads.refresh(self._clock())
+                loads.set_figures(figures or {})
 
     def egress_ratios(self, pool: Pool, loads: Mapping[str, NodeLoad]) -> dict[str, RatioFigure] | None:
-        """Measured-egress load figures of the pool's nodes (None when the pool has no egress source)."""
-        snapshot = self._egress.get(pool.name)
-        if snapshot is None or pool.egress_load is None:
+        """Measured-egress load figures of the pool's nodes (None when the pool has no egress source).
+        O(n): for `status`, `explain` and tests."""
+        figures = self._egress.get(pool.name)
+        if figures is None or pool.egress_load is None:
             return None
         source = pool.egress_load.prometheus
-        return rank_nodes(loads, snapshot(), pool.egress_load.bandwidth_of, self._clock(), source.max_age)
+        return rank_nodes(loads, figures, pool.egress_load.bandwidth_of, self._clock(), source.max_age)
 
-    def choose_and_assume(self, pool: Pool, key: str, salt: str) -> tuple[str | None, dict[str, NodeLoad]]:
+    def choose(self, pool: Pool, salt: str, shown: int = LOADS_SHOWN) -> Choice:
+        """The least-loaded node of `pool` now, assuming nothing (a dry run). O(log n) in the pool's size."""
+        with self._lock:
+            loads = self._current(pool)
+            if loads is None:
+                return Choice(None)
+            return self._choice(loads, loads.choose(salt), shown)
+
+    def choose_and_assume(self, pool: Pool, key: str, salt: str, shown: int = LOADS_SHOWN) -> Choice:
         """Pick the least-loaded node of `pool` and count the placement at once (so a burst spreads).
 
         The load is runs (placed + assumed) against capacity, combined with measured egress
         throughput when the pool has an egress source (`core.egress`). Returns the node (None when
-        the pool has no eligible node) and the loads that were seen.
+        the pool has no eligible node) and the loads seen before this placement: the chosen node's
+        and the least loaded others', at most `shown`. O(log n) in the pool's size.
         """
         with self._lock:
-            loads = self.loads(pool)
-            nodes = [n for n in self.pool_nodes(pool)]
-            seen = loads if self.balance == "load" else {n: replace(v, assumed=0) for n, v in loads.items()}
-            figures = self.egress_ratios(pool, seen)
-            ratios = {name: f.ratio for name, f in figures.items()} if figures is not None else None
-            node = choose_node(nodes, seen, salt=salt, ratios=ratios)
-            if node is not None:
-                self.ledger.assume(key, pool.name, node, self._clock())
-            return node, loads
+            loads = self._current(pool)
+            if loads is None:
+                return Choice(None)
+            choice = self._choice(loads, loads.choose(salt), shown)
+            if choice.node is not None:
+                self.ledger.assume(key, pool.name, choice.node, self._clock())
+            return choice
+
+    def _current(self, pool: Pool) -> PoolLoads | None:
+        """The pool's load index, with stale assumptions dropped and egress figures judged at now."""
+        now = self._clock()
+        self.ledger.expire(now, self.assumption_ttl)
+        loads = self._pool_loads.get(pool.name)
+        if loads is not None:
+            loads.refresh(now)
+        return loads
+
+    @staticmethod
+    def _choice(loads: PoolLoads, node: str | None, shown: int) -> Choice:
+        listed = loads.least_loaded(shown, include=node) if node is not None else []
+        return Choice(node, {load.name: load for load in listed}, len(loads) - len(listed))
 
     def forget(self, key: str) -> None:
         with self._lock:
             self.ledger.settle(key)
+
+
+def _place_taken(pod: PodState | None) -> str | None:
+    """The node whose place `pod` takes (as a run): it is pending or running there, not being deleted,
+    and no DaemonSet's. None when it takes none."""
+    if pod is None or not pod.node_name or not pod.active or "DaemonSet" in pod.owner_kinds:
+        return None
+    return pod.node_name
 
 
 def _run_key(kind: str, obj: Mapping[str, Any]) -> RunKey:

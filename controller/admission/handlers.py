@@ -41,7 +41,7 @@ from controller.admission.review import (
     with_namespace,
 )
 from controller.core.agents import agent_tolerations
-from controller.core.balance import choose_node, ledger_key
+from controller.core.balance import ledger_key
 from controller.core.decide import decide
 from controller.core.images import TASKRUN_LABEL, WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
 from controller.admission.events import EventsOnCreation
@@ -76,8 +76,10 @@ class Placement:
     template: dict[str, Any]
     pool: str | None = None
     node: str | None = None
+    # The chosen node's load and the least loaded others' (state.LOADS_SHOWN at most), before this run.
     loads: Mapping[str, NodeLoad] = field(default_factory=dict)
     note: str = ""  # why the decision's pool was not (or not wholly) applied
+    more_nodes: int = 0  # eligible nodes of the pool not in `loads`
 
 
 UNKNOWN_KIND = "unknown"  # the kind label of a review whose body could not be read
@@ -194,8 +196,8 @@ class Admission:
             "message": message,
             "tasks": {task: {"pool": d.pool, "reason": str(d.reason)} for task, d in per_task},
         }
-        if placement is not None and placement.loads:
-            record["loads"] = _loads(placement.loads)
+        if placement is not None:
+            record.update(_loads_record(placement))
         patch += annotation_ops(request.object, {DECISION_ANNOTATION: _compact(record), REVIEW_ANNOTATION: request.uid})
         unknown = [d for _, d in per_task if d.reason == Reason.UNKNOWN_POOL]
         if unknown:
@@ -349,18 +351,14 @@ class Admission:
         pool = policy.pool(pool_name) if pool_name else None
         if pool is None:
             return Placement(over_default(template, default, lambda t: unplace(t, policy)))
-        node, loads = self._choose(pool, key, salt, dry_run)
+        # A dry run has no side effects: nothing is assumed.
+        choice = self.state.choose(pool, salt) if dry_run else self.state.choose_and_assume(pool, key, salt)
+        node = choice.node
         if node is None:
             new = over_default(template, default, lambda t: unplace(t, policy))
-            return Placement(new, loads=loads, note=f"pool {pool.name} has no ready node")
+            return Placement(new, note=f"pool {pool.name} has no ready node")
         new = over_default(template, default, lambda t: place(unplace(t, policy, keep_pool=pool.name), pool, node))
-        return Placement(new, pool.name, node, loads)
-
-    def _choose(self, pool: Pool, key: str, salt: str, dry_run: bool) -> tuple[str | None, Mapping[str, NodeLoad]]:
-        if dry_run:  # a dry run has no side effects: nothing is assumed
-            loads = self.state.loads(pool)
-            return choose_node(self.state.pool_nodes(pool), loads, salt=salt), loads
-        return self.state.choose_and_assume(pool, key, salt=salt)
+        return Placement(new, pool.name, node, choice.loads, more_nodes=choice.more_nodes)
 
     def _count(self, kind: str, decision: Decision, placement: Placement) -> None:
         self.metrics.decisions.labels(kind=kind, reason=str(decision.reason), pool=placement.pool or "").inc()
@@ -427,8 +425,15 @@ def _carries_pool_toleration(tolerations: Any, policy: PlacementPolicy) -> bool:
     return False
 
 
-def _loads(loads: Mapping[str, NodeLoad]) -> dict[str, str]:
-    return {name: f"{load.total}/{load.capacity}" for name, load in sorted(loads.items())}
+def _loads_record(placement: Placement) -> dict[str, Any]:
+    """`loads` (node -> "placed+assumed/capacity" of the nodes the choice reported, by name) and
+    `moreNodes` (the pool's other eligible nodes, when there are some)."""
+    out: dict[str, Any] = {}
+    if placement.loads:
+        out["loads"] = {name: f"{load.total}/{load.capacity}" for name, load in sorted(placement.loads.items())}
+    if placement.more_nodes:
+        out["moreNodes"] = placement.more_nodes
+    return out
 
 
 def _load_note(placement: Placement) -> str:
@@ -455,8 +460,7 @@ def _record(decision: Decision, placement: Placement) -> str:
         record["unresolved"] = list(decision.unresolved[:MAX_IMAGES_IN_ANNOTATION])
     if decision.pool and decision.pool != placement.pool:
         record["wanted"] = decision.pool
-    if placement.loads:
-        record["loads"] = _loads(placement.loads)
+    record.update(_loads_record(placement))
     return _compact(record)
 
 

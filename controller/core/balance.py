@@ -7,10 +7,12 @@ Pure: the clock is passed in, nothing here reads the cluster.
 from __future__ import annotations
 
 import hashlib
+import heapq
+import itertools
+import math
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 
 from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import PlacementPolicy, Pool
@@ -31,17 +33,73 @@ def eligible_nodes(pool: Pool, policy: PlacementPolicy, nodes: Iterable[NodeStat
     return out
 
 
-def _load_rank(load: NodeLoad) -> tuple[bool, Fraction, int]:
-    """(no capacity, exact ratio placed+assumed / capacity, absolute count): lower is better.
-    A node with capacity 0 or less sorts after every node that has some."""
-    if load.capacity <= 0:
-        return (True, Fraction(0), load.total)
-    return (False, Fraction(load.total, load.capacity), load.total)
+class Ratio:
+    """An exact fraction num/den (den > 0), compared by cross-multiplication of integers: no
+    Fraction objects, and no float that could tie two unequal loads or order them wrongly."""
+
+    __slots__ = ("num", "den")
+
+    def __init__(self, num: int, den: int) -> None:
+        self.num = num
+        self.den = den
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Ratio):
+            return NotImplemented
+        return self.num * other.den == other.num * self.den
+
+    def __lt__(self, other: "Ratio") -> bool:
+        return self.num * other.den < other.num * self.den
+
+    def __le__(self, other: "Ratio") -> bool:
+        return self.num * other.den <= other.num * self.den
+
+    def __gt__(self, other: "Ratio") -> bool:
+        return self.num * other.den > other.num * self.den
+
+    def __ge__(self, other: "Ratio") -> bool:
+        return self.num * other.den >= other.num * self.den
+
+    __hash__ = None  # type: ignore[assignment]  # equal ratios have different (num, den)
+
+    def __repr__(self) -> str:
+        return f"Ratio({self.num}, {self.den})"
 
 
-def _tie_break(salt: str, node: str) -> bytes:
-    """A stable (process-independent) pseudo-random rank of `node` for this `salt`."""
-    return hashlib.blake2b(f"{salt}\0{node}".encode(), digest_size=8).digest()
+# (no capacity, the ratio rounded to a float, the exact ratio, absolute count): lower is better.
+# The float is the correctly rounded value of the exact ratio, so it never orders two loads
+# against their exact order; it only lets most comparisons end in C. Equal floats fall through to
+# the exact ratio.
+Rank = tuple[bool, float, Ratio, int]
+_NO_RATIO = Ratio(0, 1)
+
+
+def load_rank(load: NodeLoad, measured: tuple[int, int] | None = None) -> Rank:
+    """The rank node choice orders by: the ratio (placed+assumed)/capacity, or `measured` (an exact
+    fraction (numerator, denominator > 0), the measured egress ratio of `core.egress.measured_ratio`)
+    when given; then the absolute count. A node with capacity 0 or less sorts after every node that
+    has some, whatever its ratio."""
+    return rank_of(load.total, load.capacity, measured)
+
+
+def rank_of(total: int, capacity: int, measured: tuple[int, int] | None = None) -> Rank:
+    """`load_rank` of a node with `total` runs (placed + assumed, as ranked) and `capacity`."""
+    if capacity <= 0:
+        return (True, 0.0, _NO_RATIO, total)
+    num, den = measured if measured is not None else (total, capacity)
+    try:
+        approx = num / den  # int / int is correctly rounded: monotone in the exact value
+    except OverflowError:
+        approx = math.inf
+    return (False, approx, Ratio(num, den), total)
+
+
+def spread_index(salt: str, count: int) -> int:
+    """Which of `count` equally loaded nodes (in name order) takes the run: a stable,
+    process-independent hash of `salt` modulo `count`, so equal nodes take runs in turn."""
+    if count <= 1:
+        return 0
+    return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8).digest(), "big") % count
 
 
 def choose_node(
@@ -53,26 +111,32 @@ def choose_node(
 ) -> str | None:
     """The name of the node with the lowest load ratio among `nodes`, or None when there is none.
 
-    Order: ratio (placed+assumed)/capacity, then the absolute count, then a hash of salt+name, so
-    equal nodes are picked in a salt-dependent order; a node with capacity <= 0 comes last. A node
-    missing from `loads` has no load and the capacity of its allocatable pods. Full nodes
+    The full scan: every node is ranked. It is the reference `PoolLoads` (core.load_index), which
+    admission uses, must agree with; the controller itself no longer calls it per decision.
+
+    Order (`load_rank`): ratio (placed+assumed)/capacity, then the absolute count; a node with
+    capacity <= 0 comes last. Among the nodes of the lowest rank (ties), the one at
+    `spread_index(salt, count)` in name order, so equal nodes are picked in a salt-dependent order.
+    A node missing from `loads` has no load and the capacity of its allocatable pods. Full nodes
     (ratio >= 1) sort after every non-full one but are still chosen when all are full: the pool
     constraint stays and the scheduler decides.
 
-    `ratios`, when given (measured egress load, `core.egress.rank_nodes`), replaces the ratio of
-    every node it names; the absolute count and the tie-break still order equal ratios.
+    `ratios`, when given (measured egress load), replaces the ratio of every node it names that
+    has capacity, compared exactly as the floats given; the absolute count and the tie rule still
+    order equal ratios.
     """
-
-    def rank(node: NodeState) -> tuple[tuple[bool, Fraction, int], bytes, str]:
-        load = loads.get(node.name) or NodeLoad(node.name, 0, 0, node.allocatable_pods)
-        no_capacity, ratio, total = _load_rank(load)
-        if ratios is not None and node.name in ratios and not no_capacity:
-            ratio = Fraction(ratios[node.name]).limit_denominator(10**9)
-        return ((no_capacity, ratio, total), _tie_break(salt, node.name), node.name)
-
     if not nodes:
         return None
-    return min(nodes, key=rank).name
+    ranks: dict[str, Rank] = {}
+    for node in nodes:
+        load = loads.get(node.name) or NodeLoad(node.name, 0, 0, node.allocatable_pods)
+        measured = None
+        if ratios is not None and node.name in ratios and load.capacity > 0:
+            measured = ratios[node.name].as_integer_ratio()
+        ranks[node.name] = load_rank(load, measured)
+    best = min(ranks.values())
+    tied = sorted(name for name, rank in ranks.items() if rank == best)
+    return tied[spread_index(salt, len(tied))]
 
 
 def ledger_key(kind: str, namespace: str, name: str) -> str:
@@ -98,12 +162,20 @@ class LoadLedger:
     caller that assumes a key must settle it with the same key; whatever is never settled is
     dropped by `expire`. Assuming a key again moves it (never counted twice).
 
+    `on_change(node)`, when given, is called each time the count assumed on `node` changes (the
+    load index follows it). `expire` only looks at what has become old: a heap ordered by the time
+    of each assumption, so its cost does not grow with what is still fresh.
+
     Not thread-safe: one event loop (or one lock) owns a ledger.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_change: Callable[[str], None] | None = None) -> None:
         self._assumed: dict[str, Assumption] = {}
         self._per_node: Counter[str] = Counter()
+        self._on_change = on_change
+        # (since, sequence, key, assumption): settled or moved entries stay until they come first.
+        self._by_age: list[tuple[float, int, str, Assumption]] = []
+        self._sequence = itertools.count()
 
     def __len__(self) -> int:
         return len(self._assumed)
@@ -117,8 +189,15 @@ class LoadLedger:
     def assume(self, key: str, pool: str, node: str, now: float) -> None:
         """Count one placement on `node` until `key` is settled or expires."""
         self.settle(key)
-        self._assumed[key] = Assumption(pool=pool, node=node, since=now)
+        assumption = Assumption(pool=pool, node=node, since=now)
+        self._assumed[key] = assumption
         self._per_node[node] += 1
+        heapq.heappush(self._by_age, (now, next(self._sequence), key, assumption))
+        if len(self._by_age) > 2 * len(self._assumed) + 64:  # mostly settled entries: drop them
+            self._by_age = [entry for entry in self._by_age if self._assumed.get(entry[2]) is entry[3]]
+            heapq.heapify(self._by_age)
+        if self._on_change is not None:
+            self._on_change(node)
 
     def settle(self, key: str) -> None:
         """The pod of `key` appeared (the informer counts it now) or will never come. Unknown keys are ignored."""
@@ -127,10 +206,17 @@ class LoadLedger:
             self._per_node[old.node] -= 1
             if self._per_node[old.node] <= 0:
                 del self._per_node[old.node]
+            if self._on_change is not None:
+                self._on_change(old.node)
 
     def expire(self, now: float, ttl: float) -> list[str]:
         """Drop and return (sorted) the keys assumed more than `ttl` seconds before `now`."""
-        stale = sorted(k for k, a in self._assumed.items() if now - a.since > ttl)
+        stale = []
+        while self._by_age and now - self._by_age[0][0] > ttl:
+            _, _, key, assumption = heapq.heappop(self._by_age)
+            if self._assumed.get(key) is assumption:
+                stale.append(key)
+        stale.sort()
         for key in stale:
             self.settle(key)
         return stale

@@ -266,6 +266,31 @@ def egress_ratio(
     )
 
 
+def measured_ratio(
+    load: NodeLoad, measurement: Measurement | None, bandwidth_bps: float, now: float, max_age: float
+) -> tuple[int, int] | None:
+    """`egress_ratio` as an exact fraction (numerator, denominator > 0) when a fresh measurement
+    counts; None when the run count ranks alone ((placed + assumed) / capacity, or capacity <= 0).
+
+    Same formula, computed in integers from the exact values of the float inputs (bytes per second,
+    bandwidth), so equal loads tie and unequal ones keep their order: node choice
+    (`core.load_index`) compares these without floats.
+    """
+    if (
+        load.capacity <= 0
+        or not is_fresh(measurement, now, max_age)
+        or not (math.isfinite(bandwidth_bps) and bandwidth_bps > 0)
+    ):
+        return None
+    assert measurement is not None  # is_fresh
+    sent_num, sent_den = measurement.bytes_per_second.as_integer_ratio()
+    bandwidth_num, bandwidth_den = bandwidth_bps.as_integer_ratio()
+    link_num, link_den = sent_num * bandwidth_den, sent_den * bandwidth_num  # sent / bandwidth
+    if link_num * load.capacity >= load.placed * link_den:  # the link dominates the run count
+        return link_num * load.capacity + load.assumed * link_den, link_den * load.capacity
+    return load.total, load.capacity
+
+
 def rank_nodes(
     loads: Mapping[str, NodeLoad],
     measurements: Mapping[str, Measurement],

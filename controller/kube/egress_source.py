@@ -2,8 +2,8 @@
 
 `PrometheusClient` runs instant queries (`/api/v1/query`) over `requests`, retrying (`kube.retry`) on
 connection errors, timeouts, 5xx and 429 only. `EgressPoller` polls one pool's query in its own
-thread and keeps the last good figure per node; admission only reads `snapshot()`, which never
-waits on the network. What the figures mean is decided by `controller.core.egress`.
+thread, keeps the last good figure per node and hands them to the state after each poll, where node
+choice takes them in (admission never waits on the network, nor copies the figures per decision). What the figures mean is decided by `controller.core.egress`.
 """
 
 from __future__ import annotations
@@ -165,12 +165,16 @@ class EgressPoller:
         client: InstantQuery,
         clock: Callable[[], float],
         node_names: Callable[[], Iterable[str]],
+        publish: Callable[[Mapping[str, Measurement]], None] | None = None,
     ) -> None:
+        """`publish`, when given, receives the figures kept (a new dict, not changed after) after each
+        successful poll: node choice takes them where they arrive, not per decision."""
         self.pool_name = pool_name
         self.config = config
         self._client = client
         self._clock = clock  # Unix seconds: compared with Prometheus' sample timestamps
         self._node_names = node_names
+        self._publish = publish
         self._lock = threading.Lock()
         self._figures: dict[str, Measurement] = {}
         self._scrapes: Counter[str] = Counter()
@@ -225,6 +229,9 @@ class EgressPoller:
             self._unmatched = tuple(sorted(unmatched))
             self._last_success_at = now
             recovered, self._failing = self._failing, False
+            kept = dict(self._figures)
+        if self._publish is not None:
+            self._publish(kept)
         if recovered:
             self._log.info("egress figures are back from {}", source.url)
         return fresh
@@ -296,8 +303,8 @@ def _node_status(figure: Measurement | None, now: float, max_age: float) -> dict
 class EgressPollers:
     """One poller per pool that has an `egressLoad` source, kept in step with the policy.
 
-    `sync(policy)` starts pollers for new or changed sources and stops the others; each poller's
-    snapshot is registered with the state (`set_egress_figures`), which node choice reads. The
+    `sync(policy)` starts pollers for new or changed sources and stops the others; each poll's
+    figures go to the state (`set_egress_figures`), whose load index node choice reads. The
     figures are exported as Prometheus metrics through a collector (read at scrape time).
     """
 
@@ -322,17 +329,25 @@ class EgressPollers:
                 if name in self._running:
                     continue
                 config = pool.egress_load
+                stop = threading.Event()
                 poller = EgressPoller(
                     name,
                     config,
                     PrometheusClient.for_source(config.prometheus),
                     self._clock,
                     node_names=lambda pool=pool: [n.name for n in self._state.pool_nodes(pool)],
+                    publish=lambda figures, name=name, stop=stop: self._publish(name, stop, figures),
                 )
-                stop = threading.Event()
-                poller.start(stop)
                 self._running[name] = (config, poller, stop)
-                self._state.set_egress_figures(name, poller.snapshot)
+                self._state.set_egress_figures(name, {})
+                poller.start(stop)
+
+    def _publish(self, name: str, stop: threading.Event, figures: Mapping[str, Measurement]) -> None:
+        """A poll's figures go to the state, unless its poller was stopped or replaced meanwhile."""
+        with self._lock:
+            running = self._running.get(name)
+            if running is not None and running[2] is stop:
+                self._state.set_egress_figures(name, figures)
 
     def statuses(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -347,7 +362,7 @@ class EgressPollers:
 
 
 class EgressTarget(Protocol):
-    def set_egress_figures(self, pool: str, snapshot: Callable[[], Mapping[str, Measurement]] | None) -> None: ...
+    def set_egress_figures(self, pool: str, figures: Mapping[str, Measurement] | None) -> None: ...
 
     def pool_nodes(self, pool: Any) -> list[Any]: ...
 

@@ -449,6 +449,24 @@ def test_tekton_pod_goes_to_the_least_loaded_node() -> None:
     assert env.events.sent[0]["reason"] == "Placed" and "egress-2" in env.events.sent[0]["note"]
 
 
+def test_a_big_pool_lists_the_least_loaded_nodes_and_counts_the_rest() -> None:
+    # 3 + 12 pool nodes: the decision lists 10 loads (the chosen node's among them), not 15.
+    env = Env()
+    for i in range(4, 16):
+        env.state.apply("Node", "ADDED", {
+            "metadata": {"name": f"egress-{i}", "labels": {"egress-placer.io/egress": "fast"}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}], "allocatable": {"pods": "110"}},
+        })
+    for name in ("egress-1", "egress-2", "egress-3"):
+        env.add_pod("team-ci", f"busy-{name}", name)
+    for dry_run in (True, False):
+        _, patched, _ = env.review(tekton_pod(), dry_run=dry_run)
+        record = decision_of(patched)
+        assert len(record["loads"]) == 10 and record["moreNodes"] == 5
+        assert record["node"] in record["loads"] and record["loads"][record["node"]] == "0/110"
+        assert not {"egress-1", "egress-2", "egress-3"} & set(record["loads"])  # busier than the 12 idle ones
+
+
 def test_tekton_pod_placement_keeps_what_the_pod_has() -> None:
     """The pod carries what Tekton merged (the default pod template's too) and what the API server
     added: all of it stays, the pool's is added."""

@@ -9,6 +9,7 @@ with `responses`: the poller speaks HTTP through `requests`.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 import pytest
@@ -53,7 +54,7 @@ def node(name: str) -> dict:
 def state_with(figures: dict[str, Measurement], clock: float = NOW) -> ClusterState:
     state = ClusterState(load_policy(policy_text()), clock=lambda: clock)
     state.replace("Node", [node("egress-1"), node("egress-2"), node("egress-3")])
-    state.set_egress_figures("overseas", lambda: figures)
+    state.set_egress_figures("overseas", figures)
     return state
 
 
@@ -88,7 +89,7 @@ def test_a_burst_avoids_the_node_whose_uplink_is_busy():
     busy = {"egress-1": Measurement(90_000_000, NOW - 5)}  # 90% of 100 MB/s
     state = state_with(busy)
     pool = state.policy.pool("overseas")
-    picks = Counter(state.choose_and_assume(pool, f"taskrun/team-cdn/run-{i}", salt=f"run-{i}")[0] for i in range(12))
+    picks = Counter(state.choose_and_assume(pool, f"taskrun/team-cdn/run-{i}", salt=f"run-{i}").node for i in range(12))
     # 12 runs on 3 nodes of capacity 10: the busy node (ratio 0.9) only gets runs once the others
     # are as loaded (run ratio >= 0.9 there means 9 runs each), so here it gets none.
     assert picks["egress-1"] == 0
@@ -100,8 +101,18 @@ def test_stale_figures_fall_back_to_run_counts():
     stale = {"egress-1": Measurement(90_000_000, NOW - 120)}  # older than maxAge 30s
     state = state_with(stale)
     pool = state.policy.pool("overseas")
-    picks = Counter(state.choose_and_assume(pool, f"taskrun/team-cdn/run-{i}", salt=f"run-{i}")[0] for i in range(12))
+    picks = Counter(state.choose_and_assume(pool, f"taskrun/team-cdn/run-{i}", salt=f"run-{i}").node for i in range(12))
     assert picks == {"egress-1": 4, "egress-2": 4, "egress-3": 4}
+    figures = state.egress_ratios(pool, state.loads(pool))
+    assert figures is not None and figures["egress-1"].source == "runs"
+
+
+def test_figures_of_a_stopped_or_replaced_poller_are_not_taken():
+    # A poll in flight while the policy changes must not put its figures back after the stop.
+    state = state_with({})
+    pollers = EgressPollers(state, clock=lambda: NOW)
+    pollers._publish("overseas", threading.Event(), {"egress-1": Measurement(90_000_000, NOW)})  # noqa: SLF001
+    pool = state.policy.pool("overseas")
     figures = state.egress_ratios(pool, state.loads(pool))
     assert figures is not None and figures["egress-1"].source == "runs"
 
