@@ -46,6 +46,10 @@ class Component:
     stamp_kubernetes_version: bool = False
     tags: tuple[str, ...] = ()  # Go build tags
     version_variable: str | None = None  # a Go string variable stamped (-X) with the pinned version
+    # Go packages whose `k8sVersionMajor`/`k8sVersionMinor` are stamped with the Kubernetes version of the
+    # k8s.io/client-go the tool module requires (v0.37.x: 1.37), as Helm's own Makefile stamps them: the
+    # version `helm template` and `helm lint` assume when no cluster is asked.
+    client_go_version_packages: tuple[str, ...] = ()
     # Fixes the pinned upstream release lacks: a directory under tools/<module>/ of patched .go files
     # -> the Go package whose files of the same names they replace (see `_patched_modfile`).
     patches: dict[str, str] = field(default_factory=dict)
@@ -97,12 +101,26 @@ COMPONENTS: tuple[Component, ...] = (
 PROMETHEUS = Component(
     module="prometheus",
     pin="github.com/prometheus/prometheus",
-    binaries={"prometheus": "github.com/prometheus/prometheus/cmd/prometheus"},
-    why="Prometheus server with its TSDB, PromQL and remote-write stack: ~2.5 min cold on 2 cores",
+    # promtool: `promtool test rules` tests the shipped alerts (charts/egress-placer/files/prometheus-rules.yaml).
+    binaries={
+        "prometheus": "github.com/prometheus/prometheus/cmd/prometheus",
+        "promtool": "github.com/prometheus/prometheus/cmd/promtool",
+    },
+    why="Prometheus server and promtool with its TSDB, PromQL and remote-write stack: ~3 min cold on 2 cores",
     # remove_all_sd: static scrape configs only (no cloud SDKs). Without `builtinassets` the web UI
     # assets (built with npm upstream) are not embedded: the HTTP API works, the UI pages do not.
     tags=("remove_all_sd",),
     version_variable="github.com/prometheus/common/version.Version",
+)
+
+HELM = Component(
+    module="helm",
+    pin="helm.sh/helm/v3",
+    # Helm 3 (what most users run), to lint, render and install charts/egress-placer.
+    binaries={"helm": "helm.sh/helm/v3/cmd/helm"},
+    why="Helm with client-go, kustomize's kyaml and the OCI registry client: ~2.5 min cold on 2 cores",
+    version_variable="helm.sh/helm/v3/internal/version.version",
+    client_go_version_packages=("helm.sh/helm/v3/pkg/chartutil", "helm.sh/helm/v3/pkg/lint/rules"),
 )
 
 TEKTON_WEBHOOK = Component(
@@ -137,18 +155,24 @@ TEKTON_RESOLVERS = Component(
 # Built only when a test or benchmark asks for them (`ensure_optional`), each into its own cache key.
 OPTIONAL_COMPONENTS: dict[str, Component] = {
     "prometheus": PROMETHEUS,
+    "helm": HELM,
     "tekton-webhook": TEKTON_WEBHOOK,
     "tekton-resolvers": TEKTON_RESOLVERS,
 }
 
 
+def required_version(component: Component, module: str) -> str:
+    """The version of `module` required in the tool module's go.mod."""
+    text = (TOOLS_DIR / component.module / "go.mod").read_text()
+    match = re.search(rf"^\s*{re.escape(module)}\s+(v\S+)", text, re.MULTILINE)
+    if match is None:
+        raise BuildError(f"{module} is not required in tools/{component.module}/go.mod")
+    return match.group(1)
+
+
 def pinned_version(component: Component) -> str:
     """The version of `component.pin` required in the tool module's go.mod."""
-    text = (TOOLS_DIR / component.module / "go.mod").read_text()
-    match = re.search(rf"^\s*{re.escape(component.pin)}\s+(v\S+)", text, re.MULTILINE)
-    if match is None:
-        raise BuildError(f"{component.pin} is not required in tools/{component.module}/go.mod")
-    return match.group(1)
+    return required_version(component, component.pin)
 
 
 def kubernetes_ldflags(version: str) -> str:
@@ -163,9 +187,14 @@ def kubernetes_ldflags(version: str) -> str:
 def ldflags(component: Component) -> str:
     if component.stamp_kubernetes_version:
         return kubernetes_ldflags(pinned_version(component))
+    flags = ["-s", "-w"]
     if component.version_variable:
-        return f"-s -w -X {component.version_variable}={pinned_version(component)}"
-    return "-s -w"
+        flags.append(f"-X {component.version_variable}={pinned_version(component)}")
+    if component.client_go_version_packages:
+        minor = required_version(component, "k8s.io/client-go").lstrip("v").split(".")[1]
+        for package in component.client_go_version_packages:
+            flags += [f"-X {package}.k8sVersionMajor=1", f"-X {package}.k8sVersionMinor={minor}"]
+    return " ".join(flags)
 
 
 def cache_root() -> Path:

@@ -299,6 +299,36 @@ def test_optional_components_leave_the_core_cache_key_alone(tmp_path: Path, monk
     assert build.optional_key(build.TEKTON_WEBHOOK).startswith("tekton-webhook-v1.15.0_")
 
 
+def test_helm_is_stamped_as_its_makefile_stamps_it() -> None:
+    """Its version, and the Kubernetes version `helm template` and `helm lint` assume: that of the client-go
+    it requires (v0.37.x: 1.37), not Helm's built-in fallback 1.20."""
+    flags = build.ldflags(build.HELM).split(" -X ")
+    client_go = build.required_version(build.HELM, "k8s.io/client-go")
+    minor = client_go.split(".")[1]
+    assert f"helm.sh/helm/v3/internal/version.version={build.pinned_version(build.HELM)}" in flags
+    for package in ("helm.sh/helm/v3/pkg/chartutil", "helm.sh/helm/v3/pkg/lint/rules"):
+        assert {f"{package}.k8sVersionMajor=1", f"{package}.k8sVersionMinor={minor}"} <= set(flags)
+    assert build.pinned_version(build.HELM).startswith("v3.")
+
+
+def test_helm_has_a_cache_key_of_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change of Helm's tool module changes Helm's key only: not the core's, not Prometheus'."""
+    tools = tmp_path / "tools"
+    shutil.copytree(build.TOOLS_DIR, tools)
+    monkeypatch.setattr(build, "TOOLS_DIR", tools)
+    core, helm, prometheus = build.key_prefix(), build.optional_key(build.HELM), build.optional_key(build.PROMETHEUS)
+    assert build.OPTIONAL_COMPONENTS["helm"] is build.HELM
+    with open(tools / "helm" / "go.mod", "a") as go_mod:
+        go_mod.write("\n// changed\n")
+    assert (build.key_prefix(), build.optional_key(build.PROMETHEUS)) == (core, prometheus)
+    assert build.optional_key(build.HELM) != helm and build.optional_key(build.HELM).startswith("helm-v3.22.0_")
+
+
+def test_promtool_is_built_with_prometheus_from_the_same_pin() -> None:
+    assert build.PROMETHEUS.binaries["promtool"] == "github.com/prometheus/prometheus/cmd/promtool"
+    assert "github.com/prometheus/prometheus/cmd/promtool" in (build.TOOLS_DIR / "prometheus" / "go.mod").read_text()
+
+
 def test_tekton_webhook_pins_the_same_tekton_as_the_controller() -> None:
     controller = next(c for c in build.COMPONENTS if c.module == "tekton")
     assert build.pinned_version(build.TEKTON_WEBHOOK) == build.pinned_version(controller)
