@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,19 +62,41 @@ class ControllerReplica:
 
 # The command line of one replica given its environment (see `start_controller`).
 Launch = Callable[[ControllerReplica, Mapping[str, str]], Sequence[str]]
+# Installs the controller's objects for replicas whose webhook answers at the given URL (see `start_controller`).
+Install = Callable[[str], None]
 
 
 def service_account_user() -> str:
     return f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
 
 
-def render_manifests(cluster: Cluster) -> list[dict[str, Any]]:
-    out = subprocess.run(
-        [str(cluster.binary("kubectl")), "kustomize", str(K8S_DIR)], capture_output=True, text=True, check=False
-    )
+def kustomize(kubectl: Path, components: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """`k8s/` rendered by `kubectl kustomize`, through an overlay with `components` (folders of k8s/) if any."""
+    with tempfile.TemporaryDirectory(prefix="egress-placer-overlay-") as tmp:
+        target = str(K8S_DIR)
+        if components:
+            base = os.path.relpath(K8S_DIR, tmp)  # kustomize refuses absolute paths
+            overlay = {"resources": [base], "components": [f"{base}/{c}" for c in components]}
+            (Path(tmp) / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+            target = tmp
+        out = subprocess.run([str(kubectl), "kustomize", target], capture_output=True, text=True, check=False, timeout=120)
     if out.returncode != 0:
-        raise ClusterError(f"kubectl kustomize {K8S_DIR} failed: {out.stderr.strip()}")
+        raise ClusterError(f"kubectl kustomize {K8S_DIR} (components: {list(components)}) failed: {out.stderr.strip()}")
     return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def render_manifests(cluster: Cluster) -> list[dict[str, Any]]:
+    return kustomize(cluster.binary("kubectl"))
+
+
+def webhooks_calling(doc: Mapping[str, Any], webhook_url: str, ca_bundle: bytes | None = None) -> dict[str, Any]:
+    """A copy of a MutatingWebhookConfiguration whose webhooks call `webhook_url` instead of the
+    Service (with `ca_bundle`, they trust that CA from the start)."""
+    doc = json.loads(json.dumps(doc))  # a deep copy
+    for hook in doc.get("webhooks") or []:
+        ca = base64.b64encode(ca_bundle).decode() if ca_bundle else (hook.get("clientConfig") or {}).get("caBundle")
+        hook["clientConfig"] = {"url": webhook_url, **({"caBundle": ca} if ca else {})}
+    return doc
 
 
 def local_manifests(
@@ -88,9 +111,7 @@ def local_manifests(
         if kind in LOCAL_ONLY_KINDS:
             continue
         if kind == "MutatingWebhookConfiguration":
-            for hook in doc.get("webhooks") or []:
-                ca = base64.b64encode(ca_bundle).decode() if ca_bundle else (hook.get("clientConfig") or {}).get("caBundle")
-                hook["clientConfig"] = {"url": webhook_url, **({"caBundle": ca} if ca else {})}
+            doc = webhooks_calling(doc, webhook_url, ca_bundle)
         if kind == "ConfigMap" and doc["metadata"]["name"] == POLICY_CONFIGMAP:
             doc["data"] = {"policy.yaml": policy_text}
         result.append(doc)
@@ -136,6 +157,7 @@ def start_controller(
     ca_bundle: bytes | None = None,
     pool_guard: bool = False,
     launch: Launch | None = None,
+    install: Install | None = None,
 ) -> list[ControllerReplica]:
     """Install the manifests (local form) and start `replicas` controller processes; see the module docstring.
 
@@ -147,6 +169,8 @@ def start_controller(
     also install the pool guard (ValidatingAdmissionPolicy and binding of `k8s/pool-guard.yaml`).
     `launch`: the command line of a replica given its environment, instead of this checkout's
     `python -m controller run` (e.g. a container of the image: `devplacer.image.ControllerContainer`).
+    `install`: installs the objects given the webhook URL, instead of applying `k8s/` in its local form
+    (e.g. the Helm chart: `devplacer.chart.Release.install`); the policy is then whatever it installs.
     """
     if not cluster.state():
         raise ClusterError(f"no cluster in {cluster.dir}: run `python -m devcluster up --dir {cluster.dir}` first")
@@ -166,9 +190,12 @@ def start_controller(
             {"PYTHONPATH": str(REPO)},
             port=proxy_port,
         )
-    docs = local_manifests(render_manifests(cluster), policy_text, webhook_url, ca_bundle)
-    docs = [d for d in docs if pool_guard or d.get("kind") not in POOL_GUARD_KINDS]
-    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs))
+    if install is not None:
+        install(webhook_url)
+    else:
+        docs = local_manifests(render_manifests(cluster), policy_text, webhook_url, ca_bundle)
+        docs = [d for d in docs if pool_guard or d.get("kind") not in POOL_GUARD_KINDS]
+        kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs))
     kubeconfig = cluster.mint_kubeconfig(service_account_user())
     for replica in planned:
         replica_env = {**controller_env(replica, kubeconfig), **(env or {})}

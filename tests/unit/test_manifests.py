@@ -27,6 +27,7 @@ from controller.core.policy import load_policy
 from controller.reconcile.last_good_policy import store_name
 from controller.settings import Settings
 from devcluster.build import find_artifacts
+from devplacer.controller import kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -228,15 +229,6 @@ def kubectl() -> Path:
     return artifacts.binary("kubectl")
 
 
-def kustomize(kubectl: Path, tmp: Path, *components: str) -> list[dict[str, Any]]:
-    """The base rendered through an overlay in `tmp` with `components` (folders of k8s/)."""
-    base = os.path.relpath(K8S, tmp)  # kustomize refuses absolute paths
-    overlay = {"resources": [base], "components": [f"{base}/{c}" for c in components]}
-    (tmp / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
-    out = subprocess.run([str(kubectl), "kustomize", str(tmp)], check=True, capture_output=True, text=True, timeout=60).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
 def rendered_env(docs: list[dict[str, Any]]) -> dict[str, str | None]:
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -256,13 +248,9 @@ def test_the_base_evicts_intruders() -> None:
 
 
 @pytest.mark.parametrize("components", [("report-only",), ("report-only", "cert-manager"), ("cert-manager", "report-only")])
-def test_the_report_only_component_only_reports_and_changes_nothing_else(
-    kubectl: Path, tmp_path: Path, components: tuple[str, ...]
-) -> None:
-    (tmp_path / "base").mkdir()
-    (tmp_path / "with").mkdir()
-    without = kustomize(kubectl, tmp_path / "base", *(c for c in components if c != "report-only"))
-    with_it = kustomize(kubectl, tmp_path / "with", *components)
+def test_the_report_only_component_only_reports_and_changes_nothing_else(kubectl: Path, components: tuple[str, ...]) -> None:
+    without = kustomize(kubectl, [c for c in components if c != "report-only"])
+    with_it = kustomize(kubectl, components)
     assert rendered_env(with_it) == {**rendered_env(without), ENV_PREFIX + "INTRUDER_MODE": "report"}
     assert rendered_env(without)[ENV_PREFIX + "INTRUDER_MODE"] == "evict"
     others = lambda docs: [d for d in docs if d["kind"] != "Deployment"]  # noqa: E731

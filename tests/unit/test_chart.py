@@ -1,0 +1,371 @@
+"""The Helm chart (charts/egress-placer), linted and rendered with the helm built from its Go module.
+
+The chart is `k8s/` for Helm: for the default values `helm template` renders the same objects with the
+same fields as `kubectl kustomize k8s/`, and so do its certificate and intruder values and the
+kustomize components they stand for (k8s/cert-manager/, k8s/report-only/). Normalisation before the
+comparison, and nothing else:
+  - Helm's own labels (`HELM_LABELS`: helm.sh/chart, app.kubernetes.io/managed-by, /instance, /version)
+    are dropped from every object's metadata.labels;
+  - the policy ConfigMap's `policy.yaml` is compared parsed (k8s/policy.yaml keeps comments, the chart
+    writes the `policy` value with toYaml);
+  - a container's `env` is compared as a mapping by name: kustomize's strategic merge puts the variables
+    a component patches first, and without `$(VAR)` references (checked) their order means nothing;
+  - YAML comments and the order of objects do not count (objects are matched by apiVersion, kind,
+    namespace and name); names are the same on both sides (fixed names, no release prefix, no hash).
+CRDs: `helm template --include-crds` renders the chart's crds/ too, so a CRD in k8s/ without one in the
+chart is reported as an object only in k8s/.
+
+The values beyond k8s/ (image, replicas, resources, placement of the controller, labels, the policy and
+the pool guard's binding computed from it, the monitoring objects) are rendered and checked one by one.
+The helm binary is the local cluster's optional component (`python -m devcluster build --with helm`,
+part of `make cluster-build`); like the kubectl rendering checks, these skip, saying so, before it is built.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import pytest
+import yaml
+
+from controller.core.guard import policy_binding
+from controller.core.policy import load_policy
+from devcluster.build import find_artifacts, find_optional
+from devcluster.cluster import ClusterError
+from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, policy_values, post_render, run_helm, settings_env, template
+from devplacer.controller import K8S_DIR, kustomize
+
+HELM_LABELS = frozenset({"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"})
+POLICY_CONFIGMAP = ("v1", "ConfigMap", "egress-placer", "egress-placer-policy")
+FILES = CHART_DIR / "files"
+# The chart's values that stand for the kustomize components of k8s/.
+COMPONENT_VALUES: dict[str, dict[str, Any]] = {
+    "report-only": {"intruderMode": "report"},
+    "cert-manager": {"certificate": {"mode": "cert-manager"}},
+}
+Key = tuple[str, str, str | None, str]
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    """The helm the local cluster's build made; the chart checks are skipped, saying so, before that build."""
+    bin_dir = find_optional("helm")
+    if bin_dir is None:
+        pytest.skip("helm is not built yet (python -m devcluster build --with helm, part of make cluster-build)")
+    return bin_dir / "helm"
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> Path:
+    artifacts = find_artifacts()
+    if artifacts is None:
+        pytest.skip("the local cluster's kubectl is not built yet (python -m devcluster build)")
+    return artifacts.binary("kubectl")
+
+
+@pytest.fixture(scope="module")
+def default_render(helm: Path) -> list[dict[str, Any]]:
+    return template(helm)
+
+
+# -- the comparison with k8s/ ---------------------------------------------------------------------------
+def key(doc: Mapping[str, Any]) -> Key:
+    meta = doc["metadata"]
+    return doc["apiVersion"], doc["kind"], meta.get("namespace"), meta["name"]
+
+
+def normalised(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """`doc` less Helm's own labels, with the policy ConfigMap's document parsed (see the module docstring)."""
+    doc = copy.deepcopy(dict(doc))
+    labels = {k: v for k, v in (doc["metadata"].get("labels") or {}).items() if k not in HELM_LABELS}
+    doc["metadata"].pop("labels", None)
+    if labels:
+        doc["metadata"]["labels"] = labels
+    if key(doc) == POLICY_CONFIGMAP:
+        doc["data"] = {name: yaml.safe_load(text) for name, text in doc["data"].items()}
+    for container in ((doc.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
+        assert "$(" not in json.dumps(container.get("env")), "a variable refers to another: the order of env counts"
+        container["env"] = {e["name"]: e for e in container.get("env") or []}
+    return doc
+
+
+def differences(left: Any, right: Any, path: str = "") -> list[str]:
+    """Where two parsed documents differ, as `path: left != right` lines."""
+    if isinstance(left, Mapping) and isinstance(right, Mapping):
+        return [line for k in sorted(set(left) | set(right), key=str) for line in differences(left.get(k), right.get(k), f"{path}.{k}")]
+    if isinstance(left, list) and isinstance(right, list) and len(left) == len(right):
+        return [line for i, (a, b) in enumerate(zip(left, right)) for line in differences(a, b, f"{path}[{i}]")]
+    return [] if left == right else [f"{path or '.'}: k8s/ {json.dumps(left)} != chart {json.dumps(right)}"]
+
+
+def compare(kustomized: Iterable[Mapping[str, Any]], charted: Iterable[Mapping[str, Any]]) -> list[str]:
+    """What differs between the two renders, object by object; [] when they are the same."""
+    ours = {key(d): normalised(d) for d in kustomized}
+    theirs = {key(d): normalised(d) for d in charted}
+    lines = [f"only in k8s/: {'/'.join(filter(None, k))}" for k in sorted(set(ours) - set(theirs), key=str)]
+    lines += [f"only in the chart: {'/'.join(filter(None, k))}" for k in sorted(set(theirs) - set(ours), key=str)]
+    for k in sorted(set(ours) & set(theirs), key=str):
+        lines += [f"{'/'.join(filter(None, k))} {line}" for line in differences(ours[k], theirs[k])]
+    return lines
+
+
+def merged(*values: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for v in values:
+        for k, item in v.items():
+            out[k] = merged(out[k], item) if isinstance(item, Mapping) and isinstance(out.get(k), Mapping) else item
+    return out
+
+
+@pytest.mark.parametrize("components", [(), ("report-only",), ("cert-manager",), ("cert-manager", "report-only")], ids=lambda c: "+".join(c) or "defaults")
+def test_the_render_is_k8s_for_the_same_choices(helm: Path, kubectl: Path, components: tuple[str, ...]) -> None:
+    kustomized = kustomize(kubectl, components)
+    charted = template(helm, merged(*(COMPONENT_VALUES[c] for c in components)))
+    assert compare(kustomized, charted) == []
+    assert len(kustomized) >= 17  # the comparison compared something
+
+
+def test_the_comparison_reports_what_differs() -> None:
+    """The comparison itself: a changed field, a missing object and an extra one are each named."""
+    docs = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "a", "namespace": "n"}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "n"}, "spec": {"ports": [{"port": 443}]}},
+    ]
+    changed = copy.deepcopy(docs)
+    changed[1]["spec"]["ports"][0]["port"] = 8443
+    changed[0]["metadata"]["labels"] = {"helm.sh/chart": "egress-placer-0.1.0"}  # Helm's own: not a difference
+    extra = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": "pools.egress-placer.io"}}
+    assert compare(docs, changed) == ["v1/Service/n/s .spec.ports[0].port: k8s/ 443 != chart 8443"]
+    assert compare([*docs, extra], docs) == ["only in k8s/: apiextensions.k8s.io/v1/CustomResourceDefinition/pools.egress-placer.io"]
+    assert compare(docs, [*docs, extra]) == ["only in the chart: apiextensions.k8s.io/v1/CustomResourceDefinition/pools.egress-placer.io"]
+
+
+def test_the_default_policy_is_k8s_policy_yaml() -> None:
+    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert defaults["policy"] == policy_values(K8S_DIR / "policy.yaml")
+
+
+# -- helm lint, and values it refuses -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"certificate": {"mode": "cert-manager"}, "intruderMode": "report"},
+        {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
+        {"replicas": 1, "createNamespace": False, "poolGuard": {"enabled": False}, "agentRbac": {"namespaces": []}},
+    ],
+    ids=["defaults", "cert-manager+report", "monitoring", "minimal"],
+)
+def test_helm_lint_passes_strictly(helm: Path, tmp_path: Path, values: dict[str, Any]) -> None:
+    (tmp_path / "values.json").write_text(json.dumps(values))
+    out = run_helm(helm, "lint", "--strict", str(CHART_DIR), "--values", str(tmp_path / "values.json"))
+    assert "1 chart(s) linted, 0 chart(s) failed" in out, out
+
+
+@pytest.mark.parametrize(
+    "values, named",
+    [
+        ({"intruderMode": "evcit"}, "'/intruderMode'"),
+        ({"certificate": {"mode": "vault"}}, "'/certificate/mode'"),
+        ({"replicas": 0}, "'/replicas'"),
+        ({"image": {"repository": ""}}, "'/image/repository'"),
+        ({"intruderMdoe": "report"}, "'intruderMdoe' not allowed"),  # a misspelt key is refused, not ignored
+        ({"extraEnv": {"RESYNC_SECONDS": "60"}}, "'RESYNC_SECONDS'"),  # settings are EGRESS_PLACER_* variables
+    ],
+)
+def test_the_values_schema_refuses_wrong_values(helm: Path, values: dict[str, Any], named: str) -> None:
+    with pytest.raises(ClusterError, match="values don't meet the specifications of the schema") as refused:
+        template(helm, values)
+    assert named in str(refused.value)
+
+
+# -- values beyond k8s/ ---------------------------------------------------------------------------------
+def by_kind(docs: Iterable[Mapping[str, Any]], kind: str) -> list[Mapping[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def the(docs: Iterable[Mapping[str, Any]], kind: str) -> Mapping[str, Any]:
+    (doc,) = by_kind(docs, kind)
+    return doc
+
+
+def pod_spec(docs: Iterable[Mapping[str, Any]]) -> Mapping[str, Any]:
+    return the(docs, "Deployment")["spec"]["template"]["spec"]
+
+
+def container(docs: Iterable[Mapping[str, Any]]) -> Mapping[str, Any]:
+    (c,) = pod_spec(docs)["containers"]
+    return c
+
+
+def env(docs: Iterable[Mapping[str, Any]]) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container(docs)["env"]}
+
+
+def test_image_replicas_and_resources(helm: Path) -> None:
+    """Helm merges maps with the defaults: null takes a default out (here the CPU limit)."""
+    resources = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": None, "memory": "512Mi"}}
+    docs = template(helm, {"image": {"repository": "registry.example.com/egress-placer", "tag": "0.1.1", "pullPolicy": "Always"},
+                           "replicas": 3, "resources": resources})
+    assert container(docs)["image"] == "registry.example.com/egress-placer:0.1.1"
+    assert container(docs)["imagePullPolicy"] == "Always"
+    assert the(docs, "Deployment")["spec"]["replicas"] == 3
+    assert container(docs)["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
+
+
+def test_the_image_tag_defaults_to_the_app_version(default_render: list[dict[str, Any]]) -> None:
+    app_version = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
+    assert container(default_render)["image"] == f"egress-placer:{app_version}"
+
+
+def test_one_replica_has_no_disruption_budget(helm: Path, default_render: list[dict[str, Any]]) -> None:
+    assert by_kind(default_render, "PodDisruptionBudget")
+    assert not by_kind(template(helm, {"replicas": 1}), "PodDisruptionBudget")  # it would block every drain
+
+
+def test_where_the_controller_itself_runs(helm: Path) -> None:
+    tolerations = [{"key": "dedicated", "operator": "Equal", "value": "platform", "effect": "NoSchedule"}]
+    docs = template(helm, {"nodeSelector": {"node-role.example.com/platform": "true"}, "tolerations": tolerations,
+                           "priorityClassName": "platform-critical"})
+    spec = pod_spec(docs)
+    assert spec["nodeSelector"] == {"node-role.example.com/platform": "true"}
+    assert spec["tolerations"] == tolerations
+    assert spec["priorityClassName"] == "platform-critical"
+
+
+def test_common_labels_and_annotations_reach_every_object_and_pod_ones_the_pods(helm: Path) -> None:
+    docs = template(helm, {"commonLabels": {"team": "platform"}, "commonAnnotations": {"owner": "platform@example.com"},
+                           "podLabels": {"sidecar.example.com/inject": "false"}, "podAnnotations": {"example.com/note": "x"}})
+    for doc in docs:
+        assert doc["metadata"]["labels"]["team"] == "platform", key(doc)
+        assert doc["metadata"]["annotations"]["owner"] == "platform@example.com", key(doc)
+    template_meta = the(docs, "Deployment")["spec"]["template"]["metadata"]
+    assert template_meta["labels"]["sidecar.example.com/inject"] == "false"
+    assert template_meta["annotations"]["example.com/note"] == "x"
+    assert template_meta["annotations"]["prometheus.io/scrape"] == "true"  # kept beside them
+
+
+def test_common_labels_do_not_change_what_selects_the_pods(helm: Path, default_render: list[dict[str, Any]]) -> None:
+    docs = template(helm, {"commonLabels": {"app.kubernetes.io/name": "other"}, "podLabels": {"app.kubernetes.io/component": "x"}})
+    deployment = the(docs, "Deployment")
+    assert deployment["spec"]["selector"] == the(default_render, "Deployment")["spec"]["selector"]
+    assert deployment["spec"]["template"]["metadata"]["labels"] == {"app.kubernetes.io/name": "egress-placer", "app.kubernetes.io/component": "controller"}
+    assert the(docs, "Service")["spec"]["selector"] == the(default_render, "Service")["spec"]["selector"]
+
+
+def test_extra_settings_are_added_and_may_replace_the_chart_s(helm: Path, default_render: list[dict[str, Any]]) -> None:
+    docs = template(helm, {"extraEnv": {"EGRESS_PLACER_RESYNC_SECONDS": 60, "EGRESS_PLACER_LOG_FORMAT": "text"}, "logLevel": "DEBUG"})
+    assert env(docs) == {**env(default_render), "EGRESS_PLACER_RESYNC_SECONDS": "60", "EGRESS_PLACER_LOG_FORMAT": "text",
+                         "EGRESS_PLACER_LOG_LEVEL": "DEBUG"}
+    assert [e["name"] for e in container(docs)["env"]].count("EGRESS_PLACER_LOG_FORMAT") == 1
+
+
+def test_the_tekton_namespace_moves_the_role_and_the_setting(helm: Path) -> None:
+    docs = template(helm, {"tektonNamespace": "tekton"})
+    assert env(docs)["EGRESS_PLACER_TEKTON_NAMESPACE"] == "tekton"
+    tekton_role = [d for d in by_kind(docs, "Role") if "feature-flags" in json.dumps(d["rules"])]
+    assert [d["metadata"]["namespace"] for d in tekton_role] == ["tekton"]
+    assert [d["metadata"]["namespace"] for d in by_kind(docs, "RoleBinding") if d["roleRef"]["name"] == "egress-placer"
+            and d["metadata"]["namespace"] != "egress-placer"] == ["tekton"]
+
+
+@pytest.mark.parametrize("namespaces", [[], ["kube-system", "monitoring"]])
+def test_agent_rbac_goes_to_each_agent_namespace(helm: Path, namespaces: list[str]) -> None:
+    docs = template(helm, {"agentRbac": {"namespaces": namespaces}})
+    for kind in ("Role", "RoleBinding"):
+        assert sorted(d["metadata"]["namespace"] for d in by_kind(docs, kind) if d["metadata"]["name"] == "egress-placer-agents") == namespaces
+
+
+def test_without_the_namespace_and_the_pool_guard(helm: Path, default_render: list[dict[str, Any]]) -> None:
+    docs = template(helm, {"createNamespace": False, "poolGuard": {"enabled": False}})
+    gone = {k[1] for k in {key(d) for d in default_render} - {key(d) for d in docs}}
+    assert gone == {"Namespace", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+
+
+def test_an_issuer_of_one_s_own_replaces_the_self_signed_one(helm: Path) -> None:
+    issuer = {"kind": "ClusterIssuer", "name": "corporate-ca", "group": "cert-manager.io"}
+    docs = template(helm, {"certificate": {"mode": "cert-manager", "certManager": {"issuerRef": issuer, "duration": "720h", "renewBefore": "240h"}}})
+    assert not by_kind(docs, "Issuer")
+    certificate = the(docs, "Certificate")["spec"]
+    assert (certificate["issuerRef"], certificate["duration"], certificate["renewBefore"]) == (issuer, "720h", "240h")
+
+
+# -- the policy, and the pool guard's binding computed from it ------------------------------------------
+POLICIES = {
+    "k8s/policy.yaml": policy_values(K8S_DIR / "policy.yaml"),
+    "exempt namespaces of one's own": {"pools": [{"name": "gpu", "nodeSelector": {"pool": "gpu"}}], "exemptNamespaces": ["kube-system", "ops"]},
+    "agent namespaces apart": {"pools": [{"name": "gpu", "nodeSelector": {"pool": "gpu"}}], "agentNamespaces": ["monitoring", "kube-system"]},
+    "no exempt and no agent namespaces": {"pools": [{"name": "gpu", "nodeSelector": {"pool": "gpu"}}], "exemptNamespaces": [], "agentNamespaces": []},
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
+def test_the_policy_value_is_the_configmap_and_the_guard_binding_follows_it(helm: Path, policy: dict[str, Any]) -> None:
+    docs = template(helm, {"policy": policy})
+    (configmap,) = [d for d in docs if key(d) == POLICY_CONFIGMAP]
+    loaded = load_policy(configmap["data"]["policy.yaml"], "the chart's ConfigMap")  # raises when the controller would refuse it
+    assert yaml.safe_load(configmap["data"]["policy.yaml"]) == {"apiVersion": "egress-placer.io/v1alpha1", "kind": "PlacementPolicy", **policy}
+    binding = the(docs, "ValidatingAdmissionPolicyBinding")
+    expected = policy_binding(loaded, "egress-placer")
+    assert {k: binding[k] for k in ("apiVersion", "kind", "spec")} == {k: expected[k] for k in ("apiVersion", "kind", "spec")}
+
+
+# -- monitoring objects --------------------------------------------------------------------------------
+def test_the_monitoring_objects_are_off_by_default(default_render: list[dict[str, Any]]) -> None:
+    assert not {"ServiceMonitor", "PrometheusRule"} & {d["kind"] for d in default_render}
+    assert "egress-placer-dashboard" not in {d["metadata"]["name"] for d in default_render}
+
+
+def test_the_service_monitor_scrapes_the_metrics_port_of_the_controller_service(helm: Path) -> None:
+    docs = template(helm, {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kube-prometheus-stack"}}})
+    monitor, service = the(docs, "ServiceMonitor"), the(docs, "Service")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [service["metadata"]["namespace"]]}
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    # ... and picks no other Service of the chart (there is one)
+    assert [s["metadata"]["name"] for s in by_kind(docs, "Service") if selector.items() <= s["metadata"]["labels"].items()] == ["egress-placer-webhook"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    (port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+    assert port["targetPort"] == "health" and endpoint["path"] == "/metrics" and endpoint["interval"] == "15s"
+    scrape = the(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+    assert (scrape["prometheus.io/path"], int(scrape["prometheus.io/port"])) == (endpoint["path"], next(
+        p["containerPort"] for p in container(docs)["ports"] if p["name"] == port["targetPort"]))
+
+
+def test_the_prometheus_rule_carries_the_shipped_rule_file(helm: Path) -> None:
+    docs = template(helm, {"prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}}})
+    rule = the(docs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == yaml.safe_load((FILES / "prometheus-rules.yaml").read_text())
+
+
+def test_the_dashboard_configmap_carries_the_shipped_dashboard(helm: Path) -> None:
+    docs = template(helm, {"grafanaDashboard": {"enabled": True}})
+    (configmap,) = [d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"] == "egress-placer-dashboard"]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"  # what Grafana's sidecar looks for by default
+    assert json.loads(configmap["data"]["egress-placer.json"]) == json.loads((FILES / "grafana-dashboard.json").read_text())
+
+
+# -- the local form the e2e install uses -----------------------------------------------------------------
+def test_the_post_renderer_only_points_the_webhooks_at_the_local_url(default_render: list[dict[str, Any]]) -> None:
+    url = "https://127.0.0.1:18443/mutate"
+    local = [d for d in yaml.safe_load_all(post_render(yaml.safe_dump_all(default_render), url)) if d]
+    assert [key(d) for d in local] == [key(d) for d in default_render]
+    webhooks = the(local, "MutatingWebhookConfiguration")["webhooks"]
+    assert {json.dumps(w["clientConfig"]) for w in webhooks} == {json.dumps({"url": url})}
+    assert [d for d in local if d["kind"] != "MutatingWebhookConfiguration"] == [
+        d for d in default_render if d["kind"] != "MutatingWebhookConfiguration"
+    ]
+
+
+def test_the_local_process_gets_the_deployment_s_settings_but_its_own_ports(default_render: list[dict[str, Any]]) -> None:
+    settings = settings_env(default_render)
+    assert settings["EGRESS_PLACER_INTRUDER_MODE"] == "evict"
+    assert not LOCAL_SETTINGS & set(settings)
+    assert "EGRESS_PLACER_NAMESPACE" not in settings  # from the downward API in a cluster; the local process sets it
