@@ -5,8 +5,10 @@ until it is one or the other.
 
 The run is one install-and-uninstall story, in the order a reader follows it: install with
 `kubectl apply -k k8s/` (the local cluster's nodes are KWOK's, so the Deployment's pods "run" without
-an image), wait for the rollout, apply the example policy as objects of the pools API, uninstall with `egress-placer uninstall`; install again and uninstall
-with kubectl alone (docs/uninstall.md). Before each uninstall a pool node gets the pool taint, as the
+an image), wait for the rollout, apply the example policy as objects of the pools API, uninstall with
+`egress-placer uninstall`; install again and uninstall with kubectl alone (docs/uninstall.md); then
+with Helm (docs/helm.md; the helm the local cluster's build makes), the chart making the namespace,
+and into a namespace made beforehand. Before each uninstall a pool node gets the pool taint, as the
 controller would have left it; after it, nothing of egress-placer is left. Placeholders (`NODES PODS
 TASKRUNS`) get small values. Inline commands in prose (`egress-placer status`, ...) are not collected:
 most are fragments or syntax summaries; the CLI's own tests run them.
@@ -25,6 +27,7 @@ import pytest
 
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
+from devplacer.chart import helm_binary
 from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG
 from tests.e2e.running_controller import REPO, WEBHOOK_CONFIGS, remove_pool_taints
 from tests.e2e.tekton_runs import POOL, POOL_NODES
@@ -62,13 +65,35 @@ AFTERWARDS = [
     "kubectl get daemonsets -A -o jsonpath='{range .items[?(@.metadata.annotations.egress-placer\\.io/pool-tolerations-added)]}"
     "{.metadata.namespace}/{.metadata.name}{\"\\n\"}{end}'",
 ]
+HELM_INSTALL = [
+    "helm install egress-placer charts/egress-placer --set image.repository=registry.example.com/egress-placer",
+    "kubectl -n egress-placer rollout status deploy/egress-placer",
+]
+HELM_UNINSTALL = ["helm uninstall egress-placer --wait", "kubectl taint nodes --all egress-placer.io/pool-"]
+HELM_INSTALL_INTO_ITS_NAMESPACE = [
+    "kubectl create namespace egress-placer",
+    "kubectl label namespace egress-placer egress-placer.io/webhook=skip pod-security.kubernetes.io/enforce=restricted",
+    "helm install egress-placer charts/egress-placer --namespace egress-placer --set createNamespace=false",
+    "kubectl -n egress-placer rollout status deploy/egress-placer",
+]
+HELM_UNINSTALL_FROM_ITS_NAMESPACE = [
+    "helm uninstall egress-placer --namespace egress-placer --wait",
+    "kubectl delete namespace egress-placer --wait",
+    "kubectl taint nodes --all egress-placer.io/pool-",
+]
 WITHOUT_A_CLUSTER = [
     "python -m bench.scale first-sync-memory NODES PODS TASKRUNS",
     "egress-placer explain --policy <(egress-placer migrate-policy config/policy.example.yaml) devplacer/demo/runs.yaml",
 ]
 # Exit statuses other than 0 that the docs say to expect.
 EXPECTED_STATUS = {"kubectl taint nodes --all egress-placer.io/pool-": 1}  # "not found" on the nodes without it
-RUN = [*WITHOUT_A_CLUSTER, *INSTALL, *POOLS_API, *UNINSTALL_WITH_THE_COMMAND, *UNINSTALL_WITH_KUBECTL, *AFTERWARDS]
+ROUNDS = [  # (install, uninstall), in the order of the docs
+    ([*INSTALL, *POOLS_API], UNINSTALL_WITH_THE_COMMAND),
+    ([*INSTALL, *POOLS_API], UNINSTALL_WITH_KUBECTL),
+    (HELM_INSTALL, HELM_UNINSTALL),
+    (HELM_INSTALL_INTO_ITS_NAMESPACE, HELM_UNINSTALL_FROM_ITS_NAMESPACE),
+]
+RUN = [*WITHOUT_A_CLUSTER, *(command for round in ROUNDS for steps in round for command in steps), *AFTERWARDS]
 
 
 def documented() -> dict[str, str]:
@@ -90,13 +115,17 @@ def test_every_documented_command_is_run_or_skipped() -> None:
 
 
 def shell(cluster: Cluster | None, command: str) -> subprocess.CompletedProcess[str]:
-    """`command` as a reader types it: bash in the repository, kubectl the local cluster's (admin), this
-    venv's egress-placer and python first on PATH, no EGRESS_PLACER_* variable."""
+    """`command` as a reader types it: bash in the repository, kubectl and helm the local cluster's build's
+    (admin), this venv's egress-placer and python first on PATH, no EGRESS_PLACER_* or HELM_* variable
+    (Helm's state in a temporary home)."""
     for placeholder, value in PLACEHOLDERS.items():
         command = command.replace(placeholder, value)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EGRESS_PLACER_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("EGRESS_PLACER_", "HELM_"))}
     venv = Path(sys.executable).parent
-    tools = [str(venv)] + ([str(cluster.binary("kubectl").parent)] if cluster else [])
+    tools = [str(venv)]
+    if cluster is not None:
+        tools += [str(cluster.binary("kubectl").parent), str(helm_binary(cluster.log).parent)]
+        env["HELM_CONFIG_HOME"] = env["HELM_CACHE_HOME"] = env["HELM_DATA_HOME"] = str(cluster.dir / "helm-home")
     env["PATH"] = os.pathsep.join([*tools, env.get("PATH", "")])
     if cluster is not None:
         env["KUBECONFIG"] = str(cluster.kubeconfig)
@@ -141,9 +170,9 @@ def plain_cluster(devcluster: Cluster, api: Api) -> Iterator[Cluster]:
 
 @pytest.mark.cluster
 @pytest.mark.e2e
-def test_install_then_uninstall_twice_as_the_docs_say(plain_cluster: Cluster, api: Api) -> None:
-    for uninstall in (UNINSTALL_WITH_THE_COMMAND, UNINSTALL_WITH_KUBECTL):
-        for command in [*INSTALL, *POOLS_API]:
+def test_install_then_uninstall_four_ways_as_the_docs_say(plain_cluster: Cluster, api: Api) -> None:
+    for install, uninstall in ROUNDS:
+        for command in install:
             run(plain_cluster, command)
         taint_a_pool_node(api)
         for command in uninstall:

@@ -1,0 +1,113 @@
+"""End to end, the Helm chart: `helm install` (the helm built from its Go module, against the local
+cluster's admin kubeconfig) installs charts/egress-placer with the e2e policy as its `policy` value,
+and the controller it describes places runs.
+
+The controller runs as in the other e2e tests (devplacer.controller.start_controller): a local process
+under the chart's ServiceAccount (a minted kubeconfig, so the chart's RBAC is what it may do), with the
+settings of the chart's Deployment (devplacer.chart.settings_env; ports and certificate its own). The
+post-renderer of the install points the webhooks at that process, since the API server here reaches no
+Service; every other object is the chart's, the Deployment included: its pods "run" on KWOK's nodes
+without a container, on the node the `nodeSelector` value names. `helm uninstall` removes the release.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from devcluster.cluster import Cluster
+from devplacer.chart import Release, helm_binary, policy_values, settings_env, template
+from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG, start_controller, stop_controller
+from tests.e2e.running_controller import POLICY_FILE, WEBHOOK_CONFIGS, EgressPlacer, make_plain, pool_taints
+from tests.e2e.tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, POOL_TAINT, TEAM_CDN, TEAM_OTHER, Runs, decision_of, taskrun
+from tests.kube import Api, namespace, namespaced, pods
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+
+CONTROLLER_NODE = sorted(ORDINARY_NODES)[0]  # where the Deployment's (containerless) pods are put
+VALUES: dict[str, Any] = {"policy": policy_values(POLICY_FILE), "nodeSelector": {"kubernetes.io/hostname": CONTROLLER_NODE}}
+HELM_MANAGED = {"app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/instance": "egress-placer"}
+
+
+@pytest.fixture(scope="module")
+def helm(devcluster: Cluster) -> Path:
+    """The helm of the local cluster's build (built first, a few minutes, when it is not cached)."""
+    return helm_binary(devcluster.log)
+
+
+def nothing_of_an_earlier_install(api: Api) -> bool:
+    """No namespace egress-placer (being deleted or not) and no webhook configuration of another form."""
+    return api.get(namespace(NAMESPACE)) is None and api.get(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}") is None
+
+
+@pytest.fixture(scope="module")
+def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], helm: Path) -> Iterator[Release]:
+    """The chart installed, its controller started; uninstalled and the cluster made plain afterwards."""
+    api.delete(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")  # an earlier module's local form
+    wait_for("namespace egress-placer of an earlier module to be gone", lambda: nothing_of_an_earlier_install(api), timeout=90)
+    release = Release(devcluster, helm, VALUES)
+    try:
+        start_controller(devcluster, POLICY_FILE, env=settings_env(template(helm, VALUES)), install=release.install)
+        yield release
+    finally:
+        stop_controller(devcluster)
+        release.uninstall()
+        make_plain(api, devcluster)
+        wait_for(f"namespace {NAMESPACE} to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=90)
+
+
+@pytest.fixture
+def runs(api: Api, release: Release) -> Iterator[Runs]:
+    made = Runs(api)
+    yield made
+    made.cleanup()
+
+
+def test_the_release_is_deployed_with_the_chart_s_objects(release: Release, helm: Path, api: Api) -> None:
+    assert release.status()["info"]["status"] == "deployed"
+    installed = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in release.manifest()}
+    assert installed == {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in template(helm, VALUES)}
+    deployment = api.call("GET", namespaced(NAMESPACE, "deployments", "egress-placer", group="/apis/apps/v1"))
+    assert HELM_MANAGED.items() <= deployment["metadata"]["labels"].items()
+    (hook, *_) = api.call("GET", f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")["webhooks"]
+    assert hook["clientConfig"]["caBundle"]  # written by the controller, which has the chart's rights to do it
+
+
+def test_the_deployment_s_pods_go_where_the_node_selector_value_says(release: Release, api: Api) -> None:
+    selector = "app.kubernetes.io/name=egress-placer,app.kubernetes.io/component=controller"
+
+    def bound() -> list[str] | None:
+        nodes = [p["spec"].get("nodeName") for p in api.items(pods(NAMESPACE), labelSelector=selector)]
+        return nodes if len(nodes) == 2 and all(nodes) else None
+
+    assert wait_for("the Deployment's two pods scheduled", bound, timeout=60) == [CONTROLLER_NODE] * 2
+
+
+def test_the_leader_taints_the_pool_under_the_chart_s_rights(release: Release, api: Api, devcluster: Cluster) -> None:
+    wait_for("this replica to lead", lambda: EgressPlacer(devcluster).metric("egress_placer_leader", {}) == 1, timeout=60)
+    tainted: Callable[[], bool] = lambda: all(pool_taints(api, n) == [POOL_TAINT] for n in POOL_NODES)  # noqa: E731
+    wait_for("the pool taint on every pool node", tainted, timeout=60)
+
+
+def test_its_controller_places_a_matching_run_and_leaves_others_off_the_pool(runs: Runs) -> None:
+    placed, foreign = runs.name("cdn"), runs.name("foreign")
+    runs.create(TEAM_CDN, "taskruns", taskrun(placed, MATCHING_IMAGE))
+    runs.create(TEAM_OTHER, "taskruns", taskrun(foreign, MATCHING_IMAGE))
+
+    done = runs.wait_succeeded(TEAM_CDN, "taskruns", [placed])
+    runs.wait_succeeded(TEAM_OTHER, "taskruns", [foreign])
+    assert runs.nodes_of(TEAM_CDN, [placed])[placed] in POOL_NODES
+    assert runs.nodes_of(TEAM_OTHER, [foreign])[foreign] in ORDINARY_NODES
+    decision = decision_of(done[placed])
+    assert (decision.get("pool"), decision.get("reason")) == (POOL, "image-match")
+
+
+def test_helm_uninstall_removes_the_release(release: Release, api: Api, devcluster: Cluster) -> None:
+    """Last in the module: the fixture's teardown finds nothing left to uninstall."""
+    stop_controller(devcluster)
+    release.uninstall()
+    wait_for("the chart's objects to be gone", lambda: nothing_of_an_earlier_install(api), timeout=90)
+    assert api.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/egress-placer") is None
