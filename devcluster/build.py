@@ -123,6 +123,19 @@ HELM = Component(
     client_go_version_packages=("helm.sh/helm/v3/pkg/chartutil", "helm.sh/helm/v3/pkg/lint/rules"),
 )
 
+PROMETHEUS_OPERATOR_CRDS = Component(
+    module="prometheus-operator",
+    pin="github.com/prometheus-operator/prometheus-operator",
+    # Files only: the CRDs of the objects the chart ships for prometheus-operator, so that the API server
+    # checks them against their schemas (tests/e2e/test_helm_install.py). Nothing is compiled.
+    binaries={},
+    why="the prometheus-operator module's CRDs, downloaded: seconds",
+    module_files=(
+        "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
+        "example/prometheus-operator-crd/monitoring.coreos.com_prometheusrules.yaml",
+    ),
+)
+
 TEKTON_WEBHOOK = Component(
     module="tekton-webhook",
     pin=TEKTON_MODULE,
@@ -156,6 +169,7 @@ TEKTON_RESOLVERS = Component(
 OPTIONAL_COMPONENTS: dict[str, Component] = {
     "prometheus": PROMETHEUS,
     "helm": HELM,
+    "prometheus-operator-crds": PROMETHEUS_OPERATOR_CRDS,
     "tekton-webhook": TEKTON_WEBHOOK,
     "tekton-resolvers": TEKTON_RESOLVERS,
 }
@@ -164,7 +178,7 @@ OPTIONAL_COMPONENTS: dict[str, Component] = {
 def required_version(component: Component, module: str) -> str:
     """The version of `module` required in the tool module's go.mod."""
     text = (TOOLS_DIR / component.module / "go.mod").read_text()
-    match = re.search(rf"^\s*{re.escape(module)}\s+(v\S+)", text, re.MULTILINE)
+    match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", text, re.MULTILINE)
     if match is None:
         raise BuildError(f"{module} is not required in tools/{component.module}/go.mod")
     return match.group(1)
@@ -340,7 +354,8 @@ def ensure_optional(name: str, log: Log = print) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=final.parent))
     try:
         (staging / "bin").mkdir()
-        _build_component(component, staging / "bin", log)
+        if component.binaries:  # else files only
+            _build_component(component, staging / "bin", log)
         _copy_module_files(component, staging / "files")
         os.rename(staging, final)
     except BaseException:

@@ -104,17 +104,30 @@ class Release:
     cluster: Cluster
     helm: Path
     values: Mapping[str, Any] = field(default_factory=dict)
+    webhook_url: str | None = None  # set by `install`
 
     def _helm(self, *args: str) -> str:
         return run_helm(self.helm, *args, kubeconfig=self.cluster.kubeconfig)
 
+    def _post_renderer(self) -> list[str]:
+        args = ("-m", "devplacer.chart", f"--webhook-url={self.webhook_url}")
+        return [f"--post-renderer={sys.executable}", *(f"--post-renderer-args={a}" for a in args)]
+
     def install(self, webhook_url: str) -> None:
         """`helm install`, the webhooks pointed at `webhook_url` by the post-renderer."""
-        renderer = [f"--post-renderer-args={a}" for a in ("-m", "devplacer.chart", f"--webhook-url={webhook_url}")]
+        self.webhook_url = webhook_url
         with tempfile.TemporaryDirectory(prefix="egress-placer-values-") as tmp:
             self._helm(
                 "install", RELEASE, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE, *_values_args(self.values, tmp),
-                f"--post-renderer={sys.executable}", *renderer,
+                *self._post_renderer(),
+            )
+
+    def upgrade(self, values: Mapping[str, Any]) -> None:
+        """`helm upgrade --reuse-values` with `values` on top, through the same post-renderer."""
+        with tempfile.TemporaryDirectory(prefix="egress-placer-values-") as tmp:
+            self._helm(
+                "upgrade", RELEASE, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE, "--reuse-values",
+                *_values_args(values, tmp), *self._post_renderer(),
             )
 
     def status(self) -> dict[str, Any]:

@@ -324,6 +324,12 @@ def test_helm_has_a_cache_key_of_its_own(tmp_path: Path, monkeypatch: pytest.Mon
     assert build.optional_key(build.HELM) != helm and build.optional_key(build.HELM).startswith("helm-v3.22.0_")
 
 
+def test_the_prometheus_operator_crds_are_files_of_a_module_nothing_is_built_from() -> None:
+    component = build.OPTIONAL_COMPONENTS["prometheus-operator-crds"]
+    assert component.binaries == {} and len(component.module_files) == 2
+    assert build.pinned_version(component) == "v0.85.0"  # a one-line `require` in its go.mod
+
+
 def test_promtool_is_built_with_prometheus_from_the_same_pin() -> None:
     assert build.PROMETHEUS.binaries["promtool"] == "github.com/prometheus/prometheus/cmd/promtool"
     assert "github.com/prometheus/prometheus/cmd/promtool" in (build.TOOLS_DIR / "prometheus" / "go.mod").read_text()

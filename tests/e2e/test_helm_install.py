@@ -7,7 +7,10 @@ under the chart's ServiceAccount (a minted kubeconfig, so the chart's RBAC is wh
 settings of the chart's Deployment (devplacer.chart.settings_env; ports and certificate its own). The
 post-renderer of the install points the webhooks at that process, since the API server here reaches no
 Service; every other object is the chart's, the Deployment included: its pods "run" on KWOK's nodes
-without a container, on the node the `nodeSelector` value names. `helm uninstall` removes the release.
+without a container, on the node the `nodeSelector` value names. A `helm upgrade` keeps the webhooks'
+caBundle the controller wrote, and with prometheus-operator's CRDs installed (from its Go module, an
+optional devcluster component of files) the API server accepts the chart's ServiceMonitor and
+PrometheusRule. `helm uninstall` removes the release.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
+import yaml
 
+from devcluster.build import PROMETHEUS_OPERATOR_CRDS, ensure_optional, optional_file
 from devcluster.cluster import Cluster
-from devplacer.chart import Release, helm_binary, policy_values, settings_env, template
-from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG, start_controller, stop_controller
+from devplacer.chart import CHART_DIR, Release, helm_binary, policy_values, settings_env, template
+from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG, kubectl, start_controller, stop_controller
 from tests.e2e.running_controller import POLICY_FILE, WEBHOOK_CONFIGS, EgressPlacer, make_plain, pool_taints
 from tests.e2e.tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, POOL_TAINT, TEAM_CDN, TEAM_OTHER, Runs, decision_of, taskrun
 from tests.kube import Api, namespace, namespaced, pods
@@ -30,6 +35,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 CONTROLLER_NODE = sorted(ORDINARY_NODES)[0]  # where the Deployment's (containerless) pods are put
 VALUES: dict[str, Any] = {"policy": policy_values(POLICY_FILE), "nodeSelector": {"kubernetes.io/hostname": CONTROLLER_NODE}}
 HELM_MANAGED = {"app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/instance": "egress-placer"}
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+MONITORING = "/apis/monitoring.coreos.com/v1"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +51,27 @@ def nothing_of_an_earlier_install(api: Api) -> bool:
 
 
 @pytest.fixture(scope="module")
-def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], helm: Path) -> Iterator[Release]:
+def prometheus_operator_crds(devcluster: Cluster, api: Api) -> Iterator[None]:
+    """ServiceMonitor and PrometheusRule CRDs from prometheus-operator's module, for the whole module (the release's
+    uninstall needs them while it has such objects); deleted afterwards."""
+    files = [optional_file(ensure_optional("prometheus-operator-crds", devcluster.log), f) for f in PROMETHEUS_OPERATOR_CRDS.module_files]
+    names = [yaml.safe_load(f.read_text())["metadata"]["name"] for f in files]
+    try:
+        for f in files:
+            kubectl(devcluster, "apply", "--server-side", "-f", str(f))
+        for name in names:
+            wait_for(f"CRD {name} established", lambda: any(
+                c["type"] == "Established" and c["status"] == "True"
+                for c in ((api.get(f"{CRDS}/{name}") or {}).get("status") or {}).get("conditions") or []
+            ), timeout=60)
+        yield
+    finally:
+        for name in names:
+            api.delete(f"{CRDS}/{name}")
+
+
+@pytest.fixture(scope="module")
+def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], helm: Path, prometheus_operator_crds: None) -> Iterator[Release]:
     """The chart installed, its controller started; uninstalled and the cluster made plain afterwards."""
     api.delete(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")  # an earlier module's local form
     wait_for("namespace egress-placer of an earlier module to be gone", lambda: nothing_of_an_earlier_install(api), timeout=90)
@@ -103,6 +130,23 @@ def test_its_controller_places_a_matching_run_and_leaves_others_off_the_pool(run
     assert runs.nodes_of(TEAM_OTHER, [foreign])[foreign] in ORDINARY_NODES
     decision = decision_of(done[placed])
     assert (decision.get("pool"), decision.get("reason")) == (POOL, "image-match")
+
+
+def test_an_upgrade_keeps_the_ca_bundle_and_the_api_server_accepts_the_monitoring_objects(release: Release, api: Api) -> None:
+    config = f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}"
+    before = [h["clientConfig"] for h in api.call("GET", config)["webhooks"]]
+    release.upgrade({"intruderMode": "report", "serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}})
+
+    status = release.status()
+    assert (status["info"]["status"], status["version"]) == ("deployed", 2)
+    assert [h["clientConfig"] for h in api.call("GET", config)["webhooks"]] == before  # caBundle and URL as they were
+    deployment = api.call("GET", namespaced(NAMESPACE, "deployments", "egress-placer", group="/apis/apps/v1"))
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"name": "EGRESS_PLACER_INTRUDER_MODE", "value": "report"} in container["env"]
+    monitor = api.call("GET", namespaced(NAMESPACE, "servicemonitors", "egress-placer", group=MONITORING))
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    rule = api.call("GET", namespaced(NAMESPACE, "prometheusrules", "egress-placer", group=MONITORING))
+    assert rule["spec"] == yaml.safe_load((CHART_DIR / "files" / "prometheus-rules.yaml").read_text())
 
 
 def test_helm_uninstall_removes_the_release(release: Release, api: Api, devcluster: Cluster) -> None:
