@@ -26,6 +26,7 @@ from typing import Iterator
 import pytest
 
 from controller.core.model import TAINT_KEY
+from controller.core.pools import custom_resource_definitions
 from devcluster.cluster import Cluster
 from devplacer.chart import helm_binary
 from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG
@@ -46,6 +47,7 @@ SKIPPED = {
     "kubectl -n NAMESPACE edit daemonset NAME": "interactive (opens an editor)",
 }
 PLACEHOLDERS = {"NODES PODS TASKRUNS": "10 40 40"}
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 INSTALL = ["kubectl apply -k k8s/", "kubectl -n egress-placer rollout status deploy/egress-placer"]
 # docs/pools-api.md, right after the install (the uninstall removes the CRDs and the objects with them).
@@ -69,7 +71,11 @@ HELM_INSTALL = [
     "helm install egress-placer charts/egress-placer --set image.repository=registry.example.com/egress-placer",
     "kubectl -n egress-placer rollout status deploy/egress-placer",
 ]
-HELM_UNINSTALL = ["helm uninstall egress-placer --wait", "kubectl taint nodes --all egress-placer.io/pool-"]
+HELM_UNINSTALL = [
+    "helm uninstall egress-placer --wait",
+    "kubectl delete -f charts/egress-placer/crds/ --ignore-not-found --wait",
+    "kubectl taint nodes --all egress-placer.io/pool-",
+]
 HELM_INSTALL_INTO_ITS_NAMESPACE = [
     "kubectl create namespace egress-placer",
     "kubectl label namespace egress-placer egress-placer.io/webhook=skip pod-security.kubernetes.io/enforce=restricted",
@@ -79,6 +85,7 @@ HELM_INSTALL_INTO_ITS_NAMESPACE = [
 HELM_UNINSTALL_FROM_ITS_NAMESPACE = [
     "helm uninstall egress-placer --namespace egress-placer --wait",
     "kubectl delete namespace egress-placer --wait",
+    "kubectl delete -f charts/egress-placer/crds/ --ignore-not-found --wait",
     "kubectl taint nodes --all egress-placer.io/pool-",
 ]
 WITHOUT_A_CLUSTER = [
@@ -144,9 +151,11 @@ def test_commands_without_a_cluster(command: str) -> None:
 
 
 def leftovers(api: Api) -> list[str]:
-    """What of egress-placer is on the cluster: the webhook configuration, the namespace, pool taints."""
-    found = [what for what, path in (("webhook configuration", f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}"), ("namespace", namespace(NAMESPACE)))
-             if api.get(path) is not None]
+    """What of egress-placer is on the cluster: the webhook configuration, the namespace, the pools API's
+    CRDs, pool taints."""
+    things = [("webhook configuration", f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}"), ("namespace", namespace(NAMESPACE))]
+    things += [(f"CRD {crd['metadata']['name']}", f"{CRDS}/{crd['metadata']['name']}") for crd in custom_resource_definitions()]
+    found = [what for what, path in things if api.get(path) is not None]
     found += [f"taint on {n['metadata']['name']}" for n in api.items(node()) if any(t["key"] == TAINT_KEY for t in n["spec"].get("taints") or [])]
     return found
 

@@ -10,7 +10,8 @@ Service; every other object is the chart's, the Deployment included: its pods "r
 without a container, on the node the `nodeSelector` value names. A `helm upgrade` keeps the webhooks'
 caBundle the controller wrote, and with prometheus-operator's CRDs installed (from its Go module, an
 optional devcluster component of files) the API server accepts the chart's ServiceMonitor and
-PrometheusRule. `helm uninstall` removes the release.
+PrometheusRule. `helm uninstall` removes the release, and leaves the pools API's CRDs of the chart's
+crds/ as Helm does (the fixture deletes them, as docs/helm.md says to).
 """
 
 from __future__ import annotations
@@ -37,6 +38,12 @@ VALUES: dict[str, Any] = {"policy": policy_values(POLICY_FILE), "nodeSelector": 
 HELM_MANAGED = {"app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/instance": "egress-placer"}
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MONITORING = "/apis/monitoring.coreos.com/v1"
+CHART_CRDS = sorted(yaml.safe_load(f.read_text())["metadata"]["name"] for f in (CHART_DIR / "crds").glob("*.yaml"))
+
+
+def established(api: Api, name: str) -> bool:
+    status = (api.get(f"{CRDS}/{name}") or {}).get("status") or {}
+    return any(c["type"] == "Established" and c["status"] == "True" for c in status.get("conditions") or [])
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +67,7 @@ def prometheus_operator_crds(devcluster: Cluster, api: Api) -> Iterator[None]:
         for f in files:
             kubectl(devcluster, "apply", "--server-side", "-f", str(f))
         for name in names:
-            wait_for(f"CRD {name} established", lambda: any(
-                c["type"] == "Established" and c["status"] == "True"
-                for c in ((api.get(f"{CRDS}/{name}") or {}).get("status") or {}).get("conditions") or []
-            ), timeout=60)
+            wait_for(f"CRD {name} established", lambda: established(api, name), timeout=60)
         yield
     finally:
         for name in names:
@@ -83,6 +87,8 @@ def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], helm: Path,
         stop_controller(devcluster)
         release.uninstall()
         make_plain(api, devcluster)
+        for name in CHART_CRDS:  # Helm leaves the CRDs of crds/ (docs/helm.md)
+            api.delete(f"{CRDS}/{name}")
         wait_for(f"namespace {NAMESPACE} to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=90)
 
 
@@ -95,8 +101,12 @@ def runs(api: Api, release: Release) -> Iterator[Runs]:
 
 def test_the_release_is_deployed_with_the_chart_s_objects(release: Release, helm: Path, api: Api) -> None:
     assert release.status()["info"]["status"] == "deployed"
+    rendered = template(helm, VALUES)
     installed = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in release.manifest()}
-    assert installed == {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in template(helm, VALUES)}
+    templated = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in rendered if d["kind"] != "CustomResourceDefinition"}
+    assert installed == templated  # the release's manifest; Helm installs crds/ apart from it
+    assert CHART_CRDS == sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "CustomResourceDefinition")
+    assert all(established(api, name) for name in CHART_CRDS)
     deployment = api.call("GET", namespaced(NAMESPACE, "deployments", "egress-placer", group="/apis/apps/v1"))
     assert HELM_MANAGED.items() <= deployment["metadata"]["labels"].items()
     (hook, *_) = api.call("GET", f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")["webhooks"]
@@ -155,3 +165,4 @@ def test_helm_uninstall_removes_the_release(release: Release, api: Api, devclust
     release.uninstall()
     wait_for("the chart's objects to be gone", lambda: nothing_of_an_earlier_install(api), timeout=90)
     assert api.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/egress-placer") is None
+    assert all(established(api, name) for name in CHART_CRDS)  # Helm never deletes crds/ (docs/helm.md says how)
