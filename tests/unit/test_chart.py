@@ -148,6 +148,17 @@ def test_the_default_policy_is_k8s_policy_yaml() -> None:
     assert defaults["policy"] == policy_values(K8S_DIR / "policy.yaml")
 
 
+def test_the_packaged_chart_renders_the_same(helm: Path, tmp_path: Path, default_render: list[dict[str, Any]]) -> None:
+    """`helm package` keeps everything the render needs (crds/, files/; .helmignore leaves out none of it)."""
+    run_helm(helm, "package", str(CHART_DIR), "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("egress-placer-*.tgz")
+    out = run_helm(helm, "template", "egress-placer", str(archive), "--namespace", "default", "--include-crds",
+                   "--set", "prometheusRule.enabled=true,grafanaDashboard.enabled=true")
+    packaged = [d for d in yaml.safe_load_all(out) if d]
+    assert compare(default_render, [d for d in packaged if d["kind"] != "PrometheusRule" and d["metadata"]["name"] != "egress-placer-dashboard"]) == []
+    assert the(packaged, "PrometheusRule")["spec"] == yaml.safe_load((FILES / "prometheus-rules.yaml").read_text())
+
+
 # -- helm lint, and values it refuses -------------------------------------------------------------------
 @pytest.mark.parametrize(
     "values",
