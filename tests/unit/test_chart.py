@@ -259,6 +259,12 @@ def test_common_labels_and_annotations_reach_every_templated_object_and_pod_ones
     assert template_meta["annotations"]["prometheus.io/scrape"] == "true"  # kept beside them
 
 
+def test_pod_annotations_may_turn_the_scrape_annotation_off(helm: Path) -> None:
+    """With a ServiceMonitor, a Prometheus that also scrapes annotated pods would scrape twice."""
+    docs = template(helm, {"serviceMonitor": {"enabled": True}, "podAnnotations": {"prometheus.io/scrape": "false"}})
+    assert the(docs, "Deployment")["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "false"
+
+
 def test_common_labels_do_not_change_what_selects_the_pods(helm: Path, default_render: list[dict[str, Any]]) -> None:
     docs = template(helm, {"commonLabels": {"app.kubernetes.io/name": "other"}, "podLabels": {"app.kubernetes.io/component": "x"}})
     deployment = the(docs, "Deployment")
