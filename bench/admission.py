@@ -194,10 +194,12 @@ def profile_server(server: Server, workdir: Path, sizes: Sizes) -> dict[str, Any
 
 
 def sustained(rows: list[dict[str, Any]], target: str) -> float | None:
-    """The highest offered rate that was kept (>= 97 % achieved) with p99 under 10 ms."""
-    ok = [r["rate_rps"] for r in rows if r["target"] == target and r["p99_ms"] is not None
+    """The highest offered rate that was kept (>= 97 % achieved) with p99 under 10 ms; 0 when rates were
+    tried and none was kept (a missed target, e.g. on a loaded machine), None when none was tried."""
+    tried = [r for r in rows if r["target"] == target]
+    ok = [r["rate_rps"] for r in tried if r["p99_ms"] is not None
           and r["p99_ms"] <= P99_LIMIT_MS and r["throughput_rps"] >= 0.97 * r["rate_rps"] and r["errors"] == 0]
-    return max(ok) if ok else None
+    return max(ok) if ok else (0.0 if tried else None)
 
 
 def summarize(out: dict[str, Any], headline: dict[str, dict[str, Any]]) -> dict[str, Any]:
