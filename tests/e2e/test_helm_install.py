@@ -26,7 +26,7 @@ from devcluster.build import PROMETHEUS_OPERATOR_CRDS, ensure_optional, optional
 from devcluster.cluster import Cluster
 from devplacer.chart import CHART_DIR, Release, helm_binary, policy_values, settings_env, template
 from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG, kubectl, start_controller, stop_controller
-from tests.e2e.running_controller import POLICY_FILE, WEBHOOK_CONFIGS, EgressPlacer, make_plain, pool_taints
+from tests.e2e.running_controller import POLICY_FILE, WEBHOOK_CONFIGS, EgressPlacer, egress_placer_command, make_plain, pool_taints
 from tests.e2e.tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, POOL_TAINT, TEAM_CDN, TEAM_OTHER, Runs, decision_of, taskrun
 from tests.kube import Api, namespace, namespaced, pods
 from tests.waiting import wait_for
@@ -77,7 +77,10 @@ def prometheus_operator_crds(devcluster: Cluster, api: Api) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], helm: Path, prometheus_operator_crds: None) -> Iterator[Release]:
     """The chart installed, its controller started; uninstalled and the cluster made plain afterwards."""
-    api.delete(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")  # an earlier module's local form
+    # An earlier module's local install (k8s/ applied: its namespace, RBAC, webhook, CRDs) would be refused
+    # by Helm as objects it does not own: removed as a user would, with `egress-placer uninstall`.
+    done = egress_placer_command(devcluster, "uninstall", "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
     wait_for("namespace egress-placer of an earlier module to be gone", lambda: nothing_of_an_earlier_install(api), timeout=90)
     release = Release(devcluster, helm, VALUES)
     try:
