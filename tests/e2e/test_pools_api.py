@@ -8,6 +8,8 @@ from `k8s/` (the CRDs included) and running with `EGRESS_PLACER_POLICY_SOURCE=po
 - `kubectl explain` prints the fields' descriptions;
 - creating, editing and deleting EgressPools changes admission's decisions and the pool taints within
   10 s, with no restart; deleting every pool leaves no taint of egress-placer's;
+- within 10 s of a change, a pool's status (written by the leader) shows its nodes, taints and load,
+  and `kubectl get egresspools` prints them in its columns;
 - a restart with an object the loader refuses (what the schema lets through) never exits: the replica
   is ready, says what is wrong, and keeps the last good policy it stored, taints included."""
 
@@ -257,6 +259,83 @@ def test_editing_pools_changes_decisions_and_taints_within_10s_and_deleting_ever
     within_10s("every pool deleted: nothing placed", lambda: decision(runs, TEAM_OTHER) == (None, "no-match"))
     after = devcluster.process(controller.replica.name)
     assert after is not None and after.pid == replica.pid and after.alive()
+
+
+# -- the status the leader writes -------------------------------------------------------------------
+
+
+def pool_status(api: Api, name: str) -> dict[str, Any]:
+    return (api.get(f"{POOLS}/{name}") or {}).get("status") or {}
+
+
+def ready_of(status: dict[str, Any]) -> tuple[str, str] | None:
+    return next(((c["status"], c["reason"]) for c in status.get("conditions") or [] if c["type"] == "Ready"), None)
+
+
+def shows(api: Api, name: str, **wanted: Any) -> dict[str, Any] | None:
+    """The pool's status when it shows `wanted` (nodes, tainted, placed, capacity, ready, runs), else None."""
+    status = pool_status(api, name)
+    load = status.get("load") or {}
+    seen = {
+        "nodes": status.get("nodes"),
+        "tainted": status.get("taintedNodes"),
+        "placed": load.get("placed"),
+        "capacity": load.get("capacity"),
+        "ready": ready_of(status),
+        "runs": status.get("runsPlacedLastHour", 0),
+    }
+    return status if all(seen[k] == v for k, v in wanted.items()) else None
+
+
+def kubectl_get(cluster: Cluster, *args: str) -> list[dict[str, str]]:
+    """`kubectl get egresspools ARGS`: each row as {column: value}."""
+    done = kubectl(cluster, "get", "egresspools", *args)
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]  # "LAST HOUR" is one column
+    names = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]
+    return [{n: row[a:b].strip() for n, a, b in zip(names, starts, [*starts[1:], None])} for row in rows]
+
+
+def test_within_10s_the_status_shows_nodes_taints_and_load_and_kubectl_get_prints_them(
+    devcluster: Cluster, api: Api, controller: EgressPlacer
+) -> None:
+    runs = Runs(api)
+    spec = {"nodeSelector": {TAINT_KEY: "overseas"}, "images": ["*/cdn-*"], "namespaces": [TEAM_CDN], "capacity": 2}
+    try:
+        api.create(POOLS, egress_pool("overseas", spec))
+        within_10s("a new pool's status: 3 nodes, tainted, ready", lambda: shows(api, "overseas", nodes=3, tainted=3, placed=0, capacity=6, ready=("True", "NodesTainted")))
+        status = pool_status(api, "overseas")
+        assert status["conditions"][0]["observedGeneration"] == api.call("GET", f"{POOLS}/overseas")["metadata"]["generation"]
+
+        # A pod of team-cdn (may use the pool) that stays on egress-1, and a run placed on the pool.
+        runs.create_pod(TEAM_CDN, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": runs.name("stays")},
+                                   "spec": {"nodeName": "egress-1", "containers": [{"name": "c", "image": "busybox"}]}})
+        runs.create(TEAM_CDN, "taskruns", taskrun(runs.name("placed"), MATCHING_IMAGE))
+        busiest = [{"node": "egress-1", "placed": 1, "assumed": 0, "capacity": 2}]
+        within_10s(
+            "the load (the pod on egress-1) and the run placed (its pod finished)",
+            lambda: (shows(api, "overseas", placed=1, runs=1) or {}).get("load", {}).get("mostLoaded") == busiest,
+        )
+        (row,) = kubectl_get(devcluster)
+        assert row == {**row, "NAME": "overseas", "PLACEMENT": "required", "PRIORITY": "0", "NODES": "3", "TAINTED": "3",
+                       "LOAD": "1", "CAPACITY": "6", "READY": "True"}
+        (wide,) = kubectl_get(devcluster, "-o", "wide")
+        assert (wide["REASON"], wide["LAST HOUR"]) == ("NodesTainted", "1")
+
+        api.merge_patch(f"{POOLS}/overseas", {"spec": {"nodeSelector": None, "nodes": ["egress-2"]}})
+        within_10s("an edited pool's status: 1 node", lambda: shows(api, "overseas", nodes=1, tainted=1, placed=0, capacity=2))
+        (row,) = kubectl_get(devcluster)
+        assert (row["NODES"], row["TAINTED"], row["LOAD"], row["CAPACITY"], row["READY"]) == ("1", "1", "0", "2", "True")
+
+        api.merge_patch(f"{POOLS}/overseas", {"spec": {"nodes": ["no-such-node"]}})
+        within_10s("a pool without members", lambda: shows(api, "overseas", nodes=0, ready=("False", "NoMembers")))
+        (row,) = kubectl_get(devcluster)
+        assert (row["NODES"], row["TAINTED"], row["READY"]) == ("0", "0", "False")
+    finally:
+        runs.cleanup()
+        delete_every_object(api)
+    within_10s("every pool deleted: no taint of ours", lambda: taints(api) == only({}))
 
 
 def test_a_restart_with_an_object_the_loader_refuses_never_exits_and_keeps_the_last_good_policy(
