@@ -32,6 +32,7 @@ from loguru import logger
 from controller.admission.certs import CertificateKeeper, MountedCertificate
 from controller.admission.events import CreationEvents, QuietEvents
 from controller.admission.handlers import Admission
+from controller.admission.pools import PoolValidation
 from controller.admission.server import AdmissionServer
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.kube.egress_source import EgressPollers
@@ -191,8 +192,15 @@ class Controller:
             else CertificateKeeper(settings, self.client, clock)
         )
         self.admission = Admission(self.state, self.metrics, self.creation_events, settings)
+        self.pool_validation = PoolValidation(self.policy_source.cached_objects, self.metrics)
         self.server = AdmissionServer(
-            settings, self.admission, self.metrics, self.certs.tls, self.not_ready_because, degraded=self.policy.problem
+            settings,
+            self.admission,
+            self.metrics,
+            self.certs.tls,
+            self.not_ready_because,
+            degraded=self.policy.problem,
+            validation=self.pool_validation,
         )
         self.metrics.track_policy(ready=lambda: self.policy.problem() is None, in_force=self.policy.loaded.is_set)
         self.metrics.track_certificate(lambda: self.certs.tls.not_after)

@@ -255,6 +255,14 @@ class PolicySource:
             self.on_refused(message)
             self.synced.set()
 
+    def cached_objects(self) -> list[Obj] | None:
+        """Every object of the pools API as the informers hold it (apiVersion, kind, metadata, spec,
+        status); None when they hold none: ConfigMap or file mode, or not every kind listed yet."""
+        with self._objects_lock:
+            if not self._informers or self._listed != set(KINDS):
+                return None
+            return [o for kind in KINDS for _, o in sorted(self._objects[kind].items())]
+
     def pool_objects(self) -> tuple[list[PoolObject], str | None]:
         """The EgressPools as stored (name, generation, status), and why the loader refused them as a
         whole (None: the policy in force is theirs). Nothing before every kind is listed."""

@@ -319,13 +319,16 @@ class KubeClient:
         self.call("update-secret", lambda: self.api.call("PATCH", path, body=patch, content_type=MERGE_PATCH))
 
     # -- webhook configuration ------------------------------------------------------------------------
-    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes) -> bool:
-        """Give every webhook of the MutatingWebhookConfiguration `config_name` this CA bundle.
+    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes, kind: str = "mutating") -> bool:
+        """Give every webhook of the `kind` ("mutating" or "validating") webhook configuration
+        `config_name` this CA bundle.
 
         True when something changed; False when all webhooks had it already or the configuration
         does not exist (nothing to do).
         """
-        path = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{config_name}"
+        if kind not in ("mutating", "validating"):
+            raise ValueError(f"a webhook configuration is mutating or validating, not {kind!r}")
+        path = f"/apis/admissionregistration.k8s.io/v1/{kind}webhookconfigurations/{config_name}"
         wanted = _b64(ca_pem)
         for _ in range(MAX_CONFLICT_ATTEMPTS):
             try:
