@@ -32,6 +32,7 @@ from loguru import logger
 from controller.admission.certs import CertificateKeeper, MountedCertificate
 from controller.admission.events import CreationEvents, QuietEvents
 from controller.admission.handlers import Admission
+from controller.admission.pools import PoolValidation
 from controller.admission.server import AdmissionServer
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.kube.egress_source import EgressPollers
@@ -48,6 +49,7 @@ from controller.reconcile.loop import ReconcileLoop
 from controller.reconcile.missed_runs import report_missed_runs
 from controller.reconcile.pool_guard import PoolGuardReconciler
 from controller.reconcile.pool_metrics import PoolMetrics
+from controller.reconcile.pool_status import PlacementLog, PoolErrors, PoolStatusWriter
 from controller.reconcile.taints import TaintReconciler
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -159,7 +161,7 @@ class Controller:
         self.egress = EgressPollers(self.state, clock, registry=self.metrics.registry)
         self.policy = PolicyTracker(self.state, on_policy=self.egress.sync)
         self.policy_source = PolicySource(
-            settings, self.policy, self.metrics, self.events, api=self.api, on_refused=self.policy.refused
+            settings, self.policy, self.metrics, self.events, api=self.api, on_refused=self._policy_refused
         )
         self.last_good = LastGoodPolicyKeeper(
             self.client, settings.namespace, store_name(settings.policy_configmap), lambda: self.policy_source.loaded_text
@@ -168,8 +170,16 @@ class Controller:
         # until admission is quiet (QuietEvents: written at once, they slow the run they describe).
         self.admission_events = QuietEvents(self.events)
         self.creation_events = CreationEvents(self.admission_events)
+        # Pools API: each EgressPool's status, written by the leader (the runs it counts are seen by every replica).
+        self.pool_status = settings.policy_file is None and settings.policy_source == "pools"
+        self.pool_errors = PoolErrors(clock)
+        self.placements = PlacementLog(self.state, clock=clock)
         self.informers: list[Informer] = cluster_informers(
-            self.api, self.state, settings, self.metrics, observers=[self.creation_events]
+            self.api,
+            self.state,
+            settings,
+            self.metrics,
+            observers=[self.creation_events, *([self.placements] if self.pool_status else [])],
         )
         self._missed_runs_reported = threading.Event()
         # Set when this replica starts leading: the webhook's caBundle is now its to keep, check it soon.
@@ -182,11 +192,26 @@ class Controller:
             else CertificateKeeper(settings, self.client, clock)
         )
         self.admission = Admission(self.state, self.metrics, self.creation_events, settings)
+        self.pool_validation = PoolValidation(self.policy_source.cached_objects, self.metrics)
         self.server = AdmissionServer(
-            settings, self.admission, self.metrics, self.certs.tls, self.not_ready_because, degraded=self.policy.problem
+            settings,
+            self.admission,
+            self.metrics,
+            self.certs.tls,
+            self.not_ready_because,
+            degraded=self.policy.problem,
+            validation=self.pool_validation,
         )
         self.metrics.track_policy(ready=lambda: self.policy.problem() is None, in_force=self.policy.loaded.is_set)
         self.metrics.track_certificate(lambda: self.certs.tls.not_after)
+
+    def _policy_refused(self, error: str) -> None:
+        """A policy refused (or missing): the tracker keeps why, and the leader's next pass shows it in
+        the pools' status (a refusal changes nothing in the state, so nothing else wakes the loop)."""
+        self.policy.refused(error)
+        loop = getattr(self, "reconcile_loop", None)  # None while the controller is being built
+        if loop is not None:
+            loop.wake()
 
     def _leader_elector(self) -> LeaderElector:
         s = self.settings
@@ -205,7 +230,8 @@ class Controller:
 
     def _reconcile_loop(self) -> ReconcileLoop:
         """The leader's reconcilers: pool taints, then intruders, then the API server's pool guard, then node
-        agents kept off pools, then the stored last good policy, then the pool's load in metrics."""
+        agents kept off pools, then the stored last good policy, then the pool's load in metrics, then
+        (pools API) each EgressPool's status."""
         s = self.settings
         intruders = IntruderReconciler(
             self.state,
@@ -216,15 +242,21 @@ class Controller:
             budget_grace=s.intruder_budget_grace_seconds,
             eviction_grace=s.intruder_eviction_grace_seconds,
         )
+        statuses = (
+            [PoolStatusWriter(self.state, self.policy_source, self.client, self.placements, self.pool_errors)]
+            if self.pool_status
+            else []
+        )
         return ReconcileLoop(
             self.state,
             [
-                TaintReconciler(self.state, self.client, self.metrics),
+                TaintReconciler(self.state, self.client, self.metrics, errors=self.pool_errors),
                 intruders,
                 PoolGuardReconciler(self.state, self.client, s.namespace, verify_seconds=s.resync_seconds),
                 AgentReconciler(self.state, self.client, self.events, self.metrics),
                 self.last_good,
                 PoolMetrics(self.state, self.metrics),
+                *statuses,
             ],
             is_leader=self.is_leader,
             resync_seconds=s.resync_seconds,

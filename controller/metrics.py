@@ -77,10 +77,11 @@ class Metrics:
         )
         self.admission_reviews = self._counter(
             "admission_reviews_total",
-            "AdmissionReviews answered, by kind (TaskRun, PipelineRun, Pod, DaemonSet, other; unknown when the "
-            "body could not be read) and outcome: mutated (a patch), unchanged (allowed as sent), error (an "
-            "internal error: allowed unchanged, fail-open), malformed (refused with 400, 408 or 413: not an "
-            "AdmissionReview, too large, or too slow to arrive).",
+            "AdmissionReviews answered, by kind (TaskRun, PipelineRun, Pod, DaemonSet, EgressPool, "
+            "EgressPlacerConfig, other; unknown when the body could not be read) and outcome: mutated (a patch), "
+            "unchanged (allowed as sent), allowed and denied (the pools API's validating webhook), error (an "
+            "internal error: placement admits unchanged, fail-open; the pools API denies, fail-closed), "
+            "malformed (refused with 400, 408 or 413: not an AdmissionReview, too large, or too slow to arrive).",
             ["kind", "outcome"],
         )
 

@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     health_host: str = "0.0.0.0"
     health_port: int = 8080
     webhook_config_name: str = "egress-placer"
+    # The ValidatingWebhookConfiguration of the pools API (fail-closed); its caBundle is kept too.
+    pools_webhook_config_name: str = "egress-placer-pools"
     # The serving certificate: made by the controller, kept in this Secret, renewed before it expires.
     tls_secret: str = "egress-placer-webhook-tls"
     tls_hosts: list[str] = ["egress-placer-webhook.egress-placer.svc", "127.0.0.1", "localhost"]

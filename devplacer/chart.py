@@ -28,7 +28,7 @@ import yaml
 
 from devcluster.build import ensure_optional
 from devcluster.cluster import Cluster, ClusterError
-from devplacer.controller import REPO, webhooks_calling
+from devplacer.controller import REPO, WEBHOOK_KINDS, webhooks_calling
 
 CHART_DIR = REPO / "charts" / "egress-placer"
 RELEASE = "egress-placer"
@@ -93,7 +93,7 @@ def settings_env(docs: Iterable[Mapping[str, Any]]) -> dict[str, str]:
 def post_render(stream: str, webhook_url: str) -> str:
     """Helm's rendered objects with the webhooks calling `webhook_url` instead of the Service."""
     docs = [d for d in yaml.safe_load_all(stream) if d]
-    docs = [webhooks_calling(d, webhook_url) if d.get("kind") == "MutatingWebhookConfiguration" else d for d in docs]
+    docs = [webhooks_calling(d, webhook_url) if d.get("kind") in WEBHOOK_KINDS else d for d in docs]
     return yaml.safe_dump_all(docs, sort_keys=False)
 
 

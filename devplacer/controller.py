@@ -1,11 +1,12 @@
 """Run egress-placer on the local cluster the way it runs in a real one, but as local processes.
 
 `start_controller` applies the `k8s/` manifests (rendered by the cached kubectl's kustomize) except the
-Deployment, Service and PDB, points the MutatingWebhookConfiguration at a loopback URL
-(`clientConfig.url`; the controller fills its `caBundle` itself, as in a cluster), puts the given
+Deployment, Service and PDB, points the MutatingWebhookConfiguration at a loopback URL and the pools
+API's ValidatingWebhookConfiguration at the same server's `/validate` (`clientConfig.url`; the
+controller fills their `caBundle` itself, as in a cluster), puts the given
 policy into the policy ConfigMap, mints a kubeconfig for the manifests' ServiceAccount, and starts
 `egress-placer run` under that identity, one process per replica. It returns once every replica
-answers `/readyz` and the webhook's caBundle is set. The processes are recorded in the cluster's
+answers `/readyz` and both webhook configurations have their caBundle. The processes are recorded in the cluster's
 state, so `python -m devcluster down` stops them too. With `proxy=True` the webhook URL points at a
 round-robin TCP proxy in front of every replica (`devplacer.webhook_proxy`, recorded as
 `egress-placer-proxy`), so admission reaches whichever replica is alive, as through a Service.
@@ -36,6 +37,8 @@ NAMESPACE = "egress-placer"
 SERVICE_ACCOUNT = "egress-placer"
 POLICY_CONFIGMAP = "egress-placer-policy"
 WEBHOOK_CONFIG = "egress-placer"
+POOLS_WEBHOOK_CONFIG = "egress-placer-pools"  # the pools API's validating webhook (k8s/pools-webhook.yaml)
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")  # pointed at the local server
 PROXY_NAME = "egress-placer-proxy"
 LOCAL_ONLY_KINDS = {"Deployment", "Service", "PodDisruptionBudget"}  # the controller runs as a local process instead
 # The pool guard (k8s/pool-guard.yaml): applied only with `pool_guard=True`, so suites that measure the
@@ -58,6 +61,11 @@ class ControllerReplica:
     @property
     def webhook_url(self) -> str:
         return f"https://127.0.0.1:{self.webhook_port}/mutate"
+
+
+def validate_url(webhook_url: str) -> str:
+    """The pools API's validating webhook beside the mutating one (same server, path /validate)."""
+    return webhook_url.removesuffix("/mutate") + "/validate"
 
 
 # The command line of one replica given its environment (see `start_controller`).
@@ -91,11 +99,13 @@ def render_manifests(cluster: Cluster) -> list[dict[str, Any]]:
 
 def webhooks_calling(doc: Mapping[str, Any], webhook_url: str, ca_bundle: bytes | None = None) -> dict[str, Any]:
     """A copy of a MutatingWebhookConfiguration whose webhooks call `webhook_url` instead of the
-    Service (with `ca_bundle`, they trust that CA from the start)."""
+    Service, or of the pools API's ValidatingWebhookConfiguration whose webhook calls the same server's
+    /validate (with `ca_bundle`, they trust that CA from the start)."""
     doc = json.loads(json.dumps(doc))  # a deep copy
+    url = validate_url(webhook_url) if doc.get("kind") == "ValidatingWebhookConfiguration" else webhook_url
     for hook in doc.get("webhooks") or []:
         ca = base64.b64encode(ca_bundle).decode() if ca_bundle else (hook.get("clientConfig") or {}).get("caBundle")
-        hook["clientConfig"] = {"url": webhook_url, **({"caBundle": ca} if ca else {})}
+        hook["clientConfig"] = {"url": url, **({"caBundle": ca} if ca else {})}
     return doc
 
 
@@ -110,7 +120,7 @@ def local_manifests(
         kind = doc.get("kind")
         if kind in LOCAL_ONLY_KINDS:
             continue
-        if kind == "MutatingWebhookConfiguration":
+        if kind in WEBHOOK_KINDS:
             doc = webhooks_calling(doc, webhook_url, ca_bundle)
         if kind == "ConfigMap" and doc["metadata"]["name"] == POLICY_CONFIGMAP:
             doc["data"] = {"policy.yaml": policy_text}
@@ -258,12 +268,19 @@ def wait_ready(cluster: Cluster, replicas: Iterable[ControllerReplica], timeout:
             (cluster.dir / "logs" / f"{r.name}.log").read_text()[-3000:] for r in pending if (cluster.dir / "logs" / f"{r.name}.log").exists()
         )
         raise ClusterError(f"{names} not ready within {timeout:.0f}s; log tail:\n{tails}")
+    # Both webhook configurations, the pools API's too: until it has its caBundle, EgressPool writes fail.
+    configs = [("mutatingwebhookconfiguration", WEBHOOK_CONFIG), ("validatingwebhookconfiguration", POOLS_WEBHOOK_CONFIG)]
     while time.monotonic() < deadline:
-        hooks = json.loads(kubectl(cluster, "get", "mutatingwebhookconfiguration", WEBHOOK_CONFIG, "-o", "json"))
-        if all((h.get("clientConfig") or {}).get("caBundle") for h in hooks.get("webhooks") or []):
+        if all(_has_ca_bundle(cluster, kind, name) for kind, name in configs):
             return
         time.sleep(0.3)
-    raise ClusterError(f"the webhook configuration {WEBHOOK_CONFIG} got no caBundle within {timeout:.0f}s")
+    raise ClusterError(f"the webhook configurations {WEBHOOK_CONFIG}, {POOLS_WEBHOOK_CONFIG} got no caBundle within {timeout:.0f}s")
+
+
+def _has_ca_bundle(cluster: Cluster, kind: str, name: str) -> bool:
+    """Every webhook of the configuration has a caBundle (True when it is not installed: nothing to wait for)."""
+    listed = json.loads(kubectl(cluster, "get", kind, "--field-selector", f"metadata.name={name}", "-o", "json"))["items"]
+    return all((h.get("clientConfig") or {}).get("caBundle") for c in listed for h in c.get("webhooks") or [])
 
 
 def stop_controller(cluster: Cluster) -> None:

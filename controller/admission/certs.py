@@ -7,8 +7,8 @@ read from files that someone else keeps (cert-manager).
 - `ServingTLS` owns the server's `ssl.SSLContext`; `load` swaps the certificate on that SAME
   context, so new handshakes present the new certificate without a restart.
 - `CertificateKeeper` keeps the Secret `settings.tls_secret` (keys `ca.crt`, `ca.key`, `tls.crt`,
-  `tls.key`) current: the leader makes and renews it and keeps the webhook's caBundle equal to the
-  CA; every replica loads what the Secret holds.
+  `tls.key`) current: the leader makes and renews it and keeps the webhooks' caBundle equal to the
+  CA (the placement webhooks' and the pools API's); every replica loads what the Secret holds.
 - `MountedCertificate` instead serves the pair in `settings.tls_cert_file` / `tls_key_file` (e.g.
   cert-manager's Secret mounted into the pod), loads it again when the files change, and writes
   nothing: the Secret and the webhook's caBundle belong to cert-manager (its CA injector).
@@ -264,7 +264,12 @@ class SecretWriter(Protocol):
         self, namespace: str, name: str, data: dict[str, bytes], resource_version: str | None
     ) -> bool | None: ...
 
-    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes) -> bool: ...
+    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes, kind: str = "mutating") -> bool: ...
+
+
+def webhook_configurations(settings: Settings) -> list[tuple[str, str]]:
+    """(kind, name) of each webhook configuration whose caBundle the leader keeps."""
+    return [("mutating", settings.webhook_config_name), ("validating", settings.pools_webhook_config_name)]
 
 
 def _is_conflict(error: BaseException) -> bool:
@@ -336,7 +341,7 @@ class CertificateKeeper:
             if data is not None:
                 self._install(data)
                 if leader:
-                    self.writer.set_webhook_ca_bundle(self.settings.webhook_config_name, data[CA_CERT])
+                    self._set_ca_bundles(data[CA_CERT])
         except Exception as error:  # noqa: BLE001 - the keeper reports, the app keeps running
             self._failed(error)
         return self.ready
@@ -348,12 +353,17 @@ class CertificateKeeper:
             if data is not None:
                 self._install(data)
                 if leader:
-                    await asyncio.to_thread(
-                        self.writer.set_webhook_ca_bundle, self.settings.webhook_config_name, data[CA_CERT]
-                    )
+                    await asyncio.to_thread(self._set_ca_bundles, data[CA_CERT])
         except Exception as error:  # noqa: BLE001
             self._failed(error)
         return self.ready
+
+    def _set_ca_bundles(self, ca_pem: bytes) -> None:
+        """The CA into every webhook configuration the controller serves: the placement webhooks
+        (mutating) and the pools API's (validating; fail-closed: without its caBundle, the API server
+        refuses every EgressPool write)."""
+        for kind, name in webhook_configurations(self.settings):
+            self.writer.set_webhook_ca_bundle(name, ca_pem, kind)
 
     def _failed(self, error: Exception) -> None:
         self.problem = f"certificate upkeep failed: {type(error).__name__}: {error}"

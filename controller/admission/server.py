@@ -1,7 +1,8 @@
 """The admission webhook's HTTPS server and the plain HTTP server for health and metrics (aiohttp).
 
 - HTTPS on `settings.webhook_host:webhook_port`: `POST /mutate` (and `/mutate/<anything>`), one
-  route for every kind. The TLS context is `ServingTLS.context`: certificate rotation swaps the
+  route for every kind placed, and `POST /validate` (and `/validate/<anything>`), the pools API's
+  validating webhook (controller/admission/pools.py), served the same way. The TLS context is `ServingTLS.context`: certificate rotation swaps the
   certificate on that same context, so the server never restarts. Bodies above 3 MiB (the API
   server's own limit) get 413; bodies that are not JSON or not an AdmissionReview get 400; a body
   that has not arrived READ_TIMEOUT_SECONDS after its headers gets 408, and a connection that sends
@@ -27,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from aiohttp import web
 from loguru import logger
@@ -52,6 +53,12 @@ Readiness = Callable[[], str | None]
 Degraded = Callable[[], str | None]
 
 
+class Reviewer(Protocol):
+    """Answers one AdmissionReview body (Admission, PoolValidation); raises only MalformedReview."""
+
+    def review(self, body: Any) -> dict[str, Any]: ...
+
+
 def _text(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=message + "\n")
 
@@ -68,9 +75,11 @@ class AdmissionServer:
         readiness: Readiness,
         shutdown_timeout: float = 10.0,
         degraded: Degraded = lambda: None,
+        validation: Reviewer | None = None,
     ) -> None:
         self.settings = settings
         self.admission = admission
+        self.validation = validation
         self.metrics = metrics
         self.tls = tls
         self.readiness = readiness
@@ -87,6 +96,9 @@ class AdmissionServer:
         app = web.Application(client_max_size=MAX_REVIEW_BYTES)
         app.router.add_post("/mutate", self.mutate)
         app.router.add_post("/mutate/{rest:.*}", self.mutate)
+        if self.validation is not None:
+            app.router.add_post("/validate", self.validate)
+            app.router.add_post("/validate/{rest:.*}", self.validate)
         return app
 
     def health_app(self) -> web.Application:
@@ -99,6 +111,13 @@ class AdmissionServer:
     # -- handlers -----------------------------------------------------------------------------------
 
     async def mutate(self, request: web.Request) -> web.Response:
+        return await self._review(request, self.admission)
+
+    async def validate(self, request: web.Request) -> web.Response:
+        assert self.validation is not None  # the route exists only with it
+        return await self._review(request, self.validation)
+
+    async def _review(self, request: web.Request, reviewer: Reviewer) -> web.Response:
         try:
             async with asyncio.timeout(READ_TIMEOUT_SECONDS):
                 raw = await request.read()
@@ -109,10 +128,10 @@ class AdmissionServer:
             self._malformed()
             return _text(408, f"the request body did not arrive within {READ_TIMEOUT_SECONDS:.0f} s")
         if len(raw) <= INLINE_REVIEW_BYTES or self._large_reviews is None:
-            return self._answer(raw, request.path)
-        return await asyncio.get_running_loop().run_in_executor(self._large_reviews, self._answer, raw, request.path)
+            return self._answer(raw, request.path, reviewer)
+        return await asyncio.get_running_loop().run_in_executor(self._large_reviews, self._answer, raw, request.path, reviewer)
 
-    def _answer(self, raw: bytes, path: str) -> web.Response:
+    def _answer(self, raw: bytes, path: str, reviewer: Reviewer) -> web.Response:
         """The response to one request body (in the loop, or in the large-review thread)."""
         try:
             body: Any = json.loads(raw)
@@ -123,7 +142,7 @@ class AdmissionServer:
             self._malformed()
             return _text(400, "the body is JSON nested too deeply")
         try:
-            answer = self.admission.review(body)
+            answer = reviewer.review(body)
         except MalformedReview as error:
             logger.bind(path=path).warning("malformed AdmissionReview: {}", error)
             return _text(400, f"malformed AdmissionReview: {error}")
@@ -164,7 +183,7 @@ class AdmissionServer:
         self._health = await self._serve(self.health_app(), s.health_host, s.health_port, None)
         self._webhook = await self._serve(self.webhook_app(), s.webhook_host, s.webhook_port, self.tls)
         logger.info(
-            "webhook on https://{}:{}/mutate, health on http://{}:{}",
+            "webhook on https://{}:{}/mutate and /validate, health on http://{}:{}",
             s.webhook_host, self.webhook_port, s.health_host, self.health_port,
         )
 

@@ -3,7 +3,9 @@ made since, in an order that leaves nothing half-done (docs/uninstall.md).
 
 1. the controller's Deployment, then wait until no replica holds the leader Lease (a leader still
    running would put the taints back; a controller run outside the cluster counts too);
-2. the MutatingWebhookConfiguration (runs are admitted unchanged from then on, as when it fails open);
+2. the pools API's ValidatingWebhookConfiguration (fail-closed: with no controller it refuses every
+   EgressPool write), then the MutatingWebhookConfiguration (runs are admitted unchanged from then
+   on, as when it fails open);
 3. the pool guard (ValidatingAdmissionPolicyBinding and ValidatingAdmissionPolicy);
 4. the pool taints (key `egress-placer.io/pool`) on every node, nothing else of the node;
 5. the ClusterRole, ClusterRoleBinding, and the Roles and RoleBindings in Tekton's namespace and in
@@ -57,7 +59,10 @@ def deployment(settings: Settings) -> Thing:
 
 
 def admission_things(settings: Settings) -> list[Thing]:
+    pools = settings.pools_webhook_config_name
     return [
+        # First: fail-closed, it refuses EgressPool writes now that no controller answers.
+        Thing(f"validatingwebhookconfiguration {pools}", f"{ADMISSION}/validatingwebhookconfigurations/{pools}"),
         Thing(f"mutatingwebhookconfiguration {settings.webhook_config_name}", f"{ADMISSION}/mutatingwebhookconfigurations/{settings.webhook_config_name}"),
         Thing(f"validatingadmissionpolicybinding {GUARD_NAME}", f"{ADMISSION}/validatingadmissionpolicybindings/{GUARD_NAME}"),
         Thing(f"validatingadmissionpolicy {GUARD_NAME}", f"{ADMISSION}/validatingadmissionpolicies/{GUARD_NAME}"),

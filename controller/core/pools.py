@@ -100,12 +100,20 @@ class NodeLoadStatus(PolicyModel):
 
 
 class PoolLoadStatus(PolicyModel):
-    """The pool's load: totals, and the most loaded nodes only."""
+    """The pool's load over its ready nodes: totals, counts, and the most loaded nodes only."""
 
-    placed: Annotated[int, Field(ge=0)] = Field(description="Runs placed on the pool's nodes, pending or running.")
-    capacity: Annotated[int, Field(ge=0)] = Field(description="The sum of the nodes' capacities.")
+    placed: Annotated[int, Field(ge=0)] = Field(description="Runs placed on the pool's ready nodes, pending or running.")
+    assumed: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="Placements chosen at admission whose pods have not appeared yet."
+    )
+    capacity: Annotated[int, Field(ge=0)] = Field(description="The sum of the ready nodes' capacities.")
+    busy_nodes: Annotated[int, Field(ge=0)] = Field(default=0, description="Ready nodes with at least one run.")
+    full_nodes: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="Ready nodes whose runs (placed and assumed) reach their capacity."
+    )
     most_loaded: Annotated[tuple[NodeLoadStatus, ...], OpenAPI(max_items=MOST_LOADED_NODES)] = Field(
-        default=(), description=f"The {MOST_LOADED_NODES} most loaded nodes, most loaded first (not every node)."
+        default=(),
+        description=f"The {MOST_LOADED_NODES} most loaded nodes with a run, most loaded first (not every node).",
     )
 
 
@@ -124,10 +132,15 @@ class PoolStatus(PolicyModel):
         OpenAPI(max_items=8, extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}),
     ] = Field(default=(), description="Ready (with reason, message and observedGeneration).")
     nodes: Annotated[int, Field(ge=0)] = Field(default=0, description="Member nodes.")
+    ready_nodes: Annotated[int, Field(ge=0)] = Field(
+        default=0, description="Member nodes that take runs: Ready and not cordoned."
+    )
     tainted_nodes: Annotated[int, Field(ge=0)] = Field(default=0, description="Member nodes that carry the pool's taint.")
     load: PoolLoadStatus | None = Field(default=None, description="Runs against capacity: totals and the most loaded nodes.")
     runs_placed_last_hour: Annotated[int, Field(ge=0)] = Field(
-        default=0, description="Runs and pods placed on the pool in the last hour."
+        default=0,
+        description="Pods of TaskRuns created in the last hour and bound to one of the pool's nodes, as the "
+        "controller's informers saw them (a replica that restarts counts only those that still exist).",
     )
     last_error: LastError | None = Field(default=None, description="The last error about this pool (none: nothing went wrong).")
 
@@ -238,7 +251,11 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
             {"name": "Priority", "type": "integer", "jsonPath": ".spec.priority"},
             {"name": "Nodes", "type": "integer", "jsonPath": ".status.nodes"},
             {"name": "Tainted", "type": "integer", "jsonPath": ".status.taintedNodes"},
+            {"name": "Load", "type": "integer", "description": "Runs pending or running on the pool's ready nodes.", "jsonPath": ".status.load.placed"},
+            {"name": "Capacity", "type": "integer", "description": "Runs the pool's ready nodes take.", "jsonPath": ".status.load.capacity"},
             {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+            {"name": "Reason", "type": "string", "priority": 1, "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+            {"name": "Last hour", "type": "integer", "priority": 1, "description": "Runs placed on the pool in the last hour.", "jsonPath": ".status.runsPlacedLastHour"},
             AGE_COLUMN,
         ],
     )

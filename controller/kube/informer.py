@@ -128,6 +128,8 @@ def trim_metadata(meta: Mapping[str, Any], kind: str) -> Obj:
         out["annotations"] = annotations
     if kind == "Pod" and (owners := _kept_owners(meta.get("ownerReferences"))):
         out["ownerReferences"] = owners
+    if kind == "Pod" and meta.get("creationTimestamp"):  # the pool status's runs placed in the last hour
+        out["creationTimestamp"] = meta["creationTimestamp"]
     return out
 
 
@@ -252,8 +254,18 @@ def tekton(kind: str) -> Resource:
 
 
 def pools_api(kind: str, plural: str, api_version: str) -> Resource:
-    """The objects of one kind of the pools API (EgressPool, EgressPlacerConfig): metadata and spec."""
-    return Resource(plural, kind, f"/apis/{api_version}/{plural}", trimmer(api_version, kind, ("spec",)))
+    """The objects of one kind of the pools API (EgressPool, EgressPlacerConfig): metadata with the
+    generation (the status's observedGeneration), spec and status (the status writer compares it)."""
+    keep = trimmer(api_version, kind, ("spec", "status"))
+
+    def trim(obj: Mapping[str, Any]) -> Obj:
+        out = keep(obj)
+        generation = (obj.get("metadata") or {}).get("generation")
+        if isinstance(generation, int):
+            out["metadata"]["generation"] = generation
+        return out
+
+    return Resource(plural, kind, f"/apis/{api_version}/{plural}", trim)
 
 
 def config_map(namespace: str, name: str) -> Resource:

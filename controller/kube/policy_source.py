@@ -30,7 +30,8 @@ from typing import Any, Callable, Protocol, Sequence
 from loguru import logger
 
 from controller.core.policy import API_VERSION, PlacementPolicy, PolicyError, dump_policy, load_policy
-from controller.core.pools import CONFIG_PLURAL, GROUP, KINDS, PLURALS, POOL_PLURAL, policy_from_objects
+from controller.core.pool_status import PoolObject
+from controller.core.pools import CONFIG_PLURAL, GROUP, KINDS, PLURALS, POOL_KIND, POOL_PLURAL, policy_from_objects
 from controller.event_sink import EventSink
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.kube.informer import Informer, Obj, config_map, pools_api
@@ -97,6 +98,7 @@ class PolicySource:
         self._objects: dict[str, dict[str, Obj]] = {kind: {} for kind in KINDS}
         self._listed: set[str] = set()
         self._objects_lock = threading.Lock()
+        self._refusal: str | None = None  # why the last policy offered was refused (None: it loaded)
         if settings.policy_file is None:
             if api is None:
                 raise ValueError("ConfigMap and pools API modes (no policy_file) need an API client")
@@ -171,8 +173,10 @@ class PolicySource:
             try:
                 policy = load()
             except PolicyError as e:
+                self._refusal = str(e)
                 self._refuse(str(e), regarding(str(e)))
                 return None
+            self._refusal = None
             self.loaded_text = text_of(policy)
             self.state.set_policy(policy)
             self.metrics.policy_valid.set(1)
@@ -250,6 +254,26 @@ class PolicySource:
             self._last_text = f"unreadable: {message}"  # the objects, once listed, are judged again
             self.on_refused(message)
             self.synced.set()
+
+    def cached_objects(self) -> list[Obj] | None:
+        """Every object of the pools API as the informers hold it (apiVersion, kind, metadata, spec,
+        status); None when they hold none: ConfigMap or file mode, or not every kind listed yet."""
+        with self._objects_lock:
+            if not self._informers or self._listed != set(KINDS):
+                return None
+            return [o for kind in KINDS for _, o in sorted(self._objects[kind].items())]
+
+    def pool_objects(self) -> tuple[list[PoolObject], str | None]:
+        """The EgressPools as stored (name, generation, status), and why the loader refused them as a
+        whole (None: the policy in force is theirs). Nothing before every kind is listed."""
+        with self._objects_lock:
+            if self._listed != set(KINDS):
+                return [], None
+            pools = [
+                PoolObject(name, (o["metadata"].get("generation")), o.get("status") or {})
+                for name, o in sorted(self._objects[POOL_KIND].items())
+            ]
+            return pools, self._refusal
 
     def _offer_objects(self) -> None:
         """Once every kind is listed: the policy of all the objects (under the lock)."""

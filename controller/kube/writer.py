@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from loguru import logger
 
 from controller.core.model import Taint
+from controller.core.policy import API_VERSION as POOLS_API_VERSION
 from controller.kube.client import MERGE_PATCH, KubeApi, error_body, status_of
 from controller.kube.retry import WRITES, RetryPolicy, retrying
 from controller.metrics import Metrics
@@ -318,13 +319,16 @@ class KubeClient:
         self.call("update-secret", lambda: self.api.call("PATCH", path, body=patch, content_type=MERGE_PATCH))
 
     # -- webhook configuration ------------------------------------------------------------------------
-    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes) -> bool:
-        """Give every webhook of the MutatingWebhookConfiguration `config_name` this CA bundle.
+    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes, kind: str = "mutating") -> bool:
+        """Give every webhook of the `kind` ("mutating" or "validating") webhook configuration
+        `config_name` this CA bundle.
 
         True when something changed; False when all webhooks had it already or the configuration
         does not exist (nothing to do).
         """
-        path = f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{config_name}"
+        if kind not in ("mutating", "validating"):
+            raise ValueError(f"a webhook configuration is mutating or validating, not {kind!r}")
+        path = f"/apis/admissionregistration.k8s.io/v1/{kind}webhookconfigurations/{config_name}"
         wanted = _b64(ca_pem)
         for _ in range(MAX_CONFLICT_ATTEMPTS):
             try:
@@ -391,6 +395,18 @@ class KubeClient:
         """Replace the binding as read (its metadata.resourceVersion is the precondition)."""
         path = f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{binding['metadata']['name']}"
         self.call("replace-policy-binding", lambda: self.api.call("PUT", path, body=dict(binding)))
+
+    # -- the pools API: an EgressPool's status (the leader's) -----------------------------------------
+    def set_pool_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str] = ()) -> None:
+        """Make `status` the EgressPool's status (a merge patch of the status subresource; the keys in
+        `removed` are deleted). A pool that is gone is done."""
+        body = {"status": {**{key: None for key in removed}, **dict(status)}}
+        path = f"/apis/{POOLS_API_VERSION}/egresspools/{name}/status"
+        try:
+            self.call("set-pool-status", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH))
+        except ApiError as e:
+            if e.outcome is not Outcome.NOT_FOUND:
+                raise
 
     # -- events ---------------------------------------------------------------------------------------
     def create_event(self, event: Mapping[str, Any]) -> dict[str, Any]:

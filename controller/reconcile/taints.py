@@ -46,6 +46,10 @@ class NodeSource(Protocol):
     def node_resource_version(self, name: str) -> str | None: ...
 
 
+class PoolErrorSink(Protocol):
+    def report(self, pool: str, message: str) -> None: ...
+
+
 class TaintReconciler:
     def __init__(
         self,
@@ -55,10 +59,12 @@ class TaintReconciler:
         *,
         clock: Callable[[], float] = time.monotonic,
         in_flight_seconds: float = 30.0,
+        errors: PoolErrorSink | None = None,
     ) -> None:
         self.state = state
         self.writer = writer
         self.metrics = metrics
+        self.errors = errors  # a taint not written is an error about its pool (the pool's status shows it)
         self.clock = clock
         self.in_flight_seconds = in_flight_seconds
         # node -> (resourceVersion we wrote against, when): until the cache moves past that version
@@ -97,6 +103,9 @@ class TaintReconciler:
                 )
             except Exception as e:
                 log.warning("taints not written: {}", e)
+                if self.errors is not None:
+                    for pool in dict.fromkeys(t.value or "" for t in (*change.add, *change.remove)):
+                        self.errors.report(pool, f"the taint of node {change.node} could not be written: {e}")
                 continue
             self._in_flight[change.node] = (version, now)
             for taint in change.add:

@@ -17,7 +17,7 @@ import requests
 from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG, ControllerReplica, replicas_of, stop_controller
+from devplacer.controller import NAMESPACE, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG, ControllerReplica, replicas_of, stop_controller
 from tests.kube import Api, namespaced, node
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +26,7 @@ POLICY_FILE = DATA / "policy.yaml"
 INVALID_POLICY_FILE = DATA / "policy-invalid.yaml"  # `placment` (line 10) is not a field
 ADMISSION = "/apis/admissionregistration.k8s.io/v1"
 WEBHOOK_CONFIGS = f"{ADMISSION}/mutatingwebhookconfigurations"
+VALIDATING_WEBHOOK_CONFIGS = f"{ADMISSION}/validatingwebhookconfigurations"
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,11 @@ def remove_pool_guard(api: Api) -> None:
 
 
 def make_plain(api: Api, cluster: Cluster) -> None:
-    """No controller, no webhook configuration, no pool guard, no pool taints: what later test modules expect."""
+    """No controller, no webhook configuration (the pools API's, fail-closed, neither), no pool guard, no
+    pool taints: what later test modules expect."""
     stop_controller(cluster)
     api.delete(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")
+    api.delete(f"{VALIDATING_WEBHOOK_CONFIGS}/{POOLS_WEBHOOK_CONFIG}")
     remove_pool_guard(api)
     remove_pool_taints(api)
 

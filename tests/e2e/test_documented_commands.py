@@ -5,7 +5,8 @@ until it is one or the other.
 
 The run is one install-and-uninstall story, in the order a reader follows it: install with
 `kubectl apply -k k8s/` (the local cluster's nodes are KWOK's, so the Deployment's pods "run" without
-an image), wait for the rollout, apply the example policy as objects of the pools API, uninstall with
+an image), wait for the rollout, delete the pools API's fail-closed webhook configuration (no
+controller answers it), apply the example policy as objects of the pools API, uninstall with
 `egress-placer uninstall`; install again and uninstall with kubectl alone (docs/uninstall.md); then
 with Helm (docs/helm.md; the helm the local cluster's build makes), the chart making the namespace,
 and into a namespace made beforehand. Before each uninstall a pool node gets the pool taint, as the
@@ -29,8 +30,8 @@ from controller.core.model import TAINT_KEY
 from controller.core.pools import custom_resource_definitions
 from devcluster.cluster import Cluster
 from devplacer.chart import helm_binary
-from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG
-from tests.e2e.running_controller import REPO, WEBHOOK_CONFIGS, remove_pool_taints
+from devplacer.controller import NAMESPACE, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG
+from tests.e2e.running_controller import REPO, VALIDATING_WEBHOOK_CONFIGS, WEBHOOK_CONFIGS, remove_pool_taints
 from tests.e2e.tekton_runs import POOL, POOL_NODES
 from tests.kube import Api, namespace, node
 from tests.waiting import wait_for
@@ -50,6 +51,9 @@ PLACEHOLDERS = {"NODES PODS TASKRUNS": "10 40 40"}
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 
 INSTALL = ["kubectl apply -k k8s/", "kubectl -n egress-placer rollout status deploy/egress-placer"]
+# The Deployment's pods here are KWOK's: no controller answers the pools API's fail-closed webhook, the
+# case k8s/README.md ("The pools API's webhook: fail-closed") says to delete its configuration for.
+NO_CONTROLLER_ANSWERS = ["kubectl delete validatingwebhookconfiguration egress-placer-pools"]
 # docs/pools-api.md, right after the install (the uninstall removes the CRDs and the objects with them).
 POOLS_API = [
     "egress-placer migrate-policy config/policy.example.yaml | kubectl apply -f -",
@@ -95,8 +99,8 @@ WITHOUT_A_CLUSTER = [
 # Exit statuses other than 0 that the docs say to expect.
 EXPECTED_STATUS = {"kubectl taint nodes --all egress-placer.io/pool-": 1}  # "not found" on the nodes without it
 ROUNDS = [  # (install, uninstall), in the order of the docs
-    ([*INSTALL, *POOLS_API], UNINSTALL_WITH_THE_COMMAND),
-    ([*INSTALL, *POOLS_API], UNINSTALL_WITH_KUBECTL),
+    ([*INSTALL, *NO_CONTROLLER_ANSWERS, *POOLS_API], UNINSTALL_WITH_THE_COMMAND),
+    ([*INSTALL, *NO_CONTROLLER_ANSWERS, *POOLS_API], UNINSTALL_WITH_KUBECTL),
     (HELM_INSTALL, HELM_UNINSTALL),
     (HELM_INSTALL_INTO_ITS_NAMESPACE, HELM_UNINSTALL_FROM_ITS_NAMESPACE),
 ]
@@ -151,9 +155,13 @@ def test_commands_without_a_cluster(command: str) -> None:
 
 
 def leftovers(api: Api) -> list[str]:
-    """What of egress-placer is on the cluster: the webhook configuration, the namespace, the pools API's
+    """What of egress-placer is on the cluster: the webhook configurations, the namespace, the pools API's
     CRDs, pool taints."""
-    things = [("webhook configuration", f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}"), ("namespace", namespace(NAMESPACE))]
+    things = [
+        ("webhook configuration", f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}"),
+        ("pools API webhook configuration", f"{VALIDATING_WEBHOOK_CONFIGS}/{POOLS_WEBHOOK_CONFIG}"),
+        ("namespace", namespace(NAMESPACE)),
+    ]
     things += [(f"CRD {crd['metadata']['name']}", f"{CRDS}/{crd['metadata']['name']}") for crd in custom_resource_definitions()]
     found = [what for what, path in things if api.get(path) is not None]
     found += [f"taint on {n['metadata']['name']}" for n in api.items(node()) if any(t["key"] == TAINT_KEY for t in n["spec"].get("taints") or [])]
@@ -167,10 +175,17 @@ def taint_a_pool_node(api: Api) -> None:
     api.merge_patch(node(name), {"spec": {"taints": [*taints, {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}]}})
 
 
+def pools_api_writable(cluster: Cluster) -> bool:
+    """An EgressPool write passes the admission chain (a server-side dry run changes nothing)."""
+    command = "egress-placer migrate-policy config/policy.example.yaml | kubectl apply --dry-run=server -f -"
+    return shell(cluster, command).returncode == 0
+
+
 @pytest.fixture
 def plain_cluster(devcluster: Cluster, api: Api) -> Iterator[Cluster]:
     """No webhook configuration of another form (an earlier module's local one) and no namespace being deleted."""
     api.delete(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")
+    api.delete(f"{VALIDATING_WEBHOOK_CONFIGS}/{POOLS_WEBHOOK_CONFIG}")
     wait_for("no namespace being deleted", lambda: ((api.get(namespace(NAMESPACE)) or {}).get("status") or {}).get("phase") != "Terminating", timeout=90)
     yield devcluster
     remove_pool_taints(api)
@@ -183,6 +198,8 @@ def test_install_then_uninstall_four_ways_as_the_docs_say(plain_cluster: Cluster
     for install, uninstall in ROUNDS:
         for command in install:
             run(plain_cluster, command)
+            if command in NO_CONTROLLER_ANSWERS:
+                wait_for("the API server to stop calling the deleted webhook", lambda: pools_api_writable(plain_cluster), timeout=10)
         taint_a_pool_node(api)
         for command in uninstall:
             run(plain_cluster, command)

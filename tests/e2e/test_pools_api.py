@@ -2,14 +2,19 @@
 from `k8s/` (the CRDs included) and running with `EGRESS_PLACER_POLICY_SOURCE=pools`:
 
 - the built kubectl's `kubectl apply` refuses each object of a table of bad ones, the message naming
-  the field (every CEL rule of the CRDs, and schema rules);
+  the field (every CEL rule of the CRDs, schema rules, and the validating webhook's: what the loader
+  refuses and CEL lets through);
+- the webhook is fail-closed: with no controller, writes are refused (deletions are not), and deleting
+  its configuration lets them through;
 - every example (the YAML of docs/pools-api.md, and each policy file of the repository migrated with
   `egress-placer migrate-policy`) applies cleanly (server-side dry run: the API server's whole check);
 - `kubectl explain` prints the fields' descriptions;
 - creating, editing and deleting EgressPools changes admission's decisions and the pool taints within
   10 s, with no restart; deleting every pool leaves no taint of egress-placer's;
-- a restart with an object the loader refuses (what the schema lets through) never exits: the replica
-  is ready, says what is wrong, and keeps the last good policy it stored, taints included."""
+- within 10 s of a change, a pool's status (written by the leader) shows its nodes, taints and load,
+  and `kubectl get egresspools` prints them in its columns;
+- a restart with an object the loader refuses (stored while the webhook was not there) never exits: the
+  replica is ready, says what is wrong, and keeps the last good policy it stored, taints included."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ from typing import Any, Callable, Iterator
 import pytest
 import requests
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from controller.cli.migrate import run_migrate
 from controller.core.model import TAINT_KEY
@@ -31,8 +37,8 @@ from devcluster.cluster import Cluster
 from controller.core.policy import load_policy
 from controller.reconcile.last_good_policy import POLICY_KEY, store_name
 from controller.settings import Settings
-from devplacer.controller import NAMESPACE, start_controller, stop_controller
-from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, make_plain, pool_taints
+from devplacer.controller import NAMESPACE, POOLS_WEBHOOK_CONFIG, start_controller, stop_controller
+from tests.e2e.running_controller import POLICY_FILE, VALIDATING_WEBHOOK_CONFIGS, EgressPlacer, make_plain, pool_taints
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, decision_of, taskrun
 from tests.kube import Api, namespaced
 from tests.waiting import wait_for
@@ -43,6 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 API_VERSION = f"{GROUP}/{VERSION}"
 POOLS = f"/apis/{API_VERSION}/{POOL_PLURAL}"
 CONFIGS = f"/apis/{API_VERSION}/{CONFIG_PLURAL}"
+POOLS_WEBHOOK = f"{VALIDATING_WEBHOOK_CONFIGS}/{POOLS_WEBHOOK_CONFIG}"
 CHANGE_SECONDS = 10.0  # what the issue asks: a change is in force within 10 s
 ALL_NODES = sorted(POOL_NODES | {"node-1", "node-2", "node-3"})
 
@@ -142,6 +149,14 @@ BAD_OBJECTS: list[tuple[str, dict[str, Any], str]] = [
     ("a bad agent namespace", config(agentNamespaces=["Monitoring"]), "spec.agentNamespaces[0]"),
     ("patching a non-agent namespace (CEL)", config(agentNamespaces=["monitoring"], patchExistingAgents=["kube-system"]),
      "spec.patchExistingAgents: Invalid value: every namespace of patchExistingAgents must be an agent namespace"),
+    # What the schema and CEL let through (Go's URL parser takes it) and the loader refuses: the validating
+    # webhook (k8s/pools-webhook.yaml) denies it, its message naming the object and the field.
+    ("a port above 65535 (webhook)", pool(egressLoad={"prometheus": {"url": "http://prometheus:99999"}}),
+     'admission webhook "pools.egress-placer.io" denied the request: EgressPool bad: spec.egressLoad.prometheus.url: invalid port number'),
+    ("an IPv4 address with five parts (webhook)", pool(egressLoad={"prometheus": {"url": "http://10.0.0.1.5:9090"}}),
+     'admission webhook "pools.egress-placer.io" denied the request: EgressPool bad: spec.egressLoad.prometheus.url: invalid IPv4 address'),
+    ("an IPv4 address out of range (webhook)", pool(egressLoad={"prometheus": {"url": "http://10.0.0.256:9090"}}),
+     'admission webhook "pools.egress-placer.io" denied the request: EgressPool bad: spec.egressLoad.prometheus.url: invalid IPv4 address'),
 ]
 
 
@@ -154,6 +169,45 @@ def test_kubectl_apply_refuses_a_bad_object_naming_the_field(
     assert names in done.stderr, f"{what}: {done.stderr}"
     plural = POOLS if obj["kind"] == "EgressPool" else CONFIGS
     assert api.get(f"{plural}/{obj['metadata']['name']}") is None
+
+
+def patched(api: Api, path: str, body: dict[str, Any]) -> bool:
+    """Merge-patch `path`; False when the API server refuses it (422), as a webhook being removed still may."""
+    try:
+        api.merge_patch(path, body)
+    except ApiException as e:
+        if e.status == 422:
+            return False
+        raise
+    return True
+
+
+def test_fail_closed_while_no_controller_answers_and_deleting_the_webhook_configuration_recovers(
+    devcluster: Cluster, api: Api, controller: EgressPlacer
+) -> None:
+    """docs/pools-api.md, "When the controller is down": writes are refused, deletions are not, and
+    deleting the ValidatingWebhookConfiguration lets writes through; the next install puts it back."""
+    api.create(POOLS, pool("kept"))
+    stop_controller(devcluster)
+    try:
+        done = kubectl(devcluster, "apply", "-f", "-", stdin=yaml.safe_dump(pool("lab")))
+        assert done.returncode != 0 and 'failed calling webhook "pools.egress-placer.io"' in done.stderr, done.stderr
+        assert api.get(f"{POOLS}/lab") is None
+        done = kubectl(devcluster, "delete", "egresspool", "kept")
+        assert done.returncode == 0, done.stderr  # DELETE is not sent to the webhook
+        done = kubectl(devcluster, "delete", "validatingwebhookconfiguration", POOLS_WEBHOOK_CONFIG)
+        assert done.returncode == 0, done.stderr
+        wait_for(
+            "kubectl apply to work without the webhook configuration",
+            lambda: kubectl(devcluster, "apply", "-f", "-", stdin=yaml.safe_dump(pool("lab"))).returncode == 0,
+            timeout=10,
+        )
+    finally:
+        start_controller(devcluster, POLICY_FILE, env=PLACEMENT_BY_POOLS)  # the install puts the configuration back
+        delete_every_object(api)
+    assert api.get(POOLS_WEBHOOK) is not None
+    done = kubectl(devcluster, "apply", "-f", "-", stdin=yaml.safe_dump(pool(egressLoad={"prometheus": {"url": "http://prometheus:99999"}})))
+    assert done.returncode != 0 and "denied the request" in done.stderr, done.stderr
 
 
 # -- every example applies cleanly -------------------------------------------------------------------
@@ -259,6 +313,83 @@ def test_editing_pools_changes_decisions_and_taints_within_10s_and_deleting_ever
     assert after is not None and after.pid == replica.pid and after.alive()
 
 
+# -- the status the leader writes -------------------------------------------------------------------
+
+
+def pool_status(api: Api, name: str) -> dict[str, Any]:
+    return (api.get(f"{POOLS}/{name}") or {}).get("status") or {}
+
+
+def ready_of(status: dict[str, Any]) -> tuple[str, str] | None:
+    return next(((c["status"], c["reason"]) for c in status.get("conditions") or [] if c["type"] == "Ready"), None)
+
+
+def shows(api: Api, name: str, **wanted: Any) -> dict[str, Any] | None:
+    """The pool's status when it shows `wanted` (nodes, tainted, placed, capacity, ready, runs), else None."""
+    status = pool_status(api, name)
+    load = status.get("load") or {}
+    seen = {
+        "nodes": status.get("nodes"),
+        "tainted": status.get("taintedNodes"),
+        "placed": load.get("placed"),
+        "capacity": load.get("capacity"),
+        "ready": ready_of(status),
+        "runs": status.get("runsPlacedLastHour", 0),
+    }
+    return status if all(seen[k] == v for k, v in wanted.items()) else None
+
+
+def kubectl_get(cluster: Cluster, *args: str) -> list[dict[str, str]]:
+    """`kubectl get egresspools ARGS`: each row as {column: value}."""
+    done = kubectl(cluster, "get", "egresspools", *args)
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.splitlines()
+    starts = [m.start() for m in re.finditer(r"\S+(?: \S+)*", header)]  # "LAST HOUR" is one column
+    names = [header[a:b].strip() for a, b in zip(starts, [*starts[1:], None])]
+    return [{n: row[a:b].strip() for n, a, b in zip(names, starts, [*starts[1:], None])} for row in rows]
+
+
+def test_within_10s_the_status_shows_nodes_taints_and_load_and_kubectl_get_prints_them(
+    devcluster: Cluster, api: Api, controller: EgressPlacer
+) -> None:
+    runs = Runs(api)
+    spec = {"nodeSelector": {TAINT_KEY: "overseas"}, "images": ["*/cdn-*"], "namespaces": [TEAM_CDN], "capacity": 2}
+    try:
+        api.create(POOLS, egress_pool("overseas", spec))
+        within_10s("a new pool's status: 3 nodes, tainted, ready", lambda: shows(api, "overseas", nodes=3, tainted=3, placed=0, capacity=6, ready=("True", "NodesTainted")))
+        status = pool_status(api, "overseas")
+        assert status["conditions"][0]["observedGeneration"] == api.call("GET", f"{POOLS}/overseas")["metadata"]["generation"]
+
+        # A pod of team-cdn (may use the pool) that stays on egress-1, and a run placed on the pool.
+        runs.create_pod(TEAM_CDN, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": runs.name("stays")},
+                                   "spec": {"nodeName": "egress-1", "containers": [{"name": "c", "image": "busybox"}]}})
+        runs.create(TEAM_CDN, "taskruns", taskrun(runs.name("placed"), MATCHING_IMAGE))
+        busiest = [{"node": "egress-1", "placed": 1, "assumed": 0, "capacity": 2}]
+        within_10s(
+            "the load (the pod on egress-1) and the run placed (its pod finished)",
+            lambda: (shows(api, "overseas", placed=1, runs=1) or {}).get("load", {}).get("mostLoaded") == busiest,
+        )
+        (row,) = kubectl_get(devcluster)
+        assert row == {**row, "NAME": "overseas", "PLACEMENT": "required", "PRIORITY": "0", "NODES": "3", "TAINTED": "3",
+                       "LOAD": "1", "CAPACITY": "6", "READY": "True"}
+        (wide,) = kubectl_get(devcluster, "-o", "wide")
+        assert (wide["REASON"], wide["LAST HOUR"]) == ("NodesTainted", "1")
+
+        api.merge_patch(f"{POOLS}/overseas", {"spec": {"nodeSelector": None, "nodes": ["egress-2"]}})
+        within_10s("an edited pool's status: 1 node", lambda: shows(api, "overseas", nodes=1, tainted=1, placed=0, capacity=2))
+        (row,) = kubectl_get(devcluster)
+        assert (row["NODES"], row["TAINTED"], row["LOAD"], row["CAPACITY"], row["READY"]) == ("1", "1", "0", "2", "True")
+
+        api.merge_patch(f"{POOLS}/overseas", {"spec": {"nodes": ["no-such-node"]}})
+        within_10s("a pool without members", lambda: shows(api, "overseas", nodes=0, ready=("False", "NoMembers")))
+        (row,) = kubectl_get(devcluster)
+        assert (row["NODES"], row["TAINTED"], row["READY"]) == ("0", "0", "False")
+    finally:
+        runs.cleanup()
+        delete_every_object(api)
+    within_10s("every pool deleted: no taint of ours", lambda: taints(api) == only({}))
+
+
 def test_a_restart_with_an_object_the_loader_refuses_never_exits_and_keeps_the_last_good_policy(
     devcluster: Cluster, api: Api, controller: EgressPlacer
 ) -> None:
@@ -273,8 +404,12 @@ def test_a_restart_with_an_object_the_loader_refuses_never_exits_and_keeps_the_l
     within_10s("the pool's taints", lambda: taints(api) == on_pool)
     wait_for("the leader to store the policy it loaded", lambda: stored() == ["overseas"], timeout=40)
     try:
-        # Go's URL parser (the API server's CEL) takes a port above 65535; the loader does not.
-        api.merge_patch(f"{POOLS}/overseas", {"spec": {"egressLoad": {"prometheus": {"url": "http://prometheus:99999"}}}})
+        # Go's URL parser (the API server's CEL) takes a port above 65535; the loader does not. The validating
+        # webhook refuses it at apply time: an object stored before it existed (or while it was deleted, as
+        # here) is what a restart must survive.
+        api.delete(POOLS_WEBHOOK)
+        bad = {"spec": {"egressLoad": {"prometheus": {"url": "http://prometheus:99999"}}}}
+        wait_for("the API server to stop calling the deleted webhook", lambda: patched(api, f"{POOLS}/overseas", bad), timeout=10)
         within_10s("the refusal", lambda: controller.metric("egress_placer_policy_reloads_total", {"result": "refused"}) >= 1)
         stop_controller(devcluster)
         start_controller(devcluster, POLICY_FILE, env=PLACEMENT_BY_POOLS)  # returns once /readyz answers 200

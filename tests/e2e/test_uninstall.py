@@ -1,7 +1,7 @@
 """End to end, `egress-placer uninstall` on the local cluster, as an administrator runs it
 (docs/uninstall.md): `--dry-run` lists what would go and changes nothing; `--yes` refuses to remove
 anything after the Deployment while a controller still leads (it would put the taints back); once it
-has stopped, `--yes` removes the webhook configuration, the pool guard, the pool taints, the RBAC and
+has stopped, `--yes` removes the webhook configurations (the pools API's fail-closed one too), the pool guard, the pool taints, the RBAC and
 the namespace with its Secret and ConfigMaps, and leaves a pool-tolerated node agent's template alone.
 
 The controller here runs as a local process (devplacer.controller), so "it has stopped" is the test
@@ -18,10 +18,11 @@ from controller.core.agents import TOLERATIONS_ADDED_ANNOTATION
 from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from controller.reconcile.last_good_policy import store_name
-from devplacer.controller import NAMESPACE, POLICY_CONFIGMAP, WEBHOOK_CONFIG, start_controller, stop_controller
+from devplacer.controller import NAMESPACE, POLICY_CONFIGMAP, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG, start_controller, stop_controller
 from tests.e2e.running_controller import (
     ADMISSION,
     POLICY_FILE,
+    VALIDATING_WEBHOOK_CONFIGS,
     WEBHOOK_CONFIGS,
     EgressPlacer,
     egress_placer_command,
@@ -42,6 +43,7 @@ def installed(api: Api) -> dict[str, bool]:
     """What the install made (and the controller made since) that uninstall removes: present or not."""
     paths = {
         "webhook configuration": f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}",
+        "pools API webhook configuration": f"{VALIDATING_WEBHOOK_CONFIGS}/{POOLS_WEBHOOK_CONFIG}",
         "pool guard": f"{ADMISSION}/validatingadmissionpolicies/{GUARD_NAME}",
         "pool guard binding": f"{ADMISSION}/validatingadmissionpolicybindings/{GUARD_NAME}",
         "cluster role": f"{RBAC}/clusterroles/egress-placer",

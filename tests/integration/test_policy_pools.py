@@ -2,7 +2,8 @@
 objects and the EgressPlacerConfig `cluster` make the policy, in priority order; an edit, a new pool
 and a deleted one change it; an object the schema lets through but the loader refuses (a port Go's URL
 parser takes and pydantic's does not) is refused as a whole, with a PolicyRefused Event on that
-object and the policy in force kept; deleting every object gives the empty policy."""
+object and the policy in force kept; deleting every object gives the empty policy. The leader's status
+writer fills a pool's status, which the CRD's schema takes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from controller.kube.policy_source import PolicySource
 from controller.kube.retry import RetryPolicy
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
+from controller.reconcile.pool_status import PlacementLog, PoolErrors, PoolStatusWriter
 from controller.settings import Settings
 from controller.state import ClusterState
 from tests.kube import Api
@@ -111,3 +113,56 @@ def test_the_objects_make_the_policy_and_every_change_is_seen(pools_api: Api, na
     finally:
         source.stop()
         events.stop()
+
+
+def test_the_leaders_status_writer_fills_the_status_the_crd_takes(pools_api: Api, namespace: str) -> None:
+    """Through the real API server: the status the writer computes fits the CRD's status schema, is
+    read back by the policy source (with the generation it describes) without reloading the policy,
+    and follows a refusal and its fix, keeping the last error."""
+    api = pools_api
+    api.create(POOLS, pool("early", 10, nodes=["egress-1", "egress-2"]))
+    settings = Settings(kubeconfig="unused", namespace=namespace, policy_source="pools")
+    metrics = Metrics()
+    clock = time.time
+    state = ClusterState(PlacementPolicy.empty(), clock=clock)
+    state.replace("Node", api.items("/api/v1/nodes"))
+    client = KubeClient(api, metrics)
+    source = PolicySource(settings, state, metrics, api=api, backoff=RetryPolicy(attempts=None, initial=0.05, maximum=0.5, jitter=0.05))
+    placements = PlacementLog(state, clock=clock)
+    writer = PoolStatusWriter(state, source, client, placements, PoolErrors(clock), clock=clock, min_interval=0.0)
+    source.start()
+    try:
+        assert source.synced.wait(10)
+
+        def status() -> dict[str, Any]:
+            return (api.get(f"{POOLS}/early") or {}).get("status") or {}
+
+        def stored() -> dict[str, Any]:
+            objects, _ = source.pool_objects()
+            return dict(objects[0].status) if objects else {}
+
+        assert writer() == ["early"]
+        written = status()
+        assert (written["nodes"], written["readyNodes"], written["taintedNodes"]) == (2, 2, 0)
+        assert written["conditions"][0]["reason"] == "TaintsPending"
+        assert written["conditions"][0]["observedGeneration"] == api.get(f"{POOLS}/early")["metadata"]["generation"]
+        wait_for("the policy source to see the status", lambda: stored() == written, timeout=10)
+        assert writer() == []  # nothing changed: nothing written
+        assert metrics.policy_reloads.labels(result="loaded")._value.get() == 1  # a status is not a policy change
+
+        api.merge_patch(f"{POOLS}/early", {"spec": {"egressLoad": {"prometheus": {"url": "http://prometheus:99999"}}}})
+        wait_for("the bad object refused", lambda: source.pool_objects()[1] is not None, timeout=10)
+        assert writer() == ["early"]
+        refused = status()
+        assert refused["conditions"][0]["reason"] == "SpecRefused"
+        assert refused["conditions"][0]["observedGeneration"] == api.get(f"{POOLS}/early")["metadata"]["generation"]
+        assert refused["lastError"]["message"].startswith("EgressPool early: spec.egressLoad.prometheus.url")
+
+        api.call("PATCH", f"{POOLS}/early", body={"spec": {"egressLoad": None}}, content_type=MERGE_PATCH)
+        wait_for("the fixed object loaded", lambda: source.pool_objects()[1] is None, timeout=10)
+        wait_for("the policy source to see the status", lambda: "lastError" in stored(), timeout=10)
+        assert writer() == ["early"]
+        fixed = status()
+        assert fixed["conditions"][0]["reason"] == "TaintsPending" and fixed["lastError"] == refused["lastError"]
+    finally:
+        source.stop()

@@ -1,6 +1,6 @@
 """KubeClient on the real API server: node taints with optimistic concurrency (a conflict is re-read
 and rebased, foreign changes kept), evictions (done, gone, refused by a PodDisruptionBudget), the
-Secret round trip with its conflicts, the webhook CA bundle, refusals raised as ApiError, and
+Secret round trip with its conflicts, the webhook CA bundle (mutating and validating), refusals raised as ApiError, and
 Events written by the EventRecorder (with series for repeats, drops counted when the queue is full)."""
 
 from __future__ import annotations
@@ -176,8 +176,10 @@ def test_secret_round_trip_and_conflicts(writer, namespace):
     assert writer.read_secret(namespace, "tls")[0]["tls.crt"] == b"two"
 
 
-@pytest.fixture
-def webhook_config(api):
+@pytest.fixture(params=["mutating", "validating"])
+def webhook_config(api, request):
+    """(kind, name) of a webhook configuration of two webhooks, mutating or validating."""
+    kind = request.param
     name = f"itest-{uuid.uuid4().hex[:8]}"
 
     def hook(n: str) -> dict[str, Any]:
@@ -199,31 +201,31 @@ def webhook_config(api):
 
     body = {
         "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
+        "kind": f"{kind.capitalize()}WebhookConfiguration",
         "metadata": {"name": name},
         "webhooks": [hook("a"), hook("b")],
     }
-    path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+    path = f"/apis/admissionregistration.k8s.io/v1/{kind}webhookconfigurations"
     api.call("POST", path, body=body)
-    yield name
+    yield kind, name
     api.call("DELETE", f"{path}/{name}")
 
 
 def test_webhook_ca_bundle(api, writer, webhook_config):
     import base64
 
+    kind, name = webhook_config
+
     def bundles() -> list[bytes]:
-        config = api.call(
-            "GET", f"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{webhook_config}"
-        )
+        config = api.call("GET", f"/apis/admissionregistration.k8s.io/v1/{kind}webhookconfigurations/{name}")
         return [base64.b64decode(w["clientConfig"].get("caBundle", "")) for w in config["webhooks"]]
 
-    assert writer.set_webhook_ca_bundle(webhook_config, b"CA ONE") is True
+    assert writer.set_webhook_ca_bundle(name, b"CA ONE", kind) is True
     assert bundles() == [b"CA ONE", b"CA ONE"]
-    assert writer.set_webhook_ca_bundle(webhook_config, b"CA ONE") is False
-    assert writer.set_webhook_ca_bundle(webhook_config, b"CA TWO") is True
+    assert writer.set_webhook_ca_bundle(name, b"CA ONE", kind) is False
+    assert writer.set_webhook_ca_bundle(name, b"CA TWO", kind) is True
     assert bundles() == [b"CA TWO", b"CA TWO"]
-    assert writer.set_webhook_ca_bundle("itest-no-such-config", b"CA") is False
+    assert writer.set_webhook_ca_bundle("itest-no-such-config", b"CA", kind) is False
 
 
 def events_about(api: KubeApi, namespace: str, name: str) -> list[dict[str, Any]]:

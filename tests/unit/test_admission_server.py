@@ -1,5 +1,6 @@
 """Checks the admission server (controller/admission/server.py) over real TLS on 127.0.0.1, no cluster:
-a real HTTPS client verifying the self-made CA posts AdmissionReviews to /mutate and /mutate/<kind>;
+a real HTTPS client verifying the self-made CA posts AdmissionReviews to /mutate and /mutate/<kind>,
+and EgressPools to /validate;
 bad JSON, wrong shapes and oversized bodies are refused; /healthz, /readyz (503 until ready, with the
 reason) and /metrics answer on the plain port; a certificate rotation by the keeper is presented on
 the next handshake without restarting the server; stop() closes both ports; the worst reviews a tenant
@@ -29,6 +30,7 @@ from cryptography.hazmat.primitives import serialization
 from bench import hostile
 from controller.admission.certs import CA_CERT, TLS_CERT, CertificateKeeper
 from controller.admission.handlers import Admission
+from controller.admission.pools import PoolValidation
 from controller.admission.server import MAX_REVIEW_BYTES, AdmissionServer
 from controller.core.model import DECISION_ANNOTATION
 from controller.core.policy import load_policy
@@ -55,7 +57,7 @@ class MemorySecrets:
         self.secret = (dict(data), str(int(resource_version or 0) + 1))
         return True
 
-    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes) -> bool:
+    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes, kind: str = "mutating") -> bool:
         self.ca_bundle = ca_pem
         return True
 
@@ -99,6 +101,7 @@ class Running:
             readiness=lambda: None if self.synced else "caches not synced",
             shutdown_timeout=2.0,
             degraded=lambda: self.policy_problem,
+            validation=PoolValidation(lambda: None, self.metrics),
         )
         self.ca_file = tmp / "ca.crt"
         self.loop = asyncio.new_event_loop()
@@ -149,12 +152,10 @@ def running(tmp_path: Path) -> Iterator[Running]:
 
 def review(obj: dict, uid: str = "uid-1") -> dict:
     group, _, version = obj["apiVersion"].rpartition("/")
-    return {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {"uid": uid, "kind": {"group": group, "version": version, "kind": obj["kind"]},
-                    "operation": "CREATE", "namespace": obj["metadata"]["namespace"], "object": obj},
-    }
+    request = {"uid": uid, "kind": {"group": group, "version": version, "kind": obj["kind"]}, "operation": "CREATE", "object": obj}
+    if obj["metadata"].get("namespace"):
+        request["namespace"] = obj["metadata"]["namespace"]
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
 
 
 KANIKO_RUN = {
@@ -192,8 +193,23 @@ def test_bad_bodies_are_refused(running: Running, body: bytes, status: int) -> N
     assert answer.status_code == status
 
 
+@pytest.mark.parametrize(("url", "allowed"), [("http://prometheus.monitoring:9090", True), ("http://prometheus:99999", False)])
+@pytest.mark.parametrize("path", ["/validate", "/validate/egress-placer.io/v1alpha1/egresspools"])
+def test_validate_judges_a_pool_over_verified_tls(running: Running, path: str, url: str, allowed: bool) -> None:
+    pool = {"apiVersion": "egress-placer.io/v1alpha1", "kind": "EgressPool", "metadata": {"name": "overseas"},
+            "spec": {"nodes": ["egress-1"], "egressLoad": {"prometheus": {"url": url}}}}
+    answer = requests.post(running.webhook + path, json=review(pool), verify=running.ca_file, timeout=10)
+    assert answer.status_code == 200
+    response = answer.json()["response"]
+    assert (response["uid"], response["allowed"]) == ("uid-1", allowed)
+    if not allowed:
+        assert response["status"]["message"] == "EgressPool overseas: spec.egressLoad.prometheus.url: invalid port number"
+    assert requests.post(running.webhook + path, data=b"{not json", verify=running.ca_file, timeout=10).status_code == 400
+
+
 def test_only_post_to_mutate(running: Running) -> None:
     assert requests.get(running.webhook + "/mutate", verify=running.ca_file, timeout=10).status_code == 405
+    assert requests.get(running.webhook + "/validate", verify=running.ca_file, timeout=10).status_code == 405
     assert requests.post(running.webhook + "/other", json={}, verify=running.ca_file, timeout=10).status_code == 404
 
 

@@ -134,7 +134,7 @@ class MemorySecrets:
     def __init__(self) -> None:
         self.secrets: dict[tuple[str, str], tuple[dict[str, bytes], str]] = {}
         self.version = 0
-        self.ca_bundle: bytes | None = None
+        self.ca_bundles: dict[tuple[str, str], bytes] = {}  # (kind, name) -> the webhook configuration's caBundle
         self.writes = 0
         self.before_write: Any = None  # called before a write: lets a test simulate another replica
         self.conflict: Callable[[str], Exception] = Conflict
@@ -158,10 +158,19 @@ class MemorySecrets:
         self.put(namespace, name, data)
         return True
 
-    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes) -> bool:
-        changed = self.ca_bundle != ca_pem
-        self.ca_bundle = ca_pem
+    def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes, kind: str = "mutating") -> bool:
+        changed = self.ca_bundles.get((kind, config_name)) != ca_pem
+        self.ca_bundles[(kind, config_name)] = ca_pem
         return changed
+
+    @property
+    def ca_bundle(self) -> bytes | None:
+        """The one caBundle every webhook configuration has (None: none has one; an error: they differ)."""
+        found = set(self.ca_bundles.values())
+        assert len(found) <= 1, f"the webhook configurations have different CA bundles: {self.ca_bundles}"
+        if found:
+            assert set(self.ca_bundles) == {("mutating", "egress-placer"), ("validating", "egress-placer-pools")}
+        return found.pop() if found else None
 
 
 class Clock:

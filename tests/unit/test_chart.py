@@ -376,9 +376,10 @@ def test_the_post_renderer_only_points_the_webhooks_at_the_local_url(default_ren
     assert [key(d) for d in local] == [key(d) for d in default_render]
     webhooks = the(local, "MutatingWebhookConfiguration")["webhooks"]
     assert {json.dumps(w["clientConfig"]) for w in webhooks} == {json.dumps({"url": url})}
-    assert [d for d in local if d["kind"] != "MutatingWebhookConfiguration"] == [
-        d for d in default_render if d["kind"] != "MutatingWebhookConfiguration"
-    ]
+    (pools,) = the(local, "ValidatingWebhookConfiguration")["webhooks"]  # the pools API's, the same server's /validate
+    assert pools["clientConfig"] == {"url": "https://127.0.0.1:18443/validate"}
+    webhook_kinds = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+    assert [d for d in local if d["kind"] not in webhook_kinds] == [d for d in default_render if d["kind"] not in webhook_kinds]
 
 
 def test_the_local_process_gets_the_deployment_s_settings_but_its_own_ports(default_render: list[dict[str, Any]]) -> None:

@@ -39,7 +39,7 @@ POOL_TAINT_KEY = TAINT_KEY  # the fixed key the pod webhook's matchConditions mu
 NOT_RESOURCES = {"kustomization.yaml", "policy.yaml"}  # kustomize input, and the policy document
 CLUSTER_SCOPED = {
     "CustomResourceDefinition", "Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
-    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+    "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 }
 
 
@@ -70,6 +70,10 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     *{("cluster", "events.k8s.io", "events", v, ANY) for v in ("create", "patch")},
     *{
         ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", v, default("webhook_config_name"))
+        for v in ("get", "update")
+    },
+    *{
+        ("cluster", "admissionregistration.k8s.io", "validatingwebhookconfigurations", v, default("pools_webhook_config_name"))
         for v in ("get", "update")
     },
     *{("cluster", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", v, GUARD_NAME) for v in ("get", "update")},
@@ -276,6 +280,25 @@ def test_webhook_fails_open_fast_and_has_no_side_effects_on_a_dry_run(name: str)
     assert w["sideEffects"] == "NoneOnDryRun"
     assert w["admissionReviewVersions"] == ["v1"]
     assert w["reinvocationPolicy"] == "Never"
+
+
+POOLS_WEBHOOK = one("ValidatingWebhookConfiguration", default("pools_webhook_config_name"))
+
+
+def test_the_pools_api_webhook_is_fail_closed_for_its_objects_only() -> None:
+    """Fail-closed (an EgressPool the loader would refuse never gets stored), and scoped by its rules to
+    CREATE and UPDATE of the pools API's two resources: not their status (the leader writes it), not
+    DELETE (deleting a pool works while the controller is down), nothing else of the cluster."""
+    (hook,) = POOLS_WEBHOOK["webhooks"]
+    assert (hook["failurePolicy"], hook["sideEffects"], hook["admissionReviewVersions"]) == ("Fail", "None", ["v1"])
+    assert 1 <= hook["timeoutSeconds"] <= 10
+    assert hook["rules"] == [{
+        "apiGroups": ["egress-placer.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+        "resources": ["egresspools", "egressplacerconfigs"], "scope": "Cluster",
+    }]
+    assert hook["clientConfig"]["service"] == {**WEBHOOKS["pods.egress-placer.io"]["clientConfig"]["service"], "path": "/validate"}
+    assert "caBundle" not in hook["clientConfig"]  # the controller keeps it (as the mutating webhooks')
+    assert "namespaceSelector" not in hook and "objectSelector" not in hook
 
 
 def name_label(namespace: str) -> dict[str, str]:
@@ -675,7 +698,7 @@ def test_the_license_is_the_one_the_package_declares() -> None:
 
 # -- the cert-manager component ---------------------------------------------------------------------
 OWN_CERTIFICATE_GRANTS = {
-    g for g in REQUIRED_GRANTS if g[2] in ("secrets", "mutatingwebhookconfigurations")
+    g for g in REQUIRED_GRANTS if g[2] in ("secrets", "mutatingwebhookconfigurations", "validatingwebhookconfigurations")
 }  # what only the controller's own certificate upkeep needs
 
 
@@ -697,11 +720,13 @@ def test_the_cert_manager_component_mounts_the_certificate_and_drops_the_rights_
     assert certificate["spec"]["issuerRef"] == {"kind": "Issuer", "name": issuer["metadata"]["name"]}
     assert issuer["metadata"]["namespace"] == certificate["metadata"]["namespace"] == NAMESPACE
 
-    # The Service every webhook calls is in the certificate, and the CA injector is pointed at it.
-    config = by_kind["MutatingWebhookConfiguration"]
-    services = {(w["clientConfig"]["service"]["name"], w["clientConfig"]["service"]["namespace"]) for w in config["webhooks"]}
-    assert {f"{name}.{namespace}.svc" for name, namespace in services} <= set(certificate["spec"]["dnsNames"])
-    assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{certificate['metadata']['name']}"
+    # The Service every webhook calls is in the certificate, and the CA injector is pointed at it: the
+    # placement webhooks' and the pools API's.
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        config = by_kind[kind]
+        services = {(w["clientConfig"]["service"]["name"], w["clientConfig"]["service"]["namespace"]) for w in config["webhooks"]}
+        assert {f"{name}.{namespace}.svc" for name, namespace in services} <= set(certificate["spec"]["dnsNames"])
+        assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{certificate['metadata']['name']}"
 
     # The controller serves the Certificate's Secret from files in a read-only mount of it.
     pod = by_kind["Deployment"]["spec"]["template"]["spec"]

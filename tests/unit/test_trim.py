@@ -35,6 +35,7 @@ from controller.kube.informer import (
     KEPT_ANNOTATIONS,
     KEPT_LABELS,
     MAX_KEPT_VALUE_CHARS,
+    pools_api,
     tekton,
     trim_metadata,
     trim_node,
@@ -179,6 +180,30 @@ def test_node_keeps_taints_readiness_and_allocatable_pods_only():
     assert out["spec"] == {"taints": [{"key": "k", "effect": "NoSchedule"}], "unschedulable": False}
     assert out["status"] == {"conditions": [{"type": "Ready", "status": "True"}], "allocatable": {"pods": "110"}}
     assert "annotations" not in out["metadata"]
+
+
+@pytest.mark.parametrize("kind", ["Pod", "TaskRun", "Node", "Namespace"])
+def test_only_a_pod_keeps_its_creation_time(kind):
+    """The pool status counts the runs' pods created in the last hour (controller/reconcile/pool_status.py);
+    PodState does not keep it, so the cache does not grow with it."""
+    out = trim_metadata(meta(creationTimestamp="2026-07-01T12:00:00Z"), kind)
+    assert out.get("creationTimestamp") == ("2026-07-01T12:00:00Z" if kind == "Pod" else None)
+
+
+def test_pools_api_objects_keep_spec_status_and_generation_not_managed_fields():
+    trim = pools_api("EgressPool", "egresspools", "egress-placer.io/v1alpha1").trim
+    obj = {
+        "metadata": {"name": "overseas", "uid": "u", "resourceVersion": "9", "generation": 4, "managedFields": [{"m": 1}]},
+        "spec": {"nodes": ["egress-1"]},
+        "status": {"nodes": 1},
+    }
+    assert trim(obj) == {
+        "apiVersion": "egress-placer.io/v1alpha1",
+        "kind": "EgressPool",
+        "metadata": {"name": "overseas", "uid": "u", "resourceVersion": "9", "generation": 4},
+        "spec": {"nodes": ["egress-1"]},
+        "status": {"nodes": 1},
+    }
 
 
 def test_configmap_data_is_kept():

@@ -24,6 +24,7 @@ PATHS = {
     "Namespace": ("/api/v1", "namespaces"),
     "Deployment": ("/apis/apps/v1", "deployments"),
     "MutatingWebhookConfiguration": ("/apis/admissionregistration.k8s.io/v1", "mutatingwebhookconfigurations"),
+    "ValidatingWebhookConfiguration": ("/apis/admissionregistration.k8s.io/v1", "validatingwebhookconfigurations"),
     "ValidatingAdmissionPolicy": ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicies"),
     "ValidatingAdmissionPolicyBinding": ("/apis/admissionregistration.k8s.io/v1", "validatingadmissionpolicybindings"),
     "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles"),

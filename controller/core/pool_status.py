@@ -1,0 +1,240 @@
+"""What an EgressPool's `status` says: computed from data given (the objects, the policy in force, the
+nodes, the loads, the runs placed, the errors seen, the time), with no I/O and no clock of its own.
+The leader writes it (controller/reconcile/pool_status.py); docs/pools-api.md, "Status".
+
+- `Ready` (a condition, with `observedGeneration`): the pool's spec is in force, it has members, every
+  member carries the pool's taint, and at least one member takes runs. Otherwise False, and the
+  reason says which of these fails first, in that order: `SpecRefused` (the loader refused this
+  object), `PolicyRefused` (it refused another: the objects are taken as a whole), `NotInForce`,
+  `NoMembers`, `TaintsPending`, `NoReadyNodes`. True: `NodesTainted`.
+- Counts, not lists: member nodes, ready ones, tainted ones; the load over the ready nodes as totals,
+  busy and full node counts, and only the `MOST_LOADED_NODES` most loaded nodes. At 10,000 members a
+  status stays about 1 KiB (etcd refuses objects above 1.5 MiB).
+- `runsPlacedLastHour`: the runs' pods bound to a member node, created within `PLACEMENT_WINDOW_SECONDS`.
+- `lastError`: the newest of a refusal naming the object, an error the leader saw about the pool
+  (a taint it could not write), and the one the status holds already (a new leader keeps it).
+
+Same inputs, same status; a condition's `lastTransitionTime` moves only when its status changes, so
+a status computed again with nothing changed equals the one written (the writer compares them).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from controller.core.model import NodeLoad, NodeState
+from controller.core.policy import PlacementPolicy, Pool
+from controller.core.pools import (
+    MOST_LOADED_NODES,
+    POOL_KIND,
+    Condition,
+    LastError,
+    NodeLoadStatus,
+    PoolLoadStatus,
+    PoolStatus,
+)
+
+READY = "Ready"
+PLACEMENT_WINDOW_SECONDS = 3600.0
+MAX_MESSAGE = 4096  # a condition's or an error's message is cut here (the schema allows 32768)
+
+
+@dataclass(frozen=True)
+class PoolObject:
+    """An EgressPool as stored: its name, its metadata.generation and the status it has now."""
+
+    name: str
+    generation: int | None
+    status: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SeenError:
+    """An error about a pool the controller saw (epoch seconds)."""
+
+    message: str
+    at: float
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A run's pod bound to `node`, created at `at` (epoch seconds)."""
+
+    node: str
+    at: float
+
+
+def rfc3339(ts: float) -> str:
+    """A metav1.Time: seconds, UTC (2026-07-01T12:00:00Z)."""
+    return datetime.fromtimestamp(int(ts), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_rfc3339(text: Any) -> float | None:
+    """Epoch seconds of a metav1.Time, None when it is not one."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def members_by_pool(policy: PlacementPolicy, nodes: Iterable[NodeState]) -> dict[str, list[NodeState]]:
+    """Each pool's member nodes (a node belongs to the first pool, in policy order, that claims it)."""
+    out: dict[str, list[NodeState]] = {p.name: [] for p in policy.pools}
+    for node in nodes:
+        pool = policy.pool_of(node)
+        if pool is not None:
+            out[pool.name].append(node)
+    return out
+
+
+def refusal_about(refusal: str, name: str) -> str:
+    """The lines of a refusal that name EgressPool `name` ("" when none does)."""
+    prefix = f"{POOL_KIND} {name}:"
+    return "\n".join(line for line in refusal.splitlines() if line.startswith(prefix))
+
+
+def load_status(loads: Mapping[str, NodeLoad]) -> PoolLoadStatus:
+    """Totals over the ready nodes, and the most loaded of them (by share of capacity, then runs, then name)."""
+    ranked = heapq.nsmallest(MOST_LOADED_NODES, (n for n in loads.values() if n.total > 0), key=_busiest_first)
+    return PoolLoadStatus(
+        placed=sum(n.placed for n in loads.values()),
+        assumed=sum(n.assumed for n in loads.values()),
+        capacity=sum(max(n.capacity, 0) for n in loads.values()),
+        busy_nodes=sum(1 for n in loads.values() if n.total > 0),
+        full_nodes=sum(1 for n in loads.values() if n.total >= n.capacity),
+        most_loaded=tuple(
+            NodeLoadStatus(node=n.name, placed=n.placed, assumed=n.assumed, capacity=max(n.capacity, 0))
+            for n in ranked
+        ),
+    )
+
+
+def _busiest_first(load: NodeLoad) -> tuple[float, int, str]:
+    # A float share is exact enough to order a display (equal fractions of integers give equal floats).
+    share = load.total / load.capacity if load.capacity > 0 else float("inf")
+    return (-share, -load.total, load.name)
+
+
+def ready_condition(
+    name: str,
+    pool: Pool | None,
+    members: Sequence[NodeState],
+    ready_nodes: int,
+    refusal: str | None,
+) -> tuple[str, str, str]:
+    """(status, reason, message) of the Ready condition; see the module docstring for the order."""
+    if refusal:
+        about = refusal_about(refusal, name)
+        if about:
+            return "False", "SpecRefused", f"{about}\nThe policy in force stays the last good one."
+        first = refusal.splitlines()[0]
+        return "False", "PolicyRefused", (
+            f"not in force: the pools are taken as a whole and another object is refused ({first}); "
+            "the policy in force stays the last good one"
+        )
+    if pool is None:
+        return "False", "NotInForce", "the pool is not in the policy in force yet"
+    if not members:
+        return "False", "NoMembers", (
+            "no node is a member: none matches nodeSelector or nodes, or each is claimed by a pool of lower priority"
+        )
+    taint = pool.taint_for()
+    tainted = sum(1 for n in members if taint in n.taints)
+    shown = f"{taint.key}={taint.value}:{taint.effect}"
+    if tainted < len(members):
+        return "False", "TaintsPending", f"{tainted} of {len(members)} member nodes carry the taint {shown}"
+    if ready_nodes == 0:
+        where = "wait for one" if pool.placement == "required" else "go to ordinary nodes"
+        return "False", "NoReadyNodes", (
+            f"none of the {len(members)} member nodes is Ready and schedulable: runs sent to the pool {where}"
+        )
+    return "True", "NodesTainted", (
+        f"{len(members)} member nodes carry the taint {shown}; {ready_nodes} take runs"
+    )
+
+
+def _condition(
+    stored: Mapping[str, Any], status: str, reason: str, message: str, generation: int | None, now: float
+) -> Condition:
+    before = next(
+        (c for c in stored.get("conditions") or () if isinstance(c, Mapping) and c.get("type") == READY), None
+    )
+    since = before.get("lastTransitionTime") if before is not None and before.get("status") == status else None
+    return Condition(
+        type=READY,
+        status=status,  # type: ignore[arg-type]  # one of True, False (see ready_condition)
+        reason=reason,
+        message=message[:MAX_MESSAGE],
+        last_transition_time=since if parse_rfc3339(since) is not None else rfc3339(now),
+        observed_generation=generation,
+    )
+
+
+def _last_error(stored: Mapping[str, Any], seen: Sequence[SeenError]) -> LastError | None:
+    """The newest of the errors seen and the one stored (the stored one wins a tie: it is not rewritten)."""
+    kept = stored.get("lastError")
+    kept_at = parse_rfc3339(kept.get("time")) if isinstance(kept, Mapping) else None
+    newest = max(seen, key=lambda e: e.at, default=None)
+    if newest is not None and (kept_at is None or int(newest.at) > kept_at):
+        return LastError(message=newest.message[:MAX_MESSAGE], time=rfc3339(newest.at))
+    if kept_at is not None and isinstance(kept, Mapping) and isinstance(kept.get("message"), str):
+        return LastError(message=kept["message"][:MAX_MESSAGE], time=rfc3339(kept_at))
+    return None
+
+
+def pool_status(
+    obj: PoolObject,
+    policy: PlacementPolicy,
+    members: Sequence[NodeState],
+    loads: Mapping[str, NodeLoad],
+    placed: Iterable[Placed],
+    refusal: str | None,
+    errors: Sequence[SeenError],
+    now: float,
+) -> dict[str, Any]:
+    """The status of `obj` (JSON, as written), given:
+
+    - `policy`: the policy in force; with no `refusal`, the one the objects make (its pool of this name
+      is `obj`'s spec); with one, the last good policy, which may have a pool of this name or not;
+    - `members`: the nodes of the pool in force of this name (`members_by_pool`); `loads`: its ready
+      nodes' loads (empty when the pool is not in force);
+    - `placed`: the runs' pods bound to pool nodes (any pool; only this one's members count);
+    - `refusal`: why the loader refused the objects (None: they are in force);
+    - `errors`: errors seen about this pool (`refusal`'s lines naming it count as one, at `now`, unless
+      the status holds that message already);
+    - `now`: epoch seconds.
+    """
+    pool = policy.pool(obj.name)
+    members = members if pool is not None else ()
+    loads = loads if pool is not None else {}
+    ready_nodes = sum(1 for n in members if n.ready and not n.unschedulable)
+    status, reason, message = ready_condition(obj.name, pool, members, ready_nodes, refusal)
+    names = {n.name for n in members}
+    since = now - PLACEMENT_WINDOW_SECONDS
+    seen = list(errors)
+    about = refusal_about(refusal, obj.name) if refusal else ""
+    kept = obj.status.get("lastError")
+    if about and not (isinstance(kept, Mapping) and kept.get("message") == about[:MAX_MESSAGE]):
+        seen.append(SeenError(about, now))
+    taint = pool.taint_for() if pool is not None else None
+    out = PoolStatus(
+        conditions=(_condition(obj.status, status, reason, message, obj.generation, now),),
+        nodes=len(members),
+        ready_nodes=ready_nodes,
+        tainted_nodes=sum(1 for n in members if taint in n.taints),
+        load=load_status(loads),
+        runs_placed_last_hour=sum(1 for p in placed if p.node in names and since < p.at <= now),
+        last_error=_last_error(obj.status, seen),
+    )
+    return out.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def status_differs(desired: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """Whether writing `desired` would change the stored status (a JSON comparison)."""
+    return dict(desired) != dict(stored)

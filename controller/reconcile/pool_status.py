@@ -1,0 +1,201 @@
+"""The leader writes each EgressPool's `status` (pools API only, `policy_source: pools`).
+
+Level-based, one of the leader's reconcilers: each pass computes every pool's status from the
+objects as the policy source holds them, the policy in force, the cached nodes and loads, the runs
+placed and the errors seen (`core.pool_status.pool_status`, pure), compares it with the status the
+object has, and writes the difference (a merge patch of the status subresource, through the
+writer's one retry policy). Rate-limited: a pass computes at most every `min_interval` seconds (so a
+pool's status is written at most that often, and the load of 10,000 nodes is not counted on every
+pod event); a pass that comes sooner is skipped and asks the loop back when the interval is over, so
+a change shows within `min_interval` plus the loop's debounce.
+
+What it reads besides the state:
+- `PlacementLog`, an informer observer on pods: the pods of TaskRuns bound to a pool node, created
+  within the last hour (uid, node, creation time). Every replica keeps it, so a new leader counts as
+  the old one did; a replica that restarts counts only the pods that still exist (it lists them).
+- `PoolErrors`: errors about a pool seen by other reconcilers (a taint the leader could not write),
+  the newest per pool, in memory; the status keeps the last one written, also across a leader change.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from loguru import logger
+
+from controller.core.images import TASKRUN_LABEL
+from controller.core.model import NodeLoad, NodeState
+from controller.core.policy import PlacementPolicy, Pool
+from controller.core.pool_status import (
+    PLACEMENT_WINDOW_SECONDS,
+    READY,
+    Placed,
+    PoolObject,
+    SeenError,
+    members_by_pool,
+    parse_rfc3339,
+    pool_status,
+)
+
+MAX_PLACEMENTS = 100_000  # runs' pods remembered at most (the oldest are forgotten first)
+
+
+class PoolState(Protocol):
+    @property
+    def policy(self) -> PlacementPolicy: ...
+
+    def node(self, name: str) -> NodeState | None: ...
+
+    def node_list(self) -> list[NodeState]: ...
+
+    def loads(self, pool: Pool) -> Mapping[str, NodeLoad]: ...
+
+
+class PoolObjects(Protocol):
+    def pool_objects(self) -> tuple[list[PoolObject], str | None]:
+        """The EgressPools as stored, and why the loader refuses them (None: they are in force)."""
+        ...
+
+
+class StatusWriter(Protocol):
+    def set_pool_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None: ...
+
+
+class PlacementLog:
+    """An informer observer (`ObjectObserver`) of pods: the runs' pods bound to a pool node, created
+    within `window` seconds of `clock()`."""
+
+    def __init__(
+        self, state: PoolState, *, clock: Callable[[], float] = time.time, window: float = PLACEMENT_WINDOW_SECONDS
+    ) -> None:
+        self.state = state
+        self.clock = clock
+        self.window = window
+        self._placed: OrderedDict[str, Placed] = OrderedDict()  # by pod uid
+        self._lock = threading.Lock()
+
+    def replace(self, kind: str, objs: list[dict[str, Any]]) -> None:
+        if kind == "Pod":
+            for obj in objs:
+                self._see(obj)
+
+    def apply(self, kind: str, event: str, obj: dict[str, Any]) -> None:
+        if kind == "Pod" and event != "DELETED":
+            self._see(obj)
+
+    def _see(self, pod: Mapping[str, Any]) -> None:
+        node = (pod.get("spec") or {}).get("nodeName")
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid")
+        if not node or not uid or TASKRUN_LABEL not in (meta.get("labels") or {}) or uid in self._placed:
+            return
+        created = parse_rfc3339(meta.get("creationTimestamp"))
+        if created is None or self.clock() - created > self.window:
+            return
+        if self.state.policy.pool_of(self.state.node(node) or NodeState(name=node)) is None:
+            return
+        with self._lock:
+            self._placed[uid] = Placed(node, created)
+            while len(self._placed) > MAX_PLACEMENTS:
+                self._placed.popitem(last=False)
+
+    def placed(self) -> list[Placed]:
+        """The runs' pods placed within the window (older ones are forgotten now)."""
+        since = self.clock() - self.window
+        with self._lock:
+            for uid in [u for u, p in self._placed.items() if p.at <= since]:
+                del self._placed[uid]
+            return list(self._placed.values())
+
+
+class PoolErrors:
+    """The newest error seen about each pool (`report`), for its status."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._errors: dict[str, SeenError] = {}
+        self._lock = threading.Lock()
+
+    def report(self, pool: str, message: str) -> None:
+        with self._lock:
+            self._errors[pool] = SeenError(message, self.clock())
+
+    def of(self, pool: str) -> list[SeenError]:
+        with self._lock:
+            seen = self._errors.get(pool)
+        return [seen] if seen is not None else []
+
+
+class PoolStatusWriter:
+    def __init__(
+        self,
+        state: PoolState,
+        objects: PoolObjects,
+        writer: StatusWriter,
+        placements: PlacementLog,
+        errors: PoolErrors,
+        *,
+        clock: Callable[[], float] = time.time,
+        min_interval: float = 5.0,
+    ) -> None:
+        self.state = state
+        self.objects = objects
+        self.writer = writer
+        self.placements = placements
+        self.errors = errors
+        self.clock = clock
+        self.min_interval = min_interval
+        self._next_pass = float("-inf")
+        self._skipped = False
+
+    def __call__(self) -> list[str]:
+        return self.reconcile()
+
+    def next_pass_within(self) -> float | None:
+        """After a skipped pass: the seconds until the next one may compute."""
+        return max(0.0, self._next_pass - self.clock()) if self._skipped else None
+
+    def reconcile(self) -> list[str]:
+        """One pass; the pools whose status was written. A failed write is logged and tried next pass."""
+        now = self.clock()
+        if now < self._next_pass:
+            self._skipped = True
+            return []
+        self._skipped = False
+        self._next_pass = now + self.min_interval
+        objects, refusal = self.objects.pool_objects()
+        if not objects:
+            return []
+        policy = self.state.policy
+        members = members_by_pool(policy, self.state.node_list())
+        placed = self.placements.placed()
+        written = []
+        for obj in objects:
+            pool = policy.pool(obj.name)
+            loads = self.state.loads(pool) if pool is not None else {}
+            desired = pool_status(
+                obj, policy, members.get(obj.name, []), loads, placed, refusal, self.errors.of(obj.name), now
+            )
+            if desired == dict(obj.status):
+                continue
+            log = logger.bind(kind="EgressPool", name=obj.name)
+            try:
+                self.writer.set_pool_status(obj.name, desired, [k for k in obj.status if k not in desired])
+            except Exception as e:
+                log.warning("pool status not written: {}", e)
+                continue
+            written.append(obj.name)
+            ready, before = _ready(desired), _ready(obj.status)
+            if ready != before:
+                log.bind(status=ready[0], reason=ready[1]).info("pool {}: Ready {} ({})", obj.name, ready[0], ready[1])
+        return written
+
+
+def _ready(status: Mapping[str, Any]) -> tuple[str, str]:
+    for condition in status.get("conditions") or ():
+        if isinstance(condition, Mapping) and condition.get("type") == READY:
+            return str(condition.get("status")), str(condition.get("reason"))
+    return "", ""

@@ -1,0 +1,174 @@
+"""The leader's pool status writer (controller/reconcile/pool_status.py) against a ClusterState and a
+recording writer (no cluster): it writes a pool's status when it differs from the stored one and not
+again when it is the same; a pass within `min_interval` of the last is skipped and asks the loop back
+in time; it removes keys it no longer writes; a failed write is tried next pass. The placement log
+counts the runs' pods bound to pool nodes once, within the hour, from list and watch alike; a taint
+write that fails becomes the pool's last error."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from controller.core.images import TASKRUN_LABEL
+from controller.core.model import Taint
+from controller.core.pool_status import PoolObject, rfc3339
+from controller.core.pools import policy_from_objects
+from controller.metrics import Metrics
+from controller.reconcile.pool_status import PlacementLog, PoolErrors, PoolStatusWriter
+from controller.reconcile.taints import TaintReconciler
+from controller.state import ClusterState
+
+NOW = 1_800_000_000.0
+POLICY = policy_from_objects(
+    [{"apiVersion": "egress-placer.io/v1alpha1", "kind": "EgressPool", "metadata": {"name": "overseas"}, "spec": {"nodeSelector": {"egress": "yes"}, "capacity": 3}}]
+)
+TAINT = Taint("egress-placer.io/pool", "overseas", "NoSchedule")
+
+
+class Clock:
+    def __init__(self, now: float = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def node(name: str, pool: bool = True, taints: Sequence[Taint] = ()) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "resourceVersion": "1", "labels": {"egress": "yes"} if pool else {}},
+        "spec": {"taints": [t.to_dict() for t in taints]},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def run_pod(name: str, node_name: str | None, created: float, *, taskrun: bool = True) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "namespace": "team-cdn",
+            "name": name,
+            "uid": f"uid-{name}",
+            "creationTimestamp": rfc3339(created),
+            "labels": {TASKRUN_LABEL: name} if taskrun else {},
+        },
+        "spec": {"nodeName": node_name},
+        "status": {"phase": "Running"},
+    }
+
+
+class Objects:
+    """The policy source's view: the EgressPools as stored and the refusal."""
+
+    def __init__(self, *pools: PoolObject, refusal: str | None = None) -> None:
+        self.pools = list(pools)
+        self.refusal = refusal
+
+    def pool_objects(self) -> tuple[list[PoolObject], str | None]:
+        return list(self.pools), self.refusal
+
+
+class RecordingStatusWriter:
+    def __init__(self, objects: Objects, fail: int = 0) -> None:
+        self.objects = objects
+        self.writes: list[tuple[str, dict[str, Any], list[str]]] = []
+        self.fail = fail
+
+    def set_pool_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise RuntimeError("API down")
+        self.writes.append((name, dict(status), list(removed)))
+        # As the informer would show it a moment later.
+        self.objects.pools = [PoolObject(p.name, p.generation, dict(status)) if p.name == name else p for p in self.objects.pools]
+
+
+def setup(*pools: PoolObject, nodes: Sequence[dict[str, Any]] = (), fail: int = 0, refusal: str | None = None):
+    clock = Clock()
+    state = ClusterState(POLICY, clock=clock)
+    state.replace("Node", list(nodes))
+    objects = Objects(*pools, refusal=refusal)
+    writer = RecordingStatusWriter(objects, fail=fail)
+    placements = PlacementLog(state, clock=clock)
+    errors = PoolErrors(clock)
+    return clock, state, writer, placements, errors, PoolStatusWriter(state, objects, writer, placements, errors, clock=clock)
+
+
+def test_it_writes_a_changed_status_once_and_again_only_after_a_change():
+    clock, state, writer, _, _, reconcile = setup(PoolObject("overseas", 1, {}), nodes=[node("e1", taints=[TAINT])])
+    assert reconcile() == ["overseas"]
+    name, status, removed = writer.writes[0]
+    assert (status["nodes"], status["taintedNodes"], status["load"]["capacity"], removed) == (1, 1, 3, [])
+    assert status["conditions"][0]["status"] == "True"
+    clock.now += 10
+    assert reconcile() == []  # the same: nothing written
+    state.apply("Node", "ADDED", node("e2"))
+    clock.now += 10
+    assert reconcile() == ["overseas"]
+    assert (writer.writes[-1][1]["nodes"], writer.writes[-1][1]["conditions"][0]["reason"]) == (2, "TaintsPending")
+
+
+def test_a_pass_within_the_interval_is_skipped_and_asks_the_loop_back_in_time():
+    clock, state, writer, _, _, reconcile = setup(PoolObject("overseas", 1, {}), nodes=[node("e1")])
+    assert reconcile() == ["overseas"] and reconcile.next_pass_within() is None
+    state.apply("Node", "ADDED", node("e2"))
+    clock.now += 2
+    assert reconcile() == []  # 2 s after the last: skipped
+    assert reconcile.next_pass_within() == 3.0
+    clock.now += 3
+    assert reconcile() == ["overseas"] and reconcile.next_pass_within() is None
+    assert writer.writes[-1][1]["nodes"] == 2
+
+
+def test_keys_it_no_longer_writes_are_removed_and_a_failed_write_is_tried_next_pass():
+    stored = {"nodes": 9, "load": {"placed": 0, "capacity": 0}, "somethingOld": 1}
+    clock, _, writer, _, _, reconcile = setup(PoolObject("overseas", 2, stored), nodes=[node("e1")], fail=1)
+    assert reconcile() == []  # failed
+    clock.now += 5
+    assert reconcile() == ["overseas"]
+    assert writer.writes[0][2] == ["somethingOld"]
+
+
+def test_no_pool_object_no_write():
+    _, _, writer, _, _, reconcile = setup(nodes=[node("e1")])
+    assert reconcile() == [] and writer.writes == []
+
+
+def test_a_refused_set_shows_in_every_pool():
+    refusal = "EgressPool overseas: spec.egressLoad.prometheus.url: invalid port"
+    _, _, writer, _, _, reconcile = setup(PoolObject("overseas", 4, {}), PoolObject("other", 1, {}), nodes=[node("e1")], refusal=refusal)
+    assert reconcile() == ["overseas", "other"]
+    by_name = {w[0]: w[1] for w in writer.writes}
+    assert by_name["overseas"]["conditions"][0]["reason"] == "SpecRefused"
+    assert by_name["overseas"]["lastError"]["message"] == refusal
+    assert by_name["other"]["conditions"][0]["reason"] == "PolicyRefused" and "lastError" not in by_name["other"]
+
+
+def test_the_runs_placed_are_counted_once_from_list_and_watch():
+    clock, state, writer, placements, _, reconcile = setup(PoolObject("overseas", 1, {}), nodes=[node("e1"), node("plain", pool=False)])
+    placements.replace("Pod", [run_pod("a", "e1", NOW - 100), run_pod("old", "e1", NOW - 4000)])
+    placements.apply("Pod", "ADDED", run_pod("b", None, NOW - 5))  # not bound yet
+    placements.apply("Pod", "MODIFIED", run_pod("b", "e1", NOW - 5))
+    placements.apply("Pod", "MODIFIED", run_pod("b", "e1", NOW - 5))  # seen again: once
+    placements.apply("Pod", "ADDED", run_pod("c", "plain", NOW - 5))  # not a pool node
+    placements.apply("Pod", "ADDED", run_pod("d", "e1", NOW - 5, taskrun=False))  # not a run's
+    placements.apply("Pod", "DELETED", run_pod("a", "e1", NOW - 100))  # deleted: it was placed all the same
+    reconcile()
+    assert writer.writes[-1][1]["runsPlacedLastHour"] == 2
+    clock.now += 3550  # "a" is now more than an hour old
+    reconcile()
+    assert writer.writes[-1][1]["runsPlacedLastHour"] == 1
+    assert len(placements.placed()) == 1  # and forgotten
+
+
+def test_a_taint_write_that_fails_is_the_pools_last_error():
+    clock, state, writer, _, errors, reconcile = setup(PoolObject("overseas", 1, {}), nodes=[node("e1")])
+
+    class Refusing:
+        def set_node_taints(self, node, taints, resource_version, *, rebase=None) -> None:
+            raise RuntimeError("nodes is forbidden")
+
+    TaintReconciler(state, Refusing(), Metrics(), errors=errors)()
+    reconcile()
+    assert writer.writes[-1][1]["lastError"] == {
+        "message": "the taint of node e1 could not be written: nodes is forbidden",
+        "time": rfc3339(NOW),
+    }
