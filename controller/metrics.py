@@ -39,6 +39,7 @@ disable_created_metrics()
 ADMISSION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 # The outcomes of one AdmissionReview (admission_reviews_total{outcome}).
 MUTATED, UNCHANGED, ERROR, MALFORMED = "mutated", "unchanged", "error", "malformed"
+UNKNOWN_KIND = "unknown"  # the kind label of a review whose body could not be read
 # The attributes of Metrics that only the leader's reconcile pass sets.
 LEADER_SERIES = ("pool_node_load", "pool_node_capacity", "pool_ready_nodes", "intruders", "taint_drift_nodes", "agents_missing")
 
@@ -187,6 +188,10 @@ class Metrics:
         )
 
     # -- wiring --------------------------------------------------------------------------------------
+
+    def count_malformed_review(self) -> None:
+        """A review whose body could not be read (any webhook path)."""
+        self.admission_reviews.labels(kind=UNKNOWN_KIND, outcome=MALFORMED).inc()
 
     def track_policy(self, ready: Callable[[], bool], in_force: Callable[[], bool]) -> None:
         """policy_ready and policy_in_force read from the policy tracker at each scrape."""

@@ -57,7 +57,7 @@ from controller.core.model import (
 )
 from controller.core.patches import json_patch, over_default, place, tolerates, unplace, with_default
 from controller.core.policy import PlacementPolicy, Pool
-from controller.metrics import ERROR, MALFORMED, MUTATED, UNCHANGED, Metrics
+from controller.metrics import ERROR, MUTATED, UNCHANGED, Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
 
@@ -82,7 +82,6 @@ class Placement:
     more_nodes: int = 0  # eligible nodes of the pool not in `loads`
 
 
-UNKNOWN_KIND = "unknown"  # the kind label of a review whose body could not be read
 
 
 class Admission:
@@ -115,7 +114,7 @@ class Admission:
         try:
             request = parse_review(body)
         except MalformedReview:
-            self.metrics.admission_reviews.labels(kind=UNKNOWN_KIND, outcome=MALFORMED).inc()
+            self.metrics.count_malformed_review()
             raise
         kind = request.kind if request.kind in ("TaskRun", "PipelineRun", "Pod", "DaemonSet") else "other"
         started = self.clock()

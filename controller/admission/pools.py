@@ -28,10 +28,9 @@ from loguru import logger
 from controller.admission.review import ADMISSION_API_VERSION, MalformedReview, Request, parse_review, text, value_at
 from controller.core.policy import API_VERSION, PolicyError
 from controller.core.pools import GROUP, KINDS, POOL_KIND, VERSION, policy_from_objects
-from controller.metrics import ERROR, MALFORMED, Metrics
+from controller.metrics import ERROR, Metrics
 
 ALLOWED, DENIED = "allowed", "denied"
-UNKNOWN_KIND = "unknown"
 # The objects of the pools API as the informers hold them (apiVersion, kind, metadata, spec), or None
 # when there is no such cache (the policy comes from a ConfigMap, or the first list has not come).
 CachedObjects = Callable[[], Sequence[Mapping[str, Any]] | None]
@@ -48,7 +47,7 @@ class PoolValidation:
         try:
             request = parse_review(body)
         except MalformedReview:
-            self.metrics.admission_reviews.labels(kind=UNKNOWN_KIND, outcome=MALFORMED).inc()
+            self.metrics.count_malformed_review()
             raise
         started = self.clock()
         kind = request.kind if request.kind in KINDS else "other"

@@ -35,8 +35,8 @@ from loguru import logger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.admission.certs import ServingTLS
-from controller.admission.handlers import UNKNOWN_KIND, Admission, MalformedReview
-from controller.metrics import MALFORMED, Metrics
+from controller.admission.handlers import Admission, MalformedReview
+from controller.metrics import Metrics
 from controller.settings import Settings
 
 MAX_REVIEW_BYTES = 3 * 1024 * 1024  # the API server's request size limit
@@ -149,7 +149,7 @@ class AdmissionServer:
         return web.json_response(answer, dumps=_dumps)
 
     def _malformed(self) -> None:
-        self.metrics.admission_reviews.labels(kind=UNKNOWN_KIND, outcome=MALFORMED).inc()
+        self.metrics.count_malformed_review()
 
     async def healthz(self, request: web.Request) -> web.Response:
         return _text(200, "ok")
