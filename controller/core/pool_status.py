@@ -177,10 +177,12 @@ def _condition(
 
 
 def _last_error(stored: Mapping[str, Any], seen: Sequence[SeenError]) -> LastError | None:
-    """The newest of the errors seen and the one stored (the stored one wins a tie: it is not rewritten)."""
+    """The newest of the errors seen and the one stored (the stored one wins a tie: it is not rewritten;
+    among errors seen at the same time the last listed wins, so a refusal appended last is the one kept
+    and is not appended again on the next pass)."""
     kept = stored.get("lastError")
     kept_at = parse_rfc3339(kept.get("time")) if isinstance(kept, Mapping) else None
-    newest = max(seen, key=lambda e: e.at, default=None)
+    newest = max(reversed(seen), key=lambda e: e.at, default=None)
     if newest is not None and (kept_at is None or int(newest.at) > kept_at):
         return LastError(message=newest.message[:MAX_MESSAGE], time=rfc3339(newest.at))
     if kept_at is not None and isinstance(kept, Mapping) and isinstance(kept.get("message"), str):
