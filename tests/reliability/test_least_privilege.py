@@ -45,8 +45,8 @@ EVERY_USER = (
     | rules(["authentication.k8s.io"], ["selfsubjectreviews"], ["create"])
     | rules(["certificates.k8s.io"], ["clustertrustbundles"], READ)
 )
-# k8s/rbac-cluster.yaml: caches, the pool taint, evictions, Events, its own webhook's caBundle, the pool guard's binding,
-# the pools API (and its status).
+# k8s/rbac-cluster.yaml: caches, the pool taint, evictions, Events, its own webhooks' caBundle (placement and the pools
+# API's), the pool guard's binding, the pools API (and its status).
 CLUSTER_WIDE = (
     rules([""], ["nodes"], [*READ, "patch"])
     | rules([""], ["namespaces"], READ)
@@ -59,6 +59,7 @@ CLUSTER_WIDE = (
     | rules(["admissionregistration.k8s.io"], ["validatingadmissionpolicybindings"], ["get", "update"], ["egress-placer-pool-guard"])
     | rules(["egress-placer.io"], ["egresspools", "egressplacerconfigs"], READ)
     | rules(["egress-placer.io"], ["egresspools/status"], ["update", "patch"])
+    | rules(["admissionregistration.k8s.io"], ["validatingwebhookconfigurations"], ["get", "update"], ["egress-placer-pools"])
 )
 # k8s/rbac-namespace.yaml: the leader Lease, the webhook's TLS Secret, the policy ConfigMap, the pool guard's params, the stored last good policy.
 OWN_NAMESPACE = (
