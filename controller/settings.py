@@ -35,10 +35,11 @@ class Settings(BaseSettings):
     # Identity of this replica in the leader Lease.
     identity: str = Field(default_factory=socket.gethostname)
 
-    # Policy: a file (reloaded when it changes) or, when no file is given, a ConfigMap key ("configmap")
-    # or the EgressPool and EgressPlacerConfig objects of the pools API ("pools", docs/pools-api.md).
+    # Policy: a file (reloaded when it changes) or, when no file is given, the EgressPool and
+    # EgressPlacerConfig objects of the pools API ("pools", docs/pools-api.md) or a ConfigMap key
+    # ("configmap", the documented alternative: k8s/policy-configmap/).
     policy_file: str | None = None
-    policy_source: Literal["configmap", "pools"] = "configmap"
+    policy_source: Literal["configmap", "pools"] = "pools"
     policy_configmap: str = "egress-placer-policy"
     policy_key: str = "policy.yaml"
 

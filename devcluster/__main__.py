@@ -57,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
     kc.add_argument("--group", action="append", help="override the groups (repeatable)")
     kc.add_argument("--out", type=Path, help="where to write it (default DIR/users/USER.kubeconfig)")
     ctl = with_dir("controller", "start egress-placer on the cluster in DIR under the k8s/ identity, webhook registered")
-    ctl.add_argument("--policy", required=True, type=Path, help="the PlacementPolicy file (put into the policy ConfigMap)")
+    ctl.add_argument("--policy", required=True, type=Path, help="the policy file (into the policy ConfigMap; with --pools, as objects)")
+    ctl.add_argument("--pools", action="store_true", help="the policy as the pools API's objects (the default install) instead of the ConfigMap")
     ctl.add_argument("--replicas", type=int, default=1, help="controller processes (one leader; default 1)")
     ctl.add_argument("--pool-guard", action="store_true", help="also install the pool guard (k8s/pool-guard.yaml)")
     demo = sub.add_parser("demo", help="the main job: cluster, Tekton, controller, a mix of runs, where they went")
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "controller":
             from devplacer.controller import start_controller
 
-            for replica in start_controller(cluster, args.policy, replicas=args.replicas, pool_guard=args.pool_guard):
+            source = "pools" if args.pools else "configmap"
+            for replica in start_controller(cluster, args.policy, replicas=args.replicas, pool_guard=args.pool_guard, policy_source=source):
                 _log(f"[devcluster] {replica.name} ready: webhook {replica.webhook_url}, health {replica.health_url}")
             return 0
         if args.command == "down":

@@ -3,9 +3,13 @@
 `start_controller` applies the `k8s/` manifests (rendered by the cached kubectl's kustomize) except the
 Deployment, Service and PDB, points the MutatingWebhookConfiguration at a loopback URL and the pools
 API's ValidatingWebhookConfiguration at the same server's `/validate` (`clientConfig.url`; the
-controller fills their `caBundle` itself, as in a cluster), puts the given
-policy into the policy ConfigMap, mints a kubeconfig for the manifests' ServiceAccount, and starts
-`egress-placer run` under that identity, one process per replica. It returns once every replica
+controller fills their `caBundle` itself, as in a cluster), installs the given policy file, mints a
+kubeconfig for the manifests' ServiceAccount, and starts `egress-placer run` under that identity, one
+process per replica. The policy file goes, by `policy_source`, into the policy ConfigMap (`configmap`,
+the component `k8s/policy-configmap/`: what most tests use, since they change the policy as a document,
+invalid ones included) or in as the objects of the pools API (`pools`, the product's default: the demo,
+tests/e2e/test_pools_api.py), which are applied before the pools API's fail-closed webhook (no
+controller answers it yet; `egress-placer migrate-policy`'s objects, read by the loader already). It returns once every replica
 answers `/readyz` and both webhook configurations have their caBundle. The processes are recorded in the cluster's
 state, so `python -m devcluster down` stops them too. With `proxy=True` the webhook URL points at a
 round-robin TCP proxy in front of every replica (`devplacer.webhook_proxy`, recorded as
@@ -28,6 +32,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import requests
 import yaml
 
+from controller.core.pools import load_any_policy, objects_from_policy
 from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port
 
@@ -93,8 +98,8 @@ def kustomize(kubectl: Path, components: Sequence[str] = ()) -> list[dict[str, A
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
-def render_manifests(cluster: Cluster) -> list[dict[str, Any]]:
-    return kustomize(cluster.binary("kubectl"))
+def render_manifests(cluster: Cluster, components: Sequence[str] = ()) -> list[dict[str, Any]]:
+    return kustomize(cluster.binary("kubectl"), components)
 
 
 def webhooks_calling(doc: Mapping[str, Any], webhook_url: str, ca_bundle: bytes | None = None) -> dict[str, Any]:
@@ -141,6 +146,38 @@ def kubectl(cluster: Cluster, *args: str, stdin: str | None = None, kubeconfig: 
     return out.stdout
 
 
+def pool_objects(policy_text: str, source: str = "<policy>") -> list[dict[str, Any]]:
+    """The pools API's objects of a policy file in either form (a PlacementPolicy document, or the
+    objects themselves), as the loader reads it: `egress-placer migrate-policy`'s objects."""
+    return objects_from_policy(load_any_policy(policy_text, source))
+
+
+def install_pools(cluster: Cluster, objects: Sequence[Mapping[str, Any]], timeout: float = 30.0) -> None:
+    """Make `objects` the pools API's objects (others deleted), with no controller to answer the pools
+    API's webhook: its configuration is deleted first and applied again afterwards (with the rest of the
+    manifests, by the caller); the objects come from the loader, which the webhook would run."""
+    kubectl(cluster, "delete", "validatingwebhookconfiguration", POOLS_WEBHOOK_CONFIG, "--ignore-not-found")
+    for crd in ("egresspools.egress-placer.io", "egressplacerconfigs.egress-placer.io"):
+        kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
+    wanted = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    for plural, kind in (("egresspools", "EgressPool"), ("egressplacerconfigs", "EgressPlacerConfig")):
+        for listed in json.loads(kubectl(cluster, "get", plural, "-o", "json"))["items"]:
+            if (kind, listed["metadata"]["name"]) not in wanted:
+                kubectl(cluster, "delete", plural, listed["metadata"]["name"], "--ignore-not-found")
+    if not objects:
+        return
+    text = yaml.safe_dump_all([dict(o) for o in objects])
+    deadline = time.monotonic() + timeout
+    while True:  # the API server's cache of webhook configurations may call the deleted one a moment longer
+        try:
+            kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=text)
+            return
+        except ClusterError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def apply_policy(cluster: Cluster, policy_text: str) -> None:
     """Replace the policy ConfigMap's content (the running controller reloads it)."""
     cm = {
@@ -168,6 +205,7 @@ def start_controller(
     pool_guard: bool = False,
     launch: Launch | None = None,
     install: Install | None = None,
+    policy_source: str = "configmap",
 ) -> list[ControllerReplica]:
     """Install the manifests (local form) and start `replicas` controller processes; see the module docstring.
 
@@ -181,7 +219,11 @@ def start_controller(
     `python -m controller run` (e.g. a container of the image: `devplacer.image.ControllerContainer`).
     `install`: installs the objects given the webhook URL, instead of applying `k8s/` in its local form
     (e.g. the Helm chart: `devplacer.chart.Release.install`); the policy is then whatever it installs.
+    `policy_source`: the policy file into the ConfigMap (`configmap`) or as pools API objects (`pools`);
+    see the module docstring. `env` may still set EGRESS_PLACER_POLICY_SOURCE itself.
     """
+    if policy_source not in ("configmap", "pools"):
+        raise ValueError(f"policy_source is configmap or pools, not {policy_source!r}")
     if not cluster.state():
         raise ClusterError(f"no cluster in {cluster.dir}: run `python -m devcluster up --dir {cluster.dir}` first")
     policy_text = Path(policy_file).read_text()
@@ -203,12 +245,20 @@ def start_controller(
     if install is not None:
         install(webhook_url)
     else:
-        docs = local_manifests(render_manifests(cluster), policy_text, webhook_url, ca_bundle)
+        components = ("policy-configmap",) if policy_source == "configmap" else ()
+        docs = local_manifests(render_manifests(cluster, components), policy_text, webhook_url, ca_bundle)
         docs = [d for d in docs if pool_guard or d.get("kind") not in POOL_GUARD_KINDS]
+        if policy_source == "pools":
+            objects = pool_objects(policy_text, str(policy_file))  # refused here when the file is invalid
+            guarded = [d for d in docs if d.get("kind") == "ValidatingWebhookConfiguration"]
+            rest = [d for d in docs if d.get("kind") != "ValidatingWebhookConfiguration"]
+            kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(rest))
+            install_pools(cluster, objects)
+            docs = guarded
         kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs))
     kubeconfig = cluster.mint_kubeconfig(service_account_user())
     for replica in planned:
-        replica_env = {**controller_env(replica, kubeconfig), **(env or {})}
+        replica_env = {**controller_env(replica, kubeconfig), "EGRESS_PLACER_POLICY_SOURCE": policy_source, **(env or {})}
         cluster.start_process(
             replica.name,
             launch(replica, replica_env) if launch else [sys.executable, "-m", "controller", "run"],

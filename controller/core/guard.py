@@ -8,7 +8,8 @@ Three objects (names in `GUARD_NAME`):
   in `k8s/pool-guard.yaml` (a unit test checks the file equals this render);
 - its binding (`policy_binding(policy, namespace)`): leaves the exempt and agent namespaces out by
   `kubernetes.io/metadata.name` (the API server sets that label to the namespace's name; no tenant
-  can set it); `k8s/` ships the one for `k8s/policy.yaml`, the leader keeps it to the policy in force;
+  can set it); `k8s/` ships the one for the default exempt and agent namespaces (no EgressPlacerConfig),
+  the leader keeps it to the policy in force;
 - its params (`guard_params(policy, nodes)`): a ConfigMap the leader keeps current: each pool's taint,
   its namespace rules (globs as RE2 regular expressions, the label selector, the annotation
   `egress-placer.io/pools`) and the pool node names.
@@ -398,8 +399,9 @@ MANIFEST_HEADER = """\
 # node. See k8s/README.md, "The pool guard". The leader keeps its params (ConfigMap
 # egress-placer-pool-guard) and the binding's namespaceSelector (exempt and agent namespaces) current.
 #
-# GENERATED from controller/core/guard.py for k8s/policy.yaml; do not edit. Regenerate with:
-#   python -c 'from controller.core.guard import manifest_text; print(manifest_text(open("k8s/policy.yaml").read()), end="")' > k8s/pool-guard.yaml
+# GENERATED from controller/core/guard.py for the default exempt and agent namespaces (no
+# EgressPlacerConfig); do not edit. Regenerate with:
+#   python -c 'from controller.core.guard import manifest_text; print(manifest_text(), end="")' > k8s/pool-guard.yaml
 """
 
 
@@ -413,8 +415,9 @@ _BlockDumper.add_representer(
 )
 
 
-def manifest_text(policy_text: str, namespace: str = "egress-placer") -> str:
-    """k8s/pool-guard.yaml: the policy and the binding for the policy in `policy_text`."""
-    policy = load_policy(policy_text, "k8s/policy.yaml")
+def manifest_text(policy_text: str | None = None, namespace: str = "egress-placer") -> str:
+    """k8s/pool-guard.yaml: the policy and the binding for the policy in `policy_text` (a PlacementPolicy
+    document; None: the default policy-wide fields, what k8s/ ships)."""
+    policy = PlacementPolicy.empty() if policy_text is None else load_policy(policy_text, "<policy>")
     docs = [validating_admission_policy(), policy_binding(policy, namespace)]
     return MANIFEST_HEADER + yaml.dump_all(docs, Dumper=_BlockDumper, sort_keys=False, width=120, explicit_start=True)

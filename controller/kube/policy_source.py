@@ -42,14 +42,15 @@ from controller.settings import Settings
 
 def read_pools_policy(api: KubeApi) -> PlacementPolicy:
     """The policy of the objects of the pools API, read once (`egress-placer status`); PolicyError
-    when the API server refuses to list them (no CRD, no right) or the objects are refused; a cluster
-    that does not answer raises as it is."""
+    when the pools API is not there (404: its CRDs are not installed) or the objects are refused; a
+    cluster that does not answer, or refuses the read (403: the caller may not list them), raises as it
+    is: the command says it cannot read the cluster."""
     objects: list[Obj] = []
     for kind in KINDS:
         try:
             items = api.call("GET", f"/apis/{API_VERSION}/{PLURALS[kind]}").get("items") or []
         except Exception as e:
-            if status_of(e) is None:
+            if status_of(e) != 404:
                 raise
             raise PolicyError(_unreadable(e)) from None
         objects.extend({**o, "apiVersion": API_VERSION, "kind": kind} for o in items)

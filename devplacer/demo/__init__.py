@@ -1,7 +1,8 @@
 """`make demo` (`python -m devcluster demo`): egress-placer's main job on the local cluster.
 
 Brings up the local cluster (3 ordinary nodes, 3 egress nodes), starts the controller under the
-`k8s/` ServiceAccount with its webhook registered, submits the mix of runs in `runs.yaml` (uploads,
+`k8s/` ServiceAccount with its webhook registered, reading the pool in `pools.yaml` (an EgressPool of the
+pools API, as `k8s/` installs it by default) and shows it with `kubectl get egresspools`, submits the mix of runs in `runs.yaml` (uploads,
 a Task reference, a param default, opt-out, opt-in, a namespace allowed by annotation, a namespace
 that is not allowed, a copied toleration, a PipelineRun with a build and a publish task), waits for
 them to finish, and prints where each run went and why. Exit status 0 only when every run finished
@@ -23,7 +24,7 @@ from devcluster.cluster import EGRESS_POOL_LABEL, Cluster, ClusterError
 from devplacer.controller import kubectl, start_controller
 
 HERE = Path(__file__).resolve().parent
-POLICY = HERE / "policy.yaml"
+POOLS = HERE / "pools.yaml"  # the demo's pool, an EgressPool
 RUNS = HERE / "runs.yaml"
 DONE_TIMEOUT = 180.0
 
@@ -54,6 +55,15 @@ def _wait(what: str, check: Callable[[], bool], timeout: float) -> None:
         if time.monotonic() > deadline:
             raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(0.5)
+
+
+def _pool_ready(cluster: Cluster) -> bool:
+    """Every EgressPool's status says Ready True (its nodes carry its taint)."""
+    pools = _get(cluster, "egresspools")
+    return bool(pools) and all(
+        any(c.get("type") == "Ready" and c.get("status") == "True" for c in (p.get("status") or {}).get("conditions") or [])
+        for p in pools
+    )
 
 
 def submit(cluster: Cluster, log: Callable[[str], None]) -> list[dict[str, Any]]:
@@ -120,12 +130,15 @@ def run_demo(directory: Path | None = None, keep: bool = False, log: Callable[[s
         log(f"[demo] bringing up the local cluster in {cluster_dir}")
         cluster.up()
         log("[demo] starting egress-placer under system:serviceaccount:egress-placer:egress-placer")
-        start_controller(cluster, POLICY)
+        start_controller(cluster, POOLS, policy_source="pools")
         taints = {
             n["metadata"]["name"]: [f"{t['key']}={t.get('value', '')}:{t['effect']}" for t in (n.get("spec") or {}).get("taints") or []]
             for n in _get(cluster, "nodes")
         }
         log("[demo] node taints: " + ", ".join(f"{k}: {v[0] if v else '-'}" for k, v in sorted(taints.items())))
+        _wait("the pool's status: its nodes tainted", lambda: _pool_ready(cluster), 30)
+        for line in kubectl(cluster, "get", "egresspools").splitlines():
+            log(f"[demo] {line}")
         runs = submit(cluster, log)
         expected = sum(len((r["spec"].get("pipelineSpec") or {}).get("tasks") or [1]) for r in runs)
 

@@ -1,5 +1,6 @@
 """End to end, the command line against the local cluster as an administrator runs it: found through
-$KUBECONFIG like kubectl (no EGRESS_PLACER_* variable), directly and as the kubectl plugin
+$KUBECONFIG like kubectl (no EGRESS_PLACER_* variable: the policy is the pools API's objects, as the
+controller here reads it), directly and as the kubectl plugin
 `kubectl egress-placer`. Exit 0 while the controller keeps the pool right; 1 once a pool node lost
 its taint (the controller stopped, so that nobody puts it back); 3 when the API server does not answer.
 tests/unit/test_cli_exit_codes.py has the whole table."""
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import yaml
@@ -18,8 +20,9 @@ import yaml
 from controller.cli import PLUGIN_EXECUTABLE
 from controller.cli.errors import Exit
 from devcluster.process import free_port
-from devplacer.controller import stop_controller
-from tests.e2e.running_controller import EgressPlacer, as_an_administrator, egress_placer_command, pool_taints
+from devcluster.cluster import Cluster
+from devplacer.controller import install_pools, start_controller, stop_controller
+from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, as_an_administrator, egress_placer_command, make_plain, pool_taints
 from tests.e2e.tekton_runs import POOL_NODES, POOL_TAINT
 from tests.kube import Api, node
 from tests.waiting import wait_for
@@ -27,6 +30,18 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 UNTAINTED = "egress-2"
+
+
+@pytest.fixture(scope="module")
+def egress_placer(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[EgressPlacer]:
+    """egress-placer as installed by default, reading the e2e policy as pools API objects: what the
+    command, with no EGRESS_PLACER_* variable, reads too. The objects and the cluster made plain after."""
+    try:
+        start_controller(devcluster, POLICY_FILE, policy_source="pools")
+        yield EgressPlacer(devcluster)
+    finally:
+        install_pools(devcluster, [])  # before the webhook configuration goes: deletions pass it anyway
+        make_plain(api, devcluster)
 
 
 def status_rows(done: subprocess.CompletedProcess[str]) -> dict[str, dict[str, object]]:

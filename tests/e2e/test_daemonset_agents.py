@@ -203,7 +203,8 @@ def test_existing_node_agents_are_reported_and_patched_only_when_opted_in(
 
     # `egress-placer status` says the same, and exits 1.
     out = io.StringIO()
-    assert run_status(Settings(kubeconfig=str(devcluster.kubeconfig)), out, as_json=True) == 1
+    settings = Settings(kubeconfig=str(devcluster.kubeconfig), policy_source="configmap")  # this module's controller reads the ConfigMap
+    assert run_status(settings, out, as_json=True) == 1
     rows = json.loads(out.getvalue())
     assert {r["node"] for r in rows if f"{AGENTS}/{reported}" in r["agents_missing"]} == set(POOL_NODES)
     assert not [r for r in rows if f"{AGENTS}/{opted_in}" in r["agents_missing"]]

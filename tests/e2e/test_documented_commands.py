@@ -54,8 +54,9 @@ INSTALL = ["kubectl apply -k k8s/", "kubectl -n egress-placer rollout status dep
 # The Deployment's pods here are KWOK's: no controller answers the pools API's fail-closed webhook, the
 # case k8s/README.md ("The pools API's webhook: fail-closed") says to delete its configuration for.
 NO_CONTROLLER_ANSWERS = ["kubectl delete validatingwebhookconfiguration egress-placer-pools"]
-# docs/pools-api.md, right after the install (the uninstall removes the CRDs and the objects with them).
+# k8s/README.md and docs/pools-api.md, right after the install (the uninstall removes the CRDs and the objects with them).
 POOLS_API = [
+    "kubectl apply -f config/pools.example.yaml",
     "egress-placer migrate-policy config/policy.example.yaml | kubectl apply -f -",
     "kubectl get egresspools",
     "kubectl explain egresspool.spec.images",

@@ -1,6 +1,6 @@
 """End to end, the Helm chart: `helm install` (the helm built from its Go module, against the local
-cluster's admin kubeconfig) installs charts/egress-placer with the e2e policy as its `policy` value,
-and the controller it describes places runs.
+cluster's admin kubeconfig) installs charts/egress-placer with the e2e policy as its `policy` value
+(`policySource: configmap`), and the controller it describes places runs.
 
 The controller runs as in the other e2e tests (devplacer.controller.start_controller): a local process
 under the chart's ServiceAccount (a minted kubeconfig, so the chart's RBAC is what it may do), with the
@@ -34,7 +34,12 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 CONTROLLER_NODE = sorted(ORDINARY_NODES)[0]  # where the Deployment's (containerless) pods are put
-VALUES: dict[str, Any] = {"policy": policy_values(POLICY_FILE), "nodeSelector": {"kubernetes.io/hostname": CONTROLLER_NODE}}
+# The chart's ConfigMap form (policySource: configmap), so that the policy is the release's own value.
+VALUES: dict[str, Any] = {
+    "policySource": "configmap",
+    "policy": policy_values(POLICY_FILE),
+    "nodeSelector": {"kubernetes.io/hostname": CONTROLLER_NODE},
+}
 HELM_MANAGED = {"app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/instance": "egress-placer"}
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MONITORING = "/apis/monitoring.coreos.com/v1"

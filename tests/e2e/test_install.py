@@ -46,7 +46,8 @@ def test_the_k8s_base_passes_a_server_side_dry_run(devcluster: Cluster, controll
     assert {
         "deployment.apps",
         "mutatingwebhookconfiguration.admissionregistration.k8s.io",
-        "configmap",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io",  # the pools API's
+        "customresourcedefinition.apiextensions.k8s.io",
         "validatingadmissionpolicy.admissionregistration.k8s.io",  # its CEL compiled by the API server
         "validatingadmissionpolicybinding.admissionregistration.k8s.io",
     } <= kinds, out

@@ -135,9 +135,15 @@ def readyz(egress_placer: EgressPlacer) -> requests.Response:
 
 
 def status_of_the_cluster(cluster: Cluster) -> subprocess.CompletedProcess[str]:
-    """`egress-placer status` as an administrator runs it."""
+    """`egress-placer status` as an administrator runs it for a controller on the ConfigMap form (this
+    module's: it changes the policy as a document, broken ones included)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EGRESS_PLACER_")}
-    env.update(PYTHONPATH=str(REPO), EGRESS_PLACER_KUBECONFIG=str(cluster.kubeconfig), EGRESS_PLACER_NAMESPACE=NAMESPACE)
+    env.update(
+        PYTHONPATH=str(REPO),
+        EGRESS_PLACER_KUBECONFIG=str(cluster.kubeconfig),
+        EGRESS_PLACER_NAMESPACE=NAMESPACE,
+        EGRESS_PLACER_POLICY_SOURCE="configmap",
+    )
     return subprocess.run([sys.executable, "-m", "controller", "status"], env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
 
 

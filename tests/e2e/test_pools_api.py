@@ -214,10 +214,12 @@ def test_fail_closed_while_no_controller_answers_and_deleting_the_webhook_config
 
 
 def examples() -> list[tuple[str, str]]:
-    """(where, YAML): the objects of docs/pools-api.md, and every policy file of the repository migrated."""
+    """(where, YAML): the objects of docs/pools-api.md, the example and the demo's objects, and every
+    policy file of the repository migrated."""
     doc = (ROOT / "docs" / "pools-api.md").read_text()
     out = [(f"docs/pools-api.md block {i}", b) for i, b in enumerate(re.findall(r"```yaml\n(.*?)```", doc, re.S)) if API_VERSION in b]
-    for path in ("config/policy.example.yaml", "k8s/policy.yaml", "devplacer/demo/policy.yaml", "tests/data/e2e/policy.yaml"):
+    out += [(path, (ROOT / path).read_text()) for path in ("config/pools.example.yaml", "devplacer/demo/pools.yaml")]
+    for path in ("config/policy.example.yaml", "k8s/policy-configmap/policy.yaml", "tests/data/e2e/policy.yaml"):
         migrated = io.StringIO()
         assert run_migrate(str(ROOT / path), out=migrated) == 0
         out.append((f"{path} migrated", migrated.getvalue()))
@@ -226,7 +228,7 @@ def examples() -> list[tuple[str, str]]:
 
 def test_every_example_applies_cleanly(devcluster: Cluster, controller: EgressPlacer) -> None:
     found = examples()
-    assert len(found) >= 7
+    assert len(found) >= 8
     for where, text in found:
         done = kubectl(devcluster, "apply", "--dry-run=server", "-f", "-", stdin=text)
         assert done.returncode == 0, f"{where}: {done.stderr}"

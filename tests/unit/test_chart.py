@@ -2,11 +2,12 @@
 
 The chart is `k8s/` for Helm: for the default values `helm template` renders the same objects with the
 same fields as `kubectl kustomize k8s/`, and so do its certificate and intruder values and the
-kustomize components they stand for (k8s/cert-manager/, k8s/report-only/). Normalisation before the
+kustomize components they stand for (k8s/cert-manager/, k8s/report-only/), and its `policySource:
+configmap` for k8s/policy-configmap/. Normalisation before the
 comparison, and nothing else:
   - Helm's own labels (`HELM_LABELS`: helm.sh/chart, app.kubernetes.io/managed-by, /instance, /version)
     are dropped from every object's metadata.labels;
-  - the policy ConfigMap's `policy.yaml` is compared parsed (k8s/policy.yaml keeps comments, the chart
+  - the policy ConfigMap's `policy.yaml` is compared parsed (k8s/policy-configmap/policy.yaml keeps comments, the chart
     writes the `policy` value with toYaml);
   - a container's `env` is compared as a mapping by name: kustomize's strategic merge puts the variables
     a component patches first, and without `$(VAR)` references (checked) their order means nothing;
@@ -32,7 +33,7 @@ import pytest
 import yaml
 
 from controller.core.guard import policy_binding
-from controller.core.policy import load_policy
+from controller.core.policy import PlacementPolicy, load_policy
 from devcluster.build import find_artifacts, find_optional
 from devcluster.cluster import ClusterError
 from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, policy_values, post_render, run_helm, settings_env, template
@@ -45,6 +46,7 @@ FILES = CHART_DIR / "files"
 COMPONENT_VALUES: dict[str, dict[str, Any]] = {
     "report-only": {"intruderMode": "report"},
     "cert-manager": {"certificate": {"mode": "cert-manager"}},
+    "policy-configmap": {"policySource": "configmap"},
 }
 Key = tuple[str, str, str | None, str]
 
@@ -120,7 +122,11 @@ def merged(*values: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("components", [(), ("report-only",), ("cert-manager",), ("cert-manager", "report-only")], ids=lambda c: "+".join(c) or "defaults")
+@pytest.mark.parametrize(
+    "components",
+    [(), ("report-only",), ("cert-manager",), ("cert-manager", "report-only"), ("policy-configmap",), ("cert-manager", "policy-configmap")],
+    ids=lambda c: "+".join(c) or "defaults",
+)
 def test_the_render_is_k8s_for_the_same_choices(helm: Path, kubectl: Path, components: tuple[str, ...]) -> None:
     kustomized = kustomize(kubectl, components)
     charted = template(helm, merged(*(COMPONENT_VALUES[c] for c in components)))
@@ -143,9 +149,10 @@ def test_the_comparison_reports_what_differs() -> None:
     assert compare(docs, [*docs, extra]) == ["only in the chart: apiextensions.k8s.io/v1/CustomResourceDefinition/pools.egress-placer.io"]
 
 
-def test_the_default_policy_is_k8s_policy_yaml() -> None:
+def test_the_default_policy_is_the_configmap_component_s() -> None:
     defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
-    assert defaults["policy"] == policy_values(K8S_DIR / "policy.yaml")
+    assert defaults["policy"] == policy_values(K8S_DIR / "policy-configmap" / "policy.yaml")
+    assert defaults["policySource"] == "pools"
 
 
 def test_the_packaged_chart_renders_the_same(helm: Path, tmp_path: Path, default_render: list[dict[str, Any]]) -> None:
@@ -312,7 +319,7 @@ def test_an_issuer_of_one_s_own_replaces_the_self_signed_one(helm: Path) -> None
 
 # -- the policy, and the pool guard's binding computed from it ------------------------------------------
 POLICIES = {
-    "k8s/policy.yaml": policy_values(K8S_DIR / "policy.yaml"),
+    "k8s/policy-configmap/policy.yaml": policy_values(K8S_DIR / "policy-configmap" / "policy.yaml"),
     "exempt namespaces of one's own": {"pools": [{"name": "gpu", "nodeSelector": {"pool": "gpu"}}], "exemptNamespaces": ["kube-system", "ops"]},
     "agent namespaces apart": {"pools": [{"name": "gpu", "nodeSelector": {"pool": "gpu"}}], "agentNamespaces": ["monitoring", "kube-system"]},
     "no exempt and no agent namespaces": {"pools": [{"name": "gpu", "nodeSelector": {"pool": "gpu"}}], "exemptNamespaces": [], "agentNamespaces": []},
@@ -321,13 +328,23 @@ POLICIES = {
 
 @pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
 def test_the_policy_value_is_the_configmap_and_the_guard_binding_follows_it(helm: Path, policy: dict[str, Any]) -> None:
-    docs = template(helm, {"policy": policy})
+    docs = template(helm, {"policySource": "configmap", "policy": policy})
     (configmap,) = [d for d in docs if key(d) == POLICY_CONFIGMAP]
     loaded = load_policy(configmap["data"]["policy.yaml"], "the chart's ConfigMap")  # raises when the controller would refuse it
     assert yaml.safe_load(configmap["data"]["policy.yaml"]) == {"apiVersion": "egress-placer.io/v1alpha1", "kind": "PlacementPolicy", **policy}
     binding = the(docs, "ValidatingAdmissionPolicyBinding")
     expected = policy_binding(loaded, "egress-placer")
     assert {k: binding[k] for k in ("apiVersion", "kind", "spec")} == {k: expected[k] for k in ("apiVersion", "kind", "spec")}
+
+
+@pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
+def test_with_the_pools_api_the_policy_value_is_not_rendered_and_the_binding_has_the_defaults(helm: Path, policy: dict[str, Any]) -> None:
+    docs = template(helm, {"policy": policy})  # policySource: pools, the default
+    assert POLICY_CONFIGMAP not in {key(d) for d in docs}
+    env = {e["name"]: e.get("value") for e in the(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["EGRESS_PLACER_POLICY_SOURCE"] == "pools"
+    binding = the(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == policy_binding(PlacementPolicy.empty(), "egress-placer")["spec"]
 
 
 # -- monitoring objects --------------------------------------------------------------------------------

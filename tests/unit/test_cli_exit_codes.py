@@ -36,6 +36,8 @@ import controller.cli.status
 from controller.cli import PLUGIN_EXECUTABLE, main, program_name
 from controller.cli.errors import Exit
 from controller.core.model import TAINT_KEY
+from controller.core.policy import load_policy
+from controller.core.pools import objects_from_policy
 from controller.kube.client import kubeconfig_source
 from controller.settings import Settings
 from devcluster.build import find_artifacts
@@ -50,6 +52,8 @@ pools:
     images: ["*/cdn-*"]
 """
 POOL_TAINT = {"key": TAINT_KEY, "value": "overseas", "effect": "NoSchedule"}
+POOLS = "/apis/egress-placer.io/v1alpha1/egresspools"
+CONFIGS = "/apis/egress-placer.io/v1alpha1/egressplacerconfigs"
 ARTIFACTS = find_artifacts()  # the local cluster's binaries, found before the tests empty HOME
 
 
@@ -106,8 +110,10 @@ class FakeApiServer:
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
     def cluster_with(self, node: dict[str, Any]) -> None:
+        """The policy as the pools API's objects (the default source), and one node."""
         self.objects = {
-            "/api/v1/namespaces/egress-placer/configmaps/egress-placer-policy": {"data": {"policy.yaml": POLICY}},
+            POOLS: {"items": objects_from_policy(load_policy(POLICY))},
+            CONFIGS: {"items": []},
             "/api/v1/nodes": {"items": [node]},
             "/api/v1/namespaces": {"items": []},
             "/api/v1/pods": {"items": []},
@@ -321,7 +327,7 @@ def test_status_with_an_invalid_policy_file_is_2(
 def test_status_with_an_invalid_policy_in_the_cluster_is_2_after_the_table(
     api_server: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    api_server.objects["/api/v1/namespaces/egress-placer/configmaps/egress-placer-policy"] = {"data": {"policy.yaml": "pools: 1"}}
+    api_server.objects[POOLS] = {"items": [{"metadata": {"name": "overseas"}, "spec": {"nodes": ["egress-1"], "capacity": 0}}]}
     assert main(["status", "--kubeconfig", str(kubeconfig)]) == Exit.USAGE
     assert "policy: " in capsys.readouterr().out
 
@@ -340,7 +346,7 @@ def test_status_refused_by_the_api_server_is_3(
 ) -> None:
     api_server.refuse = True
     assert main(["status", "--kubeconfig", str(kubeconfig)]) == Exit.UNREACHABLE
-    assert stderr_line(capsys).startswith("egress-placer status: cannot read the cluster: HTTP 403 Forbidden: forbidden: /api/v1/")
+    assert stderr_line(capsys) == "egress-placer status: cannot read the cluster: HTTP 403 Forbidden: forbidden: /apis/egress-placer.io/v1alpha1/egresspools"
 
 
 def test_run_that_never_syncs_its_caches_is_3(

@@ -25,6 +25,7 @@ from controller.core.guard import (
     GuardError,
     annotation_regex,
     glob_regex,
+    manifest_text,
     guard_params,
     policy_binding,
     refused_pools,
@@ -426,7 +427,11 @@ def test_the_policy_fails_closed_on_creates_and_updates_of_pods() -> None:
     ]
 
 
-def test_k8s_ships_the_render_for_the_shipped_policy() -> None:
-    shipped = list(yaml.safe_load_all((ROOT / "k8s" / "pool-guard.yaml").read_text()))
-    policy = load_policy((ROOT / "k8s" / "policy.yaml").read_text())
-    assert shipped == [validating_admission_policy(), policy_binding(policy, "egress-placer")]
+def test_k8s_ships_the_render_for_the_default_policy_wide_fields() -> None:
+    text = (ROOT / "k8s" / "pool-guard.yaml").read_text()
+    assert text == manifest_text()
+    shipped = list(yaml.safe_load_all(text))
+    assert shipped == [validating_admission_policy(), policy_binding(PlacementPolicy.empty(), "egress-placer")]
+    # The ConfigMap form's policy has the same policy-wide fields: the same binding.
+    configmap_form = load_policy((ROOT / "k8s" / "policy-configmap" / "policy.yaml").read_text())
+    assert policy_binding(configmap_form, "egress-placer") == shipped[1]

@@ -36,7 +36,7 @@ NAMESPACE = "egress-placer"
 SERVICE_ACCOUNT = "egress-placer"
 SKIP_LABEL = ("egress-placer.io/webhook", "skip")
 POOL_TAINT_KEY = TAINT_KEY  # the fixed key the pod webhook's matchConditions must name
-NOT_RESOURCES = {"kustomization.yaml", "policy.yaml"}  # kustomize input, and the policy document
+NOT_RESOURCES = {"kustomization.yaml"}  # kustomize input
 CLUSTER_SCOPED = {
     "CustomResourceDefinition", "Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
     "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
@@ -203,8 +203,16 @@ def test_namespaced_objects_name_their_namespace(obj: dict[str, Any]) -> None:
         assert ns in {NAMESPACE, TEKTON_NS, "kube-system"}
 
 
+POLICY_CONFIGMAP_COMPONENT = yaml.safe_load((K8S / "policy-configmap" / "kustomization.yaml").read_text())
+
+
+def test_the_base_reads_the_pools_api_and_ships_no_policy() -> None:
+    assert effective_setting("policy_source") == "pools" == default("policy_source")
+    assert "configMapGenerator" not in KUSTOMIZATION
+
+
 def test_policy_configmap_is_generated_under_the_fixed_name_the_controller_watches() -> None:
-    (gen,) = KUSTOMIZATION["configMapGenerator"]
+    (gen,) = POLICY_CONFIGMAP_COMPONENT["configMapGenerator"]
     assert gen["name"] == default("policy_configmap")
     assert gen["namespace"] == NAMESPACE
     assert gen["options"]["disableNameSuffixHash"] is True
@@ -212,7 +220,7 @@ def test_policy_configmap_is_generated_under_the_fixed_name_the_controller_watch
 
 
 def test_shipped_policy_is_valid_and_sends_cdn_and_uploader_images_to_overseas() -> None:
-    policy = load_policy((K8S / "policy.yaml").read_text(), "k8s/policy.yaml")
+    policy = load_policy((K8S / "policy-configmap" / "policy.yaml").read_text(), "k8s/policy-configmap/policy.yaml")
     (pool,) = policy.pools
     assert pool.name == "overseas"
     assert dict(pool.node_selector) == {POOL_TAINT_KEY: "overseas"}
@@ -239,12 +247,24 @@ def rendered_env(docs: list[dict[str, Any]]) -> dict[str, str | None]:
     return {e["name"]: e.get("value") for e in container["env"]}
 
 
-def test_kustomize_renders_every_object_and_the_policy_configmap(kubectl: Path) -> None:
+def test_kustomize_renders_every_object(kubectl: Path) -> None:
     out = subprocess.run([str(kubectl), "kustomize", str(K8S)], check=True, capture_output=True, text=True).stdout
     rendered = [d for d in yaml.safe_load_all(out) if d]
-    assert {key(d) for d in rendered} == {key(o) for o in OBJECTS} | {("ConfigMap", NAMESPACE, default("policy_configmap"))}
-    (cm,) = [d for d in rendered if d["kind"] == "ConfigMap"]
-    assert yaml.safe_load(cm["data"][default("policy_key")]) == yaml.safe_load((K8S / "policy.yaml").read_text())
+    assert {key(d) for d in rendered} == {key(o) for o in OBJECTS}
+
+
+@pytest.mark.parametrize("components", [("policy-configmap",), ("policy-configmap", "cert-manager", "report-only")])
+def test_the_policy_configmap_component_adds_the_configmap_and_reads_it(kubectl: Path, components: tuple[str, ...]) -> None:
+    without = kustomize(kubectl, [c for c in components if c != "policy-configmap"])
+    with_it = kustomize(kubectl, components)
+    assert rendered_env(with_it) == {**rendered_env(without), ENV_PREFIX + "POLICY_SOURCE": "configmap"}
+    assert rendered_env(without)[ENV_PREFIX + "POLICY_SOURCE"] == "pools"
+    (cm,) = [d for d in with_it if d["kind"] == "ConfigMap"]
+    assert (cm["metadata"]["name"], cm["metadata"]["namespace"]) == (default("policy_configmap"), NAMESPACE)
+    assert cm["metadata"]["labels"] == {"app.kubernetes.io/part-of": "egress-placer"}
+    assert yaml.safe_load(cm["data"][default("policy_key")]) == yaml.safe_load((K8S / "policy-configmap" / "policy.yaml").read_text())
+    others = lambda docs: {key(d): d for d in docs if d["kind"] != "Deployment"}  # noqa: E731
+    assert others(with_it) == {**others(without), key(cm): cm}
 
 
 def test_the_base_evicts_intruders() -> None:

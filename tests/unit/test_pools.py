@@ -319,3 +319,12 @@ def test_a_policy_made_objects_and_back_is_the_same_policy(policy: PlacementPoli
     if objects:  # no object at all is an empty file, which is refused (as an empty policy document)
         assert load_any_policy(dump_objects(objects), "dumped.yaml") == policy
     assert load_policy(dump_policy(policy)) == policy  # the controller stores the last good one so
+
+
+def test_the_two_examples_are_the_same_policy_and_the_demo_s_pool_loads() -> None:
+    """config/pools.example.yaml (the default form) and config/policy.example.yaml (the ConfigMap form)
+    show the same fields with the same values; the demo's EgressPool is valid."""
+    objects = load_any_policy((ROOT / "config" / "pools.example.yaml").read_text(), "config/pools.example.yaml")
+    assert objects == load_policy((ROOT / "config" / "policy.example.yaml").read_text(), "config/policy.example.yaml")
+    demo = load_any_policy((ROOT / "devplacer" / "demo" / "pools.yaml").read_text(), "devplacer/demo/pools.yaml")
+    assert [p.name for p in demo.pools] == ["overseas"]

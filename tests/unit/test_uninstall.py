@@ -48,7 +48,7 @@ def rendered(kubectl: Path, tmp: Path, components: tuple[str, ...]) -> list[dict
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-@pytest.mark.parametrize("components", [(), ("cert-manager",), ("report-only",)])
+@pytest.mark.parametrize("components", [(), ("cert-manager",), ("report-only",), ("policy-configmap",)])
 def test_uninstall_deletes_everything_the_install_makes_and_nothing_else(tmp_path: Path, components: tuple[str, ...]) -> None:
     artifacts = find_artifacts()
     if artifacts is None:
@@ -60,7 +60,7 @@ def test_uninstall_deletes_everything_the_install_makes_and_nothing_else(tmp_pat
     in_namespace = [o for o in installed if o["metadata"].get("namespace") == settings.namespace]
     assert by_name <= deleted
     assert f"/api/v1/namespaces/{settings.namespace}" in by_name  # its content goes with it
-    assert in_namespace and {o["kind"] for o in in_namespace} >= {"Deployment", "Service", "ConfigMap", "Role"}
+    assert in_namespace and {o["kind"] for o in in_namespace} >= {"Deployment", "Service", "Role"}
     # Deleted by name besides: the Deployment (first, so that no leader puts the taints back).
     assert deleted - by_name == {path_of({"kind": "Deployment", "metadata": {"name": "egress-placer", "namespace": settings.namespace}})}
 
