@@ -39,7 +39,7 @@ from tests.e2e.tekton_runs import (
     taskrun,
 )
 from tests.kube import Api, api_for, namespace, namespaced, pods
-from tests.waiting import wait_for
+from tests.waiting import WaitTimeout, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -213,7 +213,11 @@ def test_with_the_webhook_down_a_keyless_exists_daemonset_runs_on_every_ordinary
 
     # The DaemonSet controller creates in slow-start batches and stops a batch at the first refused create,
     # then backs off exponentially: with the pool nodes' creates refused, the ordinary ones can take a while.
-    wait_for("the DaemonSet's pods running on every ordinary node", lambda: nodes_running() >= ORDINARY_NODES, timeout=120)
+    try:
+        wait_for("the DaemonSet's pods running on every ordinary node", lambda: nodes_running() >= ORDINARY_NODES, timeout=240)
+    except WaitTimeout as timeout:
+        listed = api.items(pods(TEAM_OTHER), labelSelector=f"app={daemonset}")
+        raise AssertionError(f"{timeout}; pods: {[(node_of(p), (p.get('status') or {}).get('phase')) for p in listed]}") from timeout
     messages = wait_for("the DaemonSet controller's pool-node pods refused by the guard", refused_for_pool_nodes, timeout=30)
     listed = api.items(pods(TEAM_OTHER), labelSelector=f"app={daemonset}")
 

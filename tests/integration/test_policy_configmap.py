@@ -33,7 +33,7 @@ BROKEN = EMPTY + "pools:\n  - name: Not_A_Name\n    nodes: [egress-1]\n"  # line
 
 def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):
     cm_path = f"/api/v1/namespaces/{namespace}/configmaps"
-    settings = Settings(kubeconfig="unused", namespace=namespace, policy_configmap="policy", policy_key="policy.yaml")
+    settings = Settings(kubeconfig="unused", namespace=namespace, policy_configmap="policy", policy_key="policy.yaml", policy_source="configmap")
     api.call("POST", cm_path, body={"metadata": {"name": "policy"}, "data": {"policy.yaml": policy("first")}})
     metrics = Metrics()
     state = ClusterState(load_policy(EMPTY), clock=time.time)
