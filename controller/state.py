@@ -34,11 +34,13 @@ from controller.core.model import (
     PodState,
 )
 from controller.core.policy import PlacementPolicy, Pool
+from controller.core.queue import PIPELINERUN_LABEL, QUEUE_ANNOTATION, PoolQueue, QueueEntry, RunFacts, slots
 
 RUN_KINDS = ("TaskRun", "PipelineRun")
 POLICY = "Policy"  # the kind passed to subscribers when the policy changes
 TEKTON_FLAGS = "TektonFeatureFlags"  # ... and when Tekton's coschedule flag changes
 
+QUEUE = "Queue"  # the kind passed to subscribers when a run carrying a queue entry changes
 PodKey = tuple[str, str]
 RunKey = tuple[str, str, str]  # kind, namespace, name
 LOADS_SHOWN = 10  # nodes whose load a choice reports: the chosen one and the least loaded others
@@ -85,6 +87,7 @@ class ClusterState:
         self._node_versions: dict[str, str] = {}
         self._runs: dict[RunKey, bool] = {}  # run -> has the decision annotation
         self._run_uids: dict[RunKey, str] = {}
+        self._queued: dict[RunKey, RunFacts] = {}  # runs carrying a queue entry annotation (core.queue)
         self._subscribers: list[Callable[[str], None]] = []
         self._egress: dict[str, Mapping[str, Measurement]] = {}  # pool -> measured egress, as last polled
         # The load picture node choice reads, kept current on events (pods, assumptions, nodes, the
@@ -176,9 +179,11 @@ class ClusterState:
                 if deleted:
                     self._runs.pop(key, None)
                     self._run_uids.pop(key, None)
+                    notify = self._queued.pop(key, None) is not None
                 else:
                     self._runs[key] = DECISION_ANNOTATION in (obj["metadata"].get("annotations") or {})
                     self._run_uids[key] = obj["metadata"].get("uid") or ""
+                    notify = self._keep_queued(key, obj)
         if notify:
             self._notify(kind)
 
@@ -207,11 +212,27 @@ class ClusterState:
             elif kind in RUN_KINDS:
                 self._runs = {k: v for k, v in self._runs.items() if k[0] != kind}
                 self._run_uids = {k: v for k, v in self._run_uids.items() if k[0] != kind}
+                self._queued = {k: v for k, v in self._queued.items() if k[0] != kind}
                 for o in objs:
                     self._runs[_run_key(kind, o)] = DECISION_ANNOTATION in (o["metadata"].get("annotations") or {})
                     self._run_uids[_run_key(kind, o)] = o["metadata"].get("uid") or ""
-        if kind in ("Node", "Namespace", "Pod", "DaemonSet"):
+                    self._keep_queued(_run_key(kind, o), o)
+        if kind in ("Node", "Namespace", "Pod", "DaemonSet", *RUN_KINDS):
             self._notify(kind)
+
+    def _keep_queued(self, key: RunKey, obj: Mapping[str, Any]) -> bool:
+        """Keep the queue facts of a run carrying a queue entry; True when they changed (the release
+        reconciler looks again)."""
+        meta = obj["metadata"]
+        entry = (meta.get("annotations") or {}).get(QUEUE_ANNOTATION)
+        if entry is None:
+            return self._queued.pop(key, None) is not None
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        done = any(c.get("type") == "Succeeded" and c.get("status") in ("True", "False") for c in conditions if isinstance(c, Mapping))
+        facts = RunFacts(key[0], key[1], key[2], meta.get("uid") or "", entry, str((obj.get("spec") or {}).get("status") or ""), done)
+        old = self._queued.get(key)
+        self._queued[key] = facts
+        return old != facts
 
     def _apply_pod(self, pod: PodState, deleted: bool) -> bool:
         """Record one pod; True when it is (or was) on a pool node, so reconcilers should look."""
@@ -321,6 +342,45 @@ class ClusterState:
         """The uid of a run seen by the informers ("" when unknown)."""
         with self._lock:
             return self._run_uids.get(key, "")
+
+    # -- the queue (core.queue) -------------------------------------------------------------------
+    def queue_entries(self, pool: str | None = None) -> list[QueueEntry]:
+        """The runs carrying a queue entry (of `pool`, or every pool), each with whether a pod of it is
+        bound to a node. O(queued runs + pods)."""
+        with self._lock:
+            bound_taskruns: set[tuple[str, str]] = set()
+            bound_pipelineruns: set[tuple[str, str]] = set()
+            for pod in self.pods.values():
+                if pod.node_name and not pod.finished:
+                    if TASKRUN_LABEL in pod.labels:
+                        bound_taskruns.add((pod.namespace, pod.labels[TASKRUN_LABEL]))
+                    if PIPELINERUN_LABEL in pod.labels:
+                        bound_pipelineruns.add((pod.namespace, pod.labels[PIPELINERUN_LABEL]))
+            out = []
+            for (kind, namespace, name), facts in self._queued.items():
+                bound = bound_taskruns if kind == "TaskRun" else bound_pipelineruns
+                entry = facts.queue_entry((namespace, name) in bound)
+                if entry is not None and (pool is None or entry.pool == pool):
+                    out.append(entry)
+            return out
+
+    def pool_queue(self, pool: Pool) -> PoolQueue | None:
+        """The queued pool's slots (runsPerNode on each eligible node carrying its taint) and the active
+        Tekton pods bound to its nodes, per namespace. None when the pool does not queue."""
+        if pool.queue is None:
+            return None
+        with self._lock:
+            loads = self._pool_loads.get(pool.name)
+            names = sorted(loads.names()) if loads is not None else []
+            taint = pool.taint_for()
+            tainted = [n for n in names if any(t.key == taint.key and t.value == taint.value for t in self.nodes[n].taints)]
+            pods: Counter[str] = Counter()
+            for node in names:
+                for key in self._pods_by_node.get(node, ()):
+                    pod = self.pods[key]
+                    if pod.active and TASKRUN_LABEL in pod.labels:
+                        pods[pod.namespace] += 1
+            return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
 
     def namespace(self, name: str) -> NamespaceState:
         with self._lock:

@@ -34,6 +34,7 @@ from pydantic import Field, PositiveInt
 from controller.core.schema import PolicyModel
 
 QUEUE_ANNOTATION = "egress-placer.io/queue"
+PIPELINERUN_LABEL = "tekton.dev/pipelineRun"  # on the pods of a PipelineRun's TaskRuns
 PENDING = {"TaskRun": "TaskRunPending", "PipelineRun": "PipelineRunPending"}
 CANCELLED = frozenset({"TaskRunCancelled", "Cancelled", "CancelledRunFinally", "StoppedRunFinally"})
 MAX_PRIORITY_ENTRIES = 64
@@ -255,7 +256,7 @@ def plan(queue: PoolQueue, entries: Iterable[QueueEntry], now: float) -> Plan:
         releases.append(Release(e, ReleaseReason.SLOT))
     released = {r.entry.key for r in releases}
     rest = tuple(e for e in line if e.key not in released)
-    return Plan(tuple(releases), tuple(overdue), rest, occupied, queue.slots)
+    return Plan(tuple(releases), tuple(e for e in overdue if e.key not in released), rest, occupied, queue.slots)
 
 
 def release_all(entries: Iterable[QueueEntry]) -> tuple[Release, ...]:
