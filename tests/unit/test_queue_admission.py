@@ -208,3 +208,17 @@ def test_a_new_leader_rebuilds_the_queue_from_the_cluster() -> None:
 def test_the_entry_annotation_is_compact_json() -> None:
     value = entry_annotation("egress", "TaskRun", 0.0)
     assert json.loads(value) == {"pool": "egress", "kind": "TaskRun", "time": "1970-01-01T00:00:00.000Z"}
+
+
+def test_status_lists_each_queue_in_release_order() -> None:
+    from controller.cli.status import queue_lines
+
+    env = queued_env()
+    queue_some(env, "team-ci", 5)
+    queue_some(env, "team-web", 1, start=1)
+    lines = queue_lines(env.state, env.now, shown=4)
+    assert lines[0] == "pool egress: 0/3 slots taken, 6 waiting (runsPerNode 1, maxQueueSeconds 60)"
+    assert [line.split(". ")[1].split(",")[0] for line in lines[1:5]] == [
+        "TaskRun team-ci/team-ci-0", "TaskRun team-web/team-web-0", "TaskRun team-ci/team-ci-1", "TaskRun team-ci/team-ci-2",
+    ]
+    assert lines[-1] == "  ... and 2 more"
