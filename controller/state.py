@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from loguru import logger
@@ -34,7 +34,7 @@ from controller.core.model import (
     PodState,
 )
 from controller.core.policy import PlacementPolicy, Pool
-from controller.core.queue import PIPELINERUN_LABEL, QUEUE_ANNOTATION, PoolQueue, QueueEntry, RunFacts, slots
+from controller.core.queue import PIPELINERUN_LABEL, QUEUE_ANNOTATION, LineSummary, PoolQueue, QueueEntry, RunFacts, slots
 
 RUN_KINDS = ("TaskRun", "PipelineRun")
 POLICY = "Policy"  # the kind passed to subscribers when the policy changes
@@ -43,6 +43,7 @@ TEKTON_FLAGS = "TektonFeatureFlags"  # ... and when Tekton's coschedule flag cha
 QUEUE = "Queue"  # the kind passed to subscribers when a run carrying a queue entry changes
 PodKey = tuple[str, str]
 RunKey = tuple[str, str, str]  # kind, namespace, name
+QUEUE_SUMMARY_SECONDS = 1.0  # admission reads a queued pool's line summary at most this old (plus its own additions)
 LOADS_SHOWN = 10  # nodes whose load a choice reports: the chosen one and the least loaded others
 
 
@@ -87,7 +88,8 @@ class ClusterState:
         self._node_versions: dict[str, str] = {}
         self._runs: dict[RunKey, bool] = {}  # run -> has the decision annotation
         self._run_uids: dict[RunKey, str] = {}
-        self._queued: dict[RunKey, RunFacts] = {}  # runs carrying a queue entry annotation (core.queue)
+        self._line_summaries: dict[str, tuple[float, LineSummary]] = {}  # pool -> (when, summary)
+        self._queued: dict[RunKey, QueueEntry] = {}  # runs carrying a queue entry (core.queue), has_pod unset
         self._subscribers: list[Callable[[str], None]] = []
         self._egress: dict[str, Mapping[str, Measurement]] = {}  # pool -> measured egress, as last polled
         # The load picture node choice reads, kept current on events (pods, assumptions, nodes, the
@@ -221,18 +223,19 @@ class ClusterState:
             self._notify(kind)
 
     def _keep_queued(self, key: RunKey, obj: Mapping[str, Any]) -> bool:
-        """Keep the queue facts of a run carrying a queue entry; True when they changed (the release
-        reconciler looks again)."""
+        """Keep the queue entry of a run carrying one (read once here, not per admission); True when it
+        changed (the release reconciler looks again)."""
         meta = obj["metadata"]
-        entry = (meta.get("annotations") or {}).get(QUEUE_ANNOTATION)
-        if entry is None:
-            return self._queued.pop(key, None) is not None
+        value = (meta.get("annotations") or {}).get(QUEUE_ANNOTATION)
         conditions = (obj.get("status") or {}).get("conditions") or []
         done = any(c.get("type") == "Succeeded" and c.get("status") in ("True", "False") for c in conditions if isinstance(c, Mapping))
-        facts = RunFacts(key[0], key[1], key[2], meta.get("uid") or "", entry, str((obj.get("spec") or {}).get("status") or ""), done)
+        facts = RunFacts(key[0], key[1], key[2], meta.get("uid") or "", value, str((obj.get("spec") or {}).get("status") or ""), done)
+        entry = facts.queue_entry(has_pod=False) if value is not None else None
+        if entry is None:
+            return self._queued.pop(key, None) is not None
         old = self._queued.get(key)
-        self._queued[key] = facts
-        return old != facts
+        self._queued[key] = entry
+        return old != entry
 
     def _apply_pod(self, pod: PodState, deleted: bool) -> bool:
         """Record one pod; True when it is (or was) on a pool node, so reconcilers should look."""
@@ -357,11 +360,11 @@ class ClusterState:
                     if PIPELINERUN_LABEL in pod.labels:
                         bound_pipelineruns.add((pod.namespace, pod.labels[PIPELINERUN_LABEL]))
             out = []
-            for (kind, namespace, name), facts in self._queued.items():
+            for (kind, namespace, name), entry in self._queued.items():
+                if pool is not None and entry.pool != pool:
+                    continue
                 bound = bound_taskruns if kind == "TaskRun" else bound_pipelineruns
-                entry = facts.queue_entry((namespace, name) in bound)
-                if entry is not None and (pool is None or entry.pool == pool):
-                    out.append(entry)
+                out.append(replace(entry, has_pod=True) if (namespace, name) in bound else entry)
             return out
 
     def pool_queue(self, pool: Pool) -> PoolQueue | None:
@@ -381,6 +384,25 @@ class ClusterState:
                     if pod.active and TASKRUN_LABEL in pod.labels:
                         pods[pod.namespace] += 1
             return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
+
+    def join_queue(self, pool: Pool, namespace: str, now: float) -> tuple[int, int, bool] | None:
+        """A run of `namespace` joins `pool`'s line now: its place, the line's length, and whether a slot
+        is free for it. From a summary at most QUEUE_SUMMARY_SECONDS old (rebuilt: O(pods + queued runs)),
+        counted on with the runs admission queued since: O(namespaces) per call. None: no queue."""
+        with self._lock:
+            cached = self._line_summaries.get(pool.name)
+            if cached is None or now - cached[0] > QUEUE_SUMMARY_SECONDS or cached[0] > now:
+                picture = self.pool_queue(pool)
+                if picture is None:
+                    return None
+                cached = (now, LineSummary.of(picture, self.queue_entries(pool.name), now))
+            summary = cached[1]
+            place, length = summary.place_of_new(namespace, now)
+            waiting = dict(summary.waiting)
+            waiting[namespace] = waiting.get(namespace, 0) + 1
+            heads = {**summary.heads, namespace: summary.heads.get(namespace, now)}
+            self._line_summaries[pool.name] = (cached[0], replace(summary, waiting=waiting, heads=heads))
+            return place, length, place <= summary.slots - summary.occupied
 
     def namespace(self, name: str) -> NamespaceState:
         with self._lock:

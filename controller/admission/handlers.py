@@ -57,17 +57,7 @@ from controller.core.model import (
 )
 from controller.core.patches import json_patch, over_default, place, tolerates, unplace, with_default
 from controller.core.policy import PlacementPolicy, Pool
-from controller.core.queue import (
-    PENDING,
-    QUEUE_ANNOTATION,
-    QueueEntry,
-    entry_annotation,
-    plan,
-    position,
-    read_any_entry,
-    read_entry,
-    timed_out,
-)
+from controller.core.queue import PENDING, QUEUE_ANNOTATION, entry_annotation, read_any_entry, read_entry, timed_out
 from controller.metrics import ERROR, MUTATED, UNCHANGED, Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -388,15 +378,13 @@ class Admission:
 
     def _queued_note(self, request: Request, pool_name: str, now: float) -> str:
         pool = self.state.policy.pool(pool_name)
-        picture = self.state.pool_queue(pool) if pool is not None else None
-        if picture is None:
+        joined = self.state.join_queue(pool, request.namespace, now) if pool is not None and not request.dry_run else None
+        if joined is None:
             return f"queued for pool {pool_name}"
-        me = QueueEntry(request.kind, request.namespace, request.name, pool_name, now, pending=True)
-        result = plan(picture, [*self.state.queue_entries(pool_name), me], now)
-        if any(r.entry.key == me.key for r in result.releases):
+        place, length, free = joined
+        if free:
             return f"queued for pool {pool_name}: a slot is free, released shortly"
-        place = position(result.line, me.key) or len(result.line)
-        return f"queued for pool {pool_name}, position {place} of {len(result.line)} ({result.occupied}/{result.slots} slots taken)"
+        return f"queued for pool {pool_name}, position {place} of {length}"
 
     def _waited_too_long(self, request: Request, pool_name: str | None, policy: PlacementPolicy) -> str:
         """Why a Tekton pod of a run released past its preferred pool's wait goes to ordinary nodes ("": it does not)."""

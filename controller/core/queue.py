@@ -264,6 +264,51 @@ def release_all(entries: Iterable[QueueEntry]) -> tuple[Release, ...]:
     return tuple(Release(e, ReleaseReason.UNQUEUED) for e in sorted(entries, key=lambda e: (e.queued_at, e.key)) if e.waiting)
 
 
+@dataclass(frozen=True)
+class LineSummary:
+    """A queued pool's line in counts (what admission needs to tell a new run its place, in
+    O(namespaces)): per namespace the runs waiting, the time of its oldest, and the slots it occupies."""
+
+    setting: QueueSetting
+    slots: int
+    occupied: int
+    waiting: Mapping[str, int] = field(default_factory=dict)
+    heads: Mapping[str, float] = field(default_factory=dict)
+    occupied_by_namespace: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, queue: PoolQueue, entries: Iterable[QueueEntry], now: float) -> "LineSummary":
+        waiting: dict[str, int] = {}
+        heads: dict[str, float] = {}
+        occupied = dict(queue.pods_by_namespace)
+        for e in entries:
+            if e.waiting:
+                waiting[e.namespace] = waiting.get(e.namespace, 0) + 1
+                heads[e.namespace] = min(heads.get(e.namespace, e.queued_at), e.queued_at)
+            elif in_flight(e, queue, now):
+                occupied[e.namespace] = occupied.get(e.namespace, 0) + 1
+        return cls(queue.setting, queue.slots, sum(occupied.values()), waiting, heads, occupied)
+
+    def place_of_new(self, namespace: str, queued_at: float) -> tuple[int, int]:
+        """(1-based place, line length) of a run of `namespace` joining the line now (it is the newest
+        of its namespace), by the same order as `release_order`."""
+        mine = self.setting.priority_of(namespace)
+        turn = self.occupied_by_namespace.get(namespace, 0) + self.waiting.get(namespace, 0)
+        head = self.heads.get(namespace, queued_at)
+        ahead = 0
+        for other, count in self.waiting.items():
+            theirs = self.setting.priority_of(other)
+            if theirs != mine:
+                ahead += count if theirs > mine else 0
+                continue
+            first = self.occupied_by_namespace.get(other, 0)  # the turn of its first waiting run
+            before = max(0, min(count, turn - first))  # its runs with a smaller turn
+            if other != namespace and first <= turn < first + count and (self.heads[other], other) < (head, namespace):
+                before += 1  # the one at the same turn, of a namespace whose oldest came first
+            ahead += before
+        return ahead + 1, sum(self.waiting.values()) + 1
+
+
 def position(line: Sequence[QueueEntry], key: tuple[str, str, str]) -> int | None:
     """1-based place of the run in the waiting line, None when not in it."""
     for i, entry in enumerate(line):

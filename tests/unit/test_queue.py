@@ -238,3 +238,17 @@ def test_round_robin_between_namespaces(entries: list[QueueEntry]) -> None:
     for ns in counts:
         times = [e.queued_at for e in order if e.namespace == ns]
         assert times == sorted(times)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries_st, pods_st, st.sampled_from(["a", "b", "c", "d", "e"]))
+def test_the_place_from_counts_is_the_place_in_the_line(entries: list[QueueEntry], pods: dict[str, int], namespace: str) -> None:
+    """Admission's O(namespaces) place of a new run equals its place in the full release order."""
+    from controller.core.queue import LineSummary
+
+    setting = QueueSetting.model_validate({"runsPerNode": 1, "priorities": [{"namespaces": ["a"], "priority": 3}, {"namespaces": ["d"], "priority": -1}]})
+    q = queue(0, pods, setting=setting)
+    new = QueueEntry("TaskRun", namespace, "new", "overseas", NOW + 600, True)  # the newest
+    full = plan(q, [*entries, new], NOW + 600)
+    summary = LineSummary.of(q, entries, NOW + 600)
+    assert summary.place_of_new(namespace, NOW + 600) == (position(full.line, new.key), len(full.line))

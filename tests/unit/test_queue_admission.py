@@ -64,6 +64,16 @@ def test_a_run_of_no_pool_is_not_queued() -> None:
     assert "status" not in patched["spec"]
 
 
+def test_consecutive_admissions_count_on_from_the_summary() -> None:
+    env = queued_env()
+    notes = []
+    for i in range(5):
+        env.review(taskrun(name=f"r{i}"))
+        notes.append(env.events.sent[-1]["note"])
+    assert notes[:3] == ["queued for pool egress: a slot is free, released shortly"] * 3  # 3 slots
+    assert notes[3:] == ["queued for pool egress, position 4 of 4", "queued for pool egress, position 5 of 5"]
+
+
 def test_the_queued_event_tells_the_position() -> None:
     env = queued_env()
     for i in range(5):  # three slots (one per egress node), all taken by released runs without pods yet
@@ -75,7 +85,7 @@ def test_the_queued_event_tells_the_position() -> None:
         released["metadata"]["name"] = f"r{i}"
         del released["spec"]["status"]
         env.state.apply("TaskRun", "MODIFIED", released)
-    env.now += 1
+    env.now += 2  # past the summary's age: read again from the state
     env.review(taskrun(name="late"))
     assert env.events.sent[-1]["note"].startswith("queued for pool egress, position 3 of 3")
 
@@ -103,11 +113,11 @@ class FakeReleaser:
 
     def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
         self.calls.append((kind, namespace, name))
-        facts = self.env.state._queued[(kind, namespace, name)]  # noqa: SLF001
-        if facts.spec_status != pending:
+        entry = self.env.state._queued[(kind, namespace, name)]  # noqa: SLF001
+        if not entry.pending or entry.done:
             return False
         if self.show:
-            self.env.state.apply(kind, "MODIFIED", run_obj(kind, namespace, name, facts.entry or "", ""))
+            self.env.state.apply(kind, "MODIFIED", run_obj(kind, namespace, name, entry_annotation(entry.pool, kind, entry.queued_at), ""))
         return True
 
 
@@ -141,7 +151,7 @@ def test_the_leader_releases_up_to_the_slots_fairly_and_once() -> None:
     assert [r for _, _, r in sink.sent] == ["Released"] * 3
     # A released run finishes: one slot frees. Both namespaces now run one (a tie of turns): the one
     # whose oldest waiting run came first goes (team-ci). Then team-web's run finishes: it runs fewer, its turn.
-    entry = env.state._queued[("TaskRun", "team-ci", "team-ci-0")].entry or ""  # noqa: SLF001
+    entry = entry_annotation("egress", "TaskRun", env.now)
     env.state.apply("TaskRun", "MODIFIED", run_obj("TaskRun", "team-ci", "team-ci-0", entry, "", done=True))
     reconciler()
     assert releaser.calls[-1][2] == "team-ci-2"
@@ -169,7 +179,7 @@ def test_cancelled_or_deleted_queued_runs_free_their_place() -> None:
     queue_some(env, "team-ci", 4)
     reconciler()
     assert len(releaser.calls) == 3
-    entry = env.state._queued[("TaskRun", "team-ci", "team-ci-0")].entry or ""  # noqa: SLF001
+    entry = entry_annotation("egress", "TaskRun", env.now)
     # team-ci-0 was released and is running: cancel it; the waiting team-ci-3 takes its place.
     env.state.apply("TaskRun", "MODIFIED", run_obj("TaskRun", "team-ci", "team-ci-0", entry, "TaskRunCancelled"))
     reconciler()
