@@ -45,13 +45,6 @@ RUN_SECONDS = 3
 BURSTS = {"tiny": 6, "quick": 30, "full": 60}
 WAITING = (0, 100, 1000)
 
-TEMPLATE: dict[str, Any] = {
-    "admission_us": {"no_queue": None, "queued": {}},
-    "burst": None, "slots": None, "run_seconds": None, "seconds": None, "succeeded": None,
-    "max_running": None, "max_running_per_node": {}, "capacity_per_node": None,
-    "release_latency_ms": {"p50": None, "p99": None, "samples": None},
-}
-
 
 def policy(queue: bool = True, nodes: tuple[str, ...] = NODES) -> str:
     pool: dict[str, Any] = {"name": POOL, "nodes": list(nodes), "images": ["*uploader*"], "namespaces": ["bench-*", "team-*"],

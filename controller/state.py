@@ -385,6 +385,15 @@ class ClusterState:
                         pods[pod.namespace] += 1
             return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
 
+    def queue_counts(self, pool: Pool, now: float) -> tuple[int, int, int] | None:
+        """(waiting, slots, occupied) of a queued pool now; None when it does not queue. O(pods + queued runs)."""
+        with self._lock:
+            picture = self.pool_queue(pool)
+            if picture is None:
+                return None
+            summary = LineSummary.of(picture, self.queue_entries(pool.name), now)
+            return sum(summary.waiting.values()), summary.slots, summary.occupied
+
     def join_queue(self, pool: Pool, namespace: str, now: float) -> tuple[int, int, bool] | None:
         """A run of `namespace` joins `pool`'s line now: its place, the line's length, and whether a slot
         is free for it. From a summary at most QUEUE_SUMMARY_SECONDS old (rebuilt: O(pods + queued runs)),

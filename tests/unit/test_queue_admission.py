@@ -232,3 +232,16 @@ def test_status_lists_each_queue_in_release_order() -> None:
         "TaskRun team-ci/team-ci-0", "TaskRun team-web/team-web-0", "TaskRun team-ci/team-ci-1", "TaskRun team-ci/team-ci-2",
     ]
     assert lines[-1] == "  ... and 2 more"
+
+
+def test_the_pool_status_carries_the_queue() -> None:
+    from controller.core.pool_status import PoolObject, pool_status
+    from controller.core.pools import QueueStatus
+
+    env = queued_env()
+    queue_some(env, "team-ci", 4)
+    assert env.state.queue_counts(env.state.policy.pools[0], env.now) == (4, 3, 0)
+    assert env.state.queue_counts(env.state.policy.pools[1], env.now) is None  # lab does not queue
+    obj = PoolObject("egress", 1, {})
+    status = pool_status(obj, env.state.policy, [], {}, [], None, [], env.now, QueueStatus(waiting=4, slots=3, occupied=0))
+    assert status["queue"] == {"waiting": 4, "slots": 3, "occupied": 0}
