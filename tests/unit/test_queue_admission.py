@@ -245,3 +245,26 @@ def test_the_pool_status_carries_the_queue() -> None:
     obj = PoolObject("egress", 1, {})
     status = pool_status(obj, env.state.policy, [], {}, [], None, [], env.now, QueueStatus(waiting=4, slots=3, occupied=0))
     assert status["queue"] == {"waiting": 4, "slots": 3, "occupied": 0}
+
+
+def test_a_coscheduled_pipelinerun_is_queued_whole_and_its_taskruns_are_not() -> None:
+    from tests.unit.test_admission_handlers import kaniko_pipelinerun
+
+    env = queued_env()
+    _, patched, _ = env.review(kaniko_pipelinerun())
+    assert patched["spec"]["status"] == "PipelineRunPending"
+    entry = patched["metadata"]["annotations"][QUEUE_ANNOTATION]
+    assert read_entry(entry, "PipelineRun") is not None
+    # Its TaskRuns carry the assistant's annotation and the PipelineRun's entry (Tekton copies it): not queued.
+    child = taskrun(annotations={QUEUE_ANNOTATION: entry, "pipeline.tekton.dev/affinity-assistant": "aa-1"})
+    _, child_patched, _ = env.review(child)
+    assert "status" not in child_patched["spec"]
+    assert child_patched["metadata"]["annotations"][QUEUE_ANNOTATION] == entry  # not theirs, not removed
+
+
+def test_a_pipelines_child_taskrun_is_queued_like_any() -> None:
+    env = queued_env()
+    child = taskrun(annotations={"tekton.dev/pipelineRun": "p-1"})
+    child["metadata"]["labels"] = {"tekton.dev/pipelineRun": "p-1"}
+    _, patched, _ = env.review(child)
+    assert patched["spec"]["status"] == "TaskRunPending"
