@@ -1,6 +1,7 @@
 """The queue section (docs/queue.md): what queueing costs at admission, and what it does to a burst.
 
-- Admission cost (in-process, no cluster): microseconds per TaskRun review on a pool without a queue,
+- Admission cost (in-process, no cluster; the best of 3 passes, process CPU time): microseconds per
+  TaskRun review on a pool without a queue,
   and on the same pool with a queue holding 0, 100 and 1,000 waiting runs (admission computes the new
   run's position in the line for its Event: O(waiting runs)).
 - On the local cluster (pool of 3 egress nodes, capacity 2, `queue: {runsPerNode: 2}`): a burst of
@@ -44,6 +45,7 @@ IMAGE = "registry.example.com/cdn-uploader:1.4"
 RUN_SECONDS = 3
 BURSTS = {"tiny": 6, "quick": 30, "full": 60}
 WAITING = (0, 100, 1000)
+REPEATS = 3
 
 
 def policy(queue: bool = True, nodes: tuple[str, ...] = NODES) -> str:
@@ -86,10 +88,13 @@ def admission_cost(reviews: int, log: Log) -> dict[str, Any]:
             })
         admission = Admission(state, Metrics(), NoEvents(), Settings())
         bodies = [review(upload_run(f"r{i}", "team-a"), f"uid-{i}") for i in range(reviews)]
-        started = time.perf_counter()
-        for body in bodies:
-            admission.review(body)
-        return round(1e6 * (time.perf_counter() - started) / reviews, 1)
+        best = float("inf")
+        for _ in range(REPEATS):  # the best of a few passes, by process CPU time: the machine is shared
+            started = time.process_time()
+            for body in bodies:
+                admission.review(body)
+            best = min(best, time.process_time() - started)
+        return round(1e6 * best / reviews, 1)
 
     out = {"no_queue": measure(False, 0), "queued": {str(n): measure(True, n) for n in WAITING}}
     log(f"queue: admission us per TaskRun review {out}")
@@ -204,3 +209,26 @@ def chart(queue: dict[str, Any], out: Path) -> list[str]:
     fig.savefig(out / name, dpi=100)
     plt.close(fig)
     return [name]
+
+
+def markdown_part(queue: dict[str, Any], images: list[str]) -> list[str]:
+    """The queue's part of report.md (nothing when the section did not run)."""
+    adm = queue.get("admission_us") or {}
+    if adm.get("no_queue") is None and queue.get("burst") is None:
+        return []
+    out = ["## 6. The pool queue (docs/queue.md)", ""]
+    if adm.get("no_queue") is not None:
+        waiting = ", ".join(f"{n} waiting: {us} us" for n, us in (adm.get("queued") or {}).items())
+        out += [f"Admission, us per TaskRun review (in-process): no queue {adm['no_queue']} us; queued with {waiting}.", ""]
+    if queue.get("burst") is not None:
+        latency = queue["release_latency_ms"]
+        out += [
+            f"Burst of {queue['burst']} uploads ({queue['run_seconds']} s pods) on 3 nodes, {queue['slots']} slots: "
+            f"{queue['succeeded']} Succeeded in {queue['seconds']} s; most Running at once {queue['max_running']} "
+            f"(per node {queue['max_running_per_node']}, runsPerNode {queue['capacity_per_node']}); release latency "
+            f"(slot free to next pod created) p50 {latency['p50']} ms, p99 {latency['p99']} ms over {latency['samples']}.",
+            "",
+        ]
+    if "queue_concurrency.png" in images:
+        out += ["![Running pods per node over the burst](queue_concurrency.png)", ""]
+    return out

@@ -373,7 +373,8 @@ class Admission:
         now = self.wall()
         patch += ops_at(request.object, ("spec", "status"), PENDING[request.kind])
         annotations[QUEUE_ANNOTATION] = entry_annotation(pool_name, request.kind, now)
-        self.metrics.queue_admitted.labels(pool=pool_name).inc()
+        if not request.dry_run:
+            self.metrics.queue_admitted.labels(pool=pool_name).inc()
         return self._queued_note(request, pool_name, now)
 
     def _queued_note(self, request: Request, pool_name: str, now: float) -> str:
