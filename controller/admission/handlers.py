@@ -57,7 +57,15 @@ from controller.core.model import (
 )
 from controller.core.patches import json_patch, over_default, place, tolerates, unplace, with_default
 from controller.core.policy import PlacementPolicy, Pool
-from controller.core.queue import PENDING, QUEUE_ANNOTATION, entry_annotation, read_any_entry, read_entry, timed_out
+from controller.core.queue import (
+    PENDING,
+    QUEUE_ANNOTATION,
+    entry_annotation,
+    pipeline_timeout_problem,
+    read_any_entry,
+    read_entry,
+    timed_out,
+)
 from controller.metrics import ERROR, MUTATED, UNCHANGED, Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -217,6 +225,11 @@ class Admission:
         unknown = [d for _, d in per_task if d.reason == Reason.UNKNOWN_POOL]
         if unknown:
             warnings.append(f"egress-placer: {unknown[0].message}")
+        if not queued:  # its tasks are queued one by one: their waits count against the PipelineRun's timeout
+            for pool in filter(None, map(policy.pool, wanted)):
+                problem = pool.queue and pipeline_timeout_problem(value_at(request.object, ("spec", "timeouts")), pool.name, pool.queue)
+                if problem:
+                    warnings.append(f"egress-placer: {problem}")
         if placement is not None and placement.node:
             reason, type_ = "Placed", "Normal"
             note = f"{message}, node {placement.node} preferred{_load_note(placement)}: {summary}"

@@ -31,6 +31,7 @@ from typing import Annotated, Any, Callable, Iterable, Mapping, Sequence
 
 from pydantic import Field, PositiveInt
 
+from controller.core.egress import parse_duration
 from controller.core.schema import PolicyModel
 
 QUEUE_ANNOTATION = "egress-placer.io/queue"
@@ -315,6 +316,26 @@ def position(line: Sequence[QueueEntry], key: tuple[str, str, str]) -> int | Non
         if entry.key == key:
             return i + 1
     return None
+
+
+TEKTON_DEFAULT_PIPELINE_TIMEOUT = 3600.0  # config-defaults default-timeout-minutes: 60
+
+
+def pipeline_timeout_problem(timeouts: Any, pool: str, setting: QueueSetting) -> str:
+    """Why a PipelineRun's own timeout may run out while one of its tasks waits in `pool`'s queue ("":
+    it will not). Tekton starts that clock when the PipelineRun starts, so a queued task's wait counts."""
+    value = timeouts.get("pipeline") if isinstance(timeouts, Mapping) else None
+    try:
+        seconds = TEKTON_DEFAULT_PIPELINE_TIMEOUT if value is None else parse_duration(value)
+    except ValueError:
+        return ""
+    if seconds <= 0 or seconds > setting.max_queue_seconds:  # 0: no timeout
+        return ""
+    shown = "the default 1h" if value is None else str(value)
+    return (
+        f"its pipeline timeout ({shown}) is not longer than pool {pool}'s maxQueueSeconds ({setting.max_queue_seconds}s): "
+        "a task waiting in that queue counts against it (docs/queue.md)"
+    )
 
 
 @dataclass(frozen=True)

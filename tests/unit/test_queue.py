@@ -252,3 +252,13 @@ def test_the_place_from_counts_is_the_place_in_the_line(entries: list[QueueEntry
     full = plan(q, [*entries, new], NOW + 600)
     summary = LineSummary.of(q, entries, NOW + 600)
     assert summary.place_of_new(namespace, NOW + 600) == (position(full.line, new.key), len(full.line))
+
+
+@pytest.mark.parametrize(
+    ("timeouts", "warned"),
+    [(None, False), ({"pipeline": "5s"}, True), ({"pipeline": "10m"}, True), ({"pipeline": "11m"}, False), ({"pipeline": "0s"}, False), ({"pipeline": "x"}, False)],
+)
+def test_a_pipeline_timeout_shorter_than_the_wait_is_named(timeouts: object, warned: bool) -> None:
+    from controller.core.queue import pipeline_timeout_problem
+
+    assert bool(pipeline_timeout_problem(timeouts, "overseas", SETTING)) is warned  # maxQueueSeconds 600

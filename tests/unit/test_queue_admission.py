@@ -268,3 +268,15 @@ def test_a_pipelines_child_taskrun_is_queued_like_any() -> None:
     child["metadata"]["labels"] = {"tekton.dev/pipelineRun": "p-1"}
     _, patched, _ = env.review(child)
     assert patched["spec"]["status"] == "TaskRunPending"
+
+
+def test_a_pipelinerun_whose_timeout_a_queued_task_may_eat_gets_a_warning() -> None:
+    env = queued_env()
+    run = {
+        "apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "metadata": {"name": "p-1", "namespace": "team-ci"},
+        "spec": {"timeouts": {"pipeline": "30s"},
+                 "pipelineSpec": {"tasks": [{"name": "push", "taskRef": {"name": "kaniko"}, "params": [{"name": "IMAGE", "value": "r.example.com/a"}]}]}},
+    }
+    response, patched, _ = env.review(run)
+    assert "status" not in patched["spec"]  # not coscheduled: its tasks are queued one by one
+    assert any("pipeline timeout (30s)" in w for w in response.get("warnings", [])), response.get("warnings")
