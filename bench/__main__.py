@@ -1,7 +1,7 @@
 """`python -m bench --mode quick|full [--tiny] [--out DIR] [--sections ...] [--cluster-dir DIR]`
 
 Runs the sections in this order: admission (no cluster), core, then on one local cluster: end to
-end, balance (a, b, c, and the egress case with a real Prometheus), scale. Writes DIR/latest.json, DIR/report.md and the PNG charts (DIR is
+end, balance (a, b, c, and the egress case with a real Prometheus), scale, queue (bench/queue.py). Writes DIR/latest.json, DIR/report.md and the PNG charts (DIR is
 bench/results by default) and prints a summary table. Exit status 1 when a section failed.
 """
 
