@@ -16,6 +16,7 @@ Tekton and the tests; the cap (3 nodes x 2) is the issue's."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -199,8 +200,7 @@ def test_leader_killed_mid_queue_no_run_stuck_none_released_twice(
 
 
 def released_from(log: Path) -> list[str]:
-    import json
-
+    """Names of the runs a replica's JSON log says it released."""
     out = []
     for line in log.read_text(errors="replace").splitlines():
         try:
