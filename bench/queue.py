@@ -147,9 +147,15 @@ async def _burst(cluster: Cluster, burst: int, log: Log) -> dict[str, Any]:
         except asyncio.TimeoutError:
             log(f"queue: the burst did not finish: {len(finished)} of {burst} pods done")
         seconds = time.monotonic() - started
-        runs, _ = await kube.list(f"/apis/tekton.dev/v1/namespaces/{NAMESPACE}/taskruns")
-        succeeded = sum(1 for r in runs for c in (r.get("status") or {}).get("conditions") or []
-                        if c.get("type") == "Succeeded" and c.get("status") == "True")
+        # The last pods finished: their TaskRuns are marked done by Tekton a moment later.
+        deadline = time.monotonic() + 60
+        while True:
+            runs, _ = await kube.list(f"/apis/tekton.dev/v1/namespaces/{NAMESPACE}/taskruns")
+            states = [_succeeded(r) for r in runs]
+            if all(s is not None for s in states) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        succeeded = states.count("True")
         await kube.delete(f"/apis/tekton.dev/v1/namespaces/{NAMESPACE}/taskruns")
     slots = RUNS_PER_NODE * len(NODES)
     # Once the pool is full, the k-th slot freed is taken by the (slots + k)-th pod created.
@@ -166,6 +172,14 @@ async def _burst(cluster: Cluster, burst: int, log: Log) -> dict[str, Any]:
         },
         "timeline": [(round(t, 3), p) for t, p in timeline],
     }
+
+
+def _succeeded(run: dict[str, Any]) -> str | None:
+    """'True' or 'False' once the run is done, else None."""
+    for condition in (run.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Succeeded" and condition.get("status") in ("True", "False"):
+            return str(condition["status"])
+    return None
 
 
 def run(sizes: Sizes, log: Log, cluster_dir: Path | None) -> dict[str, Any]:
