@@ -1,7 +1,7 @@
 """`python -m bench --mode quick|full [--tiny] [--out DIR] [--sections ...] [--cluster-dir DIR]`
 
 Runs the sections in this order: admission (no cluster), core, then on one local cluster: end to
-end, balance (a, b, c, and the egress case with a real Prometheus), scale. Writes DIR/latest.json, DIR/report.md and the PNG charts (DIR is
+end, balance (a, b, c, and the egress case with a real Prometheus), scale, queue (bench/queue.py). Writes DIR/latest.json, DIR/report.md and the PNG charts (DIR is
 bench/results by default) and prints a summary table. Exit status 1 when a section failed.
 """
 
@@ -22,13 +22,14 @@ from typing import Any, Callable
 from loguru import logger
 
 from bench import admission, balance, balance_egress, core, e2e, machine, report, scale, schema
+from bench import queue as bench_queue
 from bench import cluster as bench_cluster
 from bench.kube import Kube
 from bench.sizes import SIZES, Sizes
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("admission", "core", "e2e", "balance", "scale")
-CLUSTER_SECTIONS = ("e2e", "balance", "scale")
+SECTIONS = ("admission", "core", "e2e", "balance", "scale", "queue")
+CLUSTER_SECTIONS = ("e2e", "balance", "scale", "queue")
 
 
 def log(message: str) -> None:
@@ -100,6 +101,11 @@ def run_cluster_sections(results: dict[str, Any], sizes: Sizes, workdir: Path, w
                 schema.merge(results["scale"], out)
             if not bc.owned:
                 asyncio.run(scale.clean(bc))
+        if "queue" in wanted:  # its own controller, on the queue policy (bench/queue.py)
+            bc.stop_controller()
+            out = _section(results, "queue", lambda: bench_queue.run(sizes, log, bc.cluster.dir))
+            if out:
+                schema.merge(results["queue"], out)
     finally:
         bc.down()
 
@@ -195,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         results["targets"] = report.targets(results)
         args.out.mkdir(parents=True, exist_ok=True)
         images = _section(results, "charts", lambda: report.charts(results, args.out)) or []
+        images += _section(results, "queue chart", lambda: bench_queue.chart(results["queue"], args.out)) or []
         (args.out / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
         (args.out / "report.md").write_text(report.markdown(results, images, findings(results)))
         if not args.keep_workdir:

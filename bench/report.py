@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from bench.queue import markdown_part as queue_part
+
 TARGET_RATE = 200
 FULL_SCALE = (5000, 20000)
 # First-sync RSS with tenant-sized metadata minus lean objects' (MiB): memory must not grow with tenant
@@ -244,6 +246,7 @@ def markdown(results: dict[str, Any], images: list[str], findings: list[str]) ->
     out += _e2e_part(results["e2e"])
     out += _balance_part(results["balance"], images)
     out += _scale_part(results["scale"])
+    out += queue_part(results["queue"], images)
     if results["errors"]:
         out += ["## Errors", "", *[f"- {e}" for e in results["errors"]], ""]
     return "\n".join(out)

@@ -84,6 +84,14 @@ TEMPLATE: dict[str, Any] = {
         "p50_ratio": None,
         "p99_ratio": None,
     },
+    # bench/queue.py: the queue's admission cost and a burst on a queued pool.
+    "queue": {
+        "admission_us": {"no_queue": None, "queued": {}},
+        "burst": None, "slots": None, "run_seconds": None, "seconds": None, "succeeded": None,
+        "max_running": None, "max_running_per_node": {}, "capacity_per_node": None,
+        "release_latency_ms": {"p50": None, "p99": None, "samples": None},
+        "timeline": [],
+    },
     "targets": [],
     "errors": [],
 }

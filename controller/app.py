@@ -49,6 +49,7 @@ from controller.reconcile.loop import ReconcileLoop
 from controller.reconcile.missed_runs import report_missed_runs
 from controller.reconcile.pool_guard import PoolGuardReconciler
 from controller.reconcile.pool_metrics import PoolMetrics
+from controller.reconcile.queue import QueueReconciler
 from controller.reconcile.pool_status import PlacementLog, PoolErrors, PoolStatusWriter
 from controller.reconcile.taints import TaintReconciler
 from controller.settings import Settings
@@ -231,7 +232,7 @@ class Controller:
     def _reconcile_loop(self) -> ReconcileLoop:
         """The leader's reconcilers: pool taints, then intruders, then the API server's pool guard, then node
         agents kept off pools, then the stored last good policy, then the pool's load in metrics, then
-        (pools API) each EgressPool's status."""
+        the queued pools' releases, then (pools API) each EgressPool's status."""
         s = self.settings
         intruders = IntruderReconciler(
             self.state,
@@ -256,6 +257,7 @@ class Controller:
                 AgentReconciler(self.state, self.client, self.events, self.metrics),
                 self.last_good,
                 PoolMetrics(self.state, self.metrics),
+                QueueReconciler(self.state, self.client, self.events, self.metrics),
                 *statuses,
             ],
             is_leader=self.is_leader,

@@ -41,7 +41,11 @@ ADMISSION_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1
 MUTATED, UNCHANGED, ERROR, MALFORMED = "mutated", "unchanged", "error", "malformed"
 UNKNOWN_KIND = "unknown"  # the kind label of a review whose body could not be read
 # The attributes of Metrics that only the leader's reconcile pass sets.
-LEADER_SERIES = ("pool_node_load", "pool_node_capacity", "pool_ready_nodes", "intruders", "taint_drift_nodes", "agents_missing")
+LEADER_SERIES = (
+    "pool_node_load", "pool_node_capacity", "pool_ready_nodes", "intruders", "taint_drift_nodes", "agents_missing",
+    "queue_length", "queue_slots",
+)
+QUEUE_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 
 
 class Metrics:
@@ -50,6 +54,7 @@ class Metrics:
         self._process()
         self._admission()
         self._pool()
+        self._queue()
         self._adapters()
 
     def _counter(self, name: str, help: str, labels: Sequence[str] = ()) -> Counter:
@@ -152,6 +157,33 @@ class Metrics:
             "Seconds from finding an intruder on a pool node to its being gone, by pool.",
             ["pool"],
             buckets=(0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300),
+            registry=self.registry,
+        )
+
+    def _queue(self) -> None:
+        self.queue_admitted = self._counter(
+            "queue_admitted_total", "Runs created pending in a pool's queue at admission, by pool.", ["pool"]
+        )
+        self.queue_length = self._gauge(
+            "queue_length", "Runs waiting in a pool's queue, as the leader's last pass saw them, by pool.", ["pool"]
+        )
+        self.queue_slots = self._gauge(
+            "queue_slots",
+            "A queued pool's slots, by state: total (runsPerNode on each Ready, tainted node) and occupied "
+            "(pool pods plus released runs whose pod is not bound yet), as the leader's last pass saw them.",
+            ["pool", "state"],
+        )
+        self.queue_releases = self._counter(
+            "queue_releases_total",
+            "Queued runs released by the leader, by pool and reason: slot (a slot was free), timeout (waited past "
+            "maxQueueSeconds on a preferred pool: to ordinary nodes), unqueued (the pool no longer queues).",
+            ["pool", "reason"],
+        )
+        self.queue_wait_seconds = Histogram(
+            "egress_placer_queue_wait_seconds",
+            "Seconds a run waited in a pool's queue, from admission to its release, by pool.",
+            ["pool"],
+            buckets=QUEUE_WAIT_BUCKETS,
             registry=self.registry,
         )
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from loguru import logger
@@ -34,13 +34,16 @@ from controller.core.model import (
     PodState,
 )
 from controller.core.policy import PlacementPolicy, Pool
+from controller.core.queue import PIPELINERUN_LABEL, QUEUE_ANNOTATION, LineSummary, PoolQueue, QueueEntry, RunFacts, slots
 
 RUN_KINDS = ("TaskRun", "PipelineRun")
 POLICY = "Policy"  # the kind passed to subscribers when the policy changes
 TEKTON_FLAGS = "TektonFeatureFlags"  # ... and when Tekton's coschedule flag changes
 
+QUEUE = "Queue"  # the kind passed to subscribers when a run carrying a queue entry changes
 PodKey = tuple[str, str]
 RunKey = tuple[str, str, str]  # kind, namespace, name
+QUEUE_SUMMARY_SECONDS = 1.0  # admission reads a queued pool's line summary at most this old (plus its own additions)
 LOADS_SHOWN = 10  # nodes whose load a choice reports: the chosen one and the least loaded others
 
 
@@ -85,6 +88,8 @@ class ClusterState:
         self._node_versions: dict[str, str] = {}
         self._runs: dict[RunKey, bool] = {}  # run -> has the decision annotation
         self._run_uids: dict[RunKey, str] = {}
+        self._line_summaries: dict[str, tuple[float, LineSummary]] = {}  # pool -> (when, summary)
+        self._queued: dict[RunKey, QueueEntry] = {}  # runs carrying a queue entry (core.queue), has_pod unset
         self._subscribers: list[Callable[[str], None]] = []
         self._egress: dict[str, Mapping[str, Measurement]] = {}  # pool -> measured egress, as last polled
         # The load picture node choice reads, kept current on events (pods, assumptions, nodes, the
@@ -176,9 +181,11 @@ class ClusterState:
                 if deleted:
                     self._runs.pop(key, None)
                     self._run_uids.pop(key, None)
+                    notify = self._queued.pop(key, None) is not None
                 else:
                     self._runs[key] = DECISION_ANNOTATION in (obj["metadata"].get("annotations") or {})
                     self._run_uids[key] = obj["metadata"].get("uid") or ""
+                    notify = self._keep_queued(key, obj)
         if notify:
             self._notify(kind)
 
@@ -207,11 +214,28 @@ class ClusterState:
             elif kind in RUN_KINDS:
                 self._runs = {k: v for k, v in self._runs.items() if k[0] != kind}
                 self._run_uids = {k: v for k, v in self._run_uids.items() if k[0] != kind}
+                self._queued = {k: v for k, v in self._queued.items() if k[0] != kind}
                 for o in objs:
                     self._runs[_run_key(kind, o)] = DECISION_ANNOTATION in (o["metadata"].get("annotations") or {})
                     self._run_uids[_run_key(kind, o)] = o["metadata"].get("uid") or ""
-        if kind in ("Node", "Namespace", "Pod", "DaemonSet"):
+                    self._keep_queued(_run_key(kind, o), o)
+        if kind in ("Node", "Namespace", "Pod", "DaemonSet", *RUN_KINDS):
             self._notify(kind)
+
+    def _keep_queued(self, key: RunKey, obj: Mapping[str, Any]) -> bool:
+        """Keep the queue entry of a run carrying one (read once here, not per admission); True when it
+        changed (the release reconciler looks again)."""
+        meta = obj["metadata"]
+        value = (meta.get("annotations") or {}).get(QUEUE_ANNOTATION)
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        done = any(c.get("type") == "Succeeded" and c.get("status") in ("True", "False") for c in conditions if isinstance(c, Mapping))
+        facts = RunFacts(key[0], key[1], key[2], meta.get("uid") or "", value, str((obj.get("spec") or {}).get("status") or ""), done)
+        entry = facts.queue_entry(has_pod=False) if value is not None else None
+        if entry is None:
+            return self._queued.pop(key, None) is not None
+        old = self._queued.get(key)
+        self._queued[key] = entry
+        return old != entry
 
     def _apply_pod(self, pod: PodState, deleted: bool) -> bool:
         """Record one pod; True when it is (or was) on a pool node, so reconcilers should look."""
@@ -321,6 +345,73 @@ class ClusterState:
         """The uid of a run seen by the informers ("" when unknown)."""
         with self._lock:
             return self._run_uids.get(key, "")
+
+    # -- the queue (core.queue) -------------------------------------------------------------------
+    def queue_entries(self, pool: str | None = None) -> list[QueueEntry]:
+        """The runs carrying a queue entry (of `pool`, or every pool), each with whether a pod of it is
+        bound to a node. O(queued runs + pods)."""
+        with self._lock:
+            bound_taskruns: set[tuple[str, str]] = set()
+            bound_pipelineruns: set[tuple[str, str]] = set()
+            for pod in self.pods.values():
+                if pod.node_name and not pod.finished:
+                    if TASKRUN_LABEL in pod.labels:
+                        bound_taskruns.add((pod.namespace, pod.labels[TASKRUN_LABEL]))
+                    if PIPELINERUN_LABEL in pod.labels:
+                        bound_pipelineruns.add((pod.namespace, pod.labels[PIPELINERUN_LABEL]))
+            out = []
+            for (kind, namespace, name), entry in self._queued.items():
+                if pool is not None and entry.pool != pool:
+                    continue
+                bound = bound_taskruns if kind == "TaskRun" else bound_pipelineruns
+                out.append(replace(entry, has_pod=True) if (namespace, name) in bound else entry)
+            return out
+
+    def pool_queue(self, pool: Pool) -> PoolQueue | None:
+        """The queued pool's slots (runsPerNode on each eligible node carrying its taint) and the active
+        Tekton pods bound to its nodes, per namespace. None when the pool does not queue."""
+        if pool.queue is None:
+            return None
+        with self._lock:
+            loads = self._pool_loads.get(pool.name)
+            names = sorted(loads.names()) if loads is not None else []
+            taint = pool.taint_for()
+            tainted = [n for n in names if any(t.key == taint.key and t.value == taint.value for t in self.nodes[n].taints)]
+            pods: Counter[str] = Counter()
+            for node in names:
+                for key in self._pods_by_node.get(node, ()):
+                    pod = self.pods[key]
+                    if pod.active and TASKRUN_LABEL in pod.labels:
+                        pods[pod.namespace] += 1
+            return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
+
+    def queue_counts(self, pool: Pool, now: float) -> tuple[int, int, int] | None:
+        """(waiting, slots, occupied) of a queued pool now; None when it does not queue. O(pods + queued runs)."""
+        with self._lock:
+            picture = self.pool_queue(pool)
+            if picture is None:
+                return None
+            summary = LineSummary.of(picture, self.queue_entries(pool.name), now)
+            return sum(summary.waiting.values()), summary.slots, summary.occupied
+
+    def join_queue(self, pool: Pool, namespace: str, now: float) -> tuple[int, int, bool] | None:
+        """A run of `namespace` joins `pool`'s line now: its place, the line's length, and whether a slot
+        is free for it. From a summary at most QUEUE_SUMMARY_SECONDS old (rebuilt: O(pods + queued runs)),
+        counted on with the runs admission queued since: O(namespaces) per call. None: no queue."""
+        with self._lock:
+            cached = self._line_summaries.get(pool.name)
+            if cached is None or now - cached[0] > QUEUE_SUMMARY_SECONDS or cached[0] > now:
+                picture = self.pool_queue(pool)
+                if picture is None:
+                    return None
+                cached = (now, LineSummary.of(picture, self.queue_entries(pool.name), now))
+            summary = cached[1]
+            place, length = summary.place_of_new(namespace, now)
+            waiting = dict(summary.waiting)
+            waiting[namespace] = waiting.get(namespace, 0) + 1
+            heads = {**summary.heads, namespace: summary.heads.get(namespace, now)}
+            self._line_summaries[pool.name] = (cached[0], replace(summary, waiting=waiting, heads=heads))
+            return place, length, place <= summary.slots - summary.occupied
 
     def namespace(self, name: str) -> NamespaceState:
         with self._lock:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 from loguru import logger
@@ -57,6 +57,15 @@ from controller.core.model import (
 )
 from controller.core.patches import json_patch, over_default, place, tolerates, unplace, with_default
 from controller.core.policy import PlacementPolicy, Pool
+from controller.core.queue import (
+    PENDING,
+    QUEUE_ANNOTATION,
+    entry_annotation,
+    pipeline_timeout_problem,
+    read_any_entry,
+    read_entry,
+    timed_out,
+)
 from controller.metrics import ERROR, MUTATED, UNCHANGED, Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -92,7 +101,12 @@ class Admission:
     placement of a run's template keeps (see `core.patches.over_default`).
     Each decision's Event goes to `events` with the review's uid, which the patch writes into the
     object (`egress-placer.io/review`): the Event is sent once the object exists.
-    `clock` only times the requests for `metrics.admission_seconds`.
+    `clock` only times the requests for `metrics.admission_seconds`; `wall` dates queue entries.
+
+    A pool with a queue setting (core.queue): its runs are created pending, with their placement and
+    a queue entry annotation; the leader releases them (reconcile.queue). A run the user created
+    pending (or cancelled) is left alone. A Tekton pod of a run that waited past its pool's
+    maxQueueSeconds on a preferred pool goes to ordinary nodes.
     """
 
     def __init__(
@@ -102,12 +116,14 @@ class Admission:
         events: EventsOnCreation,
         settings: Settings,
         clock: Callable[[], float] = time.perf_counter,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.state = state
         self.metrics = metrics
         self.events = events
         self.settings = settings
         self.clock = clock
+        self.wall = wall
 
     def review(self, body: Any) -> dict[str, Any]:
         """The whole AdmissionReview response for `body`. Raises only MalformedReview."""
@@ -162,14 +178,19 @@ class Admission:
             placement = _keep_if_allowed(template, policy, namespace, why, default)
         else:
             key = ledger_key("taskrun", request.namespace, request.key_name)
-            placement = self._place(template, decision.pool, policy, key, request.name, request.dry_run, default)
+            # A queued run's pod comes when it is released: nothing to assume now (the pod is placed again).
+            assume = not self._queues(request, decision.pool)
+            placement = self._place(template, decision.pool, policy, key, request.name, request.dry_run or not assume, default)
         self._count(request.kind, decision, placement)
         patch = ops_at(request.object, ("spec", "podTemplate"), placement.template)
         annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
+        queued = self._enqueue(request, placement.pool, patch, annotations)
         patch += annotation_ops(request.object, annotations)
         if decision.reason == Reason.UNKNOWN_POOL:
             warnings.append(f"egress-placer: {decision.message}")
         self._emit(request, decision, placement)
+        if queued:
+            self._send(request, "Normal", "Queued", queued)
         return patch
 
     # -- PipelineRun --------------------------------------------------------------------------------
@@ -197,10 +218,18 @@ class Admission:
         }
         if placement is not None:
             record.update(_loads_record(placement))
-        patch += annotation_ops(request.object, {DECISION_ANNOTATION: _compact(record), REVIEW_ANNOTATION: request.uid})
+        annotations = {DECISION_ANNOTATION: _compact(record), REVIEW_ANNOTATION: request.uid}
+        # A coscheduled run moved whole to a queued pool is queued whole (its TaskRuns follow the assistant).
+        queued = self._enqueue(request, placement.pool if placement is not None and placement.node else None, patch, annotations)
+        patch += annotation_ops(request.object, annotations)
         unknown = [d for _, d in per_task if d.reason == Reason.UNKNOWN_POOL]
         if unknown:
             warnings.append(f"egress-placer: {unknown[0].message}")
+        if not queued:  # its tasks are queued one by one: their waits count against the PipelineRun's timeout
+            for pool in filter(None, map(policy.pool, wanted)):
+                problem = pool.queue and pipeline_timeout_problem(value_at(request.object, ("spec", "timeouts")), pool.name, pool.queue)
+                if problem:
+                    warnings.append(f"egress-placer: {problem}")
         if placement is not None and placement.node:
             reason, type_ = "Placed", "Normal"
             note = f"{message}, node {placement.node} preferred{_load_note(placement)}: {summary}"
@@ -211,6 +240,8 @@ class Admission:
         else:
             reason, type_, note = "TasksDecided", "Normal", f"{summary}; {message}"
         self._send(request, type_, reason, note)
+        if queued:
+            self._send(request, "Normal", "Queued", queued)
         return patch
 
     def _whole_run(
@@ -225,7 +256,8 @@ class Admission:
         default = self.state.tekton_default_pod_template  # merged under taskRunTemplate.podTemplate by Tekton
         if len(wanted) == 1 and self.settings.coscheduled == "whole-run":
             key = ledger_key("pipelinerun", request.namespace, request.key_name)
-            placement = self._place(template, wanted[0], policy, key, request.name, request.dry_run, default)
+            assume = not self._queues(request, wanted[0])
+            placement = self._place(template, wanted[0], policy, key, request.name, request.dry_run or not assume, default)
             if placement.pool:
                 return placement, f"coscheduled run moved whole to pool {placement.pool}"
             return placement, f"coscheduled run left on ordinary nodes: {placement.note}"
@@ -316,6 +348,9 @@ class Admission:
         self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy
     ) -> Patch:
         decision = decide(policy, namespace, request.annotations, pod_images(request.object))
+        overdue = self._waited_too_long(request, decision.pool, policy)
+        if overdue:
+            decision = replace(decision, pool=None, message=f"{decision.message}; {overdue}")
         taskrun = request.labels.get(TASKRUN_LABEL)
         if taskrun and not request.dry_run:
             # The pod is being made: from now on it (or its own assumption) counts, the TaskRun's must
@@ -331,6 +366,49 @@ class Admission:
         if placement.pool or decision.reason in WARNING_REASONS:
             self._emit(request, decision, placement)
         return patch + annotation_ops(request.object, annotations)
+
+    # -- the queue ----------------------------------------------------------------------------------
+
+    def _queues(self, request: Request, pool_name: str | None) -> bool:
+        """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting and the
+        user did not set spec.status (pending, cancelled) themselves."""
+        pool = self.state.policy.pool(pool_name) if pool_name else None
+        return pool is not None and pool.queue is not None and not value_at(request.object, ("spec", "status"))
+
+    def _enqueue(self, request: Request, pool_name: str | None, patch: Patch, annotations: dict[str, str]) -> str:
+        """Queue the run when its pool queues (`patch` and `annotations` get the pending status and the
+        entry); the Event's note, "" when not queued. A copied entry on a run not queued is removed."""
+        if not self._queues(request, pool_name):
+            if read_entry(request.annotations.get(QUEUE_ANNOTATION), request.kind) is not None:
+                patch.append({"op": "remove", "path": "/metadata/annotations/" + QUEUE_ANNOTATION.replace("/", "~1")})
+            return ""
+        assert pool_name is not None
+        now = self.wall()
+        patch += ops_at(request.object, ("spec", "status"), PENDING[request.kind])
+        annotations[QUEUE_ANNOTATION] = entry_annotation(pool_name, request.kind, now)
+        if not request.dry_run:
+            self.metrics.queue_admitted.labels(pool=pool_name).inc()
+        return self._queued_note(request, pool_name, now)
+
+    def _queued_note(self, request: Request, pool_name: str, now: float) -> str:
+        pool = self.state.policy.pool(pool_name)
+        joined = self.state.join_queue(pool, request.namespace, now) if pool is not None and not request.dry_run else None
+        if joined is None:
+            return f"queued for pool {pool_name}"
+        place, length, free = joined
+        if free:
+            return f"queued for pool {pool_name}: a slot is free, released shortly"
+        return f"queued for pool {pool_name}, position {place} of {length}"
+
+    def _waited_too_long(self, request: Request, pool_name: str | None, policy: PlacementPolicy) -> str:
+        """Why a Tekton pod of a run released past its preferred pool's wait goes to ordinary nodes ("": it does not)."""
+        pool = policy.pool(pool_name) if pool_name else None
+        if pool is None or pool.queue is None or pool.placement != "preferred":
+            return ""
+        mark = read_any_entry(request.annotations)
+        if mark is None or mark.pool != pool.name or not timed_out(mark.queued_at, pool.queue, self.wall()):
+            return ""
+        return f"waited over {pool.queue.max_queue_seconds}s in pool {pool.name}'s queue (preferred): sent to ordinary nodes"
 
     # -- shared -------------------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from controller.core.agents import AgentGap
 from controller.cli.errors import ClusterUnreachable, CommandError, Exit
 from controller.core.intruders import find_intruders
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
+from controller.core.queue import plan
 from controller.core.taints import desired_taints
 from controller.kube.egress_source import EgressPoller, PrometheusClient
 from controller.kube.client import (
@@ -202,6 +203,41 @@ def print_rows(rows: list[PoolNodeRow], out: TextIO, gaps: Sequence[AgentGap] = 
             )
 
 
+QUEUE_LINES_SHOWN = 20  # waiting runs listed per pool (the count says how many more)
+
+
+def _read_runs(api: KubeApi, state: ClusterState) -> None:
+    """TaskRuns and PipelineRuns, for the queues (a user who may not list them sees no queue)."""
+    for kind, plural in (("TaskRun", "taskruns"), ("PipelineRun", "pipelineruns")):
+        try:
+            state.replace(kind, _items(api, f"/apis/tekton.dev/v1/{plural}"))
+        except Exception as e:
+            if status_of(e) not in (403, 404):
+                raise
+
+
+def queue_lines(state: ClusterState, now: float, shown: int = QUEUE_LINES_SHOWN) -> list[str]:
+    """Each queued pool's slots and its waiting runs in release order (the leader's own plan)."""
+    lines: list[str] = []
+    for pool in state.policy.pools:
+        picture = state.pool_queue(pool)
+        if picture is None:
+            continue
+        result = plan(picture, state.queue_entries(pool.name), now)
+        about_to_go = [r.entry for r in result.releases]
+        waiting = [*about_to_go, *result.line]
+        lines.append(
+            f"pool {pool.name}: {result.occupied}/{result.slots} slots taken, {len(waiting)} waiting "
+            f"(runsPerNode {picture.setting.runs_per_node}, maxQueueSeconds {picture.setting.max_queue_seconds})"
+        )
+        for i, entry in enumerate(waiting[:shown]):
+            late = " (past maxQueueSeconds)" if entry in result.overdue else ""
+            lines.append(f"  {i + 1:>3}. {entry.kind} {entry.namespace}/{entry.name}, waiting {now - entry.queued_at:.0f}s{late}")
+        if len(waiting) > shown:
+            lines.append(f"  ... and {len(waiting) - shown} more")
+    return lines
+
+
 def connect(settings: Settings) -> KubeApi:
     """The API client for a command; CommandError (status 2) when there is no usable kubeconfig."""
     try:
@@ -222,6 +258,8 @@ def read_cluster(settings: Settings) -> tuple[ClusterState, str | None]:
         state.replace("Namespace", _items(api, "/api/v1/namespaces"))
         state.replace("Pod", _items(api, "/api/v1/pods"))
         state.replace("DaemonSet", _items(api, "/apis/apps/v1/daemonsets"))
+        if any(pool.queue is not None for pool in state.policy.pools):
+            _read_runs(api, state)
     except CommandError:
         raise
     except Exception as e:  # no API server, a refused request
@@ -242,6 +280,11 @@ def run_status(settings: Settings, out: TextIO, as_json: bool = False, err: Text
         print(json.dumps([asdict(r) for r in rows]), file=out)
     else:
         print_rows(rows, out, gaps)
+        queues = queue_lines(state, time.time())
+        if queues:
+            print("\nQueues (release order):", file=out)
+            for line in queues:
+                print(line, file=out)
     if problem is not None:
         return Exit.USAGE
     return Exit.OK if all(r.taint == "ok" and r.intruders == 0 and not r.agents_missing for r in rows) else Exit.FINDINGS

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from controller.core.egress import EgressLoad
+from controller.core.queue import QueueSetting
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION, TAINT_KEY, NamespaceState, NodeState, Taint
 from controller.core.schema import NOT_BLANK, OpenAPI, PolicyModel, Rule
 
@@ -294,6 +295,13 @@ class Pool(PolicyModel):
         default=None,
         description="Optional: each node's measured outbound throughput from Prometheus, weighed with its "
         "run count when a node is chosen (docs/egress-load.md).",
+    )
+    queue: QueueSetting | None = Field(
+        default=None,
+        description="Optional, opt-in: hold runs while the pool is full. Every eligible run is created "
+        "pending and released by the leader when a slot frees (runsPerNode on each Ready, tainted node), "
+        "by namespace priority, then round-robin between namespaces, then first come first served "
+        "(docs/queue.md). Without it runs start at once, as capacity is only a load figure.",
     )
 
     openapi = OpenAPI(

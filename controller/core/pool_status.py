@@ -36,6 +36,7 @@ from controller.core.pools import (
     NodeLoadStatus,
     PoolLoadStatus,
     PoolStatus,
+    QueueStatus,
 )
 
 READY = "Ready"
@@ -199,6 +200,7 @@ def pool_status(
     refusal: str | None,
     errors: Sequence[SeenError],
     now: float,
+    queue: QueueStatus | None = None,
 ) -> dict[str, Any]:
     """The status of `obj` (JSON, as written), given:
 
@@ -210,7 +212,8 @@ def pool_status(
     - `refusal`: why the loader refused the objects (None: they are in force);
     - `errors`: errors seen about this pool (`refusal`'s lines naming it count as one, at `now`, unless
       the status holds that message already);
-    - `now`: epoch seconds.
+    - `now`: epoch seconds;
+    - `queue`: the pool's queue, when it has the setting.
     """
     pool = policy.pool(obj.name)
     members = members if pool is not None else ()
@@ -233,6 +236,7 @@ def pool_status(
         load=load_status(loads),
         runs_placed_last_hour=sum(1 for p in placed if p.node in names and since < p.at <= now),
         last_error=_last_error(obj.status, seen),
+        queue=queue if pool is not None and pool.queue is not None else None,
     )
     return out.model_dump(mode="json", by_alias=True, exclude_none=True)
 

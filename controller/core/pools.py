@@ -124,6 +124,16 @@ class LastError(PolicyModel):
     time: Annotated[str, OpenAPI(extra={"format": "date-time"})] = Field(description="When.")
 
 
+class QueueStatus(PolicyModel):
+    """The pool's queue (only with its `queue` setting), as the leader last saw it."""
+
+    waiting: Annotated[int, Field(ge=0)] = Field(description="Runs waiting, pending.")
+    slots: Annotated[int, Field(ge=0)] = Field(description="runsPerNode on each Ready, tainted node.")
+    occupied: Annotated[int, Field(ge=0)] = Field(
+        description="Slots taken: pool pods, and released runs whose pod is not bound yet."
+    )
+
+
 class PoolStatus(PolicyModel):
     """What egress-placer sees of the pool; written by the leader."""
 
@@ -143,6 +153,7 @@ class PoolStatus(PolicyModel):
         "controller's informers saw them (a replica that restarts counts only those that still exist).",
     )
     last_error: LastError | None = Field(default=None, description="The last error about this pool (none: nothing went wrong).")
+    queue: QueueStatus | None = Field(default=None, description="The queue, when the pool has the queue setting.")
 
 
 # -- the CRDs -----------------------------------------------------------------------------------------
@@ -255,6 +266,7 @@ def custom_resource_definitions() -> list[dict[str, Any]]:
             {"name": "Capacity", "type": "integer", "description": "Runs the pool's ready nodes take.", "jsonPath": ".status.load.capacity"},
             {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
             {"name": "Reason", "type": "string", "priority": 1, "jsonPath": '.status.conditions[?(@.type=="Ready")].reason'},
+            {"name": "Queued", "type": "integer", "priority": 1, "description": "Runs waiting in the pool's queue.", "jsonPath": ".status.queue.waiting"},
             {"name": "Last hour", "type": "integer", "priority": 1, "description": "Runs placed on the pool in the last hour.", "jsonPath": ".status.runsPlacedLastHour"},
             AGE_COLUMN,
         ],

@@ -33,6 +33,7 @@ from controller.core.agents import POOL_TOLERATIONS_ANNOTATION
 from controller.core.images import TASKRUN_LABEL, TektonObjects, image_fields
 from controller.core.intruders import MIRROR_POD_ANNOTATION
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
+from controller.core.queue import PIPELINERUN_LABEL, QUEUE_ANNOTATION
 from controller.core.patches import InvalidDefault, default_pod_template
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.kube.retry import WATCHES, RetryPolicy, retrying
@@ -65,15 +66,18 @@ KEPT_LABELS: dict[str, frozenset[str] | None] = {  # None: every label
     # and a changed policy must not need a relist to see them. The API server bounds each (key 317,
     # value 63 characters).
     "Namespace": None,
-    "Pod": frozenset({TASKRUN_LABEL}),  # ClusterState: a bound pod settles its TaskRun's assumed placement
+    # ClusterState: a bound pod settles its TaskRun's assumed placement; the queue: a queued run's pod is
+    # bound (its TaskRun, or its coscheduled PipelineRun)
+    "Pod": frozenset({TASKRUN_LABEL, PIPELINERUN_LABEL}),
 }
 KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
     "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),  # Pool.allows
     # core.intruders.is_mirror_pod (its presence); admission.events: the review token of a held Event
     "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION}),
     # missed runs: admitted without a decision (its presence); admission.events: the review token
-    "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION}),
-    "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION}),
+    # ... and the queue: the entry written at admission (core.queue)
+    "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, QUEUE_ANNOTATION}),
+    "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, QUEUE_ANNOTATION}),
     "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),  # core.agents: the pools a node agent opts into
 }
 # A kept annotation value longer than this is kept empty (the key is there, its value is not read):
@@ -192,6 +196,28 @@ def trimmer(api_version: str, kind: str, keep: Sequence[str] = ()) -> Trim:
     return trim
 
 
+def run_trimmer(api_version: str, kind: str) -> Trim:
+    """A TaskRun or PipelineRun: metadata, `spec.status` (pending, cancelled) and whether it is done
+    (its Succeeded condition's status), for the queue (core.queue)."""
+
+    def trim(obj: Mapping[str, Any]) -> Obj:
+        out = _head(obj, api_version, kind)
+        status = (obj.get("spec") or {}).get("status")
+        if isinstance(status, str) and status:
+            out["spec"] = {"status": status[:64]}
+        conditions = (obj.get("status") or {}).get("conditions")
+        succeeded = [
+            {"type": "Succeeded", "status": c.get("status")}
+            for c in (conditions if isinstance(conditions, list) else [])
+            if isinstance(c, Mapping) and c.get("type") == "Succeeded"
+        ]
+        if succeeded:
+            out["status"] = {"conditions": succeeded[:1]}
+        return out
+
+    return trim
+
+
 def tekton_definition_trimmer(api_version: str, kind: str) -> Trim:
     """A Task, Pipeline or StepAction: metadata and only the fields of its spec image discovery reads
     (steps' names, images, refs and params, not their scripts; see core.images.image_fields)."""
@@ -249,7 +275,7 @@ TEKTON_RESOURCES: dict[str, tuple[str, str]] = {
 def tekton(kind: str) -> Resource:
     version, plural = TEKTON_RESOURCES[kind]
     api_version = f"{TEKTON_GROUP}/{version}"
-    trim = tekton_definition_trimmer if kind in TektonObjects.KINDS else trimmer
+    trim = tekton_definition_trimmer if kind in TektonObjects.KINDS else run_trimmer
     return Resource(plural, kind, f"/apis/{api_version}/{plural}", trim(api_version, kind))
 
 

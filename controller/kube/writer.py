@@ -29,7 +29,7 @@ from loguru import logger
 
 from controller.core.model import Taint
 from controller.core.policy import API_VERSION as POOLS_API_VERSION
-from controller.kube.client import MERGE_PATCH, KubeApi, error_body, status_of
+from controller.kube.client import JSON_PATCH, MERGE_PATCH, KubeApi, error_body, status_of
 from controller.kube.retry import WRITES, RetryPolicy, retrying
 from controller.metrics import Metrics
 
@@ -407,6 +407,29 @@ class KubeClient:
         except ApiError as e:
             if e.outcome is not Outcome.NOT_FOUND:
                 raise
+
+    # -- the queue: releasing a pending run (the leader's) -----------------------------------------------
+    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
+        """Clear `spec.status` of a queued TaskRun or PipelineRun (Tekton then starts it), and nothing
+        else: a JSON patch that first tests the run's uid and that spec.status is still `pending`, so a
+        run cancelled meanwhile stays cancelled and a release repeated (a second pass, a new leader) is
+        a no-op. True when this call released it; False when it was already released, cancelled, gone
+        or replaced."""
+        plural = {"TaskRun": "taskruns", "PipelineRun": "pipelineruns"}[kind]
+        path = f"/apis/tekton.dev/v1/namespaces/{namespace}/{plural}/{name}"
+        body = [
+            *([{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []),
+            {"op": "test", "path": "/spec/status", "value": pending},
+            {"op": "remove", "path": "/spec/status"},
+        ]
+        try:
+            self.call("release-run", partial(self.api.call, "PATCH", path, body=body, content_type=JSON_PATCH))
+        except ApiError as e:
+            # 422: a test failed (released, cancelled, or another run of that name now); 404: gone.
+            if e.outcome is Outcome.NOT_FOUND or e.status == 422 or e.outcome is Outcome.CONFLICT:
+                return False
+            raise
+        return True
 
     # -- events ---------------------------------------------------------------------------------------
     def create_event(self, event: Mapping[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from loguru import logger
 from controller.core.images import TASKRUN_LABEL
 from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import PlacementPolicy, Pool
+from controller.core.pools import QueueStatus
 from controller.core.pool_status import (
     PLACEMENT_WINDOW_SECONDS,
     READY,
@@ -52,6 +53,8 @@ class PoolState(Protocol):
     def node_list(self) -> list[NodeState]: ...
 
     def loads(self, pool: Pool) -> Mapping[str, NodeLoad]: ...
+
+    def queue_counts(self, pool: Pool, now: float) -> tuple[int, int, int] | None: ...
 
 
 class PoolObjects(Protocol):
@@ -176,8 +179,10 @@ class PoolStatusWriter:
         for obj in objects:
             pool = policy.pool(obj.name)
             loads = self.state.loads(pool) if pool is not None else {}
+            counts = self.state.queue_counts(pool, now) if pool is not None else None
+            queue = QueueStatus(waiting=counts[0], slots=counts[1], occupied=counts[2]) if counts is not None else None
             desired = pool_status(
-                obj, policy, members.get(obj.name, []), loads, placed, refusal, self.errors.of(obj.name), now
+                obj, policy, members.get(obj.name, []), loads, placed, refusal, self.errors.of(obj.name), now, queue
             )
             if desired == dict(obj.status):
                 continue

@@ -75,5 +75,8 @@ def test_tiny_quick_run_writes_every_key(tmp_path: Path) -> None:
     assert results["e2e"]["without"]["webhook_answered"] == 0
     assert results["targets"] and all(t["met"] is not None for t in results["targets"])
     assert "## Targets" in (tmp_path / "report.md").read_text()
-    for chart in ("admission_latency.png", "balance.png"):
+    queue = results["queue"]
+    assert queue["succeeded"] == queue["burst"] > 0 and 0 < queue["max_running"] <= queue["slots"], queue
+    assert queue["admission_us"]["no_queue"] > 0 and set(queue["admission_us"]["queued"]) == {"0", "100", "1000"}
+    for chart in ("admission_latency.png", "balance.png", "queue_concurrency.png"):
         assert (tmp_path / chart).stat().st_size > 1000

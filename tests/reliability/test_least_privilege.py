@@ -45,7 +45,7 @@ EVERY_USER = (
     | rules(["authentication.k8s.io"], ["selfsubjectreviews"], ["create"])
     | rules(["certificates.k8s.io"], ["clustertrustbundles"], READ)
 )
-# k8s/rbac-cluster.yaml: caches, the pool taint, evictions, Events, its own webhooks' caBundle (placement and the pools
+# k8s/rbac-cluster.yaml: caches, the pool taint, evictions, the queue's release of runs, Events, its own webhooks' caBundle (placement and the pools
 # API's), the pool guard's binding, the pools API (and its status).
 CLUSTER_WIDE = (
     rules([""], ["nodes"], [*READ, "patch"])
@@ -54,6 +54,7 @@ CLUSTER_WIDE = (
     | rules([""], ["pods/eviction"], ["create"])
     | rules(["apps"], ["daemonsets"], READ)
     | rules(["tekton.dev"], ["tasks", "stepactions", "pipelines", "taskruns", "pipelineruns"], READ)
+    | rules(["tekton.dev"], ["taskruns", "pipelineruns"], ["patch"])  # the queue: release (spec.status only)
     | rules(["events.k8s.io"], ["events"], ["create", "patch"])
     | rules(["admissionregistration.k8s.io"], ["mutatingwebhookconfigurations"], ["get", "update"], ["egress-placer"])
     | rules(["admissionregistration.k8s.io"], ["validatingadmissionpolicybindings"], ["get", "update"], ["egress-placer-pool-guard"])

@@ -67,6 +67,7 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
         for r in ("tasks", "stepactions", "pipelines", "taskruns", "pipelineruns")
         for v in ("get", "list", "watch")
     },
+    *{("cluster", "tekton.dev", r, "patch", ANY) for r in ("taskruns", "pipelineruns")},  # the queue's release
     *{("cluster", "events.k8s.io", "events", v, ANY) for v in ("create", "patch")},
     *{
         ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", v, default("webhook_config_name"))

@@ -110,11 +110,12 @@ def test_the_pool_has_a_status_subresource_and_printer_columns() -> None:
         "Capacity": ".status.load.capacity",
         "Ready": '.status.conditions[?(@.type=="Ready")].status',
         "Reason": '.status.conditions[?(@.type=="Ready")].reason',
+        "Queued": ".status.queue.waiting",
         "Last hour": ".status.runsPlacedLastHour",
         "Age": ".metadata.creationTimestamp",
     }
     wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority")}
-    assert wide == {"Reason", "Last hour"}  # `kubectl get -o wide` only
+    assert wide == {"Reason", "Queued", "Last hour"}  # `kubectl get -o wide` only
 
 
 def test_a_field_without_a_description_cannot_be_rendered() -> None:

@@ -70,7 +70,8 @@ def meta(**fields: Any) -> dict[str, Any]:
         pytest.param(
             "Pod", TEKTON_LABELS,
             {LAST_APPLIED: HUGE, "tekton.dev/ready": "READY", MIRROR_POD_ANNOTATION: "abc", REVIEW_ANNOTATION: "r-1"},
-            {TASKRUN_LABEL: "build-run-1"}, {MIRROR_POD_ANNOTATION: "abc", REVIEW_ANNOTATION: "r-1"}, id="pod-tekton",
+            {TASKRUN_LABEL: "build-run-1", "tekton.dev/pipelineRun": "ci-run-1"},
+            {MIRROR_POD_ANNOTATION: "abc", REVIEW_ANNOTATION: "r-1"}, id="pod-tekton",
         ),
         pytest.param("Pod", {"app": "x"}, {"note": "hello"}, None, None, id="pod-nothing-read"),
         pytest.param(
@@ -78,6 +79,8 @@ def meta(**fields: Any) -> dict[str, Any]:
             None, {DECISION_ANNOTATION: '{"pool": "overseas"}'}, id="taskrun-decided",
         ),
         pytest.param("PipelineRun", {"a": "b"}, {LAST_APPLIED: HUGE}, None, None, id="pipelinerun-undecided"),
+        pytest.param("TaskRun", {}, {LAST_APPLIED: HUGE, "egress-placer.io/queue": '{"pool":"p"}'},
+                     None, {"egress-placer.io/queue": '{"pool":"p"}'}, id="taskrun-queued"),
         pytest.param("DaemonSet", {"app": "agent"}, {LAST_APPLIED: HUGE, POOL_TOLERATIONS_ANNOTATION: "patch"},
                      None, {POOL_TOLERATIONS_ANNOTATION: "patch"}, id="daemonset-opt-in"),
         pytest.param(
@@ -117,12 +120,12 @@ def test_a_kept_annotation_too_long_is_kept_empty(kind, key):
 
 def test_the_allow_lists_name_only_what_a_reader_reads():
     """The one place others extend: a new key needs a reader (and a row above)."""
-    assert {k: v for k, v in KEPT_LABELS.items() if v is not None} == {"Pod": frozenset({TASKRUN_LABEL})}
+    assert {k: v for k, v in KEPT_LABELS.items() if v is not None} == {"Pod": frozenset({TASKRUN_LABEL, "tekton.dev/pipelineRun"})}
     assert KEPT_ANNOTATIONS == {
         "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),
         "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION}),
-        "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION}),
-        "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION}),
+        "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, "egress-placer.io/queue"}),
+        "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, "egress-placer.io/queue"}),
         "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),
     }
 
@@ -322,7 +325,7 @@ def pod_answers(pod: PodState) -> tuple[Any, ...]:
 def test_every_pod_reader_answers_the_same_from_the_trimmed_pod(pod):
     whole, trimmed = PodState.from_pod(pod), PodState.from_pod(trim_pod(pod))
     assert pod_answers(trimmed) == pod_answers(whole)
-    assert set(trimmed.labels) <= {TASKRUN_LABEL} and set(trimmed.annotations) <= KEPT_ANNOTATIONS["Pod"]
+    assert set(trimmed.labels) <= KEPT_LABELS["Pod"] and set(trimmed.annotations) <= KEPT_ANNOTATIONS["Pod"]
     assert len(trimmed.owners) <= 2
 
 

@@ -1,0 +1,359 @@
+"""The pool queue: hold runs while a pool is full, and let them in fairly (opt-in per pool).
+
+A pool with a `queue` setting gets every eligible run created pending (`spec.status: TaskRunPending`
+or `PipelineRunPending`) with its placement as usual and a queue entry annotation
+(`egress-placer.io/queue`: pool, time, kind). The leader alone releases runs by clearing `spec.status`.
+
+Pure: the entries, the pool's nodes and pods, the clock and the priorities are given; out come the
+runs to release and why.
+
+- Slots: `runsPerNode` summed over the pool's nodes that are Ready, schedulable and carry its taint.
+- Occupied: active Tekton pods bound to the pool's nodes, plus released entries whose pod is not bound
+  yet ("in flight": released, not done, no bound pod), so a burst of passes never releases twice into
+  one free slot.
+- Order: priority (per namespace, from the policy: a tenant can write any annotation), then
+  round-robin between namespaces (turn = the namespace's occupied count plus its place in its own
+  line, so fairness holds across passes and after a leader change: nothing is remembered), then first
+  come, first served.
+- Wait bound (`maxQueueSeconds`): a `preferred` pool releases the run at once (its pod is then sent
+  to ordinary nodes, `timed_out`), a `required` pool keeps it waiting with a Warning.
+- An entry whose pool no longer queues (setting removed, pool gone) is released.
+"""
+
+from __future__ import annotations
+
+import json
+from fnmatch import fnmatchcase
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Annotated, Any, Callable, Iterable, Mapping, Sequence
+
+from pydantic import Field, PositiveInt
+
+from controller.core.egress import parse_duration
+from controller.core.schema import PolicyModel
+
+QUEUE_ANNOTATION = "egress-placer.io/queue"
+PIPELINERUN_LABEL = "tekton.dev/pipelineRun"  # on the pods of a PipelineRun's TaskRuns
+PENDING = {"TaskRun": "TaskRunPending", "PipelineRun": "PipelineRunPending"}
+CANCELLED = frozenset({"TaskRunCancelled", "Cancelled", "CancelledRunFinally", "StoppedRunFinally"})
+MAX_PRIORITY_ENTRIES = 64
+
+
+class NamespacePriority(PolicyModel):
+    """Runs of these namespaces are released before those of lower priority."""
+
+    namespaces: Annotated[tuple[Annotated[str, Field(min_length=1, max_length=253)], ...], Field(min_length=1, max_length=256)] = Field(
+        description="Namespace name globs (fnmatch: * ? [abc])."
+    )
+    priority: Annotated[int, Field(ge=-1000, le=1000)] = Field(
+        description="Higher is released first; namespaces matched by no entry have 0. -1000 to 1000."
+    )
+
+
+class QueueSetting(PolicyModel):
+    """A pool's queue: at most `runsPerNode` runs at once on each of its nodes; the others wait."""
+
+    runs_per_node: PositiveInt = Field(
+        description="Runs at once on each Ready, tainted node of the pool (at least 1); the others wait, pending."
+    )
+    max_queue_seconds: Annotated[int, Field(ge=1, le=7 * 24 * 3600)] = Field(
+        default=3600,
+        description="The longest wait (seconds, default 3600). Past it, a run of a preferred pool is "
+        "released to ordinary nodes; one of a required pool keeps waiting, with a Warning Event.",
+    )
+    priorities: Annotated[tuple[NamespacePriority, ...], Field(max_length=MAX_PRIORITY_ENTRIES)] = Field(
+        default=(),
+        description="Release priority per namespace (the first entry whose globs match wins). Then "
+        "round-robin between namespaces, then first come, first served.",
+    )
+
+    def priority_of(self, namespace: str) -> int:
+        for entry in self.priorities:
+            if any(fnmatchcase(namespace, glob) for glob in entry.namespaces):
+                return entry.priority
+        return 0
+
+
+# -- the entry annotation ----------------------------------------------------------------------------
+
+
+def format_time(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_time(text: str) -> float | None:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except (TypeError, ValueError):
+        return None
+    if moment.tzinfo is None:
+        return None
+    return moment.timestamp()
+
+
+def entry_annotation(pool: str, kind: str, queued_at: float) -> str:
+    return json.dumps({"pool": pool, "kind": kind, "time": format_time(queued_at)}, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class EntryMark:
+    """What the annotation says: the pool, the kind of run it was written on, when."""
+
+    pool: str
+    kind: str
+    queued_at: float
+
+
+def read_entry(value: Any, kind: str) -> EntryMark | None:
+    """The entry in an annotation value, if it is one written on a run of `kind` (a PipelineRun's entry
+    copied by Tekton onto its TaskRuns and pods is not theirs). None for anything else."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    pool, written_on, when = data.get("pool"), data.get("kind"), data.get("time")
+    if not isinstance(pool, str) or not pool or written_on != kind or not isinstance(when, str):
+        return None
+    queued_at = parse_time(when)
+    return None if queued_at is None else EntryMark(pool, written_on, queued_at)
+
+
+def read_any_entry(annotations: Mapping[str, str]) -> EntryMark | None:
+    """The entry a pod carries (copied from its TaskRun, or from a coscheduled PipelineRun)."""
+    value = annotations.get(QUEUE_ANNOTATION)
+    return read_entry(value, "TaskRun") or read_entry(value, "PipelineRun")
+
+
+# -- the picture the leader sees ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    """A run carrying our queue entry, as the informers see it."""
+
+    kind: str
+    namespace: str
+    name: str
+    pool: str
+    queued_at: float
+    pending: bool  # spec.status is still the pending value
+    done: bool = False  # finished or cancelled
+    has_pod: bool = False  # a pod of the run is bound to a node
+    uid: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.kind, self.namespace, self.name)
+
+    @property
+    def waiting(self) -> bool:
+        return self.pending and not self.done
+
+
+class ReleaseReason(str, Enum):
+    SLOT = "slot"  # a slot is free
+    TIMEOUT = "timeout"  # waited past maxQueueSeconds on a preferred pool: to ordinary nodes
+    UNQUEUED = "unqueued"  # the pool no longer queues (setting removed, pool gone)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Release:
+    entry: QueueEntry
+    reason: ReleaseReason
+
+
+@dataclass(frozen=True)
+class PoolQueue:
+    """One queued pool at one moment: its setting and placement, slots and what occupies them."""
+
+    pool: str
+    setting: QueueSetting
+    placement: str  # required | preferred
+    slots: int
+    # Active Tekton pods bound to the pool's nodes, per namespace (they occupy slots and count in the
+    # round-robin turn of their namespace).
+    pods_by_namespace: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def pool_pods(self) -> int:
+        return sum(self.pods_by_namespace.values())
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the leader does now: releases in order, runs that waited too long on a required pool, and
+    the waiting line in release order (for positions and `status`)."""
+
+    releases: tuple[Release, ...] = ()
+    overdue: tuple[QueueEntry, ...] = ()
+    line: tuple[QueueEntry, ...] = ()
+    occupied: int = 0
+    slots: int = 0
+
+
+def slots(runs_per_node: int, nodes: int) -> int:
+    return max(0, runs_per_node) * max(0, nodes)
+
+
+def timed_out(queued_at: float, setting: QueueSetting, now: float) -> bool:
+    return now - queued_at >= setting.max_queue_seconds
+
+
+def in_flight(entry: QueueEntry, queue: PoolQueue, now: float) -> bool:
+    """Released, not done, and no pod bound yet: it will take a slot (a preferred pool's run released
+    past its wait goes to ordinary nodes: it takes none)."""
+    if entry.pending or entry.done or entry.has_pod:
+        return False
+    return not (queue.placement == "preferred" and timed_out(entry.queued_at, queue.setting, now))
+
+
+def release_order(waiting: Sequence[QueueEntry], priority: Callable[[str], int], occupied: Mapping[str, int]) -> list[QueueEntry]:
+    """Waiting entries in release order: priority (higher first), then round-robin between namespaces
+    (turn = the namespace's occupied count + its place in its own line), then the namespace whose
+    oldest waiting run came first, then first come, first served."""
+    by_namespace: dict[str, list[QueueEntry]] = {}
+    for entry in sorted(waiting, key=lambda e: (e.queued_at, e.name, e.kind)):
+        by_namespace.setdefault(entry.namespace, []).append(entry)
+    keyed = []
+    for namespace, line in by_namespace.items():
+        head = line[0].queued_at
+        for turn, entry in enumerate(line):
+            keyed.append(((-priority(namespace), occupied.get(namespace, 0) + turn, head, namespace, turn), entry))
+    keyed.sort(key=lambda k: k[0])
+    return [entry for _, entry in keyed]
+
+
+def plan(queue: PoolQueue, entries: Iterable[QueueEntry], now: float) -> Plan:
+    """The releases for one queued pool now. `entries`: this pool's entries (waiting and released)."""
+    entries = list(entries)
+    flying = [e for e in entries if in_flight(e, queue, now)]
+    occupied = queue.pool_pods + len(flying)
+    turns: dict[str, int] = dict(queue.pods_by_namespace)
+    for e in flying:
+        turns[e.namespace] = turns.get(e.namespace, 0) + 1
+    waiting = [e for e in entries if e.waiting]
+    releases: list[Release] = []
+    overdue: list[QueueEntry] = []
+    still: list[QueueEntry] = []
+    for e in waiting:
+        if timed_out(e.queued_at, queue.setting, now):
+            if queue.placement == "preferred":
+                releases.append(Release(e, ReleaseReason.TIMEOUT))
+                continue
+            overdue.append(e)
+        still.append(e)
+    line = release_order(still, queue.setting.priority_of, turns)
+    free = max(0, queue.slots - occupied)
+    for e in line[:free]:
+        releases.append(Release(e, ReleaseReason.SLOT))
+    released = {r.entry.key for r in releases}
+    rest = tuple(e for e in line if e.key not in released)
+    return Plan(tuple(releases), tuple(e for e in overdue if e.key not in released), rest, occupied, queue.slots)
+
+
+def release_all(entries: Iterable[QueueEntry]) -> tuple[Release, ...]:
+    """Every waiting entry of a pool that no longer queues."""
+    return tuple(Release(e, ReleaseReason.UNQUEUED) for e in sorted(entries, key=lambda e: (e.queued_at, e.key)) if e.waiting)
+
+
+@dataclass(frozen=True)
+class LineSummary:
+    """A queued pool's line in counts (what admission needs to tell a new run its place, in
+    O(namespaces)): per namespace the runs waiting, the time of its oldest, and the slots it occupies."""
+
+    setting: QueueSetting
+    slots: int
+    occupied: int
+    waiting: Mapping[str, int] = field(default_factory=dict)
+    heads: Mapping[str, float] = field(default_factory=dict)
+    occupied_by_namespace: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, queue: PoolQueue, entries: Iterable[QueueEntry], now: float) -> "LineSummary":
+        waiting: dict[str, int] = {}
+        heads: dict[str, float] = {}
+        occupied = dict(queue.pods_by_namespace)
+        for e in entries:
+            if e.waiting:
+                waiting[e.namespace] = waiting.get(e.namespace, 0) + 1
+                heads[e.namespace] = min(heads.get(e.namespace, e.queued_at), e.queued_at)
+            elif in_flight(e, queue, now):
+                occupied[e.namespace] = occupied.get(e.namespace, 0) + 1
+        return cls(queue.setting, queue.slots, sum(occupied.values()), waiting, heads, occupied)
+
+    def place_of_new(self, namespace: str, queued_at: float) -> tuple[int, int]:
+        """(1-based place, line length) of a run of `namespace` joining the line now (it is the newest
+        of its namespace), by the same order as `release_order`."""
+        mine = self.setting.priority_of(namespace)
+        turn = self.occupied_by_namespace.get(namespace, 0) + self.waiting.get(namespace, 0)
+        head = self.heads.get(namespace, queued_at)
+        ahead = 0
+        for other, count in self.waiting.items():
+            theirs = self.setting.priority_of(other)
+            if theirs != mine:
+                ahead += count if theirs > mine else 0
+                continue
+            first = self.occupied_by_namespace.get(other, 0)  # the turn of its first waiting run
+            before = max(0, min(count, turn - first))  # its runs with a smaller turn
+            if other != namespace and first <= turn < first + count and (self.heads[other], other) < (head, namespace):
+                before += 1  # the one at the same turn, of a namespace whose oldest came first
+            ahead += before
+        return ahead + 1, sum(self.waiting.values()) + 1
+
+
+def position(line: Sequence[QueueEntry], key: tuple[str, str, str]) -> int | None:
+    """1-based place of the run in the waiting line, None when not in it."""
+    for i, entry in enumerate(line):
+        if entry.key == key:
+            return i + 1
+    return None
+
+
+TEKTON_DEFAULT_PIPELINE_TIMEOUT = 3600.0  # config-defaults default-timeout-minutes: 60
+
+
+def pipeline_timeout_problem(timeouts: Any, pool: str, setting: QueueSetting) -> str:
+    """Why a PipelineRun's own timeout may run out while one of its tasks waits in `pool`'s queue ("":
+    it will not). Tekton starts that clock when the PipelineRun starts, so a queued task's wait counts."""
+    value = timeouts.get("pipeline") if isinstance(timeouts, Mapping) else None
+    try:
+        seconds = TEKTON_DEFAULT_PIPELINE_TIMEOUT if value is None else parse_duration(value)
+    except ValueError:
+        return ""
+    if seconds <= 0 or seconds > setting.max_queue_seconds:  # 0: no timeout
+        return ""
+    shown = "the default 1h" if value is None else str(value)
+    return (
+        f"its pipeline timeout ({shown}) is not longer than pool {pool}'s maxQueueSeconds ({setting.max_queue_seconds}s): "
+        "a task waiting in that queue counts against it (docs/queue.md)"
+    )
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the informers keep of a TaskRun or PipelineRun for the queue."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str = ""
+    entry: str | None = None  # the queue annotation's value
+    spec_status: str = ""
+    done: bool = False  # Succeeded condition True or False
+
+    def queue_entry(self, has_pod: bool) -> QueueEntry | None:
+        mark = read_entry(self.entry, self.kind)
+        if mark is None:
+            return None
+        pending = self.spec_status == PENDING.get(self.kind)
+        done = self.done or self.spec_status in CANCELLED
+        return QueueEntry(self.kind, self.namespace, self.name, mark.pool, mark.queued_at, pending, done, has_pod, self.uid)

@@ -1,0 +1,159 @@
+"""The leader's queue release: level-based passes that clear `spec.status` of the next queued runs.
+
+Each pass (the reconcile loop runs it after a change: a queued run changed, a pod on a pool node
+came or went, a node or the policy changed; and before the earliest wait bound) reads the queue
+from the informers' state, asks the core (`core.queue.plan`) which runs to release, and releases
+them through the one adapter (`KubeClient.release_run`: a JSON patch that tests the uid and the
+pending status, then removes `spec.status`; nothing else of the run is written).
+
+Nothing is kept that the cluster does not hold, except the runs this replica released whose change
+the informers have not shown yet (so the next pass does not count their slot as free again). A new
+leader rebuilds the queue from the cluster: the pending runs carrying a queue entry.
+
+Events (the one sink): Released (Normal) with the wait and the reason; QueueWaitExceeded (Warning)
+once per run and leadership for a run of a required pool past its maxQueueSeconds.
+Metrics: queue_length and queue_slots per pool, queue_releases_total by reason, queue_wait_seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from collections import defaultdict
+from typing import Callable, Protocol
+
+from loguru import logger
+
+from controller.core.policy import PlacementPolicy, Pool
+from controller.core.queue import PENDING, Plan, PoolQueue, QueueEntry, Release, ReleaseReason, plan, release_all
+from controller.event_sink import EventSink
+from controller.metrics import GaugeSnapshot, Metrics
+
+RELEASE_MEMORY_SECONDS = 60.0  # how long a release this replica made counts while the informers lag
+
+
+class QueueState(Protocol):
+    @property
+    def policy(self) -> PlacementPolicy: ...
+
+    policy_in_force: bool
+
+    def queue_entries(self, pool: str | None = None) -> list[QueueEntry]: ...
+
+    def pool_queue(self, pool: Pool) -> PoolQueue | None: ...
+
+
+class RunReleaser(Protocol):
+    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool: ...
+
+
+class QueueReconciler:
+    def __init__(
+        self,
+        state: QueueState,
+        client: RunReleaser,
+        events: EventSink,
+        metrics: Metrics,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.state = state
+        self.client = client
+        self.events = events
+        self.metrics = metrics
+        self.clock = clock
+        self.plans: dict[str, Plan] = {}  # pool -> the last pass's plan (tests, logs)
+        self._released: dict[tuple[str, str, str], float] = {}  # released by us, not yet seen so
+        self._warned: set[tuple[str, str, str]] = set()
+        self._next: float | None = None
+        self._length = GaugeSnapshot(metrics.queue_length)
+        self._slots = GaugeSnapshot(metrics.queue_slots)
+
+    def __call__(self) -> None:
+        if not self.state.policy_in_force:  # no policy yet: every pool would look unqueued
+            return
+        now = self.clock()
+        entries = self._as_seen(self.state.queue_entries(), now)
+        by_pool: dict[str, list[QueueEntry]] = defaultdict(list)
+        for entry in entries:
+            by_pool[entry.pool].append(entry)
+        length: dict[tuple[str, ...], float] = {}
+        slots: dict[tuple[str, ...], float] = {}
+        deadlines: list[float] = []
+        plans: dict[str, Plan] = {}
+        for pool in self.state.policy.pools:
+            picture = self.state.pool_queue(pool)
+            if picture is None:
+                continue
+            result = plan(picture, by_pool.pop(pool.name, []), now)
+            plans[pool.name] = result
+            for release in result.releases:
+                self._release(release, now, result)
+            for entry in result.overdue:
+                self._warn(entry, picture)
+            length[(pool.name,)] = len(result.line)
+            slots[(pool.name, "total")] = result.slots
+            slots[(pool.name, "occupied")] = result.occupied + sum(1 for r in result.releases if r.reason is ReleaseReason.SLOT)
+            deadlines += [e.queued_at + picture.setting.max_queue_seconds for e in result.line if e.key not in self._warned]
+        for leftover in by_pool.values():  # pools that no longer queue (setting removed, pool gone)
+            for release in release_all(leftover):
+                self._release(release, now, None)
+        self.plans = plans
+        self._length.set(length)
+        self._slots.set(slots)
+        self._next = min(deadlines) if deadlines else None
+
+    def next_pass_within(self) -> float | None:
+        """Seconds to the earliest wait bound (a preferred pool's run to release, a Warning to send)."""
+        if self._next is None:
+            return None
+        return max(0.5, self._next - self.clock())
+
+    def _as_seen(self, entries: list[QueueEntry], now: float) -> list[QueueEntry]:
+        """Entries with the runs this replica released, and the informers still show pending, as released."""
+        for key, when in list(self._released.items()):
+            if now - when > RELEASE_MEMORY_SECONDS:
+                del self._released[key]
+        out = []
+        shown_pending = set()
+        for entry in entries:
+            if entry.key in self._released and entry.pending:
+                shown_pending.add(entry.key)
+                entry = replace(entry, pending=False)
+            out.append(entry)
+        for key in set(self._released) - shown_pending:  # the informers caught up (or it is gone)
+            del self._released[key]
+        return out
+
+    def _release(self, release: Release, now: float, result: Plan | None) -> None:
+        entry = release.entry
+        released = self.client.release_run(entry.kind, entry.namespace, entry.name, entry.uid, PENDING[entry.kind])
+        self._released[entry.key] = now
+        self._warned.discard(entry.key)
+        if not released:
+            return
+        waited = max(0.0, now - entry.queued_at)
+        self.metrics.queue_releases.labels(pool=entry.pool, reason=str(release.reason)).inc()
+        self.metrics.queue_wait_seconds.labels(pool=entry.pool).observe(waited)
+        if release.reason is ReleaseReason.TIMEOUT:
+            note = f"released from pool {entry.pool}'s queue after {waited:.0f}s, past its longest wait: it runs on ordinary nodes"
+        elif release.reason is ReleaseReason.UNQUEUED:
+            note = f"released: pool {entry.pool} no longer queues (waited {waited:.0f}s)"
+        else:
+            taken = f" ({result.slots} slots, {result.occupied} taken before this pass)" if result is not None else ""
+            note = f"released from pool {entry.pool}'s queue after {waited:.0f}s{taken}"
+        logger.bind(kind=entry.kind, namespace=entry.namespace, name=entry.name, pool=entry.pool, reason=str(release.reason)).info(note)
+        self.events.emit(self._regarding(entry), "Normal", "Released", note, action="Release")
+
+    def _warn(self, entry: QueueEntry, picture: PoolQueue) -> None:
+        if entry.key in self._warned:
+            return
+        self._warned.add(entry.key)
+        note = (
+            f"waiting in pool {entry.pool}'s queue longer than its maxQueueSeconds ({picture.setting.max_queue_seconds}s); "
+            f"the pool's placement is required, so it keeps waiting for a slot ({picture.slots} slots)"
+        )
+        self.events.emit(self._regarding(entry), "Warning", "QueueWaitExceeded", note, action="Queue")
+
+    @staticmethod
+    def _regarding(entry: QueueEntry) -> dict[str, str]:
+        return {"apiVersion": "tekton.dev/v1", "kind": entry.kind, "namespace": entry.namespace, "name": entry.name, "uid": entry.uid}

@@ -1,0 +1,212 @@
+"""End to end, the pool queue (docs/queue.md) on the local cluster: pool `overseas` (3 nodes) with
+`queue: {runsPerNode: 2}` (6 slots), runs of KWOK pods that last a few seconds.
+
+- Cap: a burst of matching TaskRuns never has more than 6 pool pods Running at any sampled moment
+  (a sampler lists the pods all along), and every run ends Succeeded on a pool node. The last run of
+  the burst has a short Tekton timeout: it waits in the queue longer than that and still succeeds
+  (the timeout counts from the release).
+- Cancel: a queued run cancelled while pending ends cancelled with no pod, and the others all run.
+- Fairness: namespace A submits 25 runs, then namespace B 5 (the issue's 50 and 10, scaled): B's last
+  release comes before A's 15th (the issue's 30th, scaled), in the leader's release order.
+- Pipelines: a PipelineRun whose task is queued behind a full pool: its own timeout counts the wait
+  (measured: docs/queue.md).
+- Leader: two replicas; the leader is killed mid-queue: every run ends Succeeded, none released twice.
+The scale is down from the issue's 60 runs because this 2-core machine runs the whole control plane,
+Tekton and the tests; the cap (3 nodes x 2) is the issue's."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from controller.core.queue import QUEUE_ANNOTATION, read_entry
+from devcluster.cluster import Cluster
+from devplacer.controller import replicas_of, start_controller, stop_controller
+from devplacer.faults import kill_component
+from tests.e2e.running_controller import DATA, EgressPlacer, make_plain
+from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, step, succeeded, taskrun
+from tests.kube import Api, pods
+from tests.reliability.cluster_view import lease_holder, quietly
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+
+POLICY_FILE = DATA / "policy-queue.yaml"
+SLOTS = 6  # 3 pool nodes x runsPerNode 2
+BURST = 30
+SHORT_TIMEOUT = "8s"
+
+
+@pytest.fixture(scope="module")
+def egress_placer(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[EgressPlacer]:
+    """egress-placer with the queue policy; the cluster made plain after."""
+    try:
+        start_controller(devcluster, POLICY_FILE)
+        yield EgressPlacer(devcluster)
+    finally:
+        make_plain(api, devcluster)
+
+
+class PoolSampler:
+    """Lists the Tekton pods of the namespaces over and over; keeps the most Running on pool nodes at once."""
+
+    def __init__(self, api: Api, namespaces: tuple[str, ...], interval: float = 0.2) -> None:
+        self.api = api
+        self.namespaces = namespaces
+        self.interval = interval
+        self.most = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            running = 0
+            for ns in self.namespaces:
+                for pod in self.api.items(pods(ns), labelSelector="tekton.dev/taskRun"):
+                    if pod["status"].get("phase") == "Running" and pod["spec"].get("nodeName") in POOL_NODES:
+                        running += 1
+            self.most = max(self.most, running)
+            self.samples += 1
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "PoolSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def uploads(runs: Runs, namespace: str, prefix: str, count: int) -> list[str]:
+    names = [runs.name(f"{prefix}-{i:02d}") for i in range(count)]
+    for name in names:  # one at a time: the order of creation is the queue's order
+        runs.create(namespace, "taskruns", taskrun(name, MATCHING_IMAGE))
+    return names
+
+
+def released_order(placer: EgressPlacer, offset: int = 0) -> list[str]:
+    """Names of the runs the leader released, in its order (its log)."""
+    return [str(r.get("name")) for r in placer.log_records(offset) if str(r.get("message", "")).startswith("released from pool")]
+
+
+def start_seconds(run: dict[str, Any]) -> float:
+    return time.mktime(time.strptime(run["status"]["startTime"], "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def created_seconds(run: dict[str, Any]) -> float:
+    return time.mktime(time.strptime(run["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def test_cap_a_burst_never_runs_more_than_the_slots_and_all_succeed(api: Api, runs: Runs) -> None:
+    with PoolSampler(api, (TEAM_CDN,)) as sampler:
+        names = uploads(runs, TEAM_CDN, "cap", BURST)
+        late = runs.name("cap-late")
+        body = taskrun(late, MATCHING_IMAGE)
+        body["spec"]["timeout"] = SHORT_TIMEOUT
+        runs.create(TEAM_CDN, "taskruns", body)
+        queued = runs.listed(TEAM_CDN, "taskruns")
+        done = runs.wait_succeeded(TEAM_CDN, "taskruns", [*names, late], timeout=600)
+    assert sampler.samples > 10
+    assert 0 < sampler.most <= SLOTS, f"at most {SLOTS} pool pods Running at once, sampled {sampler.most}"
+    # Every run was queued at admission (pending with the entry), none lost.
+    assert all(read_entry(o["metadata"]["annotations"].get(QUEUE_ANNOTATION), "TaskRun") for o in queued.values())
+    nodes = runs.nodes_of(TEAM_CDN, [*names, late])
+    assert set(nodes.values()) <= POOL_NODES, nodes
+    # The late run's 8 s Tekton timeout did not count its wait: it waited longer and still succeeded.
+    waited = start_seconds(done[late]) - created_seconds(done[late])
+    assert waited > 8, f"the burst was too short to show it: the late run waited {waited:.0f}s"
+
+
+def test_cancel_a_queued_run_frees_its_place(api: Api, runs: Runs, egress_placer: EgressPlacer) -> None:
+    blockers = uploads(runs, TEAM_CDN, "block", SLOTS + 2)
+    target = runs.name("cancelled")
+    runs.create(TEAM_CDN, "taskruns", taskrun(target, MATCHING_IMAGE))
+    after = runs.name("after")
+    runs.create(TEAM_CDN, "taskruns", taskrun(after, MATCHING_IMAGE))
+    # Cancelled while still pending (the test op fails if the leader released it first: it is last but one in line).
+    path = f"/apis/tekton.dev/v1/namespaces/{TEAM_CDN}/taskruns/{target}"
+    api.json_patch(path, [{"op": "test", "path": "/spec/status", "value": "TaskRunPending"},
+                          {"op": "replace", "path": "/spec/status", "value": "TaskRunCancelled"}])
+    runs.wait_succeeded(TEAM_CDN, "taskruns", [*blockers, after], timeout=300)
+    cancelled = wait_for("the cancelled run to finish", lambda: succeeded(runs.get(TEAM_CDN, "taskruns", target)) == "False")
+    assert cancelled
+    assert runs.nodes_of(TEAM_CDN, [target])[target] is None  # it never had a pod
+    wait_for("the queue to be empty", lambda: egress_placer.metric("egress_placer_queue_length", {"pool": "overseas"}) == 0)
+
+
+def test_fairness_b_is_not_stuck_behind_a(runs: Runs, egress_placer: EgressPlacer) -> None:
+    offset = egress_placer.log.stat().st_size
+    a = uploads(runs, TEAM_CDN, "fair-a", 25)
+    b = uploads(runs, TEAM_OTHER, "fair-b", 5)
+    runs.wait_succeeded(TEAM_CDN, "taskruns", a, timeout=600)
+    runs.wait_succeeded(TEAM_OTHER, "taskruns", b, timeout=300)
+    order = released_order(egress_placer, offset)
+    assert set(order) >= set(a) | set(b), "every run was released by the leader"
+    last_b = max(order.index(name) for name in b)
+    a_15th = sorted(order.index(name) for name in a)[14]
+    assert last_b < a_15th, f"B's last release at {last_b}, A's 15th at {a_15th}: {order}"
+
+
+def test_a_pipelineruns_own_timeout_counts_its_tasks_wait(runs: Runs) -> None:
+    """Measured for docs/queue.md: a PipelineRun's timeout starts when the PipelineRun does; a task queued
+    behind a full pool waits inside it."""
+    blockers = uploads(runs, TEAM_CDN, "pblock", 4 * SLOTS)
+    name = runs.name("pipeline")
+    body = {
+        "apiVersion": "tekton.dev/v1",
+        "kind": "PipelineRun",
+        "metadata": {"name": name},
+        "spec": {
+            "timeouts": {"pipeline": "5s"},
+            "pipelineSpec": {"tasks": [{"name": "upload", "taskSpec": {"steps": [step(MATCHING_IMAGE)]}}]},
+        },
+    }
+    runs.create(TEAM_CDN, "pipelineruns", body)
+    finished = wait_for("the PipelineRun to finish", lambda: (r := runs.get(TEAM_CDN, "pipelineruns", name)) and succeeded(r) and r, timeout=300)
+    runs.wait_succeeded(TEAM_CDN, "taskruns", blockers, timeout=600)
+    reason = next(c["reason"] for c in finished["status"]["conditions"] if c["type"] == "Succeeded")
+    # Behind 24 runs of 6 slots the task waits far longer than 5 s: the PipelineRun times out.
+    assert reason == "PipelineRunTimeout", finished["status"]["conditions"]
+
+
+def test_leader_killed_mid_queue_no_run_stuck_none_released_twice(
+    devcluster: Cluster, api: Api, runs: Runs, egress_placer: EgressPlacer
+) -> None:
+    stop_controller(devcluster)
+    start_controller(devcluster, POLICY_FILE, replicas=2, proxy=True)
+    wait_for("a leader", quietly(lambda: lease_holder(api)), timeout=60, interval=0.2)
+    names = uploads(runs, TEAM_CDN, "leader", 18)
+    leader = next(r for r in replicas_of(devcluster) if r.identity == lease_holder(api))
+    wait_for("some releases", lambda: sum(1 for n in names if "status" not in (runs.get(TEAM_CDN, "taskruns", n).get("spec") or {})) >= SLOTS, timeout=120)
+    kill_component(devcluster, leader.name)
+    runs.wait_succeeded(TEAM_CDN, "taskruns", names, timeout=600)
+    by_replica = {
+        replica.identity: [n for n in released_from(devcluster.dir / "logs" / f"{replica.name}.log") if n in names]
+        for replica in replicas_of(devcluster)
+    }
+    released = [n for logged in by_replica.values() for n in logged]
+    duplicates = {n for n in released if released.count(n) > 1}
+    assert not duplicates, f"released twice: {duplicates}"
+    # The new leader rebuilt the queue from the cluster and released the rest (the killed one may have
+    # released a run and died before logging it: that run is not released again, as the test patch says).
+    assert any(logged for identity, logged in by_replica.items() if identity != leader.identity), by_replica
+
+
+def released_from(log: Path) -> list[str]:
+    """Names of the runs a replica's JSON log says it released."""
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if str(record.get("message", "")).startswith("released from pool"):
+            out.append(str(record.get("name")))
+    return out

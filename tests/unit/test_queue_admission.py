@@ -1,0 +1,282 @@
+"""The queue at admission (controller/admission/handlers.py) and the leader's release pass
+(controller/reconcile/queue.py), on a REAL ClusterState and the real core, with a fake releaser."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from controller.core.policy import load_policy
+from controller.core.queue import QUEUE_ANNOTATION, entry_annotation, read_entry
+from controller.reconcile.queue import QueueReconciler
+from tests.unit.test_admission_handlers import DATA, EGRESS_TOLERATION, Env, RecordingSink, decision_of, taskrun, tekton_pod
+
+QUEUED_POLICY = (DATA / "policy.yaml").read_text().replace(
+    '    namespaces: ["team-ci", "team-web"]\n',
+    '    namespaces: ["team-ci", "team-web"]\n    placement: PLACEMENT\n    queue: {runsPerNode: 1, maxQueueSeconds: 60}\n',
+)
+
+
+def queued_env(placement: str = "required") -> Env:
+    env = Env()
+    env.state.set_policy(load_policy(QUEUED_POLICY.replace("PLACEMENT", placement)))
+    env.admission.wall = lambda: env.now
+    return env
+
+
+def test_a_run_of_a_queued_pool_is_created_pending_with_its_placement_and_entry() -> None:
+    env = queued_env()
+    _, patched, _ = env.review(taskrun())
+    assert patched["spec"]["status"] == "TaskRunPending"
+    assert EGRESS_TOLERATION in patched["spec"]["podTemplate"]["tolerations"]  # placed as today
+    mark = read_entry(patched["metadata"]["annotations"][QUEUE_ANNOTATION], "TaskRun")
+    assert mark is not None and mark.pool == "egress" and mark.queued_at == env.now
+    assert decision_of(patched)["pool"] == "egress"
+    queued = [e for e in env.events.sent if e["reason"] == "Queued"]
+    assert len(queued) == 1 and "queued for pool egress" in queued[0]["note"]
+    assert env.state.ledger.assumed_on("egress-1") + env.state.ledger.assumed_on("egress-2") + env.state.ledger.assumed_on("egress-3") == 0
+
+
+@pytest.mark.parametrize("status", ["TaskRunPending", "TaskRunCancelled"])
+def test_a_run_the_user_set_pending_is_left_alone(status: str) -> None:
+    env = queued_env()
+    run = taskrun()
+    run["spec"]["status"] = status
+    _, patched, _ = env.review(run)
+    assert patched["spec"]["status"] == status
+    assert QUEUE_ANNOTATION not in patched["metadata"].get("annotations", {})
+
+
+def test_pools_without_the_setting_behave_as_today() -> None:
+    env = Env()  # the plain policy: no queue
+    _, patched, _ = env.review(taskrun(annotations={QUEUE_ANNOTATION: entry_annotation("egress", "TaskRun", 1.0)}))
+    assert "status" not in patched["spec"]
+    assert QUEUE_ANNOTATION not in patched["metadata"]["annotations"]  # a copied entry is not kept
+
+
+def test_a_run_of_no_pool_is_not_queued() -> None:
+    env = queued_env()
+    run = taskrun("curl")
+    _, patched, _ = env.review(run)
+    assert "status" not in patched["spec"]
+
+
+def test_consecutive_admissions_count_on_from_the_summary() -> None:
+    env = queued_env()
+    notes = []
+    for i in range(5):
+        env.review(taskrun(name=f"r{i}"))
+        notes.append(env.events.sent[-1]["note"])
+    assert notes[:3] == ["queued for pool egress: a slot is free, released shortly"] * 3  # 3 slots
+    assert notes[3:] == ["queued for pool egress, position 4 of 4", "queued for pool egress, position 5 of 5"]
+
+
+def test_the_queued_event_tells_the_position() -> None:
+    env = queued_env()
+    for i in range(5):  # three slots (one per egress node), all taken by released runs without pods yet
+        obj = taskrun(name=f"r{i}")
+        _, patched, _ = env.review(obj)
+        env.state.apply("TaskRun", "ADDED", patched)
+    for i in range(3):
+        released = copy.deepcopy(patched)
+        released["metadata"]["name"] = f"r{i}"
+        del released["spec"]["status"]
+        env.state.apply("TaskRun", "MODIFIED", released)
+    env.now += 2  # past the summary's age: read again from the state
+    env.review(taskrun(name="late"))
+    assert env.events.sent[-1]["note"].startswith("queued for pool egress, position 3 of 3")
+
+
+@pytest.mark.parametrize(("placement", "sent_elsewhere"), [("preferred", True), ("required", False)])
+def test_a_pod_of_a_run_past_its_wait_follows_the_placement(placement: str, sent_elsewhere: bool) -> None:
+    env = queued_env(placement)
+    entry = entry_annotation("egress", "TaskRun", env.now - 61)
+    _, patched, _ = env.review(tekton_pod(annotations={QUEUE_ANNOTATION: entry}))
+    tolerations = patched["spec"].get("tolerations") or []
+    assert (EGRESS_TOLERATION not in tolerations) is sent_elsewhere
+    young = entry_annotation("egress", "TaskRun", env.now - 5)
+    _, patched, _ = env.review(tekton_pod(name="p2", annotations={QUEUE_ANNOTATION: young}))
+    assert EGRESS_TOLERATION in patched["spec"]["tolerations"]
+
+
+# -- the release pass ----------------------------------------------------------------------------------
+
+
+class FakeReleaser:
+    def __init__(self, env: Env) -> None:
+        self.env = env
+        self.calls: list[tuple[str, str, str]] = []
+        self.show = True  # apply the change to the state at once (the informers caught up)
+
+    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
+        self.calls.append((kind, namespace, name))
+        entry = self.env.state._queued[(kind, namespace, name)]  # noqa: SLF001
+        if not entry.pending or entry.done:
+            return False
+        if self.show:
+            self.env.state.apply(kind, "MODIFIED", run_obj(kind, namespace, name, entry_annotation(entry.pool, kind, entry.queued_at), ""))
+        return True
+
+
+def run_obj(kind: str, namespace: str, name: str, entry: str, status: str, done: bool = False) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}", "annotations": {QUEUE_ANNOTATION: entry}},
+        "spec": {"status": status} if status else {},
+    }
+    if done:
+        obj["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
+    return obj
+
+
+def queue_some(env: Env, namespace: str, count: int, start: float = 0.0) -> None:
+    for i in range(count):
+        entry = entry_annotation("egress", "TaskRun", env.now - 30 + start + i * 0.01)
+        env.state.apply("TaskRun", "ADDED", run_obj("TaskRun", namespace, f"{namespace}-{i}", entry, "TaskRunPending"))
+
+
+def test_the_leader_releases_up_to_the_slots_fairly_and_once() -> None:
+    env = queued_env()
+    releaser = FakeReleaser(env)
+    sink = RecordingSink()
+    reconciler = QueueReconciler(env.state, releaser, sink, env.metrics, clock=lambda: env.now)
+    queue_some(env, "team-ci", 5)
+    queue_some(env, "team-web", 2, start=1)
+    reconciler()
+    assert [c[2] for c in releaser.calls] == ["team-ci-0", "team-web-0", "team-ci-1"]  # 3 nodes x 1
+    reconciler()  # nothing freed: nothing more
+    assert len(releaser.calls) == 3
+    assert [r for _, _, r in sink.sent] == ["Released"] * 3
+    # A released run finishes: one slot frees. Both namespaces now run one (a tie of turns): the one
+    # whose oldest waiting run came first goes (team-ci). Then team-web's run finishes: it runs fewer, its turn.
+    entry = entry_annotation("egress", "TaskRun", env.now)
+    env.state.apply("TaskRun", "MODIFIED", run_obj("TaskRun", "team-ci", "team-ci-0", entry, "", done=True))
+    reconciler()
+    assert releaser.calls[-1][2] == "team-ci-2"
+    env.state.apply("TaskRun", "MODIFIED", run_obj("TaskRun", "team-web", "team-web-0", entry, "", done=True))
+    reconciler()
+    assert releaser.calls[-1][2] == "team-web-1"
+    assert env.metrics.queue_length.labels(pool="egress")._value.get() == 2  # noqa: SLF001
+
+
+def test_a_release_the_informers_have_not_shown_yet_keeps_its_slot() -> None:
+    env = queued_env()
+    releaser = FakeReleaser(env)
+    releaser.show = False
+    reconciler = QueueReconciler(env.state, releaser, RecordingSink(), env.metrics, clock=lambda: env.now)
+    queue_some(env, "team-ci", 5)
+    reconciler()
+    reconciler()
+    assert len(releaser.calls) == 3  # the second pass did not release into the same slots
+
+
+def test_cancelled_or_deleted_queued_runs_free_their_place() -> None:
+    env = queued_env()
+    releaser = FakeReleaser(env)
+    reconciler = QueueReconciler(env.state, releaser, RecordingSink(), env.metrics, clock=lambda: env.now)
+    queue_some(env, "team-ci", 4)
+    reconciler()
+    assert len(releaser.calls) == 3
+    entry = entry_annotation("egress", "TaskRun", env.now)
+    # team-ci-0 was released and is running: cancel it; the waiting team-ci-3 takes its place.
+    env.state.apply("TaskRun", "MODIFIED", run_obj("TaskRun", "team-ci", "team-ci-0", entry, "TaskRunCancelled"))
+    reconciler()
+    assert releaser.calls[-1][2] == "team-ci-3"
+    env.state.apply("TaskRun", "DELETED", run_obj("TaskRun", "team-ci", "team-ci-3", entry, ""))
+    assert ("TaskRun", "team-ci", "team-ci-3") not in env.state._queued  # noqa: SLF001
+
+
+def test_a_required_pool_warns_once_and_a_dropped_setting_releases_all() -> None:
+    env = queued_env()
+    releaser = FakeReleaser(env)
+    sink = RecordingSink()
+    reconciler = QueueReconciler(env.state, releaser, sink, env.metrics, clock=lambda: env.now)
+    queue_some(env, "team-ci", 5)
+    env.now += 100  # past maxQueueSeconds (60)
+    reconciler()
+    reconciler()
+    assert [r for _, t, r in sink.sent if t == "Warning"] == ["QueueWaitExceeded"] * 2  # the two still waiting, once each
+    env.state.set_policy(load_policy((DATA / "policy.yaml").read_text()))  # the setting is gone
+    reconciler()
+    assert len(releaser.calls) == 5
+    assert env.metrics.queue_releases.labels(pool="egress", reason="unqueued")._value.get() == 2  # noqa: SLF001
+
+
+def test_a_new_leader_rebuilds_the_queue_from_the_cluster() -> None:
+    env = queued_env()
+    releaser = FakeReleaser(env)
+    queue_some(env, "team-ci", 4)
+    QueueReconciler(env.state, releaser, RecordingSink(), env.metrics, clock=lambda: env.now)()
+    assert len(releaser.calls) == 3
+    # Another replica, with nothing in memory, sees the same cluster: it releases nothing more.
+    QueueReconciler(env.state, releaser, RecordingSink(), env.metrics, clock=lambda: env.now)()
+    assert len(releaser.calls) == 3
+
+
+def test_the_entry_annotation_is_compact_json() -> None:
+    value = entry_annotation("egress", "TaskRun", 0.0)
+    assert json.loads(value) == {"pool": "egress", "kind": "TaskRun", "time": "1970-01-01T00:00:00.000Z"}
+
+
+def test_status_lists_each_queue_in_release_order() -> None:
+    from controller.cli.status import queue_lines
+
+    env = queued_env()
+    queue_some(env, "team-ci", 5)
+    queue_some(env, "team-web", 1, start=1)
+    lines = queue_lines(env.state, env.now, shown=4)
+    assert lines[0] == "pool egress: 0/3 slots taken, 6 waiting (runsPerNode 1, maxQueueSeconds 60)"
+    assert [line.split(". ")[1].split(",")[0] for line in lines[1:5]] == [
+        "TaskRun team-ci/team-ci-0", "TaskRun team-web/team-web-0", "TaskRun team-ci/team-ci-1", "TaskRun team-ci/team-ci-2",
+    ]
+    assert lines[-1] == "  ... and 2 more"
+
+
+def test_the_pool_status_carries_the_queue() -> None:
+    from controller.core.pool_status import PoolObject, pool_status
+    from controller.core.pools import QueueStatus
+
+    env = queued_env()
+    queue_some(env, "team-ci", 4)
+    assert env.state.queue_counts(env.state.policy.pools[0], env.now) == (4, 3, 0)
+    assert env.state.queue_counts(env.state.policy.pools[1], env.now) is None  # lab does not queue
+    obj = PoolObject("egress", 1, {})
+    status = pool_status(obj, env.state.policy, [], {}, [], None, [], env.now, QueueStatus(waiting=4, slots=3, occupied=0))
+    assert status["queue"] == {"waiting": 4, "slots": 3, "occupied": 0}
+
+
+def test_a_coscheduled_pipelinerun_is_queued_whole_and_its_taskruns_are_not() -> None:
+    from tests.unit.test_admission_handlers import kaniko_pipelinerun
+
+    env = queued_env()
+    _, patched, _ = env.review(kaniko_pipelinerun())
+    assert patched["spec"]["status"] == "PipelineRunPending"
+    entry = patched["metadata"]["annotations"][QUEUE_ANNOTATION]
+    assert read_entry(entry, "PipelineRun") is not None
+    # Its TaskRuns carry the assistant's annotation and the PipelineRun's entry (Tekton copies it): not queued.
+    child = taskrun(annotations={QUEUE_ANNOTATION: entry, "pipeline.tekton.dev/affinity-assistant": "aa-1"})
+    _, child_patched, _ = env.review(child)
+    assert "status" not in child_patched["spec"]
+    assert child_patched["metadata"]["annotations"][QUEUE_ANNOTATION] == entry  # not theirs, not removed
+
+
+def test_a_pipelines_child_taskrun_is_queued_like_any() -> None:
+    env = queued_env()
+    child = taskrun(annotations={"tekton.dev/pipelineRun": "p-1"})
+    child["metadata"]["labels"] = {"tekton.dev/pipelineRun": "p-1"}
+    _, patched, _ = env.review(child)
+    assert patched["spec"]["status"] == "TaskRunPending"
+
+
+def test_a_pipelinerun_whose_timeout_a_queued_task_may_eat_gets_a_warning() -> None:
+    env = queued_env()
+    run = {
+        "apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "metadata": {"name": "p-1", "namespace": "team-ci"},
+        "spec": {"timeouts": {"pipeline": "30s"},
+                 "pipelineSpec": {"tasks": [{"name": "push", "taskRef": {"name": "kaniko"}, "params": [{"name": "IMAGE", "value": "r.example.com/a"}]}]}},
+    }
+    response, patched, _ = env.review(run)
+    assert "status" not in patched["spec"]  # not coscheduled: its tasks are queued one by one
+    assert any("pipeline timeout (30s)" in w for w in response.get("warnings", [])), response.get("warnings")
