@@ -99,15 +99,16 @@ def _busy_ratio(egress: dict[str, Any]) -> float | None:
 def _cpu_rows(e2e: dict[str, Any]) -> list[str]:
     """CPU ms per run of each process, with and without the webhook (the machine's 2 cores are shared by all)."""
     with_cpu, without_cpu = e2e["with"]["cpu_ms_per_run"], e2e["without"]["cpu_ms_per_run"]
+    floor_cpu = e2e["floor"]["cpu_ms_per_run"]
     if not with_cpu:
         return []
     return [
         "CPU per run of each process in the blocks of each mode (/proc/PID/stat; every process shares the 2 cores):",
         "",
-        "| process | with (ms/run) | without (ms/run) | added |",
-        "|---|---:|---:|---:|",
-        *[f"| {p} | {_v(ms)} | {_v(without_cpu.get(p))} | {_v(round(ms - without_cpu[p], 1) if p in without_cpu else None)} |"
-          for p, ms in with_cpu.items()],
+        "| process | with (ms/run) | without (ms/run) | added | floor (ms/run) |",
+        "|---|---:|---:|---:|---:|",
+        *[f"| {p} | {_v(ms)} | {_v(without_cpu.get(p))} | {_v(round(ms - without_cpu[p], 1) if p in without_cpu else None)} "
+          f"| {_v(floor_cpu.get(p))} |" for p, ms in with_cpu.items()],
         "",
     ]
 
