@@ -85,7 +85,12 @@ async def start_peers(bc: bench_cluster.BenchCluster, with_kyverno: bool
         if with_kyverno:
             log("peers: starting Kyverno (built on demand: minutes the first time)")
             pool = bench_kyverno.bench_pool(bc.policy_file.read_text(), bench_cluster.pool_name(bc.largest_pool))
-            kyverno = await bench_kyverno.start(bc.cluster, kube, pool, bc.probe_namespace, log)
+            probe = bench_cluster.namespace_for("kyverno-probe", bc.largest_pool)  # allowed by the pool
+            try:
+                kyverno = await bench_kyverno.start(bc.cluster, kube, pool, probe, log)
+            except BaseException:
+                floor.stop()
+                raise
             log(f"peers: Kyverno {kyverno.version} in force {kyverno.start_s} s after its start")
     return floor, kyverno
 

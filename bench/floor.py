@@ -118,6 +118,7 @@ class FloorWebhook:
 async def start(cluster: Cluster, kube: Kube, egress_placer_config_path: str, probe_namespace: str, log: Log) -> FloorWebhook:
     """Build (on demand) and start the floor webhook; its configuration is made but not registered."""
     bin_dir = build.ensure_optional(PROCESS, log)
+    cluster.stop_process(PROCESS)  # one left by an interrupted run on a kept cluster (--cluster-dir)
     cert, key = cluster.serving_cert(PROCESS)
     port = free_port()
     record = cluster.start_process(

@@ -42,11 +42,12 @@ from devcluster.process import free_port, rss_bytes
 from devplacer.controller import kubectl
 
 from bench.floor import bench_pod
-from bench.kube import Kube
+from bench.kube import Kube, ensure_namespace
 
 PROCESS = "kyverno"
 NAMESPACE = "kyverno"
 SWITCH_LABEL = "bench.egress-placer.io/kyverno"
+SKIP_LABEL = "egress-placer.io/webhook"  # =skip: egress-placer's webhooks (k8s/webhook.yaml) leave the namespace out
 POLICY_PATH = "/apis/kyverno.io/v1/clusterpolicies"
 CA_SECRET = "kyverno-svc.kyverno.svc.kyverno-tls-ca"
 TLS_SECRET = "kyverno-svc.kyverno.svc.kyverno-tls-pair"
@@ -119,16 +120,17 @@ class Kyverno:
     port: int
     version: str
     start_s: float  # process start to its policy in force (a probe pod mutated)
+    probe_namespace: str  # allowed by the pool, skipped by egress-placer's (and the floor's) webhooks
 
     def rss_mb(self) -> float | None:
         rss = rss_bytes(self.pid)
         return round(rss / 2**20, 1) if rss else None
 
-    async def switch(self, kube: Kube, namespaces: list[str], on: bool, probe_namespace: str) -> None:
-        """Label (or unlabel) `namespaces` and `probe_namespace`; wait until a dry-run pod is (not) mutated."""
-        for ns in [*namespaces, probe_namespace]:
+    async def switch(self, kube: Kube, namespaces: list[str], on: bool) -> None:
+        """Label (or unlabel) `namespaces` and the probe namespace; wait until a dry-run pod there is (not) mutated."""
+        for ns in [*namespaces, self.probe_namespace]:
             await label(kube, ns, on)
-        await wait_mutating(kube, probe_namespace, on)
+        await wait_mutating(kube, self.probe_namespace, on)
 
     def stop(self) -> None:
         self.cluster.stop_process(PROCESS)
@@ -162,7 +164,11 @@ def _install_crds(cluster: Cluster, bin_dir: Path) -> None:
 
 async def start(cluster: Cluster, kube: Kube, pool: Any, probe_namespace: str, log: Log) -> Kyverno:
     """Build (on demand), install the CRDs, namespace, ConfigMap and ClusterPolicy, start Kyverno, and
-    return once a labelled probe namespace's dry-run pod comes back mutated (then the label is removed)."""
+    return once a labelled probe namespace's dry-run pod comes back mutated (then the label is removed).
+
+    `probe_namespace` must be one the pool allows; it is labelled `egress-placer.io/webhook=skip`, so that
+    only Kyverno can have mutated its probe pods, whatever else is registered."""
+    await ensure_namespace(kube, probe_namespace, {SKIP_LABEL: "skip"})
     bin_dir = build.ensure_optional(PROCESS, log)
     version = build.pinned_version(build.KYVERNO)
     _install_crds(cluster, bin_dir)
@@ -180,6 +186,7 @@ async def start(cluster: Cluster, kube: Kube, pool: Any, probe_namespace: str, l
     env = {"KYVERNO_NAMESPACE": NAMESPACE, "KYVERNO_POD_NAME": "kyverno-bench-0", "KYVERNO_SERVICEACCOUNT_NAME": "kyverno",
            "KYVERNO_DEPLOYMENT": "kyverno", "KYVERNO_SVC": "kyverno-svc", "INIT_CONFIG": "kyverno",
            "METRICS_CONFIG": "kyverno-metrics"}
+    cluster.stop_process(PROCESS)  # one left by an interrupted run on a kept cluster (--cluster-dir)
     started = time.monotonic()
     record = cluster.start_process(PROCESS, argv, env, port=port)
     try:
@@ -194,7 +201,7 @@ async def start(cluster: Cluster, kube: Kube, pool: Any, probe_namespace: str, l
         log(f"kyverno: failed to start; log {record.log}")
         cluster.stop_process(PROCESS)
         raise
-    return Kyverno(cluster, record.pid, port, version, start_s)
+    return Kyverno(cluster, record.pid, port, version, start_s, probe_namespace)
 
 
 async def _listening(port: int, log_file: str, pid: int, timeout: float = 180) -> None:

@@ -41,7 +41,7 @@ def make_switch(bc: BenchCluster, floor: FloorWebhook, kyverno: Kyverno | None, 
         if mode != "floor":
             await floor.unregister(kube)
         if kyverno is not None and mode != KYVERNO and state["kyverno"]:
-            await kyverno.switch(kube, namespaces, False, bc.probe_namespace)
+            await kyverno.switch(kube, namespaces, False)
             state["kyverno"] = False
         if mode == "with":
             await bc.register(kube)
@@ -50,7 +50,7 @@ def make_switch(bc: BenchCluster, floor: FloorWebhook, kyverno: Kyverno | None, 
         elif mode == KYVERNO:
             if kyverno is None:
                 raise ValueError("mode kyverno without Kyverno running")
-            await kyverno.switch(kube, namespaces, True, bc.probe_namespace)
+            await kyverno.switch(kube, namespaces, True)
             state["kyverno"] = True
 
     return switch
