@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import copy
+import os
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -124,7 +126,7 @@ async def start(cluster: Cluster, kube: Kube, egress_placer_config_path: str, pr
     record = cluster.start_process(
         PROCESS, [str(bin_dir / PROCESS), "--listen", f"127.0.0.1:{port}", "--cert", str(cert), "--key", str(key)],
         port=port)
-    await _listening(port, record.log)
+    await listening(port, "the floor webhook", record.log, record.pid)
     live = await kube.get(egress_placer_config_path)
     if live is None:
         raise ClusterError("egress-placer's MutatingWebhookConfiguration is not registered: nothing to copy")
@@ -132,13 +134,17 @@ async def start(cluster: Cluster, kube: Kube, egress_placer_config_path: str, pr
     return FloorWebhook(cluster, probe_namespace, configuration, record.pid)
 
 
-async def _listening(port: int, log_file: str, timeout: float = 20) -> None:
+async def listening(port: int, what: str, log_file: str, pid: int, timeout: float = 20) -> None:
+    """Until 127.0.0.1:`port` accepts connections; fails with the log's tail if process `pid` exits first."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             socket.create_connection(("127.0.0.1", port), timeout=1).close()
             return
         except OSError:
+            if not os.path.exists(f"/proc/{pid}"):
+                tail = Path(log_file).read_text(errors="replace")[-3000:] if os.path.exists(log_file) else ""
+                raise ClusterError(f"{what} exited; its log {log_file}:\n{tail}") from None
             if time.monotonic() > deadline:
-                raise ClusterError(f"the floor webhook does not listen on {port} after {timeout:.0f} s (log: {log_file})") from None
-            await asyncio.sleep(0.1)
+                raise ClusterError(f"{what} does not listen on {port} after {timeout:.0f} s (log: {log_file})") from None
+            await asyncio.sleep(0.2)

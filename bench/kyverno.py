@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port, rss_bytes
 from devplacer.controller import kubectl
 
-from bench.floor import bench_pod
+from bench.floor import bench_pod, listening
 from bench.kube import Kube, ensure_namespace
 
 PROCESS = "kyverno"
@@ -190,7 +189,7 @@ async def start(cluster: Cluster, kube: Kube, pool: Any, probe_namespace: str, l
     started = time.monotonic()
     record = cluster.start_process(PROCESS, argv, env, port=port)
     try:
-        await _listening(port, record.log, record.pid)
+        await listening(port, "Kyverno", record.log, record.pid, timeout=180)
         await kube.create(POLICY_PATH, cluster_policy(pool), exist_ok=True)
         await label(kube, probe_namespace, True)
         await wait_mutating(kube, probe_namespace, True, timeout=180)
@@ -202,17 +201,3 @@ async def start(cluster: Cluster, kube: Kube, pool: Any, probe_namespace: str, l
         cluster.stop_process(PROCESS)
         raise
     return Kyverno(cluster, record.pid, port, version, start_s, probe_namespace)
-
-
-async def _listening(port: int, log_file: str, pid: int, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if not Path(f"/proc/{pid}").exists():
-                raise ClusterError(f"Kyverno exited; its log: {log_file}\n{Path(log_file).read_text()[-3000:]}") from None
-            if time.monotonic() > deadline:
-                raise ClusterError(f"Kyverno does not listen on {port} after {timeout:.0f} s (log: {log_file})") from None
-            await asyncio.sleep(0.5)
