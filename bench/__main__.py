@@ -230,6 +230,32 @@ def findings(results: dict[str, Any]) -> list[str]:
                      + (f" (egress-placer {cpu_with[mine]} vs {cpu_without.get(mine)} ms, kube-apiserver "
                         f"{cpu_with.get('kube-apiserver')} vs {cpu_without.get('kube-apiserver')} ms)" if mine else "") + ".")
         out.append(text)
+    out += _peer_findings(results)
+    return out
+
+
+def _peer_findings(results: dict[str, Any]) -> list[str]:
+    """Where egress-placer's cost over the floor's (and over Kyverno's) comes from, when those targets are missed."""
+    missed = {t["name"] for t in results["targets"] if t["met"] is False}
+    e = results["e2e"]
+    out = []
+    if any("floor webhook" in name for name in missed):
+        calls, floor, handled = e["webhook_call_ms"], e["floor_webhook_call_ms"], e["handler_ms"]
+        out.append(
+            f"Against the floor: egress-placer adds {e['added_p50_ms']} ms at p50, the no-op Go webhook on the same hooks "
+            f"{e['floor_added_p50_ms']} ms. The API server timed a call at {calls['taskruns']} / {calls['pods']} ms "
+            f"(TaskRun / Pod CREATE) to egress-placer against {floor['taskruns']} / {floor['pods']} ms to the floor; "
+            f"egress-placer's handler itself is {handled['taskruns']} / {handled['pods']} ms of that: the rest of the gap "
+            "is its HTTP/TLS/JSON stack (aiohttp on one Python thread) against Go's net/http, and the patch the API "
+            "server applies (the floor sends none).")
+    k = results["peers"]["kyverno"]
+    if k["version"] is not None and any("Kyverno" in name for name in missed):
+        out.append(
+            f"Against Kyverno {k['version']}: admission p99 {k['egress_placer_admission_p99_ms']} ms (egress-placer) vs "
+            f"{k['admission_p99_ms']} ms; end-to-end added p50 {k['egress_placer_e2e_added_p50_ms']} ms vs "
+            f"{k['e2e_added_p50_ms']} ms. egress-placer answers two hooks per run (the TaskRun and its Pod) where the "
+            "policy answers one (the Pod), and chooses a node; the machine's load makes single figures noisy, see "
+            "each round's p99 in peers.admission.modes.")
     return out
 
 
