@@ -60,10 +60,16 @@ class Run:
 Switch = Callable[[Kube, str], Awaitable[None]]
 
 
+def metric_lines(text: str, metric: str) -> str:
+    """The lines of one metric family of a Prometheus text page (the API server's is ~5 MB: parsing only
+    these keeps a scrape between blocks well under a second on a loaded machine)."""
+    return "\n".join(line for line in text.splitlines() if metric in line) + "\n"
+
+
 def _histogram(text: str, metric: str, label: str, names: dict[str, str]) -> Sums:
     """Per hook, [sum, count] of the histogram `metric` whose `label` maps to a hook through `names`."""
     out = {hook: [0.0, 0.0] for hook in HOOKS}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(metric_lines(text, metric)):
         if family.name != metric:
             continue
         for sample in family.samples:

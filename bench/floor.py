@@ -34,6 +34,7 @@ from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port
 
 from bench.cluster import TASK, bench_taskrun
+from bench.e2e import metric_lines
 from bench.kube import Kube
 from bench.workload import catalog_task, in_namespace, tekton_pod
 
@@ -58,7 +59,7 @@ def bench_pod(namespace: str, name: str) -> dict[str, Any]:
 def webhook_calls(metrics_text: str, names: set[str]) -> float:
     """How many times the API server called the webhooks `names` so far (all operations, rejected or not)."""
     total = 0.0
-    for family in text_string_to_metric_families(metrics_text):
+    for family in text_string_to_metric_families(metric_lines(metrics_text, WEBHOOK_DURATION)):
         if family.name == WEBHOOK_DURATION:
             total += sum(s.value for s in family.samples if s.name.endswith("_count") and s.labels.get("name") in names)
     return total
