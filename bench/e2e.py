@@ -240,6 +240,11 @@ def summarize(runs: dict[str, Run], calls: Sums, handled: Sums, cpu: dict[str, d
     floor_added = out["floor_added_p50_ms"]
     out["floor_ratio"] = (round(out["added_p50_ms"] / floor_added, 3)
                           if out["added_p50_ms"] is not None and floor_added is not None and floor_added > 0 else None)
+    # The same comparison by the API server's own clock of the two calls on a run's path (TaskRun and Pod CREATE):
+    # steadier than a difference of two end-to-end p50s on a loaded machine.
+    ours, floor = out["webhook_call_ms"], out["floor_webhook_call_ms"]
+    both = None not in (*ours.values(), *floor.values())
+    out["floor_call_ratio"] = round(sum(ours.values()) / sum(floor.values()), 3) if both and sum(floor.values()) else None
     return out
 
 

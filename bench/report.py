@@ -364,7 +364,8 @@ def _e2e_part(e2e: dict[str, Any]) -> list[str]:
         f"Against the floor: egress-placer adds **{_v(e2e['added_p50_ms'])} ms** at p50, the floor "
         f"{_v(e2e['floor_added_p50_ms'])} ms, both from the same no-webhook runs: floor ratio **{_v(e2e['floor_ratio'])}**. "
         f"The API server timed the floor's calls at {_v(e2e['floor_webhook_call_ms']['taskruns'])} ms per TaskRun CREATE "
-        f"and {_v(e2e['floor_webhook_call_ms']['pods'])} ms per Pod CREATE.",
+        f"and {_v(e2e['floor_webhook_call_ms']['pods'])} ms per Pod CREATE (egress-placer's: below); the two calls of a "
+        f"run, egress-placer's over the floor's: **{_v(e2e['floor_call_ratio'])}**.",
         "",
         f"Ratio with / without: p50 **{_v(e2e['p50_ratio'])}** ({_v(e2e['added_p50_ms'])} ms added), p99 "
         f"**{_v(e2e['p99_ratio'])}**. The API server's own timing of the webhook calls: "

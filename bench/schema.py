@@ -111,6 +111,7 @@ TEMPLATE: dict[str, Any] = {
         "p99_ratio": None,
         "floor_added_p50_ms": None,
         "floor_ratio": None,
+        "floor_call_ratio": None,
     },
     "peers": copy.deepcopy(PEERS),
     "targets": [],

@@ -59,10 +59,12 @@ def _runs(p50s: dict[str, float]) -> dict[str, Run]:
 )
 def test_floor_ratio_is_added_p50_over_the_floors(p50s: dict[str, float], added: float, floor_added: float,
                                                   floor_ratio: float | None) -> None:
-    hooks = {"taskruns": [0.0, 0.0], "pods": [0.0, 0.0]}
-    out = summarize(_runs(p50s), hooks, hooks, None, {"taskruns": [0.004, 2.0], "pods": [0.006, 2.0]})
+    calls = {"taskruns": [0.012, 2.0], "pods": [0.008, 2.0]}  # egress-placer's: 6 and 4 ms a call
+    handled = {"taskruns": [0.0, 0.0], "pods": [0.0, 0.0]}
+    out = summarize(_runs(p50s), calls, handled, None, {"taskruns": [0.004, 2.0], "pods": [0.006, 2.0]})
     assert (out["added_p50_ms"], out["floor_added_p50_ms"], out["floor_ratio"]) == (added, floor_added, floor_ratio)
     assert out["floor_webhook_call_ms"] == {"taskruns": 2.0, "pods": 3.0}
+    assert out["floor_call_ratio"] == 2.0  # (6 + 4) / (2 + 3)
     assert out["floor"]["runs"] == 1 and out["floor"]["webhook_answered"] == 0
 
 
