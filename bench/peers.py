@@ -147,6 +147,9 @@ async def admission(bc: BenchCluster, switch: Switch, modes: tuple[str, ...], lo
             "p99_ms_each": [r["p99_ms"] for r in rows],
             "cpu_ms_per_request": {p: round(1000 * s / total, 3) for p, s in sorted(cpu[mode].items(), key=lambda kv: -kv[1])
                                    if s > 0} if total else {},
+            # CPU the rate asks of the machine in this mode (every process, the load generator included):
+            # above the cores there are (2 here, shared), latency is a queue's.
+            "cores_at_rate": round(RATE * sum(cpu[mode].values()) / total, 2) if total else None,
         }
     m = out["modes"]
     none_p99 = m["none"]["p99_ms"]

@@ -388,8 +388,8 @@ def _peers_part(peers: dict[str, Any], e2e: dict[str, Any]) -> list[str]:
         f"for {_v(adm['seconds'])} s, {_v(adm['rounds'])} mirrored rounds of every mode (medians; latency from when "
         "each request was due):",
         "",
-        "| in force | requests | p50 ms | p99 ms | added p50 ms | added p99 ms | max ms | mutated | errors | CPU ms/request |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| in force | requests | p50 ms | p99 ms | added p50 ms | added p99 ms | max ms | mutated | errors | cores at rate | CPU ms/request |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for key, row in adm["modes"].items():
         if row["requests"] is None:
@@ -397,8 +397,10 @@ def _peers_part(peers: dict[str, Any], e2e: dict[str, Any]) -> list[str]:
         cpu = ", ".join(f"{p} {v}" for p, v in list(row["cpu_ms_per_request"].items())[:4])
         out.append(f"| {names[key]} | {row['requests']} | {_v(row['p50_ms'])} | {_v(row['p99_ms'])} | "
                    f"{_v(row.get('added_p50_ms'))} | {_v(row.get('added_p99_ms'))} | {_v(row['max_ms'])} | {row['mutated']} | "
-                   f"{row['errors']} | {cpu} |")
-    out += ["", f"egress-placer's p99 over the floor's: **{_v(adm['p99_ratio_to_floor'])}**.", ""]
+                   f"{row['errors']} | {_v(row['cores_at_rate'])} | {cpu} |")
+    out += ["", f"egress-placer's p99 over the floor's: **{_v(adm['p99_ratio_to_floor'])}**. \"cores at rate\" is the CPU "
+            "the rate asks of the machine in that mode (every process, the load generator included): where it nears the "
+            "machine's cores, shared with everything else on it, the latencies measure a queue more than admission.", ""]
     if k["version"] is None:
         return out + ["Kyverno did not run (`python -m bench --with kyverno`, or `--mode full`).", ""]
     ke = k["e2e"]

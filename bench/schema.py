@@ -37,7 +37,7 @@ EGRESS_CASE = {
 # peers: admission through the API server, one row per mode (bench/peers.py).
 PEER_ADMISSION = {
     "requests": None, "p50_ms": None, "p99_ms": None, "max_ms": None, "errors": None, "mutated": None,
-    "send_lag_p99_ms": None, "p99_ms_each": [], "cpu_ms_per_request": {},
+    "send_lag_p99_ms": None, "p99_ms_each": [], "cpu_ms_per_request": {}, "cores_at_rate": None,
 }
 PEER_ADDED = {"added_p50_ms": None, "added_p99_ms": None}
 PEERS = {
