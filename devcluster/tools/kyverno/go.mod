@@ -1,6 +1,6 @@
 // Builds Kyverno's admission controller (github.com/kyverno/kyverno/cmd/kyverno), an optional devcluster
 // component (`--with kyverno`): the benchmark runs it out of cluster beside egress-placer, with a
-// ClusterPolicy doing the same placement, as the peer a user would install instead (bench/peers.py).
+// ClusterPolicy doing the same placement, as the peer a user would install instead (bench/kyverno.py).
 module egress-placer/devcluster/tools/kyverno
 
 go 1.26.6
