@@ -184,7 +184,7 @@ KYVERNO = Component(
     # benchmarks run it out of cluster (`--serverIP`) with a ClusterPolicy doing the same placement
     # (bench/peers.py). Its CRDs come from the module.
     binaries={"kyverno": "github.com/kyverno/kyverno/cmd/kyverno"},
-    why="Kyverno with client-go, controller-runtime, CEL, sigstore/cosign, notation and wasmtime: ~8 min cold on 2 cores",
+    why="Kyverno with client-go, controller-runtime, CEL, sigstore/cosign, notation and wasmtime: ~13 min cold on 2 shared cores (relinked from a warm Go cache: ~40 s)",
     version_variable="github.com/kyverno/kyverno/pkg/version.BuildVersion",
     module_files=(
         "config/crds/kyverno/kyverno.io_cleanuppolicies.yaml",
