@@ -40,6 +40,7 @@ from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port, rss_bytes
 from devplacer.controller import kubectl
 
+from bench import machine
 from bench.floor import bench_pod, listening
 from bench.kube import Kube, ensure_namespace
 
@@ -120,6 +121,9 @@ class Kyverno:
     version: str
     start_s: float  # process start to its policy in force (a probe pod mutated)
     probe_namespace: str  # allowed by the pool, skipped by egress-placer's (and the floor's) webhooks
+
+    def cpu_seconds(self) -> float | None:
+        return machine.cpu_seconds(self.pid)
 
     def rss_mb(self) -> float | None:
         rss = rss_bytes(self.pid)

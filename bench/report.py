@@ -412,8 +412,8 @@ def _peers_part(peers: dict[str, Any], e2e: dict[str, Any]) -> list[str]:
         f"against egress-placer's **{_v(k['egress_placer_e2e_added_p50_ms'])} ms** (p50 {_v(ke['p50_s'])} s, p99 "
         f"{_v(ke['p99_s'])} s over {_v(ke['runs'])} runs, {_v(ke['pods_in_pool'])} pods bound in the pool). RSS "
         f"{_v(k['rss_mb'])} MB on the bench cluster"
-        + (f", {_v(k['rss_at_scale_mb'])} MB with the scale case's {_v(k['scale_nodes'])} nodes and {_v(k['scale_pods'])} pods"
-           if k["rss_at_scale_mb"] is not None else "") + ".",
+        + (f", {_v(k['rss_at_scale_mb'])} MB with the scale case's {_v(k['scale_nodes'])} nodes and {_v(k['scale_pods'])} pods "
+           f"(it used {_v(k['scale_cpu_s'])} s of CPU during that section)" if k["rss_at_scale_mb"] is not None else "") + ".",
         "",
     ]
     if ke["cpu_ms_per_run"]:

@@ -54,7 +54,7 @@ PEERS = {
         "version": None, "start_s": None, "admission_p99_ms": None, "egress_placer_admission_p99_ms": None,
         "e2e_added_p50_ms": None, "egress_placer_e2e_added_p50_ms": None,
         "e2e": {**copy.deepcopy(E2E_MODE), "pods_in_pool": None},
-        "rss_mb": None, "rss_at_scale_mb": None, "scale_nodes": None, "scale_pods": None,
+        "rss_mb": None, "rss_at_scale_mb": None, "scale_nodes": None, "scale_pods": None, "scale_cpu_s": None,
         "cannot": [],
     },
 }
