@@ -1,7 +1,8 @@
 """`python -m bench --mode quick|full [--tiny] [--out DIR] [--sections ...] [--cluster-dir DIR]`
 
 Runs the sections in this order: admission (no cluster), core, then on one local cluster: end to
-end, balance (a, b, c, and the egress case with a real Prometheus), scale, queue (bench/queue.py). Writes DIR/latest.json, DIR/report.md and the PNG charts (DIR is
+end (none, the floor, egress-placer, and Kyverno with `--with kyverno`), peers (admission through the
+API server in the same modes), balance (a, b, c, and the egress case with a real Prometheus), scale, queue (bench/queue.py). Writes DIR/latest.json, DIR/report.md and the PNG charts (DIR is
 bench/results by default) and prints a summary table. Exit status 1 when a section failed.
 """
 
@@ -21,15 +22,18 @@ from typing import Any, Callable
 
 from loguru import logger
 
-from bench import admission, balance, balance_egress, core, e2e, machine, report, scale, schema
+from bench import admission, balance, balance_egress, core, e2e, machine, peers, report, scale, schema
 from bench import queue as bench_queue
 from bench import cluster as bench_cluster
+from bench import floor as bench_floor
+from bench import kyverno as bench_kyverno
 from bench.kube import Kube
 from bench.sizes import SIZES, Sizes
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("admission", "core", "e2e", "balance", "scale", "queue")
-CLUSTER_SECTIONS = ("e2e", "balance", "scale", "queue")
+SECTIONS = ("admission", "core", "e2e", "peers", "balance", "scale", "queue")
+CLUSTER_SECTIONS = ("e2e", "peers", "balance", "scale", "queue")
+PEERS = ("kyverno",)  # optional peers (`--with`), built on demand; the full mode runs them all
 
 
 def log(message: str) -> None:
@@ -44,6 +48,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     p.add_argument("--cluster-dir", type=Path, help="use this running devcluster instead of bringing one up")
     p.add_argument("--keep-workdir", action="store_true", help="keep the temporary files (logs, profiles)")
+    p.add_argument("--with", dest="peers", action="append", default=[], choices=PEERS,
+                   help="also measure this peer side by side (built on demand; --mode full runs every peer)")
+    p.add_argument("--without", dest="no_peers", action="append", default=[], choices=PEERS,
+                   help="leave this peer out of a full run")
     return p
 
 
@@ -69,19 +77,77 @@ async def prepare(bc: bench_cluster.BenchCluster) -> None:
         await asyncio.gather(*(balance.prepare_namespace(kube, ns) for ns in names))
 
 
+async def start_peers(bc: bench_cluster.BenchCluster, with_kyverno: bool
+                      ) -> tuple[bench_floor.FloorWebhook, bench_kyverno.Kyverno | None]:
+    """The floor webhook (always) and Kyverno (when asked), started and switched off."""
+    async with Kube(bc.cluster) as kube:
+        floor = await bench_floor.start(bc.cluster, kube, bench_cluster.WEBHOOK_PATH, bc.probe_namespace, log)
+        kyverno = None
+        if with_kyverno:
+            log("peers: starting Kyverno (built on demand: minutes the first time)")
+            pool = bench_kyverno.bench_pool(bc.policy_file.read_text(), bench_cluster.pool_name(bc.largest_pool))
+            probe = bench_cluster.namespace_for("kyverno-probe", bc.largest_pool)  # allowed by the pool
+            try:
+                kyverno = await bench_kyverno.start(bc.cluster, kube, pool, probe, log)
+            except BaseException:
+                floor.stop()
+                raise
+            log(f"peers: Kyverno {kyverno.version} in force {kyverno.start_s} s after its start")
+    return floor, kyverno
+
+
+def run_peer_sections(results: dict[str, Any], bc: bench_cluster.BenchCluster, wanted: set[str],
+                      with_kyverno: bool) -> bench_kyverno.Kyverno | None:
+    """e2e in every mode, then admission through the API server in every mode (section peers)."""
+    started = _section(results, "peers (start)", lambda: asyncio.run(start_peers(bc, with_kyverno)))
+    if not started:
+        return None
+    floor, kyverno = started
+    modes = e2e.MODES + ((e2e.KYVERNO,) if kyverno else ())
+    switch = peers.make_switch(bc, floor, kyverno, [bench_cluster.namespace_for("e2e", bc.largest_pool)])
+    try:
+        _peer_sections(results, bc, wanted, kyverno, switch, modes)
+    finally:  # egress-placer's webhook alone in force again, whatever failed
+        _section(results, "peers (restore)", lambda: asyncio.run(_in_force(bc, switch, "with")))
+        floor.stop()
+    return kyverno
+
+
+async def _in_force(bc: bench_cluster.BenchCluster, switch: e2e.Switch, mode: str) -> None:
+    async with Kube(bc.cluster) as kube:
+        await switch(kube, mode)
+
+
+def _peer_sections(results: dict[str, Any], bc: bench_cluster.BenchCluster, wanted: set[str],
+                   kyverno: bench_kyverno.Kyverno | None, switch: e2e.Switch, modes: tuple[str, ...]) -> None:
+    e2e_out: dict[str, Any] = dict(results["e2e"])
+    if "e2e" in wanted:
+        e2e_out = _section(results, "e2e", lambda: asyncio.run(e2e.run(bc, log, switch, modes))) or {}
+        kyverno_e2e = e2e_out.pop(e2e.KYVERNO, None)
+        schema.merge(results["e2e"], e2e_out)
+        e2e_out = {**results["e2e"], **({e2e.KYVERNO: kyverno_e2e} if kyverno_e2e else {})}
+    adm = None
+    if "peers" in wanted:
+        adm = _section(results, "peers", lambda: asyncio.run(peers.admission(bc, switch, modes, log)))
+        if adm:
+            schema.merge(results["peers"]["admission"], adm)
+    if kyverno is not None:
+        schema.merge(results["peers"]["kyverno"], peers.kyverno_summary(kyverno, e2e_out, adm))
+        results["peers"]["kyverno"]["cannot"] = list(bench_kyverno.CANNOT)
+
+
 def run_cluster_sections(results: dict[str, Any], sizes: Sizes, workdir: Path, wanted: set[str],
-                         cluster_dir: Path | None) -> None:
+                         cluster_dir: Path | None, with_kyverno: bool = False) -> None:
     log("cluster: bringing up the local cluster" if cluster_dir is None else f"cluster: using {cluster_dir}")
     bc = bench_cluster.up(sizes, workdir, log, cluster_dir)
+    kyverno = None
     try:
-        if wanted & {"e2e", "balance", "scale"}:
+        if wanted & {"e2e", "peers", "balance", "scale"}:
             pid = bc.start_controller()
             results["scale"]["rss_baseline_mb"] = scale.memory(pid).get("VmRSS")
             asyncio.run(prepare(bc))
-        if "e2e" in wanted:
-            out = _section(results, "e2e", lambda: asyncio.run(e2e.run(bc, log)))
-            if out:
-                schema.merge(results["e2e"], out)
+        if wanted & {"e2e", "peers"}:
+            kyverno = run_peer_sections(results, bc, wanted, with_kyverno)
         if "balance" in wanted:
             rows: list[dict[str, Any]] = []
             for case in ("a", "b"):
@@ -96,7 +162,13 @@ def run_cluster_sections(results: dict[str, Any], sizes: Sizes, workdir: Path, w
             if egress:
                 schema.merge(results["balance"]["egress"], egress)
         if "scale" in wanted:
+            kyverno_cpu = kyverno.cpu_seconds() if kyverno is not None else None
             out = _section(results, "scale", lambda: scale.run(bc, log))
+            if kyverno is not None:  # the same objects were in the API server for Kyverno's informers too
+                used = kyverno.cpu_seconds()
+                results["peers"]["kyverno"].update(
+                    rss_at_scale_mb=kyverno.rss_mb(), scale_nodes=(out or {}).get("nodes"), scale_pods=(out or {}).get("pods"),
+                    scale_cpu_s=round(used - kyverno_cpu, 2) if used is not None and kyverno_cpu is not None else None)
             if out:
                 schema.merge(results["scale"], out)
             if not bc.owned:
@@ -107,6 +179,8 @@ def run_cluster_sections(results: dict[str, Any], sizes: Sizes, workdir: Path, w
             if out:
                 schema.merge(results["queue"], out)
     finally:
+        if kyverno is not None and not bc.owned:
+            kyverno.stop()
         bc.down()
 
 
@@ -165,6 +239,36 @@ def findings(results: dict[str, Any]) -> list[str]:
                      + (f" (egress-placer {cpu_with[mine]} vs {cpu_without.get(mine)} ms, kube-apiserver "
                         f"{cpu_with.get('kube-apiserver')} vs {cpu_without.get('kube-apiserver')} ms)" if mine else "") + ".")
         out.append(text)
+    out += _peer_findings(results)
+    return out
+
+
+def _peer_findings(results: dict[str, Any]) -> list[str]:
+    """Where egress-placer's cost over the floor's (and over Kyverno's) comes from, when those targets are missed."""
+    missed = {t["name"] for t in results["targets"] if t["met"] is False}
+    e = results["e2e"]
+    out = []
+    if any("floor webhook" in name for name in missed):
+        calls, floor, handled = e["webhook_call_ms"], e["floor_webhook_call_ms"], e["handler_ms"]
+        out.append(
+            f"Against the floor: egress-placer adds {e['added_p50_ms']} ms at p50, the no-op Go webhook on the same hooks "
+            f"{e['floor_added_p50_ms']} ms. The API server timed a call at {calls['taskruns']} / {calls['pods']} ms "
+            f"(TaskRun / Pod CREATE) to egress-placer against {floor['taskruns']} / {floor['pods']} ms to the floor; "
+            f"egress-placer's handler itself is {handled['taskruns']} / {handled['pods']} ms of that: the rest of the gap "
+            "is its HTTP/TLS/JSON stack (aiohttp on one Python thread) against Go's net/http, and the patch the API "
+            "server applies (the floor sends none). By stage (medians, ms): TaskRun created to pod seen "
+            f"{e['with']['stage_p50_ms']['to_pod']} with egress-placer, {e['floor']['stage_p50_ms']['to_pod']} with the "
+            f"floor, {e['without']['stage_p50_ms']['to_pod']} with none: where that gap exceeds the Pod call, the time is "
+            "in Tekton's path from run to pod (its reconcile of the placed podTemplate, the API server's other work), "
+            "not in the webhook call itself.")
+    k = results["peers"]["kyverno"]
+    if k["version"] is not None and any("Kyverno" in name for name in missed):
+        out.append(
+            f"Against Kyverno {k['version']}: admission p99 {k['egress_placer_admission_p99_ms']} ms (egress-placer) vs "
+            f"{k['admission_p99_ms']} ms; end-to-end added p50 {k['egress_placer_e2e_added_p50_ms']} ms vs "
+            f"{k['e2e_added_p50_ms']} ms. egress-placer answers two hooks per run (the TaskRun and its Pod) where the "
+            "policy answers one (the Pod), and chooses a node; the machine's load makes single figures noisy, see "
+            "each round's p99 in peers.admission.modes.")
     return out
 
 
@@ -172,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     sizes = SIZES["tiny" if args.tiny else args.mode]
     wanted = {s.strip() for s in args.sections.split(",") if s.strip()}
+    with_peers = (set(PEERS) if args.mode == "full" else set(args.peers)) - set(args.no_peers)
     unknown = wanted - set(SECTIONS)
     if unknown:
         parser().error(f"unknown sections: {', '.join(sorted(unknown))}")
@@ -183,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     results["machine"] = machine.describe()
     workdir = Path(tempfile.mkdtemp(prefix="egress-placer-bench-"))
     started = time.monotonic()
-    log(f"mode {sizes.name}, sections {', '.join(s for s in SECTIONS if s in wanted)}, work dir {workdir}")
+    log(f"mode {sizes.name}, sections {', '.join(s for s in SECTIONS if s in wanted)}, peers "
+        f"{', '.join(sorted(with_peers)) or 'none'}, work dir {workdir}")
     try:
         if "admission" in wanted:
             out = _section(results, "admission", lambda: admission.run(sizes, workdir / "admission", log))
@@ -194,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
             if out:
                 schema.merge(results["core"], out)
         if wanted & set(CLUSTER_SECTIONS):
-            _section(results, "cluster", lambda: run_cluster_sections(results, sizes, workdir, wanted, args.cluster_dir))
+            _section(results, "cluster", lambda: run_cluster_sections(results, sizes, workdir, wanted, args.cluster_dir,
+                                                                      "kyverno" in with_peers))
     finally:
         results["duration_s"] = round(time.monotonic() - started, 1)
         results["machine"]["loadavg_end"] = machine.loadavg()

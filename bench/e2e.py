@@ -1,8 +1,10 @@
-"""Section 3: end to end, TaskRun creation to pod scheduled, with and without the webhook registered.
+"""Section 3: end to end, TaskRun creation to pod scheduled, with and without the webhook registered,
+and with the floor (a no-op Go webhook on the same hooks, bench/floor.py) instead.
 
 TaskRuns of the catalog's git-clone Task (their image matches pool-K, the largest pool) are created
-at a fixed rate in blocks; the registration alternates between blocks in an ABBA order (with,
-without, without, with, ...) so drift hits both modes alike. A watch on the namespace's pods
+at a fixed rate in blocks; the registration changes between blocks in a mirrored order (with,
+without, floor, floor, without, with, ...) so drift hits every mode alike. With `--with kyverno`
+a fourth mode runs Kyverno's ClusterPolicy alone (bench/kyverno.py), reported under `peers.kyverno`. A watch on the namespace's pods
 records when each pod is first seen and first seen bound (spec.nodeName set); latency = bound
 minus the moment just before the TaskRun's POST, all on this process's monotonic clock (API
 timestamps only have whole seconds). Whether the webhook answered is checked on each created run.
@@ -21,7 +23,7 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,7 +36,8 @@ from bench.kube import Kube
 from bench.stats import percentile, ratio
 
 BLOCK_TIMEOUT = 120.0
-MODES = ("with", "without")
+MODES = ("with", "without", "floor")  # egress-placer, no webhook, the no-op Go webhook on the same hooks
+KYVERNO = "kyverno"
 HOOKS = {"taskruns": "taskruns.egress-placer.io", "pods": "pods.egress-placer.io"}
 HANDLER_KINDS = {"taskruns": "TaskRun", "pods": "Pod"}
 Log = Callable[[str], None]
@@ -50,12 +53,23 @@ class Run:
     webhook_answered: bool
     pod_seen: float | None = None
     bound: float | None = None
+    node: str | None = None  # where the pod was bound
+
+
+# Makes `mode` the only registration in force (egress-placer's, the floor's, Kyverno's or none).
+Switch = Callable[[Kube, str], Awaitable[None]]
+
+
+def metric_lines(text: str, metric: str) -> str:
+    """The lines of one metric family of a Prometheus text page (the API server's is ~5 MB: parsing only
+    these keeps a scrape between blocks well under a second on a loaded machine)."""
+    return "\n".join(line for line in text.splitlines() if metric in line) + "\n"
 
 
 def _histogram(text: str, metric: str, label: str, names: dict[str, str]) -> Sums:
     """Per hook, [sum, count] of the histogram `metric` whose `label` maps to a hook through `names`."""
     out = {hook: [0.0, 0.0] for hook in HOOKS}
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(metric_lines(text, metric)):
         if family.name != metric:
             continue
         for sample in family.samples:
@@ -67,10 +81,11 @@ def _histogram(text: str, metric: str, label: str, names: dict[str, str]) -> Sum
     return out
 
 
-async def timings(bc: BenchCluster, kube: Kube) -> tuple[Sums, Sums]:
-    """(API server's webhook call seconds, controller's handler seconds), per hook, so far."""
+async def timings(bc: BenchCluster, kube: Kube, suffix: str = "") -> tuple[Sums, Sums]:
+    """(API server's webhook call seconds, controller's handler seconds), per hook, so far; with
+    `suffix`, the API server's calls to the hooks of that name suffix (the floor's)."""
     apiserver = _histogram(await kube.text("/metrics"), "apiserver_admission_webhook_admission_duration_seconds",
-                           "name", {v: k for k, v in HOOKS.items()})
+                           "name", {v + suffix: k for k, v in HOOKS.items()})
     assert kube.session is not None
     async with kube.session.get(replicas_of(bc.cluster)[0].health_url + "/metrics") as response:
         handler = _histogram(await response.text(), "egress_placer_admission_duration_seconds", "kind",
@@ -93,24 +108,31 @@ def cpu_now(bc: BenchCluster) -> dict[str, float]:
     return out
 
 
-def block_order(blocks_per_mode: int) -> list[str]:
-    """ABBA...: with, without, without, with, with, without, ..."""
-    return [MODES[(b + 1) // 2 % 2] for b in range(2 * blocks_per_mode)]
+def block_order(blocks_per_mode: int, modes: tuple[str, ...] = MODES) -> list[str]:
+    """Mirrored rounds: with, without, floor, floor, without, with, ... (ABBA for two modes)."""
+    out: list[str] = []
+    for r in range(blocks_per_mode):
+        out += list(modes) if r % 2 == 0 else list(reversed(modes))
+    return out
 
 
-async def run(bc: BenchCluster, log: Log) -> dict[str, Any]:
+async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...] = MODES,
+              floor_suffix: str = ".floor") -> dict[str, Any]:
+    """The blocks of every mode in `modes`; `switch(kube, mode)` puts a mode's registration in force."""
     sizes = bc.sizes
     namespace = namespace_for("e2e", bc.largest_pool)
     per_block = max(1, sizes.e2e_runs // sizes.e2e_blocks)
     runs: dict[str, Run] = {}
     calls: Sums = {hook: [0.0, 0.0] for hook in HOOKS}
     handled: Sums = {hook: [0.0, 0.0] for hook in HOOKS}
-    cpu: dict[str, dict[str, float]] = {mode: {} for mode in MODES}  # mode -> process -> CPU seconds in its blocks
+    floor_calls: Sums = {hook: [0.0, 0.0] for hook in HOOKS}
+    cpu: dict[str, dict[str, float]] = {mode: {} for mode in modes}  # mode -> process -> CPU seconds in its blocks
     async with Kube(bc.cluster, connections=16) as kube:
         await prepare_namespace(kube, namespace)
         _, version = await kube.list(f"/api/v1/namespaces/{namespace}/pods")
         seen: dict[str, float] = {}
         bound: dict[str, float] = {}
+        nodes: dict[str, str] = {}
 
         async def watch() -> None:
             async for arrived, _, pod in kube.watch(f"/api/v1/namespaces/{namespace}/pods", version):
@@ -119,13 +141,15 @@ async def run(bc: BenchCluster, log: Log) -> dict[str, Any]:
                     seen.setdefault(run_name, arrived)
                     if (pod.get("spec") or {}).get("nodeName"):
                         bound.setdefault(run_name, arrived)
+                        nodes.setdefault(run_name, pod["spec"]["nodeName"])
 
         watcher = asyncio.create_task(watch())
         path = f"/apis/tekton.dev/v1/namespaces/{namespace}/taskruns"
         try:
-            for b, mode in enumerate(block_order(sizes.e2e_blocks)):
-                await (bc.register(kube) if mode == "with" else bc.unregister(kube))
+            for b, mode in enumerate(block_order(sizes.e2e_blocks, modes)):
+                await switch(kube, mode)
                 before = await timings(bc, kube)
+                floor_before = await timings(bc, kube, floor_suffix) if mode == "floor" else None
                 cpu_before = cpu_now(bc)
                 names = []
                 next_due = time.monotonic()
@@ -150,14 +174,22 @@ async def run(bc: BenchCluster, log: Log) -> dict[str, Any]:
                     after = await timings(bc, kube)
                     _add(calls, after[0], before[0])
                     _add(handled, after[1], before[1])
-                log(f"e2e: block {b + 1}/{2 * sizes.e2e_blocks} ({mode} webhook) done")
+                if floor_before is not None:
+                    _add(floor_calls, (await timings(bc, kube, floor_suffix))[0], floor_before[0])
+                log(f"e2e: block {b + 1}/{len(modes) * sizes.e2e_blocks} ({mode}) done")
         finally:
             watcher.cancel()
         for name, r in runs.items():
-            r.pod_seen, r.bound = seen.get(name), bound.get(name)
-        await bc.register(kube)
+            r.pod_seen, r.bound, r.node = seen.get(name), bound.get(name), nodes.get(name)
+        await switch(kube, "with")
         await clean(kube, namespace)
-    return summarize(runs, calls, handled, cpu)
+    out = summarize(runs, calls, handled, cpu, floor_calls)
+    if KYVERNO in modes:
+        pool = set(bc.pools[bc.largest_pool])
+        mine = [r for r in runs.values() if r.mode == KYVERNO]
+        out[KYVERNO] = {**mode_summary(mine, cpu.get(KYVERNO, {})),
+                        "pods_in_pool": sum(r.node in pool for r in mine if r.node is not None)}
+    return out
 
 
 def _ms(sums: Sums) -> dict[str, float | None]:
@@ -168,29 +200,51 @@ def _median_ms(values: list[float]) -> float | None:
     return round(1000 * statistics.median(values), 1) if values else None
 
 
-def summarize(runs: dict[str, Run], calls: Sums, handled: Sums, cpu: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {"webhook_call_ms": _ms(calls), "handler_ms": _ms(handled)}
+def mode_summary(mine: list[Run], cpu: dict[str, float]) -> dict[str, Any]:
+    """One mode's runs: latency percentiles, stages, webhook answers, CPU per run."""
+    done = [r for r in mine if r.bound is not None and r.pod_seen is not None]
+    latencies = [r.bound - r.sent for r in done]  # type: ignore[operator]
+    return {
+        "runs": len(mine),
+        "p50_s": _round(percentile(latencies, 50)),
+        "p99_s": _round(percentile(latencies, 99)),
+        "mean_s": _round(sum(latencies) / len(latencies)) if latencies else None,
+        "webhook_answered": sum(r.webhook_answered for r in mine),
+        "stage_p50_ms": {
+            "create": _median_ms([r.created - r.sent for r in done]),
+            "to_pod": _median_ms([r.pod_seen - r.created for r in done]),  # type: ignore[operator]
+            "to_bound": _median_ms([r.bound - r.pod_seen for r in done]),  # type: ignore[operator]
+        },
+        "cpu_ms_per_run": _per_run_ms(cpu, len(mine)),
+    }
+
+
+def added_ms(mode: dict[str, Any], baseline: dict[str, Any]) -> float | None:
+    """p50 of `mode` minus p50 of `baseline` (no webhook), milliseconds."""
+    a, b = mode["p50_s"], baseline["p50_s"]
+    return round(1000 * (a - b), 1) if a is not None and b is not None else None
+
+
+def summarize(runs: dict[str, Run], calls: Sums, handled: Sums, cpu: dict[str, dict[str, float]] | None = None,
+              floor_calls: Sums | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"webhook_call_ms": _ms(calls), "handler_ms": _ms(handled),
+                           "floor_webhook_call_ms": _ms(floor_calls or {hook: [0.0, 0.0] for hook in HOOKS})}
     for mode in MODES:
-        mine = [r for r in runs.values() if r.mode == mode]
-        done = [r for r in mine if r.bound is not None and r.pod_seen is not None]
-        latencies = [r.bound - r.sent for r in done]  # type: ignore[operator]
-        out[mode] = {
-            "runs": len(mine),
-            "p50_s": _round(percentile(latencies, 50)),
-            "p99_s": _round(percentile(latencies, 99)),
-            "mean_s": _round(sum(latencies) / len(latencies)) if latencies else None,
-            "webhook_answered": sum(r.webhook_answered for r in mine),
-            "stage_p50_ms": {
-                "create": _median_ms([r.created - r.sent for r in done]),
-                "to_pod": _median_ms([r.pod_seen - r.created for r in done]),  # type: ignore[operator]
-                "to_bound": _median_ms([r.bound - r.pod_seen for r in done]),  # type: ignore[operator]
-            },
-            "cpu_ms_per_run": _per_run_ms((cpu or {}).get(mode, {}), len(mine)),
-        }
+        out[mode] = mode_summary([r for r in runs.values() if r.mode == mode], (cpu or {}).get(mode, {}))
     with_p50, without_p50 = out["with"]["p50_s"], out["without"]["p50_s"]
-    out["added_p50_ms"] = round(1000 * (with_p50 - without_p50), 1) if with_p50 is not None and without_p50 is not None else None
+    out["added_p50_ms"] = added_ms(out["with"], out["without"])
     out["p50_ratio"] = ratio(with_p50, without_p50)
     out["p99_ratio"] = ratio(out["with"]["p99_s"], out["without"]["p99_s"])
+    out["floor_added_p50_ms"] = added_ms(out["floor"], out["without"])
+    # Both added p50s from the same no-webhook baseline; null when the floor added nothing measurable (<= 0).
+    floor_added = out["floor_added_p50_ms"]
+    out["floor_ratio"] = (round(out["added_p50_ms"] / floor_added, 3)
+                          if out["added_p50_ms"] is not None and floor_added is not None and floor_added > 0 else None)
+    # The same comparison by the API server's own clock of the two calls on a run's path (TaskRun and Pod CREATE):
+    # steadier than a difference of two end-to-end p50s on a loaded machine.
+    ours, floor = out["webhook_call_ms"], out["floor_webhook_call_ms"]
+    both = None not in (*ours.values(), *floor.values())
+    out["floor_call_ratio"] = round(sum(ours.values()) / sum(floor.values()), 3) if both and sum(floor.values()) else None
     return out
 
 

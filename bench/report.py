@@ -16,6 +16,8 @@ TENANT_EXTRA_LIMIT_MB = 20.0
 CORE_DECISIONS_FLOOR = 2000.0  # decisions/s at every pool size
 CORE_RATE_KEPT = 0.5  # decisions/s at the largest pool / at the smallest, at least
 CORE_HANDLER_GROWTH = 1.5  # handler us per review at the largest pool / at the smallest, at most
+# Issue 15: egress-placer's added end-to-end p50 over the no-op Go webhook's, both from the no-webhook baseline.
+FLOOR_RATIO_LIMIT = 1.2
 
 
 def _target(name: str, target: str, value: float | None, unit: str, limit: float, higher_is_better: bool = False) -> dict[str, Any]:
@@ -44,6 +46,24 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         *_core_targets(results["core"]["rows"]),
         _target("end to end p50 with / without webhook", "<= 1.10", e2e["p50_ratio"], "x", 1.10),
         _target("end to end p99 with / without webhook", "<= 1.10", e2e["p99_ratio"], "x", 1.10),
+        _target("end to end added p50 / the floor webhook's added p50", f"<= {FLOOR_RATIO_LIMIT}", e2e["floor_ratio"], "x",
+                FLOOR_RATIO_LIMIT),
+        *_peer_targets(results["peers"]),
+    ]
+
+
+def _peer_targets(peers: dict[str, Any]) -> list[dict[str, Any]]:
+    """Ours lower than Kyverno's on admission p99 and on end-to-end added p50 (only when Kyverno ran)."""
+    k = peers["kyverno"]
+    if k["version"] is None:
+        return []
+    def mine_over_theirs(mine: float | None, theirs: float | None) -> float | None:
+        return round(mine / theirs, 3) if mine is not None and theirs else None
+    return [
+        _target(f"admission p99 through the API server, egress-placer / Kyverno {k['version']}", "< 1",
+                mine_over_theirs(k["egress_placer_admission_p99_ms"], k["admission_p99_ms"]), "x", 1.0),
+        _target(f"end to end added p50, egress-placer / Kyverno {k['version']}", "< 1",
+                mine_over_theirs(k["egress_placer_e2e_added_p50_ms"], k["e2e_added_p50_ms"]), "x", 1.0),
     ]
 
 
@@ -81,15 +101,16 @@ def _busy_ratio(egress: dict[str, Any]) -> float | None:
 def _cpu_rows(e2e: dict[str, Any]) -> list[str]:
     """CPU ms per run of each process, with and without the webhook (the machine's 2 cores are shared by all)."""
     with_cpu, without_cpu = e2e["with"]["cpu_ms_per_run"], e2e["without"]["cpu_ms_per_run"]
+    floor_cpu = e2e["floor"]["cpu_ms_per_run"]
     if not with_cpu:
         return []
     return [
         "CPU per run of each process in the blocks of each mode (/proc/PID/stat; every process shares the 2 cores):",
         "",
-        "| process | with (ms/run) | without (ms/run) | added |",
-        "|---|---:|---:|---:|",
-        *[f"| {p} | {_v(ms)} | {_v(without_cpu.get(p))} | {_v(round(ms - without_cpu[p], 1) if p in without_cpu else None)} |"
-          for p, ms in with_cpu.items()],
+        "| process | with (ms/run) | without (ms/run) | added | floor (ms/run) |",
+        "|---|---:|---:|---:|---:|",
+        *[f"| {p} | {_v(ms)} | {_v(without_cpu.get(p))} | {_v(round(ms - without_cpu[p], 1) if p in without_cpu else None)} "
+          f"| {_v(floor_cpu.get(p))} |" for p, ms in with_cpu.items()],
         "",
     ]
 
@@ -244,6 +265,7 @@ def markdown(results: dict[str, Any], images: list[str], findings: list[str]) ->
     out += _admission_part(results["admission"], images)
     out += _core_part(results["core"])
     out += _e2e_part(results["e2e"])
+    out += _peers_part(results["peers"], results["e2e"])
     out += _balance_part(results["balance"], images)
     out += _scale_part(results["scale"])
     out += queue_part(results["queue"], images)
@@ -337,9 +359,16 @@ def _e2e_part(e2e: dict[str, Any]) -> list[str]:
         *[f"| {mode} | {e2e[mode]['runs']} | {_v(e2e[mode]['p50_s'])} | {_v(e2e[mode]['p99_s'])} | "
           f"{_v(e2e[mode]['mean_s'])} | {e2e[mode]['webhook_answered']} | {_v(e2e[mode]['stage_p50_ms']['create'])} | "
           f"{_v(e2e[mode]['stage_p50_ms']['to_pod'])} | {_v(e2e[mode]['stage_p50_ms']['to_bound'])} |"
-          for mode in ("with", "without")],
+          for mode in ("with", "floor", "without")],
         "",
-        "(stage columns are medians: the TaskRun POST, POST answered to the pod first seen, pod seen to bound)",
+        "(with: egress-placer's webhook; floor: a no-op Go webhook on the same hooks; without: none. Stage columns are "
+        "medians: the TaskRun POST, POST answered to the pod first seen, pod seen to bound)",
+        "",
+        f"Against the floor: egress-placer adds **{_v(e2e['added_p50_ms'])} ms** at p50, the floor "
+        f"{_v(e2e['floor_added_p50_ms'])} ms, both from the same no-webhook runs: floor ratio **{_v(e2e['floor_ratio'])}**. "
+        f"The API server timed the floor's calls at {_v(e2e['floor_webhook_call_ms']['taskruns'])} ms per TaskRun CREATE "
+        f"and {_v(e2e['floor_webhook_call_ms']['pods'])} ms per Pod CREATE (egress-placer's: below); the two calls of a "
+        f"run, egress-placer's over the floor's: **{_v(e2e['floor_call_ratio'])}**.",
         "",
         f"Ratio with / without: p50 **{_v(e2e['p50_ratio'])}** ({_v(e2e['added_p50_ms'])} ms added), p99 "
         f"**{_v(e2e['p99_ratio'])}**. The API server's own timing of the webhook calls: "
@@ -349,6 +378,51 @@ def _e2e_part(e2e: dict[str, Any]) -> list[str]:
         "",
         *_cpu_rows(e2e),
     ]
+
+
+def _peers_part(peers: dict[str, Any], e2e: dict[str, Any]) -> list[str]:
+    adm, k = peers["admission"], peers["kyverno"]
+    names = {"none": "no webhook", "floor": "floor (no-op Go webhook)", "egress_placer": "egress-placer",
+             "kyverno": f"Kyverno {k['version'] or ''}".strip()}
+    out = [
+        "## 3b. Against the floor and a peer (through the API server)",
+        "",
+        f"Dry-run creates of the benchmarks' Tekton pod through the API server, open loop at {_v(adm['rate_rps'])} req/s "
+        f"for {_v(adm['seconds'])} s, {_v(adm['rounds'])} mirrored rounds of every mode (medians; latency from when "
+        "each request was due):",
+        "",
+        "| in force | requests | p50 ms | p99 ms | added p50 ms | added p99 ms | max ms | mutated | errors | cores at rate | CPU ms/request |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for key, row in adm["modes"].items():
+        if row["requests"] is None:
+            continue
+        cpu = ", ".join(f"{p} {v}" for p, v in list(row["cpu_ms_per_request"].items())[:4])
+        out.append(f"| {names[key]} | {row['requests']} | {_v(row['p50_ms'])} | {_v(row['p99_ms'])} | "
+                   f"{_v(row.get('added_p50_ms'))} | {_v(row.get('added_p99_ms'))} | {_v(row['max_ms'])} | {row['mutated']} | "
+                   f"{row['errors']} | {_v(row['cores_at_rate'])} | {cpu} |")
+    out += ["", f"egress-placer's p99 over the floor's: **{_v(adm['p99_ratio_to_floor'])}**. \"cores at rate\" is the CPU "
+            "the rate asks of the machine in that mode (every process, the load generator included): where it nears the "
+            "machine's cores, shared with everything else on it, the latencies measure a queue more than admission.", ""]
+    if k["version"] is None:
+        return out + ["Kyverno did not run (`python -m bench --with kyverno`, or `--mode full`).", ""]
+    ke = k["e2e"]
+    out += [
+        f"**Kyverno {k['version']}** (built from its Go module, out of cluster with `--serverIP`, a ClusterPolicy adding "
+        f"the pool's node affinity and toleration to pods whose images match the pool's globs in its namespaces; in force "
+        f"{_v(k['start_s'])} s after its start). Admission p99 **{_v(k['admission_p99_ms'])} ms** against egress-placer's "
+        f"**{_v(k['egress_placer_admission_p99_ms'])} ms**; end to end it adds **{_v(k['e2e_added_p50_ms'])} ms** at p50 "
+        f"against egress-placer's **{_v(k['egress_placer_e2e_added_p50_ms'])} ms** (p50 {_v(ke['p50_s'])} s, p99 "
+        f"{_v(ke['p99_s'])} s over {_v(ke['runs'])} runs, {_v(ke['pods_in_pool'])} pods bound in the pool). RSS "
+        f"{_v(k['rss_mb'])} MB on the bench cluster"
+        + (f", {_v(k['rss_at_scale_mb'])} MB with the scale case's {_v(k['scale_nodes'])} nodes and {_v(k['scale_pods'])} pods "
+           f"(it used {_v(k['scale_cpu_s'])} s of CPU during that section)" if k["rss_at_scale_mb"] is not None else "") + ".",
+        "",
+    ]
+    if ke["cpu_ms_per_run"]:
+        out += ["CPU per run in Kyverno's blocks: " + ", ".join(f"{p} {v} ms" for p, v in ke["cpu_ms_per_run"].items()) + ".", ""]
+    out += ["What Kyverno does not do of egress-placer's job (not built for it here):", "", *[f"- {c}" for c in k["cannot"]], ""]
+    return out
 
 
 def _balance_part(bal: dict[str, Any], images: list[str]) -> list[str]:
@@ -400,6 +474,11 @@ def summary_table(results: dict[str, Any]) -> str:
         ("admission max throughput (req/s)", adm["max_throughput_rps"], adm["floor_max_throughput_rps"]),
         ("e2e p50 (s) with / without", e2e["with"]["p50_s"], e2e["without"]["p50_s"]),
         ("e2e p99 (s) with / without", e2e["with"]["p99_s"], e2e["without"]["p99_s"]),
+        ("e2e added p50 (ms) / floor's", e2e["added_p50_ms"], e2e["floor_added_p50_ms"]),
+        ("Kyverno adm. p99 (ms) ours / its", results["peers"]["kyverno"]["egress_placer_admission_p99_ms"],
+         results["peers"]["kyverno"]["admission_p99_ms"]),
+        ("Kyverno e2e added p50 (ms) ours/its", results["peers"]["kyverno"]["egress_placer_e2e_added_p50_ms"],
+         results["peers"]["kyverno"]["e2e_added_p50_ms"]),
         ("scale first sync (s) / RSS (MB)", scale["first_sync_s"], scale["rss_mb"]),
     ]
     lines = [f"{'figure':<36}{'egress-placer':>16}{'baseline':>12}"]

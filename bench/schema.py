@@ -34,6 +34,30 @@ EGRESS_CASE = {
     "prometheus_start_seconds": None, "even_share": None,
     "egress_aware": copy.deepcopy(EGRESS_PLACEMENT), "run_counts_only": copy.deepcopy(EGRESS_PLACEMENT),
 }
+# peers: admission through the API server, one row per mode (bench/peers.py).
+PEER_ADMISSION = {
+    "requests": None, "p50_ms": None, "p99_ms": None, "max_ms": None, "errors": None, "mutated": None,
+    "send_lag_p99_ms": None, "p99_ms_each": [], "cpu_ms_per_request": {}, "cores_at_rate": None,
+}
+PEER_ADDED = {"added_p50_ms": None, "added_p99_ms": None}
+PEERS = {
+    "admission": {
+        "rate_rps": None, "seconds": None, "rounds": None, "p99_ratio_to_floor": None,
+        "modes": {
+            "none": copy.deepcopy(PEER_ADMISSION),
+            "floor": {**copy.deepcopy(PEER_ADMISSION), **PEER_ADDED},
+            "egress_placer": {**copy.deepcopy(PEER_ADMISSION), **PEER_ADDED},
+            "kyverno": {**copy.deepcopy(PEER_ADMISSION), **PEER_ADDED},
+        },
+    },
+    "kyverno": {
+        "version": None, "start_s": None, "admission_p99_ms": None, "egress_placer_admission_p99_ms": None,
+        "e2e_added_p50_ms": None, "egress_placer_e2e_added_p50_ms": None,
+        "e2e": {**copy.deepcopy(E2E_MODE), "pods_in_pool": None},
+        "rss_mb": None, "rss_at_scale_mb": None, "scale_nodes": None, "scale_pods": None, "scale_cpu_s": None,
+        "cannot": [],
+    },
+}
 PROFILE = {"tool": None, "load": None, "samples": None, "top_self": [], "top_inclusive": []}
 
 TEMPLATE: dict[str, Any] = {
@@ -78,12 +102,18 @@ TEMPLATE: dict[str, Any] = {
     "e2e": {
         "with": copy.deepcopy(E2E_MODE),
         "without": copy.deepcopy(E2E_MODE),
+        "floor": copy.deepcopy(E2E_MODE),
         "webhook_call_ms": {"taskruns": None, "pods": None},
         "handler_ms": {"taskruns": None, "pods": None},
+        "floor_webhook_call_ms": {"taskruns": None, "pods": None},
         "added_p50_ms": None,
         "p50_ratio": None,
         "p99_ratio": None,
+        "floor_added_p50_ms": None,
+        "floor_ratio": None,
+        "floor_call_ratio": None,
     },
+    "peers": copy.deepcopy(PEERS),
     # bench/queue.py: the queue's admission cost and a burst on a queued pool.
     "queue": {
         "admission_us": {"no_queue": None, "queued": {}},

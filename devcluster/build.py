@@ -55,6 +55,8 @@ class Component:
     patches: dict[str, str] = field(default_factory=dict)
     # Optional components only: files of the pinned module's tree copied beside bin/ (`optional_file`).
     module_files: tuple[str, ...] = ()
+    # A component of the project's own source (no upstream module to pin): the version that names it.
+    own_version: str | None = None
 
 
 COMPONENTS: tuple[Component, ...] = (
@@ -165,6 +167,44 @@ TEKTON_RESOLVERS = Component(
     ),
 )
 
+FLOOR_WEBHOOK = Component(
+    module="floor-webhook",
+    pin="egress-placer/devcluster/tools/floor-webhook",
+    # The benchmarks' end-to-end floor: a no-op mutating webhook on Go's standard library alone
+    # (tools/floor-webhook/main.go), registered on exactly egress-placer's hooks (bench/e2e.py).
+    binaries={"floor-webhook": "egress-placer/devcluster/tools/floor-webhook"},
+    why="a no-op webhook on Go's standard library: seconds",
+    own_version="v1",
+)
+
+KYVERNO = Component(
+    module="kyverno",
+    pin="github.com/kyverno/kyverno",
+    # Kyverno's admission controller, the peer a user would install instead of egress-placer; the
+    # benchmarks run it out of cluster (`--serverIP`) with a ClusterPolicy doing the same placement
+    # (bench/peers.py). Its CRDs come from the module.
+    binaries={"kyverno": "github.com/kyverno/kyverno/cmd/kyverno"},
+    why="Kyverno with client-go, controller-runtime, CEL, sigstore/cosign, notation and wasmtime: ~13 min cold on 2 shared cores (relinked from a warm Go cache: ~40 s)",
+    version_variable="github.com/kyverno/kyverno/pkg/version.BuildVersion",
+    module_files=(
+        "config/crds/kyverno/kyverno.io_cleanuppolicies.yaml",
+        "config/crds/kyverno/kyverno.io_clustercleanuppolicies.yaml",
+        "config/crds/kyverno/kyverno.io_clusterpolicies.yaml",
+        "config/crds/kyverno/kyverno.io_globalcontextentries.yaml",
+        "config/crds/kyverno/kyverno.io_policies.yaml",
+        "config/crds/kyverno/kyverno.io_policyexceptions.yaml",
+        "config/crds/kyverno/kyverno.io_updaterequests.yaml",
+        *(f"config/crds/policies.kyverno.io/policies.kyverno.io_{name}.yaml" for name in (
+            "deletingpolicies", "generatingpolicies", "imagevalidatingpolicies", "mutatingpolicies",
+            "namespaceddeletingpolicies", "namespacedgeneratingpolicies", "namespacedimagevalidatingpolicies",
+            "namespacedmutatingpolicies", "namespacedvalidatingpolicies", "policyexceptions", "validatingpolicies")),
+        "config/crds/policyreport/wgpolicyk8s.io_clusterpolicyreports.yaml",
+        "config/crds/policyreport/wgpolicyk8s.io_policyreports.yaml",
+        "config/crds/reports/reports.kyverno.io_clusterephemeralreports.yaml",
+        "config/crds/reports/reports.kyverno.io_ephemeralreports.yaml",
+    ),
+)
+
 # Built only when a test or benchmark asks for them (`ensure_optional`), each into its own cache key.
 OPTIONAL_COMPONENTS: dict[str, Component] = {
     "prometheus": PROMETHEUS,
@@ -172,6 +212,8 @@ OPTIONAL_COMPONENTS: dict[str, Component] = {
     "prometheus-operator-crds": PROMETHEUS_OPERATOR_CRDS,
     "tekton-webhook": TEKTON_WEBHOOK,
     "tekton-resolvers": TEKTON_RESOLVERS,
+    "floor-webhook": FLOOR_WEBHOOK,
+    "kyverno": KYVERNO,
 }
 
 
@@ -185,7 +227,9 @@ def required_version(component: Component, module: str) -> str:
 
 
 def pinned_version(component: Component) -> str:
-    """The version of `component.pin` required in the tool module's go.mod."""
+    """The version of `component.pin` required in the tool module's go.mod (or the project's own version)."""
+    if component.own_version is not None:
+        return component.own_version
     return required_version(component, component.pin)
 
 

@@ -426,3 +426,20 @@ def test_tekton_webhook_configuration_is_ready_once_knative_filled_it(
 )
 def test_crd_conversion_is_ready_once_it_has_the_webhooks_ca(crd: dict[str, Any] | None, ready: bool) -> None:
     assert tekton_webhook.conversion_ready(crd) is ready
+
+
+def test_the_floor_webhook_is_the_projects_own_source_on_the_standard_library_alone() -> None:
+    """No upstream module to pin: its version is the project's own, and its go.mod requires nothing."""
+    assert build.OPTIONAL_COMPONENTS["floor-webhook"] is build.FLOOR_WEBHOOK
+    assert build.pinned_version(build.FLOOR_WEBHOOK) == build.FLOOR_WEBHOOK.own_version == "v1"
+    module = build.TOOLS_DIR / "floor-webhook"
+    assert "require" not in (module / "go.mod").read_text() and (module / "go.sum").read_text() == ""
+    assert build.optional_key(build.FLOOR_WEBHOOK).startswith("floor-webhook-v1_")
+
+
+def test_kyverno_is_built_from_its_module_with_its_own_replace_and_crds() -> None:
+    go_mod = (build.TOOLS_DIR / "kyverno" / "go.mod").read_text()
+    assert build.pinned_version(build.KYVERNO) == "v1.19.1"
+    assert "replace k8s.io/pod-security-admission => github.com/kyverno/pod-security-admission" in go_mod
+    assert "github.com/kyverno/kyverno/pkg/version.BuildVersion=v1.19.1" in build.ldflags(build.KYVERNO)
+    assert "config/crds/kyverno/kyverno.io_clusterpolicies.yaml" in build.KYVERNO.module_files

@@ -38,7 +38,9 @@ def _without(results: dict[str, Any], path: str) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("path", ["mode", "admission.headline.p99_ms", "scale.rss_mb", "e2e.with.p50_s", "balance.worst_imbalance.a"])
+@pytest.mark.parametrize("path", ["mode", "admission.headline.p99_ms", "scale.rss_mb", "e2e.with.p50_s", "balance.worst_imbalance.a",
+                                  "e2e.floor.p50_s", "e2e.floor_ratio", "peers.admission.modes.floor.p99_ms",
+                                  "peers.kyverno.admission_p99_ms", "peers.kyverno.e2e.pods_in_pool"])
 def test_a_missing_key_is_reported(path: str) -> None:
     assert schema.missing_keys(_without(schema.empty(), path)) == [path]
 
@@ -73,7 +75,19 @@ def test_tiny_quick_run_writes_every_key(tmp_path: Path) -> None:
     assert results["scale"]["rss_mb"] > 0 and results["scale"]["first_sync_s"] > 0
     assert results["e2e"]["with"]["webhook_answered"] == results["e2e"]["with"]["runs"] > 0
     assert results["e2e"]["without"]["webhook_answered"] == 0
-    assert results["targets"] and all(t["met"] is not None for t in results["targets"])
+    floor = results["e2e"]["floor"]
+    assert floor["runs"] == results["e2e"]["with"]["runs"] and floor["webhook_answered"] == 0 and floor["p50_s"] > 0
+    assert results["e2e"]["floor_webhook_call_ms"]["taskruns"] > 0 and results["e2e"]["floor_webhook_call_ms"]["pods"] > 0
+    modes = results["peers"]["admission"]["modes"]
+    for key, mutated in (("none", False), ("floor", False), ("egress_placer", True)):
+        row = modes[key]
+        assert row["requests"] > 0 and row["errors"] == 0 and row["p99_ms"] > 0, (key, row)
+        assert row["mutated"] == (row["requests"] if mutated else 0), (key, row)
+    assert results["peers"]["kyverno"]["version"] is None  # not asked for: no Kyverno target either
+    # Every target measured; the floor ratio only when the floor's added p50 is above the noise of 4 tiny runs.
+    unmeasured = {t["name"] for t in results["targets"] if t["met"] is None}
+    floor_noise = results["e2e"]["floor_added_p50_ms"] is not None and results["e2e"]["floor_added_p50_ms"] <= 0
+    assert unmeasured <= ({"end to end added p50 / the floor webhook's added p50"} if floor_noise else set()), unmeasured
     assert "## Targets" in (tmp_path / "report.md").read_text()
     queue = results["queue"]
     assert queue["succeeded"] == queue["burst"] > 0 and 0 < queue["max_running"] <= queue["slots"], queue

@@ -1,0 +1,151 @@
+"""The end-to-end floor: a no-op mutating webhook in Go (devcluster/tools/floor-webhook, standard library
+only) registered on exactly egress-placer's hooks, so that egress-placer's added latency can be read
+against what merely being a webhook costs.
+
+Its MutatingWebhookConfiguration `egress-placer-bench-floor` is a copy of egress-placer's as the
+cluster holds it (k8s/webhook.yaml: rules, namespaceSelector, matchConditions, failurePolicy,
+timeoutSeconds, sideEffects, reinvocationPolicy), with each webhook renamed `<name>.floor` (so the API
+server's histograms tell the two apart), `clientConfig.url` at the floor's loopback port and
+`caBundle` the cluster CA that signed its serving certificate (devcluster/certs.py). It answers every
+review "allowed" with no patch.
+
+Whether it is active is read from the API server's own count of calls to it
+(`apiserver_admission_webhook_admission_duration_seconds_count`), probed with dry-run creates of a
+Tekton pod (which its matchConditions let through).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.core.images import TektonObjects, taskrun_images
+from devcluster import build
+from devcluster.cluster import Cluster, ClusterError
+from devcluster.process import free_port
+
+from bench.cluster import TASK, bench_taskrun
+from bench.e2e import metric_lines
+from bench.kube import Kube
+from bench.workload import catalog_task, in_namespace, tekton_pod
+
+PROCESS = "floor-webhook"
+CONFIG = "egress-placer-bench-floor"
+CONFIG_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/" + CONFIG
+SUFFIX = ".floor"
+WEBHOOK_DURATION = "apiserver_admission_webhook_admission_duration_seconds"
+Log = Callable[[str], None]
+
+
+def bench_pod(namespace: str, name: str) -> dict[str, Any]:
+    """The pod Tekton makes for the benchmarks' git-clone TaskRun `name` (its images match the pools)."""
+    task = catalog_task(TASK)
+    objects = TektonObjects()
+    objects.put(in_namespace(task, namespace))
+    run = bench_taskrun(namespace, name)
+    return tekton_pod(run, f"{abs(hash(name)) % 10**8:08d}-5b1e-4c7e-9d1a-7f2b3c4d5e6f",
+                      taskrun_images(run, objects).images, task)
+
+
+def webhook_calls(metrics_text: str, names: set[str]) -> float:
+    """How many times the API server called the webhooks `names` so far (all operations, rejected or not)."""
+    total = 0.0
+    for family in text_string_to_metric_families(metric_lines(metrics_text, WEBHOOK_DURATION)):
+        if family.name == WEBHOOK_DURATION:
+            total += sum(s.value for s in family.samples if s.name.endswith("_count") and s.labels.get("name") in names)
+    return total
+
+
+def floor_configuration(egress_placer: dict[str, Any], url: str, ca_pem: bytes) -> dict[str, Any]:
+    """egress-placer's MutatingWebhookConfiguration with every hook renamed and pointed at the floor."""
+    hooks = []
+    for hook in copy.deepcopy(egress_placer["webhooks"]):
+        hook["name"] = hook["name"] + SUFFIX
+        hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_pem).decode()}
+        hooks.append(hook)
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": CONFIG, "labels": {"app.kubernetes.io/part-of": "egress-placer-bench"}}, "webhooks": hooks}
+
+
+@dataclass
+class FloorWebhook:
+    cluster: Cluster
+    probe_namespace: str
+    configuration: dict[str, Any]
+    pid: int
+
+    @property
+    def hook_names(self) -> set[str]:
+        return {h["name"] for h in self.configuration["webhooks"]}
+
+    async def _calls_after_probe(self, kube: Kube) -> tuple[float, float]:
+        before = webhook_calls(await kube.text("/metrics"), self.hook_names)
+        pod = bench_pod(self.probe_namespace, f"floor-probe-{int(time.monotonic() * 1000)}")
+        await kube.request("POST", f"/api/v1/namespaces/{self.probe_namespace}/pods", pod, params={"dryRun": "All"})
+        return before, webhook_calls(await kube.text("/metrics"), self.hook_names)
+
+    async def wait(self, kube: Kube, active: bool, timeout: float = 30) -> None:
+        """Until a dry-run Tekton pod create does (or does not) call the floor."""
+        deadline = time.monotonic() + timeout
+        while True:
+            before, after = await self._calls_after_probe(kube)
+            if (after > before) == active:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the floor webhook did not become {'active' if active else 'inactive'} in {timeout:.0f} s")
+            await asyncio.sleep(0.3)
+
+    async def register(self, kube: Kube) -> None:
+        if await kube.get(CONFIG_PATH) is None:
+            await kube.create(CONFIG_PATH.rsplit("/", 1)[0], self.configuration)
+        await self.wait(kube, active=True)
+
+    async def unregister(self, kube: Kube) -> None:
+        if await kube.get(CONFIG_PATH) is not None:
+            await kube.delete(CONFIG_PATH)
+            await self.wait(kube, active=False)
+
+    def stop(self) -> None:
+        self.cluster.stop_process(PROCESS)
+
+
+async def start(cluster: Cluster, kube: Kube, egress_placer_config_path: str, probe_namespace: str, log: Log) -> FloorWebhook:
+    """Build (on demand) and start the floor webhook; its configuration is made but not registered."""
+    bin_dir = build.ensure_optional(PROCESS, log)
+    cluster.stop_process(PROCESS)  # one left by an interrupted run on a kept cluster (--cluster-dir)
+    cert, key = cluster.serving_cert(PROCESS)
+    port = free_port()
+    record = cluster.start_process(
+        PROCESS, [str(bin_dir / PROCESS), "--listen", f"127.0.0.1:{port}", "--cert", str(cert), "--key", str(key)],
+        port=port)
+    await listening(port, "the floor webhook", record.log, record.pid)
+    live = await kube.get(egress_placer_config_path)
+    if live is None:
+        raise ClusterError("egress-placer's MutatingWebhookConfiguration is not registered: nothing to copy")
+    configuration = floor_configuration(live, f"https://127.0.0.1:{port}/mutate", cluster.ca_file.read_bytes())
+    return FloorWebhook(cluster, probe_namespace, configuration, record.pid)
+
+
+async def listening(port: int, what: str, log_file: str, pid: int, timeout: float = 20) -> None:
+    """Until 127.0.0.1:`port` accepts connections; fails with the log's tail if process `pid` exits first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if not os.path.exists(f"/proc/{pid}"):
+                tail = Path(log_file).read_text(errors="replace")[-3000:] if os.path.exists(log_file) else ""
+                raise ClusterError(f"{what} exited; its log {log_file}:\n{tail}") from None
+            if time.monotonic() > deadline:
+                raise ClusterError(f"{what} does not listen on {port} after {timeout:.0f} s (log: {log_file})") from None
+            await asyncio.sleep(0.2)
