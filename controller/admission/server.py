@@ -26,7 +26,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
@@ -36,6 +35,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.admission.certs import ServingTLS
 from controller.admission.handlers import Admission, MalformedReview
+from controller.admission.review import decode, encode
 from controller.metrics import Metrics
 from controller.settings import Settings
 
@@ -57,6 +57,9 @@ class Reviewer(Protocol):
     """Answers one AdmissionReview body (Admission, PoolValidation); raises only MalformedReview."""
 
     def review(self, body: Any) -> dict[str, Any]: ...
+
+
+_JSON = {"Content-Type": "application/json; charset=utf-8"}
 
 
 def _text(status: int, message: str) -> web.Response:
@@ -134,7 +137,7 @@ class AdmissionServer:
     def _answer(self, raw: bytes, path: str, reviewer: Reviewer) -> web.Response:
         """The response to one request body (in the loop, or in the large-review thread)."""
         try:
-            body: Any = json.loads(raw)
+            body: Any = decode(raw)
         except (UnicodeDecodeError, ValueError):
             self._malformed()
             return _text(400, "the body is not JSON")
@@ -146,7 +149,7 @@ class AdmissionServer:
         except MalformedReview as error:
             logger.bind(path=path).warning("malformed AdmissionReview: {}", error)
             return _text(400, f"malformed AdmissionReview: {error}")
-        return web.json_response(answer, dumps=_dumps)
+        return web.Response(body=encode(answer), headers=_JSON)
 
     def _malformed(self) -> None:
         self.metrics.count_malformed_review()
@@ -222,6 +225,3 @@ def _bound_port(runner: web.AppRunner | None) -> int:
         raise RuntimeError("the server is not running")
     return int(addresses[0][1])
 
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
