@@ -185,12 +185,29 @@ def json_patch(old: Any, new: Any, base: str) -> list[dict[str, Any]]:
         raise ValueError(f"not a JSON pointer: {base!r}")
     if old is None:
         return [{"op": "add", "path": base, "value": copy.deepcopy(new)}]
+    if old == new and _same_json(old, new):  # most pods: nothing to change, and diffing is most of a review's cost
+        return []
     ops: list[dict[str, Any]] = copy.deepcopy(jsonpatch.make_patch(old, new).patch)
     for op in ops:
         op["path"] = base + op["path"]
         if "from" in op:
             op["from"] = base + op["from"]
     return ops
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    """Are `a` and `b` the same JSON (no patch between them)? Unlike `==`, 1, 1.0 and true differ, as
+    they do for `jsonpatch`; anything but dicts, lists and scalars is left to `jsonpatch` (False)."""
+    if type(a) is not type(b):
+        return False
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(_same_json(v, b[k]) for k, v in a.items())
+    if type(a) is list:
+        return len(a) == len(b) and all(map(_same_json, a, b))
+    return type(a) in _SCALARS and a == b
+
+
+_SCALARS = (str, int, float, bool, type(None))
 
 
 # --- tolerations -------------------------------------------------------------------------
