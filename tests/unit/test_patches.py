@@ -330,8 +330,8 @@ def test_json_patch_applies_at_base(base, doc):
 _LOOSE_SCALARS = st.sampled_from([0, 1, 1.0, True, False, 0.0, None, "", "a"])
 _JSON_DOCS = st.recursive(
     _LOOSE_SCALARS,
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("abc"), inner, max_size=3),
-    max_leaves=8,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("abcd"), inner, max_size=4),
+    max_leaves=16,
 )
 
 
@@ -346,6 +346,14 @@ def test_json_patch_is_jsonpatchs_diff_rebased(old, new):
     assert json_patch(old, new, "/spec") == _rebased(jsonpatch.make_patch(old, new).patch, "/spec")
     same = copy.deepcopy(old)
     assert json_patch(old, same, "/spec") == _rebased(jsonpatch.make_patch(old, same).patch, "/spec")
+
+
+@given(shared=_JSON_DOCS, old=_JSON_DOCS, new=_JSON_DOCS)
+def test_json_patch_leaves_out_unchanged_members_as_jsonpatch_finds_them(shared, old, new):
+    """Members the two sides share unchanged, at any depth of objects, change nothing in the diff."""
+    a = {"same": shared, "inner": {"same": copy.deepcopy(shared), "changed": old, "gone": 1}}
+    b = {"inner": {"changed": new, "same": copy.deepcopy(shared), "new": copy.deepcopy(old)}, "same": copy.deepcopy(shared)}
+    assert json_patch(a, b, "/spec") == _rebased(jsonpatch.make_patch(a, b).patch, "/spec")
 
 
 # --- properties -----------------------------------------------------------------------------------
