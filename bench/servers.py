@@ -3,11 +3,12 @@
     python -m bench.servers egress-placer --tls-dir DIR [--pool-nodes N]
     python -m bench.servers floor --tls-dir DIR
 
-`egress-placer`: the controller's own `AdmissionServer` and `Admission` over a `ClusterState` filled
+`egress-placer`: the controller's own `AdmissionServer` and `Admission`, on the controller's event loop
+(`run_event_loop`: uvloop), over a `ClusterState` filled
 in memory (pool and ordinary nodes, namespaces, the catalog's Tasks, StepActions and Pipelines,
 running pods), real `Metrics`, JSON logging at INFO as in production, and an event sink with the
 EventRecorder's bounded, non-blocking queue drained by a thread (no API server).
-`floor`: the same library (aiohttp), the same TLS context and certificate, answering every review
+`floor`: the same library (aiohttp, on asyncio's own loop), the same TLS context and certificate, answering every review
 "allowed, no patch" after reading and parsing the body: what any Python webhook costs.
 
 Each prints `READY <port>` on stdout once it accepts connections, and stops on SIGTERM.
@@ -30,7 +31,7 @@ from aiohttp import web
 
 from controller.admission.certs import KeyPair, ServingTLS
 from controller.admission.handlers import Admission
-from controller.admission.server import MAX_REVIEW_BYTES, AdmissionServer
+from controller.admission.server import MAX_REVIEW_BYTES, AdmissionServer, run_event_loop
 from controller.app import configure_logging
 from controller.metrics import Metrics
 from controller.settings import Settings
@@ -123,5 +124,6 @@ if __name__ == "__main__":
     parser.add_argument("--tls-dir", type=Path, required=True)
     parser.add_argument("--pool-nodes", type=int, default=10)
     args = parser.parse_args()
-    asyncio.run(main(args.target, args.tls_dir, args.pool_nodes))
+    # Each on its own loop: egress-placer on the controller's (run_event_loop), the floor on asyncio's.
+    (run_event_loop if args.target == "egress-placer" else asyncio.run)(main(args.target, args.tls_dir, args.pool_nodes))
     sys.exit(0)

@@ -33,7 +33,7 @@ from controller.admission.certs import CertificateKeeper, MountedCertificate
 from controller.admission.events import CreationEvents, QuietEvents
 from controller.admission.handlers import Admission
 from controller.admission.pools import PoolValidation
-from controller.admission.server import AdmissionServer
+from controller.admission.server import AdmissionServer, run_event_loop
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.kube.egress_source import EgressPollers
 from controller.kube.client import ClusterConfigError, KubeApi, make_api_client
@@ -391,7 +391,7 @@ def run(settings: Settings) -> int:
         except Exception as error:  # timings that cannot work...
             logger.opt(exception=True).debug("the controller could not be built")
             raise StartupError(f"{type(error).__name__}: {error}") from error
-        asyncio.run(_serve_until_signalled(controller))
+        run_event_loop(_serve_until_signalled(controller))
     except StartupError as error:
         logger.error("egress-placer cannot start: {}", error)
         raise

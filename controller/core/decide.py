@@ -9,7 +9,8 @@ Order of the rules (the first that applies wins):
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from controller.core.model import PLACEMENT_ANNOTATION, Decision, ImageSet, NamespaceState, Reason
 from controller.core.policy import PlacementPolicy

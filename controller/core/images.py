@@ -28,9 +28,10 @@ from __future__ import annotations
 import json
 import re
 from collections import ChainMap
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import product
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from controller.core.model import ImageSet
 

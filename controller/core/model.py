@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 # Annotations and labels egress-placer reads or writes.
 PLACEMENT_ANNOTATION = "egress-placer.io/placement"  # on a run: auto | none | <pool name>

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 import requests
+from hypothesis import given
+from hypothesis import strategies as st
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -31,6 +33,7 @@ from bench import hostile
 from controller.admission.certs import CA_CERT, TLS_CERT, CertificateKeeper
 from controller.admission.handlers import Admission
 from controller.admission.pools import PoolValidation
+from controller.admission.review import decode, encode
 from controller.admission.server import MAX_REVIEW_BYTES, AdmissionServer
 from controller.core.model import DECISION_ANNOTATION
 from controller.core.policy import load_policy
@@ -191,6 +194,41 @@ def test_bad_bodies_are_refused(running: Running, body: bytes, status: int) -> N
     answer = requests.post(running.webhook + "/mutate", data=body, headers={"Content-Type": "application/json"},
                            verify=running.ca_file, timeout=30)
     assert answer.status_code == status
+
+
+# What orjson refuses and the standard library reads: the wire reads them as it always did. An integer
+# beyond 64 bits (which the API server itself holds as a float, as JSON readers may) is read as that float.
+@pytest.mark.parametrize(
+    "body, value",
+    [
+        pytest.param(b'{"a": NaN, "b": -Infinity}', "{'a': nan, 'b': -inf}", id="nan"),
+        pytest.param(b'{"a": 1180591620717411303424}', repr({"a": float(2**70)}), id="beyond-64-bits"),
+        pytest.param('{"a": "\u00e9"}'.encode("utf-16"), repr({"a": "\u00e9"}), id="utf-16"),
+        pytest.param(b'{"a": "\\ud800"}', repr({"a": "\ud800"}), id="lone-surrogate"),
+    ],
+)
+def test_decode_reads_what_the_standard_library_reads(body: bytes, value: str) -> None:
+    assert repr(decode(body)) == value
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"\xff\xfe", b"", b"[" * 100_000, b'{"a": 1} x'])
+def test_decode_refuses_what_the_standard_library_refuses(body: bytes) -> None:
+    with pytest.raises((ValueError, RecursionError)) as theirs:
+        json.loads(body)
+    with pytest.raises(theirs.type):
+        decode(body)
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(JSON_VALUES)
+def test_encode_writes_the_json_the_standard_library_reads_back(value: Any) -> None:
+    assert json.loads(encode(value)) == value and decode(json.dumps(value).encode()) == value
 
 
 @pytest.mark.parametrize(("url", "allowed"), [("http://prometheus.monitoring:9090", True), ("http://prometheus:99999", False)])

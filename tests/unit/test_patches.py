@@ -326,6 +326,36 @@ def test_json_patch_applies_at_base(base, doc):
     assert all(op["path"].startswith(base) for op in json_patch(old, new, base))
 
 
+# Scalars Python finds equal that JSON does not (1, 1.0, true), so that `old == new` holds often.
+_LOOSE_SCALARS = st.sampled_from([0, 1, 1.0, True, False, 0.0, None, "", "a"])
+_JSON_DOCS = st.recursive(
+    _LOOSE_SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from("abcd"), inner, max_size=4),
+    max_leaves=16,
+)
+
+
+def _rebased(ops, base):
+    return [{**op, **{k: base + op[k] for k in ("path", "from") if k in op}} for op in ops]
+
+
+@given(old=_JSON_DOCS.filter(lambda doc: doc is not None), new=_JSON_DOCS)
+def test_json_patch_is_jsonpatchs_diff_rebased(old, new):
+    """The same operations as jsonpatch's own diff (its shortcut for unchanged values included), at `base`
+    (None is the absent value: one add, above)."""
+    assert json_patch(old, new, "/spec") == _rebased(jsonpatch.make_patch(old, new).patch, "/spec")
+    same = copy.deepcopy(old)
+    assert json_patch(old, same, "/spec") == _rebased(jsonpatch.make_patch(old, same).patch, "/spec")
+
+
+@given(shared=_JSON_DOCS, old=_JSON_DOCS, new=_JSON_DOCS)
+def test_json_patch_leaves_out_unchanged_members_as_jsonpatch_finds_them(shared, old, new):
+    """Members the two sides share unchanged, at any depth of objects, change nothing in the diff."""
+    a = {"same": shared, "inner": {"same": copy.deepcopy(shared), "changed": old, "gone": 1}}
+    b = {"inner": {"changed": new, "same": copy.deepcopy(shared), "new": copy.deepcopy(old)}, "same": copy.deepcopy(shared)}
+    assert json_patch(a, b, "/spec") == _rebased(jsonpatch.make_patch(a, b).patch, "/spec")
+
+
 # --- properties -----------------------------------------------------------------------------------
 
 USER_KEYS = ["zone", "disk", "kubernetes.io/arch"]  # no pool selects on these
