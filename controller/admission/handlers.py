@@ -36,6 +36,7 @@ from controller.admission.review import (
     annotation_ops,
     ops_at,
     parse_review,
+    pointer,
     review_response,
     text,
     value_at,
@@ -381,7 +382,7 @@ class Admission:
         entry); the Event's note, "" when not queued. A copied entry on a run not queued is removed."""
         if not self._queues(request, pool_name):
             if read_entry(request.annotations.get(QUEUE_ANNOTATION), request.kind) is not None:
-                patch.append({"op": "remove", "path": "/metadata/annotations/" + QUEUE_ANNOTATION.replace("/", "~1")})
+                patch.append({"op": "remove", "path": pointer(("metadata", "annotations", QUEUE_ANNOTATION))})
             return ""
         assert pool_name is not None
         now = self.wall()
