@@ -192,13 +192,30 @@ def findings(results: dict[str, Any]) -> list[str]:
     if "admission" in missed and adm["profile"]["top_inclusive"]:
         incl = {r["function"].split(" (")[0]: r["pct"] for r in adm["profile"]["top_inclusive"]}
         head = adm["headline"]
+        own = ", ".join(f"{r['function']} {r['pct']}%" for r in adm["profile"]["top_self"][:8])
         out.append(
             f"Admission: the server's CPU per request is {head['cpu_ms_per_request']} ms against the floor's "
-            f"{head['floor_cpu_ms_per_request']} ms (aiohttp + TLS + JSON). py-spy: Admission.review "
-            f"{incl.get('Admission.review', '?')}% of the samples, of which ClusterState.choose_and_assume "
-            f"{incl.get('ClusterState.choose_and_assume', '?')}% (PoolLoads.choose {incl.get('PoolLoads.choose', '?')}%), "
-            f"json_patch {incl.get('json_patch', '?')}%, "
-            f"events {incl.get('Admission._emit', '?')}%.")
+            f"{head['floor_cpu_ms_per_request']} ms (aiohttp + TLS + JSON). py-spy: Admission.review (the decision, "
+            f"the patch, the Events) {incl.get('Admission.review', '?')}% of the samples, of which decode "
+            f"{incl.get('decode', '?')}%, json_patch {incl.get('json_patch', '?')}%, decide {incl.get('decide', '?')}%, "
+            f"events {incl.get('Admission._emit', '?')}%; the rest is the server: most own time in {own}.")
+        if adm["max_throughput_rps"] is not None and adm["max_throughput_rps"] < report.ADMISSION_MAX_THROUGHPUT:
+            def at_best(target: str) -> dict[str, Any]:
+                rows = [r for r in adm["closed_loop"] if r["target"] == target and r["throughput_rps"]]
+                return max(rows, key=lambda r: r["throughput_rps"]) if rows else {}
+            mine, floor = at_best("egress-placer"), at_best("floor")
+            budget = 1000 / report.ADMISSION_MAX_THROUGHPUT
+            out.append(
+                f"Admission throughput: {adm['max_throughput_rps']:,.0f} req/s against the floor's "
+                f"{adm['floor_max_throughput_rps']:,.0f}; both answer on one Python thread (the floor is the same aiohttp "
+                f"server and TLS doing no work). At their best rates the server's CPU per request is "
+                f"{mine.get('server_cpu_ms_per_request')} ms against the floor's {floor.get('server_cpu_ms_per_request')}. "
+                f"{report.ADMISSION_MAX_THROUGHPUT:,.0f} req/s on one thread needs at most {budget:.2f} ms: the review's "
+                "decoding, the decision, the patch, the Events and the metrics would have to fit in the difference "
+                "between that and the floor's, a fraction of what they take (Admission.review's share above). More "
+                "processes behind one port, or more replicas behind the Service (supported), would reach it; each "
+                "holds only its own assumed placements, so a burst split between them is spread on partial views "
+                "until the pods are seen. The figure here is one process.")
     if "core" in missed and results["core"]["profile"]["top_self"]:
         rows = results["core"]["rows"]
         top = ", ".join(f"{r['function']} {r['pct']}%" for r in results["core"]["profile"]["top_self"][:5])

@@ -89,9 +89,10 @@ class BenchCluster:
         return namespace_for("probe", self.largest_pool)
 
     # -- the controller ----------------------------------------------------------------------
-    def start_controller(self, env: Mapping[str, str] | None = None) -> int:
-        """Start one replica (`python -m controller run`, settings from `env`); its pid once ready."""
-        dc.start_controller(self.cluster, self.policy_file, env=env)
+    def start_controller(self, env: Mapping[str, str] | None = None, ready_timeout: float = dc.READY_TIMEOUT) -> int:
+        """Start one replica (`python -m controller run`, settings from `env`); its pid once ready
+        (within `ready_timeout` s)."""
+        dc.start_controller(self.cluster, self.policy_file, env=env, ready_timeout=ready_timeout)
         record = self.cluster.process("egress-placer-0")
         assert record is not None
         return record.pid

@@ -206,6 +206,7 @@ def start_controller(
     launch: Launch | None = None,
     install: Install | None = None,
     policy_source: str = "configmap",
+    ready_timeout: float = READY_TIMEOUT,
 ) -> list[ControllerReplica]:
     """Install the manifests (local form) and start `replicas` controller processes; see the module docstring.
 
@@ -220,7 +221,8 @@ def start_controller(
     `install`: installs the objects given the webhook URL, instead of applying `k8s/` in its local form
     (e.g. the Helm chart: `devplacer.chart.Release.install`); the policy is then whatever it installs.
     `policy_source`: the policy file into the ConfigMap (`configmap`) or as pools API objects (`pools`);
-    see the module docstring. `env` may still set EGRESS_PLACER_POLICY_SOURCE itself.
+    see the module docstring. `env` may still set EGRESS_PLACER_POLICY_SOURCE itself. `ready_timeout`:
+    how long the replicas may take to report ready (their first list of the cluster's objects).
     """
     if policy_source not in ("configmap", "pools"):
         raise ValueError(f"policy_source is configmap or pools, not {policy_source!r}")
@@ -272,7 +274,7 @@ def start_controller(
             "policy": str(Path(policy_file).resolve()),
             "webhook_url": webhook_url,
         }
-    wait_ready(cluster, planned)
+    wait_ready(cluster, planned, ready_timeout)
     return planned
 
 
