@@ -108,6 +108,13 @@ def cpu_now(bc: BenchCluster) -> dict[str, float]:
     return out
 
 
+def add_cpu_since(total: dict[str, float], before: dict[str, float], bc: BenchCluster) -> None:
+    """Add to `total` (process -> CPU seconds) what each process used since `before` (a `cpu_now`)."""
+    for process, seconds in cpu_now(bc).items():
+        if process in before:
+            total[process] = total.get(process, 0.0) + seconds - before[process]
+
+
 def block_order(blocks_per_mode: int, modes: tuple[str, ...] = MODES) -> list[str]:
     """Mirrored rounds: with, without, floor, floor, without, with, ... (ABBA for two modes)."""
     out: list[str] = []
@@ -167,9 +174,7 @@ async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...]
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"e2e block {b} ({mode}): pods not bound after {BLOCK_TIMEOUT:.0f} s")
                     await asyncio.sleep(0.1)
-                for process, seconds in cpu_now(bc).items():
-                    if process in cpu_before:
-                        cpu[mode][process] = cpu[mode].get(process, 0.0) + seconds - cpu_before[process]
+                add_cpu_since(cpu[mode], cpu_before, bc)
                 if mode == "with":
                     after = await timings(bc, kube)
                     _add(calls, after[0], before[0])

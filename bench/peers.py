@@ -19,9 +19,8 @@ from typing import Any, Callable
 
 import aiohttp
 
-from bench import machine
 from bench.cluster import BenchCluster, namespace_for
-from bench.e2e import CLIENT, KYVERNO, Switch, block_order
+from bench.e2e import KYVERNO, Switch, add_cpu_since, block_order, cpu_now
 from bench.floor import FloorWebhook, bench_pod
 from bench.kube import Kube
 from bench.kyverno import Kyverno
@@ -109,12 +108,6 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(1000 * seconds, 2)
 
 
-def _cpu(bc: BenchCluster) -> dict[str, float]:
-    """CPU seconds so far of every live process of the cluster and of this load generator (`bench client`)."""
-    out = {r.name: s for r in bc.cluster.processes() if r.alive() and (s := machine.cpu_seconds(r.pid)) is not None}
-    return {**out, CLIENT: time.process_time()}
-
-
 async def admission(bc: BenchCluster, switch: Switch, modes: tuple[str, ...], log: Log) -> dict[str, Any]:
     """Admission through the API server at RATE req/s in every mode, mirrored rounds; medians."""
     seconds, rounds = LOAD.get(bc.sizes.name, LOAD["quick"])
@@ -125,11 +118,9 @@ async def admission(bc: BenchCluster, switch: Switch, modes: tuple[str, ...], lo
         for b, mode in enumerate(block_order(rounds, modes)):
             await switch(kube, mode)
             await _open_loop(kube, namespace, f"warm{b}", RATE, 0.5)  # connections and caches warm
-            before = _cpu(bc)
+            before = cpu_now(bc)
             runs[mode].append(await _open_loop(kube, namespace, f"{mode}{b}", RATE, seconds))
-            for process, s in _cpu(bc).items():
-                if process in before:
-                    cpu[mode][process] = cpu[mode].get(process, 0.0) + s - before[process]
+            add_cpu_since(cpu[mode], before, bc)
             log(f"peers: admission {mode} round {b // len(modes) + 1}/{rounds}: p99 {runs[mode][-1]['p99_ms']} ms")
         await switch(kube, "with")
     out: dict[str, Any] = {"rate_rps": RATE, "seconds": seconds, "rounds": rounds, "modes": {}}

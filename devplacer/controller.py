@@ -278,6 +278,14 @@ def start_controller(
     return planned
 
 
+# Short leader timings: the local cluster has no network delays to absorb.
+LEADER_TIMINGS = {
+    "EGRESS_PLACER_LEASE_DURATION_SECONDS": "6",
+    "EGRESS_PLACER_RENEW_DEADLINE_SECONDS": "4",
+    "EGRESS_PLACER_RETRY_PERIOD_SECONDS": "1",
+}
+
+
 def controller_env(replica: ControllerReplica, kubeconfig: Path) -> dict[str, str]:
     return {
         **{k: v for k, v in os.environ.items() if not k.startswith("EGRESS_PLACER_")},
@@ -291,10 +299,7 @@ def controller_env(replica: ControllerReplica, kubeconfig: Path) -> dict[str, st
         "EGRESS_PLACER_HEALTH_PORT": str(replica.health_port),
         "EGRESS_PLACER_TLS_HOSTS": json.dumps(["127.0.0.1", "localhost"]),
         "EGRESS_PLACER_LOG_FORMAT": "json",
-        # Short leader timings: the local cluster has no network delays to absorb.
-        "EGRESS_PLACER_LEASE_DURATION_SECONDS": "6",
-        "EGRESS_PLACER_RENEW_DEADLINE_SECONDS": "4",
-        "EGRESS_PLACER_RETRY_PERIOD_SECONDS": "1",
+        **LEADER_TIMINGS,
     }
 
 

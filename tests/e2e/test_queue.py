@@ -26,7 +26,7 @@ import pytest
 
 from controller.core.queue import QUEUE_ANNOTATION, read_entry
 from devcluster.cluster import Cluster, pod_seconds_default
-from devplacer.controller import ControllerReplica, controller_env, replicas_of, start_controller, stop_controller
+from devplacer.controller import LEADER_TIMINGS, replicas_of, start_controller, stop_controller
 from devplacer.faults import kill_component
 from tests.e2e.running_controller import DATA, EgressPlacer, make_plain
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, step, succeeded, taskrun
@@ -37,9 +37,8 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 POLICY_FILE = DATA / "policy-queue.yaml"
-_TIMINGS = controller_env(ControllerReplica("-", "-", 0, 0), Path("-"))  # the devcluster's leader timings
-LEASE_SECONDS = float(_TIMINGS["EGRESS_PLACER_LEASE_DURATION_SECONDS"])
-RETRY_SECONDS = float(_TIMINGS["EGRESS_PLACER_RETRY_PERIOD_SECONDS"])
+LEASE_SECONDS = float(LEADER_TIMINGS["EGRESS_PLACER_LEASE_DURATION_SECONDS"])
+RETRY_SECONDS = float(LEADER_TIMINGS["EGRESS_PLACER_RETRY_PERIOD_SECONDS"])
 # After a leader kill the follower sees the last renewal up to one (jittered) retry period late and takes the
 # lease at its first try after it expired; its first release then waits at most for a slot to free (one run).
 RELEASE_AFTER_KILL_SECONDS = LEASE_SECONDS + 2 * 1.2 * RETRY_SECONDS + pod_seconds_default() + 5.0

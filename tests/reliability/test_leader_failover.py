@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 
 import pytest
 
 from devcluster.cluster import Cluster
-from devplacer.controller import PROXY_NAME, ControllerReplica, controller_env
+from devplacer.controller import LEADER_TIMINGS, PROXY_NAME
 from devplacer.faults import kill_component, start_component
 from tests.e2e.running_controller import pool_taints
 from tests.e2e.tekton_runs import POOL_TAINT, events
@@ -38,9 +37,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 CONTROLLER = ControllerSpec(replicas=2, proxy=True)
 BURST = 60
 KILL_AFTER = 20
-_TIMINGS = controller_env(ControllerReplica("-", "-", 0, 0), Path("-"))  # the devcluster's leader timings
-LEASE_SECONDS = float(_TIMINGS["EGRESS_PLACER_LEASE_DURATION_SECONDS"])
-RETRY_SECONDS = float(_TIMINGS["EGRESS_PLACER_RETRY_PERIOD_SECONDS"])
+LEASE_SECONDS = float(LEADER_TIMINGS["EGRESS_PLACER_LEASE_DURATION_SECONDS"])
+RETRY_SECONDS = float(LEADER_TIMINGS["EGRESS_PLACER_RETRY_PERIOD_SECONDS"])
 # The follower sees the last renewal up to one (jittered) retry period late, takes the lease at its first try
 # after the lease expired (up to one more period), then runs a reconcile pass (about a second).
 TAKEOVER_SECONDS = LEASE_SECONDS + 2 * 1.2 * RETRY_SECONDS + 2.0
