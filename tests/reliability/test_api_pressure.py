@@ -40,7 +40,7 @@ from tests.reliability.cluster_view import (
     sneak_onto,
 )
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
-from tests.waiting import wait_for
+from tests.waiting import holds_for, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -176,6 +176,10 @@ class Hog:
         for thread in self.threads:
             thread.start()
 
+    def running(self) -> bool:
+        """Its threads are all still creating (they stop only when told)."""
+        return bool(self.threads) and all(thread.is_alive() for thread in self.threads)
+
     def end(self) -> None:
         self.stop.set()
         for thread in self.threads:
@@ -225,7 +229,7 @@ def test_under_sustained_429s_the_controller_backs_off_and_drops_nothing(
         sneak_onto(api, runs, TEAM_OTHER, name, sorted(POOL_NODES)[i % len(POOL_NODES)])
     burst = Burst(runs, TEAM_CDN, BURST, prefix="pressure").start()
     # Part of the scenario: the pressure lasts PRESSURE_SECONDS, whatever happens meanwhile.
-    time.sleep(max(0.0, PRESSURE_SECONDS - (time.time() - pressure_from)))
+    holds_for("the hog to keep the mutating slot busy", hog.running, seconds=max(0.0, PRESSURE_SECONDS - (time.time() - pressure_from)), interval=0.5)
     hog.end()
     pressure_to = time.time()
 

@@ -15,12 +15,12 @@ import time
 import pytest
 
 from devcluster.cluster import Cluster
-from devplacer.faults import kill_component, snapshot, start_component, wait_healthy
+from devplacer.faults import is_healthy, kill_component, snapshot, start_component, wait_healthy
 from tests.kube import Api
 from tests.reliability.burst import Burst, RetryingRuns, all_finished, all_settled, pool_outcome
 from tests.reliability.cluster_view import Placer, quietly, remove_pool_taint, taints_right
 from tests.reliability.suite import TEAM_CDN, Figures
-from tests.waiting import WaitTimeout, wait_for
+from tests.waiting import WaitTimeout, holds_for, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -51,7 +51,7 @@ def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
     killed = kill_component(devcluster, component)
     killed_at, submitted_at_kill = time.monotonic(), burst.submitted
     # Part of the scenario: the component stays dead for DOWN_SECONDS while the burst goes on.
-    time.sleep(DOWN_SECONDS)
+    holds_for(f"{component} to stay down", lambda: not is_healthy(devcluster, killed), seconds=DOWN_SECONDS, interval=0.1)
     start_component(devcluster, killed)
     wait_healthy(devcluster, snapshot(devcluster, "kube-apiserver"))
     back_at = time.monotonic()
