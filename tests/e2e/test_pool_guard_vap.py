@@ -25,7 +25,7 @@ from controller.core.policy import load_policy
 from controller.kube.client import JSON_PATCH
 from devcluster.cluster import Cluster
 from devplacer.controller import NAMESPACE, start_controller, stop_controller
-from tests.e2e.running_controller import ADMISSION, POLICY_FILE, EgressPlacer, make_plain
+from tests.e2e.harness import ADMISSION, POLICY_FILE, ControllerSpec, Placer
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
@@ -43,6 +43,8 @@ from tests.kube import Api, api_for, namespace, namespaced, pods
 from tests.waiting import WaitTimeout, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+
+CONTROLLER = ControllerSpec(pool_guard=True)  # this module's controller: as the others, with the pool guard installed
 
 TENANT_USER = "tenant@team-other"  # bound to the built-in ClusterRole `edit` in team-other only
 REFUSAL = f"namespace {TEAM_OTHER} may not use pool {POOL}"
@@ -72,16 +74,6 @@ def refusal(api: Api, namespace: str, body: dict[str, Any]) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def egress_placer(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[EgressPlacer]:
-    """This module's controller: as in conftest, with the pool guard installed; all removed after."""
-    try:
-        start_controller(devcluster, POLICY_FILE, pool_guard=True)
-        yield EgressPlacer(devcluster)
-    finally:
-        make_plain(api, devcluster)
-
-
-@pytest.fixture(scope="module")
 def tenant(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[Api]:
     """An API client for TENANT_USER, bound to `edit` in team-other (the RoleBinding goes with the namespace)."""
     api.create(
@@ -104,7 +96,7 @@ def params(api: Api) -> dict[str, str] | None:
 
 @pytest.fixture(scope="module")
 def webhook_stopped(
-    egress_placer: EgressPlacer, devcluster: Cluster, api: Api, tenant: Api
+    egress_placer: Placer, devcluster: Cluster, api: Api, tenant: Api
 ) -> None:
     """The leader wrote the params; then the controller is stopped (its webhook stays registered, failing
     open), and the guard refuses a pool toleration from team-other."""
@@ -118,7 +110,7 @@ def webhook_stopped(
 
 
 def test_with_the_controller_running_the_leader_keeps_the_guard_and_an_allowed_run_is_placed(
-    egress_placer: EgressPlacer, api: Api, runs: Runs
+    egress_placer: Placer, api: Api, runs: Runs
 ) -> None:
     data = wait_for("the guard's params", lambda: params(api), timeout=30)
     assert data["Pools"] == POOL and data["Pool.overseas.Namespaces"] == "^(?:team-cdn)$"

@@ -20,6 +20,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import PLACEMENT_ANNOTATION, TAINT_KEY
+from tests.e2e.harness import ControllerSpec, Placer
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
@@ -28,6 +29,7 @@ from tests.e2e.tekton_runs import (
     POOL_NODES,
     POOL_TOLERATION,
     TEST_LABEL,
+    Runs,
     decision_of,
     events,
     node_of,
@@ -35,9 +37,8 @@ from tests.e2e.tekton_runs import (
     taskrun,
 )
 from tests.kube import Api, namespaced, pods
-from tests.reliability.burst import RetryingRuns
-from tests.reliability.cluster_view import Placer, intruder_pod
-from tests.reliability.suite import TEAM_CDN_EVIL, TEAM_OTHER, ControllerSpec, Figures
+from tests.reliability.cluster_view import intruder_pod
+from tests.reliability.suite import TEAM_CDN_EVIL, TEAM_OTHER, Figures
 from tests.waiting import StoppedHolding, WaitTimeout, holds_for, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
@@ -69,7 +70,7 @@ class Result:
 class Attempts:
     """Creates the attempts' objects (labelled for clean-up) and watches what becomes of them."""
 
-    def __init__(self, api: Api, runs: RetryingRuns) -> None:
+    def __init__(self, api: Api, runs: Runs) -> None:
         self.api = api
         self.runs = runs
         self.extra: list[Callable[[], None]] = []  # clean-ups beyond what `runs` deletes
@@ -150,7 +151,7 @@ class Attempts:
 
 
 @pytest.fixture
-def attempts(api: Api, runs: RetryingRuns) -> Iterator[Attempts]:
+def attempts(api: Api, runs: Runs) -> Iterator[Attempts]:
     made = Attempts(api, runs)
     yield made
     made.cleanup()
@@ -365,7 +366,7 @@ BY_DESIGN = {exempt_namespace_pod}  # stays: checked to behave as documented, no
 
 
 def test_every_way_onto_the_pool_without_permission_is_stopped(
-    placer: Placer, attempts: Attempts, figures: Figures
+    egress_placer: Placer, attempts: Attempts, figures: Figures
 ) -> None:
     figures.fault(
         "getting onto the pool without permission",
@@ -391,7 +392,7 @@ def test_every_way_onto_the_pool_without_permission_is_stopped(
 
 
 def test_an_intruder_protected_by_its_own_disruption_budget_is_deleted_after_the_grace(
-    placer: Placer, attempts: Attempts, figures: Figures
+    egress_placer: Placer, attempts: Attempts, figures: Figures
 ) -> None:
     figures.fault(
         "an intruder protected by its own PodDisruptionBudget (minAvailable 1)",
