@@ -92,18 +92,21 @@ class Attempts:
         """A pod refused at admission: never on a pool node while watched; what it carries and where it is
         (`asked_node`: the nodeName it was created with)."""
 
-        def on_the_pool() -> Pod | None:
+        reached = None
+
+        def off_the_pool() -> bool:
+            nonlocal reached
             pod = self.read(namespace, name)
             if pod is not None and node_of(pod) in POOL_NODES and "deletionTimestamp" not in pod["metadata"]:
-                return pod
-            return None
+                reached = node_of(pod)
+                return False
+            return True
 
         try:
             # Part of the scenario: the pod must NOT reach a pool node within `seconds`.
-            reached = wait_for(f"pod {namespace}/{name} on a pool node", on_the_pool, timeout=seconds)
-            return Result(f"reached {node_of(reached)}", None, False)
-        except WaitTimeout:
-            pass
+            holds_for(f"pod {namespace}/{name} off the pool nodes", off_the_pool, seconds=seconds)
+        except StoppedHolding:
+            return Result(f"reached {reached}", None, False)
         pod = self.read(namespace, name)
         if pod is None:
             return Result("gone", 0.0, True)
