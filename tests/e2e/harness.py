@@ -11,7 +11,7 @@ The suites' tenant namespaces are theirs (the `tenants` fixture of each conftest
 `tenant_namespaces`): they differ on purpose, so the two never wait on each other.
 
 Helpers: `Placer`, the running replicas (log, metrics, readiness); the pool taints (`pool_taints`,
-`taints_right`, `remove_pool_taint(s)`); the leader Lease; `quietly` for a probe that must outlast an
+`taints_right`, `remove_pool_taint(s)`); the leader Lease; a tenant with `edit` (`editor`); `quietly` for a probe that must outlast an
 API server that is away; the `egress-placer` command as an administrator runs it.
 """
 
@@ -44,7 +44,7 @@ from devplacer.controller import (
     stop_controller,
 )
 from tests.e2e.tekton_runs import ORDINARY_NODES, POOL_NODES, POOL_TAINT, Runs
-from tests.kube import Api, namespace, namespaced, node
+from tests.kube import Api, api_for, namespace, namespaced, node
 from tests.waiting import wait_for
 
 T = TypeVar("T")
@@ -58,6 +58,7 @@ WEBHOOK_CONFIGS = f"{ADMISSION}/mutatingwebhookconfigurations"
 VALIDATING_WEBHOOK_CONFIGS = f"{ADMISSION}/validatingwebhookconfigurations"
 LEASE = "egress-placer-leader"
 LEASE_PATH = namespaced(NAMESPACE, "leases", LEASE, group="/apis/coordination.k8s.io/v1")
+RBAC = "/apis/rbac.authorization.k8s.io/v1"
 TAINTS_SECONDS = 30.0  # a started controller's leader taints the pool nodes within this
 
 
@@ -275,6 +276,26 @@ def tenant_namespaces(api: Api, make_namespace: Callable[[str], str], names: Seq
         api.delete(namespace(name))
     for name in names:
         wait_for(f"namespace {name} to be deleted", lambda: api.get(namespace(name)) is None, timeout=timeout)
+
+
+@contextmanager
+def editor(cluster: Cluster, api: Api, namespace_name: str, user: str) -> Iterator[Api]:
+    """An API client for `user` (a client certificate, no group) bound to the built-in ClusterRole `edit`
+    in `namespace_name` only: a tenant as most clusters make one. The binding is deleted afterwards."""
+    bindings = namespaced(namespace_name, "rolebindings", group=RBAC)
+    api.create(bindings, {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "tenant-edit"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+    })
+    client = api_for(cluster.mint_kubeconfig(user, groups=()))
+    try:
+        yield client
+    finally:
+        client.api_client.close()
+        api.delete(f"{bindings}/tenant-edit")
 
 
 # -- fixtures ----------------------------------------------------------------------------------------

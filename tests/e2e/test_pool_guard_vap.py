@@ -25,7 +25,7 @@ from controller.core.policy import load_policy
 from controller.kube.client import JSON_PATCH
 from devcluster.cluster import Cluster
 from devplacer.controller import NAMESPACE, start_controller, stop_controller
-from tests.e2e.harness import ADMISSION, POLICY_FILE, ControllerSpec, Placer
+from tests.e2e.harness import ADMISSION, POLICY_FILE, ControllerSpec, Placer, editor
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
@@ -39,7 +39,7 @@ from tests.e2e.tekton_runs import (
     node_of,
     taskrun,
 )
-from tests.kube import Api, api_for, namespace, namespaced, pods
+from tests.kube import Api, namespace, namespaced, pods
 from tests.waiting import WaitTimeout, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -75,18 +75,9 @@ def refusal(api: Api, namespace: str, body: dict[str, Any]) -> str | None:
 
 @pytest.fixture(scope="module")
 def tenant(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[Api]:
-    """An API client for TENANT_USER, bound to `edit` in team-other (the RoleBinding goes with the namespace)."""
-    api.create(
-        namespaced(TEAM_OTHER, "rolebindings", group="/apis/rbac.authorization.k8s.io/v1"),
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "tenant-edit"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT_USER}],
-        },
-    )
-    yield api_for(devcluster.mint_kubeconfig(TENANT_USER))
+    """An API client for TENANT_USER, bound to `edit` in team-other."""
+    with editor(devcluster, api, TEAM_OTHER, TENANT_USER) as tenant_api:
+        yield tenant_api
 
 
 def params(api: Api) -> dict[str, str] | None:

@@ -37,7 +37,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from devcluster.cluster import Cluster
-from tests.e2e.harness import ControllerSpec, Placer
+from tests.e2e.harness import ControllerSpec, Placer, editor
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
@@ -52,7 +52,7 @@ from tests.e2e.tekton_runs import (
     node_of,
     taskrun,
 )
-from tests.kube import Api, api_for, namespaced, pods
+from tests.kube import Api, namespaced, pods
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
 from tests.waiting import WaitTimeout, wait_for
 
@@ -68,7 +68,6 @@ ATTACK_LABEL = "attack.egress-placer.io/name"
 HONOUR_GRACE_LABEL = "devcluster.egress-placer.io/honour-grace"  # devcluster/kwok-stages.yaml
 DAY = 86400
 APPS = "/apis/apps/v1"
-RBAC = "/apis/rbac.authorization.k8s.io/v1"
 EDIT_ROLE = "built-in `edit` ClusterRole, bound in the tenant's own namespace"
 
 
@@ -82,21 +81,8 @@ def container() -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def tenant(devcluster: Cluster, api: Api, egress_placer: Placer) -> Iterator[Api]:
     """An API client for a minted identity bound to `edit` in TEAM_OTHER only."""
-    bindings = namespaced(TEAM_OTHER, "rolebindings", group=RBAC)
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": "tenant-edit"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT_USER}],
-    }
-    api.create(bindings, binding)
-    tenant_api = api_for(devcluster.mint_kubeconfig(TENANT_USER, groups=()))
-    try:
+    with editor(devcluster, api, TEAM_OTHER, TENANT_USER) as tenant_api:
         yield tenant_api
-    finally:
-        tenant_api.api_client.close()
-        api.delete(f"{bindings}/tenant-edit")
 
 
 # -- sampling ----------------------------------------------------------------------------------------
