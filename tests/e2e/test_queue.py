@@ -26,7 +26,7 @@ import pytest
 
 from controller.core.queue import QUEUE_ANNOTATION, read_entry
 from devcluster.cluster import Cluster, pod_seconds_default
-from devplacer.controller import LEADER_TIMINGS, replicas_of, start_controller, stop_controller
+from devplacer.controller import LEADER_TIMINGS, start_controller, stop_controller
 from devplacer.faults import kill_component
 from tests.e2e.harness import DATA, ControllerSpec, Placer, lease_holder, quietly
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, step, succeeded, taskrun
@@ -178,13 +178,12 @@ def test_leader_killed_mid_queue_no_run_stuck_none_released_twice(
     start_controller(devcluster, POLICY_FILE, replicas=2, proxy=True)
     wait_for("a leader", quietly(lambda: lease_holder(api)), timeout=60, interval=0.2)
     names = uploads(runs, TEAM_CDN, "leader", 18)
-    leader = next(r for r in replicas_of(devcluster) if r.identity == lease_holder(api))
+    leader = egress_placer.named(lease_holder(api) or "")
     wait_for("some releases", lambda: sum(1 for n in names if "status" not in (runs.get(TEAM_CDN, "taskruns", n).get("spec") or {})) >= SLOTS, timeout=120)
     killed_at = time.time()
     kill_component(devcluster, leader.name)
     runs.wait_succeeded(TEAM_CDN, "taskruns", names, timeout=600)
-    logs = {replica.identity: released_from(devcluster.dir / "logs" / f"{replica.name}.log", names)
-            for replica in replicas_of(devcluster)}
+    logs = {replica.identity: released_from(egress_placer.log_of(replica), names) for replica in egress_placer.replicas}
     by_replica = {identity: [name for name, _ in logged] for identity, logged in logs.items()}
     released = [n for logged in by_replica.values() for n in logged]
     duplicates = {n for n in released if released.count(n) > 1}
