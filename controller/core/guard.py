@@ -5,7 +5,7 @@ the policy model; the CEL text lives in this module only.
 Three objects (names in `GUARD_NAME`):
 
 - the ValidatingAdmissionPolicy (`validating_admission_policy()`): the same for every policy; shipped
-  in `k8s/pool-guard.yaml` (a unit test checks the file equals this render);
+  in `k8s/pool-guard.yaml` and the chart, both written by `make generate` (devplacer/generate.py);
 - its binding (`policy_binding(policy, namespace)`): leaves the exempt and agent namespaces out by
   `kubernetes.io/metadata.name` (the API server sets that label to the namespace's name; no tenant
   can set it); `k8s/` ships the one for the default exempt and agent namespaces (no EgressPlacerConfig),
@@ -42,10 +42,8 @@ import fnmatch
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import yaml
-
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION, NodeState
-from controller.core.policy import LabelSelector, PlacementPolicy, agent_namespaces, load_policy
+from controller.core.policy import LabelSelector, PlacementPolicy, agent_namespaces
 
 GUARD_NAME = "egress-placer-pool-guard"  # the policy, its binding and its params ConfigMap
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every Namespace
@@ -331,36 +329,3 @@ def policy_binding(policy: PlacementPolicy, namespace: str) -> dict[str, Any]:
             "matchResources": match,
         },
     }
-
-
-# -- the shipped manifest --------------------------------------------------------------------------------
-
-MANIFEST_HEADER = """\
-# The pool guard: a ValidatingAdmissionPolicy that refuses, inside the API server (so also while the
-# webhook is down), pods of namespaces without pool rights that would reach a pool: a toleration of a
-# pool's taint (by key, or a key-less Exists) unless pinned off the pool's nodes, or a nodeName of a pool
-# node. See k8s/README.md, "The pool guard". The leader keeps its params (ConfigMap
-# egress-placer-pool-guard) and the binding's namespaceSelector (exempt and agent namespaces) current.
-#
-# GENERATED from controller/core/guard.py for the default exempt and agent namespaces (no
-# EgressPlacerConfig); do not edit. Regenerate with:
-#   python -c 'from controller.core.guard import manifest_text; print(manifest_text(), end="")' > k8s/pool-guard.yaml
-"""
-
-
-class _BlockDumper(yaml.SafeDumper):
-    """Multi-line strings (the CEL) as literal blocks."""
-
-
-_BlockDumper.add_representer(
-    str,
-    lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None),
-)
-
-
-def manifest_text(policy_text: str | None = None, namespace: str = "egress-placer") -> str:
-    """k8s/pool-guard.yaml: the policy and the binding for the policy in `policy_text` (a PlacementPolicy
-    document; None: the default policy-wide fields, what k8s/ ships)."""
-    policy = PlacementPolicy.empty() if policy_text is None else load_policy(policy_text, "<policy>")
-    docs = [validating_admission_policy(), policy_binding(policy, namespace)]
-    return MANIFEST_HEADER + yaml.dump_all(docs, Dumper=_BlockDumper, sort_keys=False, width=120, explicit_start=True)
