@@ -24,7 +24,7 @@ demo: cluster-build
 test: cluster-build
 	$(PY) -m pytest
 
-# Only the tests that need no cluster (seconds).
+# Only the tests that need no cluster (seconds); the duplicate-code check (tests/unit/test_duplicates.py) is one of them.
 unit: $(STAMP)
 	$(PY) -m pytest -m "not cluster"
 
