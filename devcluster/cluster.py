@@ -71,6 +71,7 @@ class ClusterError(RuntimeError):
 
 # `up` picks free ports, then starts the components on them: a neighbour can take one in between.
 BIND_ATTEMPTS = 3  # sets of fresh ports `up` tries when a component exits because its port was taken
+_GO_BIND_FAILURE = re.compile(r"listen tcp \S+: bind: address already in use")
 _BIND_FAILURE = re.compile(r"^.*address already in use.*$", re.IGNORECASE | re.MULTILINE)
 
 
@@ -84,8 +85,9 @@ class PortTaken(ClusterError):
 
 
 def bind_failure(log_text: str) -> str | None:
-    """The line of a component's log saying its port was taken (Go: `bind: address already in use`), if any."""
-    found = _BIND_FAILURE.search(log_text)
+    """What a component's log says about its port being taken, if it does: Go's `listen tcp ADDR: bind:
+    address already in use`, or else the line that says `address already in use`."""
+    found = _GO_BIND_FAILURE.search(log_text) or _BIND_FAILURE.search(log_text)
     return found.group(0).strip() if found else None
 
 
