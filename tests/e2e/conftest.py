@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 import pytest
 
 from devcluster.cluster import Cluster
-from devplacer.controller import start_controller
+from devplacer.local_placer import start_controller
 from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, make_plain
 from tests.e2e.tekton_runs import TEAM_CDN, TEAM_OTHER, Runs
 from tests.kube import Api, namespace

@@ -1,4 +1,4 @@
-"""The egress-placer process the end-to-end tests run (through devplacer.controller): where its
+"""The egress-placer process the end-to-end tests run (through devplacer.local_placer): where its
 replica listens, its JSON log, its metrics; how to remove its taints once it is stopped; and the
 `egress-placer` command as an administrator runs it."""
 
@@ -17,7 +17,7 @@ import requests
 from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devplacer.controller import NAMESPACE, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG, ControllerReplica, replicas_of, stop_controller
+from devplacer.local_placer import NAMESPACE, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG, ControllerReplica, replicas_of, stop_controller
 from tests.kube import Api, namespaced, node
 
 REPO = Path(__file__).resolve().parents[2]

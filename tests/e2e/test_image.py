@@ -18,7 +18,7 @@ import pytest
 
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devplacer.controller import start_controller
+from devplacer.local_placer import start_controller
 from devplacer.image import SERVICE_ACCOUNT_DIR, ControllerContainer, ImageToolsUnavailable, build_image
 from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, make_plain, pool_taints
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, decision_of, taskrun

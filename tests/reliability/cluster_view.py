@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devplacer.controller import NAMESPACE, ControllerReplica, replicas_of
+from devplacer.local_placer import NAMESPACE, ControllerReplica, replicas_of
 from tests.e2e.tekton_runs import ORDINARY_NODES, POOL_NODES, POOL_TAINT, POOL_TOLERATION, Runs, node_of
 from tests.kube import Api, namespaced, node, pods
 

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 import pytest
 
 from devcluster.cluster import Cluster
-from devplacer.controller import start_controller
+from devplacer.local_placer import start_controller
 from tests.e2e.running_controller import make_plain as make_plain_cluster
 from tests.kube import Api, namespace
 from tests.reliability.burst import RetryingRuns

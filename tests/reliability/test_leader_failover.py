@@ -15,7 +15,7 @@ import time
 import pytest
 
 from devcluster.cluster import Cluster
-from devplacer.controller import LEADER_TIMINGS, PROXY_NAME
+from devplacer.local_placer import LEADER_TIMINGS, PROXY_NAME
 from devplacer.faults import kill_component, start_component
 from tests.e2e.running_controller import pool_taints
 from tests.e2e.tekton_runs import POOL_TAINT, events

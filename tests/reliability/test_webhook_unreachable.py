@@ -14,7 +14,7 @@ import pytest
 
 from devcluster.cluster import Cluster
 from devcluster.process import free_port
-from devplacer.controller import WEBHOOK_CONFIG
+from devplacer.local_placer import WEBHOOK_CONFIG
 from devplacer.faults import kill_component, start_component
 from tests.e2e.running_controller import WEBHOOK_CONFIGS
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_LABEL, POOL_NODES, decision_of, events, succeeded, taskrun
