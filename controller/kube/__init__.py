@@ -2,5 +2,5 @@
 
 client (ApiClient, raw JSON requests), informer (list + watch into plain dicts), writer (every
 write, one error classification, Events), leader (Lease election), policy_source (the policy
-from a ConfigMap or a file), egress_source (measured egress from Prometheus, over `requests`).
+from a ConfigMap or a file). Kubernetes only: Prometheus has its own adapter (controller.prometheus).
 """
