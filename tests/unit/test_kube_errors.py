@@ -13,11 +13,11 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from controller.kube.client import KubeApi
+from controller.kube.client import ApiError, KubeApi, Outcome, classify
 from controller.kube.informer import Informer, WatchError, WatchExpired, nodes
 from controller.kube.leader import LeaderElector
+from controller.kube.reader import KubeReader
 from controller.kube.retry import RetryPolicy
-from controller.kube.writer import ApiError, KubeClient, Outcome, classify
 from controller.metrics import Metrics
 
 
@@ -66,15 +66,15 @@ class Flaky:
         return "ok"
 
 
-def writer(sleeps: list[float], attempts: int = 4) -> KubeClient:
+def caller(sleeps: list[float], attempts: int = 4) -> KubeReader:
     policy = RetryPolicy(attempts=attempts, initial=0.1, maximum=5.0, jitter=0.0)
-    # No API server: these tests only use KubeClient.call with their own functions.
-    return KubeClient(KubeApi(None), Metrics(), retry=policy, sleep=sleeps.append)  # type: ignore[arg-type]
+    # No API server: these tests only use KubeReader.call (every request's) with their own functions.
+    return KubeReader(KubeApi(None), Metrics(), retry=policy, sleep=sleeps.append)  # type: ignore[arg-type]
 
 
 def test_transient_errors_are_retried_honouring_retry_after():
     sleeps: list[float] = []
-    w = writer(sleeps)
+    w = caller(sleeps)
     fn = Flaky(api_error(503), api_error(429, retry_after="3"))
     assert w.call("op", fn) == "ok"
     assert fn.calls == 3
@@ -90,7 +90,7 @@ def test_other_errors_are_not_retried(error, outcome):
     sleeps: list[float] = []
     fn = Flaky(error)
     with pytest.raises(ApiError) as raised:
-        writer(sleeps).call("op", fn)
+        caller(sleeps).call("op", fn)
     assert (fn.calls, sleeps, raised.value.outcome, raised.value.status) == (1, [], outcome, error.status)
 
 
@@ -98,7 +98,7 @@ def test_retries_stop_after_the_last_attempt():
     sleeps: list[float] = []
     fn = Flaky(*[api_error(500)] * 10)
     with pytest.raises(ApiError) as raised:
-        writer(sleeps, attempts=3).call("op", fn)
+        caller(sleeps, attempts=3).call("op", fn)
     assert fn.calls == 3 and len(sleeps) == 2 and raised.value.outcome is Outcome.RETRY
 
 
