@@ -88,9 +88,10 @@ class KubeApi:
         body: Any,
         content_type: str,
         timeout: float | tuple[float, float] | None,
+        accept: str = JSON,
     ) -> Any:
         query_params = [(k, v) for k, v in (query or {}).items() if v is not None]
-        headers = {"Accept": JSON}
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
         method, url, header_params, body, post_params = self.api_client.param_serialize(
