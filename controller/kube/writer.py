@@ -55,8 +55,8 @@ class KubeClient(KubeReader):
     Secrets, the webhook's CA bundle, the ConfigMaps the leader keeps (the pool guard's params, the
     last good policy), an EgressPool's status, releasing a queued run, Events."""
 
-    def _ignore(self, operation: str, fn: Callable[[], Any], *outcomes: Outcome) -> bool:
-        """`call`; False when it failed with one of `outcomes` (e.g. NOT_FOUND: gone is done)."""
+    def _call_or_done(self, operation: str, fn: Callable[[], Any], *outcomes: Outcome) -> bool:
+        """`call`; False when it failed with one of `outcomes`, which mean done (e.g. NOT_FOUND: gone)."""
         try:
             self.call(operation, fn)
             return True
@@ -66,7 +66,8 @@ class KubeClient(KubeReader):
             raise
 
     def update(
-        self, operation: str, path: str, change: Callable[[dict[str, Any]], Write | None], *, read_as: str, read: Any = None
+        self, operation: str, path: str, change: Callable[[dict[str, Any]], Write | None], *, read_as: str,
+        read: dict[str, Any] | None = None,
     ) -> Any:
         """The optimistic-concurrency loop on the object at `path`: `read` (the version the caller has) or
         one read fresh (as operation `read_as`) goes to `change`, whose write carries its resourceVersion;
@@ -137,7 +138,7 @@ class KubeClient(KubeReader):
             body["deleteOptions"] = options
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
         try:  # gone, or another pod of that name now (404, 409): done
-            self._ignore("evict", lambda: self.api.call("POST", path, body=body), Outcome.NOT_FOUND, Outcome.CONFLICT)
+            self._call_or_done("evict", lambda: self.api.call("POST", path, body=body), Outcome.NOT_FOUND, Outcome.CONFLICT)
         except ApiError as e:
             if e.outcome is Outcome.REFUSED:
                 return False
@@ -151,7 +152,7 @@ class KubeClient(KubeReader):
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         options = _delete_options(uid, grace_seconds)
         body = {"apiVersion": "v1", "kind": "DeleteOptions", **options} if options else None
-        self._ignore("delete-pod", lambda: self.api.call("DELETE", path, body=body), Outcome.NOT_FOUND, Outcome.CONFLICT)
+        self._call_or_done("delete-pod", lambda: self.api.call("DELETE", path, body=body), Outcome.NOT_FOUND, Outcome.CONFLICT)
 
     # -- daemonsets -----------------------------------------------------------------------------------
     def set_daemonset_tolerations(
@@ -265,7 +266,7 @@ class KubeClient(KubeReader):
         `removed` are deleted). A pool that is gone is done."""
         body = {"status": {**{key: None for key in removed}, **dict(status)}}
         path = f"/apis/{POOLS_API_VERSION}/egresspools/{name}/status"
-        self._ignore("set-pool-status", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH), Outcome.NOT_FOUND)
+        self._call_or_done("set-pool-status", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH), Outcome.NOT_FOUND)
 
     # -- the queue: releasing a pending run (the leader's) -----------------------------------------------
     def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
