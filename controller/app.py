@@ -35,7 +35,7 @@ from controller.admission.handlers import Admission
 from controller.admission.pools import PoolValidation
 from controller.admission.server import AdmissionServer, run_event_loop
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
-from controller.kube.egress_source import EgressPollers
+from controller.prometheus.egress_source import EgressPollers
 from controller.kube.client import ClusterConfigError, KubeApi, make_api_client
 from controller.kube.informer import Informer, cluster_informers
 from controller.kube.leader import LeaderElector

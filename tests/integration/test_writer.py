@@ -12,9 +12,9 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import Taint
-from controller.kube.client import MERGE_PATCH, KubeApi
+from controller.kube.client import MERGE_PATCH, ApiError, KubeApi, Outcome
 from controller.kube.retry import RetryPolicy
-from controller.kube.writer import REPORTING_CONTROLLER, ApiError, EventRecorder, KubeClient, Outcome
+from controller.kube.writer import REPORTING_CONTROLLER, EventRecorder, KubeClient
 from controller.metrics import Metrics
 from tests.waiting import wait_for
 

@@ -1,4 +1,4 @@
-"""The Prometheus side of egress load (`controller.kube.egress_source`), with HTTP mocked by `responses`.
+"""The Prometheus side of egress load (`controller.prometheus.egress_source`), with HTTP mocked by `responses`.
 
 The client: good answers, the answer shapes it refuses, which failures are retried (connection
 errors, timeouts, 5xx, 429) and which are not. The poller: instance labels with ports mapped to
@@ -18,7 +18,7 @@ from responses import matchers
 
 from controller.core.egress import DEFAULT_EGRESS_QUERY, EgressLoad, egress_ratio, rank_nodes
 from controller.core.model import NodeLoad
-from controller.kube.egress_source import (
+from controller.prometheus.egress_source import (
     EgressPoller,
     PrometheusAnswerError,
     PrometheusClient,

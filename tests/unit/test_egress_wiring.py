@@ -20,7 +20,7 @@ from bench.oracles import choose_node
 from controller.core.egress import Measurement
 from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import load_policy
-from controller.kube.egress_source import EgressPollers
+from controller.prometheus.egress_source import EgressPollers
 from controller.state import ClusterState
 from tests.waiting import wait_for
 

@@ -19,7 +19,7 @@ from prometheus_client.metrics import MetricWrapperBase
 import controller
 from controller.admission.certs import ServingTLS, make_ca, make_serving_cert
 from controller.core.policy import load_policy
-from controller.kube.egress_source import EgressPollers
+from controller.prometheus.egress_source import EgressPollers
 from controller.metrics import LEADER_SERIES, GaugeSnapshot, Metrics
 from controller.reconcile.pool_metrics import PoolMetrics
 from controller.state import ClusterState
