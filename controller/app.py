@@ -212,9 +212,7 @@ class Controller:
         """A policy refused (or missing): the tracker keeps why, and the leader's next pass shows it in
         the pools' status (a refusal changes nothing in the state, so nothing else wakes the loop)."""
         self.policy.refused(error)
-        loop = getattr(self, "reconcile_loop", None)  # None while the controller is being built
-        if loop is not None:
-            loop.wake()
+        self.reconcile_loop.wake()  # built before the policy source is started (start_watching)
 
     def _leader_elector(self) -> LeaderElector:
         s = self.settings
@@ -296,16 +294,15 @@ class Controller:
     def start_watching(self) -> None:
         """Policy first (the stored last good one when the source has none valid), then the caches,
         then leadership."""
-        run = self.runner
-        run.start("event recorder", self.events.run, on_stop=self.events.wake)
-        run.start("admission events", self.admission_events.run, on_stop=self.admission_events.wake)
-        run.start("creation events", self.creation_events.run)
-        self.policy_source.start(run)
+        self.runner.start("event recorder", self.events.run, on_stop=self.events.wake)
+        self.runner.start("admission events", self.admission_events.run, on_stop=self.admission_events.wake)
+        self.runner.start("creation events", self.creation_events.run)
+        self.policy_source.start(self.runner)
         if not self.policy_source.synced.wait(STARTUP_TIMEOUT):
             self.policy.refused(f"no answer from the policy source ({self.policy_source.source}) in {STARTUP_TIMEOUT:.0f}s")
         if not self.policy.loaded.is_set():
             self._adopt_stored_policy()
-        start_informers(run, self.informers)
+        start_informers(self.runner, self.informers)
         deadline = time.monotonic() + STARTUP_TIMEOUT
         for informer in self.informers:
             if not informer.synced.wait(max(0.0, deadline - time.monotonic())):
@@ -314,10 +311,10 @@ class Controller:
                 )
         logger.bind(nodes=len(self.state.nodes), pods=len(self.state.pods)).info("caches synced")
         if self.settings.leader_election:
-            run.start("leader election", self.leader.run)
+            self.runner.start("leader election", self.leader.run)
         else:
             self._report_missed_runs()
-        run.start("reconcile loop", self.reconcile_loop.run, on_stop=self.reconcile_loop.wake)
+        self.runner.start("reconcile loop", self.reconcile_loop.run, on_stop=self.reconcile_loop.wake)
 
     def _adopt_stored_policy(self) -> None:
         """At start, when the source gave no valid policy: the stored last good one, validated again."""

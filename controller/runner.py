@@ -3,7 +3,8 @@
 A task is `run(stop)`, a loop that returns soon after `stop` is set. `start` runs one at once (tasks
 start in the order given); `stop` stops them newest first, each joined before the next is told (the
 Events flush into the recorder, the reconcile loop ends before the lease is released). `on_stop` wakes a
-task blocked elsewhere (a watch connection, a queue); `ready` is set once it is of use (a first list).
+task blocked elsewhere (a watch connection, a queue); `ready` is set once it is of use (a first list);
+`wait=False`: stop tells it but does not wait for it (a poller in a slow query holds nothing up).
 `health()`: each task running, waiting (not ready), stopped or died (raised, or returned unasked).
 """
 
@@ -22,9 +23,12 @@ class Task:
     run: Callable[[threading.Event], None]
     on_stop: Callable[[], None] | None = None
     ready: threading.Event | None = None
+    wait: bool = True
     stop_event: threading.Event = field(default_factory=threading.Event)
-    thread: threading.Thread | None = None
     died: str | None = None  # why it ended before it was asked to stop
+
+    def __post_init__(self) -> None:
+        self.thread = threading.Thread(target=self._main, name=self.name, daemon=True)
 
     def stop(self) -> None:
         """Ask the task to end, without waiting for it."""
@@ -49,7 +53,7 @@ class Task:
     def state(self) -> str:
         if self.died is not None:
             return f"died: {self.died}"
-        if self.thread is None or not self.thread.is_alive():
+        if not self.thread.is_alive():
             return "stopped"
         return "waiting" if self.ready is not None and not self.ready.is_set() else "running"
 
@@ -66,10 +70,10 @@ class Runner:
         *,
         on_stop: Callable[[], None] | None = None,
         ready: threading.Event | None = None,
+        wait: bool = True,
     ) -> Task:
         """`run(stop)` in a daemon thread named `name`, now; the task (for `cancel`)."""
-        task = Task(name, run, on_stop, ready)
-        task.thread = threading.Thread(target=task._main, name=name, daemon=True)
+        task = Task(name, run, on_stop, ready, wait)
         with self._lock:
             self._tasks.append(task)
         task.thread.start()
@@ -87,9 +91,8 @@ class Runner:
             tasks, self._tasks = self._tasks[::-1], []
         for task in tasks:
             task.stop()
-            assert task.thread is not None
-            task.thread.join(timeout)
-            if task.thread.is_alive():
+            task.thread.join(timeout if task.wait else 0.0)
+            if task.wait and task.thread.is_alive():
                 logger.bind(task=task.name).warning("background task still running {:.0f}s after its stop", timeout)
 
     def health(self) -> dict[str, str]:

@@ -337,7 +337,7 @@ class EgressPollers:
             publish=lambda figures: self._publish(name, poller, figures),
         )
         self._state.set_egress_figures(name, {})
-        self._running[name] = (config, poller, self._runner.start(f"egress {name}", poller.run))
+        self._running[name] = (config, poller, self._runner.start(f"egress {name}", poller.run, wait=False))
 
     def _publish(self, name: str, poller: EgressPoller, figures: Mapping[str, Measurement]) -> None:
         """A poll's figures go to the state, unless its poller was stopped or replaced meanwhile."""

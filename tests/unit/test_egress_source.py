@@ -385,7 +385,7 @@ def test_the_runner_runs_the_loop_in_a_daemon_thread():
     fake = StoppingClient(ran, [])
     poller = EgressPoller("fast", EgressLoad.model_validate({"prometheus": {"url": PROM}}), fake, FakeClock(), lambda: ())
     task = runner.start("egress fast", poller.run)
-    assert task.thread is not None and task.thread.daemon and task.thread.name == "egress fast"
+    assert task.thread.daemon and task.thread.name == "egress fast"
     assert ran.wait(10)
     runner.stop()
     assert not task.thread.is_alive() and fake.calls == 1

@@ -59,7 +59,7 @@ def test_the_stop_hook_wakes_a_task_blocked_on_something_else() -> None:
     task = runner.start("drain", drain, on_stop=lambda: items.put(None))
     items.put("written before the stop")
     runner.stop(timeout=DEADLINE)
-    assert task.thread is not None and not task.thread.is_alive()
+    assert not task.thread.is_alive()
     assert handled == ["written before the stop"]
 
 
@@ -74,7 +74,6 @@ def test_a_task_that_raises_or_returns_unasked_is_reported_dead_and_the_others_r
     raising = runner.start("raising", boom)
     returning = runner.start("returning", lambda stop: None)
     for task in (raising, returning):
-        assert task.thread is not None
         task.thread.join(DEADLINE)
     assert alive.began.wait(DEADLINE)
     assert runner.health() == {
@@ -113,7 +112,6 @@ def test_a_cancelled_task_stops_alone_and_is_forgotten() -> None:
     task = runner.start("replaced", replaced.run)
     assert kept.began.wait(DEADLINE) and replaced.began.wait(DEADLINE)
     runner.cancel(task)
-    assert task.thread is not None
     task.thread.join(DEADLINE)
     assert ended == ["replaced"] and runner.health() == {"kept": "running"}
     runner.stop(timeout=DEADLINE)
@@ -129,6 +127,17 @@ def test_a_task_that_does_not_end_in_time_does_not_hold_up_the_others() -> None:
     try:
         runner.stop(timeout=0.05)
         assert ended == ["first"]
-        assert stuck.thread is not None and stuck.thread.is_alive()
+        assert stuck.thread.is_alive()
+    finally:
+        release.set()
+
+
+def test_a_task_not_waited_for_is_told_to_stop_and_left_to_end_alone() -> None:
+    runner, told, release = Runner(), threading.Event(), threading.Event()
+    task = runner.start("egress pool", lambda stop: release.wait(DEADLINE), on_stop=told.set, wait=False)
+    try:
+        runner.stop(timeout=DEADLINE)  # waiting for it would last until DEADLINE, and the thread would be over
+        assert told.is_set()
+        assert task.thread.is_alive()
     finally:
         release.set()
