@@ -312,7 +312,8 @@ class _Series:
 
 
 class EventRecorder:
-    """events.k8s.io/v1 Events written from a background thread.
+    """events.k8s.io/v1 Events written by a task of the runner (`run(stop)`, with `wake` as its stop
+    hook): when stopped, it writes what is queued, then ends.
 
     `emit` never blocks and never raises: when the bounded queue is full the event is dropped and
     counted in `metrics.events_dropped`. A repeat of the same (object, type, reason, note) within
@@ -337,25 +338,6 @@ class EventRecorder:
         self.clock = clock
         self._queue: queue.Queue[tuple[dict[str, Any], str, str, str, str, float] | None] = queue.Queue(max_queue)
         self._series: OrderedDict[tuple[str, ...], tuple[_Series, float]] = OrderedDict()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="event recorder", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Write what is queued (`flush`, within `timeout`), then stop."""
-        if self._thread is None:
-            return
-        deadline = time.monotonic() + timeout
-        self.flush(timeout)
-        try:
-            self._queue.put(None, timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Full:
-            pass
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        self._thread = None
 
     def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None:
         try:
@@ -366,18 +348,27 @@ class EventRecorder:
             logger.opt(exception=True).debug("event not queued")
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every queued event was handled (`stop` does, and tests)."""
+        """Wait until every queued event was handled (tests)."""
         deadline = time.monotonic() + timeout
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.02)
         return not self._queue.unfinished_tasks
 
-    def _run(self) -> None:
+    def wake(self, timeout: float = 5.0) -> None:
+        """The stop hook: behind what is queued, a mark that makes `run` look at its stop event."""
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+
+    def run(self, stop: threading.Event) -> None:
         while True:
             item = self._queue.get()
             try:
                 if item is None:
-                    return
+                    if stop.is_set():
+                        return
+                    continue
                 self._write(*item)
             except Exception as e:
                 logger.bind(reason=item[2] if item else "").warning("event not written: {}", e)
