@@ -3,7 +3,7 @@ collection deletes and watches, as plain JSON over aiohttp (a pinned dependency)
 
 The product's client (`controller.kube.client`) finds the cluster: the address and the admin
 credentials come from the cluster's kubeconfig through `make_api_client`, as for the controller and
-the tests, and failed requests are retried by the one retry policy (`controller.kube.retry`). Only
+the tests, and failed requests are retried by the one retry policy (`controller.retry`). Only
 the HTTP path is the load generator's own: the product's client is synchronous, and the benchmarks
 need hundreds of concurrent writes (a thread per request would compete with the measured processes
 for the same two cores) and watch events timestamped as they arrive.
@@ -21,7 +21,7 @@ import aiohttp
 import tenacity
 
 from controller.kube.client import JSON, MERGE_PATCH, make_api_client
-from controller.kube.retry import RetryPolicy, retrying
+from controller.retry import RetryPolicy, retrying
 from controller.settings import Settings
 from devcluster.cluster import Cluster
 

@@ -11,7 +11,7 @@ cache; the informer keeps only the resourceVersion).
 Protocol: list (paginated) -> `on_replace(objs)` -> watch from the list's resourceVersion with
 `allowWatchBookmarks` and a server timeout -> `on_event(type, obj)` per event -> on timeout, watch
 again from the last resourceVersion (bookmarks advance it) -> on 410 Gone or an ERROR event, relist.
-Errors back off exponentially with jitter (`kube.retry`); restarts are counted in
+Errors back off exponentially with jitter (`controller.retry`); restarts are counted in
 `metrics.watch_restarts{resource, cause}` with cause `timeout` (the server ended the watch: normal),
 `gone` (410: relist), `error-event` (an ERROR event: relist after a backoff) or `failure` (a failed
 request or a broken connection: resume from the last resourceVersion after a backoff).
@@ -37,7 +37,7 @@ from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATIO
 from controller.core.queue import PIPELINERUN_LABEL, QUEUE_ANNOTATION
 from controller.core.patches import InvalidDefault, default_pod_template
 from controller.kube.client import KubeApi, describe_error, status_of
-from controller.kube.retry import WATCHES, RetryPolicy, retrying
+from controller.retry import WATCHES, RetryPolicy, retrying
 from controller.metrics import Metrics
 from controller.runner import Runner, Task
 from controller.settings import Settings

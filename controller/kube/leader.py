@@ -27,7 +27,7 @@ from typing import Any, Callable
 from loguru import logger
 
 from controller.kube.client import KubeApi
-from controller.kube.retry import lease_policy
+from controller.retry import lease_policy
 from controller.kube.writer import ApiError, KubeClient, Outcome, micro_time
 from controller.metrics import Metrics
 

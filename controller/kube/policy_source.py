@@ -35,7 +35,7 @@ from controller.core.pools import CONFIG_PLURAL, GROUP, KINDS, PLURALS, POOL_KIN
 from controller.event_sink import EventSink
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.kube.informer import Informer, Obj, config_map, pools_api, start_informers
-from controller.kube.retry import WATCHES, RetryPolicy
+from controller.retry import WATCHES, RetryPolicy
 from controller.metrics import Metrics
 from controller.runner import Runner
 from controller.settings import Settings

@@ -1,5 +1,5 @@
 """The reads egress-placer makes outside its informers, and the one way every request is sent:
-`KubeReader.call`, with the one retry policy (`kube.retry`, at least the server's Retry-After) and the
+`KubeReader.call`, with the one retry policy (`controller.retry`, at least the server's Retry-After) and the
 one error classification (`client.classify`); what fails raises `ApiError`. The writes are
 `writer.KubeClient`'s, a reader too (as controller-runtime's Client is a Reader and a Writer).
 """
@@ -14,7 +14,7 @@ import tenacity
 from loguru import logger
 
 from controller.kube.client import ApiError, KubeApi, Outcome, classify, retry_after
-from controller.kube.retry import WRITES, RetryPolicy, retrying
+from controller.retry import WRITES, RetryPolicy, retrying
 from controller.metrics import Metrics
 
 T = TypeVar("T")

@@ -1,6 +1,6 @@
 """Measured outbound throughput of pool nodes, read from Prometheus.
 
-`PrometheusClient` runs instant queries (`/api/v1/query`) over `requests`, retrying (`kube.retry`) on
+`PrometheusClient` runs instant queries (`/api/v1/query`) over `requests`, retrying (`controller.retry`) on
 connection errors, timeouts, 5xx and 429 only. `EgressPoller` polls one pool's query (a runner's task),
 keeps the last good figure per node and hands them to the state after each poll, where node choice takes them in (admission never waits on the network, nor copies the figures per decision). What the figures mean is decided by `controller.core.egress`.
 """
@@ -18,7 +18,7 @@ from loguru import logger
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from controller.core.egress import EgressLoad, Measurement, PrometheusSource, is_fresh, measurement_age
-from controller.kube.retry import PROMETHEUS, RetryPolicy, retrying
+from controller.retry import PROMETHEUS, RetryPolicy, retrying
 from controller.runner import Runner, Task
 
 QUERY_PATH = "/api/v1/query"

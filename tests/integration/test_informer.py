@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from controller.kube.informer import Informer, Resource, pods, start_informers, tekton, trimmer
-from controller.kube.retry import RetryPolicy
+from controller.retry import RetryPolicy
 from controller.metrics import Metrics
 from controller.runner import Runner
 from tests.waiting import wait_for

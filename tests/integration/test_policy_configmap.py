@@ -12,7 +12,7 @@ from loguru import logger
 from controller.core.policy import load_policy
 from controller.kube.client import MERGE_PATCH
 from controller.kube.policy_source import PolicySource
-from controller.kube.retry import RetryPolicy
+from controller.retry import RetryPolicy
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.runner import Runner

@@ -16,7 +16,7 @@ from controller.core.policy import PlacementPolicy, load_policy
 from controller.core.pools import CONFIG_PLURAL, GROUP, POOL_PLURAL, VERSION, custom_resource_definitions
 from controller.kube.client import MERGE_PATCH
 from controller.kube.policy_source import PolicySource
-from controller.kube.retry import RetryPolicy
+from controller.retry import RetryPolicy
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.reconcile.pool_status import PlacementLog, PoolErrors, PoolStatusWriter

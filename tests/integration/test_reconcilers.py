@@ -19,7 +19,7 @@ from controller.core.model import TAINT_KEY, NodeState, Taint
 from controller.core.policy import load_policy
 from controller.kube.client import MERGE_PATCH, KubeApi
 from controller.kube.informer import cluster_informers, start_informers
-from controller.kube.retry import RetryPolicy
+from controller.retry import RetryPolicy
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.reconcile.intruders import IntruderReconciler

@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import Taint
 from controller.kube.client import MERGE_PATCH, ApiError, KubeApi, Outcome
-from controller.kube.retry import RetryPolicy
+from controller.retry import RetryPolicy
 from controller.kube.writer import REPORTING_CONTROLLER, EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.runner import Runner

@@ -18,7 +18,7 @@ from controller.kube.client import MERGE_PATCH, ApiError, KubeApi, Outcome, clas
 from controller.kube.informer import Informer, WatchError, WatchExpired, nodes
 from controller.kube.leader import LeaderElector
 from controller.kube.reader import KubeReader
-from controller.kube.retry import RetryPolicy
+from controller.retry import RetryPolicy
 from controller.kube.writer import MAX_CONFLICT_ATTEMPTS, KubeClient
 from controller.metrics import Metrics
 

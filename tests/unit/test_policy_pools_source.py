@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from controller.app import PolicyTracker
 from controller.core.policy import PlacementPolicy
 from controller.kube.policy_source import PolicySource
-from controller.kube.retry import RetryPolicy
+from controller.retry import RetryPolicy
 from controller.metrics import Metrics
 from controller.runner import Runner
 from controller.settings import Settings
