@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test unit reliability cluster-build image bench bench-quick clean
+.PHONY: demo test unit generate reliability cluster-build image bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,9 +24,14 @@ demo: cluster-build
 test: cluster-build
 	$(PY) -m pytest
 
-# Only the tests that need no cluster (seconds).
+# Only the tests that need no cluster (seconds); the duplicate-code check (tests/unit/test_duplicates.py) is one of them.
 unit: $(STAMP)
 	$(PY) -m pytest -m "not cluster"
+
+# Every file derived from code (CRDs, the pool guard's manifest and chart template): devplacer/generate.py.
+# A unit test fails when a committed one differs; `$(PY) -m devplacer.generate --check` names them.
+generate: $(STAMP)
+	$(PY) -m devplacer.generate
 
 # The fault and abuse suite alone (it also runs in `make test`), then docs/reliability.md from its figures.
 reliability: cluster-build

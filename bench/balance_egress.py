@@ -28,7 +28,7 @@ from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.cluster import EGRESS_POOL, EGRESS_POOL_LABEL, Cluster, ClusterError
-from devplacer.controller import WEBHOOK_CONFIG, apply_policy, replicas_of, start_controller, stop_controller
+from devplacer.local_placer import WEBHOOK_CONFIG, apply_policy, replicas_of, start_controller, stop_controller
 from devplacer.egress_exporter import EGRESS_QUERY, EgressExporter, egress_load_block, start_exporters, stop_exporters
 from devcluster.prometheus import start_prometheus, stop_prometheus, wait_for_rates
 

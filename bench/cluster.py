@@ -3,7 +3,7 @@
 Pools are made of the devcluster's `egress-N` nodes, listed by name: one pool per burst size
 (`pool-3` = egress-1..3, `pool-10` = egress-4..13, ...). Pool `pool-K` allows the namespaces
 `bench-*-kK`; the TaskRuns are the catalog's git-clone Task, whose image the policy matches.
-The controller runs as in `devplacer.controller.start_controller` (the k8s/ manifests, its
+The controller runs as in `devplacer.local_placer.start_controller` (the k8s/ manifests, its
 ServiceAccount identity, a loopback webhook URL).
 """
 
@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 import yaml
 
 from devcluster.cluster import Cluster, ClusterError
-from devplacer import controller as dc
+from devplacer import local_placer as dc
 
 from bench.kube import Kube
 from bench.sizes import Sizes

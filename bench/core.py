@@ -27,7 +27,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from controller.admission.handlers import Admission
-from controller.core.balance import LoadLedger, eligible_nodes, ledger_key
+from controller.core.balance import LoadLedger, ledger_key
 from controller.core.decide import decide
 from controller.core.images import taskrun_images
 from controller.core.load_index import PoolLoads
@@ -37,6 +37,7 @@ from controller.settings import Settings
 from controller.state import ClusterState
 
 from bench import profiling
+from bench.oracles import eligible_nodes
 from bench.scale import memory
 from bench.sizes import Sizes
 from bench.workload import NoEvents, admission_policy, catalog_tasks, fill, inventory, request_mix, taskrun

@@ -27,7 +27,7 @@ from typing import Any, Awaitable, Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from devplacer.controller import replicas_of
+from devplacer.local_placer import replicas_of
 
 from bench import machine
 from bench.balance import clean, prepare_namespace

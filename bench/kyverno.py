@@ -38,7 +38,7 @@ from controller.core.pools import load_any_policy
 from devcluster import build
 from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port, rss_bytes
-from devplacer.controller import kubectl
+from devplacer.local_placer import kubectl
 
 from bench import machine
 from bench.floor import bench_pod, listening

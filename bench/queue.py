@@ -34,7 +34,7 @@ from controller.metrics import Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
 from devcluster.cluster import Cluster
-from devplacer.controller import start_controller, stop_controller
+from devplacer.local_placer import start_controller, stop_controller
 
 Log = Callable[[str], None]
 POOL = "queued"

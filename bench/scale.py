@@ -457,7 +457,8 @@ class PagedApi:
 
 def first_sync_rss(nodes: int, pods: int, taskruns: int, tenant: bool) -> dict[str, Any]:
     """In this process: the controller's informers list everything into a ClusterState; its memory."""
-    from controller.kube.informer import cluster_informers
+    from controller.kube.informer import cluster_informers, start_informers
+    from controller.runner import Runner
     from controller.settings import Settings
 
     policy = load_policy(POLICY_FOR_SYNC)
@@ -473,8 +474,7 @@ def first_sync_rss(nodes: int, pods: int, taskruns: int, tenant: bool) -> dict[s
     state = ClusterState(policy, clock=time.time)
     informers = cluster_informers(api, state, Settings(), Metrics())  # type: ignore[arg-type]
     started = time.monotonic()
-    for informer in informers:
-        informer.start()
+    start_informers(Runner(), informers)
     for informer in informers:
         informer.synced.wait(600)
     synced_s = time.monotonic() - started

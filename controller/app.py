@@ -2,8 +2,8 @@
 
 Start order: logging, API client, state, policy, informers (ready after their first list), leader
 election, reconcilers (leader only), the serving certificate, then the HTTPS webhook and the
-health/metrics server. SIGTERM or SIGINT stops it in reverse order: stop accepting, finish in-flight
-reviews, release the lease.
+health/metrics server; one runner (controller.runner) owns the background tasks. SIGTERM or SIGINT
+stops it in reverse order: stop accepting, finish in-flight reviews, release the lease, write the Events.
 
 A policy problem is never fatal. An invalid or missing policy at start: the last good policy the
 leader stored (controller/reconcile/last_good_policy.py) is validated and kept in force; with none
@@ -11,7 +11,7 @@ stored, no policy is in force: the webhook places nothing and strips pool tolera
 without a pool, the intruder reconciler sees no pool, and the taint reconciler leaves the taints as
 they are (they keep everyone off the pools). Later, an invalid policy leaves the one in force.
 
-/readyz stays 200 through a policy problem (its body and `egress-placer status` say what is wrong):
+/readyz stays 200 through a policy problem or a dead background task (its body says what is wrong):
 an unready replica leaves the Service's endpoints, and with failurePolicy Ignore pods would then be
 admitted unchanged, pool tolerations included, where a ready one strips them.
 """
@@ -35,9 +35,9 @@ from controller.admission.handlers import Admission
 from controller.admission.pools import PoolValidation
 from controller.admission.server import AdmissionServer, run_event_loop
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
-from controller.kube.egress_source import EgressPollers
+from controller.prometheus.egress_source import EgressPollers
 from controller.kube.client import ClusterConfigError, KubeApi, make_api_client
-from controller.kube.informer import Informer, cluster_informers
+from controller.kube.informer import Informer, cluster_informers, start_informers
 from controller.kube.leader import LeaderElector
 from controller.kube.policy_source import PolicySource
 from controller.kube.writer import EventRecorder, KubeClient
@@ -52,6 +52,7 @@ from controller.reconcile.pool_metrics import PoolMetrics
 from controller.reconcile.queue import QueueReconciler
 from controller.reconcile.pool_status import PlacementLog, PoolErrors, PoolStatusWriter
 from controller.reconcile.taints import TaintReconciler
+from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState
 
@@ -149,6 +150,7 @@ class Controller:
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
+        self.runner = Runner()
         self.metrics = Metrics()
         self.api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
         self.state = ClusterState(
@@ -159,7 +161,7 @@ class Controller:
         )
         self.client = KubeClient(self.api, self.metrics)
         self.events = EventRecorder(self.client, self.metrics, settings.identity)
-        self.egress = EgressPollers(self.state, clock, registry=self.metrics.registry)
+        self.egress = EgressPollers(self.state, clock, self.runner, registry=self.metrics.registry)
         self.policy = PolicyTracker(self.state, on_policy=self.egress.sync)
         self.policy_source = PolicySource(
             settings, self.policy, self.metrics, self.events, api=self.api, on_refused=self._policy_refused
@@ -200,7 +202,7 @@ class Controller:
             self.metrics,
             self.certs.tls,
             self.not_ready_because,
-            degraded=self.policy.problem,
+            degraded=self.degraded_because,
             validation=self.pool_validation,
         )
         self.metrics.track_policy(ready=lambda: self.policy.problem() is None, in_force=self.policy.loaded.is_set)
@@ -210,9 +212,7 @@ class Controller:
         """A policy refused (or missing): the tracker keeps why, and the leader's next pass shows it in
         the pools' status (a refusal changes nothing in the state, so nothing else wakes the loop)."""
         self.policy.refused(error)
-        loop = getattr(self, "reconcile_loop", None)  # None while the controller is being built
-        if loop is not None:
-            loop.wake()
+        self.reconcile_loop.wake()  # built before the policy source is started (start_watching)
 
     def _leader_elector(self) -> LeaderElector:
         s = self.settings
@@ -279,6 +279,10 @@ class Controller:
             self._missed_runs_reported.set()
             report_missed_runs(self.state, self.events)
 
+    def degraded_because(self) -> str | None:
+        """A policy problem, a background task that died: both in /readyz's body, neither unready."""
+        return "; ".join(p for p in (self.policy.problem(), self.runner.problem()) if p) or None
+
     def not_ready_because(self) -> str | None:
         """Caches not synced. A policy problem does not count (see the module docstring)."""
         waiting = [i.resource.name for i in self.informers if not i.synced.is_set()]
@@ -290,16 +294,15 @@ class Controller:
     def start_watching(self) -> None:
         """Policy first (the stored last good one when the source has none valid), then the caches,
         then leadership."""
-        self.events.start()
-        self.admission_events.start()
-        self.creation_events.start()
-        self.policy_source.start()
+        self.runner.start("event recorder", self.events.run, on_stop=self.events.wake)
+        self.runner.start("admission events", self.admission_events.run, on_stop=self.admission_events.wake)
+        self.runner.start("creation events", self.creation_events.run)
+        self.policy_source.start(self.runner)
         if not self.policy_source.synced.wait(STARTUP_TIMEOUT):
             self.policy.refused(f"no answer from the policy source ({self.policy_source.source}) in {STARTUP_TIMEOUT:.0f}s")
         if not self.policy.loaded.is_set():
             self._adopt_stored_policy()
-        for informer in self.informers:
-            informer.start()
+        start_informers(self.runner, self.informers)
         deadline = time.monotonic() + STARTUP_TIMEOUT
         for informer in self.informers:
             if not informer.synced.wait(max(0.0, deadline - time.monotonic())):
@@ -308,10 +311,10 @@ class Controller:
                 )
         logger.bind(nodes=len(self.state.nodes), pods=len(self.state.pods)).info("caches synced")
         if self.settings.leader_election:
-            self.leader.start()
+            self.runner.start("leader election", self.leader.run)
         else:
             self._report_missed_runs()
-        self.reconcile_loop.start()
+        self.runner.start("reconcile loop", self.reconcile_loop.run, on_stop=self.reconcile_loop.wake)
 
     def _adopt_stored_policy(self) -> None:
         """At start, when the source gave no valid policy: the stored last good one, validated again."""
@@ -367,16 +370,7 @@ class Controller:
     async def shutdown(self) -> None:
         logger.info("shutting down")
         await self.server.stop()
-        self.reconcile_loop.stop()
-        if self.settings.leader_election:
-            await asyncio.to_thread(self.leader.stop)
-        for informer in self.informers:
-            informer.stop()
-        self.policy_source.stop()
-        self.egress.stop()
-        self.creation_events.stop()
-        self.admission_events.stop()  # into the recorder's queue, which stop() below still writes
-        self.events.stop()
+        await asyncio.to_thread(self.runner.stop)
 
 
 def run(settings: Settings) -> int:

@@ -5,16 +5,20 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Mapping
 
 from devcluster.build import OPTIONAL_COMPONENTS, BuildError, ensure_built, ensure_optional
 from devcluster.cluster import DEFAULT_POD_SECONDS, POD_SECONDS_ENV, UP_OPTIONAL, Cluster, ClusterError
+from devcluster.commands import Command, load_commands
 
 
 def _log(message: str) -> None:
     print(message, flush=True)
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(commands: Mapping[str, Command] | None = None) -> argparse.ArgumentParser:
+    """The command line; `commands` are the plugins' (default: those their entry points declare)."""
+    commands = load_commands() if commands is None else commands
     p = argparse.ArgumentParser(prog="python -m devcluster", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build the binaries into the cache (nothing when it is complete)")
@@ -56,20 +60,17 @@ def parser() -> argparse.ArgumentParser:
     kc.add_argument("--user", required=True, help="e.g. system:serviceaccount:NS:NAME")
     kc.add_argument("--group", action="append", help="override the groups (repeatable)")
     kc.add_argument("--out", type=Path, help="where to write it (default DIR/users/USER.kubeconfig)")
-    ctl = with_dir("controller", "start egress-placer on the cluster in DIR under the k8s/ identity, webhook registered")
-    ctl.add_argument("--policy", required=True, type=Path, help="the policy file (into the policy ConfigMap; with --pools, as objects)")
-    ctl.add_argument("--pools", action="store_true", help="the policy as the pools API's objects (the default install) instead of the ConfigMap")
-    ctl.add_argument("--replicas", type=int, default=1, help="controller processes (one leader; default 1)")
-    ctl.add_argument("--pool-guard", action="store_true", help="also install the pool guard (k8s/pool-guard.yaml)")
-    demo = sub.add_parser("demo", help="the main job: cluster, Tekton, controller, a mix of runs, where they went")
-    demo.add_argument("--dir", type=Path, help="the cluster directory (default: a new temporary one)")
-    demo.add_argument("--keep", action="store_true", help="leave the cluster running afterwards")
+    for name, command in commands.items():  # what runs on the cluster adds these (`devcluster.commands`)
+        command.configure(sub.add_parser(name, help=command.help))
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    commands = load_commands()
+    args = parser(commands).parse_args(argv)
     try:
+        if args.command in commands:
+            return commands[args.command].run(args, _log)
         if args.command == "build":
             ensure_built(_log)
             for name in args.optional:
@@ -87,18 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.up()
             print(f"export KUBECONFIG={cluster.kubeconfig}")
             return 0
-        if args.command == "demo":
-            from devplacer.demo import run_demo
-
-            return run_demo(args.dir, keep=args.keep, log=_log)
         cluster = Cluster(args.dir, log=_log)
-        if args.command == "controller":
-            from devplacer.controller import start_controller
-
-            source = "pools" if args.pools else "configmap"
-            for replica in start_controller(cluster, args.policy, replicas=args.replicas, pool_guard=args.pool_guard, policy_source=source):
-                _log(f"[devcluster] {replica.name} ready: webhook {replica.webhook_url}, health {replica.health_url}")
-            return 0
         if args.command == "down":
             cluster.down()
             _log(f"[devcluster] down: nothing of {cluster.dir} runs")

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import requests
+import tenacity
 import yaml
 
 from devcluster import build, certs, tekton_resolvers, tekton_webhook
@@ -48,6 +49,11 @@ DEFAULT_POD_SECONDS = 1.5
 STAGES_FILE = Path(__file__).resolve().parent / "kwok-stages.yaml"
 # Optional components `up` can run besides the core (`--with NAME`), each built by `build.ensure_optional`.
 UP_OPTIONAL = (tekton_webhook.NAME, tekton_resolvers.NAME)
+# The launcher's own entries of DIR/cluster.json (`up` writes them); tools keep theirs with `Cluster.record`.
+_LAUNCHER_KEYS = frozenset({
+    "dir", "api_url", "kubeconfig", "ca_file", "bin_dir", "tekton_config", "optional", "ports", "nodes",
+    "egress_nodes", "pod_seconds", "owner", "processes",
+})
 # Stop order: clients of the API server first, then the API server, then etcd.
 _CONTROL_PLANE = ("kube-apiserver", "etcd")
 _CONTROLLERS = (
@@ -61,6 +67,28 @@ _CONTROLLERS = (
 
 class ClusterError(RuntimeError):
     """A component did not come up (the message carries its log tail) or the cluster is unusable."""
+
+
+# `up` picks free ports, then starts the components on them: a neighbour can take one in between.
+BIND_ATTEMPTS = 3  # sets of fresh ports `up` tries when a component exits because its port was taken
+_GO_BIND_FAILURE = re.compile(r"listen tcp \S+: bind: address already in use")
+_BIND_FAILURE = re.compile(r"^.*address already in use.*$", re.IGNORECASE | re.MULTILINE)
+
+
+class PortTaken(ClusterError):
+    """A component exited because another process bound the port picked for it first."""
+
+    def __init__(self, component: str, line: str, message: str) -> None:
+        super().__init__(message)
+        self.component = component
+        self.line = line
+
+
+def bind_failure(log_text: str) -> str | None:
+    """What a component's log says about its port being taken, if it does: Go's `listen tcp ADDR: bind:
+    address already in use`, or else the line that says `address already in use`."""
+    found = _GO_BIND_FAILURE.search(log_text) or _BIND_FAILURE.search(log_text)
+    return found.group(0).strip() if found else None
 
 
 @dataclass(frozen=True)
@@ -411,6 +439,21 @@ class Cluster:
         """Path of a cached binary (kubectl, kube-apiserver, ...)."""
         return Path(self.state()["bin_dir"]) / name
 
+    def record(self, key: str, value: Any) -> None:
+        """Keep `value` (JSON) under `key` in DIR/cluster.json, for a tool that runs on this cluster
+        (what it started there, how to reach it); `recorded(key)` reads it back. The launcher's own
+        keys (ports, processes, ...) are not a tool's to write."""
+        if key in _LAUNCHER_KEYS:
+            raise ValueError(f"{key!r} is the launcher's own entry in {self.state_file}")
+        with self._locked_state() as state:
+            if not state:
+                raise ClusterError(f"no cluster in {self.dir}")
+            state[key] = value
+
+    def recorded(self, key: str) -> Any:
+        """What a tool `record`ed under `key` (None when nothing was)."""
+        return None if key in _LAUNCHER_KEYS else self.state().get(key)
+
     @contextlib.contextmanager
     def _locked_state(self) -> Iterator[dict[str, Any]]:
         """Read-modify-write DIR/cluster.json under a file lock (other processes may add to it)."""
@@ -508,14 +551,30 @@ class Cluster:
         started = time.monotonic()
         artifacts = build.ensure_built(self.log)
         optional = {name: str(build.ensure_optional(name, self.log)) for name in self.optional}
-        self._prepare(artifacts, owner_pid, optional)
-        try:
-            self._start_all(artifacts)
-        except BaseException as err:
-            self.log(f"[devcluster] {type(err).__name__}: stopping what was started")
-            self.down()
-            raise
+        # A port taken between picking and binding: start again on fresh ports, a bounded number of times.
+        for attempt in tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(PortTaken),
+            stop=tenacity.stop_after_attempt(BIND_ATTEMPTS),
+            before_sleep=self._on_port_taken,
+            reraise=True,
+        ):
+            with attempt:
+                self._prepare(artifacts, owner_pid, optional)
+                try:
+                    self._start_all(artifacts)
+                except BaseException as err:
+                    self.log(f"[devcluster] {type(err).__name__}: stopping what was started")
+                    self.down()
+                    raise
         self.log(f"[devcluster] up in {time.monotonic() - started:.1f} s: {self.api_url}")
+
+    def _on_port_taken(self, state: tenacity.RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        assert isinstance(error, PortTaken)
+        self.log(
+            f"[devcluster] {error.component} could not bind its port ({error.line}): another process took it "
+            f"after it was picked; starting again on fresh ports (attempt {state.attempt_number + 1} of {BIND_ATTEMPTS})"
+        )
 
     def _prepare(self, artifacts: build.Artifacts, owner_pid: int | None, optional: Mapping[str, str]) -> None:
         for sub in ("logs", "pids", "etcd", "users"):  # a fresh start: nothing of an earlier cluster
@@ -572,7 +631,9 @@ class Cluster:
             for name in components:
                 record = self.process(name)
                 if record is not None and not record.alive():
-                    raise ClusterError(f"{name} exited while waiting for {what}; last log lines:\n{_tail(record.log)}")
+                    message = f"{name} exited while waiting for {what}; last log lines:\n{_tail(record.log)}"
+                    line = bind_failure(Path(record.log).read_text(errors="replace"))
+                    raise PortTaken(name, line, message) if line else ClusterError(message)
             with contextlib.suppress(requests.RequestException):
                 if check():
                     return

@@ -1,7 +1,8 @@
 """egress-placer on the local cluster (`devcluster/` is the launcher; this is the product on it).
 
-- `controller`: egress-placer started the way it runs in a cluster (k8s/ manifests, its ServiceAccount,
+- `local_placer`: egress-placer started the way it runs in a cluster (k8s/ manifests, its ServiceAccount,
   webhook registered), as recorded processes of the cluster; `python -m devcluster controller`.
+- `commands`: the launcher's `controller` and `demo` commands, found through entry points.
 - `demo`: the main job (`make demo`, `python -m devcluster demo`).
 - `webhook_proxy`: a round-robin TCP proxy in front of several replicas (what a Service does).
 - `faults`: kill a recorded component and start it again (the reliability suite).

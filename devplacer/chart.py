@@ -4,7 +4,7 @@ helm is built from its Go module as an optional devcluster component (`python -m
 helm`, a cache key of its own). `template` renders the chart into objects. `Release.install` runs `helm
 install` against the cluster's admin kubeconfig through a post-renderer (this module run as a program,
 `python -m devplacer.chart --webhook-url URL`) that points the webhooks at the loopback URL of a
-controller running as a local process, as `devplacer.controller` does for `k8s/`: the API server here
+controller running as a local process, as `devplacer.local_placer` does for `k8s/`: the API server here
 reaches no Service. Every other object is the chart's, the Deployment too (its pods "run" on KWOK's
 nodes without a container, as in tests/e2e/test_install.py). `settings_env` is what the chart's
 Deployment sets, for that local process (`start_controller(..., env=settings_env(docs), install=release.install)`).
@@ -28,7 +28,7 @@ import yaml
 
 from devcluster.build import ensure_optional
 from devcluster.cluster import Cluster, ClusterError
-from devplacer.controller import REPO, WEBHOOK_KINDS, webhooks_calling
+from devplacer.local_placer import REPO, WEBHOOK_KINDS, webhooks_calling
 
 CHART_DIR = REPO / "charts" / "egress-placer"
 RELEASE = "egress-placer"

@@ -1,24 +1,22 @@
-"""`python -m devplacer.crds`: write k8s/crds/ from the render in controller/core/pools.py (the
-CustomResourceDefinitions of EgressPool and EgressPlacerConfig), and the same into the Helm chart's
-crds/ with the label kustomize puts on every object of k8s/ (Helm does not template crds/).
-tests/unit/test_pools_schema.py fails when k8s/crds/ and the render differ, and names this command;
-tests/unit/test_chart.py when the chart's differ from k8s/."""
+"""The files of k8s/crds/ rendered from controller/core/pools.py (the CustomResourceDefinitions of
+EgressPool and EgressPlacerConfig), and the Helm chart's crds/ with the label kustomize puts on every
+object of k8s/ (Helm does not template crds/). `make generate` (devplacer/generate.py) writes them;
+tests/unit/test_generated.py fails when a file and the render differ, tests/unit/test_chart.py when the
+chart's render differs from k8s/. `python -m devplacer.crds` is `python -m devplacer.generate`."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
-from controller.core.pools import custom_resource_definitions
-
-CRDS_DIR = Path(__file__).resolve().parents[1] / "k8s" / "crds"
-CHART_CRDS_DIR = Path(__file__).resolve().parents[1] / "charts" / "egress-placer" / "crds"
+# Where the files go, relative to the repository.
+CRDS_DIR = Path("k8s", "crds")
+CHART_CRDS_DIR = Path("charts", "egress-placer", "crds")
 CHART_LABELS = {"app.kubernetes.io/part-of": "egress-placer"}  # what k8s/kustomization.yaml's `labels` adds
 HEADER = (
-    "# Generated from controller/core/pools.py by `python -m devplacer.crds`: edit the models there, not this file.\n"
+    "# Generated from controller/core/pools.py by `make generate`: edit the models there, not this file.\n"
     "# docs/pools-api.md explains the resource; `kubectl explain {singular}.spec` describes every field.\n"
 )
 
@@ -38,16 +36,7 @@ def labelled(crd: Mapping[str, Any], labels: Mapping[str, str]) -> dict[str, Any
     return {**crd, "metadata": metadata}
 
 
-def write(directory: Path = CRDS_DIR, labels: Mapping[str, str] | None = None) -> list[Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for crd in custom_resource_definitions():
-        path = directory / file_name(crd)
-        path.write_text(render(labelled(crd, labels) if labels else crd))
-        written.append(path)
-    return written
-
-
 if __name__ == "__main__":
-    for path in [*write(), *write(CHART_CRDS_DIR, CHART_LABELS)]:
-        print(path, file=sys.stdout)
+    from devplacer.generate import main
+
+    raise SystemExit(main())

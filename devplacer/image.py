@@ -13,7 +13,7 @@
   chroot isolation (no OCI runtime, no cgroups: works inside a container too) and the host's network.
   The RUN steps see the host's CA bundle (pip must trust what the host trusts, e.g. a TLS-inspecting
   proxy); it is a build-time mount, not a layer: nothing of it is in the image.
-- Run: `ControllerContainer` is a `launch` for `devplacer.controller.start_controller`: each replica
+- Run: `ControllerContainer` is a `launch` for `devplacer.local_placer.start_controller`: each replica
   is a podman container of the image run as the Deployment in `k8s/` runs it.
 """
 
@@ -40,7 +40,7 @@ from typing import Callable, Iterator, Mapping, Sequence
 
 from devcluster.build import cache_root
 from devcluster.cluster import Cluster
-from devplacer.controller import NAMESPACE, SERVICE_ACCOUNT, ControllerReplica, kubectl
+from devplacer.local_placer import NAMESPACE, SERVICE_ACCOUNT, ControllerReplica, kubectl
 
 Log = Callable[[str], None]
 

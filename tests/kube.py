@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 from kubernetes.client.exceptions import ApiException
 
-from controller.kube.client import JSON_PATCH, MERGE_PATCH, KubeApi, make_api_client
+from controller.kube.client import JSON, JSON_PATCH, MERGE_PATCH, KubeApi, make_api_client
 from controller.settings import Settings
 
 Obj = dict[str, Any]
@@ -57,10 +57,7 @@ class Api(KubeApi):
                 raise
 
     def text(self, path: str) -> str:
-        method, url, headers, body, post = self.api_client.param_serialize(
-            method="GET", resource_path=path, header_params={"Accept": "text/plain"}, auth_settings=["BearerToken"]
-        )
-        response = self.api_client.call_api(method, url, headers, body, post, _request_timeout=self.timeout)
+        response = self._send("GET", path, None, None, JSON, None, accept="text/plain")
         data = response.read()
         if not 200 <= response.status <= 299:
             raise ApiException(http_resp=response)

@@ -8,7 +8,7 @@ real sink: it holds each Event until admission has been quiet for `quiet` second
 emitted meanwhile), and never longer than `max_delay` seconds after the oldest held one, then hands
 them all on, in order. Nothing is dropped or reordered; Events only arrive a little later.
 
-`emit` never blocks and never raises (the EventSink contract). `stop()` hands on whatever is held.
+`emit` never blocks and never raises (the EventSink contract). Stopped, its task hands on what is held.
 
 Before that, `CreationEvents` (below) holds each Event until the object it is about exists: admission
 sees objects before they are created, without uid (and, with `generateName`, without name).
@@ -48,8 +48,6 @@ class QuietEvents:
         self._cond = threading.Condition()
         self._held: list[Held] = []
         self._last = 0.0  # when the latest Event was emitted
-        self._stopping = False
-        self._thread: threading.Thread | None = None
 
     # -- the EventSink side (admission's thread) ----------------------------------------------------
     def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None:
@@ -72,10 +70,10 @@ class QuietEvents:
             due = min(self._last + self.quiet, self._held[0][0] + self.max_delay)
             return max(0.0, due - now)
 
-    def take_due(self, now: float) -> list[Held]:
-        """The held Events if they are due at `now` (all of them), else none."""
+    def take_due(self, now: float, stopping: bool = False) -> list[Held]:
+        """The held Events if they are due at `now` (or `stopping`: all of them), else none."""
         with self._cond:
-            if self._held and (self._stopping or self.due_in(now) == 0.0):
+            if self._held and (stopping or self.due_in(now) == 0.0):
                 batch, self._held = self._held, []
                 return batch
             return []
@@ -87,35 +85,22 @@ class QuietEvents:
             except Exception:  # the sink promises not to raise; keep the others if it does
                 logger.opt(exception=True).debug("event not forwarded")
 
-    def _run(self) -> None:
-        while True:
+    def run(self, stop: threading.Event) -> None:
+        """Forward the held Events when due; when `stop` (its stop hook: `wake`), all of them at once."""
+        while not stop.is_set():
             with self._cond:
-                while not self._held and not self._stopping:
+                while not self._held and not stop.is_set():
                     self._cond.wait()
-                if self._stopping and not self._held:
-                    return
-                wait = 0.0 if self._stopping else self.due_in(self.clock())
+                wait = 0.0 if stop.is_set() else self.due_in(self.clock())
                 if wait:
                     self._cond.wait(wait)
                     continue
             self.forward(self.take_due(self.clock()))
+        self.forward(self.take_due(self.clock(), stopping=True))
 
-    # -- lifecycle -----------------------------------------------------------------------------------
-    def start(self) -> None:
-        if self._thread is None:
-            self._stopping = False
-            self._thread = threading.Thread(target=self._run, name="admission events", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Hand on everything held (at once), then stop."""
+    def wake(self) -> None:
         with self._cond:
-            self._stopping = True
             self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-        self.forward(self.take_due(self.clock()))  # not started, or emitted after the thread ended
 
 
 # --- Events about objects being created -------------------------------------------------------------
@@ -181,8 +166,6 @@ class CreationEvents:
         self.ttl, self.max_held = ttl, max_held  # how long, and how many, Events wait for their object
         self._lock = threading.Lock()
         self._held: dict[tuple[str, str, str], _Awaiting] = {}  # oldest first
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     # -- admission's side --------------------------------------------------------------------------
     def hold(
@@ -267,26 +250,14 @@ class CreationEvents:
         with self._lock:
             return len(self._held)
 
-    def _run(self) -> None:
-        while not self._stop.wait(min(5.0, self.ttl / 2)):
+    def run(self, stop: threading.Event) -> None:
+        """Sweep until `stop`. Then Events still waiting for their object are dropped (their objects may
+        appear after this process ends: another replica has their Events only if it admitted them)."""
+        while not stop.wait(min(5.0, self.ttl / 2)):
             try:
                 self.sweep()
             except Exception:
                 logger.opt(exception=True).warning("sweep of held Events failed")
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="creation events", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop sweeping. Events still waiting for their object are dropped (their objects may appear
-        after this process ends: another replica has their Events only if it admitted them)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
         with self._lock:
             waiting, self._held = len(self._held), {}
         if waiting:

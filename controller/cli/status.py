@@ -32,7 +32,7 @@ from controller.core.intruders import find_intruders
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.core.queue import plan
 from controller.core.taints import desired_taints
-from controller.kube.egress_source import EgressPoller, PrometheusClient
+from controller.prometheus.egress_source import EgressPoller, PrometheusClient
 from controller.kube.client import (
     ClusterConfigError,
     KubeApi,

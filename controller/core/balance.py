@@ -1,5 +1,6 @@
-"""Node choice inside a pool: the least loaded eligible node, and the bookkeeping of placements
-chosen at admission whose pods do not exist yet.
+"""Node choice inside a pool: the rank of a node's load, the tie rule among equally loaded nodes
+(`core.load_index.PoolLoads` keeps the order; bench/oracles.py's `choose_node` is the full scan it is
+held to), and the bookkeeping of placements chosen at admission whose pods do not exist yet.
 
 Pure: the clock is passed in, nothing here reads the cluster.
 """
@@ -11,26 +12,10 @@ import heapq
 import itertools
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.core.model import NodeLoad, NodeState
-from controller.core.policy import PlacementPolicy, Pool
-
-
-def eligible_nodes(pool: Pool, policy: PlacementPolicy, nodes: Iterable[NodeState]) -> list[NodeState]:
-    """The nodes of `pool` a run may be sent to now: members (per `policy.pool_of`), Ready, not cordoned.
-
-    Membership is compared by pool name, so a `pool` taken from an equal policy object works too.
-    """
-    out = []
-    for node in nodes:
-        if not node.ready or node.unschedulable:
-            continue
-        owner = policy.pool_of(node)
-        if owner is not None and owner.name == pool.name:
-            out.append(node)
-    return out
 
 
 class Ratio:
@@ -100,43 +85,6 @@ def spread_index(salt: str, count: int) -> int:
     if count <= 1:
         return 0
     return int.from_bytes(hashlib.blake2b(salt.encode(), digest_size=8).digest(), "big") % count
-
-
-def choose_node(
-    nodes: Sequence[NodeState],
-    loads: Mapping[str, NodeLoad],
-    *,
-    salt: str,
-    ratios: Mapping[str, float] | None = None,
-) -> str | None:
-    """The name of the node with the lowest load ratio among `nodes`, or None when there is none.
-
-    The full scan: every node is ranked. It is the reference `PoolLoads` (core.load_index), which
-    admission uses, must agree with; the controller itself no longer calls it per decision.
-
-    Order (`load_rank`): ratio (placed+assumed)/capacity, then the absolute count; a node with
-    capacity <= 0 comes last. Among the nodes of the lowest rank (ties), the one at
-    `spread_index(salt, count)` in name order, so equal nodes are picked in a salt-dependent order.
-    A node missing from `loads` has no load and the capacity of its allocatable pods. Full nodes
-    (ratio >= 1) sort after every non-full one but are still chosen when all are full: the pool
-    constraint stays and the scheduler decides.
-
-    `ratios`, when given (measured egress load), replaces the ratio of every node it names that
-    has capacity, compared exactly as the floats given; the absolute count and the tie rule still
-    order equal ratios.
-    """
-    if not nodes:
-        return None
-    ranks: dict[str, Rank] = {}
-    for node in nodes:
-        load = loads.get(node.name) or NodeLoad(node.name, 0, 0, node.allocatable_pods)
-        measured = None
-        if ratios is not None and node.name in ratios and load.capacity > 0:
-            measured = ratios[node.name].as_integer_ratio()
-        ranks[node.name] = load_rank(load, measured)
-    best = min(ranks.values())
-    tied = sorted(name for name, rank in ranks.items() if rank == best)
-    return tied[spread_index(salt, len(tied))]
 
 
 def ledger_key(kind: str, namespace: str, name: str) -> str:

@@ -6,7 +6,7 @@ into the load ratio node choice ranks by; `rank_nodes` does it for a pool. `docs
 explains the formula.
 
 Pure: the time is passed in; measurements are plain values fetched elsewhere
-(`controller.kube.egress_source`).
+(`controller.prometheus.egress_source`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the policy model; the CEL text lives in this module only.
 Three objects (names in `GUARD_NAME`):
 
 - the ValidatingAdmissionPolicy (`validating_admission_policy()`): the same for every policy; shipped
-  in `k8s/pool-guard.yaml` (a unit test checks the file equals this render);
+  in `k8s/pool-guard.yaml` and the chart, both written by `make generate` (devplacer/generate.py);
 - its binding (`policy_binding(policy, namespace)`): leaves the exempt and agent namespaces out by
   `kubernetes.io/metadata.name` (the API server sets that label to the namespace's name; no tenant
   can set it); `k8s/` ships the one for the default exempt and agent namespaces (no EgressPlacerConfig),
@@ -14,16 +14,17 @@ Three objects (names in `GUARD_NAME`):
   its namespace rules (globs as RE2 regular expressions, the label selector, the annotation
   `egress-placer.io/pools`) and the pool node names.
 
-What the policy refuses (`refused_pools` says the same in Python; the unit tests hold the CEL to it):
-a pod, of a namespace the binding matches, that newly reaches a pool its namespace may not use. A pod
-reaches pool P when it tolerates P's taint (the Kubernetes toleration rule: by key, or a key-less
-`Exists`) and is not pinned off P's nodes, or when its `spec.nodeName` is a node of P. Pinned off: its
-`nodeName` is another node, or every required node-affinity term has a `matchFields metadata.name In`
-naming no node of P (how the DaemonSet controller pins its pods). "Newly": on UPDATE, a pool the old
-object already reached by toleration (or by `nodeName`) is not judged again, so the garbage collector
-or a finalizer change on an existing pod is never refused. What the tenant writes (tolerations,
-nodeName, affinity) only ever makes the guard stricter: the namespace (the request's own, from
-`namespaceObject`, which the API server fills) and the params are the facts it relies on.
+What the policy refuses (`refused_pools` in tests/unit/test_guard.py says the same in Python; the unit
+tests hold the CEL to it): a pod, of a namespace the binding matches, that newly reaches a pool its
+namespace may not use. A pod reaches pool P when it tolerates P's taint (the Kubernetes toleration rule:
+by key, or a key-less `Exists`) and is not pinned off P's nodes, or when its `spec.nodeName` is a node
+of P. Pinned off: its `nodeName` is another node, or every required node-affinity term has a
+`matchFields metadata.name In` naming no node of P (how the DaemonSet controller pins its pods).
+"Newly": on UPDATE, a pool the old object already reached by toleration (or by `nodeName`) is not judged
+again, so the garbage collector or a finalizer change on an existing pod is never refused. What the
+tenant writes (tolerations, nodeName, affinity) only ever makes the guard stricter: the namespace (the
+request's own, from `namespaceObject`, which the API server fills) and the params are the facts it
+relies on.
 
 Params missing: the binding's `parameterNotFoundAction: Allow` admits everything (no pod is harmed
 by a missing object the leader recreates on its next pass). Params present but a pool's entries
@@ -38,14 +39,11 @@ node's name is a params key), not by walking the node list.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-import yaml
-
-from controller.core.model import NAMESPACE_POOLS_ANNOTATION, NamespaceState, NodeState, Taint
-from controller.core.patches import tolerates
-from controller.core.policy import LabelSelector, PlacementPolicy, agent_namespaces, load_policy
+from controller.core.model import NAMESPACE_POOLS_ANNOTATION, NodeState
+from controller.core.policy import LabelSelector, PlacementPolicy, agent_namespaces
 
 GUARD_NAME = "egress-placer-pool-guard"  # the policy, its binding and its params ConfigMap
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every Namespace
@@ -331,93 +329,3 @@ def policy_binding(policy: PlacementPolicy, namespace: str) -> dict[str, Any]:
             "matchResources": match,
         },
     }
-
-
-# -- the same rule in Python (what the unit tests hold the CEL to) --------------------------------------
-
-
-def _pool_of_name(policy: PlacementPolicy, nodes: Mapping[str, NodeState], name: str) -> str | None:
-    pool = policy.pool_of(nodes.get(name) or NodeState(name=name))
-    return pool.name if pool is not None else None
-
-
-def _tolerated(policy: PlacementPolicy, pod: Mapping[str, Any] | None) -> set[str]:
-    spec = (pod or {}).get("spec") or {}
-    return {
-        p.name
-        for p in policy.pools
-        if any(tolerates(t, Taint(p.taint.key, p.name, p.taint.effect)) for t in spec.get("tolerations") or [])
-    }
-
-
-def _pinned_off(policy: PlacementPolicy, nodes: Mapping[str, NodeState], pod: Mapping[str, Any], pool: str) -> bool:
-    spec = pod.get("spec") or {}
-    if spec.get("nodeName") and _pool_of_name(policy, nodes, spec["nodeName"]) != pool:
-        return True
-    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
-    terms = (required or {}).get("nodeSelectorTerms") or []
-    return bool(terms) and all(
-        any(
-            f.get("key") == "metadata.name"
-            and f.get("operator") == "In"
-            and f.get("values")
-            and all(_pool_of_name(policy, nodes, v) != pool for v in f["values"])
-            for f in term.get("matchFields") or []
-        )
-        for term in terms
-    )
-
-
-def refused_pools(
-    policy: PlacementPolicy,
-    nodes: Mapping[str, NodeState],
-    namespace: NamespaceState,
-    pod: Mapping[str, Any],
-    old: Mapping[str, Any] | None = None,
-) -> list[str]:
-    """The pools, in policy order, that the guard refuses `pod` (of `namespace`; `old` on UPDATE) for."""
-    new_node = (pod.get("spec") or {}).get("nodeName")
-    old_node = ((old or {}).get("spec") or {}).get("nodeName")
-    node_pool = _pool_of_name(policy, nodes, new_node) if new_node else None
-    old_node_pool = _pool_of_name(policy, nodes, old_node) if old_node else None
-    tolerated, old_tolerated = _tolerated(policy, pod), _tolerated(policy, old)
-    reached = [
-        p.name
-        for p in policy.pools
-        if (p.name in tolerated and p.name not in old_tolerated and not _pinned_off(policy, nodes, pod, p.name))
-        or (node_pool == p.name and old_node_pool != p.name)
-    ]
-    return [name for name in reached if not policy.pool(name).allows(namespace)]  # type: ignore[union-attr]
-
-
-# -- the shipped manifest --------------------------------------------------------------------------------
-
-MANIFEST_HEADER = """\
-# The pool guard: a ValidatingAdmissionPolicy that refuses, inside the API server (so also while the
-# webhook is down), pods of namespaces without pool rights that would reach a pool: a toleration of a
-# pool's taint (by key, or a key-less Exists) unless pinned off the pool's nodes, or a nodeName of a pool
-# node. See k8s/README.md, "The pool guard". The leader keeps its params (ConfigMap
-# egress-placer-pool-guard) and the binding's namespaceSelector (exempt and agent namespaces) current.
-#
-# GENERATED from controller/core/guard.py for the default exempt and agent namespaces (no
-# EgressPlacerConfig); do not edit. Regenerate with:
-#   python -c 'from controller.core.guard import manifest_text; print(manifest_text(), end="")' > k8s/pool-guard.yaml
-"""
-
-
-class _BlockDumper(yaml.SafeDumper):
-    """Multi-line strings (the CEL) as literal blocks."""
-
-
-_BlockDumper.add_representer(
-    str,
-    lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None),
-)
-
-
-def manifest_text(policy_text: str | None = None, namespace: str = "egress-placer") -> str:
-    """k8s/pool-guard.yaml: the policy and the binding for the policy in `policy_text` (a PlacementPolicy
-    document; None: the default policy-wide fields, what k8s/ ships)."""
-    policy = PlacementPolicy.empty() if policy_text is None else load_policy(policy_text, "<policy>")
-    docs = [validating_admission_policy(), policy_binding(policy, namespace)]
-    return MANIFEST_HEADER + yaml.dump_all(docs, Dumper=_BlockDumper, sort_keys=False, width=120, explicit_start=True)

@@ -154,16 +154,6 @@ def check_pod(
     )
 
 
-def is_intruder(
-    policy: PlacementPolicy,
-    pod: PodState,
-    node: NodeState | None,
-    namespace: NamespaceState | None,
-    daemonsets: Mapping[str, DaemonSetState],
-) -> bool:
-    return check_pod(policy, pod, node, namespace, daemonsets) is not None
-
-
 def find_intruders(
     policy: PlacementPolicy,
     nodes: Mapping[str, NodeState],

@@ -6,7 +6,7 @@ order-statistic list (`sortedcontainers.SortedList`). Whoever sees a change tell
 node, an assumption, a node joining or leaving, a new egress figure); a change and a choice each
 cost O(log n) in the pool's size, and nothing is rebuilt per decision.
 
-The choice is the one `core.balance.choose_node` (the full scan) makes from the same loads: the
+The choice is the one `choose_node` of bench/oracles.py (the full scan) makes from the same loads: the
 lowest rank, and among equal nodes the one at `spread_index(salt, count)` in name order. The
 equal nodes come first in the sorted list and their count is one bisection, so a tie costs no more
 than one node.

@@ -53,7 +53,7 @@ def pool_terms(pool: Pool) -> list[Term]:
 
 
 def node_preference(node: str) -> dict[str, Any]:
-    """The preferred-node term egress-placer writes for the node `choose_node` picked."""
+    """The preferred-node term egress-placer writes for the node the pool's load index picked."""
     return {"weight": PREFERRED_NODE_WEIGHT, "preference": {"matchFields": [_node_name_requirement(node)]}}
 
 

@@ -239,8 +239,3 @@ def pool_status(
         queue=queue if pool is not None and pool.queue is not None else None,
     )
     return out.model_dump(mode="json", by_alias=True, exclude_none=True)
-
-
-def status_differs(desired: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
-    """Whether writing `desired` would change the stored status (a JSON comparison)."""
-    return dict(desired) != dict(stored)

@@ -1,6 +1,7 @@
 """The Kubernetes adapter: the only package that imports the `kubernetes` client.
 
-client (ApiClient, raw JSON requests), informer (list + watch into plain dicts), writer (every
-write, one error classification, Events), leader (Lease election), policy_source (the policy
-from a ConfigMap or a file), egress_source (measured egress from Prometheus, over `requests`).
+client (the transport: raw JSON requests, one error classification), reader (the one retrying
+call, reads), writer (every write, the one optimistic-concurrency loop, Events), informer (list +
+watch into plain dicts), leader (Lease election), policy_source (the policy
+from a ConfigMap or a file). Kubernetes only: Prometheus has its own adapter (controller.prometheus).
 """

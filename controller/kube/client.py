@@ -7,12 +7,15 @@ none of these gives a usable configuration.
 `KubeApi` sends requests through that client's `ApiClient` (authentication, TLS, connection pool,
 token refresh) but reads and writes plain JSON: no pydantic models, which are too slow and too big
 for tens of thousands of pods. Errors are the client's own `ApiException` (with `.status`).
+`classify` is the one classification of them (retry, not found, conflict, refused by a disruption
+budget, fail); the verbs over this transport (`reader`, `writer`) retry by it and raise `ApiError`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -85,9 +88,10 @@ class KubeApi:
         body: Any,
         content_type: str,
         timeout: float | tuple[float, float] | None,
+        accept: str = JSON,
     ) -> Any:
         query_params = [(k, v) for k, v in (query or {}).items() if v is not None]
-        headers = {"Accept": JSON}
+        headers = {"Accept": accept}
         if body is not None:
             headers["Content-Type"] = content_type
         method, url, header_params, body, post_params = self.api_client.param_serialize(
@@ -167,3 +171,58 @@ def error_body(error: BaseException) -> dict[str, Any]:
     except (TypeError, ValueError):
         return {}
     return out if isinstance(out, dict) else {}
+
+
+class Outcome(Enum):
+    RETRY = "retry"
+    NOT_FOUND = "not-found"
+    CONFLICT = "conflict"
+    REFUSED = "refused"  # an eviction a PodDisruptionBudget does not allow now
+    FAIL = "fail"
+
+
+def classify(error: BaseException) -> tuple[Outcome, str]:
+    """What to do about `error`, and a short cause for metrics and logs."""
+    status = status_of(error)
+    if status is None:
+        if isinstance(error, (urllib3.exceptions.HTTPError, OSError, ApiException)):
+            return Outcome.RETRY, "connection"  # ApiException with status 0: TLS/connection trouble
+        return Outcome.FAIL, type(error).__name__
+    if status == 429:
+        causes = (error_body(error).get("details") or {}).get("causes") or []
+        if any(c.get("reason") == "DisruptionBudget" for c in causes):  # StatusCause.Type is "reason" in JSON
+            return Outcome.REFUSED, "disruption-budget"
+        return Outcome.RETRY, "throttled"
+    if status >= 500:
+        return Outcome.RETRY, "server-error"
+    if status == 404:
+        return Outcome.NOT_FOUND, "not-found"
+    if status == 409:
+        return Outcome.CONFLICT, "conflict"
+    return Outcome.FAIL, f"http-{status}"
+
+
+class ApiError(RuntimeError):
+    """A request to the API server that did not succeed: refused, or retries exhausted.
+
+    `status` is the HTTP status (None when there was no answer) and `reason` the API Status
+    reason ("Conflict", "AlreadyExists", "NotFound"...; "" when the answer had none)."""
+
+    def __init__(self, operation: str, outcome: Outcome, cause: str, error: BaseException) -> None:
+        body = error_body(error)
+        message = (body.get("message") or getattr(error, "reason", None) or str(error)).strip()
+        super().__init__(f"{operation} failed ({cause}): {message}")
+        self.operation = operation
+        self.outcome = outcome
+        self.cause = cause
+        self.status = status_of(error)
+        self.reason = str(body.get("reason") or "")
+
+
+def retry_after(error: BaseException | None) -> float:
+    """The server's Retry-After (seconds; 0 when it sent none)."""
+    headers = getattr(error, "headers", None) or {}
+    try:
+        return max(0.0, float(headers.get("Retry-After") or 0))
+    except (TypeError, ValueError):
+        return 0.0

@@ -1,4 +1,5 @@
-"""Informers: list then watch one resource, keeping plain trimmed dicts, in a daemon thread.
+"""Informers: list then watch one resource, keeping plain trimmed dicts; each a task of the runner
+(controller.runner: `run(stop)`, with `interrupt` as its stop hook).
 
 Why not `kubernetes.informer.SharedInformer` (shipped with the pinned client): it deserializes every
 object into a pydantic model (too slow and too big for 20,000 pods), lists without `limit`, does not
@@ -10,7 +11,7 @@ cache; the informer keeps only the resourceVersion).
 Protocol: list (paginated) -> `on_replace(objs)` -> watch from the list's resourceVersion with
 `allowWatchBookmarks` and a server timeout -> `on_event(type, obj)` per event -> on timeout, watch
 again from the last resourceVersion (bookmarks advance it) -> on 410 Gone or an ERROR event, relist.
-Errors back off exponentially with jitter (`kube.retry`); restarts are counted in
+Errors back off exponentially with jitter (`controller.retry`); restarts are counted in
 `metrics.watch_restarts{resource, cause}` with cause `timeout` (the server ended the watch: normal),
 `gone` (410: relist), `error-event` (an ERROR event: relist after a backoff) or `failure` (a failed
 request or a broken connection: resume from the last resourceVersion after a backoff).
@@ -36,8 +37,9 @@ from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATIO
 from controller.core.queue import PIPELINERUN_LABEL, QUEUE_ANNOTATION
 from controller.core.patches import InvalidDefault, default_pod_template
 from controller.kube.client import KubeApi, describe_error, status_of
-from controller.kube.retry import WATCHES, RetryPolicy, retrying
+from controller.retry import WATCHES, RetryPolicy, retrying
 from controller.metrics import Metrics
+from controller.runner import Runner, Task
 from controller.settings import Settings
 
 Obj = dict[str, Any]
@@ -325,7 +327,7 @@ class WatchError(Exception):
 
 
 class Informer:
-    """List + watch of one Resource in a daemon thread; see the module docstring."""
+    """List + watch of one Resource; see the module docstring."""
 
     def __init__(
         self,
@@ -350,56 +352,39 @@ class Informer:
         self.watch_timeout_seconds = watch_timeout_seconds
         self.synced = threading.Event()
         self.resource_version: str | None = None  # None: the next session lists first
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.backoff = backoff
         self._response_lock = threading.Lock()
         self._response: Any = None
         self._log = logger.bind(resource=resource.name)
-        self._retrying = retrying(
-            backoff, lambda e: not self._stop.is_set(), sleep=self._sleep, before_sleep=self._before_retry
-        )
-
-    def _sleep(self, seconds: float) -> None:
-        self._stop.wait(seconds)  # a stop ends the backoff at once
 
     # -- lifecycle ----------------------------------------------------------------------------------
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self.run, name=f"informer {self.resource.name}", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop promptly: the open watch connection is shut down, the thread joined."""
-        self._stop.set()
-        with self._response_lock:
-            _shutdown(self._response)
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    @property
-    def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def run(self) -> None:
-        while not self._stop.is_set():
+    def run(self, stop: threading.Event) -> None:
+        """List and watch until `stop` (a stop also ends a backoff at once)."""
+        retry = retrying(self.backoff, lambda e: not stop.is_set(), sleep=stop.wait, before_sleep=self._before_retry)
+        while not stop.is_set():
             try:
-                self._retrying(self._session)
+                retry(self._session, stop)
             except Exception:  # only when stopping: retry covers everything else
-                if not self._stop.is_set():
+                if not stop.is_set():
                     self._log.exception("informer loop failed")
 
+    def interrupt(self) -> None:
+        """The stop hook: shut the open watch connection down, so that `run` ends promptly."""
+        with self._response_lock:
+            _shutdown(self._response)
+
     # -- one session: (re)list if needed, then one watch until it ends ------------------------------
-    def _session(self) -> None:
-        if self._stop.is_set():
+    def _session(self, stop: threading.Event) -> None:
+        if stop.is_set():
             return
         if self.resource_version is None:
-            self._list()
+            self._list(stop)
         try:
-            self._watch()
+            self._watch(stop)
         except WatchExpired:
             self._restart("gone", relist=True)
             return
-        if not self._stop.is_set():
+        if not stop.is_set():
             self._restart("timeout", relist=False)
 
     def _restart(self, cause: str, relist: bool) -> None:
@@ -426,7 +411,7 @@ class Informer:
             "list/watch failed, retrying in {:.1f}s: {}", wait, describe_error(error)
         )
 
-    def _list(self) -> None:
+    def _list(self, stop: threading.Event) -> None:
         items: list[Obj] = []
         token: str | None = None
         while True:
@@ -449,14 +434,14 @@ class Informer:
             if token is None:
                 rv = meta.get("resourceVersion")
                 break
-            if self._stop.is_set():
+            if stop.is_set():
                 return
         self.on_replace(items)
         self.resource_version = rv
         self.synced.set()
         self._log.bind(count=len(items), resource_version=rv).debug("listed")
 
-    def _watch(self) -> None:
+    def _watch(self, stop: threading.Event) -> None:
         query = {
             "watch": True,
             "resourceVersion": self.resource_version,
@@ -476,15 +461,15 @@ class Informer:
         with self._response_lock:
             self._response = response
         try:
-            if self._stop.is_set():
+            if stop.is_set():
                 return
             for line in iter_resp_lines(response):
-                if self._stop.is_set():
+                if stop.is_set():
                     return
                 if line:
                     self._handle(json.loads(line))
         except Exception:
-            if self._stop.is_set():
+            if stop.is_set():
                 return  # the connection was shut down on purpose
             raise
         finally:
@@ -512,6 +497,11 @@ class Informer:
                 self._log.bind(event=kind, namespace=meta.get("namespace"), name=meta.get("name")).exception(
                     "event handler failed; the next relist repairs the cache"
                 )
+
+
+def start_informers(runner: Runner, informers: Sequence[Informer]) -> list[Task]:
+    """Each informer as a task of `runner` (ready once listed), its watch connection shut down on stop."""
+    return [runner.start(f"informer {i.resource.name}", i.run, on_stop=i.interrupt, ready=i.synced) for i in informers]
 
 
 def _shutdown(response: Any) -> None:

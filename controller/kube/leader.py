@@ -7,8 +7,9 @@ stopped, it never releases the lease on shutdown, and it judges expiry on the wa
 
 Rules (client-go): a follower takes the lease when it has no holder, or when its record has not
 changed for `lease_duration` seconds of this process's monotonic clock; the leader renews every
-`retry_period` and steps down when no renewal succeeded for `renew_deadline`. On stop the leader
-releases the lease (empty holder), so a follower takes over at its next try.
+`retry_period` and steps down when no renewal succeeded for `renew_deadline`. It is a task of the
+runner (controller.runner): when stopped, the leader steps down and releases the lease (empty holder,
+unless `release_on_stop` is off), so a follower takes over at its next try.
 
 Lease requests go through the adapter's `KubeClient`: its one error classification (a 404 is "no
 lease yet", a 409 "another candidate wrote first") and its retry policy (`retry.lease_policy`: one
@@ -26,7 +27,7 @@ from typing import Any, Callable
 from loguru import logger
 
 from controller.kube.client import KubeApi
-from controller.kube.retry import lease_policy
+from controller.retry import lease_policy
 from controller.kube.writer import ApiError, KubeClient, Outcome, micro_time
 from controller.metrics import Metrics
 
@@ -68,8 +69,7 @@ class LeaderElector:
         self._client = KubeClient(api, metrics, retry=lease_policy(retry_period))
         self._path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
         self._leader = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.release_on_stop = True  # off: stop as a crash would (tests)
         self._observed: tuple[Any, ...] | None = None  # (holder, renewTime, transitions) last seen
         self._observed_at = 0.0
         self._lease: dict[str, Any] | None = None  # the lease as last read or written
@@ -80,25 +80,10 @@ class LeaderElector:
     def is_leader(self) -> bool:
         return self._leader.is_set()
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self.run, name="leader election", daemon=True)
-            self._thread.start()
-
-    def stop(self, release: bool = True, timeout: float = 10.0) -> None:
-        """Stop campaigning; a leader steps down and (with `release`) frees the lease for the others."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-        if self.is_leader:
-            self._step_down()
-            if release:
-                self._release()
-
-    def run(self) -> None:
+    def run(self, stop: threading.Event) -> None:
+        """Campaign until `stop`; then a leader steps down and frees the lease for the others."""
         last_renewal = self.clock()
-        while not self._stop.is_set():
+        while not stop.is_set():
             try:
                 ok = self.try_acquire_or_renew()
             except Exception as e:  # any API trouble counts as a failed attempt
@@ -113,7 +98,11 @@ class LeaderElector:
                 self._log.warning("lease not renewed for {:.1f}s: stepping down", now - last_renewal)
                 self._step_down()
             wait = self.retry_period if self.is_leader else self.retry_period * (1 + 0.2 * random.random())
-            self._stop.wait(wait)
+            stop.wait(wait)
+        if self.is_leader:
+            self._step_down()
+            if self.release_on_stop:
+                self._release()
 
     # -- one attempt ---------------------------------------------------------------------------------
     def try_acquire_or_renew(self) -> bool:

@@ -34,9 +34,10 @@ from controller.core.pool_status import PoolObject
 from controller.core.pools import CONFIG_PLURAL, GROUP, KINDS, PLURALS, POOL_KIND, POOL_PLURAL, policy_from_objects
 from controller.event_sink import EventSink
 from controller.kube.client import KubeApi, describe_error, status_of
-from controller.kube.informer import Informer, Obj, config_map, pools_api
-from controller.kube.retry import WATCHES, RetryPolicy
+from controller.kube.informer import Informer, Obj, config_map, pools_api, start_informers
+from controller.retry import WATCHES, RetryPolicy
 from controller.metrics import Metrics
+from controller.runner import Runner
 from controller.settings import Settings
 
 
@@ -92,8 +93,6 @@ class PolicySource:
         self.on_refused = on_refused
         self._last_text: str | None = None
         self.loaded_text: str | None = None  # the text of the last valid policy loaded
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._informers: list[Informer] = []
         # Pools API mode: the objects seen, by kind and name, and the kinds listed at least once.
         self._objects: dict[str, dict[str, Obj]] = {kind: {} for kind in KINDS}
@@ -132,19 +131,11 @@ class PolicySource:
             return f"{POOL_PLURAL} and {CONFIG_PLURAL} ({GROUP})"
         return f"configmap {s.namespace}/{s.policy_configmap}:{s.policy_key}"
 
-    def start(self) -> None:
-        for informer in self._informers:
-            informer.start()
-        if not self._informers and self._thread is None:
-            self._thread = threading.Thread(target=self._poll_file, name="policy file", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for informer in self._informers:
-            informer.stop()
-        if self._thread is not None:
-            self._thread.join(5.0)
+    def start(self, runner: Runner) -> None:
+        """Its informers, or (file mode) the file's poll, as tasks of `runner`."""
+        start_informers(runner, self._informers)
+        if not self._informers:
+            runner.start("policy file", self._poll_file)
 
     # -- the one place a policy text is judged ----------------------------------------------------
     def offer(self, text: str | None, regarding: dict[str, Any] | None = None) -> PlacementPolicy | None:
@@ -285,11 +276,11 @@ class PolicySource:
         self._judge(key, lambda: policy_from_objects(objects), partial(_named_first, objects), dump_policy)
 
     # -- file mode --------------------------------------------------------------------------------
-    def _poll_file(self) -> None:
+    def _poll_file(self, stop: threading.Event) -> None:
         path = self.settings.policy_file
         assert path is not None
         seen: tuple[float, int] | None = None
-        while not self._stop.is_set():
+        while not stop.is_set():
             try:
                 st = os.stat(path)
                 stamp = (st.st_mtime, st.st_size)
@@ -306,7 +297,7 @@ class PolicySource:
                 self.synced.set()
             except Exception:
                 logger.bind(source=self.source).exception("policy file not read")
-            self._stop.wait(self.poll_seconds)
+            stop.wait(self.poll_seconds)
 
 
 def _named_first(objects: Sequence[Obj], error: str) -> dict[str, Any] | None:

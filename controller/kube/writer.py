@@ -1,11 +1,7 @@
-"""Every write egress-placer makes to the API server (and the reads those writes depend on), with
-ONE place that classifies errors: `KubeClient`, and the `EventRecorder` that writes Events through it.
-
-`classify` decides, for any error: retry (429 from the API server's flow control, 5xx, connection
-errors: the `kube.retry` policy, at least the server's Retry-After), done (404), conflict (409:
-methods that take a resourceVersion re-read and retry), refused (429 from a PodDisruptionBudget on
-an eviction: "not now") or fail (any other 4xx: raise ApiError at once). The leader's Lease
-requests go through `KubeClient.call` too.
+"""Every write egress-placer makes to the API server: `KubeClient` (a `reader.KubeReader` too: one
+object reads and writes, every request through the reader's retrying, classifying `call`; the
+leader's Lease requests too), and the `EventRecorder` that writes Events through it. `update` is
+the one optimistic-concurrency loop (read, change, write with the resourceVersion, on 409 again).
 """
 
 from __future__ import annotations
@@ -17,86 +13,23 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from enum import Enum
 from functools import partial
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence
 
-import tenacity
-import urllib3
-from kubernetes.client import ApiClient
-from kubernetes.client.exceptions import ApiException
 from loguru import logger
 
 from controller.core.model import Taint
 from controller.core.policy import API_VERSION as POOLS_API_VERSION
-from controller.kube.client import JSON_PATCH, MERGE_PATCH, KubeApi, error_body, status_of
-from controller.kube.retry import WRITES, RetryPolicy, retrying
+from controller.kube.client import JSON, JSON_PATCH, MERGE_PATCH, ApiError, Outcome
+from controller.kube.reader import KubeReader
 from controller.metrics import Metrics
-
-T = TypeVar("T")
 
 REPORTING_CONTROLLER = "egress-placer.io/controller"
 MAX_CONFLICT_ATTEMPTS = 5
 MAX_NOTE = 1024  # events.k8s.io/v1 refuses longer notes
 
-
-class Outcome(Enum):
-    RETRY = "retry"
-    NOT_FOUND = "not-found"
-    CONFLICT = "conflict"
-    REFUSED = "refused"  # an eviction a PodDisruptionBudget does not allow now
-    FAIL = "fail"
-
-
-def classify(error: BaseException) -> tuple[Outcome, str]:
-    """What to do about `error`, and a short cause for metrics and logs."""
-    status = status_of(error)
-    if status is None:
-        if isinstance(error, (urllib3.exceptions.HTTPError, OSError, ApiException)):
-            return Outcome.RETRY, "connection"  # ApiException with status 0: TLS/connection trouble
-        return Outcome.FAIL, type(error).__name__
-    if status == 429:
-        causes = (error_body(error).get("details") or {}).get("causes") or []
-        if any(c.get("reason") == "DisruptionBudget" for c in causes):  # StatusCause.Type is "reason" in JSON
-            return Outcome.REFUSED, "disruption-budget"
-        return Outcome.RETRY, "throttled"
-    if status >= 500:
-        return Outcome.RETRY, "server-error"
-    if status == 404:
-        return Outcome.NOT_FOUND, "not-found"
-    if status == 409:
-        return Outcome.CONFLICT, "conflict"
-    return Outcome.FAIL, f"http-{status}"
-
-
-class ApiError(RuntimeError):
-    """A request to the API server that did not succeed: refused, or retries exhausted.
-
-    `status` is the HTTP status (None when there was no answer) and `reason` the API Status
-    reason ("Conflict", "AlreadyExists", "NotFound"...; "" when the answer had none)."""
-
-    def __init__(self, operation: str, outcome: Outcome, cause: str, error: BaseException) -> None:
-        body = error_body(error)
-        message = (body.get("message") or getattr(error, "reason", None) or str(error)).strip()
-        super().__init__(f"{operation} failed ({cause}): {message}")
-        self.operation = operation
-        self.outcome = outcome
-        self.cause = cause
-        self.status = status_of(error)
-        self.reason = str(body.get("reason") or "")
-
-
-def is_transient(error: BaseException) -> bool:
-    """Worth trying again: throttled, a server error, or a connection that failed."""
-    return classify(error)[0] is Outcome.RETRY
-
-
-def _retry_after(error: BaseException | None) -> float:
-    headers = getattr(error, "headers", None) or {}
-    try:
-        return max(0.0, float(headers.get("Retry-After") or 0))
-    except (TypeError, ValueError):
-        return 0.0
+# What `update`'s `change` returns for a write: (method, body, content type, what `update` returns).
+Write = tuple[str, Any, str, Any]
 
 
 def _delete_options(uid: str, grace_seconds: int | None) -> dict[str, Any]:
@@ -117,40 +50,44 @@ def micro_time(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class KubeClient:
-    """The API calls egress-placer makes, on plain JSON: node taints, evictions, Secrets, the webhook's
-    CA bundle, the ConfigMaps the leader keeps (the pool guard's params, the last good policy), Events; `call` is the one retrying, classifying way to make another."""
+class KubeClient(KubeReader):
+    """The API writes egress-placer makes, on plain JSON: node taints, evictions, DaemonSet tolerations,
+    Secrets, the webhook's CA bundle, the ConfigMaps the leader keeps (the pool guard's params, the
+    last good policy), an EgressPool's status, releasing a queued run, Events."""
 
-    def __init__(
-        self,
-        api_client: ApiClient | KubeApi,
-        metrics: Metrics,
-        *,
-        retry: RetryPolicy = WRITES,
-        sleep: Callable[[float], None] = time.sleep,
-        timeout: float = 10.0,
-    ) -> None:
-        """`timeout` (per request) applies when an ApiClient is given; a KubeApi brings its own."""
-        self.api = api_client if isinstance(api_client, KubeApi) else KubeApi(api_client, timeout)
-        self.metrics = metrics
-        # Exponential backoff with jitter, but never less than the server's Retry-After.
-        self._retrying = retrying(retry, is_transient, sleep=sleep, at_least=_retry_after)
-
-    # -- the one retrying call -----------------------------------------------------------------------
-    def call(self, operation: str, fn: Callable[[], T]) -> T:
-        """Run `fn` (one API request) with retries on transient errors; any other outcome raises ApiError."""
-
-        def count(state: tenacity.RetryCallState) -> None:
-            error = state.outcome.exception() if state.outcome else None
-            cause = classify(error)[1] if error else "unknown"
-            self.metrics.api_write_retries.labels(operation=operation, cause=cause).inc()
-            logger.bind(operation=operation, cause=cause, attempt=state.attempt_number).debug("write retried")
-
+    def _call_or_done(self, operation: str, fn: Callable[[], Any], *outcomes: Outcome) -> bool:
+        """`call`; False when it failed with one of `outcomes`, which mean done (e.g. NOT_FOUND: gone)."""
         try:
-            return self._retrying.copy(before_sleep=count)(fn)
-        except Exception as e:
-            outcome, cause = classify(e)
-            raise ApiError(operation, outcome, cause, e) from e
+            self.call(operation, fn)
+            return True
+        except ApiError as e:
+            if e.outcome in outcomes:
+                return False
+            raise
+
+    def update(
+        self, operation: str, path: str, change: Callable[[dict[str, Any]], Write | None], *, read_as: str,
+        read: dict[str, Any] | None = None,
+    ) -> Any:
+        """The optimistic-concurrency loop on the object at `path`: `read` (the version the caller has) or
+        one read fresh (as operation `read_as`) goes to `change`, whose write carries its resourceVersion;
+        a conflict reads again. None when gone or nothing to do; else the result the write names."""
+        for _ in range(MAX_CONFLICT_ATTEMPTS):
+            fresh = read if read is not None else self.get(read_as, path)
+            read = None
+            write = change(fresh) if fresh is not None else None
+            if write is None:
+                return None
+            method, body, content_type, result = write
+            try:
+                self.call(operation, partial(self.api.call, method, path, body=body, content_type=content_type))
+                return result
+            except ApiError as e:
+                if e.outcome is Outcome.NOT_FOUND:
+                    return None
+                if e.outcome is not Outcome.CONFLICT:
+                    raise
+        raise ApiError(operation, Outcome.CONFLICT, "conflict", RuntimeError(f"{path} kept changing under us"))
 
     # -- nodes ----------------------------------------------------------------------------------------
     def set_node_taints(
@@ -167,34 +104,23 @@ class KubeClient:
         (e.g. `TaintChange.apply`, so a taint added meanwhile by someone else is kept), without it
         `taints` is written again. A node that is gone is done.
         """
-        path = f"/api/v1/nodes/{node}"
-        for _ in range(MAX_CONFLICT_ATTEMPTS):
+        first = True
+
+        def change(node: dict[str, Any]) -> Write | None:
+            nonlocal taints, first
+            if not first:  # read fresh after a conflict
+                current = tuple(Taint.from_dict(t) for t in (node.get("spec") or {}).get("taints") or [])
+                taints = tuple(rebase(current)) if rebase is not None else taints
+                if tuple(taints) == current:
+                    return None
+            first = False
             body: dict[str, Any] = {"spec": {"taints": [t.to_dict() for t in taints] or None}}
-            if resource_version:
-                body["metadata"] = {"resourceVersion": resource_version}
-            try:
-                self.call("set-node-taints", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH))
-                return
-            except ApiError as e:
-                if e.outcome is Outcome.NOT_FOUND:
-                    return
-                if e.outcome is not Outcome.CONFLICT:
-                    raise
-            try:
-                fresh = self.call("read-node", lambda: self.api.call("GET", path))
-            except ApiError as e:
-                if e.outcome is Outcome.NOT_FOUND:
-                    return
-                raise
-            current = tuple(Taint.from_dict(t) for t in (fresh.get("spec") or {}).get("taints") or [])
-            resource_version = fresh["metadata"]["resourceVersion"]
-            if rebase is not None:
-                taints = tuple(rebase(current))
-            if tuple(taints) == current:
-                return
-        raise ApiError(
-            "set-node-taints", Outcome.CONFLICT, "conflict", RuntimeError(f"node {node} kept changing under us")
-        )
+            if node["metadata"].get("resourceVersion"):
+                body["metadata"] = {"resourceVersion": node["metadata"]["resourceVersion"]}
+            return "PATCH", body, MERGE_PATCH, None
+
+        read = {"metadata": {"resourceVersion": resource_version}}
+        self.update("set-node-taints", f"/api/v1/nodes/{node}", change, read_as="read-node", read=read)
 
     # -- pods -----------------------------------------------------------------------------------------
     def evict(self, namespace: str, name: str, uid: str = "", grace_seconds: int | None = None) -> bool:
@@ -211,11 +137,9 @@ class KubeClient:
         if options:
             body["deleteOptions"] = options
         path = f"/api/v1/namespaces/{namespace}/pods/{name}/eviction"
-        try:
-            self.call("evict", lambda: self.api.call("POST", path, body=body))
+        try:  # gone, or another pod of that name now (404, 409): done
+            self._call_or_done("evict", lambda: self.api.call("POST", path, body=body), Outcome.NOT_FOUND, Outcome.CONFLICT)
         except ApiError as e:
-            if e.outcome in (Outcome.NOT_FOUND, Outcome.CONFLICT):  # gone, or another pod of that name now
-                return True
             if e.outcome is Outcome.REFUSED:
                 return False
             raise
@@ -228,11 +152,7 @@ class KubeClient:
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         options = _delete_options(uid, grace_seconds)
         body = {"apiVersion": "v1", "kind": "DeleteOptions", **options} if options else None
-        try:
-            self.call("delete-pod", lambda: self.api.call("DELETE", path, body=body))
-        except ApiError as e:
-            if e.outcome not in (Outcome.NOT_FOUND, Outcome.CONFLICT):
-                raise
+        self._call_or_done("delete-pod", lambda: self.api.call("DELETE", path, body=body), Outcome.NOT_FOUND, Outcome.CONFLICT)
 
     # -- daemonsets -----------------------------------------------------------------------------------
     def set_daemonset_tolerations(
@@ -250,14 +170,8 @@ class KubeClient:
 
         The tolerations written, or None when there was nothing to change (or it is gone, or replaced).
         """
-        path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
-        for _ in range(MAX_CONFLICT_ATTEMPTS):
-            try:
-                fresh = self.call("read-daemonset", lambda: self.api.call("GET", path))
-            except ApiError as e:
-                if e.outcome is Outcome.NOT_FOUND:
-                    return None
-                raise
+
+        def change(fresh: dict[str, Any]) -> Write | None:
             meta = fresh.get("metadata") or {}
             if meta.get("uid") != uid or meta.get("deletionTimestamp"):
                 return None
@@ -269,31 +183,12 @@ class KubeClient:
                 "metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": dict(annotations)},
                 "spec": {"template": {"spec": {"tolerations": wanted}}},  # a merge patch replaces the list whole
             }
-            try:
-                self.call("set-daemonset-tolerations", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH))
-                return wanted
-            except ApiError as e:
-                if e.outcome is Outcome.NOT_FOUND:
-                    return None
-                if e.outcome is not Outcome.CONFLICT:
-                    raise
-        raise ApiError(
-            "set-daemonset-tolerations", Outcome.CONFLICT, "conflict", RuntimeError(f"{namespace}/{name} kept changing under us")
-        )
+            return "PATCH", body, MERGE_PATCH, wanted
+
+        path = f"/apis/apps/v1/namespaces/{namespace}/daemonsets/{name}"
+        return self.update("set-daemonset-tolerations", path, change, read_as="read-daemonset")
 
     # -- secrets --------------------------------------------------------------------------------------
-    def read_secret(self, namespace: str, name: str) -> tuple[dict[str, bytes], str] | None:
-        """(data, resourceVersion) of a Secret, None when it does not exist."""
-        path = f"/api/v1/namespaces/{namespace}/secrets/{name}"
-        try:
-            secret = self.call("read-secret", lambda: self.api.call("GET", path))
-        except ApiError as e:
-            if e.outcome is Outcome.NOT_FOUND:
-                return None
-            raise
-        data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-        return data, secret["metadata"]["resourceVersion"]
-
     def write_secret(self, namespace: str, name: str, data: dict[str, bytes], resource_version: str | None) -> None:
         """Create the Secret (`resource_version` None) or update its data if it is still at that version.
 
@@ -328,45 +223,20 @@ class KubeClient:
         """
         if kind not in ("mutating", "validating"):
             raise ValueError(f"a webhook configuration is mutating or validating, not {kind!r}")
-        path = f"/apis/admissionregistration.k8s.io/v1/{kind}webhookconfigurations/{config_name}"
         wanted = _b64(ca_pem)
-        for _ in range(MAX_CONFLICT_ATTEMPTS):
-            try:
-                current = self.call("read-webhook-config", lambda: self.api.call("GET", path))
-            except ApiError as e:
-                if e.outcome is Outcome.NOT_FOUND:
-                    return False
-                raise
+
+        def change(current: dict[str, Any]) -> Write | None:
             webhooks = current.get("webhooks") or []
             if all((w.get("clientConfig") or {}).get("caBundle") == wanted for w in webhooks):
-                return False
+                return None
             for w in webhooks:
                 w.setdefault("clientConfig", {})["caBundle"] = wanted
-            try:  # PUT carries metadata.resourceVersion: a conflict means someone wrote in between
-                self.call("set-webhook-ca-bundle", partial(self.api.call, "PUT", path, body=current))
-                return True
-            except ApiError as e:
-                if e.outcome is Outcome.NOT_FOUND:
-                    return False
-                if e.outcome is not Outcome.CONFLICT:
-                    raise
-        raise ApiError(
-            "set-webhook-ca-bundle", Outcome.CONFLICT, "conflict", RuntimeError(f"{config_name} kept changing under us")
-        )
+            return "PUT", current, JSON, True  # PUT carries metadata.resourceVersion
+
+        path = f"/apis/admissionregistration.k8s.io/v1/{kind}webhookconfigurations/{config_name}"
+        return bool(self.update("set-webhook-ca-bundle", path, change, read_as="read-webhook-config"))
 
     # -- ConfigMaps the leader keeps (the pool guard's params, the last good policy), the guard's binding --
-    def _read(self, operation: str, path: str) -> dict[str, Any] | None:
-        try:
-            return self.call(operation, lambda: self.api.call("GET", path))
-        except ApiError as e:
-            if e.outcome is Outcome.NOT_FOUND:
-                return None
-            raise
-
-    def read_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The ConfigMap, None when it does not exist."""
-        return self._read("read-configmap", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
-
     def create_configmap(self, namespace: str, name: str, data: Mapping[str, str], labels: Mapping[str, str]) -> None:
         """Create the ConfigMap; one that exists already raises ApiError with outcome CONFLICT."""
         body = {
@@ -385,12 +255,6 @@ class KubeClient:
         path = f"/api/v1/namespaces/{meta['namespace']}/configmaps/{meta['name']}"
         self.call("replace-configmap", lambda: self.api.call("PUT", path, body=dict(configmap)))
 
-    def read_policy_binding(self, name: str) -> dict[str, Any] | None:
-        """The ValidatingAdmissionPolicyBinding, None when it does not exist."""
-        return self._read(
-            "read-policy-binding", f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{name}"
-        )
-
     def replace_policy_binding(self, binding: Mapping[str, Any]) -> None:
         """Replace the binding as read (its metadata.resourceVersion is the precondition)."""
         path = f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{binding['metadata']['name']}"
@@ -402,11 +266,7 @@ class KubeClient:
         `removed` are deleted). A pool that is gone is done."""
         body = {"status": {**{key: None for key in removed}, **dict(status)}}
         path = f"/apis/{POOLS_API_VERSION}/egresspools/{name}/status"
-        try:
-            self.call("set-pool-status", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH))
-        except ApiError as e:
-            if e.outcome is not Outcome.NOT_FOUND:
-                raise
+        self._call_or_done("set-pool-status", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH), Outcome.NOT_FOUND)
 
     # -- the queue: releasing a pending run (the leader's) -----------------------------------------------
     def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
@@ -452,7 +312,8 @@ class _Series:
 
 
 class EventRecorder:
-    """events.k8s.io/v1 Events written from a background thread.
+    """events.k8s.io/v1 Events written by a task of the runner (`run(stop)`, with `wake` as its stop
+    hook): when stopped, it writes what is queued, then ends.
 
     `emit` never blocks and never raises: when the bounded queue is full the event is dropped and
     counted in `metrics.events_dropped`. A repeat of the same (object, type, reason, note) within
@@ -477,25 +338,6 @@ class EventRecorder:
         self.clock = clock
         self._queue: queue.Queue[tuple[dict[str, Any], str, str, str, str, float] | None] = queue.Queue(max_queue)
         self._series: OrderedDict[tuple[str, ...], tuple[_Series, float]] = OrderedDict()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="event recorder", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Write what is queued (`flush`, within `timeout`), then stop."""
-        if self._thread is None:
-            return
-        deadline = time.monotonic() + timeout
-        self.flush(timeout)
-        try:
-            self._queue.put(None, timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Full:
-            pass
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        self._thread = None
 
     def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None:
         try:
@@ -506,18 +348,27 @@ class EventRecorder:
             logger.opt(exception=True).debug("event not queued")
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until every queued event was handled (`stop` does, and tests)."""
+        """Wait until every queued event was handled (tests)."""
         deadline = time.monotonic() + timeout
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.02)
         return not self._queue.unfinished_tasks
 
-    def _run(self) -> None:
+    def wake(self, timeout: float = 5.0) -> None:
+        """The stop hook: behind what is queued, a mark that makes `run` look at its stop event."""
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            pass
+
+    def run(self, stop: threading.Event) -> None:
         while True:
             item = self._queue.get()
             try:
                 if item is None:
-                    return
+                    if stop.is_set():
+                        return
+                    continue
                 self._write(*item)
             except Exception as e:
                 logger.bind(reason=item[2] if item else "").warning("event not written: {}", e)

@@ -93,8 +93,8 @@ class AgentReconciler:
         self._in_flight: dict[str, float] = {}  # uid -> when its template was patched
         self._gauge = GaugeSnapshot(metrics.agents_missing)
 
-    def __call__(self) -> list[AgentGap]:
-        return self.reconcile()
+    def __call__(self) -> None:
+        self.reconcile()  # the loop's pass: no requeue-after (the resync is soon enough)
 
     def reconcile(self) -> list[AgentGap]:
         """One pass; the gaps acted on (reported or patched) in it."""

@@ -105,12 +105,10 @@ class IntruderReconciler:
         self._next_pass: float | None = None  # seconds within which the next pass is wanted
         self._gauge = GaugeSnapshot(metrics.intruders)  # intruders found in the last pass, by pool
 
-    def __call__(self) -> list[Intruder]:
-        return self.reconcile()
-
-    def next_pass_within(self) -> float | None:
-        """Seconds within which the loop should run again: when a grace is over, soon while an
-        eviction is deferred or failed, None when nothing is pending."""
+    def __call__(self) -> float | None:
+        """The loop's pass; its requeue-after: when a grace is over, soon while an eviction is deferred
+        or failed, None when nothing is pending."""
+        self.reconcile()
         return self._next_pass
 
     def find(self) -> list[Intruder]:

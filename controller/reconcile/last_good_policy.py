@@ -50,8 +50,8 @@ class LastGoodPolicyKeeper:
         self._stored: dict[str, Any] | None = None  # the ConfigMap as last read or written
         self._read = False
 
-    def __call__(self) -> bool:
-        return self.reconcile()
+    def __call__(self) -> None:
+        self.reconcile()  # the loop's pass: no requeue-after (the resync is soon enough)
 
     def read(self) -> str | None:
         """The stored text (None: nothing stored); raises when it cannot be read."""

@@ -1,10 +1,10 @@
-"""The reconcile loop: one thread that runs the reconcilers (leader only) after a change or a resync.
+"""The reconcile loop: a runner's task that runs the reconcilers (leader only) after a change or a resync.
 
 It waits for the state's change signal (`ClusterState.subscribe`) or the resync period, waits a
 short debounce so a burst of events becomes one pass, then runs every reconciler if this replica
 leads. A reconciler that raises is logged; the next pass tries again. The loop never dies of it.
-A reconciler that has work it could not finish (an eviction a budget refused) may ask for the next
-pass sooner than the resync with a `next_pass_within()` method returning seconds (None: no need).
+A reconciler is called for one pass and returns its requeue-after: the seconds within which it wants
+the next pass (an eviction a budget refused, a grace to wait out), or None; the loop takes the least.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class ReconcileLoop:
     def __init__(
         self,
         state: ChangeSource,
-        reconcilers: Sequence[Callable[[], object]],
+        reconcilers: Sequence[Callable[[], float | None]],
         is_leader: Callable[[], bool],
         *,
         resync_seconds: float = 30.0,
@@ -38,48 +38,31 @@ class ReconcileLoop:
         self.clock = clock
         self.passes = 0  # completed passes as leader: tests wait on it (no health check reads it)
         self._changed = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         state.subscribe(lambda kind: self._changed.set())
 
     def wake(self) -> None:
         """Run a pass soon (e.g. when this replica just became the leader)."""
         self._changed.set()
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="reconcile loop", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        self._changed.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            self._thread = None
-
-    def _run(self) -> None:
+    def run(self, stop: threading.Event) -> None:
+        """Until `stop` (its stop hook: `wake`)."""
         next_resync = self.clock()
-        while not self._stop.is_set():
+        while not stop.is_set():
             self._changed.wait(max(0.0, next_resync - self.clock()))
-            if self._stop.is_set():
+            if stop.wait(self.debounce_seconds):  # let a burst of events settle into one pass
                 return
-            self._stop.wait(self.debounce_seconds)  # let a burst of events settle into one pass
             self._changed.clear()
-            self.run_once()
-            next_resync = self.clock() + min([self.resync_seconds, *self._wanted_within()])
+            next_resync = self.clock() + min([self.resync_seconds, *self.run_once()])
 
-    def _wanted_within(self) -> list[float]:
-        wanted = (getattr(r, "next_pass_within", lambda: None)() for r in self.reconcilers)
-        return [seconds for seconds in wanted if seconds is not None]
-
-    def run_once(self) -> None:
-        """One pass of every reconciler, if this replica leads."""
+    def run_once(self) -> list[float]:
+        """One pass of every reconciler, if this replica leads; the requeue-afters they asked for."""
         if not self.is_leader():
-            return
+            return []
+        wanted = []
         for reconcile in self.reconcilers:
             try:
-                reconcile()
+                wanted.append(reconcile())
             except Exception:
                 logger.bind(reconciler=type(reconcile).__name__).exception("reconcile pass failed; retrying next pass")
         self.passes += 1
+        return [seconds for seconds in wanted if seconds is not None]

@@ -63,8 +63,8 @@ class PoolGuardReconciler:
         self._kept: tuple[dict[str, str], dict[str, Any]] | None = None
         self._verified_at = float("-inf")
 
-    def __call__(self) -> list[str]:
-        return self.reconcile()
+    def __call__(self) -> None:
+        self.reconcile()  # the loop's pass: no requeue-after (the resync is soon enough)
 
     def reconcile(self) -> list[str]:
         """One pass; what was written ("params", "binding"). A failure is logged and retried next pass.

@@ -154,11 +154,9 @@ class PoolStatusWriter:
         self._next_pass = float("-inf")
         self._skipped = False
 
-    def __call__(self) -> list[str]:
-        return self.reconcile()
-
-    def next_pass_within(self) -> float | None:
-        """After a skipped pass: the seconds until the next one may compute."""
+    def __call__(self) -> float | None:
+        """The loop's pass; its requeue-after: after a skipped pass, the seconds until the next may compute."""
+        self.reconcile()
         return max(0.0, self._next_pass - self.clock()) if self._skipped else None
 
     def reconcile(self) -> list[str]:

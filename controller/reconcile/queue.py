@@ -64,13 +64,14 @@ class QueueReconciler:
         self.plans: dict[str, Plan] = {}  # pool -> the last pass's plan (tests, logs)
         self._released: dict[tuple[str, str, str], float] = {}  # released by us, not yet seen so
         self._warned: set[tuple[str, str, str]] = set()
-        self._next: float | None = None
         self._length = GaugeSnapshot(metrics.queue_length)
         self._slots = GaugeSnapshot(metrics.queue_slots)
 
-    def __call__(self) -> None:
+    def __call__(self) -> float | None:
+        """One pass; its requeue-after: the seconds to the earliest wait bound (a preferred pool's run to
+        release, a Warning to send), None when nothing waits."""
         if not self.state.policy_in_force:  # no policy yet: every pool would look unqueued
-            return
+            return None
         now = self.clock()
         entries = self._as_seen(self.state.queue_entries(), now)
         by_pool: dict[str, list[QueueEntry]] = defaultdict(list)
@@ -100,13 +101,7 @@ class QueueReconciler:
         self.plans = plans
         self._length.set(length)
         self._slots.set(slots)
-        self._next = min(deadlines) if deadlines else None
-
-    def next_pass_within(self) -> float | None:
-        """Seconds to the earliest wait bound (a preferred pool's run to release, a Warning to send)."""
-        if self._next is None:
-            return None
-        return max(0.5, self._next - self.clock())
+        return max(0.5, min(deadlines) - self.clock()) if deadlines else None
 
     def _as_seen(self, entries: list[QueueEntry], now: float) -> list[QueueEntry]:
         """Entries with the runs this replica released, and the informers still show pending, as released."""

@@ -72,8 +72,8 @@ class TaintReconciler:
         self._in_flight: dict[str, tuple[str | None, float]] = {}
         self._drift = GaugeSnapshot(metrics.taint_drift_nodes)  # nodes with taints to change in the last pass, by pool
 
-    def __call__(self) -> list[TaintChange]:
-        return self.reconcile()
+    def __call__(self) -> None:
+        self.reconcile()  # the loop's pass: no requeue-after (the resync is soon enough)
 
     def reconcile(self) -> list[TaintChange]:
         """One pass; the changes written. A failed node is logged and left for the next pass."""

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import yaml
 
 from devcluster.cluster import EGRESS_POOL_LABEL, Cluster, ClusterError
-from devplacer.controller import kubectl, start_controller
+from devplacer.local_placer import kubectl, start_controller
 
 HERE = Path(__file__).resolve().parent
 POOLS = HERE / "pools.yaml"  # the demo's pool, an EgressPool

@@ -1,8 +1,8 @@
 """End-to-end checks of the local cluster (marker `cluster`): the real Tekton controller finishes
 TaskRuns and PipelineRuns on KWOK nodes, the real scheduler obeys node selectors and taints, RBAC
 refuses a ServiceAccount without rights, the command line's up/status/kubeconfig/down leave
-no process behind, a failed `up` stops what it started, and the pytest fixture's cluster goes
-when its pytest process is killed."""
+no process behind, a failed `up` stops what it started, a port taken under `up` makes it start again
+on fresh ports, and the pytest fixture's cluster goes when its pytest process is killed."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -383,3 +384,34 @@ def test_up_that_fails_reports_the_log_tail_and_stops_what_it_started(
         "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "tekton-controller",
     ]
     assert [r.name for r in started if r.alive()] == []
+
+
+def test_up_starts_again_on_fresh_ports_when_a_neighbour_takes_one(tmp_path: Path) -> None:
+    """`up` picks free ports and binds them later: here another process takes the API server's port in
+    between (once etcd is ready, the API server's turn next), as a neighbouring cluster did in CI. `up`
+    says so in a line and comes up on fresh ports."""
+    lines: list[str] = []
+    taken: list[int] = []
+    neighbour = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if line.endswith("etcd ready") and not taken:
+            taken.append(cluster.state()["ports"]["kube-apiserver"])
+            neighbour.bind(("127.0.0.1", taken[0]))
+            neighbour.listen()
+
+    cluster = Cluster(tmp_path / "cluster", nodes=1, egress_nodes=1, log=log)
+    try:
+        cluster.up()
+
+        assert taken and cluster.state()["ports"]["kube-apiserver"] != taken[0]
+        retries = [line for line in lines if "starting again on fresh ports" in line]
+        assert len(retries) == 1, lines
+        assert retries[0].startswith("[devcluster] kube-apiserver could not bind its port")
+        assert f"127.0.0.1:{taken[0]}: bind: address already in use" in retries[0]
+        assert "(attempt 2 of 3)" in retries[0]
+        assert cluster.is_running()
+    finally:
+        neighbour.close()
+        cluster.down()

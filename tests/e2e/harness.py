@@ -34,7 +34,7 @@ from kubernetes.client.exceptions import ApiException
 from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devplacer.controller import (
+from devplacer.local_placer import (
     NAMESPACE,
     POOLS_WEBHOOK_CONFIG,
     WEBHOOK_CONFIG,
@@ -159,7 +159,7 @@ class Placer:
 @dataclass(frozen=True)
 class ControllerSpec:
     """How the `egress_placer` fixture starts egress-placer for a module (`CONTROLLER = ControllerSpec(...)`);
-    the fields are `devplacer.controller.start_controller`'s. `policy` None: the suite's."""
+    the fields are `devplacer.local_placer.start_controller`'s. `policy` None: the suite's."""
 
     policy: Path | None = None
     replicas: int = 1

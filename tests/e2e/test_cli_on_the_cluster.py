@@ -21,7 +21,7 @@ from controller.cli import PLUGIN_EXECUTABLE
 from controller.cli.errors import Exit
 from devcluster.process import free_port
 from devcluster.cluster import Cluster
-from devplacer.controller import install_pools, stop_controller
+from devplacer.local_placer import install_pools, stop_controller
 from tests.e2e.harness import POLICY_FILE, Placer, as_an_administrator, egress_placer_command, pool_taints, running_placer
 from tests.e2e.tekton_runs import POOL_NODES, POOL_TAINT
 from tests.kube import Api, node

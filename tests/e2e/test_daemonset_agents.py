@@ -21,7 +21,7 @@ from controller.core.agents import POOL_TOLERATIONS_ANNOTATION, TOLERATIONS_ADDE
 from controller.core.model import TAINT_KEY
 from controller.settings import Settings
 from devcluster.cluster import Cluster
-from devplacer.controller import WEBHOOK_CONFIG
+from devplacer.local_placer import WEBHOOK_CONFIG
 from tests.e2e.harness import Placer
 from tests.e2e.tekton_runs import ORDINARY_NODES, POOL_LABEL, POOL_NODES, POOL_TAINT, TEAM_OTHER, events, node_of
 from tests.kube import Api, namespaced, node, pods

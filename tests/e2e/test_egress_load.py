@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.cluster import Cluster
 from devcluster.prometheus import start_prometheus, stop_prometheus, wait_for_rates
-from devplacer.controller import service_account_user
+from devplacer.local_placer import service_account_user
 from devplacer.egress_exporter import EGRESS_QUERY, EgressExporter, egress_load_block, start_exporters, stop_exporters
 from tests.e2e.harness import POLICY_FILE, Placer, running_placer
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, decision_of, taskrun

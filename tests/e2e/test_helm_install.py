@@ -2,7 +2,7 @@
 cluster's admin kubeconfig) installs charts/egress-placer with the e2e policy as its `policy` value
 (`policySource: configmap`), and the controller it describes places runs.
 
-The controller runs as in the other e2e tests (devplacer.controller.start_controller): a local process
+The controller runs as in the other e2e tests (devplacer.local_placer.start_controller): a local process
 under the chart's ServiceAccount (a minted kubeconfig, so the chart's RBAC is what it may do), with the
 settings of the chart's Deployment (devplacer.chart.settings_env; ports and certificate its own). The
 post-renderer of the install points the webhooks at that process, since the API server here reaches no
@@ -25,7 +25,7 @@ import yaml
 from devcluster.build import PROMETHEUS_OPERATOR_CRDS, ensure_optional, optional_file
 from devcluster.cluster import Cluster
 from devplacer.chart import CHART_DIR, Release, helm_binary, policy_values, settings_env, template
-from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG, kubectl, start_controller, stop_controller
+from devplacer.local_placer import NAMESPACE, WEBHOOK_CONFIG, kubectl, start_controller, stop_controller
 from tests.e2e.harness import POLICY_FILE, WEBHOOK_CONFIGS, Placer, egress_placer_command, make_plain, pool_taints
 from tests.e2e.tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, POOL_TAINT, TEAM_CDN, TEAM_OTHER, Runs, decision_of, taskrun
 from tests.kube import Api, namespace, namespaced, pods

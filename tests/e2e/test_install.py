@@ -18,7 +18,7 @@ from typing import Iterator
 import pytest
 
 from devcluster.cluster import Cluster
-from devplacer.controller import NAMESPACE, kubectl, render_manifests
+from devplacer.local_placer import NAMESPACE, kubectl, render_manifests
 from tests.kube import Api, namespace, namespaced, pods
 from tests.waiting import wait_for
 

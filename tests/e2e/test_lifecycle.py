@@ -19,7 +19,7 @@ import requests
 
 from controller.reconcile.last_good_policy import POLICY_KEY, store_name
 from devcluster.cluster import Cluster
-from devplacer.controller import (
+from devplacer.local_placer import (
     NAMESPACE,
     POLICY_CONFIGMAP,
     apply_policy,

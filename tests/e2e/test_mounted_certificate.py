@@ -20,7 +20,7 @@ from controller.admission.certs import KeyPair, make_ca, make_serving_cert
 from controller.app import CERT_CHECK_SECONDS
 from controller.settings import Settings
 from devcluster.cluster import Cluster
-from devplacer.controller import NAMESPACE, WEBHOOK_CONFIG
+from devplacer.local_placer import NAMESPACE, WEBHOOK_CONFIG
 from tests.e2e.harness import POLICY_FILE, WEBHOOK_CONFIGS, Placer, running_placer
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, decision_of, taskrun
 from tests.kube import Api, namespaced

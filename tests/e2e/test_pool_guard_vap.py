@@ -24,7 +24,7 @@ from controller.core.model import NAMESPACE_POOLS_ANNOTATION
 from controller.core.policy import load_policy
 from controller.kube.client import JSON_PATCH
 from devcluster.cluster import Cluster
-from devplacer.controller import NAMESPACE, start_controller, stop_controller
+from devplacer.local_placer import NAMESPACE, start_controller, stop_controller
 from tests.e2e.harness import ADMISSION, POLICY_FILE, ControllerSpec, Placer, editor
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,

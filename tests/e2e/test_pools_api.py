@@ -37,7 +37,7 @@ from devcluster.cluster import Cluster
 from controller.core.policy import load_policy
 from controller.reconcile.last_good_policy import POLICY_KEY, store_name
 from controller.settings import Settings
-from devplacer.controller import NAMESPACE, POOLS_WEBHOOK_CONFIG, start_controller, stop_controller
+from devplacer.local_placer import NAMESPACE, POOLS_WEBHOOK_CONFIG, start_controller, stop_controller
 from tests.e2e.harness import POLICY_FILE, VALIDATING_WEBHOOK_CONFIGS, Placer, make_plain, pool_taints
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, decision_of, taskrun
 from tests.kube import Api, namespaced

@@ -26,7 +26,7 @@ import pytest
 
 from controller.core.queue import QUEUE_ANNOTATION, read_entry
 from devcluster.cluster import Cluster, pod_seconds_default
-from devplacer.controller import LEADER_TIMINGS, start_controller, stop_controller
+from devplacer.local_placer import LEADER_TIMINGS, start_controller, stop_controller
 from devplacer.faults import kill_component
 from tests.e2e.harness import DATA, ControllerSpec, Placer, lease_holder, quietly
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, step, succeeded, taskrun

@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from devcluster import tekton_webhook
 from devcluster.cluster import TEKTON_NAMESPACE, Cluster
-from devplacer.controller import WEBHOOK_CONFIG
+from devplacer.local_placer import WEBHOOK_CONFIG
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,

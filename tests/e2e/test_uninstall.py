@@ -4,7 +4,7 @@ anything after the Deployment while a controller still leads (it would put the t
 has stopped, `--yes` removes the webhook configurations (the pools API's fail-closed one too), the pool guard, the pool taints, the RBAC and
 the namespace with its Secret and ConfigMaps, and leaves a pool-tolerated node agent's template alone.
 
-The controller here runs as a local process (devplacer.controller), so "it has stopped" is the test
+The controller here runs as a local process (devplacer.local_placer), so "it has stopped" is the test
 stopping it; in a cluster the command deletes the Deployment and waits for the Lease to be released."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from controller.core.agents import TOLERATIONS_ADDED_ANNOTATION
 from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from controller.reconcile.last_good_policy import store_name
-from devplacer.controller import NAMESPACE, POLICY_CONFIGMAP, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG, start_controller, stop_controller
+from devplacer.local_placer import NAMESPACE, POLICY_CONFIGMAP, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG, start_controller, stop_controller
 from tests.e2e.harness import (
     ADMISSION,
     POLICY_FILE,

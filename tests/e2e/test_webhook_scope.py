@@ -13,7 +13,7 @@ from typing import Iterator
 
 import pytest
 
-from devplacer.controller import NAMESPACE
+from devplacer.local_placer import NAMESPACE
 from tests.e2e.harness import Placer
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, TEAM_CDN, Runs, decision_of, taskrun
 from tests.kube import Api, namespace

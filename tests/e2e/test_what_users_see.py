@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from devcluster.cluster import Cluster
-from devplacer.controller import kubectl
+from devplacer.local_placer import kubectl
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     OTHER_IMAGE,

@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from controller.kube.informer import Informer, Resource, pods, tekton, trimmer
-from controller.kube.retry import RetryPolicy
+from controller.kube.informer import Informer, Resource, pods, start_informers, tekton, trimmer
+from controller.retry import RetryPolicy
 from controller.metrics import Metrics
+from controller.runner import Runner
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -66,17 +67,23 @@ def task(name: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def started():
-    informers: list[Informer] = []
+def runner():
+    runner = Runner()
+    yield runner
+    runner.stop()
 
+
+@pytest.fixture
+def started(runner):
     def start(inf: Informer) -> Informer:
-        informers.append(inf)
-        inf.start()
+        start_informers(runner, [inf])
         return inf
 
-    yield start
-    for inf in informers:
-        inf.stop()
+    return start
+
+
+def running(runner: Runner, inf: Informer) -> bool:
+    return runner.health().get(f"informer {inf.resource.name}") in ("running", "waiting")
 
 
 def test_first_sync_pages_through_the_list_then_watches_in_order(api, namespace, started):
@@ -152,7 +159,7 @@ def test_a_watch_from_a_too_old_version_relists(api, namespace, started):
     wait_for("the event of Task after", lambda: any(o["metadata"]["name"] == "after" for _, o in rec.events), timeout=10)
 
 
-def test_errors_back_off_and_are_counted_until_the_resource_exists(api, started):
+def test_errors_back_off_and_are_counted_until_the_resource_exists(api, started, runner):
     rec, metrics = Recorder(), Metrics()
     missing = Resource(
         "missing", "Thing", "/apis/itest.example.invalid/v1/things", trimmer("itest.example.invalid/v1", "Thing")
@@ -163,16 +170,13 @@ def test_errors_back_off_and_are_counted_until_the_resource_exists(api, started)
         lambda: metrics.watch_restarts.labels(resource="missing", cause="failure")._value.get() >= 3,
         timeout=10,
     )
-    assert not inf.synced.is_set() and rec.replaced == [] and inf.running
+    assert not inf.synced.is_set() and rec.replaced == [] and running(runner, inf)
 
 
-def test_stop_ends_a_long_watch_at_once(api, namespace, started):
-    inf = started(
-        Informer(
-            api, configmaps(namespace), Recorder().on_replace, Recorder().on_event, Metrics(), watch_timeout_seconds=300
-        )
-    )
+def test_stop_ends_a_long_watch_at_once(api, namespace, runner):
+    inf = Informer(api, configmaps(namespace), Recorder().on_replace, Recorder().on_event, Metrics(), watch_timeout_seconds=300)
+    [task] = start_informers(runner, [inf])
     assert inf.synced.wait(10)
     wait_for("the watch request in flight", lambda: inf._response is not None, timeout=10, interval=0.02)
-    inf.stop(timeout=5)
-    assert not inf.running
+    runner.stop(timeout=5)
+    assert not task.thread.is_alive()

@@ -12,9 +12,10 @@ from loguru import logger
 from controller.core.policy import load_policy
 from controller.kube.client import MERGE_PATCH
 from controller.kube.policy_source import PolicySource
-from controller.kube.retry import RetryPolicy
+from controller.retry import RetryPolicy
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
+from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState
 from tests.waiting import wait_for
@@ -39,8 +40,9 @@ def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):
     state = ClusterState(load_policy(EMPTY), clock=time.time)
     events = EventRecorder(KubeClient(api, metrics), metrics, identity="itest")
     source = PolicySource(settings, state, metrics, events, api=api, backoff=RetryPolicy(attempts=None, initial=0.05, maximum=0.5, jitter=0.05))
-    events.start()
-    source.start()
+    runner = Runner()
+    runner.start("event recorder", events.run, on_stop=events.wake)
+    source.start(runner)
     try:
         assert source.synced.wait(10)
         assert [p.name for p in state.policy.pools] == ["first"]
@@ -70,5 +72,4 @@ def test_configmap_policy_is_loaded_refused_and_kept(api, namespace):
             logger.remove(sink)
         assert [p.name for p in state.policy.pools] == ["second"]
     finally:
-        source.stop()
-        events.stop()
+        runner.stop()

@@ -16,10 +16,11 @@ from controller.core.policy import PlacementPolicy, load_policy
 from controller.core.pools import CONFIG_PLURAL, GROUP, POOL_PLURAL, VERSION, custom_resource_definitions
 from controller.kube.client import MERGE_PATCH
 from controller.kube.policy_source import PolicySource
-from controller.kube.retry import RetryPolicy
+from controller.retry import RetryPolicy
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.reconcile.pool_status import PlacementLog, PoolErrors, PoolStatusWriter
+from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState
 from tests.kube import Api
@@ -79,8 +80,9 @@ def test_the_objects_make_the_policy_and_every_change_is_seen(pools_api: Api, na
     state = ClusterState(PlacementPolicy.empty(), clock=time.time)
     events = EventRecorder(KubeClient(api, metrics), metrics, identity="itest")
     source = PolicySource(settings, state, metrics, events, api=api, backoff=RetryPolicy(attempts=None, initial=0.05, maximum=0.5, jitter=0.05))
-    events.start()
-    source.start()
+    runner = Runner()
+    runner.start("event recorder", events.run, on_stop=events.wake)
+    source.start(runner)
     try:
         assert source.synced.wait(10)
         assert names(state) == ["early", "late"]
@@ -111,8 +113,7 @@ def test_the_objects_make_the_policy_and_every_change_is_seen(pools_api: Api, na
         delete_all(api)
         wait_for("no object: the empty policy", lambda: state.policy == PlacementPolicy.empty(), timeout=10)
     finally:
-        source.stop()
-        events.stop()
+        runner.stop()
 
 
 def test_the_leaders_status_writer_fills_the_status_the_crd_takes(pools_api: Api, namespace: str) -> None:
@@ -129,8 +130,9 @@ def test_the_leaders_status_writer_fills_the_status_the_crd_takes(pools_api: Api
     client = KubeClient(api, metrics)
     source = PolicySource(settings, state, metrics, api=api, backoff=RetryPolicy(attempts=None, initial=0.05, maximum=0.5, jitter=0.05))
     placements = PlacementLog(state, clock=clock)
-    writer = PoolStatusWriter(state, source, client, placements, PoolErrors(clock), clock=clock, min_interval=0.0)
-    source.start()
+    writer = PoolStatusWriter(state, source, client, placements, PoolErrors(clock), clock=clock, min_interval=0.0).reconcile  # a pass: the pools written
+    runner = Runner()
+    source.start(runner)
     try:
         assert source.synced.wait(10)
 
@@ -165,4 +167,4 @@ def test_the_leaders_status_writer_fills_the_status_the_crd_takes(pools_api: Api
         fixed = status()
         assert fixed["conditions"][0]["reason"] == "TaintsPending" and fixed["lastError"] == refused["lastError"]
     finally:
-        source.stop()
+        runner.stop()

@@ -18,13 +18,14 @@ import pytest
 from controller.core.model import TAINT_KEY, NodeState, Taint
 from controller.core.policy import load_policy
 from controller.kube.client import MERGE_PATCH, KubeApi
-from controller.kube.informer import cluster_informers
-from controller.kube.retry import RetryPolicy
+from controller.kube.informer import cluster_informers, start_informers
+from controller.retry import RetryPolicy
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.reconcile.intruders import IntruderReconciler
 from controller.reconcile.loop import ReconcileLoop
 from controller.reconcile.taints import TaintReconciler
+from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState
 from devcluster.cluster import node_manifest
@@ -115,21 +116,18 @@ class Controller:
         self.events = EventRecorder(self.writer, self.metrics, identity="itest")
         self.taints = TaintReconciler(OwnNodes(self.state), self.writer, self.metrics)
         self.intruders = IntruderReconciler(self.state, self.writer, self.events, self.metrics, settings.intruder_mode)
+        self.runner = Runner()
         self.loop = ReconcileLoop(self.state, [self.taints, self.intruders], lambda: True, resync_seconds=2.0)
 
     def start(self) -> None:
-        self.events.start()
-        for inf in self.informers:
-            inf.start()
+        self.runner.start("event recorder", self.events.run, on_stop=self.events.wake)
+        start_informers(self.runner, self.informers)
         for inf in self.informers:
             assert inf.synced.wait(15), inf.resource.name
-        self.loop.start()
+        self.runner.start("reconcile loop", self.loop.run, on_stop=self.loop.wake)
 
     def stop(self) -> None:
-        self.loop.stop()
-        for inf in self.informers:
-            inf.stop()
-        self.events.stop()
+        self.runner.stop()
 
 
 @pytest.fixture

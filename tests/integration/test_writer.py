@@ -12,10 +12,11 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import Taint
-from controller.kube.client import MERGE_PATCH, KubeApi
-from controller.kube.retry import RetryPolicy
-from controller.kube.writer import REPORTING_CONTROLLER, ApiError, EventRecorder, KubeClient, Outcome
+from controller.kube.client import MERGE_PATCH, ApiError, KubeApi, Outcome
+from controller.retry import RetryPolicy
+from controller.kube.writer import REPORTING_CONTROLLER, EventRecorder, KubeClient
 from controller.metrics import Metrics
+from controller.runner import Runner
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -236,13 +237,14 @@ def events_about(api: KubeApi, namespace: str, name: str) -> list[dict[str, Any]
 def test_events_are_written_with_series_for_repeats(api, writer, namespace):
     metrics = Metrics()
     recorder = EventRecorder(writer, metrics, identity="itest-replica")
-    recorder.start()
+    runner = Runner()
+    runner.start("event recorder", recorder.run, on_stop=recorder.wake)
     regarding = {"apiVersion": "v1", "kind": "ConfigMap", "namespace": namespace, "name": "policy"}
     recorder.emit(regarding, "Warning", "PolicyRefused", "policy.yaml:3: pools[0].name: bad")
     recorder.emit(regarding, "Warning", "PolicyRefused", "policy.yaml:3: pools[0].name: bad")
     recorder.emit(regarding, "Normal", "PolicyLoaded", "x" * 5000, action="Load")
     assert recorder.flush(10)
-    recorder.stop()
+    runner.stop()
     events = {e["reason"]: e for e in events_about(api, namespace, "policy")}
     refused, loaded = events["PolicyRefused"], events["PolicyLoaded"]
     assert refused["type"] == "Warning" and refused["note"] == "policy.yaml:3: pools[0].name: bad"

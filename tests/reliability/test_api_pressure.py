@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from devcluster.cluster import Cluster
-from devplacer.controller import service_account_user
+from devplacer.local_placer import service_account_user
 from devplacer.faults import Component, kill_component, start_component
 from tests.e2e.harness import Placer, parse_samples, pool_taints, quietly, remove_pool_taint
 from tests.e2e.tekton_runs import POOL_NODES, POOL_TAINT, Runs

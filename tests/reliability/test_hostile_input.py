@@ -39,7 +39,7 @@ from controller.core.images import MAX_IMAGE_CHARS
 from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION, TAINT_KEY
 from devcluster.cluster import Cluster
 from devcluster.process import rss_bytes
-from devplacer.controller import WEBHOOK_CONFIG
+from devplacer.local_placer import WEBHOOK_CONFIG
 from tests.e2e.harness import WEBHOOK_CONFIGS, Placer
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from devcluster.cluster import Cluster
-from devplacer.controller import LEADER_TIMINGS, PROXY_NAME
+from devplacer.local_placer import LEADER_TIMINGS, PROXY_NAME
 from devplacer.faults import kill_component, start_component
 from tests.e2e.harness import ControllerSpec, Placer, lease_holder, pool_taints, quietly, remove_pool_taint
 from tests.e2e.tekton_runs import POOL_TAINT, Runs, events

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import pytest
 
 from devcluster.cluster import Cluster
-from devplacer.controller import NAMESPACE, service_account_user
+from devplacer.local_placer import NAMESPACE, service_account_user
 from devplacer.faults import Component, kill_component, start_component
 from tests.e2e.harness import Placer, pool_taints, quietly, remove_pool_taint
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, POOL_TAINT, Runs, decision_of, taskrun

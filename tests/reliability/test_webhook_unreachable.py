@@ -14,7 +14,7 @@ import pytest
 
 from devcluster.cluster import Cluster
 from devcluster.process import free_port
-from devplacer.controller import WEBHOOK_CONFIG
+from devplacer.local_placer import WEBHOOK_CONFIG
 from devplacer.faults import kill_component, start_component
 from tests.e2e.harness import WEBHOOK_CONFIGS, Placer, quietly
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_LABEL, POOL_NODES, Runs, decision_of, events, succeeded, taskrun

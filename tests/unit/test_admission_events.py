@@ -10,6 +10,7 @@ import pytest
 
 from controller.admission.events import CreationEvents, QuietEvents
 from controller.core.model import REVIEW_ANNOTATION
+from controller.runner import Runner
 from tests.waiting import wait_for
 
 
@@ -67,26 +68,27 @@ def test_steady_traffic_does_not_hold_events_longer_than_max_delay() -> None:
 
 def test_the_thread_forwards_once_quiet() -> None:
     sink = Recorder(expected=2)
-    q = QuietEvents(sink, quiet=0.01, max_delay=0.5)
-    q.start()
+    q, runner = QuietEvents(sink, quiet=0.01, max_delay=0.5), Runner()
+    runner.start("admission events", q.run, on_stop=q.wake)
     try:
         _emit(q, "a")
         _emit(q, "b", "NotPlaced")
         assert sink.done.wait(5.0)
         assert sink.sent == [("a", "Placed"), ("b", "NotPlaced")]
     finally:
-        q.stop()
+        runner.stop()
 
 
 def test_stop_hands_on_what_is_held() -> None:
     sink = Recorder()
-    q = QuietEvents(sink, quiet=60.0, max_delay=60.0)
-    q.start()
+    q, runner = QuietEvents(sink, quiet=60.0, max_delay=60.0), Runner()
+    runner.start("admission events", q.run, on_stop=q.wake)
     _emit(q, "a")
-    q.stop()
+    runner.stop()
     assert sink.sent == [("a", "Placed")]
     _emit(q, "late")  # after stop: handed on by the next stop, not lost
-    q.stop()
+    runner.start("admission events", q.run, on_stop=q.wake)
+    runner.stop()
     assert sink.sent == [("a", "Placed"), ("late", "Placed")]
 
 
@@ -215,14 +217,14 @@ def test_the_oldest_is_dropped_beyond_max_held() -> None:
 
 def test_the_sweeper_thread_drops_expired_events() -> None:
     sink = Sink()
-    events = CreationEvents(sink, ttl=0.02)
-    events.start()
+    events, runner = CreationEvents(sink, ttl=0.02), Runner()
+    runner.start("creation events", events.run)
     try:
         events.hold("r-1", regarding(), "Normal", "Placed", "n")
         wait_for("the held Event to expire", lambda: events.held == 0, timeout=5.0)
         assert sink.sent == []
     finally:
-        events.stop()
+        runner.stop()
 
 
 def test_a_raising_sink_does_not_stop_the_informer_or_the_other_events() -> None:

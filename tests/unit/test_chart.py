@@ -37,7 +37,7 @@ from controller.core.policy import PlacementPolicy, load_policy
 from devcluster.build import find_artifacts, find_optional
 from devcluster.cluster import ClusterError
 from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, policy_values, post_render, run_helm, settings_env, template
-from devplacer.controller import K8S_DIR, kustomize
+from devplacer.local_placer import K8S_DIR, kustomize
 
 HELM_LABELS = frozenset({"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"})
 POLICY_CONFIGMAP = ("v1", "ConfigMap", "egress-placer", "egress-placer-policy")

@@ -1,4 +1,4 @@
-"""The Prometheus side of egress load (`controller.kube.egress_source`), with HTTP mocked by `responses`.
+"""The Prometheus side of egress load (`controller.prometheus.egress_source`), with HTTP mocked by `responses`.
 
 The client: good answers, the answer shapes it refuses, which failures are retried (connection
 errors, timeouts, 5xx, 429) and which are not. The poller: instance labels with ports mapped to
@@ -18,7 +18,7 @@ from responses import matchers
 
 from controller.core.egress import DEFAULT_EGRESS_QUERY, EgressLoad, egress_ratio, rank_nodes
 from controller.core.model import NodeLoad
-from controller.kube.egress_source import (
+from controller.prometheus.egress_source import (
     EgressPoller,
     PrometheusAnswerError,
     PrometheusClient,
@@ -26,6 +26,7 @@ from controller.kube.egress_source import (
     Sample,
     node_of,
 )
+from controller.runner import Runner
 
 PROM = "http://prometheus.monitoring:9090"
 QUERY_URL = PROM + "/api/v1/query"
@@ -379,11 +380,12 @@ def test_run_polls_until_stopped_and_survives_unexpected_errors():
     assert poller.snapshot()["egress-1"].bytes_per_second == 9.0
 
 
-def test_start_runs_the_loop_in_a_daemon_thread():
-    stop = threading.Event()
-    fake = StoppingClient(stop, [])
+def test_the_runner_runs_the_loop_in_a_daemon_thread():
+    runner, ran = Runner(), threading.Event()
+    fake = StoppingClient(ran, [])
     poller = EgressPoller("fast", EgressLoad.model_validate({"prometheus": {"url": PROM}}), fake, FakeClock(), lambda: ())
-    thread = poller.start(stop)
-    assert thread.daemon and thread.name == "egress-fast"
-    thread.join(timeout=10)
-    assert not thread.is_alive() and fake.calls == 1
+    task = runner.start("egress fast", poller.run)
+    assert task.thread.daemon and task.thread.name == "egress fast"
+    assert ran.wait(10)
+    runner.stop()
+    assert not task.thread.is_alive() and fake.calls == 1

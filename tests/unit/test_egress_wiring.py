@@ -9,18 +9,18 @@ with `responses`: the poller speaks HTTP through `requests`.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import pytest
 import responses
 from prometheus_client import CollectorRegistry
 
-from controller.core.balance import choose_node
+from bench.oracles import choose_node
 from controller.core.egress import Measurement
 from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import load_policy
-from controller.kube.egress_source import EgressPollers
+from controller.prometheus.egress_source import EgressPollers
+from controller.runner import Runner
 from controller.state import ClusterState
 from tests.waiting import wait_for
 
@@ -110,8 +110,8 @@ def test_stale_figures_fall_back_to_run_counts():
 def test_figures_of_a_stopped_or_replaced_poller_are_not_taken():
     # A poll in flight while the policy changes must not put its figures back after the stop.
     state = state_with({})
-    pollers = EgressPollers(state, clock=lambda: NOW)
-    pollers._publish("overseas", threading.Event(), {"egress-1": Measurement(90_000_000, NOW)})  # noqa: SLF001
+    pollers = EgressPollers(state, clock=lambda: NOW, runner=Runner())
+    pollers._publish("overseas", object(), {"egress-1": Measurement(90_000_000, NOW)})  # type: ignore[arg-type]  # noqa: SLF001
     pool = state.policy.pool("overseas")
     figures = state.egress_ratios(pool, state.loads(pool))
     assert figures is not None and figures["egress-1"].source == "runs"
@@ -131,8 +131,8 @@ def test_pollers_follow_the_policy_and_export_metrics():
     )
     state = ClusterState(load_policy(policy_text()), clock=lambda: NOW)
     state.replace("Node", [node("egress-1"), node("egress-2")])
-    registry = CollectorRegistry()
-    pollers = EgressPollers(state, clock=lambda: NOW, registry=registry)
+    registry, runner = CollectorRegistry(), Runner()
+    pollers = EgressPollers(state, clock=lambda: NOW, runner=runner, registry=registry)
     try:
         pollers.sync(state.policy)
         pool = state.policy.pool("overseas")
@@ -154,4 +154,4 @@ def test_pollers_follow_the_policy_and_export_metrics():
         assert state.egress_ratios(plain.pool("overseas"), {}) is None
         assert pollers.statuses() == []
     finally:
-        pollers.stop()
+        runner.stop()

@@ -2,11 +2,13 @@
 annotation as RE2 expressions mean exactly what the policy's own matcher means (properties, with RE2
 itself); the rendered CEL, run by cel-python, refuses exactly the pools `refused_pools` names (tables of
 the issue's cases and generated pods); `refused_pools` agrees with the core's own answers; the params
-and the binding; `k8s/pool-guard.yaml` is the render for the shipped policy."""
+and the binding; `k8s/pool-guard.yaml` holds them for the shipped policy (tests/unit/test_generated.py
+checks that it is the render)."""
 
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +27,12 @@ from controller.core.guard import (
     GuardError,
     annotation_regex,
     glob_regex,
-    manifest_text,
     guard_params,
     policy_binding,
-    refused_pools,
     validating_admission_policy,
 )
-from controller.core.model import NAMESPACE_POOLS_ANNOTATION, TAINT_KEY, NamespaceState, NodeState
+from controller.core.model import NAMESPACE_POOLS_ANNOTATION, TAINT_KEY, NamespaceState, NodeState, Taint
+from controller.core.patches import tolerates
 from controller.core.policy import PlacementPolicy, Pool, load_policy
 
 celpy = pytest.importorskip("celpy")
@@ -140,6 +141,63 @@ ANNOTATION_TEXT = st.lists(
 def test_annotation_regex_agrees_with_the_policys_reading(pool: str, value: str) -> None:
     allows = Pool(name=pool, nodes=("n",)).allows(NamespaceState(name="x", annotations={NAMESPACE_POOLS_ANNOTATION: value}))
     assert (re2.search(annotation_regex(pool), value) is not None) is allows
+
+
+# -- the same rule in Python (the oracle the rendered CEL is held to) -------------------------------------
+
+
+def _pool_of_name(policy: PlacementPolicy, nodes: Mapping[str, NodeState], name: str) -> str | None:
+    pool = policy.pool_of(nodes.get(name) or NodeState(name=name))
+    return pool.name if pool is not None else None
+
+
+def _tolerated(policy: PlacementPolicy, pod: Mapping[str, Any] | None) -> set[str]:
+    spec = (pod or {}).get("spec") or {}
+    return {
+        p.name
+        for p in policy.pools
+        if any(tolerates(t, Taint(p.taint.key, p.name, p.taint.effect)) for t in spec.get("tolerations") or [])
+    }
+
+
+def _pinned_off(policy: PlacementPolicy, nodes: Mapping[str, NodeState], pod: Mapping[str, Any], pool: str) -> bool:
+    spec = pod.get("spec") or {}
+    if spec.get("nodeName") and _pool_of_name(policy, nodes, spec["nodeName"]) != pool:
+        return True
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    terms = (required or {}).get("nodeSelectorTerms") or []
+    return bool(terms) and all(
+        any(
+            f.get("key") == "metadata.name"
+            and f.get("operator") == "In"
+            and f.get("values")
+            and all(_pool_of_name(policy, nodes, v) != pool for v in f["values"])
+            for f in term.get("matchFields") or []
+        )
+        for term in terms
+    )
+
+
+def refused_pools(
+    policy: PlacementPolicy,
+    nodes: Mapping[str, NodeState],
+    namespace: NamespaceState,
+    pod: Mapping[str, Any],
+    old: Mapping[str, Any] | None = None,
+) -> list[str]:
+    """The pools, in policy order, that the guard refuses `pod` (of `namespace`; `old` on UPDATE) for."""
+    new_node = (pod.get("spec") or {}).get("nodeName")
+    old_node = ((old or {}).get("spec") or {}).get("nodeName")
+    node_pool = _pool_of_name(policy, nodes, new_node) if new_node else None
+    old_node_pool = _pool_of_name(policy, nodes, old_node) if old_node else None
+    tolerated, old_tolerated = _tolerated(policy, pod), _tolerated(policy, old)
+    reached = [
+        p.name
+        for p in policy.pools
+        if (p.name in tolerated and p.name not in old_tolerated and not _pinned_off(policy, nodes, pod, p.name))
+        or (node_pool == p.name and old_node_pool != p.name)
+    ]
+    return [name for name in reached if not policy.pool(name).allows(namespace)]  # type: ignore[union-attr]
 
 
 # -- the CEL, run by cel-python ----------------------------------------------------------------------
@@ -428,8 +486,7 @@ def test_the_policy_fails_closed_on_creates_and_updates_of_pods() -> None:
 
 
 def test_k8s_ships_the_render_for_the_default_policy_wide_fields() -> None:
-    text = (ROOT / "k8s" / "pool-guard.yaml").read_text()
-    assert text == manifest_text()
+    text = (ROOT / "k8s" / "pool-guard.yaml").read_text()  # the render itself: tests/unit/test_generated.py
     shipped = list(yaml.safe_load_all(text))
     assert shipped == [validating_admission_policy(), policy_binding(PlacementPolicy.empty(), "egress-placer")]
     # The ConfigMap form's policy has the same policy-wide fields: the same binding.

@@ -7,7 +7,7 @@ failures."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from controller.core.guard import GUARD_NAME, guard_params, policy_binding
 from controller.core.model import NodeState
@@ -85,11 +85,11 @@ class Clock:
         return self.now
 
 
-def setup(api: FakeApi, *nodes: dict[str, Any]) -> tuple[ClusterState, PoolGuardReconciler, Clock]:
+def setup(api: FakeApi, *nodes: dict[str, Any]) -> tuple[ClusterState, Callable[[], list[str]], Clock]:
     state = ClusterState(POLICY, clock=lambda: 0.0)
     state.replace("Node", list(nodes))
     clock = Clock()
-    return state, PoolGuardReconciler(state, api, NAMESPACE, clock=clock, verify_seconds=30), clock
+    return state, PoolGuardReconciler(state, api, NAMESPACE, clock=clock, verify_seconds=30).reconcile, clock  # a pass: what it wrote
 
 
 def test_missing_params_are_created_and_the_binding_follows_the_policy() -> None:
@@ -160,7 +160,7 @@ def test_with_no_valid_policy_in_force_the_guard_is_left_as_it_was() -> None:
     api = FakeApi()
     state = ClusterState(None, clock=lambda: 0.0)  # none loaded, none stored: the empty stand-in
     state.replace("Node", [node("egress-1", True)])
-    reconcile = PoolGuardReconciler(state, api, NAMESPACE, verify_seconds=30)
+    reconcile = PoolGuardReconciler(state, api, NAMESPACE, verify_seconds=30).reconcile
     assert reconcile() == [] and api.writes == []
     state.set_policy(POLICY)
     assert reconcile() == ["params", "binding"]

@@ -18,7 +18,6 @@ from controller.core.intruders import (
     daemonset_agent,
     eviction_grace,
     find_intruders,
-    is_intruder,
     is_mirror_pod,
     refused_pool,
 )
@@ -172,7 +171,7 @@ def test_is_intruder(candidate, intruder):
     found = find_intruders(POLICY, NODES, [candidate], NAMESPACES, DAEMONSETS)
     assert bool(found) is intruder
     node = NODES.get(candidate.node_name or "")
-    assert is_intruder(POLICY, candidate, node, NAMESPACES.get(candidate.namespace), DAEMONSETS) is intruder
+    assert (check_pod(POLICY, candidate, node, NAMESPACES.get(candidate.namespace), DAEMONSETS) is not None) is intruder
 
 
 def test_intruder_record_and_reason():

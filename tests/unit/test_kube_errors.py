@@ -1,6 +1,7 @@
 """The adapter's error handling without a cluster: how every write error is classified, that
 transient ones are retried with backoff and at least the server's Retry-After while others fail at
-once, and how the informer reads watch events (bookmarks move the resourceVersion, ERROR events end
+once, that the one optimistic-concurrency loop writes on a fresh version after a conflict (and gives
+up in time), and how the informer reads watch events (bookmarks move the resourceVersion, ERROR events end
 the watch: 410 to relist, others to back off), and that Lease requests go through the same
 classification and retries."""
 
@@ -13,11 +14,12 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from controller.kube.client import KubeApi
+from controller.kube.client import MERGE_PATCH, ApiError, KubeApi, Outcome, classify
 from controller.kube.informer import Informer, WatchError, WatchExpired, nodes
 from controller.kube.leader import LeaderElector
-from controller.kube.retry import RetryPolicy
-from controller.kube.writer import ApiError, KubeClient, Outcome, classify
+from controller.kube.reader import KubeReader
+from controller.retry import RetryPolicy
+from controller.kube.writer import MAX_CONFLICT_ATTEMPTS, KubeClient
 from controller.metrics import Metrics
 
 
@@ -66,15 +68,15 @@ class Flaky:
         return "ok"
 
 
-def writer(sleeps: list[float], attempts: int = 4) -> KubeClient:
+def caller(sleeps: list[float], attempts: int = 4) -> KubeReader:
     policy = RetryPolicy(attempts=attempts, initial=0.1, maximum=5.0, jitter=0.0)
-    # No API server: these tests only use KubeClient.call with their own functions.
-    return KubeClient(KubeApi(None), Metrics(), retry=policy, sleep=sleeps.append)  # type: ignore[arg-type]
+    # No API server: these tests only use KubeReader.call (every request's) with their own functions.
+    return KubeReader(KubeApi(None), Metrics(), retry=policy, sleep=sleeps.append)  # type: ignore[arg-type]
 
 
 def test_transient_errors_are_retried_honouring_retry_after():
     sleeps: list[float] = []
-    w = writer(sleeps)
+    w = caller(sleeps)
     fn = Flaky(api_error(503), api_error(429, retry_after="3"))
     assert w.call("op", fn) == "ok"
     assert fn.calls == 3
@@ -90,7 +92,7 @@ def test_other_errors_are_not_retried(error, outcome):
     sleeps: list[float] = []
     fn = Flaky(error)
     with pytest.raises(ApiError) as raised:
-        writer(sleeps).call("op", fn)
+        caller(sleeps).call("op", fn)
     assert (fn.calls, sleeps, raised.value.outcome, raised.value.status) == (1, [], outcome, error.status)
 
 
@@ -98,8 +100,52 @@ def test_retries_stop_after_the_last_attempt():
     sleeps: list[float] = []
     fn = Flaky(*[api_error(500)] * 10)
     with pytest.raises(ApiError) as raised:
-        writer(sleeps, attempts=3).call("op", fn)
+        caller(sleeps, attempts=3).call("op", fn)
     assert fn.calls == 3 and len(sleeps) == 2 and raised.value.outcome is Outcome.RETRY
+
+
+class Contended:
+    """A KubeApi stand-in for one object others keep writing: each GET answers a newer version; the
+    first `conflicts` writes are refused with 409."""
+
+    def __init__(self, conflicts: int) -> None:
+        self.conflicts = conflicts
+        self.version = 0
+        self.writes: list[Any] = []
+
+    def call(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
+        if method == "GET":
+            self.version += 1
+            return {"metadata": {"resourceVersion": str(self.version)}}
+        self.writes.append(body)
+        if len(self.writes) <= self.conflicts:
+            raise api_error(409)
+        return {}
+
+
+def stamp(obj: dict[str, Any]) -> Any:
+    return "PATCH", {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}}, MERGE_PATCH, "written"
+
+
+def test_a_conflict_reads_the_object_again_and_writes_on_the_fresh_version():
+    api = Contended(conflicts=2)
+    client = KubeClient(api, Metrics(), sleep=lambda _: None)  # type: ignore[arg-type]
+    assert client.update("set-thing", "/thing", stamp, read_as="read-thing") == "written"
+    assert [w["metadata"]["resourceVersion"] for w in api.writes] == ["1", "2", "3"]
+
+
+def test_the_version_the_caller_read_is_written_first_without_reading():
+    api = Contended(conflicts=0)
+    client = KubeClient(api, Metrics(), sleep=lambda _: None)  # type: ignore[arg-type]
+    assert client.update("set-thing", "/thing", stamp, read_as="read-thing", read={"metadata": {"resourceVersion": "7"}})
+    assert api.version == 0 and api.writes == [{"metadata": {"resourceVersion": "7"}}]
+
+
+def test_an_object_that_keeps_changing_is_a_conflict_in_the_end():
+    api = Contended(conflicts=100)
+    with pytest.raises(ApiError) as raised:
+        KubeClient(api, Metrics(), sleep=lambda _: None).update("set-thing", "/thing", stamp, read_as="read-thing")  # type: ignore[arg-type]
+    assert raised.value.outcome is Outcome.CONFLICT and len(api.writes) == MAX_CONFLICT_ATTEMPTS
 
 
 class LeaseApi:

@@ -43,19 +43,19 @@ def keeper(store: Store, loaded: list[str | None]) -> LastGoodPolicyKeeper:
 def test_nothing_is_written_before_a_policy_loads_from_the_source():
     store = Store({POLICY_KEY: "old"})
     keep = keeper(store, [None])
-    assert keep() is False and store.writes == [] and store.reads == 0
+    assert keep.reconcile() is False and store.writes == [] and store.reads == 0
     assert keep.read() == "old"
 
 
 def test_each_new_loaded_text_is_written_once():
     store, loaded = Store(), ["a"]
     keep = keeper(store, loaded)
-    assert keep() is True and keep() is False
+    assert keep.reconcile() is True and keep.reconcile() is False
     loaded.append("b")
-    assert keep() is True and keep() is False
+    assert keep.reconcile() is True and keep.reconcile() is False
     assert store.writes == [("create", {POLICY_KEY: "a"}), ("replace", {POLICY_KEY: "b"})]
 
 
 def test_a_stored_copy_equal_to_the_loaded_text_is_not_written_again():
     store = Store({POLICY_KEY: "a"})
-    assert keeper(store, ["a"])() is False and store.writes == []
+    assert keeper(store, ["a"]).reconcile() is False and store.writes == []

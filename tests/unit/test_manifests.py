@@ -27,7 +27,7 @@ from controller.core.policy import load_policy
 from controller.reconcile.last_good_policy import store_name
 from controller.settings import Settings
 from devcluster.build import find_artifacts
-from devplacer.controller import kustomize
+from devplacer.local_placer import kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"

@@ -19,9 +19,10 @@ from prometheus_client.metrics import MetricWrapperBase
 import controller
 from controller.admission.certs import ServingTLS, make_ca, make_serving_cert
 from controller.core.policy import load_policy
-from controller.kube.egress_source import EgressPollers
+from controller.prometheus.egress_source import EgressPollers
 from controller.metrics import LEADER_SERIES, GaugeSnapshot, Metrics
 from controller.reconcile.pool_metrics import PoolMetrics
+from controller.runner import Runner
 from controller.state import ClusterState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +101,7 @@ def declared(metrics: Metrics) -> dict[str, MetricWrapperBase]:
 def exposition_with_a_sample_of_everything() -> str:
     """/metrics of a fresh controller's registry after one sample of every labelled series."""
     metrics = Metrics()
-    pollers = EgressPollers(NoEgressState(), lambda: 0.0, registry=metrics.registry)
+    pollers = EgressPollers(NoEgressState(), lambda: 0.0, Runner(), registry=metrics.registry)
     pollers.statuses = lambda: [  # type: ignore[method-assign]
         {"pool": "p", "scrapes": {"ok": 1}, "nodes": {"n": {"bps": 1.0, "age": 2.0, "source": "measured"}}}
     ]

@@ -21,9 +21,6 @@ import pytest
 
 TESTS = Path(__file__).resolve().parents[1]
 THE_WAIT_HELPER = TESTS / "waiting.py"
-# Sleep-then-assert cases that another branch of issue #22 rewrites (the "runner" helper's files);
-# remove each from here once that branch is merged.
-PENDING = {"integration/test_leader.py", "unit/test_policy_pools_source.py"}
 SLEEPING_MODULES = {"time", "asyncio"}
 
 
@@ -110,7 +107,7 @@ def test_no_test_sleeps_and_then_asserts() -> None:
     findings = []
     for path in sorted(TESTS.rglob("*.py")):
         where = path.relative_to(TESTS).as_posix()
-        if path == THE_WAIT_HELPER or where in PENDING:
+        if path == THE_WAIT_HELPER:
             continue
         findings += sleeps_then_checks(path.read_text(), where)
     assert findings == [], "poll through tests.waiting (wait_for / holds_for) or use the injected clock:\n" + "\n".join(map(str, findings))

@@ -14,6 +14,7 @@ from controller.app import PolicyTracker
 from controller.core.policy import load_policy
 from controller.kube.policy_source import PolicySource
 from controller.metrics import Metrics
+from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState
 from tests.waiting import wait_for
@@ -48,7 +49,8 @@ def test_file_policy_is_loaded_reloaded_refused_and_kept(tmp_path):
     metrics = Metrics()
     state = ClusterState(load_policy(EMPTY), clock=time.time)
     source = PolicySource(Settings(policy_file=str(path)), state, metrics, Events(), poll_seconds=0.02)
-    source.start()
+    runner = Runner()
+    source.start(runner)
     try:
         assert source.synced.wait(5) and pools(state) == ["first"]
         write(path, "pools: [\n", 2)
@@ -65,7 +67,7 @@ def test_file_policy_is_loaded_reloaded_refused_and_kept(tmp_path):
             logger.remove(sink)
         assert pools(state) == ["second"]
     finally:
-        source.stop()
+        runner.stop()
 
 
 def test_offer_judges_each_text_once_and_reports_refusals():

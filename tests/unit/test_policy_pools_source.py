@@ -15,10 +15,12 @@ from kubernetes.client.exceptions import ApiException
 from controller.app import PolicyTracker
 from controller.core.policy import PlacementPolicy
 from controller.kube.policy_source import PolicySource
-from controller.kube.retry import RetryPolicy
+from controller.retry import RetryPolicy
 from controller.metrics import Metrics
+from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState
+from tests.waiting import wait_for
 
 
 class Unreadable:
@@ -53,7 +55,8 @@ def test_an_unreadable_pools_api_is_no_policy_found_at_once(status: int, says: s
         on_refused=tracker.refused,
         backoff=RetryPolicy(attempts=None, initial=0.05, maximum=0.1, jitter=0.01),
     )
-    source.start()
+    runner = Runner()
+    source.start(runner)
     try:
         assert source.synced.wait(5)
         assert not tracker.loaded.is_set()
@@ -61,7 +64,7 @@ def test_an_unreadable_pools_api_is_no_policy_found_at_once(status: int, says: s
         assert says in tracker.refusal
         assert "nothing is placed on a pool, the pool taints stay" in (tracker.problem() or "")
         calls = api.calls
-        time.sleep(0.3)
-        assert api.calls > calls  # the informers keep trying: a CRD installed later is picked up
+        # the informers keep trying: a CRD installed later is picked up
+        wait_for("the informers to try again", lambda: api.calls > calls, timeout=5, interval=0.02)
     finally:
-        source.stop()
+        runner.stop()

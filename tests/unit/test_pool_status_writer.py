@@ -89,7 +89,15 @@ def setup(*pools: PoolObject, nodes: Sequence[dict[str, Any]] = (), fail: int = 
     writer = RecordingStatusWriter(objects, fail=fail)
     placements = PlacementLog(state, clock=clock)
     errors = PoolErrors(clock)
-    return clock, state, writer, placements, errors, PoolStatusWriter(state, objects, writer, placements, errors, clock=clock)
+    # The last: one pass, which returns the pools whose status it wrote.
+    return clock, state, writer, placements, errors, PoolStatusWriter(state, objects, writer, placements, errors, clock=clock).reconcile
+
+
+def as_the_loop_calls(reconcile: Any, writer: RecordingStatusWriter) -> tuple[list[str], float | None]:
+    """One pass as the reconcile loop makes it: the pools whose status it wrote, and its requeue-after."""
+    before = len(writer.writes)
+    requeue_after = reconcile.__self__()
+    return [name for name, _, _ in writer.writes[before:]], requeue_after
 
 
 def test_it_writes_a_changed_status_once_and_again_only_after_a_change():
@@ -108,13 +116,12 @@ def test_it_writes_a_changed_status_once_and_again_only_after_a_change():
 
 def test_a_pass_within_the_interval_is_skipped_and_asks_the_loop_back_in_time():
     clock, state, writer, _, _, reconcile = setup(PoolObject("overseas", 1, {}), nodes=[node("e1")])
-    assert reconcile() == ["overseas"] and reconcile.next_pass_within() is None
+    assert as_the_loop_calls(reconcile, writer) == (["overseas"], None)
     state.apply("Node", "ADDED", node("e2"))
     clock.now += 2
-    assert reconcile() == []  # 2 s after the last: skipped
-    assert reconcile.next_pass_within() == 3.0
+    assert as_the_loop_calls(reconcile, writer) == ([], 3.0)  # 2 s after the last: skipped
     clock.now += 3
-    assert reconcile() == ["overseas"] and reconcile.next_pass_within() is None
+    assert as_the_loop_calls(reconcile, writer) == (["overseas"], None)
     assert writer.writes[-1][1]["nodes"] == 2
 
 

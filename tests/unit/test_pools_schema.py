@@ -1,17 +1,16 @@
 """The CRDs of EgressPool and EgressPlacerConfig, rendered from the policy's models
-(controller/core/schema.py, controller/core/pools.py): k8s/crds/ is the render; every field has a
-description (`kubectl explain`); the API server's patterns accept exactly what the loader's checks
-accept (properties over random strings); the CEL rules, run by cel-python, refuse exactly what the
-loader refuses (tables). tests/e2e/test_pools_api.py applies the same CRDs on the real API server."""
+(controller/core/schema.py, controller/core/pools.py; tests/unit/test_generated.py checks that k8s/crds/
+is the render): every field has a description (`kubectl explain`); the API server's patterns accept
+exactly what the loader's checks accept (properties over random strings); the CEL rules, run by
+cel-python, refuse exactly what the loader refuses (tables). tests/e2e/test_pools_api.py applies the
+same CRDs on the real API server."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import pytest
-import yaml
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
@@ -31,7 +30,6 @@ from controller.core.policy import (
 )
 from controller.core.pools import CONFIG_FIELDS, config_spec_schema, custom_resource_definitions, pool_spec_schema
 from controller.core.schema import OpenAPI, PolicyModel, SchemaError, openapi_schema
-from devplacer.crds import CRDS_DIR, file_name
 
 CRDS = custom_resource_definitions()
 POOL_CRD, CONFIG_CRD = CRDS
@@ -40,15 +38,6 @@ POOL_CRD, CONFIG_CRD = CRDS
 def root_schema(crd: dict[str, Any]) -> dict[str, Any]:
     (version,) = crd["spec"]["versions"]
     return version["schema"]["openAPIV3Schema"]
-
-
-def test_k8s_crds_is_the_render() -> None:
-    for crd in CRDS:
-        path = CRDS_DIR / file_name(crd)
-        assert path.exists() and yaml.safe_load(path.read_text()) == crd, (
-            f"{path} is not the render of controller/core/pools.py: run `python -m devplacer.crds`"
-        )
-    assert sorted(p.name for p in CRDS_DIR.glob("*.yaml")) == sorted(file_name(c) for c in CRDS)
 
 
 def test_both_are_cluster_scoped_v1alpha1_served_and_stored() -> None:

@@ -19,6 +19,7 @@ from controller.metrics import Metrics
 from controller.reconcile.intruders import IntruderReconciler
 from controller.reconcile.loop import ReconcileLoop
 from controller.reconcile.taints import TaintReconciler
+from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState
 
@@ -116,7 +117,7 @@ def test_without_a_valid_policy_the_taints_stay_and_a_valid_policy_without_pools
     state = ClusterState(None, clock=lambda: 0.0)  # no policy loaded, none stored
     state.replace("Node", [node("n1", "7", True, [POOL_TAINT, FOREIGN]), node("n2", "3", False, [POOL_TAINT])])
     writer = RecordingWriter()
-    reconcile = TaintReconciler(state, writer, Metrics())
+    reconcile = TaintReconciler(state, writer, Metrics()).reconcile  # one pass: the taint changes written
     assert reconcile() == [] and writer.taint_writes == []
     state.set_policy(NO_POOLS)  # valid, and no pool any more: its taints go, foreign ones stay
     reconcile()
@@ -144,7 +145,7 @@ def test_taint_write_in_flight_is_not_repeated_until_the_cache_moves():
 def test_a_failed_taint_write_is_retried_next_pass_and_counted_only_when_done():
     metrics = Metrics()
     writer = RecordingWriter(fail=1)
-    reconcile = TaintReconciler(make_state(node("n1", "7", True)), writer, metrics)
+    reconcile = TaintReconciler(make_state(node("n1", "7", True)), writer, metrics).reconcile
     assert reconcile() == []
     assert len(reconcile()) == 1
     assert metrics.taint_changes.labels(pool="overseas", action="add")._value.get() == 1
@@ -184,17 +185,17 @@ def test_an_intruder_is_evicted_once_with_a_capped_grace_and_tracked_until_gone(
     reconcile = reconciler(state, writer, events, metrics, clock, eviction_grace=10)
     reconcile()
     clock.now = 5
-    reconcile()  # within the grace: nothing more
+    requeue_after = reconcile()  # within the grace: nothing more
     assert writer.evictions == [("intruders", "x", 10)]
     assert events.events == [("x", "Warning", "IntruderEvicted")]
-    assert reconcile.next_pass_within() == pytest.approx(6)  # when the grace (and a second) is over
+    assert requeue_after == pytest.approx(6)  # when the grace (and a second) is over
     state.apply("Pod", "DELETED", pod("intruders", "x", "pool-1"))
     clock.now = 7
-    reconcile()
+    requeue_after = reconcile()
     assert events.events[-1] == ("x", "Normal", "IntruderRemoved")
     assert metrics.intruders_removed.labels(pool="overseas", step="evicted")._value.get() == 1
     assert metrics.evictions.labels(pool="overseas", outcome="evicted")._value.get() == 1
-    assert reconcile.next_pass_within() is None
+    assert requeue_after is None
 
 
 @pytest.mark.parametrize(("own", "cap", "given"), [(86400, 10, 10), (0, 10, 0), (3, 10, 3), (30, 0, 0)])
@@ -258,7 +259,7 @@ def test_an_eviction_a_disruption_budget_refuses_is_tried_again_next_pass():
 
 def test_an_intruder_whose_budget_refuses_eviction_for_the_whole_grace_is_deleted():
     clock, writer, events, metrics = Clock(), RecordingWriter(evictable=False), RecordingEvents(), Metrics()
-    reconcile = reconciler(intruder_state(grace=86400), writer, events, metrics, clock, budget_grace=30, eviction_grace=10)
+    reconcile = reconciler(intruder_state(grace=86400), writer, events, metrics, clock, budget_grace=30, eviction_grace=10).reconcile
     for now in (0, 10, 29.9):
         clock.now = now
         assert reconcile() == []
@@ -312,33 +313,26 @@ def test_a_deferred_eviction_asks_for_an_early_pass_until_it_is_done():
     clock, writer = Clock(), RecordingWriter(evictable=False)
     state = intruder_state(grace=0)
     reconcile = reconciler(state, writer, RecordingEvents(), Metrics(), clock, retry_seconds=5)
-    assert reconcile.next_pass_within() is None
-    reconcile()
-    assert reconcile.next_pass_within() == 5
+    assert reconcile() == 5  # the pass returns its requeue-after
     writer.evictable = True
-    reconcile()
-    assert reconcile.next_pass_within() == pytest.approx(1)  # evicted with grace 0: look again a second later
+    assert reconcile() == pytest.approx(1)  # evicted with grace 0: look again a second later
     state.apply("Pod", "DELETED", pod("intruders", "x", "pool-1"))
-    reconcile()
-    assert reconcile.next_pass_within() is None
+    assert reconcile() is None
 
 
 def test_the_loop_runs_again_within_what_a_reconciler_asks_without_any_event():
     passes = threading.Semaphore(0)
 
-    class Unfinished:
-        def __call__(self) -> None:
-            passes.release()
+    def unfinished() -> float:
+        passes.release()
+        return 0.01  # its requeue-after
 
-        def next_pass_within(self) -> float:
-            return 0.01
-
-    loop = ReconcileLoop(make_state(), [Unfinished()], lambda: True, resync_seconds=3600, debounce_seconds=0)
-    loop.start()
+    loop, runner = ReconcileLoop(make_state(), [unfinished], lambda: True, resync_seconds=3600, debounce_seconds=0), Runner()
+    runner.start("reconcile loop", loop.run, on_stop=loop.wake)
     try:
         assert all(passes.acquire(timeout=10) for _ in range(3))  # the resync alone would wait an hour
     finally:
-        loop.stop()
+        runner.stop()
 
 
 def test_without_a_grace_budgets_are_honoured_for_ever():

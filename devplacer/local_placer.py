@@ -1,4 +1,7 @@
-"""Run egress-placer on the local cluster the way it runs in a real one, but as local processes.
+"""egress-placer on the local cluster, run the way it runs in a real one but as local processes.
+
+(`controller/` is the product; `python -m devcluster controller` is the command line that calls
+`start_controller`, through `devplacer.commands`.)
 
 `start_controller` applies the `k8s/` manifests (rendered by the cached kubectl's kustomize) except the
 Deployment, Service and PDB, points the MutatingWebhookConfiguration at a loopback URL and the pools
@@ -50,6 +53,7 @@ LOCAL_ONLY_KINDS = {"Deployment", "Service", "PodDisruptionBudget"}  # the contr
 # controller's own lines (webhook, evictions) see pods that the API server would otherwise refuse.
 POOL_GUARD_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 READY_TIMEOUT = 60.0
+RECORD = "controller"  # what `start_controller` started, kept in the cluster's state (`Cluster.record`)
 
 
 @dataclass(frozen=True)
@@ -190,7 +194,7 @@ def apply_policy(cluster: Cluster, policy_text: str) -> None:
 
 
 def replicas_of(cluster: Cluster) -> list[ControllerReplica]:
-    return [ControllerReplica(**r) for r in cluster.state().get("controller", {}).get("replicas", [])]
+    return [ControllerReplica(**r) for r in (cluster.recorded(RECORD) or {}).get("replicas", [])]
 
 
 def start_controller(
@@ -268,12 +272,10 @@ def start_controller(
             port=replica.webhook_port,
             health_url=replica.health_url + "/healthz",
         )
-    with cluster._locked_state() as state:  # noqa: SLF001 - the cluster's own state file, under its lock
-        state["controller"] = {
-            "replicas": [r.__dict__ for r in planned],
-            "policy": str(Path(policy_file).resolve()),
-            "webhook_url": webhook_url,
-        }
+    cluster.record(
+        RECORD,
+        {"replicas": [r.__dict__ for r in planned], "policy": str(Path(policy_file).resolve()), "webhook_url": webhook_url},
+    )
     wait_ready(cluster, planned, ready_timeout)
     return planned
 

@@ -1,9 +1,8 @@
 """Measured outbound throughput of pool nodes, read from Prometheus.
 
-`PrometheusClient` runs instant queries (`/api/v1/query`) over `requests`, retrying (`kube.retry`) on
-connection errors, timeouts, 5xx and 429 only. `EgressPoller` polls one pool's query in its own
-thread, keeps the last good figure per node and hands them to the state after each poll, where node
-choice takes them in (admission never waits on the network, nor copies the figures per decision). What the figures mean is decided by `controller.core.egress`.
+`PrometheusClient` runs instant queries (`/api/v1/query`) over `requests`, retrying (`controller.retry`) on
+connection errors, timeouts, 5xx and 429 only. `EgressPoller` polls one pool's query (a runner's task),
+keeps the last good figure per node and hands them to the state after each poll, where node choice takes them in (admission never waits on the network, nor copies the figures per decision). What the figures mean is decided by `controller.core.egress`.
 """
 
 from __future__ import annotations
@@ -19,7 +18,8 @@ from loguru import logger
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from controller.core.egress import EgressLoad, Measurement, PrometheusSource, is_fresh, measurement_age
-from controller.kube.retry import PROMETHEUS, RetryPolicy, retrying
+from controller.retry import PROMETHEUS, RetryPolicy, retrying
+from controller.runner import Runner, Task
 
 QUERY_PATH = "/api/v1/query"
 SCRAPE_RESULTS = ("success", "unavailable", "bad-answer", "failed")
@@ -283,12 +283,6 @@ class EgressPoller:
                 self._log.exception("egress poll failed")
             stop.wait(max(0.0, interval - (self._clock() - started)))
 
-    def start(self, stop: threading.Event) -> threading.Thread:
-        """`run` in a daemon thread named after the pool."""
-        thread = threading.Thread(target=self.run, args=(stop,), name=f"egress-{self.pool_name}", daemon=True)
-        thread.start()
-        return thread
-
 
 def _node_status(figure: Measurement | None, now: float, max_age: float) -> dict[str, Any]:
     if figure is None:
@@ -303,15 +297,18 @@ def _node_status(figure: Measurement | None, now: float, max_age: float) -> dict
 class EgressPollers:
     """One poller per pool that has an `egressLoad` source, kept in step with the policy.
 
-    `sync(policy)` starts pollers for new or changed sources and stops the others; each poll's
+    `sync(policy)` starts pollers (`runner`'s tasks) for new or changed sources, stops the others; each poll's
     figures go to the state (`set_egress_figures`), whose load index node choice reads. The
     figures are exported as Prometheus metrics through a collector (read at scrape time).
     """
 
-    def __init__(self, state: "EgressTarget", clock: Callable[[], float], registry: Any | None = None) -> None:
+    def __init__(
+        self, state: "EgressTarget", clock: Callable[[], float], runner: Runner, registry: Any | None = None
+    ) -> None:
         self._state = state
         self._clock = clock
-        self._running: dict[str, tuple[EgressLoad, EgressPoller, threading.Event]] = {}
+        self._runner = runner
+        self._running: dict[str, tuple[EgressLoad, EgressPoller, Task]] = {}
         self._lock = threading.Lock()
         if registry is not None:
             registry.register(_EgressCollector(self))
@@ -320,45 +317,39 @@ class EgressPollers:
         wanted = {pool.name: pool for pool in policy.pools if pool.egress_load is not None}
         with self._lock:
             for name in list(self._running):
-                config, _, stop = self._running[name]
+                config, _, task = self._running[name]
                 if name not in wanted or wanted[name].egress_load != config:
-                    stop.set()
+                    self._runner.cancel(task)
                     del self._running[name]
                     self._state.set_egress_figures(name, None)
             for name, pool in wanted.items():
-                if name in self._running:
-                    continue
-                config = pool.egress_load
-                stop = threading.Event()
-                poller = EgressPoller(
-                    name,
-                    config,
-                    PrometheusClient.for_source(config.prometheus),
-                    self._clock,
-                    node_names=lambda pool=pool: [n.name for n in self._state.pool_nodes(pool)],
-                    publish=lambda figures, name=name, stop=stop: self._publish(name, stop, figures),
-                )
-                self._running[name] = (config, poller, stop)
-                self._state.set_egress_figures(name, {})
-                poller.start(stop)
+                if name not in self._running:
+                    self._start(name, pool)
 
-    def _publish(self, name: str, stop: threading.Event, figures: Mapping[str, Measurement]) -> None:
+    def _start(self, name: str, pool: Any) -> None:
+        config = pool.egress_load
+        poller = EgressPoller(
+            name,
+            config,
+            PrometheusClient.for_source(config.prometheus),
+            self._clock,
+            node_names=lambda: [n.name for n in self._state.pool_nodes(pool)],
+            publish=lambda figures: self._publish(name, poller, figures),
+        )
+        self._state.set_egress_figures(name, {})
+        self._running[name] = (config, poller, self._runner.start(f"egress {name}", poller.run, wait=False))
+
+    def _publish(self, name: str, poller: EgressPoller, figures: Mapping[str, Measurement]) -> None:
         """A poll's figures go to the state, unless its poller was stopped or replaced meanwhile."""
         with self._lock:
             running = self._running.get(name)
-            if running is not None and running[2] is stop:
+            if running is not None and running[1] is poller:
                 self._state.set_egress_figures(name, figures)
 
     def statuses(self) -> list[dict[str, Any]]:
         with self._lock:
             pollers = [poller for _, poller, _ in self._running.values()]
         return [p.status() for p in pollers]
-
-    def stop(self) -> None:
-        with self._lock:
-            for _, _, stop in self._running.values():
-                stop.set()
-            self._running.clear()
 
 
 class EgressTarget(Protocol):

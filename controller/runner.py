@@ -1,0 +1,106 @@
+"""One runner owns every background task (controller-runtime's Manager and Runnable).
+
+A task is `run(stop)`, a loop that returns soon after `stop` is set. `start` runs one at once (tasks
+start in the order given); `stop` stops them newest first, each joined before the next is told (the
+Events flush into the recorder, the reconcile loop ends before the lease is released). `on_stop` wakes a
+task blocked elsewhere (a watch connection, a queue); `ready` is set once it is of use (a first list);
+`wait=False`: stop tells it but does not wait for it (a poller in a slow query holds nothing up).
+`health()`: each task running, waiting (not ready), stopped or died (raised, or returned unasked).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from loguru import logger
+
+
+@dataclass(eq=False)
+class Task:
+    name: str
+    run: Callable[[threading.Event], None]
+    on_stop: Callable[[], None] | None = None
+    ready: threading.Event | None = None
+    wait: bool = True
+    stop_event: threading.Event = field(default_factory=threading.Event)
+    died: str | None = None  # why it ended before it was asked to stop
+
+    def __post_init__(self) -> None:
+        self.thread = threading.Thread(target=self._main, name=self.name, daemon=True)
+
+    def stop(self) -> None:
+        """Ask the task to end, without waiting for it."""
+        self.stop_event.set()
+        try:
+            if self.on_stop is not None:
+                self.on_stop()
+        except Exception:
+            logger.bind(task=self.name).exception("stop hook failed")
+
+    def _main(self) -> None:
+        try:
+            self.run(self.stop_event)
+            if not self.stop_event.is_set():
+                self.died = "it returned before it was stopped"
+                logger.bind(task=self.name).error("background task died: {}", self.died)
+        except BaseException as error:  # noqa: BLE001 - reported (health), not raised into nowhere
+            self.died = f"{type(error).__name__}: {error}"
+            logger.bind(task=self.name).exception("background task died")
+
+    @property
+    def state(self) -> str:
+        if self.died is not None:
+            return f"died: {self.died}"
+        if not self.thread.is_alive():
+            return "stopped"
+        return "waiting" if self.ready is not None and not self.ready.is_set() else "running"
+
+
+class Runner:
+    def __init__(self) -> None:
+        self._tasks: list[Task] = []
+        self._lock = threading.Lock()
+
+    def start(
+        self,
+        name: str,
+        run: Callable[[threading.Event], None],
+        *,
+        on_stop: Callable[[], None] | None = None,
+        ready: threading.Event | None = None,
+        wait: bool = True,
+    ) -> Task:
+        """`run(stop)` in a daemon thread named `name`, now; the task (for `cancel`)."""
+        task = Task(name, run, on_stop, ready, wait)
+        with self._lock:
+            self._tasks.append(task)
+        task.thread.start()
+        return task
+
+    def cancel(self, task: Task) -> None:
+        """Stop one task without waiting for it (a poller replaced), and forget it."""
+        with self._lock:
+            self._tasks = [t for t in self._tasks if t is not task]
+        task.stop()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every task, newest first, each joined (within `timeout`) before the next is told."""
+        with self._lock:
+            tasks, self._tasks = self._tasks[::-1], []
+        for task in tasks:
+            task.stop()
+            task.thread.join(timeout if task.wait else 0.0)
+            if task.wait and task.thread.is_alive():
+                logger.bind(task=task.name).warning("background task still running {:.0f}s after its stop", timeout)
+
+    def health(self) -> dict[str, str]:
+        """Each task's state, by name, in start order."""
+        with self._lock:
+            return {task.name: task.state for task in self._tasks}
+
+    def problem(self) -> str | None:
+        """The dead tasks in one sentence (/readyz's body), None when none died."""
+        dead = [f"{name} ({state})" for name, state in self.health().items() if state.startswith("died")]
+        return "background task died: " + "; ".join(dead) if dead else None

@@ -1,0 +1,152 @@
+"""`make generate` (`python -m devplacer.generate`): write every file derived from code; `--check` writes
+nothing and names the files that differ from what it would write (exit status 1). `--help` writes nothing.
+
+| file | derived from |
+|---|---|
+| `k8s/crds/*.yaml` | `controller/core/pools.py` (`custom_resource_definitions`), rendered by `devplacer/crds.py` |
+| `charts/egress-placer/crds/*.yaml` | the same, with the label kustomize adds to every object of k8s/ |
+| `k8s/pool-guard.yaml` | `controller/core/guard.py`: the policy, and the binding for the default exempt and agent namespaces |
+| `charts/egress-placer/templates/pool-guard-policy.yaml` | `controller/core/guard.py`: the policy, as a Helm template |
+
+The two `crds/` directories hold generated files only: a file there that the render does not make is
+removed by a write and named by `--check`. tests/unit/test_generated.py fails when a committed file
+differs from this render, and names it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from controller.core.guard import GUARD_NAME, policy_binding, validating_admission_policy
+from controller.core.policy import PlacementPolicy
+from controller.core.pools import custom_resource_definitions
+from devplacer import crds
+
+REPO = Path(__file__).resolve().parents[1]
+COMMAND = "make generate"
+CHART_DIR = Path("charts/egress-placer")
+POOL_GUARD = Path("k8s/pool-guard.yaml")
+CHART_POOL_GUARD = CHART_DIR / "templates" / "pool-guard-policy.yaml"
+# Directories of generated files only (relative to the repository).
+OWNED_DIRS = (crds.CRDS_DIR, crds.CHART_CRDS_DIR)
+
+POOL_GUARD_HEADER = f"""\
+# The pool guard: a ValidatingAdmissionPolicy that refuses, inside the API server (so also while the
+# webhook is down), pods of namespaces without pool rights that would reach a pool: a toleration of a
+# pool's taint (by key, or a key-less Exists) unless pinned off the pool's nodes, or a nodeName of a pool
+# node. See k8s/README.md, "The pool guard". The leader keeps its params (ConfigMap
+# egress-placer-pool-guard) and the binding's namespaceSelector (exempt and agent namespaces) current.
+#
+# GENERATED from controller/core/guard.py for the default exempt and agent namespaces (no
+# EgressPlacerConfig) by `{COMMAND}`; do not edit.
+"""
+CHART_POOL_GUARD_HEADER = f"""\
+# The pool guard's ValidatingAdmissionPolicy (k8s/pool-guard.yaml; k8s/README.md, "The pool guard"), the
+# same for every policy; its binding is pool-guard.yaml's.
+#
+# GENERATED from controller/core/guard.py by `{COMMAND}`; do not edit.
+"""
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (the CEL) as literal blocks."""
+
+
+_BlockDumper.add_representer(
+    str,
+    lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None),
+)
+
+
+def _dump(docs: list[Any]) -> str:
+    return yaml.dump_all(docs, Dumper=_BlockDumper, sort_keys=False, width=120, explicit_start=True)
+
+
+def pool_guard_manifest() -> str:
+    """k8s/pool-guard.yaml: the policy and its binding for the default policy-wide fields."""
+    docs = [validating_admission_policy(), policy_binding(PlacementPolicy.empty(), "egress-placer")]
+    return POOL_GUARD_HEADER + _dump(docs)
+
+
+def chart_pool_guard_template() -> str:
+    """The chart's template of the policy: its metadata through the chart's helper, its spec the render's."""
+    policy = validating_admission_policy()
+    if policy["metadata"] != {"name": GUARD_NAME}:
+        raise ValueError(f"the chart's template sets only the name: the policy's metadata is {policy['metadata']}")
+    spec = yaml.dump({"spec": policy["spec"]}, Dumper=_BlockDumper, sort_keys=False, width=120)
+    if "{{" in spec or "}}" in spec:
+        raise ValueError("the policy's spec holds '{{' or '}}', which Helm would read as a template action")
+    return (
+        "{{- if .Values.poolGuard.enabled }}\n"
+        + CHART_POOL_GUARD_HEADER
+        + f"---\napiVersion: {policy['apiVersion']}\nkind: {policy['kind']}\n"
+        + f'{{{{ include "egress-placer.metadata" (dict "root" . "name" "{GUARD_NAME}") }}}}\n'
+        + spec
+        + "{{- end }}\n"
+    )
+
+
+def outputs() -> dict[Path, str]:
+    """Every generated file (relative to the repository) and its text."""
+    out: dict[Path, str] = {}
+    for crd in custom_resource_definitions():
+        out[crds.CRDS_DIR / crds.file_name(crd)] = crds.render(crd)
+        out[crds.CHART_CRDS_DIR / crds.file_name(crd)] = crds.render(crds.labelled(crd, crds.CHART_LABELS))
+    out[POOL_GUARD] = pool_guard_manifest()
+    out[CHART_POOL_GUARD] = chart_pool_guard_template()
+    return out
+
+
+def differences(root: Path = REPO) -> list[str]:
+    """The generated files under `root` that are missing, differ, or should not be there (sorted)."""
+    wanted = outputs()
+    found = {p.relative_to(root) for d in OWNED_DIRS for p in (root / d).glob("*") if p.is_file()}
+    stale = [str(path) for path, text in wanted.items() if not (root / path).is_file() or (root / path).read_text() != text]
+    return sorted(stale + [f"{path} (not generated)" for path in found - set(wanted)])
+
+
+def write(root: Path = REPO) -> list[Path]:
+    """Write every generated file that differs under `root`, remove the others of `OWNED_DIRS`; what changed."""
+    wanted = outputs()
+    changed = []
+    for path, text in wanted.items():
+        target = root / path
+        if not target.is_file() or target.read_text() != text:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+            changed.append(path)
+    for directory in OWNED_DIRS:
+        for extra in sorted(p for p in (root / directory).glob("*") if p.is_file() and p.relative_to(root) not in wanted):
+            extra.unlink()
+            changed.append(extra.relative_to(root))
+    return changed
+
+
+def main(argv: Sequence[str] | None = None, root: Path = REPO) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m devplacer.generate",
+        description="Write every file derived from code (CRDs, the pool guard's manifest and chart template).",
+        epilog="Files:\n" + "".join(f"  {p}\n" for p in sorted(outputs())),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--check", action="store_true", help="write nothing; name the files that differ, exit 1 when any does")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = differences(root)
+        for path in stale:
+            print(f"{path}: differs from what `{COMMAND}` writes", file=sys.stderr)
+        if stale:
+            print(f"run `{COMMAND}`", file=sys.stderr)
+        return 1 if stale else 0
+    for path in write(root):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

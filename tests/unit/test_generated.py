@@ -1,0 +1,63 @@
+"""Files derived from code come from `make generate` (devplacer/generate.py) only: every committed one is
+what it writes (the CRDs of k8s/ and of the chart, the pool guard's manifest and chart template), the
+generated directories hold nothing else; `--check` writes nothing and names what differs; `--help`
+writes nothing, also through the older `python -m devplacer.crds`."""
+
+from __future__ import annotations
+
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from devplacer import generate
+from devplacer.generate import OWNED_DIRS, differences, main, outputs
+
+
+def test_every_committed_generated_file_is_what_make_generate_writes() -> None:
+    stale = differences()
+    assert stale == [], "these files differ from what `make generate` writes, run make generate: " + ", ".join(stale)
+
+
+def files(root: Path) -> dict[Path, str]:
+    return {p.relative_to(root): p.read_text() for p in root.rglob("*") if p.is_file()}
+
+
+def test_help_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"], root=tmp_path)
+    assert exit_.value.code == 0 and files(tmp_path) == {}
+    out = capsys.readouterr().out
+    assert all(str(path) in out for path in outputs())  # it names what it writes
+
+
+def test_the_older_command_is_the_same_and_its_help_writes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_write(*args: object) -> None:
+        raise AssertionError("--help wrote")
+
+    monkeypatch.setattr(generate, "write", no_write)
+    monkeypatch.setattr(sys, "argv", ["python -m devplacer.crds", "--help"])
+    monkeypatch.delitem(sys.modules, "devplacer.crds", raising=False)  # run as a program, as `python -m` does
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("devplacer.crds", run_name="__main__")
+    assert exit_.value.code == 0
+
+
+def test_check_writes_nothing_and_names_every_file_that_differs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--check"], root=tmp_path) == 1
+    assert files(tmp_path) == {}
+    err = capsys.readouterr().err
+    assert all(f"{path}: differs" in err for path in outputs()) and "run `make generate`" in err
+
+
+def test_a_write_makes_the_check_pass_and_removes_what_the_render_does_not_make(tmp_path: Path) -> None:
+    assert main([], root=tmp_path) == 0
+    assert files(tmp_path) == outputs()
+    assert main(["--check"], root=tmp_path) == 0
+    leftover = tmp_path / OWNED_DIRS[0] / "egressoldthings.egress-placer.io.yaml"
+    leftover.write_text("kind: CustomResourceDefinition\n")
+    (tmp_path / next(iter(outputs()))).write_text("edited by hand\n")
+    assert differences(tmp_path) == sorted([str(next(iter(outputs()))), f"{leftover.relative_to(tmp_path)} (not generated)"])
+    assert main([], root=tmp_path) == 0
+    assert files(tmp_path) == outputs() and differences(tmp_path) == []

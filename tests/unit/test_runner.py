@@ -1,0 +1,143 @@
+"""The runner (controller/runner.py): tasks start in the order given and stop newest first, each ended
+before the next is told; a stop hook wakes a task blocked elsewhere; a task that raises, or returns
+before it was stopped, is reported as dead; readiness and a cancelled task show in the health. No
+sleeps: every wait is on an event or a join with a deadline."""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from controller.runner import Runner
+
+DEADLINE = 10.0
+
+
+class Recorded:
+    """A task that says when it began and ends when stopped, noting what had ended before its stop."""
+
+    def __init__(self, name: str, ended: list[str]) -> None:
+        self.name, self.ended = name, ended
+        self.began = threading.Event()
+        self.ended_before_my_stop: list[str] | None = None
+
+    def run(self, stop: threading.Event) -> None:
+        self.began.set()
+        stop.wait()
+        self.ended.append(self.name)
+
+    def on_stop(self) -> None:
+        self.ended_before_my_stop = list(self.ended)
+
+
+def test_tasks_start_in_order_and_stop_newest_first_each_ended_before_the_next_is_told() -> None:
+    runner, ended = Runner(), []
+    tasks = [Recorded(name, ended) for name in ("recorder", "informers", "leader", "loop")]
+    for task in tasks:
+        runner.start(task.name, task.run, on_stop=task.on_stop)
+    assert all(task.began.wait(DEADLINE) for task in tasks)
+    assert list(runner.health()) == ["recorder", "informers", "leader", "loop"]
+    assert set(runner.health().values()) == {"running"} and runner.problem() is None
+    runner.stop(timeout=DEADLINE)
+    assert ended == ["loop", "leader", "informers", "recorder"]
+    assert [t.ended_before_my_stop for t in tasks] == [["loop", "leader", "informers"], ["loop", "leader"], ["loop"], []]
+    assert runner.health() == {}
+
+
+def test_the_stop_hook_wakes_a_task_blocked_on_something_else() -> None:
+    runner, items, handled = Runner(), queue.Queue(), []
+
+    def drain(stop: threading.Event) -> None:
+        while True:
+            item = items.get()  # not the stop event: only the hook's mark wakes it when idle
+            if item is None:
+                if stop.is_set():
+                    return
+                continue
+            handled.append(item)
+
+    task = runner.start("drain", drain, on_stop=lambda: items.put(None))
+    items.put("written before the stop")
+    runner.stop(timeout=DEADLINE)
+    assert not task.thread.is_alive()
+    assert handled == ["written before the stop"]
+
+
+def test_a_task_that_raises_or_returns_unasked_is_reported_dead_and_the_others_run_on() -> None:
+    runner = Runner()
+    alive = Recorded("alive", [])
+    runner.start("alive", alive.run)
+
+    def boom(stop: threading.Event) -> None:
+        raise ValueError("boom")
+
+    raising = runner.start("raising", boom)
+    returning = runner.start("returning", lambda stop: None)
+    for task in (raising, returning):
+        task.thread.join(DEADLINE)
+    assert alive.began.wait(DEADLINE)
+    assert runner.health() == {
+        "alive": "running",
+        "raising": "died: ValueError: boom",
+        "returning": "died: it returned before it was stopped",
+    }
+    assert runner.problem() == (
+        "background task died: raising (died: ValueError: boom); returning (died: it returned before it was stopped)"
+    )
+    runner.stop(timeout=DEADLINE)
+    assert alive.ended == ["alive"]
+
+
+def test_a_task_waits_until_ready_and_a_failing_hook_does_not_keep_the_others_running() -> None:
+    runner, ended, ready = Runner(), [], threading.Event()
+    first, second = Recorded("first", ended), Recorded("second", ended)
+    runner.start("first", first.run, ready=ready)
+
+    def failing_hook() -> None:
+        raise RuntimeError("hook failed")
+
+    runner.start("second", second.run, on_stop=failing_hook)
+    assert first.began.wait(DEADLINE) and second.began.wait(DEADLINE)
+    assert runner.health() == {"first": "waiting", "second": "running"}
+    ready.set()
+    assert runner.health()["first"] == "running"
+    runner.stop(timeout=DEADLINE)
+    assert ended == ["second", "first"]
+
+
+def test_a_cancelled_task_stops_alone_and_is_forgotten() -> None:
+    runner, ended = Runner(), []
+    kept, replaced = Recorded("kept", ended), Recorded("replaced", ended)
+    runner.start("kept", kept.run)
+    task = runner.start("replaced", replaced.run)
+    assert kept.began.wait(DEADLINE) and replaced.began.wait(DEADLINE)
+    runner.cancel(task)
+    task.thread.join(DEADLINE)
+    assert ended == ["replaced"] and runner.health() == {"kept": "running"}
+    runner.stop(timeout=DEADLINE)
+    assert ended == ["replaced", "kept"]
+
+
+def test_a_task_that_does_not_end_in_time_does_not_hold_up_the_others() -> None:
+    runner, ended, release = Runner(), [], threading.Event()
+    first = Recorded("first", ended)
+    runner.start("first", first.run)
+    stuck = runner.start("stuck", lambda stop: release.wait(DEADLINE))
+    assert first.began.wait(DEADLINE)
+    try:
+        runner.stop(timeout=0.05)
+        assert ended == ["first"]
+        assert stuck.thread.is_alive()
+    finally:
+        release.set()
+
+
+def test_a_task_not_waited_for_is_told_to_stop_and_left_to_end_alone() -> None:
+    runner, told, release = Runner(), threading.Event(), threading.Event()
+    task = runner.start("egress pool", lambda stop: release.wait(DEADLINE), on_stop=told.set, wait=False)
+    try:
+        runner.stop(timeout=DEADLINE)  # waiting for it would last until DEADLINE, and the thread would be over
+        assert told.is_set()
+        assert task.thread.is_alive()
+    finally:
+        release.set()
