@@ -16,7 +16,7 @@ from devcluster.cluster import Cluster
 from tests.kube import Api, api_for, namespace as namespace_path
 from tests.waiting import wait_for
 
-pytest_plugins = ["devcluster.pytest_plugin"]
+pytest_plugins = ["devcluster.pytest_plugin", "tests.e2e.harness"]
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,8 @@
-"""Helpers of the end-to-end tests: Tekton run bodies, and `Runs`, which creates runs (and other
-objects) for one test, reads back where their pods went, and deletes everything it made."""
+"""Helpers of the end-to-end and reliability tests: Tekton run bodies, and `Runs`, which creates runs (and
+other objects) for one test, reads back where their pods went, and deletes everything it made. Its
+`create_retrying` retries a creation as a CI system's client would: a refused connection, a 429, a 5xx or
+a timeout is tried again (tenacity, jittered backoff) until `deadline` seconds have passed; a 409
+AlreadyExists on a retry means an earlier attempt got through."""
 
 from __future__ import annotations
 
@@ -9,6 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterable, Mapping
 
 import pytest
+import tenacity
+import urllib3
+from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import DECISION_ANNOTATION, TAINT_KEY
 from tests.kube import TEKTON, Api, namespaced, pods
@@ -25,6 +31,7 @@ POOL_TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}  # as `po
 POOL_LABEL = {TAINT_KEY: POOL}  # the devcluster's pool nodes carry it; the policy selects on it
 TEST_LABEL = "e2e.egress-placer.io/test"
 EVENTS = "/apis/events.k8s.io/v1"
+CREATE_TIMEOUT = 15.0  # seconds per attempt of `create_retrying`: with etcd down, the API server would hold a request ~60 s
 
 def step(image: str, name: str = "main") -> dict[str, Any]:
     """A step with a `script`, so Tekton never looks the image up in a registry."""
@@ -73,6 +80,13 @@ def node_of(pod: Mapping[str, Any] | None) -> str | None:
     return ((pod or {}).get("spec") or {}).get("nodeName")
 
 
+def transient(error: BaseException) -> bool:
+    """Worth another try: the API server is away, overloaded or failing (not: the request is wrong)."""
+    if isinstance(error, ApiException):
+        return not error.status or error.status == 429 or error.status >= 500
+    return isinstance(error, (urllib3.exceptions.HTTPError, OSError))
+
+
 class Runs:
     """Everything one test creates carries the label `TEST_LABEL=<id>`; `cleanup` deletes it all."""
 
@@ -100,6 +114,31 @@ class Runs:
         extra = {"dryRun": "All"} if dry_run else {}
         group = f"/apis/tekton.dev/{version}"
         return self.api.create(namespaced(namespace, plural, group=group), self._labelled(body), **extra)
+
+    def create_retrying(self, namespace: str, plural: str, body: Mapping[str, Any], deadline: float = 120.0) -> int:
+        """Create a tekton.dev/v1 object, retrying transient failures for up to `deadline` s (it outlasts an
+        API server restart); the attempts it took."""
+        self._made.add((namespace, plural))
+        labelled = self._labelled(body)
+        attempts = 0
+
+        def once() -> None:
+            nonlocal attempts
+            attempts += 1
+            try:
+                self.api.call("POST", namespaced(namespace, plural, group=TEKTON), body=labelled, timeout=CREATE_TIMEOUT)
+            except ApiException as e:
+                if e.status == 409 and attempts > 1:
+                    return  # an earlier attempt was stored although its answer was lost
+                raise
+
+        tenacity.Retrying(
+            retry=tenacity.retry_if_exception(transient),
+            wait=tenacity.wait_exponential_jitter(multiplier=0.2, max=2.0, jitter=0.3),
+            stop=tenacity.stop_after_delay(deadline),
+            reraise=True,
+        )(once)
+        return attempts
 
     def create_all(self, items: Iterable[tuple[str, str, Mapping[str, Any]]]) -> None:
         """Create (namespace, plural, body) items together, from one thread per item."""

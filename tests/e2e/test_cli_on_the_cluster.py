@@ -21,8 +21,8 @@ from controller.cli import PLUGIN_EXECUTABLE
 from controller.cli.errors import Exit
 from devcluster.process import free_port
 from devcluster.cluster import Cluster
-from devplacer.local_placer import install_pools, start_controller, stop_controller
-from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, as_an_administrator, egress_placer_command, make_plain, pool_taints
+from devplacer.local_placer import install_pools, stop_controller
+from tests.e2e.harness import POLICY_FILE, Placer, as_an_administrator, egress_placer_command, pool_taints, running_placer
 from tests.e2e.tekton_runs import POOL_NODES, POOL_TAINT
 from tests.kube import Api, node
 from tests.waiting import wait_for
@@ -33,22 +33,19 @@ UNTAINTED = "egress-2"
 
 
 @pytest.fixture(scope="module")
-def egress_placer(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[EgressPlacer]:
+def egress_placer(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[Placer]:
     """egress-placer as installed by default, reading the e2e policy as pools API objects: what the
     command, with no EGRESS_PLACER_* variable, reads too. The objects and the cluster made plain after."""
-    try:
-        start_controller(devcluster, POLICY_FILE, policy_source="pools")
-        yield EgressPlacer(devcluster)
-    finally:
-        install_pools(devcluster, [])  # before the webhook configuration goes: deletions pass it anyway
-        make_plain(api, devcluster)
+    # The pools API objects go before the webhook configuration (deletions pass it anyway).
+    with running_placer(devcluster, api, POLICY_FILE, policy_source="pools", undo=lambda: install_pools(devcluster, [])) as placer:
+        yield placer
 
 
 def status_rows(done: subprocess.CompletedProcess[str]) -> dict[str, dict[str, object]]:
     return {row["node"]: row for row in json.loads(done.stdout)}
 
 
-def test_status_is_0_while_the_controller_keeps_the_pool_right(egress_placer: EgressPlacer, api: Api) -> None:
+def test_status_is_0_while_the_controller_keeps_the_pool_right(egress_placer: Placer, api: Api) -> None:
     cluster = egress_placer.cluster
     wait_for("every pool node tainted", lambda: all(pool_taints(api, n) == [POOL_TAINT] for n in POOL_NODES), timeout=30)
     done = egress_placer_command(cluster, "status", "--json")
@@ -57,7 +54,7 @@ def test_status_is_0_while_the_controller_keeps_the_pool_right(egress_placer: Eg
     assert set(rows) == POOL_NODES and {r["taint"] for r in rows.values()} == {"ok"}
 
 
-def test_status_is_1_when_a_pool_node_lost_its_taint_also_as_the_kubectl_plugin(egress_placer: EgressPlacer, api: Api) -> None:
+def test_status_is_1_when_a_pool_node_lost_its_taint_also_as_the_kubectl_plugin(egress_placer: Placer, api: Api) -> None:
     cluster = egress_placer.cluster
     stop_controller(cluster)  # the module's teardown makes the cluster plain again
     listed = api.call("GET", node(UNTAINTED))
@@ -75,7 +72,7 @@ def test_status_is_1_when_a_pool_node_lost_its_taint_also_as_the_kubectl_plugin(
     assert " missing " in line
 
 
-def test_status_is_3_when_the_api_server_does_not_answer(egress_placer: EgressPlacer, tmp_path: Path) -> None:
+def test_status_is_3_when_the_api_server_does_not_answer(egress_placer: Placer, tmp_path: Path) -> None:
     cluster = egress_placer.cluster
     config = yaml.safe_load(cluster.kubeconfig.read_text())
     for entry in config["clusters"]:

@@ -22,7 +22,7 @@ from controller.core.model import TAINT_KEY
 from controller.settings import Settings
 from devcluster.cluster import Cluster
 from devplacer.local_placer import WEBHOOK_CONFIG
-from tests.e2e.running_controller import EgressPlacer
+from tests.e2e.harness import Placer
 from tests.e2e.tekton_runs import ORDINARY_NODES, POOL_LABEL, POOL_NODES, POOL_TAINT, TEAM_OTHER, events, node_of
 from tests.kube import Api, namespaced, node, pods
 from tests.waiting import wait_for
@@ -116,7 +116,7 @@ def existing_agents(api: Api) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def placer(existing_agents: tuple[str, str], egress_placer: EgressPlacer) -> EgressPlacer:
+def placer(existing_agents: tuple[str, str], egress_placer: Placer) -> Placer:
     """egress-placer, started after the existing DaemonSets were made."""
     return egress_placer
 
@@ -140,7 +140,7 @@ def join_node(api: Api) -> Iterator[str]:
 
 
 def test_a_new_node_agent_runs_on_every_pool_node_also_one_labelled_in_later(
-    placer: EgressPlacer, api: Api, made: list, join_node: str, record_property: Any
+    placer: Placer, api: Api, made: list, join_node: str, record_property: Any
 ) -> None:
     name = f"cni-{uuid.uuid4().hex[:6]}"
     created = time.monotonic()
@@ -166,7 +166,7 @@ def test_a_new_node_agent_runs_on_every_pool_node_also_one_labelled_in_later(
 
 
 def test_a_daemonset_of_a_namespace_that_may_not_use_the_pool_stays_off_it(
-    placer: EgressPlacer, api: Api, made: list
+    placer: Placer, api: Api, made: list
 ) -> None:
     tenant, agent = f"tenant-agent-{uuid.uuid4().hex[:6]}", f"agent-{uuid.uuid4().hex[:6]}"
     api.create(daemonsets(TEAM_OTHER), daemonset(tenant))
@@ -182,7 +182,7 @@ def test_a_daemonset_of_a_namespace_that_may_not_use_the_pool_stays_off_it(
 
 
 def test_existing_node_agents_are_reported_and_patched_only_when_opted_in(
-    placer: EgressPlacer, existing_agents: tuple[str, str], devcluster: Cluster, api: Api
+    placer: Placer, existing_agents: tuple[str, str], devcluster: Cluster, api: Api
 ) -> None:
     reported, opted_in = existing_agents
 

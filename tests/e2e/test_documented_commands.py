@@ -31,7 +31,7 @@ from controller.core.pools import custom_resource_definitions
 from devcluster.cluster import Cluster
 from devplacer.chart import helm_binary
 from devplacer.local_placer import NAMESPACE, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG
-from tests.e2e.running_controller import REPO, VALIDATING_WEBHOOK_CONFIGS, WEBHOOK_CONFIGS, remove_pool_taints
+from tests.e2e.harness import REPO, VALIDATING_WEBHOOK_CONFIGS, WEBHOOK_CONFIGS, remove_pool_taints
 from tests.e2e.tekton_runs import POOL, POOL_NODES
 from tests.kube import Api, namespace, node
 from tests.waiting import wait_for

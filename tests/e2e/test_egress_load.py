@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from devcluster.cluster import Cluster
 from devcluster.prometheus import start_prometheus, stop_prometheus, wait_for_rates
-from devplacer.local_placer import service_account_user, start_controller
+from devplacer.local_placer import service_account_user
 from devplacer.egress_exporter import EGRESS_QUERY, EgressExporter, egress_load_block, start_exporters, stop_exporters
-from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, make_plain
+from tests.e2e.harness import POLICY_FILE, Placer, running_placer
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, decision_of, taskrun
 from tests.kube import Api
 from tests.waiting import wait_for
@@ -86,16 +86,13 @@ def rig(devcluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def egress_placer(
     devcluster: Cluster, api: Api, tenants: tuple[str, str], rig: EgressLoadRig
-) -> Iterator[EgressPlacer]:
+) -> Iterator[Placer]:
     """egress-placer with the egress-load policy (overrides the e2e fixture); the cluster made plain after."""
-    try:
-        start_controller(devcluster, rig.policy_file)
-        yield EgressPlacer(devcluster)
-    finally:
-        make_plain(api, devcluster)
+    with running_placer(devcluster, api, rig.policy_file) as placer:
+        yield placer
 
 
-def egress_series(placer: EgressPlacer, name: str) -> dict[str, float]:
+def egress_series(placer: Placer, name: str) -> dict[str, float]:
     """The controller's per-node samples of metric `name` for pool `overseas`."""
     text = requests.get(placer.replica.health_url + "/metrics", timeout=5).text
     return {
@@ -106,7 +103,7 @@ def egress_series(placer: EgressPlacer, name: str) -> dict[str, float]:
     }
 
 
-def measured_everywhere(placer: EgressPlacer) -> bool:
+def measured_everywhere(placer: Placer) -> bool:
     """Every pool node has a fresh figure, the busy one near its rate."""
     bps = egress_series(placer, "egress_placer_egress_bytes_per_second")
     fallback = egress_series(placer, "egress_placer_egress_fallback")
@@ -130,7 +127,7 @@ def burst(runs: Runs, prefix: str) -> dict[str, str]:
 
 
 def test_a_burst_of_uploads_avoids_the_node_whose_link_is_nearly_full(
-    runs: Runs, egress_placer: EgressPlacer
+    runs: Runs, egress_placer: Placer
 ) -> None:
     wait_for("the controller's figures for every pool node", lambda: measured_everywhere(egress_placer), timeout=FIGURE_TIMEOUT)
 
@@ -144,7 +141,7 @@ def test_a_burst_of_uploads_avoids_the_node_whose_link_is_nearly_full(
 
 
 def test_status_shows_each_pool_node_s_throughput_and_the_age_of_the_figure(
-    devcluster: Cluster, rig: EgressLoadRig, egress_placer: EgressPlacer
+    devcluster: Cluster, rig: EgressLoadRig, egress_placer: Placer
 ) -> None:
     kubeconfig = devcluster.mint_kubeconfig(service_account_user())  # the controller's own RBAC
     env = {k: v for k, v in os.environ.items() if not k.startswith("EGRESS_PLACER_")}
@@ -170,7 +167,7 @@ def test_status_shows_each_pool_node_s_throughput_and_the_age_of_the_figure(
 
 
 def test_without_prometheus_choice_falls_back_to_run_counts_and_admission_keeps_placing(
-    runs: Runs, rig: EgressLoadRig, egress_placer: EgressPlacer
+    runs: Runs, rig: EgressLoadRig, egress_placer: Placer
 ) -> None:
     wait_for("the controller's figures for every pool node", lambda: measured_everywhere(egress_placer), timeout=FIGURE_TIMEOUT)
     offset = egress_placer.log.stat().st_size

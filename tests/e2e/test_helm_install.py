@@ -26,7 +26,7 @@ from devcluster.build import PROMETHEUS_OPERATOR_CRDS, ensure_optional, optional
 from devcluster.cluster import Cluster
 from devplacer.chart import CHART_DIR, Release, helm_binary, policy_values, settings_env, template
 from devplacer.local_placer import NAMESPACE, WEBHOOK_CONFIG, kubectl, start_controller, stop_controller
-from tests.e2e.running_controller import POLICY_FILE, WEBHOOK_CONFIGS, EgressPlacer, egress_placer_command, make_plain, pool_taints
+from tests.e2e.harness import POLICY_FILE, WEBHOOK_CONFIGS, Placer, egress_placer_command, make_plain, pool_taints
 from tests.e2e.tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, POOL_TAINT, TEAM_CDN, TEAM_OTHER, Runs, decision_of, taskrun
 from tests.kube import Api, namespace, namespaced, pods
 from tests.waiting import wait_for
@@ -132,7 +132,7 @@ def test_the_deployment_s_pods_go_where_the_node_selector_value_says(release: Re
 
 
 def test_the_leader_taints_the_pool_under_the_chart_s_rights(release: Release, api: Api, devcluster: Cluster) -> None:
-    wait_for("this replica to lead", lambda: EgressPlacer(devcluster).metric("egress_placer_leader", {}) == 1, timeout=60)
+    wait_for("this replica to lead", lambda: Placer(devcluster).metric("egress_placer_leader", {}) == 1, timeout=60)
     tainted: Callable[[], bool] = lambda: all(pool_taints(api, n) == [POOL_TAINT] for n in POOL_NODES)  # noqa: E731
     wait_for("the pool taint on every pool node", tainted, timeout=60)
 

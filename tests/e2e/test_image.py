@@ -18,9 +18,8 @@ import pytest
 
 from controller.core.model import TAINT_KEY
 from devcluster.cluster import Cluster
-from devplacer.local_placer import start_controller
 from devplacer.image import SERVICE_ACCOUNT_DIR, ControllerContainer, ImageToolsUnavailable, build_image
-from tests.e2e.running_controller import POLICY_FILE, EgressPlacer, make_plain, pool_taints
+from tests.e2e.harness import POLICY_FILE, Placer, pool_taints, running_placer
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, decision_of, taskrun
 from tests.kube import Api
 from tests.waiting import wait_for
@@ -46,14 +45,14 @@ def container(devcluster: Cluster, image: str) -> ControllerContainer:
 @pytest.fixture(scope="module")
 def egress_placer(
     devcluster: Cluster, api: Api, tenants: tuple[str, str], container: ControllerContainer
-) -> Iterator[EgressPlacer]:
+) -> Iterator[Placer]:
     """conftest's `egress_placer`, but the replica is a container of the image."""
-    names = []
+    names: list[str] = []
     try:
-        names = [r.name for r in start_controller(devcluster, POLICY_FILE, launch=container)]
-        yield EgressPlacer(devcluster)
+        with running_placer(devcluster, api, POLICY_FILE, launch=container) as placer:
+            names = [r.name for r in placer.replicas]
+            yield placer
     finally:
-        make_plain(api, devcluster)
         container.remove(names)  # only if one outlived its podman process
 
 
@@ -84,7 +83,7 @@ def status_of(pid: int) -> dict[str, str]:
 
 
 def test_the_controller_runs_from_the_image_as_the_deployment_runs_it(
-    egress_placer: EgressPlacer, container: ControllerContainer
+    egress_placer: Placer, container: ControllerContainer
 ) -> None:
     # Read from the kernel about the controller process, not from the container's configuration.
     pid = controller_pid(container, egress_placer.replica.name)
@@ -107,7 +106,7 @@ def test_the_controller_runs_from_the_image_as_the_deployment_runs_it(
     assert environ["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
 
 
-def test_a_matching_taskrun_is_placed_on_the_pool_through_the_image(egress_placer: EgressPlacer, runs: Runs, api: Api) -> None:
+def test_a_matching_taskrun_is_placed_on_the_pool_through_the_image(egress_placer: Placer, runs: Runs, api: Api) -> None:
     tainted = [{"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}]
     wait_for(
         "the leader in the container to taint every pool node",

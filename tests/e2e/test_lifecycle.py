@@ -12,13 +12,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from controller.core.model import TAINT_KEY
 from controller.reconcile.last_good_policy import POLICY_KEY, store_name
 from devcluster.cluster import Cluster
 from devplacer.local_placer import (
@@ -29,11 +27,12 @@ from devplacer.local_placer import (
     start_controller,
     stop_controller,
 )
-from tests.e2e.running_controller import INVALID_POLICY_FILE, POLICY_FILE, EgressPlacer
+from tests.e2e.harness import INVALID_POLICY_FILE, POLICY_FILE, Placer, pool_taints
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     POOL,
     POOL_NODES,
+    POOL_TAINT,
     TEAM_CDN,
     TEAM_OTHER,
     Runs,
@@ -42,17 +41,17 @@ from tests.e2e.tekton_runs import (
     taskrun,
 )
 from tests.kube import Api, api_for, namespaced
-from tests.waiting import wait_for
+from tests.waiting import holds_for, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS_WHILE_DOWN = 5
+TAINTS_STAY_SECONDS = 3.0  # with no valid policy, the taints are checked to stay this long
 REFUSED = {"result": "refused"}
 LOADED = {"result": "loaded"}
 RELOADS = "egress_placer_policy_reloads_total"
 LAST_GOOD = store_name(POLICY_CONFIGMAP)
-POOL_TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}
 WITHOUT_THE_POOL = "apiVersion: egress-placer.io/v1alpha1\nkind: PlacementPolicy\npools: []\n"
 PLACMENT = f"configmap {NAMESPACE}/{POLICY_CONFIGMAP}:{POLICY_KEY}:10: pools[0].placment"  # INVALID_POLICY_FILE's error
 
@@ -66,7 +65,7 @@ def assert_placed_on_pool(runs: Runs, name: str) -> None:
     assert (decision["pool"], decision["reason"]) == (POOL, "image-match")
 
 
-def test_the_controller_runs_under_the_k8s_service_account(egress_placer: EgressPlacer) -> None:
+def test_the_controller_runs_under_the_k8s_service_account(egress_placer: Placer) -> None:
     process = egress_placer.cluster.process(egress_placer.replica.name)
     assert process is not None and process.alive()
     environ = dict(
@@ -80,7 +79,7 @@ def test_the_controller_runs_under_the_k8s_service_account(egress_placer: Egress
 
 
 def test_runs_finish_while_the_controller_is_down_and_are_reported_after_restart(
-    egress_placer: EgressPlacer, runs: Runs
+    egress_placer: Placer, runs: Runs
 ) -> None:
     cluster = egress_placer.cluster
     stop_controller(cluster)
@@ -115,12 +114,9 @@ def test_runs_finish_while_the_controller_is_down_and_are_reported_after_restart
     assert set(while_down[TEAM_CDN] + while_down[TEAM_OTHER]) <= logged
 
 
-def pool_taints(api: Api) -> dict[str, list[dict[str, str]]]:
+def taints_of_the_pool(api: Api) -> dict[str, list[dict[str, str]]]:
     """Each pool node's taints with egress-placer's key."""
-    return {
-        name: [t for t in (api.get(f"/api/v1/nodes/{name}") or {}).get("spec", {}).get("taints") or [] if t["key"] == TAINT_KEY]
-        for name in sorted(POOL_NODES)
-    }
+    return {name: pool_taints(api, name) for name in sorted(POOL_NODES)}
 
 
 TAINTED = {node: [POOL_TAINT] for node in sorted(POOL_NODES)}
@@ -130,7 +126,7 @@ def stored_policy(api: Api) -> str | None:
     return ((api.get(namespaced(NAMESPACE, "configmaps", LAST_GOOD)) or {}).get("data") or {}).get(POLICY_KEY)
 
 
-def readyz(egress_placer: EgressPlacer) -> requests.Response:
+def readyz(egress_placer: Placer) -> requests.Response:
     return requests.get(egress_placer.replica.health_url + "/readyz", timeout=5)
 
 
@@ -153,11 +149,11 @@ def restart_with(cluster: Cluster, policy_file: Path) -> None:
 
 
 def test_after_a_restart_with_a_broken_policy_the_last_good_one_stays_with_the_taints(
-    egress_placer: EgressPlacer, api: Api, runs: Runs
+    egress_placer: Placer, api: Api, runs: Runs
 ) -> None:
     cluster = egress_placer.cluster
     wait_for("the leader to store the policy it loaded", lambda: stored_policy(api) == POLICY_FILE.read_text(), timeout=20)
-    assert pool_taints(api) == TAINTED
+    assert taints_of_the_pool(api) == TAINTED
     try:
         log_offset = egress_placer.log.stat().st_size
         restart_with(cluster, INVALID_POLICY_FILE)
@@ -171,14 +167,14 @@ def test_after_a_restart_with_a_broken_policy_the_last_good_one_stays_with_the_t
         assert status.returncode == 2 and "policy: " + PLACMENT in status.stdout, status.stdout + status.stderr
         assert "overseas" in status.stdout and "egress-1" in status.stdout  # the table of the policy in force
         assert_placed_on_pool(runs, runs.name("stored-policy"))
-        assert pool_taints(api) == TAINTED
+        assert taints_of_the_pool(api) == TAINTED
         assert stored_policy(api) == POLICY_FILE.read_text()  # a refused policy is never stored
     finally:
         restart_with(cluster, POLICY_FILE)
 
 
 def test_with_no_valid_policy_and_none_stored_nothing_is_placed_and_the_taints_stay(
-    egress_placer: EgressPlacer, api: Api, runs: Runs
+    egress_placer: Placer, api: Api, runs: Runs
 ) -> None:
     cluster = egress_placer.cluster
     try:
@@ -199,30 +195,29 @@ def test_with_no_valid_policy_and_none_stored_nothing_is_placed_and_the_taints_s
         runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
         done = runs.wait_succeeded(TEAM_CDN, "taskruns", [name], timeout=60)
         assert decision_of(done[name]).get("pool") is None and runs.nodes_of(TEAM_CDN, [name])[name] not in POOL_NODES
-        # The leader has run its reconcilers (after leading, and again for the run above): give a
-        # wrong removal time to show, then check the taints are all still there.
-        time.sleep(3)
-        assert pool_taints(api) == TAINTED
+        # The leader has run its reconcilers (after leading, and again for the run above): a wrong
+        # removal would show within seconds. The taints must all stay that long.
+        holds_for("every pool taint to stay", lambda: taints_of_the_pool(api) == TAINTED, seconds=TAINTS_STAY_SECONDS, interval=0.5)
         assert stored_policy(api) is None
     finally:
         restart_with(cluster, POLICY_FILE)
     wait_for("the valid policy to be stored again", lambda: stored_policy(api) == POLICY_FILE.read_text(), timeout=20)
 
 
-def test_a_valid_policy_without_the_pool_removes_its_taints(egress_placer: EgressPlacer, api: Api) -> None:
+def test_a_valid_policy_without_the_pool_removes_its_taints(egress_placer: Placer, api: Api) -> None:
     cluster = egress_placer.cluster
-    assert pool_taints(api) == TAINTED
+    assert taints_of_the_pool(api) == TAINTED
     apply_policy(cluster, WITHOUT_THE_POOL)
     try:
-        wait_for("the pool's taints to be removed", lambda: pool_taints(api) == {node: [] for node in sorted(POOL_NODES)}, timeout=20)
+        wait_for("the pool's taints to be removed", lambda: taints_of_the_pool(api) == {node: [] for node in sorted(POOL_NODES)}, timeout=20)
         wait_for("the policy without the pool to be stored", lambda: stored_policy(api) == WITHOUT_THE_POOL, timeout=20)
     finally:
         apply_policy(cluster, POLICY_FILE.read_text())
-    wait_for("the pool's taints back", lambda: pool_taints(api) == TAINTED, timeout=20)
+    wait_for("the pool's taints back", lambda: taints_of_the_pool(api) == TAINTED, timeout=20)
 
 
 def test_an_invalid_policy_on_reload_is_refused_and_the_old_one_stays(
-    egress_placer: EgressPlacer, api: Api, runs: Runs
+    egress_placer: Placer, api: Api, runs: Runs
 ) -> None:
     cluster = egress_placer.cluster
     refused_before = egress_placer.metric(RELOADS, REFUSED)

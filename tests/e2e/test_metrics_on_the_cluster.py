@@ -13,7 +13,7 @@ import pytest
 import requests
 
 import controller
-from tests.e2e.running_controller import EgressPlacer
+from tests.e2e.harness import Placer
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, taskrun
 from tests.unit.test_metrics import CONTRACT, families
 from tests.waiting import wait_for
@@ -21,7 +21,7 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 
-def test_the_controller_exports_the_contract_and_what_the_cluster_shows(egress_placer: EgressPlacer, runs: Runs) -> None:
+def test_the_controller_exports_the_contract_and_what_the_cluster_shows(egress_placer: Placer, runs: Runs) -> None:
     name = runs.name("metrics")
     runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
     runs.wait_succeeded(TEAM_CDN, "taskruns", [name], timeout=90)

@@ -20,8 +20,8 @@ from controller.admission.certs import KeyPair, make_ca, make_serving_cert
 from controller.app import CERT_CHECK_SECONDS
 from controller.settings import Settings
 from devcluster.cluster import Cluster
-from devplacer.local_placer import NAMESPACE, WEBHOOK_CONFIG, start_controller
-from tests.e2e.running_controller import POLICY_FILE, WEBHOOK_CONFIGS, EgressPlacer, make_plain
+from devplacer.local_placer import NAMESPACE, WEBHOOK_CONFIG
+from tests.e2e.harness import POLICY_FILE, WEBHOOK_CONFIGS, Placer, running_placer
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, TEAM_CDN, Runs, decision_of, taskrun
 from tests.kube import Api, namespaced
 from tests.waiting import wait_for
@@ -49,7 +49,7 @@ def write_pair(directory: Path, pair: KeyPair) -> None:
         os.replace(directory / f".{name}.new", directory / name)
 
 
-def served(placer: EgressPlacer) -> bytes:
+def served(placer: Placer) -> bytes:
     """The certificate the webhook serves (DER)."""
     return ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate(("127.0.0.1", placer.replica.webhook_port)))
 
@@ -57,7 +57,7 @@ def served(placer: EgressPlacer) -> bytes:
 @pytest.fixture(scope="module")
 def mounted(
     devcluster: Cluster, api: Api, tenants: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[EgressPlacer, KeyPair, KeyPair, str | None, Path]]:
+) -> Iterator[tuple[Placer, KeyPair, KeyPair, str | None, Path]]:
     """The controller serving a pair from files; (controller, CA, serving pair, Secret version before,
     the files' directory)."""
     now = datetime.now(UTC)
@@ -67,22 +67,19 @@ def mounted(
     write_pair(directory, serving)
     before = secret_version(api)
     env = {"EGRESS_PLACER_TLS_CERT_FILE": str(directory / "tls.crt"), "EGRESS_PLACER_TLS_KEY_FILE": str(directory / "tls.key")}
-    try:
-        start_controller(devcluster, POLICY_FILE, env=env, ca_bundle=ca.cert_pem)  # the CA injector's part
-        yield EgressPlacer(devcluster), ca, serving, before, directory
-    finally:
-        make_plain(api, devcluster)
+    with running_placer(devcluster, api, POLICY_FILE, env=env, ca_bundle=ca.cert_pem) as placer:  # the CA injector's part
+        yield placer, ca, serving, before, directory
 
 
 def test_the_controller_serves_the_files_certificate(
-    mounted: tuple[EgressPlacer, KeyPair, KeyPair, str | None, Path],
+    mounted: tuple[Placer, KeyPair, KeyPair, str | None, Path],
 ) -> None:
     placer, _, serving, _, _ = mounted
     assert served(placer) == ssl.PEM_cert_to_DER_cert(serving.cert_pem.decode())
 
 
 def test_a_matching_taskrun_is_placed_through_the_mounted_certificate(
-    mounted: tuple[EgressPlacer, KeyPair, KeyPair, str | None, Path], api: Api
+    mounted: tuple[Placer, KeyPair, KeyPair, str | None, Path], api: Api
 ) -> None:
     runs = Runs(api)
     try:
@@ -96,7 +93,7 @@ def test_a_matching_taskrun_is_placed_through_the_mounted_certificate(
 
 
 def test_the_controller_writes_neither_its_secret_nor_the_ca_bundle(
-    mounted: tuple[EgressPlacer, KeyPair, KeyPair, str | None, Path], api: Api
+    mounted: tuple[Placer, KeyPair, KeyPair, str | None, Path], api: Api
 ) -> None:
     placer, ca, _, before, directory = mounted
     wait_for("the controller to lead", lambda: placer.metric("egress_placer_leader", {}) == 1, timeout=30)

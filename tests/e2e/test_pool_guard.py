@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from controller.core.model import TAINT_KEY
-from tests.e2e.running_controller import EgressPlacer, pool_taints
+from tests.e2e.harness import Placer, pool_taints
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
@@ -104,7 +104,7 @@ def ordinary_node(api: Api) -> Iterator[str]:
 
 
 def test_the_pool_taint_follows_pool_membership(
-    egress_placer: EgressPlacer, api: Api, ordinary_node: str
+    egress_placer: Placer, api: Api, ordinary_node: str
 ) -> None:
     wait_for("every pool node to carry the pool taint", lambda: all(pool_taints(api, n) == [POOL_TAINT] for n in POOL_NODES), timeout=10)
     assert pool_taints(api, ordinary_node) == []

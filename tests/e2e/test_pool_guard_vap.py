@@ -25,7 +25,7 @@ from controller.core.policy import load_policy
 from controller.kube.client import JSON_PATCH
 from devcluster.cluster import Cluster
 from devplacer.local_placer import NAMESPACE, start_controller, stop_controller
-from tests.e2e.running_controller import ADMISSION, POLICY_FILE, EgressPlacer, make_plain
+from tests.e2e.harness import ADMISSION, POLICY_FILE, ControllerSpec, Placer, editor
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
@@ -39,10 +39,12 @@ from tests.e2e.tekton_runs import (
     node_of,
     taskrun,
 )
-from tests.kube import Api, api_for, namespace, namespaced, pods
+from tests.kube import Api, namespace, namespaced, pods
 from tests.waiting import WaitTimeout, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+
+CONTROLLER = ControllerSpec(pool_guard=True)  # this module's controller: as the others, with the pool guard installed
 
 TENANT_USER = "tenant@team-other"  # bound to the built-in ClusterRole `edit` in team-other only
 REFUSAL = f"namespace {TEAM_OTHER} may not use pool {POOL}"
@@ -72,29 +74,10 @@ def refusal(api: Api, namespace: str, body: dict[str, Any]) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def egress_placer(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[EgressPlacer]:
-    """This module's controller: as in conftest, with the pool guard installed; all removed after."""
-    try:
-        start_controller(devcluster, POLICY_FILE, pool_guard=True)
-        yield EgressPlacer(devcluster)
-    finally:
-        make_plain(api, devcluster)
-
-
-@pytest.fixture(scope="module")
 def tenant(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[Api]:
-    """An API client for TENANT_USER, bound to `edit` in team-other (the RoleBinding goes with the namespace)."""
-    api.create(
-        namespaced(TEAM_OTHER, "rolebindings", group="/apis/rbac.authorization.k8s.io/v1"),
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "tenant-edit"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT_USER}],
-        },
-    )
-    yield api_for(devcluster.mint_kubeconfig(TENANT_USER))
+    """An API client for TENANT_USER, bound to `edit` in team-other."""
+    with editor(devcluster, api, TEAM_OTHER, TENANT_USER) as tenant_api:
+        yield tenant_api
 
 
 def params(api: Api) -> dict[str, str] | None:
@@ -104,7 +87,7 @@ def params(api: Api) -> dict[str, str] | None:
 
 @pytest.fixture(scope="module")
 def webhook_stopped(
-    egress_placer: EgressPlacer, devcluster: Cluster, api: Api, tenant: Api
+    egress_placer: Placer, devcluster: Cluster, api: Api, tenant: Api
 ) -> None:
     """The leader wrote the params; then the controller is stopped (its webhook stays registered, failing
     open), and the guard refuses a pool toleration from team-other."""
@@ -118,7 +101,7 @@ def webhook_stopped(
 
 
 def test_with_the_controller_running_the_leader_keeps_the_guard_and_an_allowed_run_is_placed(
-    egress_placer: EgressPlacer, api: Api, runs: Runs
+    egress_placer: Placer, api: Api, runs: Runs
 ) -> None:
     data = wait_for("the guard's params", lambda: params(api), timeout=30)
     assert data["Pools"] == POOL and data["Pool.overseas.Namespaces"] == "^(?:team-cdn)$"

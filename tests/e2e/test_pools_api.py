@@ -38,7 +38,7 @@ from controller.core.policy import load_policy
 from controller.reconcile.last_good_policy import POLICY_KEY, store_name
 from controller.settings import Settings
 from devplacer.local_placer import NAMESPACE, POOLS_WEBHOOK_CONFIG, start_controller, stop_controller
-from tests.e2e.running_controller import POLICY_FILE, VALIDATING_WEBHOOK_CONFIGS, EgressPlacer, make_plain, pool_taints
+from tests.e2e.harness import POLICY_FILE, VALIDATING_WEBHOOK_CONFIGS, Placer, make_plain, pool_taints
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, decision_of, taskrun
 from tests.kube import Api, namespaced
 from tests.waiting import wait_for
@@ -77,11 +77,11 @@ def delete_every_object(api: Api) -> None:
 
 
 @pytest.fixture(scope="module")
-def controller(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[EgressPlacer]:
+def controller(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[Placer]:
     """egress-placer reading the pools API (k8s/ applied, CRDs included), with no pool to begin with."""
     try:
         start_controller(devcluster, POLICY_FILE, env=PLACEMENT_BY_POOLS)
-        running = EgressPlacer(devcluster)
+        running = Placer(devcluster)
         delete_every_object(api)
         wait_for(
             "the controller to load the policy of the pools API",
@@ -162,7 +162,7 @@ BAD_OBJECTS: list[tuple[str, dict[str, Any], str]] = [
 
 @pytest.mark.parametrize(("what", "obj", "names"), BAD_OBJECTS, ids=[b[0] for b in BAD_OBJECTS])
 def test_kubectl_apply_refuses_a_bad_object_naming_the_field(
-    devcluster: Cluster, api: Api, controller: EgressPlacer, what: str, obj: dict[str, Any], names: str
+    devcluster: Cluster, api: Api, controller: Placer, what: str, obj: dict[str, Any], names: str
 ) -> None:
     done = kubectl(devcluster, "apply", "-f", "-", stdin=yaml.safe_dump(obj))
     assert done.returncode != 0, f"{what}: applied: {done.stdout}"
@@ -183,7 +183,7 @@ def patched(api: Api, path: str, body: dict[str, Any]) -> bool:
 
 
 def test_fail_closed_while_no_controller_answers_and_deleting_the_webhook_configuration_recovers(
-    devcluster: Cluster, api: Api, controller: EgressPlacer
+    devcluster: Cluster, api: Api, controller: Placer
 ) -> None:
     """docs/pools-api.md, "When the controller is down": writes are refused, deletions are not, and
     deleting the ValidatingWebhookConfiguration lets writes through; the next install puts it back."""
@@ -226,7 +226,7 @@ def examples() -> list[tuple[str, str]]:
     return out
 
 
-def test_every_example_applies_cleanly(devcluster: Cluster, controller: EgressPlacer) -> None:
+def test_every_example_applies_cleanly(devcluster: Cluster, controller: Placer) -> None:
     found = examples()
     assert len(found) >= 8
     for where, text in found:
@@ -235,7 +235,7 @@ def test_every_example_applies_cleanly(devcluster: Cluster, controller: EgressPl
         assert "(server dry run)" in done.stdout
 
 
-def test_kubectl_explain_describes_the_fields(devcluster: Cluster, controller: EgressPlacer) -> None:
+def test_kubectl_explain_describes_the_fields(devcluster: Cluster, controller: Placer) -> None:
     done = kubectl(devcluster, "explain", "egresspool.spec.images")
     assert done.returncode == 0, done.stderr
     first_words = " ".join(str(Pool.model_fields["images"].description).split()[:8])
@@ -273,7 +273,7 @@ def within_10s(what: str, probe: Callable[[], bool]) -> None:
 
 
 def test_editing_pools_changes_decisions_and_taints_within_10s_and_deleting_every_pool_removes_the_taints(
-    devcluster: Cluster, api: Api, controller: EgressPlacer
+    devcluster: Cluster, api: Api, controller: Placer
 ) -> None:
     runs = Runs(api)  # dry runs only: nothing to delete
     replica = devcluster.process(controller.replica.name)
@@ -352,7 +352,7 @@ def kubectl_get(cluster: Cluster, *args: str) -> list[dict[str, str]]:
 
 
 def test_within_10s_the_status_shows_nodes_taints_and_load_and_kubectl_get_prints_them(
-    devcluster: Cluster, api: Api, controller: EgressPlacer
+    devcluster: Cluster, api: Api, controller: Placer
 ) -> None:
     runs = Runs(api)
     spec = {"nodeSelector": {TAINT_KEY: "overseas"}, "images": ["*/cdn-*"], "namespaces": [TEAM_CDN], "capacity": 2}
@@ -393,7 +393,7 @@ def test_within_10s_the_status_shows_nodes_taints_and_load_and_kubectl_get_print
 
 
 def test_a_restart_with_an_object_the_loader_refuses_never_exits_and_keeps_the_last_good_policy(
-    devcluster: Cluster, api: Api, controller: EgressPlacer
+    devcluster: Cluster, api: Api, controller: Placer
 ) -> None:
     overseas = {"priority": 10, "nodeSelector": {TAINT_KEY: "overseas"}, "images": ["*/cdn-*"], "namespaces": [TEAM_CDN]}
     api.create(POOLS, egress_pool("overseas", overseas))

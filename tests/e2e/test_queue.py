@@ -20,23 +20,23 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from controller.core.queue import QUEUE_ANNOTATION, read_entry
 from devcluster.cluster import Cluster, pod_seconds_default
-from devplacer.local_placer import LEADER_TIMINGS, replicas_of, start_controller, stop_controller
+from devplacer.local_placer import LEADER_TIMINGS, start_controller, stop_controller
 from devplacer.faults import kill_component
-from tests.e2e.running_controller import DATA, EgressPlacer, make_plain
+from tests.e2e.harness import DATA, ControllerSpec, Placer, lease_holder, quietly
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, step, succeeded, taskrun
 from tests.kube import Api, pods
-from tests.reliability.cluster_view import lease_holder, quietly
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 POLICY_FILE = DATA / "policy-queue.yaml"
+CONTROLLER = ControllerSpec(policy=POLICY_FILE)  # egress-placer with the queue policy
 LEASE_SECONDS = float(LEADER_TIMINGS["EGRESS_PLACER_LEASE_DURATION_SECONDS"])
 RETRY_SECONDS = float(LEADER_TIMINGS["EGRESS_PLACER_RETRY_PERIOD_SECONDS"])
 # After a leader kill the follower sees the last renewal up to one (jittered) retry period late and takes the
@@ -45,16 +45,6 @@ RELEASE_AFTER_KILL_SECONDS = LEASE_SECONDS + 2 * 1.2 * RETRY_SECONDS + pod_secon
 SLOTS = 6  # 3 pool nodes x runsPerNode 2
 BURST = 60  # the issue's burst
 SHORT_TIMEOUT = "8s"
-
-
-@pytest.fixture(scope="module")
-def egress_placer(devcluster: Cluster, api: Api, tenants: tuple[str, str]) -> Iterator[EgressPlacer]:
-    """egress-placer with the queue policy; the cluster made plain after."""
-    try:
-        start_controller(devcluster, POLICY_FILE)
-        yield EgressPlacer(devcluster)
-    finally:
-        make_plain(api, devcluster)
 
 
 class PoolSampler:
@@ -96,7 +86,7 @@ def uploads(runs: Runs, namespace: str, prefix: str, count: int) -> list[str]:
     return names
 
 
-def released_order(placer: EgressPlacer, offset: int = 0) -> list[str]:
+def released_order(placer: Placer, offset: int = 0) -> list[str]:
     """Names of the runs the leader released, in its order (its log)."""
     return [str(r.get("name")) for r in placer.log_records(offset) if str(r.get("message", "")).startswith("released from pool")]
 
@@ -129,7 +119,7 @@ def test_cap_a_burst_never_runs_more_than_the_slots_and_all_succeed(api: Api, ru
     assert waited > 8, f"the burst was too short to show it: the late run waited {waited:.0f}s"
 
 
-def test_cancel_a_queued_run_frees_its_place(api: Api, runs: Runs, egress_placer: EgressPlacer) -> None:
+def test_cancel_a_queued_run_frees_its_place(api: Api, runs: Runs, egress_placer: Placer) -> None:
     blockers = uploads(runs, TEAM_CDN, "block", SLOTS + 2)
     target = runs.name("cancelled")
     runs.create(TEAM_CDN, "taskruns", taskrun(target, MATCHING_IMAGE))
@@ -146,7 +136,7 @@ def test_cancel_a_queued_run_frees_its_place(api: Api, runs: Runs, egress_placer
     wait_for("the queue to be empty", lambda: egress_placer.metric("egress_placer_queue_length", {"pool": "overseas"}) == 0)
 
 
-def test_fairness_b_is_not_stuck_behind_a(runs: Runs, egress_placer: EgressPlacer) -> None:
+def test_fairness_b_is_not_stuck_behind_a(runs: Runs, egress_placer: Placer) -> None:
     offset = egress_placer.log.stat().st_size
     a = uploads(runs, TEAM_CDN, "fair-a", 50)
     b = uploads(runs, TEAM_OTHER, "fair-b", 10)
@@ -182,19 +172,18 @@ def test_a_pipelineruns_own_timeout_counts_its_tasks_wait(runs: Runs) -> None:
 
 
 def test_leader_killed_mid_queue_no_run_stuck_none_released_twice(
-    devcluster: Cluster, api: Api, runs: Runs, egress_placer: EgressPlacer
+    devcluster: Cluster, api: Api, runs: Runs, egress_placer: Placer
 ) -> None:
     stop_controller(devcluster)
     start_controller(devcluster, POLICY_FILE, replicas=2, proxy=True)
     wait_for("a leader", quietly(lambda: lease_holder(api)), timeout=60, interval=0.2)
     names = uploads(runs, TEAM_CDN, "leader", 18)
-    leader = next(r for r in replicas_of(devcluster) if r.identity == lease_holder(api))
+    leader = egress_placer.named(lease_holder(api) or "")
     wait_for("some releases", lambda: sum(1 for n in names if "status" not in (runs.get(TEAM_CDN, "taskruns", n).get("spec") or {})) >= SLOTS, timeout=120)
     killed_at = time.time()
     kill_component(devcluster, leader.name)
     runs.wait_succeeded(TEAM_CDN, "taskruns", names, timeout=600)
-    logs = {replica.identity: released_from(devcluster.dir / "logs" / f"{replica.name}.log", names)
-            for replica in replicas_of(devcluster)}
+    logs = {replica.identity: released_from(egress_placer.log_of(replica), names) for replica in egress_placer.replicas}
     by_replica = {identity: [name for name, _ in logged] for identity, logged in logs.items()}
     released = [n for logged in by_replica.values() for n in logged]
     duplicates = {n for n in released if released.count(n) > 1}

@@ -19,12 +19,12 @@ from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from controller.reconcile.last_good_policy import store_name
 from devplacer.local_placer import NAMESPACE, POLICY_CONFIGMAP, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG, start_controller, stop_controller
-from tests.e2e.running_controller import (
+from tests.e2e.harness import (
     ADMISSION,
     POLICY_FILE,
     VALIDATING_WEBHOOK_CONFIGS,
     WEBHOOK_CONFIGS,
-    EgressPlacer,
+    Placer,
     egress_placer_command,
     make_plain,
     pool_taints,
@@ -62,7 +62,7 @@ def tainted(api: Api) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def leading(egress_placer: EgressPlacer, api: Api) -> EgressPlacer:
+def leading(egress_placer: Placer, api: Api) -> Placer:
     """The controller with the pool guard installed, leading, its taints, Secret and last good policy written."""
     stop_controller(egress_placer.cluster)
     start_controller(egress_placer.cluster, POLICY_FILE, pool_guard=True)
@@ -71,7 +71,7 @@ def leading(egress_placer: EgressPlacer, api: Api) -> EgressPlacer:
     return egress_placer
 
 
-def test_a_dry_run_lists_what_would_go_and_changes_nothing(leading: EgressPlacer, api: Api) -> None:
+def test_a_dry_run_lists_what_would_go_and_changes_nothing(leading: Placer, api: Api) -> None:
     before = installed(api), tainted(api)
     done = egress_placer_command(leading.cluster, "uninstall", "--dry-run")
     assert done.returncode == Exit.OK, done.stdout + done.stderr
@@ -82,14 +82,14 @@ def test_a_dry_run_lists_what_would_go_and_changes_nothing(leading: EgressPlacer
     assert (installed(api), tainted(api)) == before
 
 
-def test_it_removes_nothing_while_a_controller_still_leads(leading: EgressPlacer, api: Api) -> None:
+def test_it_removes_nothing_while_a_controller_still_leads(leading: Placer, api: Api) -> None:
     done = egress_placer_command(leading.cluster, "uninstall", "--yes", "--timeout", "3")
     assert done.returncode == Exit.FINDINGS, done.stdout + done.stderr
     assert "still leads after 3s: it would put the taints back" in done.stdout
     assert all(installed(api).values()) and tainted(api) == POOL_NODES
 
 
-def test_once_the_controller_stopped_it_removes_everything_but_the_agents_templates(leading: EgressPlacer, api: Api) -> None:
+def test_once_the_controller_stopped_it_removes_everything_but_the_agents_templates(leading: Placer, api: Api) -> None:
     cluster = leading.cluster
     stop_controller(cluster)  # as deleting the Deployment does in a cluster: the leader releases its Lease
     agent = agent_daemonset(api)

@@ -14,7 +14,7 @@ from typing import Iterator
 import pytest
 
 from devplacer.local_placer import NAMESPACE
-from tests.e2e.running_controller import EgressPlacer
+from tests.e2e.harness import Placer
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, TEAM_CDN, Runs, decision_of, taskrun
 from tests.kube import Api, namespace
 
@@ -24,7 +24,7 @@ SKIP_LABEL = "egress-placer.io/webhook"
 
 
 @pytest.fixture
-def own_namespace_unlabelled(api: Api, egress_placer: EgressPlacer) -> Iterator[str]:
+def own_namespace_unlabelled(api: Api, egress_placer: Placer) -> Iterator[str]:
     """The controller's namespace without its skip label (as after someone's `kubectl label ... -`); put back after."""
     labels = api.call("GET", namespace(NAMESPACE))["metadata"]["labels"]
     assert labels.get(SKIP_LABEL) == "skip"

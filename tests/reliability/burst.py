@@ -1,8 +1,5 @@
 """Bursts of TaskRuns created while something breaks, and the count of what became of them.
 
-`RetryingRuns` is the e2e tests' `Runs` whose creations are retried, as a CI system's client would:
-a refused connection, a 429, a 5xx or a timeout is tried again (tenacity, jittered backoff) until
-`deadline` seconds have passed; a 409 AlreadyExists on a retry means an earlier attempt got through.
 `Burst` creates `count` runs from a thread pool, one every `interval` seconds, so a fault can be
 injected mid-burst; `pool_outcome()` counts, for runs that must go to the pool, what was lost or misplaced.
 """
@@ -15,10 +12,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import tenacity
-import urllib3
-from kubernetes.client.exceptions import ApiException
-
 from controller.core.model import TAINT_KEY
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
@@ -30,52 +23,15 @@ from tests.e2e.tekton_runs import (
     succeeded,
     taskrun,
 )
-from tests.kube import TEKTON, namespaced
 from tests.waiting import wait_for
-
-CREATE_TIMEOUT = 15.0  # seconds per attempt: with etcd down, the API server would hold a request ~60 s
-
-
-def transient(error: BaseException) -> bool:
-    """Worth another try: the API server is away, overloaded or failing (not: the request is wrong)."""
-    if isinstance(error, ApiException):
-        return not error.status or error.status == 429 or error.status >= 500
-    return isinstance(error, (urllib3.exceptions.HTTPError, OSError))
-
-
-class RetryingRuns(Runs):
-    """`Runs` whose `create_retrying` outlasts an API server restart."""
-
-    def create_retrying(self, namespace: str, plural: str, body: Mapping[str, Any], deadline: float = 120.0) -> int:
-        """Create the object, retrying transient failures for up to `deadline` s; the attempts it took."""
-        self._made.add((namespace, plural))
-        labelled = self._labelled(body)
-        attempts = 0
-
-        def once() -> None:
-            nonlocal attempts
-            attempts += 1
-            try:
-                self.api.call("POST", namespaced(namespace, plural, group=TEKTON), body=labelled, timeout=CREATE_TIMEOUT)
-            except ApiException as e:
-                if e.status == 409 and attempts > 1:
-                    return  # an earlier attempt was stored although its answer was lost
-                raise
-
-        tenacity.Retrying(
-            retry=tenacity.retry_if_exception(transient),
-            wait=tenacity.wait_exponential_jitter(multiplier=0.2, max=2.0, jitter=0.3),
-            stop=tenacity.stop_after_delay(deadline),
-            reraise=True,
-        )(once)
-        return attempts
 
 
 @dataclass
 class Burst:
-    """`count` TaskRuns of `image` in `namespace`, one started every `interval` s, creations retried."""
+    """`count` TaskRuns of `image` in `namespace`, one started every `interval` s, creations retried
+    (`Runs.create_retrying`)."""
 
-    runs: RetryingRuns
+    runs: Runs
     namespace: str
     count: int
     prefix: str = "burst"

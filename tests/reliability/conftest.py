@@ -1,7 +1,7 @@
-"""Fixtures of the reliability suite: the tenant namespaces, egress-placer running as in a cluster (one
-replica, or two behind the webhook proxy: a module says which with `CONTROLLER = ControllerSpec(...)`),
-per-test runs that are cleaned up, and `figures`, which records each test's measured outcome for
-`docs/reliability.md` (see report.py).
+"""Fixtures of the reliability suite beyond the shared harness (tests/e2e/harness.py: `egress_placer`,
+one replica or two behind the webhook proxy as the module's `CONTROLLER = ControllerSpec(...)` says, and
+`runs`): the suite's policy and tenant namespaces, and `figures`, which records each test's measured
+outcome for `docs/reliability.md` (see report.py).
 
 Every test module here carries the markers `cluster` and `reliability`. They break the session's cluster on
 purpose (kill etcd, the API server, the controller) and put it back; never point them at a cluster
@@ -17,14 +17,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from devcluster.cluster import Cluster
-from devplacer.local_placer import start_controller
-from tests.e2e.running_controller import make_plain as make_plain_cluster
-from tests.kube import Api, namespace
-from tests.reliability.burst import RetryingRuns
-from tests.reliability.cluster_view import Placer, delete_lease, quietly, taints_right
-from tests.reliability.suite import FIGURES, FIGURES_ENV, POLICY_FILE, TENANTS, ControllerSpec, Figures
-from tests.waiting import wait_for
+from tests.e2e.harness import tenant_namespaces
+from tests.kube import Api
+from tests.reliability.suite import FIGURES, FIGURES_ENV, POLICY_FILE, TENANTS, Figures
 
 
 @pytest.fixture
@@ -54,46 +49,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         Path(target).write_text(json.dumps(list(FIGURES.values()), indent=2) + "\n")
 
 
-# -- the cluster's tenants and the controller ----------------------------------------------------------
+# -- the suite's policy and tenants ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def suite_policy() -> Path:
+    """The policy `egress_placer` starts with unless the module's CONTROLLER names another."""
+    return POLICY_FILE
 
 
 @pytest.fixture(scope="session")
 def tenants(api: Api, make_namespace: Callable[[str], str]) -> Iterator[tuple[str, ...]]:
     """TEAM_CDN (may use pool `overseas`), TEAM_OTHER and TEAM_CDN_EVIL (may not); deleted afterwards."""
-    for name in TENANTS:
-        wait_for(f"namespace {name} from an earlier run to be gone", lambda: api.get(namespace(name)) is None, timeout=120)
-        make_namespace(name)
-    yield TENANTS
-    for name in TENANTS:
-        api.delete(namespace(name))
-    for name in TENANTS:
-        wait_for(f"namespace {name} to be deleted", lambda: api.get(namespace(name)) is None, timeout=120)
-
-
-def make_plain(api: Api, cluster: Cluster) -> None:
-    """No controller, no webhook configuration, no pool taints, no leader Lease."""
-    make_plain_cluster(api, cluster)
-    delete_lease(api)
-
-
-@pytest.fixture(scope="module")
-def placer(
-    request: pytest.FixtureRequest, devcluster: Cluster, api: Api, tenants: tuple[str, ...]
-) -> Iterator[Placer]:
-    """egress-placer as the module's `CONTROLLER` spec says, under its k8s/ identity, pool taints on;
-    the cluster made plain again afterwards."""
-    spec: ControllerSpec = getattr(request.module, "CONTROLLER", ControllerSpec())
-    try:
-        start_controller(devcluster, POLICY_FILE, replicas=spec.replicas, proxy=spec.proxy, env=dict(spec.env))
-        wait_for("the pool taints", quietly(lambda: taints_right(api)), timeout=30, interval=0.1)
-        yield Placer(devcluster)
-    finally:
-        make_plain(api, devcluster)
-
-
-@pytest.fixture
-def runs(api: Api, placer: Placer) -> Iterator[RetryingRuns]:
-    """This test's runs and pods (labelled with the test's id), deleted afterwards."""
-    made = RetryingRuns(api)
-    yield made
-    made.cleanup()
+    with tenant_namespaces(api, make_namespace, TENANTS, timeout=120) as names:
+        yield names

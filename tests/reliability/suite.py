@@ -1,11 +1,10 @@
-"""What the reliability suite's modules share by import (the fixtures are in conftest.py): its tenant
-namespaces and policy, `ControllerSpec` (a module's `CONTROLLER = ControllerSpec(...)` says how the
-`placer` fixture runs egress-placer), and `Figures`, each test's measured outcome for
-`docs/reliability.md` (see report.py; the `figures` fixture hands one to a test)."""
+"""What the reliability suite's modules share by import (the fixtures are in conftest.py and in the
+shared harness, tests/e2e/harness.py): its tenant namespaces and policy, and `Figures`, each test's
+measured outcome for `docs/reliability.md` (see report.py; the `figures` fixture hands one to a test).
+A module's `CONTROLLER = ControllerSpec(...)` (the harness's) says how `egress_placer` runs egress-placer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +49,3 @@ class Figures:
             {"attack": attack, "rbac": rbac, "outcome": outcome, "cleared_after": round(cleared_after, 1),
              "worst_window": round(worst_window, 1), "held": held}
         )
-
-
-@dataclass(frozen=True)
-class ControllerSpec:
-    replicas: int = 1
-    proxy: bool = False
-    env: tuple[tuple[str, str], ...] = ()  # settings for this module's controller (EGRESS_PLACER_*)

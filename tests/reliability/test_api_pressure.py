@@ -26,21 +26,13 @@ import yaml
 from devcluster.cluster import Cluster
 from devplacer.local_placer import service_account_user
 from devplacer.faults import Component, kill_component, start_component
-from tests.e2e.running_controller import pool_taints
-from tests.e2e.tekton_runs import POOL_NODES, POOL_TAINT
+from tests.e2e.harness import Placer, parse_samples, pool_taints, quietly, remove_pool_taint
+from tests.e2e.tekton_runs import POOL_NODES, POOL_TAINT, Runs
 from tests.kube import Api, namespace, namespaced
-from tests.reliability.burst import Burst, RetryingRuns, all_finished, pool_outcome
-from tests.reliability.cluster_view import (
-    Placer,
-    apiserver_metrics,
-    parse_samples,
-    pod_gone,
-    quietly,
-    remove_pool_taint,
-    sneak_onto,
-)
+from tests.reliability.burst import Burst, all_finished, pool_outcome
+from tests.reliability.cluster_view import apiserver_metrics, pod_gone, sneak_onto
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
-from tests.waiting import wait_for
+from tests.waiting import holds_for, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -69,7 +61,7 @@ def audit_policy() -> dict[str, Any]:
 
 
 @pytest.fixture
-def throttled_apiserver(devcluster: Cluster, placer: Placer) -> Iterator[Path]:
+def throttled_apiserver(devcluster: Cluster, egress_placer: Placer) -> Iterator[Path]:
     """The API server restarted with LIMITS and an audit log (its path is yielded); restored afterwards."""
     policy = devcluster.dir / "audit-policy.yaml"
     policy.write_text(yaml.safe_dump(audit_policy()))
@@ -176,6 +168,10 @@ class Hog:
         for thread in self.threads:
             thread.start()
 
+    def running(self) -> bool:
+        """Its threads are all still creating (they stop only when told)."""
+        return bool(self.threads) and all(thread.is_alive() for thread in self.threads)
+
     def end(self) -> None:
         self.stop.set()
         for thread in self.threads:
@@ -198,12 +194,8 @@ def hog(api: Api, throttled_apiserver: Path) -> Iterator[Hog]:
         made.remove()
 
 
-def controller_log_size(placer: Placer) -> int:
-    return (placer.cluster.dir / "logs" / f"{placer.replicas[0].name}.log").stat().st_size
-
-
 def test_under_sustained_429s_the_controller_backs_off_and_drops_nothing(
-    devcluster: Cluster, api: Api, placer: Placer, runs: RetryingRuns, throttled_apiserver: Path, hog: Hog,
+    devcluster: Cluster, api: Api, egress_placer: Placer, runs: Runs, throttled_apiserver: Path, hog: Hog,
     figures: Figures,
 ) -> None:
     figures.fault(
@@ -213,8 +205,8 @@ def test_under_sustained_429s_the_controller_backs_off_and_drops_nothing(
         f"the controller gets 429s, retries no sooner than Retry-After, stays under {MAX_PRESSURE_RATE:.0f} req/s (no "
         f"hot loop); after the pressure, taints back and intruders evicted within {CONVERGE_SECONDS:.0f} s; runs placed",
     )
-    replica = placer.replicas[0]
-    log_offset = controller_log_size(placer)
+    replica = egress_placer.replicas[0]
+    log_offset = egress_placer.log.stat().st_size
     hog.start()
     wait_for("a hog request held by the black-hole webhook (the mutating slot busy)", lambda: hog.blackhole.held, timeout=30, interval=0.05)
     pressure_from = time.time()
@@ -225,7 +217,7 @@ def test_under_sustained_429s_the_controller_backs_off_and_drops_nothing(
         sneak_onto(api, runs, TEAM_OTHER, name, sorted(POOL_NODES)[i % len(POOL_NODES)])
     burst = Burst(runs, TEAM_CDN, BURST, prefix="pressure").start()
     # Part of the scenario: the pressure lasts PRESSURE_SECONDS, whatever happens meanwhile.
-    time.sleep(max(0.0, PRESSURE_SECONDS - (time.time() - pressure_from)))
+    holds_for("the hog to keep the mutating slot busy", hog.running, seconds=max(0.0, PRESSURE_SECONDS - (time.time() - pressure_from)), interval=0.5)
     hog.end()
     pressure_to = time.time()
 
@@ -252,10 +244,10 @@ def test_under_sustained_429s_the_controller_backs_off_and_drops_nothing(
     codes = Counter(e["responseStatus"]["code"] for e in under_pressure)
     rate = len(under_pressure) / (pressure_to - pressure_from)
     busiest = max(Counter(int(_ts(e["requestReceivedTimestamp"])) for e in under_pressure).values(), default=0)
-    retries = placer.metric(replica, "egress_placer_api_write_retries_total", {"cause": "throttled"})
+    retries = egress_placer.metric("egress_placer_api_write_retries_total", {"cause": "throttled"}, replica=replica)
     throttled_total = parse_samples(apiserver_metrics(api), "apiserver_request_total", {"code": "429"})
     early = early_retries(entries)
-    with open(placer.cluster.dir / "logs" / f"{replica.name}.log", "rb") as log:
+    with open(egress_placer.cluster.dir / "logs" / f"{replica.name}.log", "rb") as log:
         log.seek(log_offset)
         lines = log.read().decode(errors="replace").splitlines()
     step_downs = sum(1 for line in lines if '"stopped leading"' in line)

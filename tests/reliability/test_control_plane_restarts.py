@@ -15,12 +15,13 @@ import time
 import pytest
 
 from devcluster.cluster import Cluster
-from devplacer.faults import kill_component, snapshot, start_component, wait_healthy
+from devplacer.faults import is_healthy, kill_component, snapshot, start_component, wait_healthy
+from tests.e2e.harness import Placer, quietly, remove_pool_taint, taints_right
+from tests.e2e.tekton_runs import Runs
 from tests.kube import Api
-from tests.reliability.burst import Burst, RetryingRuns, all_finished, all_settled, pool_outcome
-from tests.reliability.cluster_view import Placer, quietly, remove_pool_taint, taints_right
+from tests.reliability.burst import Burst, all_finished, all_settled, pool_outcome
 from tests.reliability.suite import TEAM_CDN, Figures
-from tests.waiting import WaitTimeout, wait_for
+from tests.waiting import WaitTimeout, holds_for, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -35,7 +36,7 @@ WATCH_RESTARTS = "egress_placer_watch_restarts_total"
 
 @pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
 def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
-    component: str, devcluster: Cluster, api: Api, placer: Placer, runs: RetryingRuns, figures: Figures
+    component: str, devcluster: Cluster, api: Api, egress_placer: Placer, runs: Runs, figures: Figures
 ) -> None:
     figures.fault(
         f"{component} SIGKILLed mid-burst, restarted {DOWN_SECONDS:.0f} s later (same argv)",
@@ -43,15 +44,15 @@ def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
         f"all {BURST} on the pool with a decision; a pool taint removed by hand after the restart back "
         f"within {RECOVERY_SECONDS:.0f} s; the controller reconnects by itself",
     )
-    replica = placer.replicas[0]
-    restarts_before = placer.metric(replica, WATCH_RESTARTS)
+    replica = egress_placer.replicas[0]
+    restarts_before = egress_placer.metric(WATCH_RESTARTS, replica=replica)
 
     burst = Burst(runs, TEAM_CDN, BURST, prefix=f"{component[:4]}").start()
     burst.wait_started(KILL_AFTER)
     killed = kill_component(devcluster, component)
     killed_at, submitted_at_kill = time.monotonic(), burst.submitted
     # Part of the scenario: the component stays dead for DOWN_SECONDS while the burst goes on.
-    time.sleep(DOWN_SECONDS)
+    holds_for(f"{component} to stay down", lambda: not is_healthy(devcluster, killed), seconds=DOWN_SECONDS, interval=0.1)
     start_component(devcluster, killed)
     wait_healthy(devcluster, snapshot(devcluster, "kube-apiserver"))
     back_at = time.monotonic()
@@ -63,7 +64,7 @@ def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
     recovery_from = time.monotonic()
     wait_for(
         "the pool taints right and the controller ready",
-        quietly(lambda: taints_right(api) and placer.ready(replica)),
+        quietly(lambda: taints_right(api) and egress_placer.ready(replica)),
         timeout=RECOVERY_SECONDS,
         interval=0.1,
     )
@@ -84,7 +85,7 @@ def test_a_control_plane_component_killed_mid_burst_loses_and_misplaces_nothing(
     except WaitTimeout:
         pass  # a fake node can miss the update that finishes a pod: pool_outcome counts those apart
     outcome = pool_outcome(runs, TEAM_CDN, burst.names)
-    restarts = placer.metric(replica, WATCH_RESTARTS) - restarts_before
+    restarts = egress_placer.metric(WATCH_RESTARTS, replica=replica) - restarts_before
     figures.set("watch_restarts", restarts)
     figures.measured(
         f"{outcome.summary()}; down {back_at - killed_at:.1f} s while {submitted_while_down} runs were being created "

@@ -40,7 +40,7 @@ from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION, TAI
 from devcluster.cluster import Cluster
 from devcluster.process import rss_bytes
 from devplacer.local_placer import WEBHOOK_CONFIG
-from tests.e2e.running_controller import WEBHOOK_CONFIGS
+from tests.e2e.harness import WEBHOOK_CONFIGS, Placer
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
@@ -53,7 +53,6 @@ from tests.e2e.tekton_runs import (
     taskrun,
 )
 from tests.kube import Api, api_for, namespaced
-from tests.reliability.cluster_view import Placer
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
 from tests.waiting import wait_for
 
@@ -84,7 +83,7 @@ class Webhook:
 
 
 @pytest.fixture(scope="module")
-def webhook(placer: Placer, api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
+def webhook(egress_placer: Placer, api: Api, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Webhook]:
     """The first replica's webhook, trusted through the CA in the webhook configuration's caBundle."""
     config = api.call("GET", f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")
     ca_file = tmp_path_factory.mktemp("webhook-ca") / "ca.crt"
@@ -92,8 +91,8 @@ def webhook(placer: Placer, api: Api, tmp_path_factory: pytest.TempPathFactory) 
     session = requests.Session()
     session.trust_env = False  # else REQUESTS_CA_BUNDLE overrides `verify` (psf/requests#3829)
     session.verify = str(ca_file)
-    replica = placer.replicas[0]
-    yield Webhook(replica.webhook_url, session, placer.pid(replica), ca_file)
+    replica = egress_placer.replicas[0]
+    yield Webhook(replica.webhook_url, session, egress_placer.pid(replica), ca_file)
     session.close()
 
 
@@ -468,7 +467,7 @@ def tenant(devcluster: Cluster, api: Api, tenants: tuple[str, ...]) -> Iterator[
 
 
 def test_param_doubling_and_a_matrix_bomb_from_a_tenant_leave_the_controller_and_tekton_healthy(
-    webhook: Webhook, placer: Placer, tenant: Api, devcluster: Cluster, figures: Figures
+    webhook: Webhook, egress_placer: Placer, tenant: Api, devcluster: Cluster, figures: Figures
 ) -> None:
     image_chars = doubling_image_chars(DOUBLING_LEVELS)
     figures.fault(
@@ -556,7 +555,7 @@ def test_param_doubling_and_a_matrix_bomb_from_a_tenant_leave_the_controller_and
         f"{tekton_rss_before >> 20} -> {tekton_rss_after >> 20} MiB",
         0,
     )
-    assert webhook.answers() and placer.ready(placer.replicas[0])
+    assert webhook.answers() and egress_placer.ready(egress_placer.replicas[0])
     assert rss_after - rss_before <= MAX_RSS_GROWTH
     tekton_after = devcluster.process("tekton-controller")
     assert tekton_after is not None and tekton_after.pid == tekton.pid and tekton_after.alive()

@@ -37,6 +37,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from devcluster.cluster import Cluster
+from tests.e2e.harness import ControllerSpec, Placer, editor
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
@@ -45,15 +46,14 @@ from tests.e2e.tekton_runs import (
     POOL_NODES,
     POOL_TOLERATION,
     TEST_LABEL,
+    Runs,
     decision_of,
     events,
     node_of,
     taskrun,
 )
-from tests.kube import Api, api_for, namespaced, pods
-from tests.reliability.burst import RetryingRuns
-from tests.reliability.cluster_view import Placer
-from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, ControllerSpec, Figures
+from tests.kube import Api, namespaced, pods
+from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
 from tests.waiting import WaitTimeout, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
@@ -68,7 +68,6 @@ ATTACK_LABEL = "attack.egress-placer.io/name"
 HONOUR_GRACE_LABEL = "devcluster.egress-placer.io/honour-grace"  # devcluster/kwok-stages.yaml
 DAY = 86400
 APPS = "/apis/apps/v1"
-RBAC = "/apis/rbac.authorization.k8s.io/v1"
 EDIT_ROLE = "built-in `edit` ClusterRole, bound in the tenant's own namespace"
 
 
@@ -80,23 +79,10 @@ def container() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def tenant(devcluster: Cluster, api: Api, placer: Placer) -> Iterator[Api]:
+def tenant(devcluster: Cluster, api: Api, egress_placer: Placer) -> Iterator[Api]:
     """An API client for a minted identity bound to `edit` in TEAM_OTHER only."""
-    bindings = namespaced(TEAM_OTHER, "rolebindings", group=RBAC)
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": "tenant-edit"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": TENANT_USER}],
-    }
-    api.create(bindings, binding)
-    tenant_api = api_for(devcluster.mint_kubeconfig(TENANT_USER, groups=()))
-    try:
+    with editor(devcluster, api, TEAM_OTHER, TENANT_USER) as tenant_api:
         yield tenant_api
-    finally:
-        tenant_api.api_client.close()
-        api.delete(f"{bindings}/tenant-edit")
 
 
 # -- sampling ----------------------------------------------------------------------------------------
@@ -317,10 +303,10 @@ class Removal:
     seconds: float
 
 
-def admission_errors(placer: Placer, replica: Any) -> float:
+def admission_errors(egress_placer: Placer, replica: Any) -> float:
     """Reviews answered with an internal error (allowed unchanged) or refused as malformed."""
     name = "egress_placer_admission_reviews_total"
-    return sum(placer.metric(replica, name, {"outcome": outcome}) for outcome in ("error", "malformed"))
+    return sum(egress_placer.metric(name, {"outcome": outcome}, replica=replica) for outcome in ("error", "malformed"))
 
 
 def removals(api: Api, samples: Samples) -> dict[str, list[Removal]]:
@@ -349,7 +335,7 @@ def outcome(api: Api, attack: str, samples: Samples, removed: list[Removal]) -> 
 
 
 @pytest.fixture
-def tenant_workloads(api: Api, runs: RetryingRuns) -> Iterator[None]:
+def tenant_workloads(api: Api, runs: Runs) -> Iterator[None]:
     """Deletes what the tenant made (its StatefulSet and DaemonSet first, so they make no more pods)."""
     yield
     selector = f"{TEST_LABEL}={runs.id}"
@@ -361,10 +347,10 @@ def tenant_workloads(api: Api, runs: RetryingRuns) -> Iterator[None]:
 
 
 def test_a_hostile_tenant_with_the_edit_role_does_not_keep_a_pool_node(
-    placer: Placer,
+    egress_placer: Placer,
     api: Api,
     tenant: Api,
-    runs: RetryingRuns,
+    runs: Runs,
     tenant_workloads: None,
     figures: Figures,
 ) -> None:
@@ -374,8 +360,8 @@ def test_a_hostile_tenant_with_the_edit_role_does_not_keep_a_pool_node(
         f"no pod of the namespace Running on a pool node more than {ALLOWED_SECONDS:.0f} s of any 60 s; controller healthy; "
         "the next eligible run placed",
     )
-    replica = placer.replicas[0]
-    errors_before = admission_errors(placer, replica)
+    replica = egress_placer.replicas[0]
+    errors_before = admission_errors(egress_placer, replica)
     attacker = Tenant(tenant, runs.id)
 
     samples, stop = Samples(), threading.Event()
@@ -407,8 +393,8 @@ def test_a_hostile_tenant_with_the_edit_role_does_not_keep_a_pool_node(
     control_pod = api.get(pods(TEAM_OTHER, "control-day-grace")) or {"metadata": {}}
     grace_is_real = bool(control_pod["metadata"].get("deletionTimestamp")) and phase(control_pod) == "Running"
     # The controller stays healthy, and the next eligible run is placed by the webhook.
-    alive, ready = placer.pid(replica) > 0, placer.ready(replica)
-    errors = admission_errors(placer, replica) - errors_before
+    alive, ready = egress_placer.pid(replica) > 0, egress_placer.ready(replica)
+    errors = admission_errors(egress_placer, replica) - errors_before
     name = runs.name("after-attacks")
     runs.create_retrying(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
     done = runs.wait_succeeded(TEAM_CDN, "taskruns", [name], timeout=90)

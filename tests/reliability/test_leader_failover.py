@@ -17,19 +17,12 @@ import pytest
 from devcluster.cluster import Cluster
 from devplacer.local_placer import LEADER_TIMINGS, PROXY_NAME
 from devplacer.faults import kill_component, start_component
-from tests.e2e.running_controller import pool_taints
-from tests.e2e.tekton_runs import POOL_TAINT, events
+from tests.e2e.harness import ControllerSpec, Placer, lease_holder, pool_taints, quietly, remove_pool_taint
+from tests.e2e.tekton_runs import POOL_TAINT, Runs, events
 from tests.kube import Api
-from tests.reliability.burst import Burst, RetryingRuns, all_finished, pool_outcome
-from tests.reliability.cluster_view import (
-    Placer,
-    lease_holder,
-    pod_gone,
-    quietly,
-    remove_pool_taint,
-    sneak_onto,
-)
-from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, ControllerSpec, Figures
+from tests.reliability.burst import Burst, all_finished, pool_outcome
+from tests.reliability.cluster_view import pod_gone, sneak_onto
+from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
@@ -58,7 +51,7 @@ def webhook_failures_since(cluster: Cluster, offset: int) -> int:
 
 
 def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
-    devcluster: Cluster, api: Api, placer: Placer, runs: RetryingRuns, figures: Figures
+    devcluster: Cluster, api: Api, egress_placer: Placer, runs: Runs, figures: Figures
 ) -> None:
     figures.fault(
         "the leader replica SIGKILLed mid-burst (2 replicas behind the webhook proxy)",
@@ -68,9 +61,9 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
         "taint back, intruder evicted once; every run placed and decided",
     )
     wait_for("a leader", quietly(lambda: lease_holder(api)), timeout=30, interval=0.1)
-    leader = placer.replica(lease_holder(api) or "")
-    follower = next(r for r in placer.replicas if r != leader)
-    taints_added_before = placer.metric(follower, "egress_placer_taint_changes_total", {"action": "add"})
+    leader = egress_placer.named(lease_holder(api) or "")
+    follower = next(r for r in egress_placer.replicas if r != leader)
+    taints_added_before = egress_placer.metric("egress_placer_taint_changes_total", {"action": "add"}, replica=follower)
     log_offset = apiserver_log_size(devcluster)
     proxy_log = devcluster.dir / "logs" / f"{PROXY_NAME}.log"
     proxy_offset = proxy_log.stat().st_size
@@ -112,7 +105,7 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
     outcome = pool_outcome(runs, TEAM_CDN, burst.names)
     failed_reviews = webhook_failures_since(devcluster, log_offset)
     eviction_events = [e for e in events(api, TEAM_OTHER, "IntruderEvicted") if e["regarding"]["name"] == intruder]
-    taints_added = placer.metric(follower, "egress_placer_taint_changes_total", {"action": "add"}) - taints_added_before
+    taints_added = egress_placer.metric("egress_placer_taint_changes_total", {"action": "add"}, replica=follower) - taints_added_before
     figures.set("failed_reviews_at_kill", failed_reviews)
     with open(proxy_log, "rb") as f:
         f.seek(proxy_offset)
@@ -120,7 +113,7 @@ def test_the_follower_takes_over_taints_and_evictions_and_admission_never_stops(
 
     restarted_at = time.monotonic()
     start_component(devcluster, killed)
-    wait_for(f"{leader.name} ready again", quietly(lambda: placer.ready(leader)), timeout=60, interval=0.1)
+    wait_for(f"{leader.name} ready again", quietly(lambda: egress_placer.ready(leader)), timeout=60, interval=0.1)
     rejoined = time.monotonic() - restarted_at
     figures.set("rejoined_s", round(rejoined, 1))
     figures.measured(

@@ -19,11 +19,9 @@ import pytest
 from devcluster.cluster import Cluster
 from devplacer.local_placer import NAMESPACE, service_account_user
 from devplacer.faults import Component, kill_component, start_component
-from tests.e2e.running_controller import pool_taints
-from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, POOL_TAINT, decision_of, taskrun
+from tests.e2e.harness import Placer, pool_taints, quietly, remove_pool_taint
+from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL, POOL_NODES, POOL_TAINT, Runs, decision_of, taskrun
 from tests.kube import Api, api_for
-from tests.reliability.burst import RetryingRuns
-from tests.reliability.cluster_view import Placer, quietly, remove_pool_taint
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
 from tests.waiting import wait_for
 
@@ -104,7 +102,7 @@ def granted(review: dict[str, Any]) -> tuple[set[Rule], set[tuple[str, str]]]:
     return resource, non_resource
 
 
-def test_the_service_account_has_exactly_the_listed_rights(devcluster: Cluster, placer: Placer, figures: Figures) -> None:
+def test_the_service_account_has_exactly_the_listed_rights(devcluster: Cluster, egress_placer: Placer, figures: Figures) -> None:
     figures.fault(
         "least privilege: the ServiceAccount's rights read back (SelfSubjectRulesReview)",
         f"namespaces {NAMESPACE}, {TEKTON_NAMESPACE}, {AGENTS_NAMESPACE} and {TEAM_OTHER}",
@@ -143,7 +141,7 @@ def read_only_root_available() -> bool:
 
 
 def test_the_controller_works_with_a_read_only_root_home_and_working_directory(
-    devcluster: Cluster, api: Api, placer: Placer, runs: RetryingRuns, figures: Figures
+    devcluster: Cluster, api: Api, egress_placer: Placer, runs: Runs, figures: Figures
 ) -> None:
     if not read_only_root_available():
         pytest.skip("needs `unshare --mount` (root or CAP_SYS_ADMIN) to give the controller a read-only root")
@@ -152,7 +150,7 @@ def test_the_controller_works_with_a_read_only_root_home_and_working_directory(
         "the only replica, swapped for one in a private mount namespace; a pool taint removed; a matching TaskRun",
         "ready, leading, taint restored, run placed, no write refused in its log",
     )
-    replica = placer.replicas[0]
+    replica = egress_placer.replicas[0]
     normal = kill_component(devcluster, replica.name)
     argv = ("unshare", "--mount", "--propagation", "private", "sh", "-c", READ_ONLY_ROOT, str(REPO), *normal.argv)
     read_only = Component(normal.name, argv, {**normal.env, "HOME": "/root"}, normal.port, normal.health_url)
@@ -160,9 +158,9 @@ def test_the_controller_works_with_a_read_only_root_home_and_working_directory(
     offset = log.stat().st_size
     started = time.monotonic()
     start_component(devcluster, read_only)
-    wait_for("the read-only replica ready", quietly(lambda: placer.ready(replica)), timeout=60, interval=0.1)
+    wait_for("the read-only replica ready", quietly(lambda: egress_placer.ready(replica)), timeout=60, interval=0.1)
     ready = time.monotonic() - started
-    mounts = Path(f"/proc/{placer.pid(replica)}/mounts").read_text().splitlines()
+    mounts = Path(f"/proc/{egress_placer.pid(replica)}/mounts").read_text().splitlines()
     root_options = next(line.split()[3] for line in mounts if line.split()[1] == "/")
 
     remove_pool_taint(api, "egress-3")
@@ -178,7 +176,7 @@ def test_the_controller_works_with_a_read_only_root_home_and_working_directory(
     runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
     done = runs.wait_succeeded(TEAM_CDN, "taskruns", [name], timeout=90)
     node = runs.nodes_of(TEAM_CDN, [name])[name]
-    leader = placer.metric(replica, "egress_placer_leader")
+    leader = egress_placer.metric("egress_placer_leader", replica=replica)
     with open(log, "rb") as f:
         f.seek(offset)
         written = f.read().decode(errors="replace")

@@ -20,6 +20,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from controller.core.model import PLACEMENT_ANNOTATION, TAINT_KEY
+from tests.e2e.harness import ControllerSpec, Placer
 from tests.e2e.tekton_runs import (
     MATCHING_IMAGE,
     ORDINARY_NODES,
@@ -28,6 +29,7 @@ from tests.e2e.tekton_runs import (
     POOL_NODES,
     POOL_TOLERATION,
     TEST_LABEL,
+    Runs,
     decision_of,
     events,
     node_of,
@@ -35,10 +37,9 @@ from tests.e2e.tekton_runs import (
     taskrun,
 )
 from tests.kube import Api, namespaced, pods
-from tests.reliability.burst import RetryingRuns
-from tests.reliability.cluster_view import Placer, intruder_pod
-from tests.reliability.suite import TEAM_CDN_EVIL, TEAM_OTHER, ControllerSpec, Figures
-from tests.waiting import WaitTimeout, wait_for
+from tests.reliability.cluster_view import intruder_pod
+from tests.reliability.suite import TEAM_CDN_EVIL, TEAM_OTHER, Figures
+from tests.waiting import StoppedHolding, WaitTimeout, holds_for, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
@@ -69,7 +70,7 @@ class Result:
 class Attempts:
     """Creates the attempts' objects (labelled for clean-up) and watches what becomes of them."""
 
-    def __init__(self, api: Api, runs: RetryingRuns) -> None:
+    def __init__(self, api: Api, runs: Runs) -> None:
         self.api = api
         self.runs = runs
         self.extra: list[Callable[[], None]] = []  # clean-ups beyond what `runs` deletes
@@ -91,18 +92,21 @@ class Attempts:
         """A pod refused at admission: never on a pool node while watched; what it carries and where it is
         (`asked_node`: the nodeName it was created with)."""
 
-        def on_the_pool() -> Pod | None:
+        reached = None
+
+        def off_the_pool() -> bool:
+            nonlocal reached
             pod = self.read(namespace, name)
             if pod is not None and node_of(pod) in POOL_NODES and "deletionTimestamp" not in pod["metadata"]:
-                return pod
-            return None
+                reached = node_of(pod)
+                return False
+            return True
 
         try:
             # Part of the scenario: the pod must NOT reach a pool node within `seconds`.
-            reached = wait_for(f"pod {namespace}/{name} on a pool node", on_the_pool, timeout=seconds)
-            return Result(f"reached {node_of(reached)}", None, False)
-        except WaitTimeout:
-            pass
+            holds_for(f"pod {namespace}/{name} off the pool nodes", off_the_pool, seconds=seconds)
+        except StoppedHolding:
+            return Result(f"reached {reached}", None, False)
         pod = self.read(namespace, name)
         if pod is None:
             return Result("gone", 0.0, True)
@@ -150,7 +154,7 @@ class Attempts:
 
 
 @pytest.fixture
-def attempts(api: Api, runs: RetryingRuns) -> Iterator[Attempts]:
+def attempts(api: Api, runs: Runs) -> Iterator[Attempts]:
     made = Attempts(api, runs)
     yield made
     made.cleanup()
@@ -331,11 +335,17 @@ def exempt_namespace_pod(a: Attempts) -> Result:
     """Exempt namespaces are trusted by design (only cluster admins create pods there): the pod stays."""
     name = a.runs.name("exempt")
     a.pod(EXEMPT_NAMESPACE, intruder_pod(name, node="egress-1"))
-    # Part of the scenario: nothing removes the pod within OBSERVE_SECONDS.
-    time.sleep(OBSERVE_SECONDS)
-    pod = a.read(EXEMPT_NAMESPACE, name)
-    stays = pod is not None and "deletionTimestamp" not in pod["metadata"] and node_of(pod) == "egress-1"
-    return Result("stays on egress-1 (exempt namespaces are trusted by design)" if stays else "removed", None, stays)
+
+    def stays() -> bool:
+        pod = a.read(EXEMPT_NAMESPACE, name)
+        return pod is not None and "deletionTimestamp" not in pod["metadata"] and node_of(pod) == "egress-1"
+
+    try:
+        # Part of the scenario: nothing removes the pod within OBSERVE_SECONDS.
+        holds_for(f"pod {EXEMPT_NAMESPACE}/{name} on egress-1", stays, seconds=OBSERVE_SECONDS)
+    except StoppedHolding:
+        return Result("removed", None, False)
+    return Result("stays on egress-1 (exempt namespaces are trusted by design)", None, True)
 
 
 ATTEMPTS: dict[str, Callable[[Attempts], Result]] = {
@@ -359,7 +369,7 @@ BY_DESIGN = {exempt_namespace_pod}  # stays: checked to behave as documented, no
 
 
 def test_every_way_onto_the_pool_without_permission_is_stopped(
-    placer: Placer, attempts: Attempts, figures: Figures
+    egress_placer: Placer, attempts: Attempts, figures: Figures
 ) -> None:
     figures.fault(
         "getting onto the pool without permission",
@@ -385,7 +395,7 @@ def test_every_way_onto_the_pool_without_permission_is_stopped(
 
 
 def test_an_intruder_protected_by_its_own_disruption_budget_is_deleted_after_the_grace(
-    placer: Placer, attempts: Attempts, figures: Figures
+    egress_placer: Placer, attempts: Attempts, figures: Figures
 ) -> None:
     figures.fault(
         "an intruder protected by its own PodDisruptionBudget (minAvailable 1)",

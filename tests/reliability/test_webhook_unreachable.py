@@ -16,11 +16,11 @@ from devcluster.cluster import Cluster
 from devcluster.process import free_port
 from devplacer.local_placer import WEBHOOK_CONFIG
 from devplacer.faults import kill_component, start_component
-from tests.e2e.running_controller import WEBHOOK_CONFIGS
-from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_LABEL, POOL_NODES, decision_of, events, succeeded, taskrun
+from tests.e2e.harness import WEBHOOK_CONFIGS, Placer, quietly
+from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_LABEL, POOL_NODES, Runs, decision_of, events, succeeded, taskrun
 from tests.kube import Api
-from tests.reliability.burst import RetryingRuns, all_finished
-from tests.reliability.cluster_view import Placer, intruder_pod, pod_gone, pod_node, quietly
+from tests.reliability.burst import all_finished
+from tests.reliability.cluster_view import intruder_pod, pod_gone, pod_node
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
 from tests.waiting import wait_for
 
@@ -32,14 +32,14 @@ REPORT_SECONDS = 30.0  # stated bound: restarted controller -> a NotAdmitted Eve
 FINISH_SECONDS = 180.0
 
 
-def create_runs(runs: RetryingRuns, prefix: str) -> dict[str, list[str]]:
+def create_runs(runs: Runs, prefix: str) -> dict[str, list[str]]:
     """RUNS_PER_NAMESPACE matching TaskRuns in TEAM_CDN and in TEAM_OTHER; their names by namespace."""
     names = {ns: [runs.name(f"{prefix}-{ns.rsplit('-', 1)[-1]}-{i}") for i in range(RUNS_PER_NAMESPACE)] for ns in (TEAM_CDN, TEAM_OTHER)}
     runs.create_all((ns, "taskruns", taskrun(name, MATCHING_IMAGE)) for ns, ns_names in names.items() for name in ns_names)
     return names
 
 
-def finished_off_pool(runs: RetryingRuns, names: dict[str, list[str]]) -> tuple[int, int, int]:
+def finished_off_pool(runs: Runs, names: dict[str, list[str]]) -> tuple[int, int, int]:
     """(Succeeded, on a pool node, with a decision annotation) over all the runs."""
     ok = on_pool = decided = 0
     for ns, ns_names in names.items():
@@ -63,7 +63,7 @@ def tolerating_pod(name: str) -> dict:
 
 
 @pytest.fixture
-def dead_webhook_url(api: Api, placer: Placer) -> Iterator[str]:
+def dead_webhook_url(api: Api, egress_placer: Placer) -> Iterator[str]:
     """Every webhook of the configuration points at a port nothing listens on; put back afterwards."""
     path = f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}"
     original = [w["clientConfig"]["url"] for w in api.call("GET", path)["webhooks"]]
@@ -80,7 +80,7 @@ def dead_webhook_url(api: Api, placer: Placer) -> Iterator[str]:
 
 
 def test_runs_fail_open_and_stay_off_the_pool_while_the_webhook_is_unreachable(
-    api: Api, runs: RetryingRuns, dead_webhook_url: str, figures: Figures
+    api: Api, runs: Runs, dead_webhook_url: str, figures: Figures
 ) -> None:
     figures.fault(
         "the webhook URL points at a dead port (controller running)",
@@ -113,7 +113,7 @@ def test_runs_fail_open_and_stay_off_the_pool_while_the_webhook_is_unreachable(
 
 
 def test_a_killed_controller_restarted_reports_every_run_it_missed(
-    devcluster: Cluster, api: Api, placer: Placer, runs: RetryingRuns, figures: Figures
+    devcluster: Cluster, api: Api, egress_placer: Placer, runs: Runs, figures: Figures
 ) -> None:
     figures.fault(
         "the controller (1 replica) SIGKILLed, started again after the runs finished",
@@ -122,7 +122,7 @@ def test_a_killed_controller_restarted_reports_every_run_it_missed(
         f"runs Succeeded off the pool; after the restart a NotAdmitted Event per missed run within {REPORT_SECONDS:.0f} s "
         f"and the tolerating pod (on the pool meanwhile) evicted within {EVICTION_SECONDS:.0f} s",
     )
-    replica = placer.replicas[0]
+    replica = egress_placer.replicas[0]
     killed = kill_component(devcluster, replica.name)
     pod = runs.name("tolerating")
     runs.create_pod(TEAM_OTHER, tolerating_pod(pod))
