@@ -202,12 +202,12 @@ class ClusterState:
             with self._lock:
                 self.tekton.replace_kind(kind, [dict(o) for o in objs])
             return
-        store = self.stores[kind]
+        store, objs = self.stores[kind], list(objs)
         snapshot = store.build(objs)
         if kind == "Pod":  # only this informer's thread writes pods: the counts can be compared off to the side
             placed = Counter(node for node in map(_place_taken, snapshot.items.values()) if node is not None)
             moved = {n for n in placed.keys() | self._placed.keys() if placed[n] != self._placed[n]}
-            bound = [pod for k, pod in snapshot.items.items() if pod.node_name and not _bound(store.items.get(k))]
+            settled = [key for obj in objs for key in _settled_by(obj) if key in self.ledger]
         with self._lock:
             store.snapshot = snapshot
             if kind == "Node":
@@ -217,8 +217,8 @@ class ClusterState:
                 self._placed = placed
                 for node in moved:
                     self._count_placed(node, 0)
-                for pod in bound:
-                    self._settle_bound(pod)
+                for key in settled:
+                    self.ledger.settle(key)
         self._notify(kind)
 
     def _node_changed(self, obj: Mapping[str, Any], deleted: bool, old: NodeState | None, new: NodeState | None) -> bool:
@@ -234,11 +234,10 @@ class ClusterState:
     def _pod_changed(self, obj: Mapping[str, Any], deleted: bool, old: PodState | None, new: PodState | None) -> bool:
         """Record one pod; True when it is (or was) on a pool node, so reconcilers should look."""
         on_pool = self._on_pool_node(old.node_name if old is not None else None)
-        node = (obj.get("spec") or {}).get("nodeName")
-        if not deleted and node:
-            # The scheduler has bound it: from now on the pod itself is counted (or, finished, nothing is).
-            self._settle_bound(new or PodState.from_pod(obj))
-            on_pool = on_pool or self._on_pool_node(node)
+        if not deleted:
+            for key in _settled_by(obj):
+                self.ledger.settle(key)
+            on_pool = on_pool or self._on_pool_node((obj.get("spec") or {}).get("nodeName"))
         before, after = _place_taken(old), _place_taken(new)
         if before != after:  # most updates (status, annotations) leave the count where it was
             if before is not None:
@@ -246,12 +245,6 @@ class ClusterState:
             if after is not None:
                 self._count_placed(after, 1)
         return on_pool
-
-    def _settle_bound(self, pod: PodState) -> None:
-        self.ledger.settle(ledger_key("pod", pod.namespace, pod.name))
-        taskrun = pod.labels.get(TASKRUN_LABEL)
-        if taskrun:
-            self.ledger.settle(ledger_key("taskrun", pod.namespace, taskrun))
 
     # -- the load picture ---------------------------------------------------------------------
     def _rebuild_pool_loads(self) -> None:
@@ -473,8 +466,14 @@ def _kept_pod(obj: Mapping[str, Any]) -> PodState | None:
     return None if pod.finished else pod
 
 
-def _bound(pod: PodState | None) -> bool:
-    return pod is not None and bool(pod.node_name)
+def _settled_by(obj: Mapping[str, Any]) -> list[str]:
+    """The assumptions a pod bound to a node settles: from now on the pod itself is counted (or,
+    finished, nothing is): its own and its TaskRun's."""
+    if not (obj.get("spec") or {}).get("nodeName"):
+        return []
+    namespace, name = _run_key("Pod", obj)[1:]
+    taskrun = (obj["metadata"].get("labels") or {}).get(TASKRUN_LABEL)
+    return [ledger_key("pod", namespace, name)] + ([ledger_key("taskrun", namespace, taskrun)] if taskrun else [])
 
 
 def _bound_run(label: str, pod: PodState) -> tuple[str, str] | None:
