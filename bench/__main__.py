@@ -1,6 +1,7 @@
 """`python -m bench --mode quick|full [--tiny] [--out DIR] [--sections ...] [--cluster-dir DIR]`
 
-Runs the sections in this order: admission (no cluster), core, then on one local cluster: end to
+Runs the sections in this order: admission and under_relist (admission while the pod informer relists;
+alone: `python -m bench.under_relist`) (no cluster), core, then on one local cluster: end to
 end (none, the floor, egress-placer, and Kyverno with `--with kyverno`), peers (admission through the
 API server in the same modes), balance (a, b, c, and the egress case with a real Prometheus), scale, queue (bench/queue.py). Writes DIR/latest.json, DIR/report.md and the PNG charts (DIR is
 bench/results by default) and prints a summary table. Exit status 1 when a section failed.
@@ -22,7 +23,7 @@ from typing import Any, Callable
 
 from loguru import logger
 
-from bench import admission, balance, balance_egress, core, e2e, machine, peers, report, scale, schema
+from bench import admission, balance, balance_egress, core, e2e, machine, peers, report, scale, schema, under_relist
 from bench import queue as bench_queue
 from bench import cluster as bench_cluster
 from bench import floor as bench_floor
@@ -31,7 +32,7 @@ from bench.kube import Kube
 from bench.sizes import SIZES, Sizes
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("admission", "core", "e2e", "peers", "balance", "scale", "queue")
+SECTIONS = ("admission", "under_relist", "core", "e2e", "peers", "balance", "scale", "queue")
 CLUSTER_SECTIONS = ("e2e", "peers", "balance", "scale", "queue")
 PEERS = ("kyverno",)  # optional peers (`--with`), built on demand; the full mode runs them all
 
@@ -312,6 +313,10 @@ def main(argv: list[str] | None = None) -> int:
             out = _section(results, "admission", lambda: admission.run(sizes, workdir / "admission", log))
             if out:
                 schema.merge(results["admission"], out)
+        if "under_relist" in wanted:
+            out = _section(results, "under_relist", lambda: under_relist.run(sizes.name, workdir / "under_relist", log))
+            if out:
+                schema.merge(results["admission"]["under_relist"], out)
         if "core" in wanted:
             out = _section(results, "core", lambda: core.run(sizes, log))
             if out:

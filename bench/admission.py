@@ -66,11 +66,13 @@ def _env() -> dict[str, str]:
 class Server:
     """One server process (`python -m bench.servers TARGET`), stopped by its pid on exit."""
 
-    def __init__(self, target: str, tls_dir: Path, log_file: Path) -> None:
+    def __init__(self, target: str, tls_dir: Path, log_file: Path, command: list[str] | None = None) -> None:
+        """`command`: the server's arguments to python (default: `-m bench.servers TARGET ...`)."""
         self.target = target
         self._log = open(log_file, "ab")
+        command = command or ["-m", "bench.servers", target, "--tls-dir", str(tls_dir), "--pool-nodes", str(POOL_NODES)]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "bench.servers", target, "--tls-dir", str(tls_dir), "--pool-nodes", str(POOL_NODES)],
+            [sys.executable, *command],
             stdout=subprocess.PIPE, stderr=self._log, env=_env(), cwd=REPO,
         )
         assert self.process.stdout is not None

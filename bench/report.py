@@ -48,6 +48,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 _over(head["cpu_ms_per_request"], head["floor_cpu_ms_per_request"]), "x", ADMISSION_CPU_RATIO_LIMIT),
         _target("admission max throughput", f">= {ADMISSION_MAX_THROUGHPUT:,.0f} req/s", adm["max_throughput_rps"], "req/s",
                 ADMISSION_MAX_THROUGHPUT, True),
+        _target("admission p99 while the pod informer relists / its limit, max(2x idle, idle + 5 ms)", "<= 1",
+                _relist_margin(adm["under_relist"]), "x", 1.0),
         _target("balance (a) imbalance, worst burst", "<= 1.1", bal["worst_imbalance"]["a"], "x", 1.1),
         _target("balance (egress) busy node's share / even share, egress-aware", "<= 0.5", _busy_ratio(bal["egress"]), "x", 0.5),
         _target("controller RSS at 5,000 nodes / 20,000 pods" + scale_note, "<= 300 MB", scale["rss_mb"], "MB", 300.0),
@@ -60,6 +62,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 FLOOR_RATIO_LIMIT),
         *_peer_targets(results["peers"]),
     ]
+
+
+def _relist_margin(row: dict[str, Any]) -> float | None:
+    idle, relist = row["idle_p99_ms"], row["relist_p99_ms"]
+    return _over(relist, max(2 * idle, idle + 5.0)) if idle is not None else None
 
 
 def _over(mine: float | None, theirs: float | None) -> float | None:

@@ -480,7 +480,7 @@ def first_sync_rss(nodes: int, pods: int, taskruns: int, tenant: bool) -> dict[s
     synced_s = time.monotonic() - started
     gc.collect()
     after = memory(os.getpid())
-    kept = {"nodes": len(state.nodes), "pods": len(state.pods), "runs": len(state._runs),  # noqa: SLF001
+    kept = {"nodes": len(state.nodes), "pods": len(state.pods), "runs": len(state.stores["TaskRun"].items) + len(state.stores["PipelineRun"].items),
             "tekton": len(state.tekton), "namespaces": len(state.namespaces)}
     return {"tenant": tenant, "rss_before_mb": before.get("VmRSS"), "rss_mb": after.get("VmRSS"),
             "rss_peak_mb": after.get("VmHWM"), "sync_s": round(synced_s, 1), "kept": kept}

@@ -84,6 +84,12 @@ TEMPLATE: dict[str, Any] = {
         "max_throughput_rps": None,
         "floor_max_throughput_rps": None,
         "profile": copy.deepcopy(PROFILE),
+        # bench/under_relist.py: p99 at 200 req/s while the pod informer relists, next to it idle.
+        "under_relist": {
+            "idle_p99_ms": None, "relist_p99_ms": None, "idle_p99_ms_each": [], "relist_p99_ms_each": [],
+            "idle_p50_ms": None, "relist_p50_ms": None, "pods": None, "rate_rps": None, "seconds": None,
+            "relists": None, "relist_s": None, "errors": None,
+        },
     },
     "core": {"rows": [], "profile": copy.deepcopy(PROFILE)},
     "balance": {"cases": [], "worst_imbalance": {"a": None, "b": None, "c": None}, "egress": copy.deepcopy(EGRESS_CASE)},

@@ -1,11 +1,10 @@
 """The controller's in-memory picture of the cluster: what admission reads and reconcilers act on.
 
-Informers feed it (`apply` and `replace`); the admission handlers and reconcilers read it. It makes
-no API call. Every method is thread-safe: informers run in threads, admission in the event loop.
-Only the fields the core needs are kept (NodeState, NamespaceState, PodState, the TektonObjects
-index, run names), so memory stays small on big clusters and does not grow with what tenants write
-(the informers keep only the labels and annotations some reader looks up: kube.informer.KEPT_LABELS,
-KEPT_ANNOTATIONS). Finished pods (Succeeded, Failed) are not kept: they hold no node.
+Informers feed it (`apply` and `replace`) into one store per resource (controller.store); the
+admission handlers and reconcilers read it. It makes no API call. Every method is thread-safe. Only
+the fields the core needs are kept (NodeState, NamespaceState, PodState, RunRecord, the TektonObjects
+index), so memory does not grow with what tenants write (kube.informer.KEPT_LABELS, KEPT_ANNOTATIONS).
+Finished pods (Succeeded, Failed) are not kept: they hold no node.
 
 `subscribe(callback)` tells the reconcile loop that something it acts on changed: nodes,
 namespaces, the policy, Tekton's coschedule flag, DaemonSets coming and going (they decide which pods
@@ -17,30 +16,23 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable, Iterable, Mapping
 
 from loguru import logger
 
 from controller.core.balance import LoadLedger, ledger_key
-from controller.core.egress import Measurement, RatioFigure, rank_nodes
+from controller.core.egress import Measurement
 from controller.core.images import TASKRUN_LABEL, TektonObjects
 from controller.core.load_index import PoolLoads
-from controller.core.model import (
-    DECISION_ANNOTATION,
-    DaemonSetState,
-    NamespaceState,
-    NodeLoad,
-    NodeState,
-    PodState,
-)
+from controller.core.model import DECISION_ANNOTATION, DaemonSetState, NamespaceState, NodeLoad, NodeState, PodState
 from controller.core.policy import PlacementPolicy, Pool
 from controller.core.queue import PIPELINERUN_LABEL, QUEUE_ANNOTATION, LineSummary, PoolQueue, QueueEntry, RunFacts, slots
+from controller.store import Store
 
 RUN_KINDS = ("TaskRun", "PipelineRun")
 POLICY = "Policy"  # the kind passed to subscribers when the policy changes
 TEKTON_FLAGS = "TektonFeatureFlags"  # ... and when Tekton's coschedule flag changes
-
-QUEUE = "Queue"  # the kind passed to subscribers when a run carrying a queue entry changes
 PodKey = tuple[str, str]
 RunKey = tuple[str, str, str]  # kind, namespace, name
 QUEUE_SUMMARY_SECONDS = 1.0  # admission reads a queued pool's line summary at most this old (plus its own additions)
@@ -58,7 +50,34 @@ class Choice:
     more_nodes: int = 0  # eligible nodes of the pool not in `loads`
 
 
+@dataclass(frozen=True)
+class RunRecord:
+    """What is kept of a TaskRun or PipelineRun: has it a decision, its uid, its queue entry (core.queue)."""
+
+    decided: bool
+    uid: str
+    entry: QueueEntry | None
+
+    @classmethod
+    def of(cls, kind: str, obj: Mapping[str, Any]) -> "RunRecord":
+        """The queue entry is read once here, not per admission (has_pod unset: see queue_entries)."""
+        meta = obj["metadata"]
+        annotations = meta.get("annotations") or {}
+        value = annotations.get(QUEUE_ANNOTATION)
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        done = any(c.get("type") == "Succeeded" and c.get("status") in ("True", "False") for c in conditions if isinstance(c, Mapping))
+        key = _run_key(kind, obj)
+        facts = RunFacts(kind, key[1], key[2], meta.get("uid") or "", value, str((obj.get("spec") or {}).get("status") or ""), done)
+        entry = facts.queue_entry(has_pod=False) if value is not None else None
+        return cls(DECISION_ANNOTATION in annotations, meta.get("uid") or "", entry)
+
+
 class ClusterState:
+    """The stores (one per resource: `stores[kind]`) and the views over them: the load picture, the
+    queue's line cache. Readers of a store's snapshot (`nodes`, `pods`, `namespace()`...) take no lock;
+    `_lock` orders writers (informer threads, admission's assumptions) and is held by a relist only
+    for its swap: the new snapshot is built off to the side."""
+
     def __init__(
         self,
         policy: PlacementPolicy | None,
@@ -75,21 +94,31 @@ class ClusterState:
         self.assumption_ttl = assumption_ttl
         # Settings.balance: "load" counts assumed placements; "load-without-assumptions" only seen pods.
         self.balance = balance
-        self.nodes: dict[str, NodeState] = {}
-        self.namespaces: dict[str, NamespaceState] = {}
-        self.pods: dict[PodKey, PodState] = {}
-        self.daemonsets: dict[str, DaemonSetState] = {}  # by uid: what a pod's DaemonSet owner must resolve to
-        self._pods_by_node: dict[str, set[PodKey]] = {}
+        self.stores: dict[str, Store[Any, Any]] = {
+            "Node": Store(_name, NodeState.from_node),
+            "Namespace": Store(_name, NamespaceState.from_namespace),
+            # pods by node, and the bound pods of each run (by its label: the queue's has_pod)
+            "Pod": Store(lambda o: _run_key("Pod", o)[1:], _kept_pod, {"node": lambda pod: pod.node_name or None,
+                                                                     "TaskRun": partial(_bound_run, TASKRUN_LABEL),
+                                                                     "PipelineRun": partial(_bound_run, PIPELINERUN_LABEL)}),
+            "DaemonSet": Store(lambda o: o["metadata"].get("uid") or "", DaemonSetState.from_daemonset),
+            **{kind: Store(partial(_run_key, kind), partial(RunRecord.of, kind), {"queued": _queued}) for kind in RUN_KINDS},
+        }
+        # What a change of each kind does beyond its store: True when the reconcilers should look.
+        self._changed: dict[str, Callable[[Mapping[str, Any], bool, Any, Any], bool]] = {
+            "Node": self._node_changed,
+            "Namespace": lambda obj, deleted, old, new: True,
+            "Pod": self._pod_changed,
+            "DaemonSet": lambda obj, deleted, old, new: old != new,  # status updates change nothing kept
+            **{kind: _entry_changed for kind in RUN_KINDS},
+        }
         self.tekton = TektonObjects()
         self.ledger = LoadLedger(on_change=self._assumed_changed)
         self.tekton_coschedule: str | None = None  # Tekton's feature-flags `coschedule` (None: unknown)
         # The placement fields of Tekton's config-defaults `default-pod-template` (None: none, or unreadable).
         self.tekton_default_pod_template: dict[str, Any] | None = None
         self._node_versions: dict[str, str] = {}
-        self._runs: dict[RunKey, bool] = {}  # run -> has the decision annotation
-        self._run_uids: dict[RunKey, str] = {}
         self._line_summaries: dict[str, tuple[float, LineSummary]] = {}  # pool -> (when, summary)
-        self._queued: dict[RunKey, QueueEntry] = {}  # runs carrying a queue entry (core.queue), has_pod unset
         self._subscribers: list[Callable[[str], None]] = []
         self._egress: dict[str, Mapping[str, Measurement]] = {}  # pool -> measured egress, as last polled
         # The load picture node choice reads, kept current on events (pods, assumptions, nodes, the
@@ -99,6 +128,17 @@ class ClusterState:
         self._member_of: dict[str, str] = {}
         self._pool_loads: dict[str, PoolLoads] = {}
         self._rebuild_pool_loads()
+
+    # Each store's items now (a snapshot: read with no lock). DaemonSets by uid: what a pod's owner must resolve to.
+    nodes = property(lambda self: self.stores["Node"].items)
+    namespaces = property(lambda self: self.stores["Namespace"].items)
+    pods = property(lambda self: self.stores["Pod"].items)
+    daemonsets = property(lambda self: self.stores["DaemonSet"].items)
+
+    @property
+    def _queued(self) -> dict[RunKey, QueueEntry]:
+        """The runs carrying a queue entry, has_pod unset."""
+        return {k: r.entry for kind in RUN_KINDS for k, r in self.stores[kind].snapshot.under("queued", True).items()}
 
     # -- change notification ------------------------------------------------------------------
     def subscribe(self, callback: Callable[[str], None]) -> None:
@@ -141,123 +181,64 @@ class ClusterState:
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         """One watch event: ADDED, MODIFIED or DELETED of a plain object dict."""
         deleted = event == "DELETED"
-        notify = kind in ("Node", "Namespace")
         with self._lock:
-            if kind == "Node":
-                name = obj["metadata"]["name"]
-                if deleted:
-                    self.nodes.pop(name, None)
-                    self._node_versions.pop(name, None)
-                    self._place_node(name, None)
-                else:
-                    node = NodeState.from_node(obj)
-                    if self.nodes.get(name) != node:  # a heartbeat changes nothing the core reads
-                        self._place_node(name, node)
-                    self.nodes[name] = node
-                    self._node_versions[name] = obj["metadata"].get("resourceVersion") or ""
-            elif kind == "Namespace":
-                name = obj["metadata"]["name"]
-                if deleted:
-                    self.namespaces.pop(name, None)
-                else:
-                    self.namespaces[name] = NamespaceState.from_namespace(obj)
-            elif kind == "Pod":
-                notify = self._apply_pod(PodState.from_pod(obj), deleted)
-            elif kind == "DaemonSet":
-                daemonset = DaemonSetState.from_daemonset(obj)
-                if deleted:
-                    notify = self.daemonsets.pop(daemonset.uid, None) is not None
-                else:  # status updates change nothing kept here: no pass for them
-                    notify = self.daemonsets.get(daemonset.uid) != daemonset
-                    self.daemonsets[daemonset.uid] = daemonset
-            elif kind in TektonObjects.KINDS:
+            if kind in TektonObjects.KINDS:
                 meta = obj["metadata"]
                 if deleted:
                     self.tekton.remove(kind, meta.get("namespace") or "default", meta["name"])
                 else:
                     self.tekton.put(dict(obj), kind)
-            elif kind in RUN_KINDS:
-                key = _run_key(kind, obj)
-                if deleted:
-                    self._runs.pop(key, None)
-                    self._run_uids.pop(key, None)
-                    notify = self._queued.pop(key, None) is not None
-                else:
-                    self._runs[key] = DECISION_ANNOTATION in (obj["metadata"].get("annotations") or {})
-                    self._run_uids[key] = obj["metadata"].get("uid") or ""
-                    notify = self._keep_queued(key, obj)
+                return
+            old, new = self.stores[kind].apply(obj, deleted)
+            notify = self._changed[kind](obj, deleted, old, new)
         if notify:
             self._notify(kind)
 
     def replace(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
-        """A full list (first sync or relist after 410): the state of `kind` becomes exactly `objs`."""
-        objs = list(objs)
-        with self._lock:
-            if kind == "Node":
-                self.nodes = {o["metadata"]["name"]: NodeState.from_node(o) for o in objs}
-                self._rebuild_pool_loads()
-                self._node_versions = {o["metadata"]["name"]: o["metadata"].get("resourceVersion") or "" for o in objs}
-            elif kind == "Namespace":
-                self.namespaces = {o["metadata"]["name"]: NamespaceState.from_namespace(o) for o in objs}
-            elif kind == "Pod":
-                self.pods.clear()
-                self._pods_by_node.clear()
-                self._placed.clear()
-                self._member_of.clear()  # no index update per pod: rebuilt once below
-                for o in objs:
-                    self._apply_pod(PodState.from_pod(o), False)
-                self._rebuild_pool_loads()
-            elif kind == "DaemonSet":
-                self.daemonsets = {d.uid: d for d in map(DaemonSetState.from_daemonset, objs)}
-            elif kind in TektonObjects.KINDS:
+        """A full list (first sync or relist after 410): the state of `kind` becomes exactly `objs`.
+        The new snapshot (and, for pods, the new counts) is built with no lock held; the lock is
+        taken only to swap it in."""
+        if kind in TektonObjects.KINDS:
+            with self._lock:
                 self.tekton.replace_kind(kind, [dict(o) for o in objs])
-            elif kind in RUN_KINDS:
-                self._runs = {k: v for k, v in self._runs.items() if k[0] != kind}
-                self._run_uids = {k: v for k, v in self._run_uids.items() if k[0] != kind}
-                self._queued = {k: v for k, v in self._queued.items() if k[0] != kind}
-                for o in objs:
-                    self._runs[_run_key(kind, o)] = DECISION_ANNOTATION in (o["metadata"].get("annotations") or {})
-                    self._run_uids[_run_key(kind, o)] = o["metadata"].get("uid") or ""
-                    self._keep_queued(_run_key(kind, o), o)
-        if kind in ("Node", "Namespace", "Pod", "DaemonSet", *RUN_KINDS):
-            self._notify(kind)
+            return
+        store, objs = self.stores[kind], list(objs)
+        snapshot = store.build(objs)
+        if kind == "Pod":  # only this informer's thread writes pods: the counts can be compared off to the side
+            placed = Counter(node for node in map(_place_taken, snapshot.items.values()) if node is not None)
+            moved = {n for n in placed.keys() | self._placed.keys() if placed[n] != self._placed[n]}
+            settled = [key for obj in objs for key in _settled_by(obj) if key in self.ledger]
+        with self._lock:
+            store.snapshot = snapshot
+            if kind == "Node":
+                self._node_versions = {o["metadata"]["name"]: o["metadata"].get("resourceVersion") or "" for o in objs}
+                self._rebuild_pool_loads()
+            elif kind == "Pod":
+                self._placed = placed
+                for node in moved:
+                    self._count_placed(node, 0)
+                for key in settled:
+                    self.ledger.settle(key)
+        self._notify(kind)
 
-    def _keep_queued(self, key: RunKey, obj: Mapping[str, Any]) -> bool:
-        """Keep the queue entry of a run carrying one (read once here, not per admission); True when it
-        changed (the release reconciler looks again)."""
-        meta = obj["metadata"]
-        value = (meta.get("annotations") or {}).get(QUEUE_ANNOTATION)
-        conditions = (obj.get("status") or {}).get("conditions") or []
-        done = any(c.get("type") == "Succeeded" and c.get("status") in ("True", "False") for c in conditions if isinstance(c, Mapping))
-        facts = RunFacts(key[0], key[1], key[2], meta.get("uid") or "", value, str((obj.get("spec") or {}).get("status") or ""), done)
-        entry = facts.queue_entry(has_pod=False) if value is not None else None
-        if entry is None:
-            return self._queued.pop(key, None) is not None
-        old = self._queued.get(key)
-        self._queued[key] = entry
-        return old != entry
+    def _node_changed(self, obj: Mapping[str, Any], deleted: bool, old: NodeState | None, new: NodeState | None) -> bool:
+        name = obj["metadata"]["name"]
+        if old != new:  # a heartbeat changes nothing the core reads
+            self._place_node(name, new)
+        if deleted:
+            self._node_versions.pop(name, None)
+        else:
+            self._node_versions[name] = obj["metadata"].get("resourceVersion") or ""
+        return True
 
-    def _apply_pod(self, pod: PodState, deleted: bool) -> bool:
+    def _pod_changed(self, obj: Mapping[str, Any], deleted: bool, old: PodState | None, new: PodState | None) -> bool:
         """Record one pod; True when it is (or was) on a pool node, so reconcilers should look."""
-        key = (pod.namespace, pod.name)
-        old = self.pods.pop(key, None)
-        if old is not None and old.node_name:
-            self._pods_by_node.get(old.node_name, set()).discard(key)
         on_pool = self._on_pool_node(old.node_name if old is not None else None)
-        kept = None
         if not deleted:
-            if pod.node_name:
-                # The scheduler has bound it: from now on the pod itself is counted (or, finished, nothing is).
-                self.ledger.settle(ledger_key("pod", pod.namespace, pod.name))
-                taskrun = pod.labels.get(TASKRUN_LABEL)
-                if taskrun:
-                    self.ledger.settle(ledger_key("taskrun", pod.namespace, taskrun))
-                on_pool = on_pool or self._on_pool_node(pod.node_name)
-            if not pod.finished:  # neither load nor intruder: kept no longer than a deleted one
-                kept = self.pods[key] = pod
-                if pod.node_name:
-                    self._pods_by_node.setdefault(pod.node_name, set()).add(key)
-        before, after = _place_taken(old), _place_taken(kept)
+            for key in _settled_by(obj):
+                self.ledger.settle(key)
+            on_pool = on_pool or self._on_pool_node((obj.get("spec") or {}).get("nodeName"))
+        before, after = _place_taken(old), _place_taken(new)
         if before != after:  # most updates (status, annotations) leave the count where it was
             if before is not None:
                 self._count_placed(before, -1)
@@ -313,59 +294,40 @@ class ClusterState:
 
     # -- readers ------------------------------------------------------------------------------
     def node_list(self) -> list[NodeState]:
-        """A snapshot of every node (for reconcilers: no lock held while they write)."""
-        with self._lock:
-            return list(self.nodes.values())
+        """Every node (for reconcilers)."""
+        return list(self.nodes.values())
 
     def namespace_map(self) -> dict[str, NamespaceState]:
-        with self._lock:
-            return dict(self.namespaces)
+        return dict(self.namespaces)
 
     def daemonset_map(self) -> dict[str, DaemonSetState]:
-        """A snapshot of the DaemonSets by uid (for reconcilers)."""
-        with self._lock:
-            return dict(self.daemonsets)
+        """The DaemonSets by uid (for reconcilers)."""
+        return dict(self.daemonsets)
 
     def node(self, name: str) -> NodeState | None:
-        with self._lock:
-            return self.nodes.get(name)
+        return self.nodes.get(name)
 
     def node_resource_version(self, name: str) -> str | None:
         """The node's resourceVersion as last seen (the precondition of a taint write)."""
-        with self._lock:
-            return self._node_versions.get(name) or None
+        return self._node_versions.get(name) or None
 
     def runs_without_decision(self) -> list[RunKey]:
         """TaskRuns and PipelineRuns with no decision annotation (created while the webhook was not
         called, or before egress-placer was installed), sorted."""
-        with self._lock:
-            return sorted(k for k, placed in self._runs.items() if not placed)
+        return sorted(k for kind in RUN_KINDS for k, run in self.stores[kind].items.items() if not run.decided)
 
     def run_uid(self, key: RunKey) -> str:
         """The uid of a run seen by the informers ("" when unknown)."""
-        with self._lock:
-            return self._run_uids.get(key, "")
+        run = self.stores[key[0]].items.get(key)
+        return run.uid if run is not None else ""
 
     # -- the queue (core.queue) -------------------------------------------------------------------
     def queue_entries(self, pool: str | None = None) -> list[QueueEntry]:
         """The runs carrying a queue entry (of `pool`, or every pool), each with whether a pod of it is
-        bound to a node. O(queued runs + pods)."""
-        with self._lock:
-            bound_taskruns: set[tuple[str, str]] = set()
-            bound_pipelineruns: set[tuple[str, str]] = set()
-            for pod in self.pods.values():
-                if pod.node_name and not pod.finished:
-                    if TASKRUN_LABEL in pod.labels:
-                        bound_taskruns.add((pod.namespace, pod.labels[TASKRUN_LABEL]))
-                    if PIPELINERUN_LABEL in pod.labels:
-                        bound_pipelineruns.add((pod.namespace, pod.labels[PIPELINERUN_LABEL]))
-            out = []
-            for (kind, namespace, name), entry in self._queued.items():
-                if pool is not None and entry.pool != pool:
-                    continue
-                bound = bound_taskruns if kind == "TaskRun" else bound_pipelineruns
-                out.append(replace(entry, has_pod=True) if (namespace, name) in bound else entry)
-            return out
+        bound to a node. O(queued runs)."""
+        pods = self.stores["Pod"].snapshot
+        return [replace(entry, has_pod=True) if (namespace, name) in pods.indexes[kind] else entry
+                for (kind, namespace, name), entry in self._queued.items() if pool is None or entry.pool == pool]
 
     def pool_queue(self, pool: Pool) -> PoolQueue | None:
         """The queued pool's slots (runsPerNode on each eligible node carrying its taint) and the active
@@ -375,56 +337,52 @@ class ClusterState:
         with self._lock:
             loads = self._pool_loads.get(pool.name)
             names = sorted(loads.names()) if loads is not None else []
-            taint = pool.taint_for()
-            tainted = [n for n in names if any(t.key == taint.key and t.value == taint.value for t in self.nodes[n].taints)]
-            pods: Counter[str] = Counter()
-            for node in names:
-                for key in self._pods_by_node.get(node, ()):
-                    pod = self.pods[key]
-                    if pod.active and TASKRUN_LABEL in pod.labels:
-                        pods[pod.namespace] += 1
-            return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
+        nodes, pods_by_node = self.nodes, self.stores["Pod"].snapshot
+        taint = pool.taint_for()
+        tainted = [n for n in names if n in nodes and any(t.key == taint.key and t.value == taint.value for t in nodes[n].taints)]
+        pods: Counter[str] = Counter()
+        for node in names:
+            for pod in pods_by_node.under("node", node).values():
+                if pod.active and TASKRUN_LABEL in pod.labels:
+                    pods[pod.namespace] += 1
+        return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
 
     def queue_counts(self, pool: Pool, now: float) -> tuple[int, int, int] | None:
         """(waiting, slots, occupied) of a queued pool now; None when it does not queue. O(pods + queued runs)."""
-        with self._lock:
-            picture = self.pool_queue(pool)
-            if picture is None:
-                return None
-            summary = LineSummary.of(picture, self.queue_entries(pool.name), now)
-            return sum(summary.waiting.values()), summary.slots, summary.occupied
+        picture = self.pool_queue(pool)
+        if picture is None:
+            return None
+        summary = LineSummary.of(picture, self.queue_entries(pool.name), now)
+        return sum(summary.waiting.values()), summary.slots, summary.occupied
 
     def join_queue(self, pool: Pool, namespace: str, now: float) -> tuple[int, int, bool] | None:
         """A run of `namespace` joins `pool`'s line now: its place, the line's length, and whether a slot
         is free for it. From a summary at most QUEUE_SUMMARY_SECONDS old (rebuilt: O(pods + queued runs)),
-        counted on with the runs admission queued since: O(namespaces) per call. None: no queue."""
-        with self._lock:
-            cached = self._line_summaries.get(pool.name)
-            if cached is None or now - cached[0] > QUEUE_SUMMARY_SECONDS or cached[0] > now:
-                picture = self.pool_queue(pool)
-                if picture is None:
-                    return None
-                cached = (now, LineSummary.of(picture, self.queue_entries(pool.name), now))
-            summary = cached[1]
-            place, length = summary.place_of_new(namespace, now)
-            waiting = dict(summary.waiting)
-            waiting[namespace] = waiting.get(namespace, 0) + 1
-            heads = {**summary.heads, namespace: summary.heads.get(namespace, now)}
-            self._line_summaries[pool.name] = (cached[0], replace(summary, waiting=waiting, heads=heads))
-            return place, length, place <= summary.slots - summary.occupied
+        counted on with the runs admission queued since: O(namespaces) per call. None: no queue.
+        Only admission calls it: the summaries are the event loop's own (no lock)."""
+        cached = self._line_summaries.get(pool.name)
+        if cached is None or now - cached[0] > QUEUE_SUMMARY_SECONDS or cached[0] > now:
+            picture = self.pool_queue(pool)
+            if picture is None:
+                return None
+            cached = (now, LineSummary.of(picture, self.queue_entries(pool.name), now))
+        summary = cached[1]
+        place, length = summary.place_of_new(namespace, now)
+        waiting = dict(summary.waiting)
+        waiting[namespace] = waiting.get(namespace, 0) + 1
+        heads = {**summary.heads, namespace: summary.heads.get(namespace, now)}
+        self._line_summaries[pool.name] = (cached[0], replace(summary, waiting=waiting, heads=heads))
+        return place, length, place <= summary.slots - summary.occupied
 
     def namespace(self, name: str) -> NamespaceState:
-        with self._lock:
-            return self.namespaces.get(name) or NamespaceState(name=name)
+        return self.namespaces.get(name) or NamespaceState(name=name)
 
     def pods_on(self, node: str) -> list[PodState]:
-        with self._lock:
-            return [self.pods[k] for k in self._pods_by_node.get(node, ())]
+        return list(self.stores["Pod"].snapshot.under("node", node).values())
 
     def placed_counts(self, nodes: Iterable[str]) -> dict[str, int]:
         """Active pods that take a run's place on each node (DaemonSet pods do not count)."""
-        with self._lock:
-            return {n: self._placed[n] for n in nodes}
+        return {n: self._placed.get(n, 0) for n in nodes}
 
     def pool_nodes(self, pool: Pool) -> list[NodeState]:
         """The pool's eligible nodes (members, Ready, not cordoned), by name; kept on node and policy
@@ -454,37 +412,24 @@ class ClusterState:
                 loads.refresh(self._clock())
                 loads.set_figures(figures or {})
 
-    def egress_ratios(self, pool: Pool, loads: Mapping[str, NodeLoad]) -> dict[str, RatioFigure] | None:
-        """Measured-egress load figures of the pool's nodes (None when the pool has no egress source).
-        O(n): for `status`, `explain` and tests."""
-        figures = self._egress.get(pool.name)
-        if figures is None or pool.egress_load is None:
-            return None
-        source = pool.egress_load.prometheus
-        return rank_nodes(loads, figures, pool.egress_load.bandwidth_of, self._clock(), source.max_age)
-
     def choose(self, pool: Pool, salt: str, shown: int = LOADS_SHOWN) -> Choice:
         """The least-loaded node of `pool` now, assuming nothing (a dry run). O(log n) in the pool's size."""
-        with self._lock:
-            loads = self._current(pool)
-            if loads is None:
-                return Choice(None)
-            return self._choice(loads, loads.choose(salt), shown)
+        return self.choose_and_assume(pool, None, salt, shown)
 
-    def choose_and_assume(self, pool: Pool, key: str, salt: str, shown: int = LOADS_SHOWN) -> Choice:
+    def choose_and_assume(self, pool: Pool, key: str | None, salt: str, shown: int = LOADS_SHOWN) -> Choice:
         """Pick the least-loaded node of `pool` and count the placement at once (so a burst spreads).
 
         The load is runs (placed + assumed) against capacity, combined with measured egress
         throughput when the pool has an egress source (`core.egress`). Returns the node (None when
         the pool has no eligible node) and the loads seen before this placement: the chosen node's
-        and the least loaded others', at most `shown`. O(log n) in the pool's size.
+        and the least loaded others', at most `shown`. O(log n) in the pool's size. `key` None: assume nothing.
         """
         with self._lock:
             loads = self._current(pool)
             if loads is None:
                 return Choice(None)
             choice = self._choice(loads, loads.choose(salt), shown)
-            if choice.node is not None:
+            if choice.node is not None and key is not None:
                 self.ledger.assume(key, pool.name, choice.node, self._clock())
             return choice
 
@@ -513,6 +458,40 @@ def _place_taken(pod: PodState | None) -> str | None:
     if pod is None or not pod.node_name or not pod.active or "DaemonSet" in pod.owner_kinds:
         return None
     return pod.node_name
+
+
+def _kept_pod(obj: Mapping[str, Any]) -> PodState | None:
+    """Finished pods (Succeeded, Failed) are not kept: neither load nor intruder."""
+    pod = PodState.from_pod(obj)
+    return None if pod.finished else pod
+
+
+def _settled_by(obj: Mapping[str, Any]) -> list[str]:
+    """The assumptions a pod bound to a node settles: from now on the pod itself is counted (or,
+    finished, nothing is): its own and its TaskRun's."""
+    if not (obj.get("spec") or {}).get("nodeName"):
+        return []
+    namespace, name = _run_key("Pod", obj)[1:]
+    taskrun = (obj["metadata"].get("labels") or {}).get(TASKRUN_LABEL)
+    return [ledger_key("pod", namespace, name)] + ([ledger_key("taskrun", namespace, taskrun)] if taskrun else [])
+
+
+def _bound_run(label: str, pod: PodState) -> tuple[str, str] | None:
+    """(namespace, run) of a pod bound to a node and labelled with its run."""
+    return (pod.namespace, pod.labels[label]) if pod.node_name and label in pod.labels else None
+
+
+def _queued(run: RunRecord) -> bool | None:
+    return True if run.entry is not None else None
+
+
+def _entry_changed(obj: Mapping[str, Any], deleted: bool, old: RunRecord | None, new: RunRecord | None) -> bool:
+    """A queue entry came, went or changed: the release reconciler looks again."""
+    return (old.entry if old else None) != (new.entry if new else None)
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    return obj["metadata"]["name"]
 
 
 def _run_key(kind: str, obj: Mapping[str, Any]) -> RunKey:

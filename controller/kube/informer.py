@@ -519,24 +519,20 @@ def _shutdown(response: Any) -> None:
 # -- wiring: every informer the controller needs ------------------------------------------------------
 
 
-class ObjectSink(Protocol):
-    """Where cluster objects go (ClusterState implements it)."""
+class ObjectObserver(Protocol):
+    """What looks at the objects the informers see: `replace` with a whole list, `apply` one event."""
 
     def replace(self, kind: str, objs: list[Obj]) -> None: ...
 
     def apply(self, kind: str, event: str, obj: Obj) -> None: ...
+
+
+class ObjectSink(ObjectObserver, Protocol):
+    """Where cluster objects go first (ClusterState: one store per resource), and Tekton's settings."""
 
     def set_tekton_coschedule(self, value: str | None) -> None: ...
 
     def set_tekton_default_pod_template(self, template: Obj | None) -> None: ...
-
-
-class ObjectObserver(Protocol):
-    """Something else that looks at the objects the informers see (after the ObjectSink)."""
-
-    def replace(self, kind: str, objs: list[Obj]) -> None: ...
-
-    def apply(self, kind: str, event: str, obj: Obj) -> None: ...
 
 
 def coschedule_of(feature_flags: Mapping[str, Any] | None) -> str | None:

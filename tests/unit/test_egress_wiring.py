@@ -10,21 +10,31 @@ with `responses`: the poller speaks HTTP through `requests`.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Mapping
 
 import pytest
 import responses
 from prometheus_client import CollectorRegistry
 
 from bench.oracles import choose_node
-from controller.core.egress import Measurement
+from controller.core.egress import Measurement, RatioFigure, rank_nodes
 from controller.core.model import NodeLoad, NodeState
-from controller.core.policy import load_policy
+from controller.core.policy import Pool, load_policy
 from controller.prometheus.egress_source import EgressPollers
 from controller.runner import Runner
 from controller.state import ClusterState
 from tests.waiting import wait_for
 
 NOW = 1_800_000_000.0
+
+
+def egress_ratios(state: ClusterState, pool: Pool, loads: Mapping[str, NodeLoad]) -> dict[str, RatioFigure] | None:
+    """Measured-egress load figures of the pool's nodes as the state holds them (None when the pool has
+    no egress source)."""
+    figures = state._egress.get(pool.name)  # noqa: SLF001
+    if figures is None or pool.egress_load is None:
+        return None
+    return rank_nodes(loads, figures, pool.egress_load.bandwidth_of, NOW, pool.egress_load.prometheus.max_age)
 URL = "http://prometheus.test:9090"
 
 
@@ -103,7 +113,7 @@ def test_stale_figures_fall_back_to_run_counts():
     pool = state.policy.pool("overseas")
     picks = Counter(state.choose_and_assume(pool, f"taskrun/team-cdn/run-{i}", salt=f"run-{i}").node for i in range(12))
     assert picks == {"egress-1": 4, "egress-2": 4, "egress-3": 4}
-    figures = state.egress_ratios(pool, state.loads(pool))
+    figures = egress_ratios(state, pool, state.loads(pool))
     assert figures is not None and figures["egress-1"].source == "runs"
 
 
@@ -113,7 +123,7 @@ def test_figures_of_a_stopped_or_replaced_poller_are_not_taken():
     pollers = EgressPollers(state, clock=lambda: NOW, runner=Runner())
     pollers._publish("overseas", object(), {"egress-1": Measurement(90_000_000, NOW)})  # type: ignore[arg-type]  # noqa: SLF001
     pool = state.policy.pool("overseas")
-    figures = state.egress_ratios(pool, state.loads(pool))
+    figures = egress_ratios(state, pool, state.loads(pool))
     assert figures is not None and figures["egress-1"].source == "runs"
 
 
@@ -138,7 +148,7 @@ def test_pollers_follow_the_policy_and_export_metrics():
         pool = state.policy.pool("overseas")
 
         def figure_seen() -> bool:
-            ratios = state.egress_ratios(pool, state.loads(pool))
+            ratios = egress_ratios(state, pool, state.loads(pool))
             return ratios is not None and ratios["egress-2"].source == "measured"
 
         wait_for("the measured figure of egress-2", figure_seen, timeout=5, interval=0.05)
@@ -151,7 +161,7 @@ def test_pollers_follow_the_policy_and_export_metrics():
         plain = load_policy(policy_text().split("    egressLoad:")[0])
         state.set_policy(plain)
         pollers.sync(plain)
-        assert state.egress_ratios(plain.pool("overseas"), {}) is None
+        assert egress_ratios(state, plain.pool("overseas"), {}) is None
         assert pollers.statuses() == []
     finally:
         runner.stop()

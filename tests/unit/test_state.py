@@ -124,10 +124,10 @@ def test_finished_pods_leave_the_cache_and_settle_their_assumptions(state):
     seen: list[str] = []
     state.subscribe(seen.append)
     state.apply("Pod", "ADDED", pod("team-a", "quick-pod", "pool-1", "Succeeded", labels={"tekton.dev/taskRun": "quick"}))
-    assert len(state.ledger) == 0 and state.pods == {} and state.pods_on("pool-1") == []
+    assert len(state.ledger) == 0 and dict(state.pods) == {} and state.pods_on("pool-1") == []
     state.apply("Pod", "ADDED", pod("team-a", "p", "pool-1"))
     state.apply("Pod", "MODIFIED", pod("team-a", "p", "pool-1", "Failed"))
-    assert state.pods == {} and state.pods_on("pool-1") == [] and seen == ["Pod", "Pod", "Pod"]
+    assert dict(state.pods) == {} and state.pods_on("pool-1") == [] and seen == ["Pod", "Pod", "Pod"]
     state.replace("Pod", [pod("team-a", "done", "plain-1", "Succeeded"), pod("team-a", "run", "plain-1")])
     assert [p.name for p in state.pods_on("plain-1")] == ["run"]
 

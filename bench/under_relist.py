@@ -1,0 +1,260 @@
+"""Section admission.under_relist: the admission p99 while the pod informer relists, next to it idle.
+
+    python -m bench.under_relist [--mode quick|full|tiny] [--out DIR]   (this row alone, merged into DIR/latest.json)
+    python -m bench.under_relist serve --tls-dir DIR --pods N           (the server process, used by the above)
+
+The server process is the controller's own: `AdmissionServer` and `Admission` on its event loop
+(`run_event_loop`: uvloop), over the controller's state filled as in the admission section (pool and
+ordinary nodes, namespaces, the catalog), with its pods fed by the real `Informer` on the pods resource
+from an in-process list/watch API (`ListWatchApi`): N plain running pods served as JSON pages of
+LIST_PAGE_SIZE (decoded per page, as the client does). SIGUSR1 makes the watch end in 410 Gone RELIST_GAP_SECONDS
+after each list, so the informer relists again and again (not back to back: a relist that hogged the
+interpreter without pause would starve any thread, lock or no lock); SIGUSR2 lets the watch idle again and prints `RELISTS <count> <mean s>`.
+A load generator process (bench/loadgen.py) sends reviews at a steady rate over HTTPS on loopback, for
+`seconds` idle and `seconds` relisting, `rounds` times; the p99 of each phase is the median of its rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from kubernetes.client.exceptions import ApiException
+
+REPO = Path(__file__).resolve().parents[1]
+RATE_RPS = 200  # the admission headline's rate
+POOL_NODES = 10
+RELIST_GAP_SECONDS = 2.0  # while relisting: the quiet watch between the end of one list and the next 410
+PODS_PER_NODE = 20
+SETTLE_SECONDS = 3.0  # after relisting stops: the list in flight ends and the server drains before the next idle phase
+Log = Callable[[str], None]
+# (pods, seconds per phase, rounds) per bench mode
+PLAN = {"full": (20000, 10.0, 2), "quick": (20000, 5.0, 2), "tiny": (2000, 1.0, 1)}
+
+
+class ListWatchApi:
+    """A KubeApi for one collection: `call` serves its pages (JSON, decoded per call), `stream` a watch
+    that sends nothing. While `relisting` is set, a watch ends `gap` seconds after the last list and the
+    next one answers 410 Gone: the informer relists, watches quietly for `gap` seconds, relists..."""
+
+    timeout = 10.0
+
+    def __init__(self, objs: list[dict[str, Any]], page_size: int, gap: float = RELIST_GAP_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.pages = [json.dumps(objs[i:i + page_size]).encode() for i in range(0, len(objs), page_size)] or [b"[]"]
+        self.gap = gap
+        self.clock = clock
+        self.listed_at = clock()
+        self.relisting = threading.Event()
+        self.stopped = threading.Event()
+
+    def call(self, method: str, path: str, *, query: Mapping[str, Any] | None = None, **_: Any) -> dict[str, Any]:
+        index = int((query or {}).get("continue") or 0)
+        meta: dict[str, Any] = {"resourceVersion": "1"}
+        if index + 1 < len(self.pages):
+            meta["continue"] = str(index + 1)
+        else:
+            self.listed_at = self.clock()
+        return {"items": json.loads(self.pages[index]), "metadata": meta}
+
+    def stream(self, path: str, *, query: Mapping[str, Any], timeout: Any) -> "QuietWatch":
+        if self.relist_due():
+            raise ApiException(status=410, reason="Gone")
+        return QuietWatch(self)
+
+    def relist_due(self) -> bool:
+        return self.relisting.is_set() and self.clock() - self.listed_at >= self.gap
+
+
+class QuietWatch:
+    """A watch response that sends nothing and ends when a relist is due (or the API stops)."""
+
+    connection = None
+
+    def __init__(self, api: ListWatchApi) -> None:
+        self.api = api
+
+    def stream(self, amt: Any = None, decode_content: Any = None) -> Iterator[bytes]:
+        while not (self.api.relist_due() or self.api.stopped.is_set()):
+            self.api.stopped.wait(0.02)
+        yield from ()
+
+    def close(self) -> None:
+        pass
+
+    def release_conn(self) -> None:
+        pass
+
+
+class Relists:
+    """Counts and times the informer's lists (on_replace); the first is the initial sync."""
+
+    def __init__(self, replace: Callable[[list[dict[str, Any]]], None]) -> None:
+        self._replace = replace
+        self.seconds: list[float] = []
+
+    def __call__(self, objs: list[dict[str, Any]]) -> None:
+        started = time.perf_counter()
+        self._replace(objs)
+        self.seconds.append(time.perf_counter() - started)
+
+
+def summarize(pods: int, rate: float, seconds: float, idle: list[dict[str, Any]], relist: list[dict[str, Any]],
+              relists: list[tuple[int, float]]) -> dict[str, Any]:
+    """The row: the median p99 of each phase's runs, each run's p99, and the relists the phases saw."""
+
+    def median(rows: list[dict[str, Any]], key: str) -> float | None:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        return round(statistics.median(values), 3) if values else None
+
+    counts = [n for n, _ in relists]
+    return {
+        "idle_p99_ms": median(idle, "p99_ms"),
+        "relist_p99_ms": median(relist, "p99_ms"),
+        "idle_p99_ms_each": [r["p99_ms"] for r in idle],
+        "relist_p99_ms_each": [r["p99_ms"] for r in relist],
+        "idle_p50_ms": median(idle, "p50_ms"),
+        "relist_p50_ms": median(relist, "p50_ms"),
+        "pods": pods,
+        "rate_rps": rate,
+        "seconds": seconds,
+        "relists": sum(counts),
+        "relist_s": round(sum(n * s for n, s in relists) / sum(counts), 3) if sum(counts) else None,
+        "errors": sum(r["errors"] for r in idle + relist),
+    }
+
+
+# -- the server process ---------------------------------------------------------------------------
+
+
+async def serve(tls_dir: Path, pods: int) -> None:
+    from controller.admission.handlers import Admission
+    from controller.admission.server import AdmissionServer
+    from controller.app import configure_logging
+    from controller.kube import informer
+    from controller.metrics import Metrics
+    from controller.state import ClusterState
+
+    from bench.servers import QueuedEvents, serving_tls, settings
+    from bench.workload import admission_policy, fill, inventory
+
+    s = settings()
+    configure_logging(s)
+    state = ClusterState(admission_policy(), clock=time.time, assumption_ttl=s.assumption_ttl_seconds)
+    ordinary = max(pods // PODS_PER_NODE - POOL_NODES - 2, 1)
+    inv = inventory(POOL_NODES, ordinary, PODS_PER_NODE)
+    fill(state.apply, type(inv)(tuple(o for o in inv.objects if o[0] != "Pod")))
+    api = ListWatchApi([o for kind, o in inv.objects if kind == "Pod"][:pods], informer.LIST_PAGE_SIZE)
+    metrics = Metrics()
+    relists = Relists(lambda objs: state.replace("Pod", objs))
+    pod_informer = informer.Informer(api, informer.pods(), relists, lambda e, o: state.apply("Pod", e, o), metrics)  # type: ignore[arg-type]
+    pod_informer.start()
+    await asyncio.to_thread(pod_informer.synced.wait)
+    server = AdmissionServer(s, Admission(state, metrics, QueuedEvents(), s), metrics, serving_tls(tls_dir), readiness=lambda: None)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    mark = [0]
+
+    def relist_off() -> None:
+        api.relisting.clear()
+        done = relists.seconds[mark[0]:]
+        print(f"RELISTS {len(done)} {statistics.mean(done) if done else 0.0:.4f}", flush=True)
+
+    def relist_on() -> None:
+        mark[0] = len(relists.seconds)
+        api.relisting.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, relist_on)
+    loop.add_signal_handler(signal.SIGUSR2, relist_off)
+    print(f"READY {server.webhook_port}", flush=True)
+    await stop.wait()
+    api.stopped.set()
+    await server.stop()
+
+
+# -- the bench side -------------------------------------------------------------------------------
+
+
+def run(mode: str, workdir: Path, log: Log) -> dict[str, Any]:
+    from bench.admission import Server, make_mix, run_point, write_tls
+
+    pods, seconds, rounds = PLAN[mode]
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_tls(workdir / "tls")
+    (workdir / "bodies.json").write_text(json.dumps([b.decode() for b in make_mix(64).bodies]))
+    idle: list[dict[str, Any]] = []
+    relist: list[dict[str, Any]] = []
+    counts: list[tuple[int, float]] = []
+    point = {"mode": "open", "rate": RATE_RPS, "rate_rps": RATE_RPS, "warmup": 0.5, "seconds": seconds}
+    with ExitStack() as stack:
+        log(f"under_relist: starting the server with {pods:,} pods")
+        server = Server("egress-placer", workdir / "tls", workdir / "server-under-relist.log",
+                        command=["-m", "bench.under_relist", "serve", "--tls-dir", str(workdir / "tls"), "--pods", str(pods)])
+        stack.callback(server.stop)
+        run_point(server, workdir, {**point, "seconds": 1.0})  # warm the connections and the code paths
+        for r in range(rounds):
+            idle.append(run_point(server, workdir, point))
+            server.process.send_signal(signal.SIGUSR1)
+            relist.append(run_point(server, workdir, point))
+            server.process.send_signal(signal.SIGUSR2)
+            assert server.process.stdout is not None
+            word, n, mean = server.process.stdout.readline().decode().split()
+            counts.append((int(n), float(mean)))
+            time.sleep(SETTLE_SECONDS)
+            log(f"under_relist: round {r + 1}: p99 idle {idle[-1]['p99_ms']} ms, relisting {relist[-1]['p99_ms']} ms "
+                f"({n} relists of {pods:,} pods, {float(mean):.2f} s each)")
+    return summarize(pods, RATE_RPS, seconds, idle, relist, counts)
+
+
+def merge_into(out: Path, row: dict[str, Any]) -> None:
+    """Write `row` as admission.under_relist into out/latest.json, leaving every other key as it is."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "latest.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("admission", {})["under_relist"] = row
+    path.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.under_relist", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command")
+    server = sub.add_parser("serve")
+    server.add_argument("--tls-dir", type=Path, required=True)
+    server.add_argument("--pods", type=int, default=20000)
+    p.add_argument("--mode", choices=sorted(PLAN), default="full")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = p.parse_args(argv)
+    if args.command == "serve":
+        from controller.admission.server import run_event_loop
+
+        run_event_loop(serve(args.tls_dir, args.pods))
+        return 0
+    import tempfile
+
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+    with tempfile.TemporaryDirectory(prefix="egress-placer-under-relist-") as work:
+        row = run(args.mode, Path(work), lambda m: print(f"[bench {time.strftime('%H:%M:%S')}] {m}", flush=True))
+    merge_into(args.out, row)
+    print(json.dumps(row, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
