@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import signal
 import statistics
@@ -143,13 +144,16 @@ async def serve(tls_dir: Path, pods: int) -> None:
     from controller.app import configure_logging
     from controller.kube import informer
     from controller.metrics import Metrics
+    from controller.runner import Runner
     from controller.state import ClusterState
+    from controller.store import COLLECTOR_THRESHOLDS
 
     from bench.servers import QueuedEvents, serving_tls, settings
     from bench.workload import admission_policy, fill, inventory
 
     s = settings()
     configure_logging(s)
+    gc.set_threshold(*COLLECTOR_THRESHOLDS)  # as controller.app.run does
     state = ClusterState(admission_policy(), clock=time.time, assumption_ttl=s.assumption_ttl_seconds)
     ordinary = max(pods // PODS_PER_NODE - POOL_NODES - 2, 1)
     inv = inventory(POOL_NODES, ordinary, PODS_PER_NODE)
@@ -158,7 +162,8 @@ async def serve(tls_dir: Path, pods: int) -> None:
     metrics = Metrics()
     relists = Relists(lambda objs: state.replace("Pod", objs))
     pod_informer = informer.Informer(api, informer.pods(), relists, lambda e, o: state.apply("Pod", e, o), metrics)  # type: ignore[arg-type]
-    pod_informer.start()
+    runner = Runner()
+    informer.start_informers(runner, [pod_informer])
     await asyncio.to_thread(pod_informer.synced.wait)
     server = AdmissionServer(s, Admission(state, metrics, QueuedEvents(), s), metrics, serving_tls(tls_dir), readiness=lambda: None)
     await server.start()
@@ -183,6 +188,7 @@ async def serve(tls_dir: Path, pods: int) -> None:
     await stop.wait()
     api.stopped.set()
     await server.stop()
+    runner.stop()
 
 
 # -- the bench side -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ admitted unchanged, pool tolerations included, where a ready one strips them.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import signal
 import sys
@@ -55,6 +56,7 @@ from controller.reconcile.taints import TaintReconciler
 from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState
+from controller.store import COLLECTOR_THRESHOLDS
 
 if TYPE_CHECKING:
     import loguru
@@ -377,6 +379,7 @@ def run(settings: Settings) -> int:
     """Build the controller and serve until SIGTERM or SIGINT, then 0; StartupError (logged, and its
     message says why) when it cannot start."""
     configure_logging(settings)
+    gc.set_threshold(*COLLECTOR_THRESHOLDS)  # what lives long is frozen after each list (controller.store.release)
     try:
         try:
             controller = Controller(settings)

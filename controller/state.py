@@ -28,7 +28,7 @@ from controller.core.load_index import PoolLoads
 from controller.core.model import DECISION_ANNOTATION, DaemonSetState, NamespaceState, NodeLoad, NodeState, PodState
 from controller.core.policy import PlacementPolicy, Pool
 from controller.core.queue import PIPELINERUN_LABEL, QUEUE_ANNOTATION, LineSummary, PoolQueue, QueueEntry, RunFacts, slots
-from controller.store import Store
+from controller.store import Store, release
 
 RUN_KINDS = ("TaskRun", "PipelineRun")
 POLICY = "Policy"  # the kind passed to subscribers when the policy changes
@@ -209,6 +209,7 @@ class ClusterState:
             moved = {n for n in placed.keys() | self._placed.keys() if placed[n] != self._placed[n]}
             settled = [key for obj in objs for key in _settled_by(obj) if key in self.ledger]
         with self._lock:
+            retired = list(store.snapshot.items.values())  # freed after the lock, a step at a time
             store.snapshot = snapshot
             if kind == "Node":
                 self._node_versions = {o["metadata"]["name"]: o["metadata"].get("resourceVersion") or "" for o in objs}
@@ -220,6 +221,7 @@ class ClusterState:
                 for key in settled:
                     self.ledger.settle(key)
         self._notify(kind)
+        release(retired)
 
     def _node_changed(self, obj: Mapping[str, Any], deleted: bool, old: NodeState | None, new: NodeState | None) -> bool:
         name = obj["metadata"]["name"]
