@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -141,19 +139,18 @@ def summarize(pods: int, rate: float, seconds: float, idle: list[dict[str, Any]]
 async def serve(tls_dir: Path, pods: int) -> None:
     from controller.admission.handlers import Admission
     from controller.admission.server import AdmissionServer
-    from controller.app import configure_logging
+    from controller.app import configure_logging, tune_interpreter
     from controller.kube import informer
     from controller.metrics import Metrics
     from controller.runner import Runner
     from controller.state import ClusterState
-    from controller.store import COLLECTOR_THRESHOLDS
 
     from bench.servers import QueuedEvents, serving_tls, settings
     from bench.workload import admission_policy, fill, inventory
 
     s = settings()
     configure_logging(s)
-    gc.set_threshold(*COLLECTOR_THRESHOLDS)  # as controller.app.run does
+    tune_interpreter()  # as controller.app.run does
     state = ClusterState(admission_policy(), clock=time.time, assumption_ttl=s.assumption_ttl_seconds)
     ordinary = max(pods // PODS_PER_NODE - POOL_NODES - 2, 1)
     inv = inventory(POOL_NODES, ordinary, PODS_PER_NODE)

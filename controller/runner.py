@@ -62,6 +62,7 @@ class Runner:
     def __init__(self) -> None:
         self._tasks: list[Task] = []
         self._lock = threading.Lock()
+        self._stopping = False
 
     def start(
         self,
@@ -75,6 +76,9 @@ class Runner:
         """`run(stop)` in a daemon thread named `name`, now; the task (for `cancel`)."""
         task = Task(name, run, on_stop, ready, wait)
         with self._lock:
+            if self._stopping:  # e.g. a poller started by a policy event during the stop: never started
+                task.stop_event.set()
+                return task
             self._tasks.append(task)
         task.thread.start()
         return task
@@ -88,7 +92,7 @@ class Runner:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop every task, newest first, each joined (within `timeout`) before the next is told."""
         with self._lock:
-            tasks, self._tasks = self._tasks[::-1], []
+            tasks, self._tasks, self._stopping = self._tasks[::-1], [], True
         for task in tasks:
             task.stop()
             task.thread.join(timeout if task.wait else 0.0)

@@ -119,6 +119,7 @@ class ClusterState:
         self.tekton_default_pod_template: dict[str, Any] | None = None
         self._node_versions: dict[str, str] = {}
         self._line_summaries: dict[str, tuple[float, LineSummary]] = {}  # pool -> (when, summary)
+        self._line_lock = threading.Lock()
         self._subscribers: list[Callable[[str], None]] = []
         self._egress: dict[str, Mapping[str, Measurement]] = {}  # pool -> measured egress, as last polled
         # The load picture node choice reads, kept current on events (pods, assumptions, nodes, the
@@ -361,20 +362,22 @@ class ClusterState:
         """A run of `namespace` joins `pool`'s line now: its place, the line's length, and whether a slot
         is free for it. From a summary at most QUEUE_SUMMARY_SECONDS old (rebuilt: O(pods + queued runs)),
         counted on with the runs admission queued since: O(namespaces) per call. None: no queue.
-        Only admission calls it: the summaries are the event loop's own (no lock)."""
-        cached = self._line_summaries.get(pool.name)
-        if cached is None or now - cached[0] > QUEUE_SUMMARY_SECONDS or cached[0] > now:
-            picture = self.pool_queue(pool)
-            if picture is None:
-                return None
-            cached = (now, LineSummary.of(picture, self.queue_entries(pool.name), now))
-        summary = cached[1]
-        place, length = summary.place_of_new(namespace, now)
-        waiting = dict(summary.waiting)
-        waiting[namespace] = waiting.get(namespace, 0) + 1
-        heads = {**summary.heads, namespace: summary.heads.get(namespace, now)}
-        self._line_summaries[pool.name] = (cached[0], replace(summary, waiting=waiting, heads=heads))
-        return place, length, place <= summary.slots - summary.occupied
+        Only admission calls it, on the event loop or in its large-review thread: the summaries have
+        a lock of their own, which no relist takes."""
+        with self._line_lock:
+            cached = self._line_summaries.get(pool.name)
+            if cached is None or now - cached[0] > QUEUE_SUMMARY_SECONDS or cached[0] > now:
+                picture = self.pool_queue(pool)
+                if picture is None:
+                    return None
+                cached = (now, LineSummary.of(picture, self.queue_entries(pool.name), now))
+            summary = cached[1]
+            place, length = summary.place_of_new(namespace, now)
+            waiting = dict(summary.waiting)
+            waiting[namespace] = waiting.get(namespace, 0) + 1
+            heads = {**summary.heads, namespace: summary.heads.get(namespace, now)}
+            self._line_summaries[pool.name] = (cached[0], replace(summary, waiting=waiting, heads=heads))
+            return place, length, place <= summary.slots - summary.occupied
 
     def namespace(self, name: str) -> NamespaceState:
         return self.namespaces.get(name) or NamespaceState(name=name)

@@ -19,9 +19,6 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 EMPTY: Map[Any, Any] = Map()
 RELEASE_STEP = 500  # items of a replaced snapshot freed at a time (500 pods: ~0.5 ms)
-# The collector's thresholds (gc.set_threshold; Python's own: 700, 10, 10): young collections over
-# fewer, larger batches, and full ones almost never (what lives long is frozen: see `release`).
-COLLECTOR_THRESHOLDS = (10_000, 50, 1_000)
 
 
 @dataclass(frozen=True)
@@ -101,7 +98,8 @@ def release(retired: list[Any]) -> None:
     built out of the collector's generations (gc.freeze): a young collection that scans the new
     snapshot's 300,000 objects holds the interpreter ~50 ms. Frozen objects are still freed by
     reference counting when the next relist replaces them; cyclic garbage that other threads left in
-    the young generations at that moment (at most COLLECTOR_THRESHOLDS[0] objects) is frozen too."""
+    the young generations at that moment is frozen too (a few thousand objects at most: the young
+    generation's threshold, controller.app.tune_interpreter)."""
     while retired:
         del retired[-RELEASE_STEP:]
     gc.freeze()

@@ -32,6 +32,7 @@ class ReconcileLoop:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.reconcilers = list(reconcilers)
+        self._asked: list[float | None] = [None] * len(self.reconcilers)  # each one's last requeue-after
         self.is_leader = is_leader
         self.resync_seconds = resync_seconds
         self.debounce_seconds = debounce_seconds
@@ -58,11 +59,10 @@ class ReconcileLoop:
         """One pass of every reconciler, if this replica leads; the requeue-afters they asked for."""
         if not self.is_leader():
             return []
-        wanted = []
-        for reconcile in self.reconcilers:
+        for i, reconcile in enumerate(self.reconcilers):
             try:
-                wanted.append(reconcile())
-            except Exception:
+                self._asked[i] = reconcile()
+            except Exception:  # what it asked for before still holds: its pending work is still pending
                 logger.bind(reconciler=type(reconcile).__name__).exception("reconcile pass failed; retrying next pass")
         self.passes += 1
-        return [seconds for seconds in wanted if seconds is not None]
+        return [seconds for seconds in self._asked if seconds is not None]

@@ -398,3 +398,18 @@ def test_a_wrong_budget_grace_is_refused(monkeypatch, variable):
     monkeypatch.setenv("EGRESS_PLACER_INTRUDER_BUDGET_GRACE_SECONDS", variable)
     with pytest.raises(ValidationError, match="intruder_budget_grace_seconds"):
         Settings()
+
+
+def test_a_failed_pass_keeps_what_the_reconciler_asked_for_before():
+    # A release or an eviction that raised is still pending: the next pass comes as soon as it asked, not at the resync.
+    answers: list[float | Exception] = [0.5, RuntimeError("the API server refused")]
+
+    def pending() -> float | None:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    loop = ReconcileLoop(make_state(), [pending, lambda: None], lambda: True)
+    assert loop.run_once() == [0.5]
+    assert loop.run_once() == [0.5]

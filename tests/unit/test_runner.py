@@ -141,3 +141,12 @@ def test_a_task_not_waited_for_is_told_to_stop_and_left_to_end_alone() -> None:
         assert task.thread.is_alive()
     finally:
         release.set()
+
+
+def test_a_task_started_once_the_stop_began_is_never_run() -> None:
+    # e.g. an egress poller a policy event starts while the policy source waits for its own stop
+    runner, ran = Runner(), threading.Event()
+    runner.stop(timeout=DEADLINE)
+    task = runner.start("late poller", lambda stop: ran.set())
+    assert task.stop_event.is_set() and not task.thread.is_alive() and not ran.is_set()
+    assert runner.health() == {}
