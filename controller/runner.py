@@ -76,7 +76,7 @@ class Runner:
         """`run(stop)` in a daemon thread named `name`, now; the task (for `cancel`)."""
         task = Task(name, run, on_stop, ready, wait)
         with self._lock:
-            if self._stopping:  # e.g. a poller started by a policy event during the stop: never started
+            if self._stopping:  # e.g. a poller a policy event starts during the stop: never started
                 task.stop_event.set()
                 return task
             self._tasks.append(task)
@@ -98,6 +98,8 @@ class Runner:
             task.thread.join(timeout if task.wait else 0.0)
             if task.wait and task.thread.is_alive():
                 logger.bind(task=task.name).warning("background task still running {:.0f}s after its stop", timeout)
+        with self._lock:
+            self._stopping = False  # stopped: it may start again
 
     def health(self) -> dict[str, str]:
         """Each task's state, by name, in start order."""

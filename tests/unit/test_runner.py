@@ -143,10 +143,13 @@ def test_a_task_not_waited_for_is_told_to_stop_and_left_to_end_alone() -> None:
         release.set()
 
 
-def test_a_task_started_once_the_stop_began_is_never_run() -> None:
+def test_a_task_started_while_the_runner_stops_is_never_run() -> None:
     # e.g. an egress poller a policy event starts while the policy source waits for its own stop
-    runner, ran = Runner(), threading.Event()
+    runner, ran, late = Runner(), threading.Event(), []
+    runner.start("policy source", lambda stop: stop.wait(), on_stop=lambda: late.append(runner.start("poller", lambda stop: ran.set())))
     runner.stop(timeout=DEADLINE)
-    task = runner.start("late poller", lambda stop: ran.set())
-    assert task.stop_event.is_set() and not task.thread.is_alive() and not ran.is_set()
+    assert late and late[0].stop_event.is_set() and not late[0].thread.is_alive() and not ran.is_set()
     assert runner.health() == {}
+    runner.start("after the stop", lambda stop: ran.set())  # stopped, it may start again
+    assert ran.wait(DEADLINE)
+    runner.stop(timeout=DEADLINE)
