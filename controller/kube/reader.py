@@ -26,6 +26,8 @@ class KubeReader:
     ) -> None:
         self.api = api
         self.metrics = metrics
+        self._sleep = sleep
+        self._not_before = 0.0  # monotonic: a request given up on a Retry-After holds the next one back
         # Exponential backoff with jitter, but never less than the server's Retry-After.
         self._retrying = retrying(retry, lambda e: classify(e)[0] is Outcome.RETRY, sleep=sleep, at_least=retry_after)
 
@@ -38,10 +40,14 @@ class KubeReader:
             self.metrics.api_write_retries.labels(operation=operation, cause=cause).inc()
             logger.bind(operation=operation, cause=cause, attempt=state.attempt_number).debug("write retried")
 
+        if (wait := self._not_before - time.monotonic()) > 0:  # the server's Retry-After holds across passes too
+            self._sleep(wait)
         try:
             return self._retrying.copy(before_sleep=count)(fn)
         except Exception as e:
             outcome, cause = classify(e)
+            if (after := retry_after(e)) > 0:
+                self._not_before = time.monotonic() + after
             raise ApiError(operation, outcome, cause, e) from e
 
     def get(self, operation: str, path: str) -> dict[str, Any] | None:

@@ -228,3 +228,18 @@ def test_watch_events_advance_the_resource_version():
 def test_error_events_end_the_watch(status, raised):
     with pytest.raises(raised):
         informer([])._handle({"type": "ERROR", "object": {"kind": "Status", **status}})
+
+
+def test_a_request_given_up_on_a_retry_after_holds_the_next_call_back_that_long() -> None:
+    # A reconciler's next pass must not write sooner than the server asked, even after the retries gave up.
+    sleeps: list[float] = []
+    reader = caller(sleeps, attempts=2)
+
+    def throttled() -> None:
+        raise api_error(429, retry_after="3")
+
+    with pytest.raises(ApiError):
+        reader.call("patch-node", throttled)
+    assert sleeps == [3.0]  # between the two attempts
+    assert reader.call("patch-node", lambda: "written") == "written"
+    assert len(sleeps) == 2 and 2.0 < sleeps[1] <= 3.0  # held back before the next call's first request
