@@ -77,7 +77,6 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
         ("cluster", "admissionregistration.k8s.io", "validatingwebhookconfigurations", v, default("pools_webhook_config_name"))
         for v in ("get", "update")
     },
-    *{("cluster", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", v, GUARD_NAME) for v in ("get", "update")},
     *{(NAMESPACE, "coordination.k8s.io", "leases", v, default("lease_name")) for v in ("get", "update")},
     (NAMESPACE, "coordination.k8s.io", "leases", "create", ANY),
     *{(NAMESPACE, "", "secrets", v, default("tls_secret")) for v in ("get", "patch")},
