@@ -48,6 +48,7 @@ COMPONENT_VALUES: dict[str, dict[str, Any]] = {
     "report-only": {"intruderMode": "report"},
     "cert-manager": {"certificate": {"mode": "cert-manager"}},
     "policy-configmap": {"policySource": "configmap"},
+    "controller-rights-warn": {"controllerRights": {"validationActions": ["Warn", "Audit"]}},
 }
 Key = tuple[str, str, str | None, str]
 
@@ -125,7 +126,8 @@ def merged(*values: Mapping[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "components",
-    [(), ("report-only",), ("cert-manager",), ("cert-manager", "report-only"), ("policy-configmap",), ("cert-manager", "policy-configmap")],
+    [(), ("report-only",), ("cert-manager",), ("cert-manager", "report-only"), ("policy-configmap",), ("cert-manager", "policy-configmap"),
+     ("controller-rights-warn", "report-only")],
     ids=lambda c: "+".join(c) or "defaults",
 )
 def test_the_render_is_k8s_for_the_same_choices(helm: Path, kubectl: Path, components: tuple[str, ...]) -> None:
