@@ -69,9 +69,12 @@ def admission_things(settings: Settings) -> list[Thing]:
         Thing(f"validatingadmissionpolicybinding {GUARD_NAME}", f"{ADMISSION}/validatingadmissionpolicybindings/{GUARD_NAME}"),
         Thing(f"validatingadmissionpolicy {GUARD_NAME}", f"{ADMISSION}/validatingadmissionpolicies/{GUARD_NAME}"),
         *(
-            Thing(f"{kind} {name}", f"{ADMISSION}/{kind}s/{name}")
+            Thing(f"{kind} {name}", f"{ADMISSION}/{plural}/{name}")
             for name in (RIGHTS_NAME, POD_DELETES_NAME)
-            for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy")
+            for kind, plural in (
+                ("validatingadmissionpolicybinding", "validatingadmissionpolicybindings"),
+                ("validatingadmissionpolicy", "validatingadmissionpolicies"),
+            )
         ),
     ]
 
