@@ -19,12 +19,14 @@ our policy stands between the token and the change.
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import subprocess
 from typing import Any, Iterator
 
 import pytest
 
+from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from devcluster import tekton_webhook
@@ -46,13 +48,22 @@ RIGHTS_REFUSED = f"ValidatingAdmissionPolicy '{RIGHTS_NAME}'"
 DELETE_REFUSED = f"ValidatingAdmissionPolicy '{POD_DELETES_NAME}'"
 
 
-def as_the_controller(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+def as_the_controller(cluster: Cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     """kubectl as the controller's ServiceAccount (impersonated by the admin), server-side dry run."""
     return subprocess.run(
         [str(cluster.binary("kubectl")), "--kubeconfig", str(cluster.kubeconfig), f"--as={THE_CONTROLLER}",
          "--dry-run=server", *args],
-        capture_output=True, text=True, check=False, timeout=60,
+        input=stdin, capture_output=True, text=True, check=False, timeout=60,
     )
+
+
+def webhook_configuration(api: Api, kind: str, name: str) -> dict[str, Any]:
+    return api.call("GET", f"{ADMISSION}/{kind}webhookconfigurations/{name}")
+
+
+def replaced(obj: dict[str, Any]) -> tuple[list[str], str]:
+    """`kubectl replace` (an UPDATE, the verb the controller has on its webhook configurations) of `obj`."""
+    return ["replace", "-f", "-"], json.dumps(obj)
 
 
 def patch(kind: str, name: str, operations: list[dict[str, Any]], namespace: str | None = None) -> list[str]:
@@ -124,15 +135,11 @@ def objects(api: Api, egress_placer: Placer, tenants: tuple[str, ...]) -> Iterat
         made.cleanup()
 
 
-def ca_bundle(api: Api, kind: str, name: str) -> str:
-    return api.call("GET", f"{ADMISSION}/{kind}webhookconfigurations/{name}")["webhooks"][0]["clientConfig"]["caBundle"]
-
-
 # -- refused -----------------------------------------------------------------------------------------
 
 
-def refused(cluster: Cluster, args: list[str], names: str) -> str:
-    out = as_the_controller(cluster, *args)
+def refused(cluster: Cluster, args: list[str], stdin: str | None = None, *, names: str) -> str:
+    out = as_the_controller(cluster, *args, stdin=stdin)
     assert out.returncode != 0, f"admitted: kubectl {' '.join(args)}\n{out.stdout}"
     assert names in out.stderr, out.stderr
     return out.stderr.strip()
@@ -140,68 +147,71 @@ def refused(cluster: Cluster, args: list[str], names: str) -> str:
 
 def test_it_cannot_rewrite_a_webhook_configuration(devcluster: Cluster, api: Api, tekton: str, figures: Figures) -> None:
     figures.fault("the controller's token: a webhook configuration's rules or service", tekton, f"refused by {RIGHTS_NAME}")
-    bundle = ca_bundle(api, "mutating", WEBHOOK_CONFIG)
-    messages = [
-        refused(devcluster, patch("mutatingwebhookconfiguration", WEBHOOK_CONFIG, [{"op": "replace", "path": "/webhooks/0/rules", "value": []}]), RIGHTS_REFUSED),
-        refused(devcluster, patch("mutatingwebhookconfiguration", WEBHOOK_CONFIG, [
-            {"op": "replace", "path": "/webhooks/0/clientConfig",
-             "value": {"service": {"name": "evil", "namespace": TEAM_OTHER, "port": 443}, "caBundle": bundle}},
-        ]), RIGHTS_REFUSED),
-        refused(devcluster, patch("validatingwebhookconfiguration", POOLS_WEBHOOK_CONFIG, [
-            {"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"},
-        ]), RIGHTS_REFUSED),
-    ]
+    mutating = webhook_configuration(api, "mutating", WEBHOOK_CONFIG)
+    pools = webhook_configuration(api, "validating", POOLS_WEBHOOK_CONFIG)
+    no_rules = copy.deepcopy(mutating)
+    no_rules["webhooks"][0]["rules"] = []
+    elsewhere = copy.deepcopy(mutating)
+    bundle = elsewhere["webhooks"][0]["clientConfig"]["caBundle"]
+    elsewhere["webhooks"][0]["clientConfig"] = {"service": {"name": "evil", "namespace": TEAM_OTHER, "port": 443}, "caBundle": bundle}
+    fails_open = copy.deepcopy(pools)
+    fails_open["webhooks"][0]["failurePolicy"] = "Ignore"
+    messages = [refused(devcluster, *replaced(obj), names=RIGHTS_REFUSED) for obj in (no_rules, elsewhere, fails_open)]
+    # A patch is no verb it has on them: RBAC names the missing right.
+    refused(devcluster, patch("mutatingwebhookconfiguration", WEBHOOK_CONFIG, [{"op": "replace", "path": "/webhooks/0/rules", "value": []}]),
+            names='cannot patch resource "mutatingwebhookconfigurations"')
     figures.measured(messages[0][-200:], 0)
 
 
 def test_it_cannot_relabel_or_cordon_a_node(devcluster: Cluster, tekton: str, figures: Figures) -> None:
     figures.fault("the controller's token: a node's labels or unschedulable", tekton, f"refused by {RIGHTS_NAME}")
-    refused(devcluster, ["label", "node", POOL_NODE, "egress-placer.io/pool-", "--overwrite"], RIGHTS_REFUSED)
-    refused(devcluster, ["label", "node", ORDINARY_NODE, f"{TAINT_KEY}=overseas"], RIGHTS_REFUSED)
-    refused(devcluster, ["cordon", POOL_NODE], RIGHTS_REFUSED)
-    message = refused(devcluster, ["patch", "node", ORDINARY_NODE, "--type=merge", "-p", '{"spec":{"unschedulable":true}}'], RIGHTS_REFUSED)
+    refused(devcluster, ["label", "node", POOL_NODE, "egress-placer.io/pool-", "--overwrite"], names=RIGHTS_REFUSED)
+    refused(devcluster, ["label", "node", ORDINARY_NODE, f"{TAINT_KEY}=overseas"], names=RIGHTS_REFUSED)
+    refused(devcluster, ["patch", "node", POOL_NODE, "--type=merge", "-p", '{"spec":{"unschedulable":true}}'], names=RIGHTS_REFUSED)
+    message = refused(devcluster, ["patch", "node", ORDINARY_NODE, "--type=merge", "-p", '{"spec":{"unschedulable":true}}'], names=RIGHTS_REFUSED)
     figures.measured(message[-200:], 0)
 
 
-def test_it_cannot_change_the_pool_guards_binding(devcluster: Cluster, tekton: str, figures: Figures) -> None:
+def test_it_cannot_change_the_pool_guards_binding(devcluster: Cluster, api: Api, tekton: str, figures: Figures) -> None:
     figures.fault("the controller's token: the pool guard's binding", tekton, "refused by RBAC (no right on bindings)")
-    message = refused(
-        devcluster,
-        ["patch", "validatingadmissionpolicybinding", "egress-placer-pool-guard", "--type=merge", "-p", '{"spec":{"validationActions":["Audit"]}}'],
-        'cannot patch resource "validatingadmissionpolicybindings"',
-    )
+    binding = api.call("GET", f"{ADMISSION}/validatingadmissionpolicybindings/{GUARD_NAME}")
+    binding["spec"]["validationActions"] = ["Audit"]
+    message = refused(devcluster, *replaced(binding), names='cannot update resource "validatingadmissionpolicybindings"')
+    refused(devcluster, ["patch", "validatingadmissionpolicybinding", GUARD_NAME, "--type=merge", "-p", '{"spec":{"validationActions":["Audit"]}}'],
+            names='resource "validatingadmissionpolicybindings"')  # kubectl reads it first: cannot get
     figures.measured(message[-200:], 0)
 
 
 def test_it_cannot_change_a_runs_params(devcluster: Cluster, tekton: str, objects: dict[str, str], figures: Figures) -> None:
     figures.fault("the controller's token: a run's params", tekton, f"refused by {RIGHTS_NAME}")
     evil = [{"op": "replace", "path": "/spec/params/0/value", "value": "https://evil.example/"}]
-    refused(devcluster, patch("taskrun", objects["held"], evil, TEAM_OTHER), RIGHTS_REFUSED)
-    message = refused(devcluster, patch("taskrun", objects["started"], evil, TEAM_OTHER), RIGHTS_REFUSED)
-    refused(devcluster, ["-n", TEAM_OTHER, "annotate", "taskrun", objects["held"], "team.io/owner=evil"], RIGHTS_REFUSED)
+    refused(devcluster, patch("taskrun", objects["held"], evil, TEAM_OTHER), names=RIGHTS_REFUSED)
+    message = refused(devcluster, patch("taskrun", objects["started"], evil, TEAM_OTHER), names=RIGHTS_REFUSED)
+    refused(devcluster, ["-n", TEAM_OTHER, "annotate", "taskrun", objects["held"], "team.io/owner=evil"], names=RIGHTS_REFUSED)
     figures.measured(message[-200:], 0)
 
 
 def test_it_cannot_delete_a_pod_off_the_pool_nodes(devcluster: Cluster, tekton: str, objects: dict[str, str], figures: Figures) -> None:
     figures.fault("the controller's token: deleting a pod on an ordinary node", tekton, f"refused by {POD_DELETES_NAME}")
-    message = refused(devcluster, ["-n", TEAM_OTHER, "delete", "pod", objects["off-pool"], "--wait=false"], DELETE_REFUSED)
+    message = refused(devcluster, ["-n", TEAM_OTHER, "delete", "pod", objects["off-pool"], "--wait=false"], names=DELETE_REFUSED)
     figures.measured(message[-200:], 0)
 
 
 # -- still admitted ----------------------------------------------------------------------------------
 
 
-def admitted(cluster: Cluster, args: list[str]) -> None:
-    out = as_the_controller(cluster, *args)
+def admitted(cluster: Cluster, args: list[str], stdin: str | None = None) -> None:
+    out = as_the_controller(cluster, *args, stdin=stdin)
     assert out.returncode == 0, out.stderr
 
 
 def test_it_can_still_do_its_work(devcluster: Cluster, api: Api, tekton: str, objects: dict[str, str]) -> None:
     other = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nnot-this-one\n-----END CERTIFICATE-----\n").decode()
     for kind, name in (("mutating", WEBHOOK_CONFIG), ("validating", POOLS_WEBHOOK_CONFIG)):
-        webhooks = api.call("GET", f"{ADMISSION}/{kind}webhookconfigurations/{name}")["webhooks"]
-        new_bundle = [{"op": "replace", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": other} for i in range(len(webhooks))]
-        admitted(devcluster, patch(f"{kind}webhookconfiguration", name, new_bundle))
+        configuration = webhook_configuration(api, kind, name)
+        for webhook in configuration["webhooks"]:
+            webhook["clientConfig"]["caBundle"] = other
+        admitted(devcluster, *replaced(configuration))
     taints = api.call("GET", node(POOL_NODE))["spec"].get("taints") or []
     assert any(t["key"] == TAINT_KEY for t in taints)  # the leader tainted it through the policy
     without = [t for t in taints if t["key"] != TAINT_KEY]
