@@ -36,6 +36,7 @@ import requests
 import yaml
 
 from controller.core.pools import load_any_policy, objects_from_policy
+from controller.core.run_guard import RUN_GUARD_NAME
 from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port
 
@@ -52,6 +53,8 @@ LOCAL_ONLY_KINDS = {"Deployment", "Service", "PodDisruptionBudget"}  # the contr
 # The pool guard (k8s/pool-guard.yaml): applied only with `pool_guard=True`, so suites that measure the
 # controller's own lines (webhook, evictions) see pods that the API server would otherwise refuse.
 POOL_GUARD_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+# The run guard (k8s/run-guard.yaml): applied only with `run_guard=True`, so suites that change queued runs
+# as an administrator would (to test the queue's own lines) are not refused.
 READY_TIMEOUT = 60.0
 RECORD = "controller"  # what `start_controller` started, kept in the cluster's state (`Cluster.record`)
 
@@ -207,6 +210,7 @@ def start_controller(
     proxy: bool = False,
     ca_bundle: bytes | None = None,
     pool_guard: bool = False,
+    run_guard: bool = False,
     launch: Launch | None = None,
     install: Install | None = None,
     policy_source: str = "configmap",
@@ -219,7 +223,8 @@ def start_controller(
     admission on its own port, and they elect one leader for taints and evictions. `ca_bundle`: the
     serving certificate is kept by someone else (`env` names its files, cert-manager's way); the
     webhooks trust this CA from the start, as cert-manager's CA injector would make them. `pool_guard`:
-    also install the pool guard (ValidatingAdmissionPolicy and binding of `k8s/pool-guard.yaml`).
+    also install the pool guard (ValidatingAdmissionPolicy and binding of `k8s/pool-guard.yaml`). `run_guard`:
+    also install the run guard (`k8s/run-guard.yaml`).
     `launch`: the command line of a replica given its environment, instead of this checkout's
     `python -m controller run` (e.g. a container of the image: `devplacer.image.ControllerContainer`).
     `install`: installs the objects given the webhook URL, instead of applying `k8s/` in its local form
@@ -253,7 +258,8 @@ def start_controller(
     else:
         components = ("policy-configmap",) if policy_source == "configmap" else ()
         docs = local_manifests(render_manifests(cluster, components), policy_text, webhook_url, ca_bundle)
-        docs = [d for d in docs if pool_guard or d.get("kind") not in POOL_GUARD_KINDS]
+        docs = [d for d in docs if d.get("kind") not in POOL_GUARD_KINDS
+                or (run_guard if d["metadata"]["name"] == RUN_GUARD_NAME else pool_guard)]
         if policy_source == "pools":
             objects = pool_objects(policy_text, str(policy_file))  # refused here when the file is invalid
             guarded = [d for d in docs if d.get("kind") == "ValidatingWebhookConfiguration"]

@@ -2,7 +2,7 @@
 
 The chart is `k8s/` for Helm: for the default values `helm template` renders the same objects with the
 same fields as `kubectl kustomize k8s/`, and so do its certificate and intruder values and the
-kustomize components they stand for (k8s/cert-manager/, k8s/report-only/), and its `policySource:
+kustomize components they stand for (k8s/cert-manager/, k8s/report-only/, k8s/run-guard-warn/), and its `policySource:
 configmap` for k8s/policy-configmap/. Normalisation before the
 comparison, and nothing else:
   - Helm's own labels (`HELM_LABELS`: helm.sh/chart, app.kubernetes.io/managed-by, /instance, /version)
@@ -32,7 +32,9 @@ from typing import Any, Iterable, Mapping
 import pytest
 import yaml
 
-from controller.core.guard import policy_binding
+from controller.core import run_guard
+from controller.core.guard import GUARD_NAME, policy_binding
+from controller.core.run_guard import RUN_GUARD_NAME
 from controller.core.policy import PlacementPolicy, load_policy
 from devcluster.build import find_artifacts, find_optional
 from devcluster.cluster import ClusterError
@@ -47,6 +49,7 @@ COMPONENT_VALUES: dict[str, dict[str, Any]] = {
     "report-only": {"intruderMode": "report"},
     "cert-manager": {"certificate": {"mode": "cert-manager"}},
     "policy-configmap": {"policySource": "configmap"},
+    "run-guard-warn": {"runGuard": {"warnOnly": True}},
 }
 Key = tuple[str, str, str | None, str]
 
@@ -124,7 +127,8 @@ def merged(*values: Mapping[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "components",
-    [(), ("report-only",), ("cert-manager",), ("cert-manager", "report-only"), ("policy-configmap",), ("cert-manager", "policy-configmap")],
+    [(), ("report-only",), ("cert-manager",), ("cert-manager", "report-only"), ("policy-configmap",), ("cert-manager", "policy-configmap"),
+     ("run-guard-warn",), ("report-only", "run-guard-warn")],
     ids=lambda c: "+".join(c) or "defaults",
 )
 def test_the_render_is_k8s_for_the_same_choices(helm: Path, kubectl: Path, components: tuple[str, ...]) -> None:
@@ -305,8 +309,35 @@ def test_agent_rbac_goes_to_each_agent_namespace(helm: Path, namespaces: list[st
 
 def test_without_the_namespace_and_the_pool_guard(helm: Path, default_render: list[dict[str, Any]]) -> None:
     docs = template(helm, {"createNamespace": False, "poolGuard": {"enabled": False}})
-    gone = {k[1] for k in {key(d) for d in default_render} - {key(d) for d in docs}}
-    assert gone == {"Namespace", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    gone = {k for k in {key(d) for d in default_render} - {key(d) for d in docs}}
+    assert {k[1] for k in gone} == {"Namespace", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert {k[3] for k in gone if k[1] != "Namespace"} == {GUARD_NAME}  # the run guard stays
+
+
+@pytest.mark.parametrize(
+    "values, actions",
+    [({}, None), ({"runGuard": {"enabled": True}}, ["Deny"]), ({"runGuard": {"warnOnly": True}}, ["Warn", "Audit"]),
+     ({"runGuard": {"enabled": False}}, "none"), ({"runGuard": {"enabled": False, "warnOnly": True}}, "none")],
+    ids=["defaults", "enabled", "warn-only", "disabled", "disabled-warn-only"],
+)
+def test_the_run_guard_values(helm: Path, values: dict[str, Any], actions: Any) -> None:
+    """runGuard.enabled (default true) renders the policy and its binding as run_guard.py makes them;
+    runGuard.warnOnly (default false) makes the binding warn and audit instead of refusing."""
+    docs = [d for d in template(helm, values) if d["metadata"]["name"] == RUN_GUARD_NAME]
+    if actions == "none":
+        assert docs == []
+        return
+    policy, binding = the(docs, "ValidatingAdmissionPolicy"), the(docs, "ValidatingAdmissionPolicyBinding")
+    assert policy["spec"] == run_guard.validating_admission_policy()["spec"]
+    warn = bool(values.get("runGuard", {}).get("warnOnly"))
+    assert binding["spec"] == run_guard.policy_binding(warn_only=warn)["spec"]
+    assert binding["spec"]["validationActions"] == (actions or ["Deny"])
+
+
+@pytest.mark.parametrize("values", [{"runGuard": {"warnonly": True}}, {"runGuard": {"enabled": "yes"}}, {"runGuard": {"warnOnly": 1}}])
+def test_the_run_guard_values_are_checked(helm: Path, values: dict[str, Any]) -> None:
+    with pytest.raises(ClusterError, match="runGuard"):
+        template(helm, values)
 
 
 def test_an_issuer_of_one_s_own_replaces_the_self_signed_one(helm: Path) -> None:
