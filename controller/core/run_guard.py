@@ -101,9 +101,10 @@ def validating_admission_policy(namespace: str = "egress-placer", service_accoun
                 {
                     "expression": "!variables.held || variables.newStatus == variables.oldStatus || "
                                   "variables.newStatus in variables.cancelValues",
-                    "messageExpression": "'this run is in an egress-placer pool queue: its spec.status may only be set to '"
-                                         " + variables.cancelValues.join(', ') + ' (cancel it) or the run deleted; egress-placer"
-                                         " releases it when a slot is free'",
+                    "message": "this run is in an egress-placer pool queue: egress-placer releases it when a slot is "
+                               "free; its spec.status may only be set to a cancel value (a TaskRun: "
+                               + ", ".join(CANCEL_VALUES["TaskRun"]) + "; a PipelineRun: " + ", ".join(CANCEL_VALUES["PipelineRun"])
+                               + "), or the run deleted",
                     "reason": "Forbidden",
                 },
                 {
