@@ -209,8 +209,8 @@ def by_kind(docs: Iterable[Mapping[str, Any]], kind: str) -> list[Mapping[str, A
     return [d for d in docs if d["kind"] == kind]
 
 
-def the(docs: Iterable[Mapping[str, Any]], kind: str) -> Mapping[str, Any]:
-    (doc,) = by_kind(docs, kind)
+def the(docs: Iterable[Mapping[str, Any]], kind: str, name: str | None = None) -> Mapping[str, Any]:
+    (doc,) = [d for d in by_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
     return doc
 
 
@@ -363,7 +363,7 @@ def test_the_policy_value_is_the_configmap_and_the_guard_binding_follows_it(helm
     (configmap,) = [d for d in docs if key(d) == POLICY_CONFIGMAP]
     loaded = load_policy(configmap["data"]["policy.yaml"], "the chart's ConfigMap")  # raises when the controller would refuse it
     assert yaml.safe_load(configmap["data"]["policy.yaml"]) == {"apiVersion": "egress-placer.io/v1alpha1", "kind": "PlacementPolicy", **policy}
-    binding = the(docs, "ValidatingAdmissionPolicyBinding")
+    binding = the(docs, "ValidatingAdmissionPolicyBinding", GUARD_NAME)
     expected = policy_binding(loaded, "egress-placer")
     assert {k: binding[k] for k in ("apiVersion", "kind", "spec")} == {k: expected[k] for k in ("apiVersion", "kind", "spec")}
 
@@ -374,7 +374,7 @@ def test_with_the_pools_api_the_policy_value_is_not_rendered_and_the_binding_has
     assert POLICY_CONFIGMAP not in {key(d) for d in docs}
     env = {e["name"]: e.get("value") for e in the(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["EGRESS_PLACER_POLICY_SOURCE"] == "pools"
-    binding = the(docs, "ValidatingAdmissionPolicyBinding")
+    binding = the(docs, "ValidatingAdmissionPolicyBinding", GUARD_NAME)
     assert binding["spec"] == policy_binding(PlacementPolicy.empty(), "egress-placer")["spec"]
 
 
