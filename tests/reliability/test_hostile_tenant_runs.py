@@ -13,7 +13,8 @@ rel-team-cdn, whose next run waits in the queue, tries to start it early:
 older time; (d) creating a run pending itself and releasing it (xfail: the fix is pod schedulingGates
 until a slot frees); and a tenant of rel-team-other, a namespace with no pool rights, (e) adds a queue
 entry by UPDATE to its own runs. Each must not start a run early, nor give the pool a pod beyond its 3
-slots. The tenant can still cancel and delete its held run. 200 forged queue annotations (at CREATE and by
+slots. The tenant can still cancel and delete its held run, and another queue manager still releases a
+run with no entry of ours. 200 forged queue annotations (at CREATE and by
 UPDATE) add no metric series and no releases. Left as xfail with the fix they need: (f) a Deployment of
 Tekton-looking pods is placed on the pool, (g) a forged entry stored while the webhook is unreachable is
 released by the leader.
@@ -210,6 +211,17 @@ def test_the_tenant_cancels_its_held_run(api: Api, runs: Runs, tenant: Api, full
     tenant.json_patch(run_path(TEAM_CDN, name), [{"op": "replace", "path": "/spec/status", "value": "TaskRunCancelled"}])
     wait_for(f"{name} cancelled", lambda: succeeded(api.call("GET", run_path(TEAM_CDN, name))) == "False", timeout=60)
     assert runs.nodes_of(TEAM_CDN, [name])[name] is None  # it never had a pod
+
+
+def test_a_run_with_no_entry_of_ours_is_released_by_its_own_queue_manager(api: Api, runs: Runs, outsider: Api, full_pool: list[str]) -> None:
+    """tekton-kueue, Pipelines-as-Code (here: a ServiceAccount with `edit`) create runs pending and clear
+    `spec.status` themselves: the run guard leaves runs without our entry alone."""
+    name = runs.name("other-queue")
+    body = taskrun(name, OTHER_IMAGE)
+    body["spec"]["status"] = PENDING["TaskRun"]
+    runs.create(TEAM_OTHER, "taskruns", body, api=outsider)
+    outsider.json_patch(run_path(TEAM_OTHER, name), [{"op": "remove", "path": "/spec/status"}])
+    runs.wait_succeeded(TEAM_OTHER, "taskruns", [name], timeout=60)
 
 
 def test_the_tenant_deletes_its_held_run(api: Api, runs: Runs, tenant: Api, full_pool: list[str]) -> None:
