@@ -530,11 +530,23 @@ def _copy_module_files(component: Component, dest: Path) -> None:
         target.write_bytes((source / name).read_bytes())
 
 
+TEKTON_AGGREGATE_ROLES = "clusterrole-aggregate-*.yaml"  # tekton-aggregate-edit and -view, of the module's config/
+
+
+def tekton_aggregate_roles(config: Path) -> list[Path]:
+    """Tekton's aggregated ClusterRoles (`tekton-aggregate-edit`, `tekton-aggregate-view`: every release
+    installs them, so `edit` and `view` users may write and read runs) in `config`; from the pinned
+    module's own config/ when a cache built before they were copied lacks them."""
+    found = sorted(config.glob(TEKTON_AGGREGATE_ROLES))
+    return found or sorted((tekton_module_dir() / "config").glob(TEKTON_AGGREGATE_ROLES))
+
+
 def _copy_tekton_config(dest: Path) -> None:
-    """Copy the v1 CRDs, the namespace and the ConfigMaps the controller needs (as writable files)."""
+    """Copy the v1 CRDs, the namespace, the ConfigMaps the controller needs and the aggregated
+    ClusterRoles (as writable files)."""
     config = tekton_module_dir() / "config"
     files = [*sorted((config / "300-crds").glob("*.yaml")), *sorted((config / "100-namespace").glob("*.yaml"))]
-    files += sorted(config.glob("config-*.yaml"))
+    files += sorted(config.glob("config-*.yaml")) + sorted(config.glob(TEKTON_AGGREGATE_ROLES))
     for src in files:
         target = dest / src.relative_to(config)
         target.parent.mkdir(parents=True, exist_ok=True)

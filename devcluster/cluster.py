@@ -706,7 +706,7 @@ class Cluster:
         step("Tekton ran the probe TaskRun")
 
     def install_tekton_config(self) -> None:
-        """Apply Tekton's namespace, CRDs (storage versions only) and ConfigMaps.
+        """Apply Tekton's namespace, CRDs (storage versions only), ConfigMaps and aggregated ClusterRoles.
 
         With Tekton's webhook (`up --with tekton-webhook`): the CRDs serve every version and convert
         through the webhook, and its Service, Secret and webhook configurations are applied too."""
@@ -725,6 +725,7 @@ class Cluster:
         crd_file = self.dir / "tekton-crds.yaml"
         crd_file.write_text(yaml.safe_dump_all(crds, sort_keys=False))
         files = [*sorted((config / "100-namespace").glob("*.yaml")), crd_file, *sorted(config.glob("config-*.yaml"))]
+        files += build.tekton_aggregate_roles(config)  # as a release installs them: `edit` users write runs
         resolvers_bin = state.get("optional", {}).get(tekton_resolvers.NAME)
         if resolvers_bin:
             files += tekton_resolvers.config_files(Path(resolvers_bin))

@@ -9,6 +9,8 @@ nothing and names the files that differ from what it would write (exit status 1)
 | `charts/egress-placer/templates/pool-guard-policy.yaml` | `controller/core/guard.py`: the policy, as a Helm template |
 | `k8s/controller-rights.yaml` | `controller/core/rights.py`: the policies bounding the controller's own writes, their bindings |
 | `charts/egress-placer/templates/controller-rights.yaml` | the same, as a Helm template (`controllerRights` values) |
+| `k8s/run-guard.yaml` | `controller/core/run_guard.py`: the run guard's policy and its binding (Deny) |
+| `charts/egress-placer/templates/run-guard.yaml` | the same, as a Helm template (`runGuard.enabled`, `runGuard.warnOnly`) |
 
 The two `crds/` directories hold generated files only: a file there that the render does not make is
 removed by a write and named by `--check`. tests/unit/test_generated.py fails when a committed file
@@ -27,6 +29,7 @@ import yaml
 from controller.core.guard import GUARD_NAME, policy_binding, validating_admission_policy
 from controller.core.rights import controller_rights
 from controller.core.pools import custom_resource_definitions
+from controller.core import run_guard
 from devplacer import crds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +39,8 @@ POOL_GUARD = Path("k8s/pool-guard.yaml")
 CHART_POOL_GUARD = CHART_DIR / "templates" / "pool-guard-policy.yaml"
 CONTROLLER_RIGHTS = Path("k8s/controller-rights.yaml")
 CHART_CONTROLLER_RIGHTS = CHART_DIR / "templates" / "controller-rights.yaml"
+RUN_GUARD = Path("k8s/run-guard.yaml")
+CHART_RUN_GUARD = CHART_DIR / "templates" / "run-guard.yaml"
 # Directories of generated files only (relative to the repository).
 OWNED_DIRS = (crds.CRDS_DIR, crds.CHART_CRDS_DIR)
 
@@ -53,6 +58,20 @@ CHART_POOL_GUARD_HEADER = f"""\
 # same for every policy; its binding is pool-guard.yaml's.
 #
 # GENERATED from controller/core/guard.py by `{COMMAND}`; do not edit.
+"""
+RUN_GUARD_HEADER = f"""\
+# The run guard: a ValidatingAdmissionPolicy that refuses, inside the API server (fail-closed), a tenant's
+# change that would move a run held in a pool's queue ahead: spec.status set to anything but a cancel
+# value, admission's annotations (queue entry, decision, review) changed, or a queue entry added by UPDATE. The controller's own
+# ServiceAccount is not judged. See k8s/README.md, "The run guard"; the warn-only rollout: run-guard-warn/.
+#
+# GENERATED from controller/core/run_guard.py by `{COMMAND}`; do not edit.
+"""
+CHART_RUN_GUARD_HEADER = f"""\
+# The run guard (k8s/run-guard.yaml; k8s/README.md, "The run guard"): runGuard.warnOnly answers with a
+# warning and an audit annotation instead of refusing.
+#
+# GENERATED from controller/core/run_guard.py by `{COMMAND}`; do not edit.
 """
 
 
@@ -136,6 +155,37 @@ def chart_pool_guard_template() -> str:
     )
 
 
+def run_guard_manifest() -> str:
+    """k8s/run-guard.yaml: the run guard's policy and its binding (Deny)."""
+    return RUN_GUARD_HEADER + _dump([run_guard.validating_admission_policy(), run_guard.policy_binding()])
+
+
+def chart_run_guard_template() -> str:
+    """The chart's run guard: the policy and its binding, metadata through the chart's helper, the binding's
+    actions from runGuard.warnOnly."""
+    out = "{{- if .Values.runGuard.enabled }}\n" + CHART_RUN_GUARD_HEADER
+    for doc in (run_guard.validating_admission_policy(), run_guard.policy_binding()):
+        spec = dict(doc["spec"])
+        actions = "validationActions" in spec
+        spec.pop("validationActions", None)
+        text = yaml.dump({"spec": spec}, Dumper=_BlockDumper, sort_keys=False, width=120)
+        if "{{" in text or "}}" in text:
+            raise ValueError("the run guard's spec holds '{{' or '}}', which Helm would read as a template action")
+        if actions:
+            text = text.replace(
+                "spec:\n",
+                "spec:\n  validationActions: {{ ternary (list \"Warn\" \"Audit\") (list \"Deny\") "
+                ".Values.runGuard.warnOnly | toJson }}\n",
+                1,
+            )
+        out += (
+            f"---\napiVersion: {doc['apiVersion']}\nkind: {doc['kind']}\n"
+            + f'{{{{ include "egress-placer.metadata" (dict "root" . "name" "{doc["metadata"]["name"]}") }}}}\n'
+            + text
+        )
+    return out + "{{- end }}\n"
+
+
 def outputs() -> dict[Path, str]:
     """Every generated file (relative to the repository) and its text."""
     out: dict[Path, str] = {}
@@ -146,6 +196,8 @@ def outputs() -> dict[Path, str]:
     out[CHART_POOL_GUARD] = chart_pool_guard_template()
     out[CONTROLLER_RIGHTS] = controller_rights_manifest()
     out[CHART_CONTROLLER_RIGHTS] = chart_controller_rights_template()
+    out[RUN_GUARD] = run_guard_manifest()
+    out[CHART_RUN_GUARD] = chart_run_guard_template()
     return out
 
 
@@ -177,7 +229,7 @@ def write(root: Path = REPO) -> list[Path]:
 def main(argv: Sequence[str] | None = None, root: Path = REPO) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m devplacer.generate",
-        description="Write every file derived from code (CRDs, the pool guard's manifest and chart template).",
+        description="Write every file derived from code (CRDs, the pool and run guards' manifests and chart templates).",
         epilog="Files:\n" + "".join(f"  {p}\n" for p in sorted(outputs())),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

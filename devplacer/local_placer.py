@@ -37,6 +37,7 @@ import yaml
 
 from controller.core.pools import load_any_policy, objects_from_policy
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
+from controller.core.run_guard import RUN_GUARD_NAME
 from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port
 
@@ -56,6 +57,8 @@ POOL_GUARD_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBindi
 # The bounds on the controller's own writes (k8s/controller-rights.yaml, objects of those kinds too):
 # applied only with `controller_rights=True`, as the pool guard.
 CONTROLLER_RIGHTS_NAMES = {RIGHTS_NAME, POD_DELETES_NAME}
+# The run guard (k8s/run-guard.yaml): applied only with `run_guard=True`, so suites that change queued runs
+# as an administrator would (to test the queue's own lines) are not refused.
 READY_TIMEOUT = 60.0
 RECORD = "controller"  # what `start_controller` started, kept in the cluster's state (`Cluster.record`)
 
@@ -212,6 +215,7 @@ def start_controller(
     ca_bundle: bytes | None = None,
     pool_guard: bool = False,
     controller_rights: bool = False,
+    run_guard: bool = False,
     launch: Launch | None = None,
     install: Install | None = None,
     policy_source: str = "configmap",
@@ -227,7 +231,7 @@ def start_controller(
     also install the pool guard (ValidatingAdmissionPolicy and binding of `k8s/pool-guard.yaml`).
     `controller_rights`: also install the policies that bound the controller's own writes, and their
     bindings (`k8s/controller-rights.yaml`); the replicas run as the controller's ServiceAccount, so they
-    hold for them.
+    hold for them. `run_guard`: also install the run guard (`k8s/run-guard.yaml`).
     `launch`: the command line of a replica given its environment, instead of this checkout's
     `python -m controller run` (e.g. a container of the image: `devplacer.image.ControllerContainer`).
     `install`: installs the objects given the webhook URL, instead of applying `k8s/` in its local form
@@ -262,7 +266,8 @@ def start_controller(
         components = ("policy-configmap",) if policy_source == "configmap" else ()
         docs = local_manifests(render_manifests(cluster, components), policy_text, webhook_url, ca_bundle)
         docs = [d for d in docs if controller_rights or d.get("metadata", {}).get("name") not in CONTROLLER_RIGHTS_NAMES]
-        docs = [d for d in docs if pool_guard or d.get("kind") not in POOL_GUARD_KINDS or d["metadata"]["name"] in CONTROLLER_RIGHTS_NAMES]
+        docs = [d for d in docs if d.get("kind") not in POOL_GUARD_KINDS or d["metadata"]["name"] in CONTROLLER_RIGHTS_NAMES
+                or (run_guard if d["metadata"]["name"] == RUN_GUARD_NAME else pool_guard)]
         if policy_source == "pools":
             objects = pool_objects(policy_text, str(policy_file))  # refused here when the file is invalid
             guarded = [d for d in docs if d.get("kind") == "ValidatingWebhookConfiguration"]

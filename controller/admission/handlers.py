@@ -379,9 +379,16 @@ class Admission:
 
     def _enqueue(self, request: Request, pool_name: str | None, patch: Patch, annotations: dict[str, str]) -> str:
         """Queue the run when its pool queues (`patch` and `annotations` get the pending status and the
-        entry); the Event's note, "" when not queued. A copied entry on a run not queued is removed."""
+        entry); the Event's note, "" when not queued.
+
+        The entry is admission's own record: one the request brings (a tenant writes any annotation; a
+        copied one) is removed from a run not queued, whatever it says; the run guard (core.run_guard)
+        refuses one added later by UPDATE. Kept: a PipelineRun's entry that Tekton copied onto one of its
+        TaskRuns, which the queue never reads as the TaskRun's (`read_entry` by kind)."""
         if not self._queues(request, pool_name):
-            if read_entry(request.annotations.get(QUEUE_ANNOTATION), request.kind) is not None:
+            value = request.annotations.get(QUEUE_ANNOTATION)
+            copied = request.kind == "TaskRun" and read_entry(value, "PipelineRun") is not None
+            if value is not None and not copied:
                 patch.append({"op": "remove", "path": pointer(("metadata", "annotations", QUEUE_ANNOTATION))})
             return ""
         assert pool_name is not None

@@ -34,6 +34,7 @@ from kubernetes.client.exceptions import ApiException
 from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
+from controller.core.run_guard import RUN_GUARD_NAME
 from devcluster.cluster import Cluster
 from devplacer.local_placer import (
     NAMESPACE,
@@ -139,10 +140,13 @@ class Placer:
                 continue
         return out
 
+    def metrics_text(self, replica: ControllerReplica | None = None) -> str:
+        """The replica's /metrics page (Prometheus text)."""
+        return requests.get((replica or self.replica).health_url + "/metrics", timeout=5).text
+
     def metric(self, name: str, labels: Mapping[str, str] | None = None, replica: ControllerReplica | None = None) -> float:
         """The sum of the samples of `name` whose labels include `labels` (0 when there is none yet)."""
-        text = requests.get((replica or self.replica).health_url + "/metrics", timeout=5).text
-        return parse_samples(text, name, labels)
+        return parse_samples(self.metrics_text(replica), name, labels)
 
     def ready(self, replica: ControllerReplica | None = None) -> bool:
         try:
@@ -168,6 +172,7 @@ class ControllerSpec:
     env: tuple[tuple[str, str], ...] = ()  # settings for this module's controller (EGRESS_PLACER_*)
     pool_guard: bool = False
     controller_rights: bool = False  # also the policies bounding the controller's own writes
+    run_guard: bool = False  # also install the run guard (k8s/run-guard.yaml)
     taints: bool = True  # wait until the leader has tainted the pool nodes (and only them)
 
 
@@ -215,9 +220,11 @@ def remove_pool_taints(api: Api) -> None:
 
 
 def remove_pool_guard(api: Api) -> None:
-    """Delete the pool guard's binding, policy and params (each may be missing)."""
-    api.delete(f"{ADMISSION}/validatingadmissionpolicybindings/{GUARD_NAME}")
-    api.delete(f"{ADMISSION}/validatingadmissionpolicies/{GUARD_NAME}")
+    """Delete the pool guard's binding, policy and params, and the run guard's binding and policy (each may
+    be missing)."""
+    for name in (GUARD_NAME, RUN_GUARD_NAME):
+        api.delete(f"{ADMISSION}/validatingadmissionpolicybindings/{name}")
+        api.delete(f"{ADMISSION}/validatingadmissionpolicies/{name}")
     api.delete(namespaced(NAMESPACE, "configmaps", GUARD_NAME))
 
 
@@ -288,24 +295,43 @@ def tenant_namespaces(api: Api, make_namespace: Callable[[str], str], names: Seq
         wait_for(f"namespace {name} to be deleted", lambda: api.get(namespace(name)) is None, timeout=timeout)
 
 
+def service_account_user(namespace_name: str, name: str) -> str:
+    return f"system:serviceaccount:{namespace_name}:{name}"
+
+
 @contextmanager
-def editor(cluster: Cluster, api: Api, namespace_name: str, user: str) -> Iterator[Api]:
+def editor(cluster: Cluster, api: Api, namespace_name: str, user: str, *, service_account: bool = False) -> Iterator[Api]:
     """An API client for `user` (a client certificate, no group) bound to the built-in ClusterRole `edit`
-    in `namespace_name` only: a tenant as most clusters make one. The binding is deleted afterwards."""
+    in `namespace_name` only: a tenant as most clusters make one. With `service_account`, `user` is the name
+    of a ServiceAccount of `namespace_name`, made here, and the client is that ServiceAccount (its username
+    and groups, as a token would give them; `service_account_user`). The devcluster installs Tekton's
+    aggregated ClusterRoles as a release does, so `edit` may write runs. Binding (and account) deleted
+    afterwards."""
     bindings = namespaced(namespace_name, "rolebindings", group=RBAC)
+    name = f"tenant-edit-{user}" if service_account else "tenant-edit"
+    if service_account:
+        api.create(namespaced(namespace_name, "serviceaccounts"), {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": user}})
+        subject = {"kind": "ServiceAccount", "name": user, "namespace": namespace_name}
+    else:
+        subject = {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}
     api.create(bindings, {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": {"name": "tenant-edit"},
+        "metadata": {"name": name},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        "subjects": [subject],
     })
-    client = api_for(cluster.mint_kubeconfig(user, groups=()))
+    if service_account:
+        client = api_for(cluster.mint_kubeconfig(service_account_user(namespace_name, user)))
+    else:
+        client = api_for(cluster.mint_kubeconfig(user, groups=()))
     try:
         yield client
     finally:
         client.api_client.close()
-        api.delete(f"{bindings}/tenant-edit")
+        api.delete(f"{bindings}/{name}")
+        if service_account:
+            api.delete(namespaced(namespace_name, "serviceaccounts", user))
 
 
 # -- fixtures ----------------------------------------------------------------------------------------
@@ -319,6 +345,7 @@ def egress_placer(request: pytest.FixtureRequest, devcluster: Cluster, api: Api,
         devcluster, api, spec.policy or suite_policy,
         taints=spec.taints, replicas=spec.replicas, proxy=spec.proxy, env=dict(spec.env), pool_guard=spec.pool_guard,
         controller_rights=spec.controller_rights,
+        run_guard=spec.run_guard,
     ) as placer:
         yield placer
 

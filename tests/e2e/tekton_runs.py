@@ -105,15 +105,16 @@ class Runs:
 
     # -- create -------------------------------------------------------------------------------------
     def create(
-        self, namespace: str, plural: str, body: Mapping[str, Any], dry_run: bool = False, version: str = "v1"
+        self, namespace: str, plural: str, body: Mapping[str, Any], dry_run: bool = False, version: str = "v1",
+        api: Api | None = None,
     ) -> dict[str, Any]:
         """Create a tekton.dev object, v1 unless `version` says otherwise (`dry_run`: server-side dry
-        run, the admitted object comes back)."""
+        run, the admitted object comes back), as `api`'s identity if given, else as admin."""
         if not dry_run:
             self._made.add((namespace, plural))
         extra = {"dryRun": "All"} if dry_run else {}
         group = f"/apis/tekton.dev/{version}"
-        return self.api.create(namespaced(namespace, plural, group=group), self._labelled(body), **extra)
+        return (api or self.api).create(namespaced(namespace, plural, group=group), self._labelled(body), **extra)
 
     def create_retrying(self, namespace: str, plural: str, body: Mapping[str, Any], deadline: float = 120.0) -> int:
         """Create a tekton.dev/v1 object, retrying transient failures for up to `deadline` s (it outlasts an

@@ -36,7 +36,7 @@ from tests.waiting import wait_for
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
 POLICY_FILE = DATA / "policy-queue.yaml"
-CONTROLLER = ControllerSpec(policy=POLICY_FILE)  # egress-placer with the queue policy
+CONTROLLER = ControllerSpec(policy=POLICY_FILE, run_guard=True)  # egress-placer with the queue policy and the run guard
 LEASE_SECONDS = float(LEADER_TIMINGS["EGRESS_PLACER_LEASE_DURATION_SECONDS"])
 RETRY_SECONDS = float(LEADER_TIMINGS["EGRESS_PLACER_RETRY_PERIOD_SECONDS"])
 # After a leader kill the follower sees the last renewal up to one (jittered) retry period late and takes the

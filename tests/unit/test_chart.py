@@ -2,7 +2,7 @@
 
 The chart is `k8s/` for Helm: for the default values `helm template` renders the same objects with the
 same fields as `kubectl kustomize k8s/`, and so do its certificate and intruder values and the
-kustomize components they stand for (k8s/cert-manager/, k8s/report-only/), and its `policySource:
+kustomize components they stand for (k8s/cert-manager/, k8s/report-only/, k8s/run-guard-warn/), and its `policySource:
 configmap` for k8s/policy-configmap/. Normalisation before the
 comparison, and nothing else:
   - Helm's own labels (`HELM_LABELS`: helm.sh/chart, app.kubernetes.io/managed-by, /instance, /version)
@@ -32,8 +32,10 @@ from typing import Any, Iterable, Mapping
 import pytest
 import yaml
 
+from controller.core import run_guard
 from controller.core.guard import GUARD_NAME, policy_binding
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME, controller_rights
+from controller.core.run_guard import RUN_GUARD_NAME
 from controller.core.policy import load_policy
 from devcluster.build import find_artifacts, find_optional
 from devcluster.cluster import ClusterError
@@ -49,6 +51,7 @@ COMPONENT_VALUES: dict[str, dict[str, Any]] = {
     "cert-manager": {"certificate": {"mode": "cert-manager"}},
     "policy-configmap": {"policySource": "configmap"},
     "controller-rights-warn": {"controllerRights": {"validationActions": ["Warn", "Audit"]}},
+    "run-guard-warn": {"runGuard": {"warnOnly": True}},
 }
 Key = tuple[str, str, str | None, str]
 
@@ -127,7 +130,7 @@ def merged(*values: Mapping[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(
     "components",
     [(), ("report-only",), ("cert-manager",), ("cert-manager", "report-only"), ("policy-configmap",), ("cert-manager", "policy-configmap"),
-     ("controller-rights-warn", "report-only")],
+     ("controller-rights-warn", "report-only"), ("run-guard-warn",), ("report-only", "run-guard-warn")],
     ids=lambda c: "+".join(c) or "defaults",
 )
 def test_the_render_is_k8s_for_the_same_choices(helm: Path, kubectl: Path, components: tuple[str, ...]) -> None:
@@ -214,8 +217,8 @@ def by_kind(docs: Iterable[Mapping[str, Any]], kind: str) -> list[Mapping[str, A
     return [d for d in docs if d["kind"] == kind]
 
 
-def the(docs: Iterable[Mapping[str, Any]], kind: str) -> Mapping[str, Any]:
-    (doc,) = by_kind(docs, kind)
+def the(docs: Iterable[Mapping[str, Any]], kind: str, name: str | None = None) -> Mapping[str, Any]:
+    (doc,) = [d for d in by_kind(docs, kind) if name is None or d["metadata"]["name"] == name]
     return doc
 
 
@@ -330,6 +333,32 @@ def test_the_controller_rights_are_the_render_and_may_only_warn(helm: Path, defa
     assert rights(off) == [] and by_kind(off, "ValidatingAdmissionPolicyBinding") != []
 
 
+@pytest.mark.parametrize(
+    "values, actions",
+    [({}, None), ({"runGuard": {"enabled": True}}, ["Deny"]), ({"runGuard": {"warnOnly": True}}, ["Warn", "Audit"]),
+     ({"runGuard": {"enabled": False}}, "none"), ({"runGuard": {"enabled": False, "warnOnly": True}}, "none")],
+    ids=["defaults", "enabled", "warn-only", "disabled", "disabled-warn-only"],
+)
+def test_the_run_guard_values(helm: Path, values: dict[str, Any], actions: Any) -> None:
+    """runGuard.enabled (default true) renders the policy and its binding as run_guard.py makes them;
+    runGuard.warnOnly (default false) makes the binding warn and audit instead of refusing."""
+    docs = [d for d in template(helm, values) if d["metadata"]["name"] == RUN_GUARD_NAME]
+    if actions == "none":
+        assert docs == []
+        return
+    policy, binding = the(docs, "ValidatingAdmissionPolicy"), the(docs, "ValidatingAdmissionPolicyBinding")
+    assert policy["spec"] == run_guard.validating_admission_policy()["spec"]
+    warn = bool(values.get("runGuard", {}).get("warnOnly"))
+    assert binding["spec"] == run_guard.policy_binding(warn_only=warn)["spec"]
+    assert binding["spec"]["validationActions"] == (actions or ["Deny"])
+
+
+@pytest.mark.parametrize("values", [{"runGuard": {"warnonly": True}}, {"runGuard": {"enabled": "yes"}}, {"runGuard": {"warnOnly": 1}}])
+def test_the_run_guard_values_are_checked(helm: Path, values: dict[str, Any]) -> None:
+    with pytest.raises(ClusterError, match="runGuard"):
+        template(helm, values)
+
+
 def test_an_issuer_of_one_s_own_replaces_the_self_signed_one(helm: Path) -> None:
     issuer = {"kind": "ClusterIssuer", "name": "corporate-ca", "group": "cert-manager.io"}
     docs = template(helm, {"certificate": {"mode": "cert-manager", "certManager": {"issuerRef": issuer, "duration": "720h", "renewBefore": "240h"}}})
@@ -353,7 +382,7 @@ def test_the_policy_value_is_the_configmap_and_the_guard_binding_is_static(helm:
     (configmap,) = [d for d in docs if key(d) == POLICY_CONFIGMAP]
     loaded = load_policy(configmap["data"]["policy.yaml"], "the chart's ConfigMap")  # raises when the controller would refuse it
     assert yaml.safe_load(configmap["data"]["policy.yaml"]) == {"apiVersion": "egress-placer.io/v1alpha1", "kind": "PlacementPolicy", **policy}
-    (binding,) = [d for d in by_kind(docs, "ValidatingAdmissionPolicyBinding") if d["metadata"]["name"] == GUARD_NAME]
+    binding = the(docs, "ValidatingAdmissionPolicyBinding", GUARD_NAME)
     expected = policy_binding("egress-placer")  # static: what follows the policy is in the params
     assert {k: binding[k] for k in ("apiVersion", "kind", "spec")} == {k: expected[k] for k in ("apiVersion", "kind", "spec")}
 
@@ -364,7 +393,7 @@ def test_with_the_pools_api_the_policy_value_is_not_rendered_and_the_binding_is_
     assert POLICY_CONFIGMAP not in {key(d) for d in docs}
     env = {e["name"]: e.get("value") for e in the(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["EGRESS_PLACER_POLICY_SOURCE"] == "pools"
-    (binding,) = [d for d in by_kind(docs, "ValidatingAdmissionPolicyBinding") if d["metadata"]["name"] == GUARD_NAME]
+    binding = the(docs, "ValidatingAdmissionPolicyBinding", GUARD_NAME)
     assert binding["spec"] == policy_binding("egress-placer")["spec"]
 
 

@@ -57,6 +57,42 @@ def test_pools_without_the_setting_behave_as_today() -> None:
     assert QUEUE_ANNOTATION not in patched["metadata"]["annotations"]  # a copied entry is not kept
 
 
+FORGED = [
+    entry_annotation("made-up-pool", "TaskRun", 1.0),  # names a pool that does not exist
+    entry_annotation("egress", "TaskRun", 1.0),  # an old time: first in line
+    "not json",
+    json.dumps({"pool": "egress", "kind": "Task", "time": "2020-01-01T00:00:00Z"}),
+]
+
+
+@pytest.mark.parametrize("forged", FORGED)
+@pytest.mark.parametrize("status", ["TaskRunPending", None], ids=["created-pending", "plain"])
+def test_a_forged_entry_at_create_is_removed(forged: str, status: str | None) -> None:
+    """Admission's own decision is the record: a run the tenant creates with an entry of its own (pending
+    itself, or of no pool at all) carries none once admitted, whatever the entry said."""
+    env = queued_env()
+    run = taskrun("curl")  # of no pool: not queued
+    run["metadata"]["annotations"] = {QUEUE_ANNOTATION: forged}
+    if status:
+        run["spec"]["status"] = status
+    _, patched, _ = env.review(run)
+    assert QUEUE_ANNOTATION not in patched["metadata"]["annotations"]
+    run = taskrun()  # of the queued pool, created pending by its owner: not ours either
+    run["metadata"]["annotations"] = {QUEUE_ANNOTATION: forged}
+    run["spec"]["status"] = "TaskRunPending"
+    _, patched, _ = env.review(run)
+    assert QUEUE_ANNOTATION not in patched["metadata"]["annotations"]
+
+
+def test_a_forged_entry_on_a_queued_run_is_replaced_by_admission_s_own() -> None:
+    env = queued_env()
+    run = taskrun()
+    run["metadata"]["annotations"] = {QUEUE_ANNOTATION: entry_annotation("egress", "TaskRun", 1.0)}
+    _, patched, _ = env.review(run)
+    mark = read_entry(patched["metadata"]["annotations"][QUEUE_ANNOTATION], "TaskRun")
+    assert mark is not None and mark.queued_at == env.now
+
+
 def test_a_run_of_no_pool_is_not_queued() -> None:
     env = queued_env()
     run = taskrun("curl")
