@@ -172,11 +172,12 @@ def test_a_flood_of_large_reviews_leaves_the_controller_up_and_placing(
     listed = runs.listed(TEAM_CDN, "taskruns")
     decisions = {name: decision_of(listed[name]) for name in created}
     decided_on_pool = [name for name, d in decisions.items() if d.get("pool") == POOL]
-    nodes = wait_for(
-        "the pods of the runs created during the flood bound to nodes",
-        lambda: (n := runs.nodes_of(TEAM_CDN, created)) if all(n.values()) else None,
-        timeout=PLACED_SECONDS, interval=1.0,
-    )
+
+    def all_bound() -> dict[str, str | None] | None:
+        bound = runs.nodes_of(TEAM_CDN, created)
+        return bound if all(bound.values()) else None
+
+    nodes = wait_for("the pods of the runs created during the flood bound to nodes", all_bound, timeout=PLACED_SECONDS, interval=1.0)
     on_pool = [name for name in created if nodes[name] in POOL_NODES]
     figures.set("placed", f"{len(on_pool)}/{len(created)}")
     figures.measured(
