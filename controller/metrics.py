@@ -90,6 +90,13 @@ class Metrics:
             "malformed (refused with 400, 408 or 413: not an AdmissionReview, too large, or too slow to arrive).",
             ["kind", "outcome"],
         )
+        self.admission_turned_away = self._counter(
+            "admission_turned_away_total",
+            "Webhook requests answered 503 before their body was read (the API server then applies the "
+            "webhook's failurePolicy), by reason: busy (all ordinary slots taken), large-busy (large-review slots "
+            "and their queue full), large-waited (a large review waited for a slot past the webhook timeout).",
+            ["reason"],
+        )
 
     def _pool(self) -> None:
         self.pool_node_load = self._gauge(

@@ -12,7 +12,9 @@
   large reviews: image discovery bounds its work (controller/core/images.py), but a review near the
   3 MiB limit still costs up to a few hundred milliseconds of CPU, and in a thread the interpreter hands
   the event loop the GIL every few milliseconds, so /healthz and the other reviews keep being answered
-  meanwhile; large reviews wait for each other, never ordinary ones.
+  meanwhile; large reviews wait for each other, never ordinary ones. Admission slots bound the work
+  and memory a flood costs (SMALL_SLOTS, LARGE_SLOTS): taken by Content-Length before a body is read,
+  a request that gets none is answered 503 unread (docs/security.md, "The webhook under load").
 - HTTP on `settings.health_host:health_port`: `/healthz` (the process answers), `/readyz` (200 only
   when the readiness callable has no objection and a certificate is loaded, else 503 with the
   reason; a 200 names what `degraded` reports, e.g. a refused policy, which does not make the
@@ -48,6 +50,16 @@ INLINE_REVIEW_BYTES = 64 * 1024
 # slower than this is not the API server, or the answer would come too late anyway.
 READ_TIMEOUT_SECONDS = 10.0
 IDLE_TIMEOUT_SECONDS = 30.0  # a connection without a complete request (idle keep-alive or stalled headers)
+# Admission slots, taken before a body is read, by its Content-Length (a chunked body, with none, counts as
+# large): however many clients post, at most LARGE_SLOTS large and SMALL_SLOTS ordinary bodies are read and
+# held at once. A request that gets no slot is answered 503 at once, unread (the API server then applies the
+# webhook's failurePolicy); large reviews may queue for a slot, LARGE_QUEUE of them for LARGE_WAIT_SECONDS.
+SMALL_SLOTS = 256
+LARGE_SLOTS = 4
+LARGE_QUEUE = 16
+LARGE_WAIT_SECONDS = 3.0  # the webhook's timeoutSeconds: the API server has given up by then
+LINGER_SECONDS = 2.0  # an unread body (a 503, a 413) is drained this long, so the client reads the answer
+BUSY, LARGE_BUSY, LARGE_WAITED = "busy", "large-busy", "large-waited"  # admission_turned_away_total{reason}
 # Returns None when the controller is ready (caches synced), else the reason it is not.
 Readiness = Callable[[], str | None]
 # Returns None when all is well, else what is wrong that does not stop it serving (a refused policy).
@@ -94,6 +106,8 @@ class AdmissionServer:
         self._webhook: web.AppRunner | None = None
         self._health: web.AppRunner | None = None
         self._large_reviews: ThreadPoolExecutor | None = None
+        self._small_in_use = self._large_waiting = 0
+        self._large_slots = asyncio.Semaphore(LARGE_SLOTS)
 
     # -- applications -------------------------------------------------------------------------------
 
@@ -123,15 +137,47 @@ class AdmissionServer:
         return await self._review(request, self.validation)
 
     async def _review(self, request: web.Request, reviewer: Reviewer) -> web.Response:
+        length = request.content_length
+        if length is not None and length > MAX_REVIEW_BYTES:  # refused unread
+            self._malformed()
+            return _text(413, f"the body is over the limit of {MAX_REVIEW_BYTES} bytes")
+        if length is not None and length <= INLINE_REVIEW_BYTES:
+            if self._small_in_use >= SMALL_SLOTS:
+                return self._turned_away(BUSY)
+            self._small_in_use += 1
+            try:
+                return await self._read_and_answer(request, reviewer, READ_TIMEOUT_SECONDS)
+            finally:
+                self._small_in_use -= 1
+        if self._large_slots.locked() and self._large_waiting >= LARGE_QUEUE:
+            return self._turned_away(LARGE_BUSY)
+        self._large_waiting += 1
         try:
-            async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+            async with asyncio.timeout(LARGE_WAIT_SECONDS):
+                await self._large_slots.acquire()
+        except TimeoutError:
+            return self._turned_away(LARGE_WAITED)
+        finally:
+            self._large_waiting -= 1
+        try:  # the API server sends a body at once: a large one still arriving after its timeout is not its
+            return await self._read_and_answer(request, reviewer, LARGE_WAIT_SECONDS)
+        finally:
+            self._large_slots.release()
+
+    def _turned_away(self, reason: str) -> web.Response:
+        self.metrics.admission_turned_away.labels(reason=reason).inc()
+        return _text(503, f"the webhook is busy ({reason}): try again")
+
+    async def _read_and_answer(self, request: web.Request, reviewer: Reviewer, read_timeout: float) -> web.Response:
+        try:
+            async with asyncio.timeout(read_timeout):
                 raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self._malformed()
             raise
         except TimeoutError:
             self._malformed()
-            return _text(408, f"the request body did not arrive within {READ_TIMEOUT_SECONDS:.0f} s")
+            return _text(408, f"the request body did not arrive within {read_timeout:.0f} s")
         if len(raw) <= INLINE_REVIEW_BYTES or self._large_reviews is None:
             return self._answer(raw, request.path, reviewer)
         return await asyncio.get_running_loop().run_in_executor(self._large_reviews, self._answer, raw, request.path, reviewer)
@@ -194,7 +240,8 @@ class AdmissionServer:
 
     async def _serve(self, app: web.Application, host: str, port: int, tls: ServingTLS | None) -> web.AppRunner:
         runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=self.shutdown_timeout, keepalive_timeout=IDLE_TIMEOUT_SECONDS
+            app, access_log=None, shutdown_timeout=self.shutdown_timeout, keepalive_timeout=IDLE_TIMEOUT_SECONDS,
+            lingering_time=LINGER_SECONDS,
         )
         await runner.setup()
         self._runners.append(runner)

@@ -30,6 +30,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from bench import hostile
+from controller.admission import server as server_module
 from controller.admission.certs import CA_CERT, TLS_CERT, CertificateKeeper
 from controller.admission.handlers import Admission
 from controller.admission.pools import PoolValidation
@@ -40,6 +41,7 @@ from controller.core.policy import load_policy
 from controller.metrics import Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
+from tests.waiting import wait_for
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "admission"
 TEKTON = Path(__file__).resolve().parents[1] / "data" / "tekton"  # catalog Tasks copied into the repository
@@ -393,3 +395,83 @@ def test_health_and_ordinary_reviews_are_not_queued_behind_large_reviews(running
     assert len(during) >= 5, (len(during), len(ordinary))
     slowest_ordinary = max(e - s for s, e in ordinary)
     assert slowest_ordinary < WEBHOOK_TIMEOUT_SECONDS and max(health) < PROBE_TIMEOUT_SECONDS
+
+
+# -- admission slots: a flood costs a bounded amount, and is turned away unread ----------------------
+
+
+def stalled(running: Running, length: int, sent: bytes = b"{") -> ssl.SSLSocket:
+    """A connection whose POST announces `length` bytes and sends only `sent` of them: it holds a slot."""
+    context = ssl.create_default_context(cafile=str(running.ca_file))
+    raw = socket.create_connection(("127.0.0.1", running.server.webhook_port), timeout=30)
+    conn = context.wrap_socket(raw, server_hostname="127.0.0.1")
+    conn.sendall(f"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {length}\r\n\r\n".encode() + sent)
+    return conn
+
+
+def status_of(conn: ssl.SSLSocket) -> int:
+    """The status of the answer on `conn` (read up to the end of its status line)."""
+    received = b""
+    while b"\r\n" not in received and (chunk := conn.recv(4096)):
+        received += chunk
+    return int(received[9:12])
+
+
+def turned_away(running: Running, reason: str) -> float:
+    return running.metrics.admission_turned_away.labels(reason=reason)._value.get()
+
+
+def test_a_body_announced_over_the_limit_is_refused_before_it_is_sent(running: Running) -> None:
+    conn = stalled(running, MAX_REVIEW_BYTES + 1, sent=b"")
+    try:
+        assert status_of(conn) == 413
+    finally:
+        conn.close()
+
+
+def test_ordinary_reviews_past_their_slots_are_turned_away_unread(running: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "SMALL_SLOTS", 2)
+    holders = [stalled(running, 1000) for _ in range(2)]
+    try:
+        wait_for("both ordinary slots taken", lambda: running.server._small_in_use == 2, timeout=10, interval=0.01)
+        answer = requests.post(running.webhook + "/mutate", json=review(copy.deepcopy(KANIKO_RUN)), verify=running.ca_file, timeout=10)
+        assert (answer.status_code, turned_away(running, server_module.BUSY)) == (503, 1)
+        # A large review has slots of its own, and health is answered.
+        big = json.dumps(review(copy.deepcopy(KANIKO_RUN) | {"x": "y" * 100_000})).encode()
+        assert requests.post(running.webhook + "/mutate", data=big, verify=running.ca_file, timeout=10).status_code == 200
+        assert requests.get(running.health + "/healthz", timeout=2).status_code == 200
+    finally:
+        for conn in holders:
+            conn.close()
+
+
+def test_large_reviews_past_their_slots_and_queue_are_turned_away(running: Running) -> None:
+    """LARGE_SLOTS stalled large bodies hold every large slot; LARGE_QUEUE more wait; the next is refused at
+    once (large-busy); the holders get 408 after LARGE_WAIT_SECONDS and the waiters 503 (large-waited) after
+    the same time. Meanwhile ordinary reviews and /healthz are answered at once."""
+    length = 1024 * 1024
+    holders = [stalled(running, length) for _ in range(server_module.LARGE_SLOTS)]
+    wait_for("every large slot taken", lambda: running.server._large_slots.locked(), timeout=10, interval=0.01)
+    waiters = [stalled(running, length) for _ in range(server_module.LARGE_QUEUE)]
+    try:
+        wait_for("the large queue full", lambda: running.server._large_waiting == server_module.LARGE_QUEUE, timeout=10, interval=0.01)
+        started = time.monotonic()
+        over = stalled(running, length)
+        assert status_of(over) == 503 and time.monotonic() - started < 1.0
+        over.close()
+        started = time.monotonic()
+        answer = requests.post(running.webhook + "/mutate", json=review(copy.deepcopy(KANIKO_RUN)), verify=running.ca_file, timeout=10)
+        assert answer.status_code == 200 and requests.get(running.health + "/healthz", timeout=2).status_code == 200
+        assert time.monotonic() - started < 1.0
+        assert [status_of(conn) for conn in holders] == [408] * server_module.LARGE_SLOTS
+        # The holders' slots free when their read times out, as the first waiters' wait nears its end: those
+        # few may take a slot (and time out reading, 408); the others are turned away.
+        waited = [status_of(conn) for conn in waiters]
+        assert set(waited) <= {503, 408} and waited.count(503) >= server_module.LARGE_QUEUE - server_module.LARGE_SLOTS
+        assert (turned_away(running, server_module.LARGE_BUSY), turned_away(running, server_module.LARGE_WAITED)) == (
+            1, waited.count(503))
+    finally:
+        for conn in holders + waiters:
+            conn.close()
+    wait_for("the large slots free again", lambda: not running.server._large_slots.locked(), timeout=10, interval=0.01)
