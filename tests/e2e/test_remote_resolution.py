@@ -22,6 +22,7 @@ from controller.core import cluster_resolver
 from devcluster import tekton_resolvers
 from devcluster.cluster import Cluster
 from tests.e2e.tekton_runs import (
+    EVENTS,
     MATCHING_IMAGE,
     POOL,
     POOL_NODES,
@@ -167,8 +168,11 @@ def test_a_task_in_a_namespace_tekton_blocks_is_not_followed(
     failed = wait_for("Tekton to fail the run", lambda: succeeded(runs.get(TEAM_CDN, "taskruns", name)) == "False" or None)
     assert failed
     assert name not in runs.pods_by_taskrun(TEAM_CDN)
-    shown = [e for e in api.items(namespaced(TEAM_CDN, "events", group="/apis/events.k8s.io/v1")) if MATCHING_IMAGE in json.dumps(e)]
-    assert shown == []
+    def about_it() -> list[str]:
+        return [json.dumps(e) for e in api.items(namespaced(TEAM_CDN, "events", group=EVENTS)) if name in json.dumps(e)]
+
+    shown = wait_for("admission's Event about the run", lambda: about_it() or None)  # every decision has one
+    assert [e for e in shown if MATCHING_IMAGE in e] == [], shown
 
 
 def test_a_task_in_an_allowed_namespace_is_followed_and_placed_at_create(
