@@ -105,16 +105,18 @@ def _listed(value: str, comma_list: str) -> bool:
 
 
 def namespace_refusal(namespace: str, settings: Mapping[str, str]) -> str:
-    """Why Tekton's cluster resolver may not read from `namespace` ("" when it may)."""
+    """Why Tekton's cluster resolver may not read from `namespace` ("" when it may; a tenant's long
+    namespace param is cut short in the reason)."""
     allowed, blocked = settings.get(ALLOWED, ""), settings.get(BLOCKED, "")
+    shown = namespace if len(namespace) <= 80 else f"{namespace[:80]}..."
     if blocked and _listed(namespace, blocked):
-        return f"access to namespace {namespace} is blocked ({CONFIG_MAP} {BLOCKED})"
+        return f"access to namespace {shown} is blocked ({CONFIG_MAP} {BLOCKED})"
     if allowed and _listed(namespace, allowed):
         return ""
     if blocked and _listed("*", blocked):
-        return f"only namespaces in {ALLOWED} may be read ({CONFIG_MAP} {BLOCKED} holds '*'), not {namespace}"
+        return f"only namespaces in {ALLOWED} may be read ({CONFIG_MAP} {BLOCKED} holds '*'), not {shown}"
     if allowed:
-        return f"access to namespace {namespace} is not allowed ({CONFIG_MAP} {ALLOWED})"
+        return f"access to namespace {shown} is not allowed ({CONFIG_MAP} {ALLOWED})"
     return ""
 
 

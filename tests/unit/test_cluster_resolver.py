@@ -242,3 +242,8 @@ def test_explain_follows_tekton_s_shipped_rules_or_those_in_its_input() -> None:
                 "data": {"blocked-namespaces": "shared"}}
     blocked = explain_documents(policy, read_documents(manifests + "---\n" + yaml.safe_dump(blocking), "m.yaml"))
     assert [line["images"] for line in blocked] == [[]]
+
+
+def test_a_tenant_s_long_namespace_is_cut_short_in_the_reason() -> None:
+    refused = namespace_refusal("n" * 100_000, {"allowed-namespaces": "shared"})
+    assert refused.startswith("access to namespace " + "n" * 80 + "...") and len(refused) < 200
