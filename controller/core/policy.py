@@ -235,7 +235,11 @@ class PoolTaint(PolicyModel):
         default=TAINT_KEY,
         description=f"Always {TAINT_KEY} (the only value allowed; leave it out). Taints with any other key are never touched.",
     )
-    effect: Literal["NoSchedule", "NoExecute"] = Field(
+    # The schema's enum keeps Kubernetes' three effects: when an enum refuses a value the API server
+    # skips the CEL rules, and the rule below says why PreferNoSchedule is refused.
+    effect: Annotated[
+        Literal["NoSchedule", "NoExecute"], OpenAPI(extra={"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]})
+    ] = Field(
         default="NoSchedule",
         description="The taint's effect: NoSchedule (the default) or NoExecute (also evicts running pods that "
         "do not tolerate it). PreferNoSchedule is refused: it does not keep pods off the pool's nodes.",
