@@ -16,7 +16,7 @@ spaces and commas still counts as set, as in Tekton.
 Admission reads another namespace's definition only where Tekton would let the run resolve it, so a
 decision or Event never shows a tenant images from a namespace Tekton keeps from it. While either
 ConfigMap is unknown (not read yet, absent, unreadable, or a flag Tekton cannot parse), no cluster
-reference is followed: Tekton's resolvers do not start without them either.
+reference is followed.
 """
 
 from __future__ import annotations
