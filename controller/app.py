@@ -300,7 +300,7 @@ class Controller:
 
     def not_ready_because(self) -> str | None:
         """Caches not synced. A policy problem does not count (see the module docstring)."""
-        waiting = [i.resource.name for i in self.informers if not i.synced.is_set()]
+        waiting = [i.resource.name for i in self.informers if i.required and not i.synced.is_set()]
         if waiting:
             return "caches not synced: " + ", ".join(waiting)
         return None
@@ -319,7 +319,7 @@ class Controller:
             self._adopt_stored_policy()
         start_informers(self.runner, self.informers)
         deadline = time.monotonic() + STARTUP_TIMEOUT
-        for informer in self.informers:
+        for informer in filter(lambda i: i.required, self.informers):
             if not informer.synced.wait(max(0.0, deadline - time.monotonic())):
                 raise StartupError(
                     f"the {informer.resource.name} cache did not sync in {STARTUP_TIMEOUT:.0f}s", unreachable=True

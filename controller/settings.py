@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     coscheduled: Literal["whole-run", "off"] = "whole-run"
     # Tekton's coschedule mode (feature-flags ConfigMap); read from the cluster when it can be.
     tekton_namespace: str = "tekton-pipelines"
+    # Tekton's resolvers namespace: its cluster resolver's rules (cluster-resolver-config,
+    # resolvers-feature-flags), which `resolver: cluster` references admission follows obey.
+    tekton_resolvers_namespace: str = "tekton-pipelines-resolvers"
 
     # Level-based reconcile: a full pass at least this often, whatever the events.
     resync_seconds: float = 30.0

@@ -706,7 +706,8 @@ class Cluster:
         step("Tekton ran the probe TaskRun")
 
     def install_tekton_config(self) -> None:
-        """Apply Tekton's namespace, CRDs (storage versions only), ConfigMaps and aggregated ClusterRoles.
+        """Apply Tekton's namespace, CRDs (storage versions only), ConfigMaps and aggregated ClusterRoles, and
+        the resolvers' namespace (with their ConfigMaps only when they run: `up --with tekton-resolvers`).
 
         With Tekton's webhook (`up --with tekton-webhook`): the CRDs serve every version and convert
         through the webhook, and its Service, Secret and webhook configurations are applied too."""
@@ -729,6 +730,9 @@ class Cluster:
         resolvers_bin = state.get("optional", {}).get(tekton_resolvers.NAME)
         if resolvers_bin:
             files += tekton_resolvers.config_files(Path(resolvers_bin))
+        else:  # as a Tekton release always has it: egress-placer's manifests put a Role there
+            files.append(self.dir / "tekton-resolvers-namespace.yaml")
+            files[-1].write_text(yaml.safe_dump(tekton_resolvers.namespace_manifest(), sort_keys=False))
         if webhook_bin:
             webhooks_yaml = build.optional_file(Path(webhook_bin), tekton_webhook.WEBHOOKS_FILE).read_text()
             registration = tekton_webhook.registration(webhooks_yaml, TEKTON_NAMESPACE, webhook_port)

@@ -24,6 +24,13 @@ def config_files(bin_dir: Path) -> list[Path]:
     return sorted(files, key=lambda f: not f.name.startswith("100-namespace"))
 
 
+def namespace_manifest() -> dict[str, object]:
+    """The resolvers' namespace alone, for a cluster that does not run them: a Tekton release always
+    makes it, and egress-placer reads the cluster resolver's rules there (with no ConfigMaps, it
+    follows no `resolver: cluster` reference, as Tekton resolves none)."""
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+
+
 def command_env(ports: Mapping[str, int]) -> dict[str, str]:
     """The environment of upstream's config/resolvers/resolvers-deployment.yaml, with loopback ports."""
     return {

@@ -4,7 +4,9 @@ The policy is a PlacementPolicy file or EgressPool and EgressPlacerConfig object
 documents, as `kubectl get egresspools -o yaml` writes them too), read with no cluster.
 
 Every YAML document of every manifest is read first (and must be understood); Namespaces, Tasks,
-StepActions and Pipelines among them are context. Then each TaskRun, each pipeline task (and finally
+StepActions and Pipelines among them are context, and so are Tekton's `cluster-resolver-config` and
+`resolvers-feature-flags` ConfigMaps (the rules of `resolver: cluster` references; as Tekton ships them
+when not given). Then each TaskRun, each pipeline task (and finally
 task) of a PipelineRun and each Tekton pod gives one JSON line, in input order, built by the same core
 functions admission uses: `taskrun_images` / `pipelinerun_images` / `pod_images`, then `decide`.
 """
@@ -18,6 +20,7 @@ from typing import Any, Iterator, Mapping, Sequence, TextIO
 
 import yaml
 
+from controller.core import cluster_resolver
 from controller.core.decide import decide
 from controller.core.images import (
     WHOLE_RUN,
@@ -94,12 +97,16 @@ def _check_object(obj: Any, where: str) -> None:
 
 def explain_documents(policy: PlacementPolicy, documents: Sequence[Document]) -> list[dict[str, Any]]:
     """One result per TaskRun, pipeline task and Tekton pod, in input order (context read first)."""
-    objects = TektonObjects()
+    objects = TektonObjects(cluster_resolver.TEKTON_DEFAULTS)
     namespaces: dict[str, NamespaceState] = {}
     for doc in documents:
         kind, meta = doc.obj["kind"], doc.obj.get("metadata") or {}
         if kind in TektonObjects.KINDS:
             objects.put(doc.obj)
+        elif kind == "ConfigMap" and meta.get("name") == cluster_resolver.CONFIG_MAP:
+            objects.cluster_resolver = objects.cluster_resolver.with_settings(cluster_resolver.config_map_data(doc.obj))
+        elif kind == "ConfigMap" and meta.get("name") == cluster_resolver.FEATURE_FLAGS:
+            objects.cluster_resolver = objects.cluster_resolver.with_flags(cluster_resolver.config_map_data(doc.obj))
         elif kind == "Namespace" and meta.get("name"):
             namespaces[str(meta["name"])] = NamespaceState.from_namespace(doc.obj)
 

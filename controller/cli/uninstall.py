@@ -83,7 +83,7 @@ def admission_things(settings: Settings) -> list[Thing]:
 def access_things(settings: Settings) -> list[Thing]:
     """Cluster-wide RBAC and the Roles outside the controller's namespace."""
     things = [Thing(f"clusterrolebinding {NAME}", f"{RBAC}/clusterrolebindings/{NAME}"), Thing(f"clusterrole {NAME}", f"{RBAC}/clusterroles/{NAME}")]
-    for namespace, name in ((settings.tekton_namespace, NAME), ("kube-system", AGENTS_ROLE)):
+    for namespace, name in ((settings.tekton_namespace, NAME), (settings.tekton_resolvers_namespace, NAME), ("kube-system", AGENTS_ROLE)):
         for kind in ("rolebindings", "roles"):
             things.append(Thing(f"{kind[:-1]} {namespace}/{name}", f"{RBAC}/namespaces/{namespace}/{kind}/{name}"))
     return things

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
+from controller.core import cluster_resolver
 from controller.core.model import ImageSet
 
 WHOLE_RUN = ""  # key of the single entry of `pipelinerun_images` when the Pipeline itself is unknown
@@ -557,7 +558,9 @@ class TektonObjects:
 
     KINDS = ("Task", "StepAction", "Pipeline")
 
-    def __init__(self) -> None:
+    def __init__(self, resolver_config: cluster_resolver.ResolverConfig | None = None) -> None:
+        # Tekton's cluster resolver configuration (unknown until read: no cluster reference is followed)
+        self.cluster_resolver = resolver_config or cluster_resolver.ResolverConfig()
         self._tasks: dict[tuple[str, str], TaskSpec] = {}
         self._step_actions: dict[tuple[str, str], StepActionSpec] = {}
         self._pipelines: dict[tuple[str, str], PipelineSpec] = {}
@@ -620,18 +623,21 @@ def _find(
         return f"{kind} {_clip(ref.name)} comes from the bundle {_clip(ref.bundle)}, known only when Tekton resolves it"
     if ref.resolver == "cluster":
         params: dict[str, str] = {}
-        for label, default in (("kind", "task"), ("name", ""), ("namespace", "")):
-            value = resolve(ref.params.get(label, default), scope, budget)
+        for label in ("kind", "name", "namespace"):
+            if label not in ref.params:
+                continue
+            value = resolve(ref.params[label], scope, budget)
             if isinstance(value, Unknown):
                 return f"cluster resolver param {label}: {value.cause}"
             if not isinstance(value, str):
                 return f"cluster resolver param {label} is not a string"
             params[label] = value
-        name, namespace = params["name"], params["namespace"]
-        if params["kind"].lower() != kind.lower():
-            return f"cluster resolver kind {_clip(params['kind'])!r} where a {kind} is expected"
-        if not namespace.strip():
-            return f"cluster resolver reference to {kind} {_clip(name)} names no namespace"
+        found_target = cluster_resolver.target(params, objects.cluster_resolver)
+        if isinstance(found_target, str):
+            return f"cluster resolver reference to {kind} {_clip(params.get('name', ''))}: {found_target}"
+        if found_target.kind != kind.lower():
+            return f"cluster resolver kind {_clip(found_target.kind)!r} where a {kind} is expected"
+        name, namespace = found_target.name, found_target.namespace
     elif ref.resolver:
         return f"{kind} comes from the {_clip(ref.resolver)} resolver, known only when Tekton resolves it"
     else:

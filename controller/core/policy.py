@@ -219,6 +219,13 @@ class LabelSelector(PolicyModel):
 # -- pools ----------------------------------------------------------------------------------------
 
 
+PREFER_NO_SCHEDULE_REFUSED = (
+    "taint effect PreferNoSchedule is refused: the scheduler may still put any pod on the pool's nodes, so "
+    "it does not keep them for the pool; use NoSchedule (the default) or NoExecute (docs/pools-api.md, "
+    "\"Taint effect\")"
+)
+
+
 class PoolTaint(PolicyModel):
     """The taint egress-placer keeps on every node of the pool; its value is always the pool name.
     The key is fixed (`TAINT_KEY`): `key` may be written only with that value (policies that
@@ -228,11 +235,33 @@ class PoolTaint(PolicyModel):
         default=TAINT_KEY,
         description=f"Always {TAINT_KEY} (the only value allowed; leave it out). Taints with any other key are never touched.",
     )
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+    # The schema's enum keeps Kubernetes' three effects: when an enum refuses a value the API server
+    # skips the CEL rules, and the rule below says why PreferNoSchedule is refused.
+    effect: Annotated[
+        Literal["NoSchedule", "NoExecute"], OpenAPI(extra={"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]})
+    ] = Field(
         default="NoSchedule",
-        description="The taint's effect: NoSchedule (the default), PreferNoSchedule or NoExecute (also evicts "
-        "running pods that do not tolerate it).",
+        description="The taint's effect: NoSchedule (the default) or NoExecute (also evicts running pods that "
+        "do not tolerate it). PreferNoSchedule is refused: it does not keep pods off the pool's nodes.",
     )
+
+    openapi = OpenAPI(
+        rules=(
+            Rule(
+                "!has(self.effect) || self.effect != 'PreferNoSchedule'",
+                PREFER_NO_SCHEDULE_REFUSED,
+                field_path=".effect",
+                reason="FieldValueForbidden",
+            ),
+        )
+    )
+
+    @field_validator("effect", mode="before")
+    @classmethod
+    def _keeps_pods_off(cls, effect: Any) -> Any:
+        if effect == "PreferNoSchedule":
+            raise ValueError(PREFER_NO_SCHEDULE_REFUSED)
+        return effect
 
     @field_validator("key")
     @classmethod

@@ -31,6 +31,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from loguru import logger
 
 from controller.core.agents import POOL_TOLERATIONS_ANNOTATION
+from controller.core import cluster_resolver
 from controller.core.images import TASKRUN_LABEL, TektonObjects, image_fields
 from controller.core.intruders import MIRROR_POD_ANNOTATION
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
@@ -341,8 +342,11 @@ class Informer:
         watch_timeout_seconds: int = 300,
         backoff: RetryPolicy = WATCHES,
         on_error: Callable[[BaseException | None], None] = lambda error: None,
+        required: bool = True,
     ) -> None:
         self.api = api
+        # False: the controller starts and is ready without this cache (what it feeds stays unknown)
+        self.required = required
         self.resource = resource
         self.on_replace = on_replace
         self.on_event = on_event
@@ -530,6 +534,8 @@ class ObjectObserver(Protocol):
 class ObjectSink(ObjectObserver, Protocol):
     """Where cluster objects go first (ClusterState: one store per resource), and Tekton's settings."""
 
+    tekton: TektonObjects  # its `cluster_resolver` is replaced whole when a resolvers ConfigMap changes
+
     def set_tekton_coschedule(self, value: str | None) -> None: ...
 
     def set_tekton_default_pod_template(self, template: Obj | None) -> None: ...
@@ -598,11 +604,13 @@ def cluster_informers(
         for r in resources
     ]
 
-    def tekton_config(name: str, read: Callable[[Obj | None], Any], keep: Callable[[Any], None]) -> Informer:
+    def tekton_config(
+        name: str, read: Callable[[Obj | None], Any], keep: Callable[[Any], None], namespace: str = settings.tekton_namespace
+    ) -> Informer:
         """An informer on one of Tekton's ConfigMaps: `keep(read(configmap))`, `keep(read(None))` once it is gone."""
         return Informer(
             api,
-            config_map(settings.tekton_namespace, name),
+            config_map(namespace, name),
             on_replace=lambda objs: keep(read(objs[0] if objs else None)),
             on_event=lambda event, obj: keep(read(None if event == "DELETED" else obj)),
             metrics=metrics,
@@ -612,4 +620,31 @@ def cluster_informers(
 
     out.append(tekton_config(TEKTON_FEATURE_FLAGS, coschedule_of, sink.set_tekton_coschedule))
     out.append(tekton_config(TEKTON_CONFIG_DEFAULTS, default_pod_template_of, sink.set_tekton_default_pod_template))
+
+    # Tekton's cluster resolver rules: until both are read, no `resolver: cluster` reference is followed.
+    # Two informers' threads replace the one value: each change under a lock, so neither is lost.
+    resolver_lock = threading.Lock()
+
+    def keep_settings(data: Mapping[str, Any] | str) -> None:
+        with resolver_lock:
+            sink.tekton.cluster_resolver = sink.tekton.cluster_resolver.with_settings(data)
+
+    def keep_flags(data: Mapping[str, Any] | str) -> None:
+        with resolver_lock:
+            sink.tekton.cluster_resolver = sink.tekton.cluster_resolver.with_flags(data)
+
+    def resolver_config(name: str, keep: Callable[[Mapping[str, Any] | str], None]) -> Informer:
+        """Not required: unreadable (no Role, no namespace), it leaves the rules unknown, not the controller down."""
+        informer = tekton_config(name, cluster_resolver.config_map_data, keep, settings.tekton_resolvers_namespace)
+        informer.required = False
+
+        def unreadable(error: BaseException | None) -> None:
+            if error is not None and not informer.synced.is_set():
+                keep(f"unreadable: {describe_error(error)}")
+
+        informer.on_error = unreadable
+        return informer
+
+    out.append(resolver_config(cluster_resolver.CONFIG_MAP, keep_settings))
+    out.append(resolver_config(cluster_resolver.FEATURE_FLAGS, keep_flags))
     return out

@@ -21,7 +21,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 import devcluster.cluster as cluster_module
-from devcluster import build
+from devcluster import build, tekton_resolvers
 from devcluster.cluster import EGRESS_POOL, EGRESS_POOL_LABEL, Cluster, ClusterError
 from devcluster.process import ProcessRecord, spawn
 from devcluster.pytest_plugin import session_optional
@@ -292,6 +292,8 @@ def test_cli_up_status_kubeconfig_down_leaves_no_process(tmp_path: Path) -> None
         }
         assert all((directory / "pids" / f"{r.name}.pid").read_text().strip() == str(r.pid) for r in records)
         assert _cli("status", "--dir", str(directory)).returncode == 0
+        # without Tekton's resolvers, their namespace still exists (a release always has it; k8s/ puts a Role there)
+        assert cluster.api().get(f"/api/v1/namespaces/{tekton_resolvers.NAMESPACE}") is not None
 
         minted = _cli("kubeconfig", "--dir", str(directory), "--user", "system:serviceaccount:default:someone")
         assert minted.returncode == 0, minted.stderr

@@ -137,6 +137,10 @@ BAD_OBJECTS: list[tuple[str, dict[str, Any], str]] = [
     ("a negative priority", pool(priority=-1), "spec.priority"),
     ("a system taint key", pool(taint={"key": "node-role.kubernetes.io/control-plane"}), "spec.taint.key"),
     ("an unknown taint effect", pool(taint={"effect": "NoEntry"}), "spec.taint.effect"),
+    # a taint that does not keep pods off the pool's nodes (docs/pools-api.md, "Taint effect")
+    ("taint effect PreferNoSchedule (CEL)", pool(taint={"effect": "PreferNoSchedule"}),
+     "spec.taint.effect: Forbidden: taint effect PreferNoSchedule is refused: the scheduler may still put any pod "
+     "on the pool's nodes"),
     ("an unknown field", pool(imagez=["x"]), 'unknown field "spec.imagez"'),
     ("egressLoad without prometheus", pool(egressLoad={"bandwidthBytesPerSecond": 1000}), "spec.egressLoad.prometheus: Required value"),
     ("an ftp URL (CEL)", pool(egressLoad={"prometheus": {"url": "ftp://prometheus"}}), "spec.egressLoad.prometheus.url"),
@@ -294,8 +298,8 @@ def test_editing_pools_changes_decisions_and_taints_within_10s_and_deleting_ever
     within_10s("edited namespaces: now team-other's", lambda: decision(runs, TEAM_OTHER) == ("overseas", "image-match"))
     assert decision(runs, TEAM_CDN) == (None, "namespace-not-allowed")
 
-    api.merge_patch(f"{POOLS}/overseas", {"spec": {"nodeSelector": None, "nodes": ["egress-1", "egress-2"], "taint": {"effect": "PreferNoSchedule"}}})
-    soft = [("overseas", "PreferNoSchedule")]
+    api.merge_patch(f"{POOLS}/overseas", {"spec": {"nodeSelector": None, "nodes": ["egress-1", "egress-2"], "taint": {"effect": "NoExecute"}}})
+    soft = [("overseas", "NoExecute")]
     within_10s("edited members and taint", lambda: taints(api) == only({"egress-1": soft, "egress-2": soft}))
 
     lab = [("lab", "NoSchedule")]

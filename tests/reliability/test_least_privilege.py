@@ -1,6 +1,6 @@
 """Reliability, least privilege: the rights of egress-placer's ServiceAccount, read back from the API
 server (SelfSubjectRulesReview with a kubeconfig minted for the ServiceAccount) in its own namespace,
-in Tekton's, in kube-system and in a plain tenant namespace, equal the explicit lists below, no more and no less; and
+in Tekton's and its resolvers', in kube-system and in a plain tenant namespace, equal the explicit lists below, no more and no less; and
 the controller, running under exactly that identity, does its work on a read-only root filesystem
 with only /tmp writable (a private mount namespace, as `readOnlyRootFilesystem` plus an emptyDir on
 /tmp), its HOME and working directory unwritable: it becomes ready, leads, restores a pool taint,
@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
 
 REPO = Path(__file__).resolve().parents[2]
 TEKTON_NAMESPACE = "tekton-pipelines"
+RESOLVERS_NAMESPACE = "tekton-pipelines-resolvers"
 Rule = tuple[str, str, str, str]  # api group, resource, resource name ("*": any), verb
 
 
@@ -72,12 +73,15 @@ OWN_NAMESPACE = (
 )
 # k8s/rbac-tekton.yaml: Tekton's feature flags (the affinity assistant's coschedule mode) and defaults.
 TEKTON = rules([""], ["configmaps"], READ, ["feature-flags", "config-defaults"])
+# k8s/rbac-tekton.yaml: Tekton's cluster resolver rules (which namespaces `resolver: cluster` may read).
+RESOLVERS = rules([""], ["configmaps"], READ, ["cluster-resolver-config", "resolvers-feature-flags"])
 # k8s/rbac-agents.yaml: patch node agents' templates, where their owner opted in, in kube-system only.
 AGENTS_NAMESPACE = "kube-system"
 AGENTS = rules(["apps"], ["daemonsets"], ["patch"])
 EXPECTED = {
     NAMESPACE: EVERY_USER | CLUSTER_WIDE | OWN_NAMESPACE,
     TEKTON_NAMESPACE: EVERY_USER | CLUSTER_WIDE | TEKTON,
+    RESOLVERS_NAMESPACE: EVERY_USER | CLUSTER_WIDE | RESOLVERS,
     AGENTS_NAMESPACE: EVERY_USER | CLUSTER_WIDE | AGENTS,
     TEAM_OTHER: EVERY_USER | CLUSTER_WIDE,
 }
@@ -104,7 +108,7 @@ def granted(review: dict[str, Any]) -> tuple[set[Rule], set[tuple[str, str]]]:
 def test_the_service_account_has_exactly_the_listed_rights(devcluster: Cluster, egress_placer: Placer, figures: Figures) -> None:
     figures.fault(
         "least privilege: the ServiceAccount's rights read back (SelfSubjectRulesReview)",
-        f"namespaces {NAMESPACE}, {TEKTON_NAMESPACE}, {AGENTS_NAMESPACE} and {TEAM_OTHER}",
+        f"namespaces {NAMESPACE}, {TEKTON_NAMESPACE}, {RESOLVERS_NAMESPACE}, {AGENTS_NAMESPACE} and {TEAM_OTHER}",
         "exactly the rules the test lists (k8s/rbac-*.yaml plus Kubernetes' defaults for authenticated users)",
     )
     controller_api = api_for(devcluster.mint_kubeconfig(service_account_user()))

@@ -299,13 +299,16 @@ def test_extra_settings_are_added_and_may_replace_the_chart_s(helm: Path, defaul
     assert [e["name"] for e in container(docs)["env"]].count("EGRESS_PLACER_LOG_FORMAT") == 1
 
 
-def test_the_tekton_namespace_moves_the_role_and_the_setting(helm: Path) -> None:
-    docs = template(helm, {"tektonNamespace": "tekton"})
+def test_the_tekton_namespaces_move_the_roles_and_the_settings(helm: Path) -> None:
+    docs = template(helm, {"tektonNamespace": "tekton", "tektonResolversNamespace": "tekton-resolvers"})
     assert env(docs)["EGRESS_PLACER_TEKTON_NAMESPACE"] == "tekton"
-    tekton_role = [d for d in by_kind(docs, "Role") if "feature-flags" in json.dumps(d["rules"])]
+    assert env(docs)["EGRESS_PLACER_TEKTON_RESOLVERS_NAMESPACE"] == "tekton-resolvers"
+    tekton_role = [d for d in by_kind(docs, "Role") if "config-defaults" in json.dumps(d["rules"])]
     assert [d["metadata"]["namespace"] for d in tekton_role] == ["tekton"]
-    assert [d["metadata"]["namespace"] for d in by_kind(docs, "RoleBinding") if d["roleRef"]["name"] == "egress-placer"
-            and d["metadata"]["namespace"] != "egress-placer"] == ["tekton"]
+    resolvers_role = [d for d in by_kind(docs, "Role") if "cluster-resolver-config" in json.dumps(d["rules"])]
+    assert [d["metadata"]["namespace"] for d in resolvers_role] == ["tekton-resolvers"]
+    assert sorted(d["metadata"]["namespace"] for d in by_kind(docs, "RoleBinding") if d["roleRef"]["name"] == "egress-placer"
+                  and d["metadata"]["namespace"] != "egress-placer") == ["tekton", "tekton-resolvers"]
 
 
 @pytest.mark.parametrize("namespaces", [[], ["kube-system", "monitoring"]])

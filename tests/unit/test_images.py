@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.core.cluster_resolver import TEKTON_DEFAULTS
 from controller.core.images import (
     WHOLE_RUN,
     Fanout,
@@ -48,7 +49,8 @@ def pipelinerun(spec: dict[str, Any], namespace: str = "ci") -> dict[str, Any]:
 
 
 def index(*objs: dict[str, Any]) -> TektonObjects:
-    objects = TektonObjects()
+    """The objects, with Tekton's cluster resolver configured as Tekton ships it."""
+    objects = TektonObjects(TEKTON_DEFAULTS)
     for obj in objs:
         objects.put(obj)
     return objects
@@ -146,7 +148,7 @@ def with_step(image: str, **extra: Any) -> dict[str, Any]:
         ({"taskRef": {"resolver": "cluster", "params": params(name="shared", namespace="tekton-tasks")}},
          ImageSet(images=("shared:1",))),
         ({"taskRef": {"resolver": "cluster", "params": params(name="shared")}},
-         ImageSet(unresolved=("cluster resolver reference to Task shared names no namespace",))),
+         ImageSet(unresolved=("cluster resolver reference to Task shared: missing required cluster resolver params: namespace",))),
         ({"taskRef": {"resolver": "cluster", "params": params(kind="pipeline", name="shared", namespace="tekton-tasks")}},
          ImageSet(unresolved=("cluster resolver kind 'pipeline' where a Task is expected",))),
         ({"taskRef": {"resolver": "cluster", "params": params(name="gone", namespace="tekton-tasks")}},
@@ -224,7 +226,7 @@ def test_step_action_default_referring_to_another_param() -> None:
         ({"name": "nope"}, "step clone: StepAction ci/nope not found"),
         ({"resolver": "git", "params": params(url="u")}, "step clone: StepAction comes from the git resolver, known only when Tekton resolves it"),
         ({"resolver": "cluster", "params": params(kind="stepaction", name="git-clone")},
-         "step clone: cluster resolver reference to StepAction git-clone names no namespace"),
+         "step clone: cluster resolver reference to StepAction git-clone: missing required cluster resolver params: namespace"),
     ],
 )
 def test_unresolved_step_actions(ref: dict[str, Any], cause: str) -> None:

@@ -56,6 +56,7 @@ def default(field: str) -> Any:
 # `get` wherever the same objects may already be listed.
 ANY = None
 TEKTON_NS = default("tekton_namespace")
+RESOLVERS_NS = default("tekton_resolvers_namespace")
 REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     *{("cluster", "", "nodes", v, ANY) for v in ("get", "list", "watch", "patch")},
     *{("cluster", "", "namespaces", v, ANY) for v in ("get", "list", "watch")},
@@ -87,6 +88,9 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     *{(NAMESPACE, "", "configmaps", v, store_name(default("policy_configmap"))) for v in ("get", "update")},
     (NAMESPACE, "", "configmaps", "create", ANY),
     *{(TEKTON_NS, "", "configmaps", v, n) for v in ("get", "list", "watch") for n in ("feature-flags", "config-defaults")},
+    # Tekton's cluster resolver rules (docs/security.md, "Cluster resolver rules")
+    *{(RESOLVERS_NS, "", "configmaps", v, n) for v in ("get", "list", "watch")
+      for n in ("cluster-resolver-config", "resolvers-feature-flags")},
     # The pools API (k8s/crds/): read and watched; the leader writes each pool's status.
     *{("cluster", "egress-placer.io", r, v, ANY) for r in ("egresspools", "egressplacerconfigs") for v in ("get", "list", "watch")},
     *{("cluster", "egress-placer.io", "egresspools/status", v, ANY) for v in ("update", "patch")},
@@ -201,7 +205,7 @@ def test_namespaced_objects_name_their_namespace(obj: dict[str, Any]) -> None:
     if obj["kind"] in CLUSTER_SCOPED:
         assert ns is None
     else:
-        assert ns in {NAMESPACE, TEKTON_NS, "kube-system"}
+        assert ns in {NAMESPACE, TEKTON_NS, RESOLVERS_NS, "kube-system"}
 
 
 POLICY_CONFIGMAP_COMPONENT = yaml.safe_load((K8S / "policy-configmap" / "kustomization.yaml").read_text())
@@ -634,6 +638,7 @@ def test_roles_live_where_the_controller_uses_them() -> None:
     assert {(r["metadata"].get("namespace"), r["metadata"]["name"]) for r in objects("Role")} == {
         (NAMESPACE, "egress-placer"),
         (TEKTON_NS, "egress-placer"),
+        (RESOLVERS_NS, "egress-placer"),
         ("kube-system", "egress-placer-agents"),
     }
     assert [r["metadata"]["name"] for r in objects("ClusterRole")] == ["egress-placer"]

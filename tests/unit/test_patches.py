@@ -45,7 +45,7 @@ pools:
   - name: soft
     nodeSelector: {egress: soft}
     placement: preferred
-    taint: {effect: PreferNoSchedule}
+    taint: {effect: NoExecute}
 """
 )
 FAST, LAB, SOFT = POLICY.pool("fast"), POLICY.pool("lab"), POLICY.pool("soft")
@@ -201,7 +201,7 @@ def test_place_preferred_pool():
         {"weight": POOL_PREFERENCE_WEIGHT, "preference": {"matchExpressions": [expr("egress", "In", "soft")]}}
     ]
     assert placed["tolerations"] == [
-        {"key": "egress-placer.io/pool", "operator": "Equal", "value": "soft", "effect": "PreferNoSchedule"}
+        {"key": "egress-placer.io/pool", "operator": "Equal", "value": "soft", "effect": "NoExecute"}
     ]
 
 
@@ -229,10 +229,12 @@ def test_place_node_preference_replaces_ours_and_keeps_the_users():
         ([{"key": "egress-placer.io/pool", "operator": "Exists"}], "fast", []),  # tolerates every pool
         ([{"key": "egress-placer.io/pool", "operator": "Equal", "value": "gone", "effect": "NoSchedule"}], None, []),
         ([{**FAST_TOL, "effect": "NoExecute"}], "fast", []),  # wrong effect: useless, stripped
-        ([{"key": "egress-placer.io/pool", "operator": "Exists", "effect": "PreferNoSchedule"}], None, []),  # soft's effect
+        ([{"key": "egress-placer.io/pool", "operator": "Exists", "effect": "NoExecute"}], None, []),  # soft's effect
         ([{"key": "example.com/soft", "operator": "Exists"}], None, [{"key": "example.com/soft", "operator": "Exists"}]),  # foreign key
         ([{"operator": "Exists"}], None, []),  # tolerates everything, pools included
-        ([{"operator": "Exists", "effect": "NoExecute"}], None, [{"operator": "Exists", "effect": "NoExecute"}]),
+        ([{"operator": "Exists", "effect": "NoExecute"}], None, []),  # tolerates soft's taint
+        # no pool's taint is PreferNoSchedule (refused by the policy): tolerating those tolerates no pool
+        ([{"operator": "Exists", "effect": "PreferNoSchedule"}], None, [{"operator": "Exists", "effect": "PreferNoSchedule"}]),
         ([{"key": "gpu", "operator": "Exists"}, FAST_TOL], None, [{"key": "gpu", "operator": "Exists"}]),
     ],
 )

@@ -94,7 +94,10 @@ def test_defaults() -> None:
          "policy.yaml:4: pools[0]: a pool needs nodeSelector or nodes"),
         (GOOD.replace("nodes: [node-7]", "nodes: [Node_7]"), "policy.yaml:7: pools[0].nodes[0]: 'Node_7' is not a valid node name"),
         (GOOD + "    taint: {key: egress-placer.io/pool, effect: Sometimes}\n",
-         "policy.yaml:14: pools[0].taint.effect: Input should be 'NoSchedule', 'PreferNoSchedule' or 'NoExecute'"),
+         "policy.yaml:14: pools[0].taint.effect: Input should be 'NoSchedule' or 'NoExecute'"),
+        (GOOD + "    taint: {effect: PreferNoSchedule}\n",
+         "policy.yaml:14: pools[0].taint.effect: taint effect PreferNoSchedule is refused: the scheduler may still put "
+         "any pod on the pool's nodes"),
         (GOOD + "    taint: {key: egress-placer.io/pool, value: v}\n", "policy.yaml:14: pools[0].taint.value: Extra inputs are not permitted"),
         (GOOD + "    taint: {key: example.com/lab}\n",
          "policy.yaml:14: pools[0].taint.key: the taint key is fixed to egress-placer.io/pool"),

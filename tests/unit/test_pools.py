@@ -286,7 +286,7 @@ POOLS = st.fixed_dictionaries(
         "namespaceSelector": SELECTOR,
         "placement": st.sampled_from(["required", "preferred"]),
         "capacity": st.integers(1, 1000),
-        "taint": st.fixed_dictionaries({}, optional={"effect": st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"])}),
+        "taint": st.fixed_dictionaries({}, optional={"effect": st.sampled_from(["NoSchedule", "NoExecute"])}),
         "egressLoad": egress_loads(),
     },
 )

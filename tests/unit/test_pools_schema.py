@@ -292,6 +292,15 @@ def test_the_agent_namespaces_rule_refuses_what_the_loader_refuses(spec: dict[st
     assert cel_allows(rules(config_spec_schema()), spec) is accepts(lambda s: PlacementPolicy.model_validate({**base, **s}), spec)
 
 
+@pytest.mark.parametrize("taint", [{}, {"effect": "NoSchedule"}, {"effect": "NoExecute"}, {"effect": "PreferNoSchedule"}])
+def test_the_taint_effect_rule_refuses_what_the_loader_refuses(taint: dict[str, Any]) -> None:
+    """PreferNoSchedule does not keep pods off the pool's nodes: refused by both (docs/pools-api.md, "Taint effect")."""
+    schema = SPEC["properties"]["taint"]
+    assert cel_allows(rules(schema), taint) is accepts(lambda t: Pool.model_validate(pool_with(taint=t)), taint)
+    # in the enum, so that the API server gets to the CEL rule (it skips them once the enum refuses a value)
+    assert schema["properties"]["effect"]["enum"] == ["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
 def test_the_name_rules_refuse_the_reserved_names() -> None:
     pool_rules = rules(root_schema(POOL_CRD))
     assert [cel_allows(pool_rules, {"metadata": {"name": n}}) for n in ("auto", "none", "overseas")] == [False, False, True]

@@ -25,7 +25,7 @@ pools:
     nodes: [edge-1]
   - name: soft
     nodeSelector: {egress: soft}
-    taint: {effect: PreferNoSchedule}
+    taint: {effect: NoExecute}
 """
 )
 NO_POOLS = load_policy("apiVersion: egress-placer.io/v1alpha1\nkind: PlacementPolicy\n")
@@ -36,11 +36,11 @@ kind: PlacementPolicy
 pools:
   - name: soft
     nodeSelector: {egress: soft}
-    taint: {effect: PreferNoSchedule}
+    taint: {effect: NoExecute}
 """
 )
 FAST = Taint("egress-placer.io/pool", "fast", "NoSchedule")
-SOFT = Taint("egress-placer.io/pool", "soft", "PreferNoSchedule")
+SOFT = Taint("egress-placer.io/pool", "soft", "NoExecute")
 FORMER_KEY = Taint("example.com/soft", "soft", "PreferNoSchedule")  # a custom key of an older version
 FOREIGN = Taint("node.kubernetes.io/unreachable", None, "NoExecute")
 GPU = Taint("nvidia.com/gpu", "present", "NoSchedule")
@@ -100,6 +100,9 @@ def test_plan_taints(candidate, add, remove):
         # A taint whose effect the policy changed: the old one goes, the new one comes.
         (ONLY_SOFT, node("b", "soft", Taint("egress-placer.io/pool", "soft", "NoSchedule")), (SOFT,),
          (Taint("egress-placer.io/pool", "soft", "NoSchedule"),)),
+        # A PreferNoSchedule taint an older version left (no pool may have it now) is replaced too.
+        (ONLY_SOFT, node("b", "soft", Taint("egress-placer.io/pool", "soft", "PreferNoSchedule")), (SOFT,),
+         (Taint("egress-placer.io/pool", "soft", "PreferNoSchedule"),)),
     ],
 )
 def test_owned_taints_of_pools_the_policy_no_longer_has_are_removed(policy, candidate, add, remove):
