@@ -164,13 +164,14 @@ def chart_run_guard_template() -> str:
     """The chart's run guard: the policy and its binding, metadata through the chart's helper, the binding's
     actions from runGuard.warnOnly."""
     out = "{{- if .Values.runGuard.enabled }}\n" + CHART_RUN_GUARD_HEADER
-    for doc in (run_guard.validating_admission_policy(), run_guard.policy_binding()):
+    for doc in (run_guard.validating_admission_policy(namespace=_NAMESPACE), run_guard.policy_binding()):
         spec = dict(doc["spec"])
         actions = "validationActions" in spec
         spec.pop("validationActions", None)
         text = yaml.dump({"spec": spec}, Dumper=_BlockDumper, sort_keys=False, width=120)
         if "{{" in text or "}}" in text:
             raise ValueError("the run guard's spec holds '{{' or '}}', which Helm would read as a template action")
+        text = text.replace(_NAMESPACE, '{{ include "egress-placer.namespace" . }}')
         if actions:
             text = text.replace(
                 "spec:\n",

@@ -39,7 +39,7 @@ from controller.core.run_guard import RUN_GUARD_NAME
 from controller.core.policy import load_policy
 from devcluster.build import find_artifacts, find_optional
 from devcluster.cluster import ClusterError
-from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, policy_values, post_render, run_helm, settings_env, template
+from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, RELEASE_NAMESPACE, policy_values, post_render, run_helm, settings_env, template
 from devplacer.local_placer import K8S_DIR, kustomize
 
 HELM_LABELS = frozenset({"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"})
@@ -165,7 +165,7 @@ def test_the_packaged_chart_renders_the_same(helm: Path, tmp_path: Path, default
     """`helm package` keeps everything the render needs (crds/, files/; .helmignore leaves out none of it)."""
     run_helm(helm, "package", str(CHART_DIR), "--destination", str(tmp_path))
     (archive,) = tmp_path.glob("egress-placer-*.tgz")
-    out = run_helm(helm, "template", "egress-placer", str(archive), "--namespace", "default", "--include-crds",
+    out = run_helm(helm, "template", "egress-placer", str(archive), "--namespace", RELEASE_NAMESPACE, "--include-crds",
                    "--set", "prometheusRule.enabled=true,grafanaDashboard.enabled=true")
     packaged = [d for d in yaml.safe_load_all(out) if d]
     assert compare(default_render, [d for d in packaged if d["kind"] != "PrometheusRule" and d["metadata"]["name"] != "egress-placer-dashboard"]) == []
