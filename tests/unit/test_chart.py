@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import pytest
 import yaml
@@ -457,3 +457,142 @@ def test_the_local_process_gets_the_deployment_s_settings_but_its_own_ports(defa
     assert settings["EGRESS_PLACER_INTRUDER_MODE"] == "evict"
     assert not LOCAL_SETTINGS & set(settings)
     assert "EGRESS_PLACER_NAMESPACE" not in settings  # from the downward API in a cluster; the local process sets it
+
+
+# -- the release namespace -------------------------------------------------------------------------------
+OTHER_NAMESPACE = "ci-system"
+
+
+def test_every_object_follows_the_release_namespace(helm: Path) -> None:
+    """`helm template -n ci-system`: every namespaced object of the chart is there, and the cluster-wide
+    objects that name the namespace (webhook Service references, binding subjects, the policies' controller
+    user, the binding's params) name ci-system; the literal egress-placer namespace is nowhere."""
+    values = {"certificate": {"mode": "cert-manager"}, "serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+              "grafanaDashboard": {"enabled": True}, "networkPolicy": {"enabled": True, "ipBlocks": ["10.0.0.0/28"]},
+              "policySource": "configmap", "agentRbac": {"namespaces": []}}
+    docs = template(helm, values, namespace=OTHER_NAMESPACE)
+    outside = {"tekton-pipelines", "tekton-pipelines-resolvers"}  # the Tekton Roles, by design
+    namespaced = [d for d in docs if "namespace" in d["metadata"]]
+    assert {d["metadata"]["namespace"] for d in namespaced} - outside == {OTHER_NAMESPACE}
+    assert the(docs, "Namespace")["metadata"]["name"] == OTHER_NAMESPACE
+    text = json.dumps([d for d in docs if d["kind"] != "CustomResourceDefinition"])
+    assert "egress-placer.svc" not in text and ":egress-placer:" not in text and '"namespace": "egress-placer"' not in text
+    assert f"system:serviceaccount:{OTHER_NAMESPACE}:egress-placer" in json.dumps(the(docs, "ValidatingAdmissionPolicy", RUN_GUARD_NAME))
+    assert f"system:serviceaccount:{OTHER_NAMESPACE}:egress-placer" in json.dumps(the(docs, "ValidatingAdmissionPolicy", RIGHTS_NAME))
+    for webhook in the(docs, "MutatingWebhookConfiguration")["webhooks"] + the(docs, "ValidatingWebhookConfiguration")["webhooks"]:
+        assert webhook["clientConfig"]["service"]["namespace"] == OTHER_NAMESPACE
+    for webhook in the(docs, "MutatingWebhookConfiguration")["webhooks"]:
+        (by_name,) = [e for e in webhook["namespaceSelector"]["matchExpressions"] if e["key"] == "kubernetes.io/metadata.name"]
+        assert by_name["values"][0] == OTHER_NAMESPACE
+    subjects = [s for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding") for s in d["subjects"]]
+    assert subjects and {s["namespace"] for s in subjects} == {OTHER_NAMESPACE}
+    assert the(docs, "ValidatingAdmissionPolicyBinding", GUARD_NAME)["spec"]["paramRef"]["namespace"] == OTHER_NAMESPACE
+    assert the(docs, "Certificate")["spec"]["dnsNames"][0] == f"egress-placer-webhook.{OTHER_NAMESPACE}.svc"
+    assert the(docs, "MutatingWebhookConfiguration")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{OTHER_NAMESPACE}/egress-placer-webhook"
+    assert the(docs, "ServiceMonitor")["spec"]["namespaceSelector"] == {"matchNames": [OTHER_NAMESPACE]}
+
+
+def test_the_literal_namespace_is_in_no_template() -> None:
+    """Only the helper names the namespace; no template writes egress-placer as one."""
+    for template_file in (CHART_DIR / "templates").glob("*"):
+        text = template_file.read_text()
+        for needle in ("namespace: egress-placer", "serviceaccount:egress-placer:", "egress-placer.svc", "egress-placer/egress-placer"):
+            assert needle not in text, f"{template_file.name}: {needle}"
+
+
+# -- the values of Kyverno's and Kueue's charts, each on and off -------------------------------------------
+DIGEST = "sha256:" + "ab" * 32
+
+
+def pdb(docs: Iterable[Mapping[str, Any]]) -> Any:
+    found = by_kind(docs, "PodDisruptionBudget")
+    return found[0]["spec"] if found else None
+
+
+NEW_VALUES: list[tuple[str, dict[str, Any], Callable[[list[dict[str, Any]]], Any], Any]] = [
+    ("image.digest", {"image": {"repository": "ghcr.io/x/egress-placer", "tag": "0.2.0", "digest": DIGEST}},
+     lambda d: container(d)["image"], f"ghcr.io/x/egress-placer@{DIGEST}"),
+    ("imagePullSecrets", {"imagePullSecrets": [{"name": "registry"}]}, lambda d: pod_spec(d)["imagePullSecrets"], [{"name": "registry"}]),
+    ("affinity", {"affinity": {"podAntiAffinity": None, "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "platform", "operator": "Exists"}]}]}}}},
+     lambda d: list(pod_spec(d)["affinity"]), ["nodeAffinity"]),
+    ("affinity.off", {"affinity": None}, lambda d: "affinity" in pod_spec(d), False),
+    ("topologySpreadConstraints", {"topologySpreadConstraints": [{"maxSkew": 2, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]},
+     lambda d: pod_spec(d)["topologySpreadConstraints"], [{"maxSkew": 2, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]),
+    ("topologySpreadConstraints.off", {"topologySpreadConstraints": []}, lambda d: "topologySpreadConstraints" in pod_spec(d), False),
+    ("podDisruptionBudget.minAvailable", {"podDisruptionBudget": {"minAvailable": 2}, "replicas": 3}, pdb,
+     {"minAvailable": 2, "selector": {"matchLabels": {"app.kubernetes.io/name": "egress-placer", "app.kubernetes.io/component": "controller"}}}),
+    ("podDisruptionBudget.maxUnavailable", {"podDisruptionBudget": {"maxUnavailable": "50%"}}, lambda d: sorted(pdb(d)), ["maxUnavailable", "selector"]),
+    ("podDisruptionBudget.enabled.off", {"podDisruptionBudget": {"enabled": False}}, pdb, None),
+    ("startupProbe", {"startupProbe": {"failureThreshold": 120}}, lambda d: container(d)["startupProbe"]["failureThreshold"], 120),
+    ("livenessProbe.off", {"livenessProbe": None}, lambda d: "livenessProbe" in container(d), False),
+    ("readinessProbe", {"readinessProbe": {"periodSeconds": 2}}, lambda d: (container(d)["readinessProbe"]["periodSeconds"],
+                                                                            container(d)["readinessProbe"]["httpGet"]["path"]), (2, "/readyz")),
+    ("podSecurityContext", {"podSecurityContext": {"fsGroup": 65532}}, lambda d: pod_spec(d)["securityContext"]["fsGroup"], 65532),
+    ("securityContext", {"securityContext": {"runAsUser": 1001, "runAsGroup": 1001}},
+     lambda d: (container(d)["securityContext"]["runAsUser"], container(d)["securityContext"]["readOnlyRootFilesystem"]), (1001, True)),
+    ("serviceAccount.annotations", {"serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}}},
+     lambda d: the(d, "ServiceAccount")["metadata"]["annotations"], {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}),
+    ("webhook.failurePolicy", {"webhook": {"failurePolicy": "Fail"}},
+     lambda d: {w["failurePolicy"] for w in the(d, "MutatingWebhookConfiguration")["webhooks"]}, {"Fail"}),
+    ("webhook.timeoutSeconds", {"webhook": {"timeoutSeconds": 10}},
+     lambda d: {w["timeoutSeconds"] for w in the(d, "MutatingWebhookConfiguration")["webhooks"]}, {10}),
+    ("webhook.excludeNamespaces", {"webhook": {"excludeNamespaces": ["legacy-ci", "kube-system"]}},
+     lambda d: [[e["values"] for e in w["namespaceSelector"]["matchExpressions"] if e["key"] == "kubernetes.io/metadata.name"][0]
+                for w in the(d, "MutatingWebhookConfiguration")["webhooks"]],
+     [["egress-placer", "kube-system", "legacy-ci"]] * 3 + [["egress-placer", "legacy-ci", "kube-system"]]),
+    ("webhook.namespaceSelector", {"webhook": {"namespaceSelector": {"matchExpressions": [{"key": "ci.example.com/tekton", "operator": "Exists"}]}}},
+     lambda d: {json.dumps(w["namespaceSelector"]["matchExpressions"][-1]) for w in the(d, "MutatingWebhookConfiguration")["webhooks"]},
+     {json.dumps({"key": "ci.example.com/tekton", "operator": "Exists"})}),
+    ("serviceMonitor.namespace", {"serviceMonitor": {"enabled": True, "namespace": "monitoring"}},
+     lambda d: (the(d, "ServiceMonitor")["metadata"]["namespace"], the(d, "ServiceMonitor")["spec"]["namespaceSelector"]),
+     ("monitoring", {"matchNames": ["egress-placer"]})),
+    ("serviceMonitor.tlsConfig", {"serviceMonitor": {"enabled": True, "secure": True, "tlsConfig": {"insecureSkipVerify": False, "serverName": "x"}}},
+     lambda d: {k: the(d, "ServiceMonitor")["spec"]["endpoints"][0].get(k) for k in ("scheme", "tlsConfig")},
+     {"scheme": "https", "tlsConfig": {"insecureSkipVerify": False, "serverName": "x"}}),
+]
+
+
+@pytest.mark.parametrize("values, field, expected", [(v, f, e) for _, v, f, e in NEW_VALUES], ids=[n for n, *_ in NEW_VALUES])
+def test_each_new_value_renders_its_field(helm: Path, values: dict[str, Any], field: Callable[[list[dict[str, Any]]], Any], expected: Any) -> None:
+    assert field(template(helm, values)) == expected
+
+
+def test_the_new_values_off_render_the_defaults(default_render: list[dict[str, Any]]) -> None:
+    """Their defaults are today's fields: the webhooks fail open in 3 s, one replica of two kept, the image by tag."""
+    spec, c = pod_spec(default_render), container(default_render)
+    assert "imagePullSecrets" not in spec and "@" not in c["image"]
+    assert pdb(default_render)["minAvailable"] == 1 and "maxUnavailable" not in pdb(default_render)
+    assert {(w["failurePolicy"], w["timeoutSeconds"]) for w in the(default_render, "MutatingWebhookConfiguration")["webhooks"]} == {("Ignore", 3)}
+    assert "annotations" not in the(default_render, "ServiceAccount")["metadata"]
+    assert {"startupProbe", "livenessProbe", "readinessProbe", "securityContext"} <= set(c)
+    assert [t["topologyKey"] for t in spec["topologySpreadConstraints"]] == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+
+
+@pytest.mark.parametrize("namespace", [RELEASE_NAMESPACE, OTHER_NAMESPACE])
+def test_helm_lint_passes_strictly_with_every_new_value(helm: Path, tmp_path: Path, namespace: str) -> None:
+    values = merged(*(v for name, v, _, _ in NEW_VALUES if not name.endswith(".off")))
+    (tmp_path / "values.json").write_text(json.dumps(values))
+    out = run_helm(helm, "lint", "--strict", str(CHART_DIR), "--namespace", namespace, "--values", str(tmp_path / "values.json"))
+    assert "1 chart(s) linted, 0 chart(s) failed" in out, out
+
+
+@pytest.mark.parametrize(
+    "values, named",
+    [
+        ({"image": {"digest": "latest"}}, "'/image/digest'"),
+        ({"webhook": {"failurePolicy": "Open"}}, "'/webhook/failurePolicy'"),
+        ({"webhook": {"timeoutSeconds": 31}}, "'/webhook/timeoutSeconds'"),
+        ({"webhook": {"excludeNamespaces": ["Not_A_Name"]}}, "'/webhook/excludeNamespaces/0'"),
+        ({"webhook": {"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "Is"}]}}}, "operator"),
+        ({"imagePullSecrets": ["registry"]}, "'/imagePullSecrets/0'"),
+        ({"podDisruptionBudget": {"minAvailable": "one"}}, "'/podDisruptionBudget/minAvailable'"),
+        ({"serviceAccount": {"name": "other"}}, "'name' not allowed"),
+        ({"affinity": {"podAntiAfinity": {}}}, "'podAntiAfinity' not allowed"),
+        ({"serviceMonitor": {"namespace": "Monitoring"}}, "'/serviceMonitor/namespace'"),
+    ],
+)
+def test_the_schema_refuses_wrong_new_values(helm: Path, values: dict[str, Any], named: str) -> None:
+    with pytest.raises(ClusterError, match="values don't meet the specifications of the schema") as refused:
+        template(helm, values)
+    assert named in str(refused.value)
