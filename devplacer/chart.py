@@ -112,6 +112,7 @@ class Release:
     helm: Path
     values: Mapping[str, Any] = field(default_factory=dict)
     namespace: str = RELEASE_NAMESPACE
+    chart: Path = CHART_DIR  # another, e.g. the 0.1.0 chart, which makes namespace egress-placer itself
     webhook_url: str | None = None  # set by `install`
 
     def _helm(self, *args: str) -> str:
@@ -122,21 +123,26 @@ class Release:
         return [f"--post-renderer={sys.executable}", *(f"--post-renderer-args={a}" for a in args)]
 
     def install(self, webhook_url: str) -> None:
-        """`helm install`, the webhooks pointed at `webhook_url` by the post-renderer."""
+        """`helm install`, the webhooks pointed at `webhook_url` by the post-renderer; this chart into its
+        namespace made by Helm and labelled (docs/helm.md), another chart as it is."""
         self.webhook_url = webhook_url
+        ours = self.chart == CHART_DIR
+        values = {**self.values, "createNamespace": False} if ours else self.values
         with tempfile.TemporaryDirectory(prefix="egress-placer-values-") as tmp:
             self._helm(
-                "install", RELEASE, str(CHART_DIR), "--namespace", self.namespace, "--create-namespace",
-                *_values_args({**self.values, "createNamespace": False}, tmp), *self._post_renderer(),
+                "install", RELEASE, str(self.chart), "--namespace", self.namespace, *(["--create-namespace"] if ours else []),
+                *_values_args(values, tmp), *self._post_renderer(),
             )
-        labels = [f"{k}={v}" for k, v in NAMESPACE_LABELS.items()]
-        kubectl(self.cluster, "label", "--overwrite", "namespace", self.namespace, *labels)
+        if ours:
+            kubectl(self.cluster, "label", "--overwrite", "namespace", self.namespace, *(f"{k}={v}" for k, v in NAMESPACE_LABELS.items()))
 
     def upgrade(self, values: Mapping[str, Any]) -> None:
-        """`helm upgrade --reuse-values` with `values` on top, through the same post-renderer."""
+        """`helm upgrade --reset-then-reuse-values` to this chart (its new values get their defaults) with `values`
+        on top, through the same post-renderer."""
+        self.chart = CHART_DIR
         with tempfile.TemporaryDirectory(prefix="egress-placer-values-") as tmp:
             self._helm(
-                "upgrade", RELEASE, str(CHART_DIR), "--namespace", self.namespace, "--reuse-values",
+                "upgrade", RELEASE, str(CHART_DIR), "--namespace", self.namespace, "--reset-then-reuse-values",
                 *_values_args(values, tmp), *self._post_renderer(),
             )
 

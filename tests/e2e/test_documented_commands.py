@@ -39,6 +39,9 @@ from tests.waiting import wait_for
 DOCS = [REPO / "README.md", *sorted((REPO / "config").glob("*.md")), REPO / "k8s" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 SKIPPED = {
+    "helm upgrade egress-placer charts/egress-placer --namespace default --reset-then-reuse-values --set namespaceOverride=egress-placer": (
+        "needs a release of the 0.1.0 chart: tests/e2e/test_helm_upgrade.py installs one and runs this upgrade"
+    ),
     "make demo": "the whole demo on a cluster of its own (minutes); its parts are the e2e tests",
     "make test": "the whole suite, this test among it",
     "docker build -t registry.example.com/egress-placer:0.1.0 .": (

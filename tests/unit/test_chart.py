@@ -596,3 +596,13 @@ def test_the_schema_refuses_wrong_new_values(helm: Path, values: dict[str, Any],
     with pytest.raises(ClusterError, match="values don't meet the specifications of the schema") as refused:
         template(helm, values)
     assert named in str(refused.value)
+
+
+def test_namespace_override_replaces_the_release_namespace(helm: Path) -> None:
+    """Kyverno's namespaceOverride: a 0.1.0 release recorded in `default` keeps its objects in egress-placer."""
+    docs = template(helm, {"namespaceOverride": OTHER_NAMESPACE}, namespace="default")
+    assert {d["metadata"]["namespace"] for d in docs if "namespace" in d["metadata"]} - {"tekton-pipelines", "tekton-pipelines-resolvers", "kube-system"} \
+        == {OTHER_NAMESPACE}
+    assert the(docs, "Namespace")["metadata"]["name"] == OTHER_NAMESPACE
+    assert f"system:serviceaccount:{OTHER_NAMESPACE}:egress-placer" in json.dumps(the(docs, "ValidatingAdmissionPolicy", RUN_GUARD_NAME))
+    assert compare(template(helm), template(helm, {"namespaceOverride": RELEASE_NAMESPACE}, namespace="default")) == []

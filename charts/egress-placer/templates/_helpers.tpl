@@ -1,9 +1,10 @@
 {{/*
-The controller's namespace: the release's (`helm install -n NAMESPACE`). k8s/ and the settings' defaults
-use egress-placer; the controller reads its own from the downward API (EGRESS_PLACER_NAMESPACE).
+The controller's namespace: the release's (`helm install -n NAMESPACE`), or .Values.namespaceOverride.
+k8s/ and the settings' defaults use egress-placer; the controller reads its own from the downward API
+(EGRESS_PLACER_NAMESPACE).
 */}}
 {{- define "egress-placer.namespace" -}}
-{{ .Release.Namespace }}
+{{ .Values.namespaceOverride | default .Release.Namespace }}
 {{- end }}
 
 {{/*
