@@ -14,7 +14,7 @@ PrometheusRule. The release goes into a namespace of the user's choosing, `ci-sy
 ci-system --create-namespace --set createNamespace=false`, then labelled, as docs/helm.md says): the
 controller runs as the ServiceAccount there, under the chart's RBAC and policies that name it. `helm
 uninstall` removes the release, webhooks and admission policy bindings included, and leaves the pool
-taints and the pools API's CRDs of the chart's crds/ as Helm does; `EGRESS_PLACER_NAMESPACE=ci-system
+taints and the pools API's CRDs (crds.keep); `EGRESS_PLACER_NAMESPACE=ci-system
 egress-placer uninstall --yes` then removes them and the namespace (docs/helm.md, "Uninstall").
 """
 
@@ -31,6 +31,7 @@ from devcluster.build import PROMETHEUS_OPERATOR_CRDS, ensure_optional, optional
 from devcluster.cluster import Cluster
 from devplacer.chart import CHART_DIR, Release, helm_binary, policy_values, settings_env, template
 from controller.core.guard import GUARD_NAME
+from controller.core.pools import custom_resource_definitions
 from controller.core.rights import rights_bindings
 from controller.core.run_guard import RUN_GUARD_NAME
 from devplacer.local_placer import NAMESPACE, WEBHOOK_CONFIG, kubectl, start_controller, stop_controller
@@ -63,7 +64,7 @@ INSTALL_NAMESPACE = "ci-system"
 HELM_MANAGED = {"app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/instance": "egress-placer"}
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MONITORING = "/apis/monitoring.coreos.com/v1"
-CHART_CRDS = sorted(yaml.safe_load(f.read_text())["metadata"]["name"] for f in (CHART_DIR / "crds").glob("*.yaml"))
+CHART_CRDS = sorted(c["metadata"]["name"] for c in custom_resource_definitions())
 
 
 def established(api: Api, name: str) -> bool:
@@ -134,7 +135,7 @@ def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], helm: Path,
         stop_controller(devcluster)
         release.uninstall()
         make_plain(api, devcluster)
-        for name in CHART_CRDS:  # Helm leaves the CRDs of crds/ (docs/helm.md)
+        for name in CHART_CRDS:  # crds.keep: Helm leaves the CRDs (docs/helm.md)
             api.delete(f"{CRDS}/{name}")
         api.delete(namespace(INSTALL_NAMESPACE))  # made by helm install --create-namespace: not Helm's to delete
         wait_for(f"namespace {INSTALL_NAMESPACE} to be gone", lambda: api.get(namespace(INSTALL_NAMESPACE)) is None, timeout=90)
@@ -151,8 +152,8 @@ def test_the_release_is_deployed_with_the_chart_s_objects(release: Release, helm
     assert release.status()["info"]["status"] == "deployed"
     rendered = installed_render(helm)
     installed = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in release.manifest()}
-    templated = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in rendered if d["kind"] != "CustomResourceDefinition"}
-    assert installed == templated  # the release's manifest; Helm installs crds/ apart from it
+    templated = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in rendered}
+    assert installed == templated  # the release's manifest, the CRDs included (templates: crds.install)
     assert {ns for _, ns, _ in installed} - {None, "tekton-pipelines", "tekton-pipelines-resolvers", "kube-system"} == {INSTALL_NAMESPACE}
     labels = api.call("GET", namespace(INSTALL_NAMESPACE))["metadata"]["labels"]
     assert (labels["egress-placer.io/webhook"], labels["pod-security.kubernetes.io/enforce"]) == ("skip", "restricted")
@@ -220,7 +221,7 @@ def test_helm_uninstall_then_the_command_leave_nothing(release: Release, api: Ap
     release.uninstall()
     assert admission_left(api) == []
     assert api.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/egress-placer") is None
-    assert all(established(api, name) for name in CHART_CRDS)  # Helm never deletes crds/
+    assert all(established(api, name) for name in CHART_CRDS)  # crds.keep: Helm leaves them
     assert tainted_nodes(api) == sorted(POOL_NODES)  # no leader was left to put them back, nor to take them off
     done = as_an_administrator(devcluster, "env", f"EGRESS_PLACER_NAMESPACE={INSTALL_NAMESPACE}", sys.executable, "-m", "controller",
                                "uninstall", "--yes")

@@ -3,7 +3,8 @@ the chart put its objects in namespace egress-placer whatever the release's and 
 `default`) to this one, as docs/helm.md, "Upgrading from the 0.1.0 chart", says: `--namespace default
 --reset-then-reuse-values --set namespaceOverride=egress-placer`. The release is installed and its controller
 started as in test_helm_install.py (a local process under the chart's ServiceAccount; the post-renderer
-points the webhooks at it). After the upgrade every object is where it was, the webhooks keep the caBundle
+points the webhooks at it). After the upgrade every object is where it was, the CRDs are the release's
+(templates now, updated by the upgrade), the webhooks keep the caBundle
 the controller wrote, the new values have their defaults, and the controller still places a run.
 """
 
@@ -15,9 +16,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from devcluster.cluster import Cluster
+from devcluster.cluster import Cluster, ClusterError
 from devplacer.chart import Release, helm_binary, policy_values, settings_env, template
-from devplacer.local_placer import NAMESPACE, REPO, WEBHOOK_CONFIG, start_controller, stop_controller
+from devplacer.local_placer import NAMESPACE, REPO, WEBHOOK_CONFIG, kubectl, start_controller, stop_controller
 from tests.e2e.harness import POLICY_FILE, WEBHOOK_CONFIGS, egress_placer_command, make_plain
 from tests.e2e.tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, TEAM_CDN, Runs, decision_of, taskrun
 from tests.kube import Api, namespace, namespaced
@@ -33,6 +34,13 @@ VALUES: dict[str, Any] = {
     "nodeSelector": {"kubernetes.io/hostname": sorted(ORDINARY_NODES)[0]},
 }
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CHART_CRDS = ("egresspools.egress-placer.io", "egressplacerconfigs.egress-placer.io")
+# docs/helm.md's command: the CRDs the 0.1.0 chart installed from crds/ become the release's.
+ADOPT_THE_CRDS = [
+    "kubectl label crd egresspools.egress-placer.io egressplacerconfigs.egress-placer.io app.kubernetes.io/managed-by=Helm",
+    "kubectl annotate crd egresspools.egress-placer.io egressplacerconfigs.egress-placer.io"
+    " meta.helm.sh/release-name=egress-placer meta.helm.sh/release-namespace=default",
+]
 
 
 @pytest.fixture(scope="module")
@@ -64,18 +72,22 @@ def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], old_chart: 
         stop_controller(devcluster)
         release.uninstall()  # the release made namespace egress-placer: Helm deletes it
         make_plain(api, devcluster)
-        for crd in ("egresspools.egress-placer.io", "egressplacerconfigs.egress-placer.io"):  # Helm leaves crds/
+        for crd in CHART_CRDS:  # Helm leaves crds/ (0.1.0) and kept CRDs
             api.delete(f"{CRDS}/{crd}")
         wait_for(f"namespace {NAMESPACE} to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=90)
 
 
-def test_an_upgrade_from_the_0_1_0_chart_keeps_everything_where_it_is(release: Release, api: Api) -> None:
+def test_an_upgrade_from_the_0_1_0_chart_keeps_everything_where_it_is(release: Release, api: Api, devcluster: Cluster) -> None:
     assert "namespaceOverride" not in (release.chart / "values.yaml").read_text()  # the 0.1.0 chart indeed
     assert objects_namespaces(release) == {NAMESPACE}
     config = f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}"
     wait_for("the controller's caBundle", lambda: all(h["clientConfig"].get("caBundle") for h in api.call("GET", config)["webhooks"]), timeout=60)
     before = [h["clientConfig"] for h in api.call("GET", config)["webhooks"]]
     namespace_uid = api.call("GET", namespace(NAMESPACE))["metadata"]["uid"]
+    with pytest.raises(ClusterError, match="invalid ownership metadata"):  # the CRDs of 0.1.0's crds/ are not the release's
+        release.upgrade({"namespaceOverride": NAMESPACE})
+    for command in ADOPT_THE_CRDS:  # docs/helm.md
+        kubectl(devcluster, *command.split()[1:])
 
     release.upgrade({"namespaceOverride": NAMESPACE})
 
@@ -88,6 +100,10 @@ def test_an_upgrade_from_the_0_1_0_chart_keeps_everything_where_it_is(release: R
     deployment = api.call("GET", namespaced(NAMESPACE, "deployments", "egress-placer", group="/apis/apps/v1"))
     assert deployment["metadata"]["annotations"]["meta.helm.sh/release-namespace"] == OLD_RELEASE_NAMESPACE
     assert api.get(namespaced(OLD_RELEASE_NAMESPACE, "deployments", "egress-placer", group="/apis/apps/v1")) is None
+    for crd in CHART_CRDS:  # now the release's, updated by the upgrade: the keep policy and Helm's labels
+        metadata = api.call("GET", f"{CRDS}/{crd}")["metadata"]
+        assert metadata["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert metadata["labels"]["app.kubernetes.io/managed-by"] == "Helm"
 
 
 def test_the_upgraded_release_still_places_a_run(release: Release, api: Api) -> None:

@@ -6,15 +6,16 @@ kustomize components they stand for (k8s/cert-manager/, k8s/report-only/, k8s/ru
 configmap` for k8s/policy-configmap/. Normalisation before the
 comparison, and nothing else:
   - Helm's own labels (`HELM_LABELS`: helm.sh/chart, app.kubernetes.io/managed-by, /instance, /version)
-    are dropped from every object's metadata.labels;
+    are dropped from every object's metadata.labels, and Helm's own annotation (`HELM_ANNOTATIONS`: the
+    CRDs' helm.sh/resource-policy, crds.keep) from metadata.annotations;
   - the policy ConfigMap's `policy.yaml` is compared parsed (k8s/policy-configmap/policy.yaml keeps comments, the chart
     writes the `policy` value with toYaml);
   - a container's `env` is compared as a mapping by name: kustomize's strategic merge puts the variables
     a component patches first, and without `$(VAR)` references (checked) their order means nothing;
   - YAML comments and the order of objects do not count (objects are matched by apiVersion, kind,
     namespace and name); names are the same on both sides (fixed names, no release prefix, no hash).
-CRDs: `helm template --include-crds` renders the chart's crds/ too, so a CRD in k8s/ without one in the
-chart is reported as an object only in k8s/.
+CRDs: the chart's are templates (crds.install), so a CRD in k8s/ without one in the chart is reported as an
+object only in k8s/.
 
 The values beyond k8s/ (image, replicas, resources, placement of the controller, labels, the policy and
 the pool guard's binding computed from it, the monitoring objects) are rendered and checked one by one.
@@ -42,6 +43,7 @@ from devcluster.cluster import ClusterError
 from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, RELEASE_NAMESPACE, policy_values, post_render, run_helm, settings_env, template
 from devplacer.local_placer import K8S_DIR, kustomize
 
+HELM_ANNOTATIONS = frozenset({"helm.sh/resource-policy"})  # crds.keep: Helm's own, an instruction to Helm
 HELM_LABELS = frozenset({"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"})
 POLICY_CONFIGMAP = ("v1", "ConfigMap", "egress-placer", "egress-placer-policy")
 FILES = CHART_DIR / "files"
@@ -91,6 +93,10 @@ def normalised(doc: Mapping[str, Any]) -> dict[str, Any]:
     doc["metadata"].pop("labels", None)
     if labels:
         doc["metadata"]["labels"] = labels
+    annotations = {k: v for k, v in (doc["metadata"].get("annotations") or {}).items() if k not in HELM_ANNOTATIONS}
+    doc["metadata"].pop("annotations", None)
+    if annotations:
+        doc["metadata"]["annotations"] = annotations
     if key(doc) == POLICY_CONFIGMAP:
         doc["data"] = {name: yaml.safe_load(text) for name, text in doc["data"].items()}
     for container in ((doc.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
@@ -550,6 +556,9 @@ NEW_VALUES: list[tuple[str, dict[str, Any], Callable[[list[dict[str, Any]]], Any
     ("serviceMonitor.tlsConfig", {"serviceMonitor": {"enabled": True, "secure": True, "tlsConfig": {"insecureSkipVerify": False, "serverName": "x"}}},
      lambda d: {k: the(d, "ServiceMonitor")["spec"]["endpoints"][0].get(k) for k in ("scheme", "tlsConfig")},
      {"scheme": "https", "tlsConfig": {"insecureSkipVerify": False, "serverName": "x"}}),
+    ("crds.install.off", {"crds": {"install": False}}, lambda d: by_kind(d, "CustomResourceDefinition"), []),
+    ("crds.keep.off", {"crds": {"keep": False}},
+     lambda d: [c["metadata"].get("annotations") for c in by_kind(d, "CustomResourceDefinition")], [None, None]),
 ]
 
 
@@ -567,6 +576,8 @@ def test_the_new_values_off_render_the_defaults(default_render: list[dict[str, A
     assert "annotations" not in the(default_render, "ServiceAccount")["metadata"]
     assert {"startupProbe", "livenessProbe", "readinessProbe", "securityContext"} <= set(c)
     assert [t["topologyKey"] for t in spec["topologySpreadConstraints"]] == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+    crds = by_kind(default_render, "CustomResourceDefinition")
+    assert len(crds) == 2 and all(c["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"} for c in crds)
 
 
 @pytest.mark.parametrize("namespace", [RELEASE_NAMESPACE, OTHER_NAMESPACE])
