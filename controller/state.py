@@ -109,7 +109,7 @@ class ClusterState:
         with self._lock:
             self._policy = policy
             self.policy_in_force = True
-            self.load.set_policy(policy)
+            self.load.rebuild(policy)
         self._notify(POLICY)
 
     def set_tekton_coschedule(self, value: str | None) -> None:
@@ -157,7 +157,7 @@ class ClusterState:
             store.snapshot = snapshot
             if kind == "Node":
                 self._node_versions = {o["metadata"]["name"]: o["metadata"].get("resourceVersion") or "" for o in objs}
-                self.load.set_policy(self._policy)
+                self.load.rebuild(self._policy)
             elif kind == "Pod":
                 self.load.pods_replaced(counts)
         self._notify(kind)

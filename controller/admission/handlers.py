@@ -43,7 +43,6 @@ from controller.admission.review import (
     with_namespace,
 )
 from controller.core.agents import agent_tolerations
-from controller.load.core import ledger_key
 from controller.core.decide import decide
 from controller.core.images import TASKRUN_LABEL, WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
 from controller.admission.events import EventsOnCreation
@@ -59,6 +58,7 @@ from controller.core.model import (
 )
 from controller.core.patches import json_patch, over_default, place, tolerates, unplace, with_default
 from controller.core.policy import PlacementPolicy, Pool
+from controller.load.core import ledger_key
 from controller.queue.core import (
     PENDING,
     QUEUE_ANNOTATION,

@@ -48,10 +48,10 @@ class LoadView:
         self._placed: Counter[str] = Counter()
         self._member_of: dict[str, str] = {}
         self._pool_loads: dict[str, PoolLoads] = {}
-        self.set_policy(policy)
+        self.rebuild(policy)
 
     # -- what changed (from ClusterState, under its lock) -----------------------------------------
-    def set_policy(self, policy: PlacementPolicy) -> None:
+    def rebuild(self, policy: PlacementPolicy) -> None:
         """Every pool's load index from the nodes, counts and figures (the policy, or every node, changed)."""
         with self._lock:
             self._policy = policy

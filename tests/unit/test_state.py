@@ -4,6 +4,7 @@ settlement when pods are bound, and which changes wake the reconcile loop."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -291,3 +292,30 @@ def test_events_and_a_relist_of_the_result_agree(events):
             (p.namespace, p.name) for p in by_relist.pods_on(n)
         )
     assert by_events.load.placed_counts(["pool-1", "plain-1"]) == by_relist.load.placed_counts(["pool-1", "plain-1"])
+
+
+@pytest.mark.timeout(30)
+def test_admission_s_views_never_wait_on_the_lock_an_informer_holds() -> None:
+    """Choosing a node, assuming it and forgetting it take the load view's own lock, not the state's
+    (which an informer holds for a swap): with the state's lock held by another thread they still answer."""
+    state = make_state()
+    state.replace("Node", [node("pool-1", pool=True), node("pool-2", pool=True)])
+    held, done = threading.Event(), threading.Event()
+
+    def informer() -> None:
+        with state._lock:  # noqa: SLF001 - what a relist's swap holds
+            held.set()
+            done.wait()
+
+    holder = threading.Thread(target=informer)
+    holder.start()
+    held.wait()
+    try:
+        pool = state.policy.pool("overseas")
+        choice = state.load.choose_and_assume(pool, ledger_key("taskrun", "team-a", "r"), salt="r")
+        assert choice.node in ("pool-1", "pool-2") and len(state.load.ledger) == 1
+        state.load.forget(ledger_key("taskrun", "team-a", "r"))
+        assert len(state.load.ledger) == 0 and state.missed_runs.runs_without_decision() == []
+    finally:
+        done.set()
+        holder.join()
