@@ -7,6 +7,8 @@ nothing and names the files that differ from what it would write (exit status 1)
 | `charts/egress-placer/crds/*.yaml` | the same, with the label kustomize adds to every object of k8s/ |
 | `k8s/pool-guard.yaml` | `controller/core/guard.py`: the policy, and the binding for the default exempt and agent namespaces |
 | `charts/egress-placer/templates/pool-guard-policy.yaml` | `controller/core/guard.py`: the policy, as a Helm template |
+| `k8s/controller-rights.yaml` | `controller/core/rights.py`: the policies bounding the controller's own writes, their bindings |
+| `charts/egress-placer/templates/controller-rights.yaml` | the same, as a Helm template (`controllerRights` values) |
 
 The two `crds/` directories hold generated files only: a file there that the render does not make is
 removed by a write and named by `--check`. tests/unit/test_generated.py fails when a committed file
@@ -23,7 +25,7 @@ from typing import Any, Sequence
 import yaml
 
 from controller.core.guard import GUARD_NAME, policy_binding, validating_admission_policy
-from controller.core.policy import PlacementPolicy
+from controller.core.rights import controller_rights
 from controller.core.pools import custom_resource_definitions
 from devplacer import crds
 
@@ -32,6 +34,8 @@ COMMAND = "make generate"
 CHART_DIR = Path("charts/egress-placer")
 POOL_GUARD = Path("k8s/pool-guard.yaml")
 CHART_POOL_GUARD = CHART_DIR / "templates" / "pool-guard-policy.yaml"
+CONTROLLER_RIGHTS = Path("k8s/controller-rights.yaml")
+CHART_CONTROLLER_RIGHTS = CHART_DIR / "templates" / "controller-rights.yaml"
 # Directories of generated files only (relative to the repository).
 OWNED_DIRS = (crds.CRDS_DIR, crds.CHART_CRDS_DIR)
 
@@ -39,11 +43,10 @@ POOL_GUARD_HEADER = f"""\
 # The pool guard: a ValidatingAdmissionPolicy that refuses, inside the API server (so also while the
 # webhook is down), pods of namespaces without pool rights that would reach a pool: a toleration of a
 # pool's taint (by key, or a key-less Exists) unless pinned off the pool's nodes, or a nodeName of a pool
-# node. See k8s/README.md, "The pool guard". The leader keeps its params (ConfigMap
-# egress-placer-pool-guard) and the binding's namespaceSelector (exempt and agent namespaces) current.
+# node. See k8s/README.md, "The pool guard". The binding is static; the leader keeps the params
+# (ConfigMap egress-placer-pool-guard: the namespaces left out, the pools, their nodes) current.
 #
-# GENERATED from controller/core/guard.py for the default exempt and agent namespaces (no
-# EgressPlacerConfig) by `{COMMAND}`; do not edit.
+# GENERATED from controller/core/guard.py by `{COMMAND}`; do not edit.
 """
 CHART_POOL_GUARD_HEADER = f"""\
 # The pool guard's ValidatingAdmissionPolicy (k8s/pool-guard.yaml; k8s/README.md, "The pool guard"), the
@@ -51,6 +54,25 @@ CHART_POOL_GUARD_HEADER = f"""\
 #
 # GENERATED from controller/core/guard.py by `{COMMAND}`; do not edit.
 """
+
+
+CONTROLLER_RIGHTS_HEADER = f"""\
+# The controller's own rights, bounded in the API server: two ValidatingAdmissionPolicies that apply only
+# to requests of the controller's ServiceAccount (system:serviceaccount:egress-placer:egress-placer).
+# RBAC cannot say "only the caBundle"; these do: webhook configurations only caBundle, nodes only the
+# pool taint, runs only removing spec.status and egress-placer.io/* annotations, pod deletes only on
+# pool nodes. See k8s/README.md, "What bounds each right". Warn-only first: k8s/controller-rights-warn/.
+#
+# GENERATED from controller/core/rights.py by `{COMMAND}`; do not edit.
+"""
+CHART_CONTROLLER_RIGHTS_HEADER = f"""\
+# The controller's own rights, bounded in the API server (k8s/controller-rights.yaml; k8s/README.md,
+# "What bounds each right"); validationActions from .Values.controllerRights.
+#
+# GENERATED from controller/core/rights.py by `{COMMAND}`; do not edit.
+"""
+_ACTIONS = "__VALIDATION_ACTIONS__"
+_NAMESPACE = "__NAMESPACE__"
 
 
 class _BlockDumper(yaml.SafeDumper):
@@ -69,8 +91,31 @@ def _dump(docs: list[Any]) -> str:
 
 def pool_guard_manifest() -> str:
     """k8s/pool-guard.yaml: the policy and its binding for the default policy-wide fields."""
-    docs = [validating_admission_policy(), policy_binding(PlacementPolicy.empty(), "egress-placer")]
+    docs = [validating_admission_policy(), policy_binding("egress-placer")]
     return POOL_GUARD_HEADER + _dump(docs)
+
+
+def controller_rights_manifest() -> str:
+    """k8s/controller-rights.yaml: the two policies and their bindings, enforcing."""
+    return CONTROLLER_RIGHTS_HEADER + _dump(controller_rights())
+
+
+def chart_controller_rights_template() -> str:
+    """The chart's template: the same objects, metadata through the chart's helper, the bindings'
+    validationActions and params namespace from the chart."""
+    parts = []
+    for doc in controller_rights(namespace=_NAMESPACE, actions=(_ACTIONS,)):
+        body = yaml.dump({"spec": doc["spec"]}, Dumper=_BlockDumper, sort_keys=False, width=120)
+        if "{{" in body or "}}" in body:
+            raise ValueError("a controller-rights spec holds '{{' or '}}', which Helm would read as a template action")
+        body = body.replace(f"- {_ACTIONS}\n", "{{- toYaml .Values.controllerRights.validationActions | nindent 4 }}\n")
+        body = body.replace(_NAMESPACE, '{{ include "egress-placer.namespace" . }}')
+        parts.append(
+            f"---\napiVersion: {doc['apiVersion']}\nkind: {doc['kind']}\n"
+            + f'{{{{ include "egress-placer.metadata" (dict "root" . "name" "{doc["metadata"]["name"]}") }}}}\n'
+            + body
+        )
+    return "{{- if .Values.controllerRights.enabled }}\n" + CHART_CONTROLLER_RIGHTS_HEADER + "".join(parts) + "{{- end }}\n"
 
 
 def chart_pool_guard_template() -> str:
@@ -99,6 +144,8 @@ def outputs() -> dict[Path, str]:
         out[crds.CHART_CRDS_DIR / crds.file_name(crd)] = crds.render(crds.labelled(crd, crds.CHART_LABELS))
     out[POOL_GUARD] = pool_guard_manifest()
     out[CHART_POOL_GUARD] = chart_pool_guard_template()
+    out[CONTROLLER_RIGHTS] = controller_rights_manifest()
+    out[CHART_CONTROLLER_RIGHTS] = chart_controller_rights_template()
     return out
 
 

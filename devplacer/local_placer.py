@@ -36,6 +36,7 @@ import requests
 import yaml
 
 from controller.core.pools import load_any_policy, objects_from_policy
+from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port
 
@@ -52,6 +53,9 @@ LOCAL_ONLY_KINDS = {"Deployment", "Service", "PodDisruptionBudget"}  # the contr
 # The pool guard (k8s/pool-guard.yaml): applied only with `pool_guard=True`, so suites that measure the
 # controller's own lines (webhook, evictions) see pods that the API server would otherwise refuse.
 POOL_GUARD_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+# The bounds on the controller's own writes (k8s/controller-rights.yaml, objects of those kinds too):
+# applied only with `controller_rights=True`, as the pool guard.
+CONTROLLER_RIGHTS_NAMES = {RIGHTS_NAME, POD_DELETES_NAME}
 READY_TIMEOUT = 60.0
 RECORD = "controller"  # what `start_controller` started, kept in the cluster's state (`Cluster.record`)
 
@@ -207,6 +211,7 @@ def start_controller(
     proxy: bool = False,
     ca_bundle: bytes | None = None,
     pool_guard: bool = False,
+    controller_rights: bool = False,
     launch: Launch | None = None,
     install: Install | None = None,
     policy_source: str = "configmap",
@@ -220,6 +225,9 @@ def start_controller(
     serving certificate is kept by someone else (`env` names its files, cert-manager's way); the
     webhooks trust this CA from the start, as cert-manager's CA injector would make them. `pool_guard`:
     also install the pool guard (ValidatingAdmissionPolicy and binding of `k8s/pool-guard.yaml`).
+    `controller_rights`: also install the policies that bound the controller's own writes, and their
+    bindings (`k8s/controller-rights.yaml`); the replicas run as the controller's ServiceAccount, so they
+    hold for them.
     `launch`: the command line of a replica given its environment, instead of this checkout's
     `python -m controller run` (e.g. a container of the image: `devplacer.image.ControllerContainer`).
     `install`: installs the objects given the webhook URL, instead of applying `k8s/` in its local form
@@ -253,7 +261,8 @@ def start_controller(
     else:
         components = ("policy-configmap",) if policy_source == "configmap" else ()
         docs = local_manifests(render_manifests(cluster, components), policy_text, webhook_url, ca_bundle)
-        docs = [d for d in docs if pool_guard or d.get("kind") not in POOL_GUARD_KINDS]
+        docs = [d for d in docs if controller_rights or d.get("metadata", {}).get("name") not in CONTROLLER_RIGHTS_NAMES]
+        docs = [d for d in docs if pool_guard or d.get("kind") not in POOL_GUARD_KINDS or d["metadata"]["name"] in CONTROLLER_RIGHTS_NAMES]
         if policy_source == "pools":
             objects = pool_objects(policy_text, str(policy_file))  # refused here when the file is invalid
             guarded = [d for d in docs if d.get("kind") == "ValidatingWebhookConfiguration"]

@@ -6,7 +6,8 @@ made since, in an order that leaves nothing half-done (docs/uninstall.md).
 2. the pools API's ValidatingWebhookConfiguration (fail-closed: with no controller it refuses every
    EgressPool write), then the MutatingWebhookConfiguration (runs are admitted unchanged from then
    on, as when it fails open);
-3. the pool guard (ValidatingAdmissionPolicyBinding and ValidatingAdmissionPolicy);
+3. the pool guard (ValidatingAdmissionPolicyBinding and ValidatingAdmissionPolicy), then the two
+   policies bounding the controller's own writes (k8s/controller-rights.yaml) and their bindings;
 4. the pool taints (key `egress-placer.io/pool`) on every node, nothing else of the node;
 5. the ClusterRole, ClusterRoleBinding, and the Roles and RoleBindings in Tekton's namespace and in
    kube-system; the CRDs of the pools API, and with them every EgressPool and the EgressPlacerConfig;
@@ -34,6 +35,7 @@ from controller.core.agents import TOLERATIONS_ADDED_ANNOTATION
 from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY, Taint
 from controller.core.pools import custom_resource_definitions
+from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from controller.kube.client import KubeApi
 from controller.kube.writer import ApiError, KubeClient, Outcome
 from controller.metrics import Metrics
@@ -66,6 +68,14 @@ def admission_things(settings: Settings) -> list[Thing]:
         Thing(f"mutatingwebhookconfiguration {settings.webhook_config_name}", f"{ADMISSION}/mutatingwebhookconfigurations/{settings.webhook_config_name}"),
         Thing(f"validatingadmissionpolicybinding {GUARD_NAME}", f"{ADMISSION}/validatingadmissionpolicybindings/{GUARD_NAME}"),
         Thing(f"validatingadmissionpolicy {GUARD_NAME}", f"{ADMISSION}/validatingadmissionpolicies/{GUARD_NAME}"),
+        *(
+            Thing(f"{kind} {name}", f"{ADMISSION}/{plural}/{name}")
+            for name in (RIGHTS_NAME, POD_DELETES_NAME)
+            for kind, plural in (
+                ("validatingadmissionpolicybinding", "validatingadmissionpolicybindings"),
+                ("validatingadmissionpolicy", "validatingadmissionpolicies"),
+            )
+        ),
     ]
 
 

@@ -6,13 +6,15 @@ Three objects (names in `GUARD_NAME`):
 
 - the ValidatingAdmissionPolicy (`validating_admission_policy()`): the same for every policy; shipped
   in `k8s/pool-guard.yaml` and the chart, both written by `make generate` (devplacer/generate.py);
-- its binding (`policy_binding(policy, namespace)`): leaves the exempt and agent namespaces out by
-  `kubernetes.io/metadata.name` (the API server sets that label to the namespace's name; no tenant
-  can set it); `k8s/` ships the one for the default exempt and agent namespaces (no EgressPlacerConfig),
-  the leader keeps it to the policy in force;
-- its params (`guard_params(policy, nodes)`): a ConfigMap the leader keeps current: each pool's taint,
-  its namespace rules (globs as RE2 regular expressions, the label selector, the annotation
-  `egress-placer.io/pools`) and the pool node names.
+- its binding (`policy_binding(namespace)`): static, every namespace, params from the ConfigMap below;
+  shipped with the policy. Nobody writes it after the install: the API server never applies admission
+  policies to policy or binding objects, so a binding the controller could update would be a right no
+  policy bounds (k8s/README.md, "What bounds each right");
+- its params (`guard_params(policy, nodes)`): a ConfigMap the leader keeps current: the namespaces the
+  guard leaves out (the exempt and agent ones, key `LeftOut`; the policy reads the request's namespace
+  name from `namespaceObject`, which the API server fills), each pool's taint, its namespace rules
+  (globs as RE2 regular expressions, the label selector, the annotation `egress-placer.io/pools`) and
+  the pool node names.
 
 What the policy refuses (`refused_pools` in tests/unit/test_guard.py says the same in Python; the unit
 tests hold the CEL to it): a pod, of a namespace the binding matches, that newly reaches a pool its
@@ -46,12 +48,12 @@ from controller.core.model import NAMESPACE_POOLS_ANNOTATION, NodeState
 from controller.core.policy import LabelSelector, PlacementPolicy, agent_namespaces
 
 GUARD_NAME = "egress-placer-pool-guard"  # the policy, its binding and its params ConfigMap
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every Namespace
 MAX_POOLS = 64  # the params list at most this many pools (bounds the CEL's cost)
 
 # Params keys. Node names (DNS-1123 subdomains: lower case) are keys of their own, whose value is the
 # node's pool; every other key starts with an upper-case letter, so none can be a node name.
 POOLS_KEY = "Pools"  # the pool names, comma-separated, in policy order
+LEFT_OUT_KEY = "LeftOut"  # the exempt and agent namespaces, comma-separated, sorted: never judged
 
 
 def pool_key(pool: str, field: str) -> str:
@@ -178,6 +180,11 @@ def selector_text(selector: LabelSelector | None) -> str:
     return ";".join(requirements)
 
 
+def left_out(policy: PlacementPolicy) -> list[str]:
+    """The namespaces the guard never judges: the exempt and the agent ones (sorted)."""
+    return sorted({*policy.exempt_namespaces, *agent_namespaces(policy)})
+
+
 # -- the params ---------------------------------------------------------------------------------------
 
 
@@ -188,7 +195,7 @@ def guard_params(policy: PlacementPolicy, nodes: Iterable[NodeState]) -> dict[st
     `nodes` counts as that bare name would (so it is guarded from the moment it joins)."""
     if len(policy.pools) > MAX_POOLS:
         raise GuardError(f"the pool guard takes at most {MAX_POOLS} pools; the policy has {len(policy.pools)}")
-    data = {POOLS_KEY: ",".join(p.name for p in policy.pools)}
+    data = {POOLS_KEY: ",".join(p.name for p in policy.pools), LEFT_OUT_KEY: ",".join(left_out(policy))}
     for pool in policy.pools:
         data[pool_key(pool.name, "TaintKey")] = pool.taint.key
         data[pool_key(pool.name, "TaintEffect")] = pool.taint.effect
@@ -233,7 +240,12 @@ _ALLOWED = f"""(variables.data['Pool.' + p + '.Namespaces'] != ''
 # (name, expression): evaluated lazily, in this order; each may use the ones before it.
 VARIABLES: tuple[tuple[str, str], ...] = (
     ("data", "params == null || !has(params.data) ? {} : params.data"),
-    ("pools", f"'{POOLS_KEY}' in variables.data && variables.data['{POOLS_KEY}'] != '' ? variables.data['{POOLS_KEY}'].split(',') : []"),
+    (
+        "leftOut",
+        f"'{LEFT_OUT_KEY}' in variables.data && variables.data['{LEFT_OUT_KEY}'] != ''"
+        f" && namespaceObject.metadata.name in variables.data['{LEFT_OUT_KEY}'].split(',')",
+    ),
+    ("pools", f"!variables.leftOut && '{POOLS_KEY}' in variables.data && variables.data['{POOLS_KEY}'] != '' ? variables.data['{POOLS_KEY}'].split(',') : []"),
     ("labels", "has(namespaceObject.metadata.labels) ? namespaceObject.metadata.labels : {}"),
     (
         "poolsAnnotation",
@@ -309,15 +321,9 @@ def validating_admission_policy() -> dict[str, Any]:
     }
 
 
-def policy_binding(policy: PlacementPolicy, namespace: str) -> dict[str, Any]:
-    """The binding: params from ConfigMap `GUARD_NAME` in `namespace` (the controller's), every
-    namespace but the exempt and agent ones."""
-    left_out = sorted({*policy.exempt_namespaces, *agent_namespaces(policy)})
-    match: dict[str, Any] = {}
-    if left_out:
-        match["namespaceSelector"] = {
-            "matchExpressions": [{"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": left_out}]
-        }
+def policy_binding(namespace: str) -> dict[str, Any]:
+    """The binding (static): params from ConfigMap `GUARD_NAME` in `namespace` (the controller's), every
+    namespace; the ones the params leave out (`LEFT_OUT_KEY`) are never judged."""
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
@@ -326,6 +332,6 @@ def policy_binding(policy: PlacementPolicy, namespace: str) -> dict[str, Any]:
             "policyName": GUARD_NAME,
             "validationActions": ["Deny"],
             "paramRef": {"name": GUARD_NAME, "namespace": namespace, "parameterNotFoundAction": "Allow"},
-            "matchResources": match,
+            "matchResources": {},
         },
     }

@@ -71,6 +71,3 @@ class KubeReader:
         """The ConfigMap, None when it does not exist."""
         return self.get("read-configmap", f"/api/v1/namespaces/{namespace}/configmaps/{name}")
 
-    def read_policy_binding(self, name: str) -> dict[str, Any] | None:
-        """The ValidatingAdmissionPolicyBinding, None when it does not exist."""
-        return self.get("read-policy-binding", f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{name}")

@@ -236,7 +236,7 @@ class KubeClient(KubeReader):
         path = f"/apis/admissionregistration.k8s.io/v1/{kind}webhookconfigurations/{config_name}"
         return bool(self.update("set-webhook-ca-bundle", path, change, read_as="read-webhook-config"))
 
-    # -- ConfigMaps the leader keeps (the pool guard's params, the last good policy), the guard's binding --
+    # -- ConfigMaps the leader keeps (the pool guard's params, the last good policy) --
     def create_configmap(self, namespace: str, name: str, data: Mapping[str, str], labels: Mapping[str, str]) -> None:
         """Create the ConfigMap; one that exists already raises ApiError with outcome CONFLICT."""
         body = {
@@ -254,11 +254,6 @@ class KubeClient(KubeReader):
         meta = configmap["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/configmaps/{meta['name']}"
         self.call("replace-configmap", lambda: self.api.call("PUT", path, body=dict(configmap)))
-
-    def replace_policy_binding(self, binding: Mapping[str, Any]) -> None:
-        """Replace the binding as read (its metadata.resourceVersion is the precondition)."""
-        path = f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings/{binding['metadata']['name']}"
-        self.call("replace-policy-binding", lambda: self.api.call("PUT", path, body=dict(binding)))
 
     # -- the pools API: an EgressPool's status (the leader's) -----------------------------------------
     def set_pool_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str] = ()) -> None:

@@ -33,6 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY
+from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from devcluster.cluster import Cluster
 from devplacer.local_placer import (
     NAMESPACE,
@@ -166,6 +167,7 @@ class ControllerSpec:
     proxy: bool = False
     env: tuple[tuple[str, str], ...] = ()  # settings for this module's controller (EGRESS_PLACER_*)
     pool_guard: bool = False
+    controller_rights: bool = False  # also the policies bounding the controller's own writes
     taints: bool = True  # wait until the leader has tainted the pool nodes (and only them)
 
 
@@ -219,6 +221,13 @@ def remove_pool_guard(api: Api) -> None:
     api.delete(namespaced(NAMESPACE, "configmaps", GUARD_NAME))
 
 
+def remove_controller_rights(api: Api) -> None:
+    """Delete the policies bounding the controller's own writes, and their bindings (each may be missing)."""
+    for name in (RIGHTS_NAME, POD_DELETES_NAME):
+        api.delete(f"{ADMISSION}/validatingadmissionpolicybindings/{name}")
+        api.delete(f"{ADMISSION}/validatingadmissionpolicies/{name}")
+
+
 def lease_holder(api: Api) -> str | None:
     lease = api.get(LEASE_PATH)
     return ((lease or {}).get("spec") or {}).get("holderIdentity") or None
@@ -235,6 +244,7 @@ def make_plain(api: Api, cluster: Cluster) -> None:
     api.delete(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")
     api.delete(f"{VALIDATING_WEBHOOK_CONFIGS}/{POOLS_WEBHOOK_CONFIG}")
     remove_pool_guard(api)
+    remove_controller_rights(api)
     remove_pool_taints(api)
     delete_lease(api)
 
@@ -308,6 +318,7 @@ def egress_placer(request: pytest.FixtureRequest, devcluster: Cluster, api: Api,
     with running_placer(
         devcluster, api, spec.policy or suite_policy,
         taints=spec.taints, replicas=spec.replicas, proxy=spec.proxy, env=dict(spec.env), pool_guard=spec.pool_guard,
+        controller_rights=spec.controller_rights,
     ) as placer:
         yield placer
 

@@ -1,6 +1,7 @@
 """End to end, the pool guard (ValidatingAdmissionPolicy, k8s/pool-guard.yaml) on the real API server,
 installed by `start_controller(pool_guard=True)` and fed by the leader. With the controller running, an
-allowed namespace's placed run still works and the leader keeps the params and the binding. Then the
+allowed namespace's placed run still works, the leader keeps the params (the namespaces left out too)
+and the binding is the static one it ships. Then the
 controller (so the webhook) is stopped, and the API server itself, for a tenant bound to the built-in
 `edit` role in team-other (may not use pool `overseas`): refuses a pod with the pool toleration, a pod
 naming a pool node, and an UPDATE adding the pool toleration to a pod not bound yet (but admits it for a
@@ -19,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from controller.core.guard import GUARD_NAME, policy_binding
+from controller.core.guard import GUARD_NAME, left_out, policy_binding
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION
 from controller.core.policy import load_policy
 from controller.kube.client import JSON_PATCH
@@ -106,9 +107,13 @@ def test_with_the_controller_running_the_leader_keeps_the_guard_and_an_allowed_r
     data = wait_for("the guard's params", lambda: params(api), timeout=30)
     assert data["Pools"] == POOL and data["Pool.overseas.Namespaces"] == "^(?:team-cdn)$"
     wait_for("every pool node in the params", lambda: all((params(api) or {}).get(n) == POOL for n in POOL_NODES), timeout=30)
+    assert data["LeftOut"] == ",".join(left_out(load_policy(POLICY_FILE.read_text())))
     binding = api.call("GET", f"{ADMISSION}/validatingadmissionpolicybindings/{GUARD_NAME}")
-    wanted = policy_binding(load_policy(POLICY_FILE.read_text()), NAMESPACE)["spec"]["matchResources"]["namespaceSelector"]
-    assert binding["spec"]["matchResources"]["namespaceSelector"] == wanted
+    wanted = policy_binding(NAMESPACE)["spec"]
+    assert {k: binding["spec"][k] for k in ("policyName", "validationActions", "paramRef")} == {
+        k: wanted[k] for k in ("policyName", "validationActions", "paramRef")
+    }
+    assert binding["spec"]["matchResources"].get("namespaceSelector") in (None, {})  # every namespace
 
     name = runs.name("placed")
     runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))

@@ -44,7 +44,7 @@ EVERY_USER = (
     | rules(["certificates.k8s.io"], ["clustertrustbundles"], READ)
 )
 # k8s/rbac-cluster.yaml: caches, the pool taint, evictions, the queue's release of runs, Events, its own webhooks' caBundle (placement and the pools
-# API's), the pool guard's binding, the pools API (and its status).
+# API's), the pools API (and its status).
 CLUSTER_WIDE = (
     rules([""], ["nodes"], [*READ, "patch"])
     | rules([""], ["namespaces"], READ)
@@ -55,7 +55,6 @@ CLUSTER_WIDE = (
     | rules(["tekton.dev"], ["taskruns", "pipelineruns"], ["patch"])  # the queue: release (spec.status only)
     | rules(["events.k8s.io"], ["events"], ["create", "patch"])
     | rules(["admissionregistration.k8s.io"], ["mutatingwebhookconfigurations"], ["get", "update"], ["egress-placer"])
-    | rules(["admissionregistration.k8s.io"], ["validatingadmissionpolicybindings"], ["get", "update"], ["egress-placer-pool-guard"])
     | rules(["egress-placer.io"], ["egresspools", "egressplacerconfigs"], READ)
     | rules(["egress-placer.io"], ["egresspools/status"], ["update", "patch"])
     | rules(["admissionregistration.k8s.io"], ["validatingwebhookconfigurations"], ["get", "update"], ["egress-placer-pools"])

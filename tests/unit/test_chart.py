@@ -32,8 +32,9 @@ from typing import Any, Iterable, Mapping
 import pytest
 import yaml
 
-from controller.core.guard import policy_binding
-from controller.core.policy import PlacementPolicy, load_policy
+from controller.core.guard import GUARD_NAME, policy_binding
+from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME, controller_rights
+from controller.core.policy import load_policy
 from devcluster.build import find_artifacts, find_optional
 from devcluster.cluster import ClusterError
 from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, policy_values, post_render, run_helm, settings_env, template
@@ -47,6 +48,7 @@ COMPONENT_VALUES: dict[str, dict[str, Any]] = {
     "report-only": {"intruderMode": "report"},
     "cert-manager": {"certificate": {"mode": "cert-manager"}},
     "policy-configmap": {"policySource": "configmap"},
+    "controller-rights-warn": {"controllerRights": {"validationActions": ["Warn", "Audit"]}},
 }
 Key = tuple[str, str, str | None, str]
 
@@ -124,7 +126,8 @@ def merged(*values: Mapping[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "components",
-    [(), ("report-only",), ("cert-manager",), ("cert-manager", "report-only"), ("policy-configmap",), ("cert-manager", "policy-configmap")],
+    [(), ("report-only",), ("cert-manager",), ("cert-manager", "report-only"), ("policy-configmap",), ("cert-manager", "policy-configmap"),
+     ("controller-rights-warn", "report-only")],
     ids=lambda c: "+".join(c) or "defaults",
 )
 def test_the_render_is_k8s_for_the_same_choices(helm: Path, kubectl: Path, components: tuple[str, ...]) -> None:
@@ -173,9 +176,11 @@ def test_the_packaged_chart_renders_the_same(helm: Path, tmp_path: Path, default
         {},
         {"certificate": {"mode": "cert-manager"}, "intruderMode": "report"},
         {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}},
-        {"replicas": 1, "createNamespace": False, "poolGuard": {"enabled": False}, "agentRbac": {"namespaces": []}},
+        {"replicas": 1, "createNamespace": False, "poolGuard": {"enabled": False}, "agentRbac": {"namespaces": []},
+         "controllerRights": {"enabled": False}},
+        {"controllerRights": {"validationActions": ["Warn", "Audit"]}},
     ],
-    ids=["defaults", "cert-manager+report", "monitoring", "minimal"],
+    ids=["defaults", "cert-manager+report", "monitoring", "minimal", "rights-warn-only"],
 )
 def test_helm_lint_passes_strictly(helm: Path, tmp_path: Path, values: dict[str, Any]) -> None:
     (tmp_path / "values.json").write_text(json.dumps(values))
@@ -192,6 +197,10 @@ def test_helm_lint_passes_strictly(helm: Path, tmp_path: Path, values: dict[str,
         ({"image": {"repository": ""}}, "'/image/repository'"),
         ({"intruderMdoe": "report"}, "'intruderMdoe' not allowed"),  # a misspelt key is refused, not ignored
         ({"extraEnv": {"RESYNC_SECONDS": "60"}}, "'RESYNC_SECONDS'"),  # settings are EGRESS_PLACER_* variables
+        ({"controllerRights": {"validationActions": ["Refuse"]}}, "'/controllerRights/validationActions/0'"),
+        ({"controllerRights": {"validationActions": []}}, "'/controllerRights/validationActions'"),
+        ({"controllerRights": {"validationActions": ["Deny", "Warn"]}}, "'/controllerRights/validationActions'"),
+        ({"controllerRights": {"enabeld": True}}, "'enabeld' not allowed"),
     ],
 )
 def test_the_values_schema_refuses_wrong_values(helm: Path, values: dict[str, Any], named: str) -> None:
@@ -305,8 +314,20 @@ def test_agent_rbac_goes_to_each_agent_namespace(helm: Path, namespaces: list[st
 
 def test_without_the_namespace_and_the_pool_guard(helm: Path, default_render: list[dict[str, Any]]) -> None:
     docs = template(helm, {"createNamespace": False, "poolGuard": {"enabled": False}})
-    gone = {k[1] for k in {key(d) for d in default_render} - {key(d) for d in docs}}
-    assert gone == {"Namespace", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    gone = {(k[1], k[-1]) for k in {key(d) for d in default_render} - {key(d) for d in docs}}
+    assert gone == {("Namespace", "egress-placer"), *{(kind, GUARD_NAME) for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")}}
+
+
+def test_the_controller_rights_are_the_render_and_may_only_warn(helm: Path, default_render: list[dict[str, Any]]) -> None:
+    def rights(docs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        names = {RIGHTS_NAME, POD_DELETES_NAME}
+        return [{k: d[k] for k in ("apiVersion", "kind", "spec")} for d in docs if d["metadata"]["name"] in names]
+
+    assert rights(default_render) == [{k: d[k] for k in ("apiVersion", "kind", "spec")} for d in controller_rights()]
+    warn = rights(template(helm, {"controllerRights": {"validationActions": ["Warn", "Audit"]}}))
+    assert warn == [{k: d[k] for k in ("apiVersion", "kind", "spec")} for d in controller_rights(actions=("Warn", "Audit"))]
+    off = template(helm, {"controllerRights": {"enabled": False}})
+    assert rights(off) == [] and by_kind(off, "ValidatingAdmissionPolicyBinding") != []
 
 
 def test_an_issuer_of_one_s_own_replaces_the_self_signed_one(helm: Path) -> None:
@@ -317,7 +338,7 @@ def test_an_issuer_of_one_s_own_replaces_the_self_signed_one(helm: Path) -> None
     assert (certificate["issuerRef"], certificate["duration"], certificate["renewBefore"]) == (issuer, "720h", "240h")
 
 
-# -- the policy, and the pool guard's binding computed from it ------------------------------------------
+# -- the policy, and the pool guard's (static) binding ---------------------------------------------------
 POLICIES = {
     "k8s/policy-configmap/policy.yaml": policy_values(K8S_DIR / "policy-configmap" / "policy.yaml"),
     "exempt namespaces of one's own": {"pools": [{"name": "gpu", "nodeSelector": {"pool": "gpu"}}], "exemptNamespaces": ["kube-system", "ops"]},
@@ -327,24 +348,24 @@ POLICIES = {
 
 
 @pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
-def test_the_policy_value_is_the_configmap_and_the_guard_binding_follows_it(helm: Path, policy: dict[str, Any]) -> None:
+def test_the_policy_value_is_the_configmap_and_the_guard_binding_is_static(helm: Path, policy: dict[str, Any]) -> None:
     docs = template(helm, {"policySource": "configmap", "policy": policy})
     (configmap,) = [d for d in docs if key(d) == POLICY_CONFIGMAP]
     loaded = load_policy(configmap["data"]["policy.yaml"], "the chart's ConfigMap")  # raises when the controller would refuse it
     assert yaml.safe_load(configmap["data"]["policy.yaml"]) == {"apiVersion": "egress-placer.io/v1alpha1", "kind": "PlacementPolicy", **policy}
-    binding = the(docs, "ValidatingAdmissionPolicyBinding")
-    expected = policy_binding(loaded, "egress-placer")
+    (binding,) = [d for d in by_kind(docs, "ValidatingAdmissionPolicyBinding") if d["metadata"]["name"] == GUARD_NAME]
+    expected = policy_binding("egress-placer")  # static: what follows the policy is in the params
     assert {k: binding[k] for k in ("apiVersion", "kind", "spec")} == {k: expected[k] for k in ("apiVersion", "kind", "spec")}
 
 
 @pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
-def test_with_the_pools_api_the_policy_value_is_not_rendered_and_the_binding_has_the_defaults(helm: Path, policy: dict[str, Any]) -> None:
+def test_with_the_pools_api_the_policy_value_is_not_rendered_and_the_binding_is_static(helm: Path, policy: dict[str, Any]) -> None:
     docs = template(helm, {"policy": policy})  # policySource: pools, the default
     assert POLICY_CONFIGMAP not in {key(d) for d in docs}
     env = {e["name"]: e.get("value") for e in the(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["EGRESS_PLACER_POLICY_SOURCE"] == "pools"
-    binding = the(docs, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"] == policy_binding(PlacementPolicy.empty(), "egress-placer")["spec"]
+    (binding,) = [d for d in by_kind(docs, "ValidatingAdmissionPolicyBinding") if d["metadata"]["name"] == GUARD_NAME]
+    assert binding["spec"] == policy_binding("egress-placer")["spec"]
 
 
 # -- monitoring objects --------------------------------------------------------------------------------

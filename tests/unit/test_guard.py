@@ -28,6 +28,7 @@ from controller.core.guard import (
     annotation_regex,
     glob_regex,
     guard_params,
+    left_out,
     policy_binding,
     validating_admission_policy,
 )
@@ -186,6 +187,8 @@ def refused_pools(
     old: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """The pools, in policy order, that the guard refuses `pod` (of `namespace`; `old` on UPDATE) for."""
+    if namespace.name in left_out(policy):  # the exempt and agent namespaces: never judged
+        return []
     new_node = (pod.get("spec") or {}).get("nodeName")
     old_node = ((old or {}).get("spec") or {}).get("nodeName")
     node_pool = _pool_of_name(policy, nodes, new_node) if new_node else None
@@ -433,7 +436,8 @@ def test_params_name_each_pool_node_and_the_pool_rules() -> None:
     assert data["Pool.overseas.Namespaces"] == "^(?:team-cdn|release-(?s:.*))$"
     assert data["Pool.overseas.Selector"] == "egress|In|allowed;tier|NotIn|sandbox"
     assert data["Pool.lab.Selector"] == ""
-    assert guard_params(PlacementPolicy.empty(), NODES.values()) == {"Pools": ""}
+    assert data["LeftOut"] == "kube-node-lease,kube-public,kube-system,monitoring"
+    assert guard_params(PlacementPolicy.empty(), NODES.values()) == {"Pools": "", "LeftOut": "kube-node-lease,kube-public,kube-system"}
 
 
 def test_too_many_pools_are_refused_by_the_render() -> None:
@@ -445,18 +449,23 @@ def test_too_many_pools_are_refused_by_the_render() -> None:
         guard_params(policy, [])
 
 
-def test_the_binding_leaves_out_exempt_and_agent_namespaces_by_name() -> None:
-    binding = policy_binding(POLICY, "egress-placer")
-    assert binding["spec"]["matchResources"]["namespaceSelector"] == {
-        "matchExpressions": [
-            {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
-             "values": ["kube-node-lease", "kube-public", "kube-system", "monitoring"]}
-        ]
+def test_the_binding_is_static_and_the_params_leave_out_exempt_and_agent_namespaces() -> None:
+    binding = policy_binding("egress-placer")
+    assert binding["spec"] == {
+        "policyName": GUARD_NAME,
+        "validationActions": ["Deny"],
+        "paramRef": {"name": GUARD_NAME, "namespace": "egress-placer", "parameterNotFoundAction": "Allow"},
+        "matchResources": {},
     }
-    assert binding["spec"]["paramRef"] == {"name": GUARD_NAME, "namespace": "egress-placer", "parameterNotFoundAction": "Allow"}
-    assert binding["spec"]["validationActions"] == ["Deny"]
     none_left_out = load_policy("apiVersion: egress-placer.io/v1alpha1\nkind: PlacementPolicy\nexemptNamespaces: []\n")
-    assert policy_binding(none_left_out, "x")["spec"]["matchResources"] == {}
+    assert guard_params(none_left_out, [])["LeftOut"] == ""
+
+
+@pytest.mark.parametrize("name", ["kube-system", "monitoring", "kube-public"])
+def test_a_left_out_namespace_is_never_judged(name: str) -> None:
+    everything = [{"operator": "Exists"}]
+    assert guard(POLICY, NODES, NamespaceState(name=name), pod(everything, node="egress-1"))[:2] == (True, [])
+    assert guard(POLICY, NODES, NamespaceState(name="monitoring-x"), pod(everything, node="egress-1"))[0] is False
 
 
 @pytest.mark.parametrize(
@@ -488,7 +497,4 @@ def test_the_policy_fails_closed_on_creates_and_updates_of_pods() -> None:
 def test_k8s_ships_the_render_for_the_default_policy_wide_fields() -> None:
     text = (ROOT / "k8s" / "pool-guard.yaml").read_text()  # the render itself: tests/unit/test_generated.py
     shipped = list(yaml.safe_load_all(text))
-    assert shipped == [validating_admission_policy(), policy_binding(PlacementPolicy.empty(), "egress-placer")]
-    # The ConfigMap form's policy has the same policy-wide fields: the same binding.
-    configmap_form = load_policy((ROOT / "k8s" / "policy-configmap" / "policy.yaml").read_text())
-    assert policy_binding(configmap_form, "egress-placer") == shipped[1]
+    assert shipped == [validating_admission_policy(), policy_binding("egress-placer")]

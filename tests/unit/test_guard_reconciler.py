@@ -1,15 +1,14 @@
 """The pool guard reconciler against a ClusterState and a recording fake (no cluster): it creates the
 params when missing, writes them again only when the policy or the pool nodes change, puts back what
-someone else changed once the verify period has passed, keeps the binding's left-out namespaces and
-params reference (and nothing else of it) to the policy, never creates the binding, and survives
-failures."""
+someone else changed once the verify period has passed, keeps the left-out namespaces in the params,
+never writes the binding (static: the controller has no right on it), and survives failures."""
 
 from __future__ import annotations
 
 import copy
 from typing import Any, Callable, Mapping
 
-from controller.core.guard import GUARD_NAME, guard_params, policy_binding
+from controller.core.guard import GUARD_NAME, guard_params
 from controller.core.model import NodeState
 from controller.core.policy import load_policy
 from controller.reconcile.pool_guard import PARAMS_LABELS, PoolGuardReconciler
@@ -35,16 +34,11 @@ def node(name: str, pool: bool) -> dict[str, Any]:
 
 
 class FakeApi:
-    """The params ConfigMap and the binding as the API server would keep them."""
+    """The params ConfigMap as the API server would keep it; it has no binding methods: the reconciler
+    never writes the binding."""
 
-    def __init__(self, binding: bool = True, fail: int = 0) -> None:
+    def __init__(self, fail: int = 0) -> None:
         self.configmap: dict[str, Any] | None = None
-        self.binding: dict[str, Any] | None = None
-        if binding:  # as installed from k8s/ and defaulted by the API server
-            self.binding = copy.deepcopy(policy_binding(load_policy(POLICY_TEXT.replace("pools:", "exemptNamespaces: [kube-system]\npools:")), NAMESPACE))
-            self.binding["metadata"]["resourceVersion"] = "1"
-            self.binding["spec"]["matchResources"]["objectSelector"] = {}
-            self.binding["spec"]["matchResources"]["matchPolicy"] = "Equivalent"
         self.writes: list[str] = []
         self.fail = fail
 
@@ -68,14 +62,6 @@ class FakeApi:
         self.configmap = copy.deepcopy(dict(configmap))
         self.writes.append("replace-params")
 
-    def read_policy_binding(self, name: str) -> dict[str, Any] | None:
-        self._maybe_fail()
-        return copy.deepcopy(self.binding)
-
-    def replace_policy_binding(self, binding: Mapping[str, Any]) -> None:
-        self.binding = copy.deepcopy(dict(binding))
-        self.writes.append("replace-binding")
-
 
 class Clock:
     def __init__(self) -> None:
@@ -92,17 +78,15 @@ def setup(api: FakeApi, *nodes: dict[str, Any]) -> tuple[ClusterState, Callable[
     return state, PoolGuardReconciler(state, api, NAMESPACE, clock=clock, verify_seconds=30).reconcile, clock  # a pass: what it wrote
 
 
-def test_missing_params_are_created_and_the_binding_follows_the_policy() -> None:
+def test_missing_params_are_created() -> None:
     api = FakeApi()
     _, reconcile, _ = setup(api, node("egress-1", True), node("node-1", False))
-    assert reconcile() == ["params", "binding"]
+    assert reconcile() == ["params"]
     assert api.configmap is not None
     assert api.configmap["data"] == guard_params(POLICY, [NodeState("egress-1", {"egress": "yes"}), NodeState("node-1")])
     assert api.configmap["data"]["egress-1"] == "overseas" and "node-1" not in api.configmap["data"]
     assert api.configmap["metadata"]["labels"] == PARAMS_LABELS
-    selector = api.binding["spec"]["matchResources"]["namespaceSelector"]  # type: ignore[index]
-    assert selector == policy_binding(POLICY, NAMESPACE)["spec"]["matchResources"]["namespaceSelector"]
-    assert api.binding["spec"]["matchResources"]["matchPolicy"] == "Equivalent"  # type: ignore[index]  # the rest kept
+    assert api.configmap["data"]["LeftOut"] == "kube-node-lease,kube-public,kube-system"
 
 
 def test_nothing_is_written_again_until_something_changes() -> None:
@@ -131,29 +115,20 @@ def test_a_deleted_or_edited_params_object_is_put_back_after_the_verify_period()
     assert reconcile() == ["params"] and api.configmap["data"]["egress-1"] == "overseas"  # type: ignore[index]
 
 
-def test_the_binding_is_never_created() -> None:
-    api = FakeApi(binding=False)
-    _, reconcile, _ = setup(api, node("egress-1", True))
-    assert reconcile() == ["params"]
-    assert api.binding is None
-
-
 def test_a_failed_pass_is_tried_again_at_once() -> None:
     api = FakeApi(fail=1)
     _, reconcile, _ = setup(api, node("egress-1", True))
     assert reconcile() == []
-    assert reconcile() == ["params", "binding"]
+    assert reconcile() == ["params"]
 
 
-def test_a_policy_change_moves_the_binding_and_the_params() -> None:
+def test_a_policy_change_moves_the_left_out_namespaces_in_the_params() -> None:
     api = FakeApi()
     state, reconcile, _ = setup(api, node("egress-1", True))
     reconcile()
     state.set_policy(load_policy(POLICY_TEXT.replace("pools:", "agentNamespaces: [monitoring]\npools:")))
-    assert reconcile() == ["binding"]
-    assert api.binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == [  # type: ignore[index]
-        "kube-node-lease", "kube-public", "kube-system", "monitoring",
-    ]
+    assert reconcile() == ["params"]
+    assert api.configmap["data"]["LeftOut"] == "kube-node-lease,kube-public,kube-system,monitoring"  # type: ignore[index]
 
 
 def test_with_no_valid_policy_in_force_the_guard_is_left_as_it_was() -> None:
@@ -163,4 +138,4 @@ def test_with_no_valid_policy_in_force_the_guard_is_left_as_it_was() -> None:
     reconcile = PoolGuardReconciler(state, api, NAMESPACE, verify_seconds=30).reconcile
     assert reconcile() == [] and api.writes == []
     state.set_policy(POLICY)
-    assert reconcile() == ["params", "binding"]
+    assert reconcile() == ["params"]

@@ -24,6 +24,7 @@ import yaml
 from controller.core.guard import GUARD_NAME
 from controller.core.model import TAINT_KEY, NamespaceState
 from controller.core.policy import load_policy
+from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from controller.reconcile.last_good_policy import store_name
 from controller.settings import Settings
 from devcluster.build import find_artifacts
@@ -77,7 +78,6 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
         ("cluster", "admissionregistration.k8s.io", "validatingwebhookconfigurations", v, default("pools_webhook_config_name"))
         for v in ("get", "update")
     },
-    *{("cluster", "admissionregistration.k8s.io", "validatingadmissionpolicybindings", v, GUARD_NAME) for v in ("get", "update")},
     *{(NAMESPACE, "coordination.k8s.io", "leases", v, default("lease_name")) for v in ("get", "update")},
     (NAMESPACE, "coordination.k8s.io", "leases", "create", ANY),
     *{(NAMESPACE, "", "secrets", v, default("tls_secret")) for v in ("get", "patch")},
@@ -279,6 +279,18 @@ def test_the_report_only_component_only_reports_and_changes_nothing_else(kubectl
     assert rendered_env(with_it) == {**rendered_env(without), ENV_PREFIX + "INTRUDER_MODE": "report"}
     assert rendered_env(without)[ENV_PREFIX + "INTRUDER_MODE"] == "evict"
     others = lambda docs: [d for d in docs if d["kind"] != "Deployment"]  # noqa: E731
+    assert others(with_it) == others(without)
+
+
+@pytest.mark.parametrize("components", [("controller-rights-warn",), ("controller-rights-warn", "cert-manager", "report-only")])
+def test_the_controller_rights_warn_component_only_makes_the_two_bindings_warn(kubectl: Path, components: tuple[str, ...]) -> None:
+    without = kustomize(kubectl, [c for c in components if c != "controller-rights-warn"])
+    with_it = kustomize(kubectl, components)
+    names = {RIGHTS_NAME, POD_DELETES_NAME}
+    warned = {d["metadata"]["name"]: d["spec"]["validationActions"] for d in with_it if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert {n: warned[n] for n in names} == {n: ["Warn", "Audit"] for n in names}
+    assert warned[GUARD_NAME] == ["Deny"]
+    others = lambda docs: [d for d in docs if not (d["kind"] == "ValidatingAdmissionPolicyBinding" and d["metadata"]["name"] in names)]  # noqa: E731
     assert others(with_it) == others(without)
 
 

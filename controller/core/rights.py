@@ -1,0 +1,221 @@
+"""The controller's own rights, bounded in the API server: two ValidatingAdmissionPolicies that apply
+only to requests of the controller's ServiceAccount. RBAC names verbs and resources; it cannot say
+"only the caBundle" or "only the pool taint". These say it, so a stolen token of the controller can do
+no more than the controller does. Rendered here; the CEL text lives in this module only; shipped in
+`k8s/controller-rights.yaml` and the chart (`make generate`, devplacer/generate.py).
+
+- `RIGHTS_NAME` (no params): on UPDATE of
+  - a Mutating- or ValidatingWebhookConfiguration: only a webhook's `clientConfig.caBundle` changes
+    (names, rules, service, url, selectors, policies, labels and annotations stay);
+  - a Node: only taints whose key is the pool key (`TAINT_KEY`) change (labels, annotations,
+    `unschedulable`, other taints, owners and finalizers stay);
+  - a TaskRun or PipelineRun: only `spec.status` may be removed (the queue's release: the controller
+    never sets it) and annotations under `egress-placer.io/` may change; every other field of `spec`,
+    the labels, the other annotations, owners and finalizers stay.
+- `POD_DELETES_NAME` (params: the pool guard's ConfigMap, controller/core/guard.py): a pod DELETE
+  only of a pod whose `oldObject.spec.nodeName` is a pool node of the params (a node name is a key
+  there). Params missing: refused (`parameterNotFoundAction: Deny`).
+
+Both match the controller by `request.userInfo.username` (the API server's authenticator sets it; a
+request cannot choose it). What they cannot bound (k8s/README.md, docs/security.md): evictions (on a
+`pods/eviction` CREATE the object is the Eviction and `oldObject` is null), the params ConfigMap the
+pod-delete check reads (the same identity writes it), and the policy and binding objects themselves
+(the API server never applies admission policies to them: RBAC alone keeps them, and the controller
+has no right on them).
+
+Every list the CEL walks is bounded by the object under review (its webhooks, taints, annotations,
+spec keys).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.core.guard import GUARD_NAME
+from controller.core.model import TAINT_KEY
+
+RIGHTS_NAME = "egress-placer-controller-rights"
+POD_DELETES_NAME = "egress-placer-controller-pod-deletes"
+OWN_ANNOTATION_PREFIX = "egress-placer.io/"
+VALIDATION_ACTIONS = ("Deny",)  # the warn-only rollout: ("Warn", "Audit") (k8s/controller-rights-warn/)
+
+ADMISSION_GROUP = "admissionregistration.k8s.io"
+WEBHOOK_RESOURCES = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+TEKTON_GROUP = "tekton.dev"
+RUN_RESOURCES = ("taskruns", "pipelineruns")
+
+
+def username(namespace: str, service_account: str) -> str:
+    return f"system:serviceaccount:{namespace}:{service_account}"
+
+
+def _same(a: str, b: str, field: str) -> str:
+    """CEL: `field` is set alike on a and b (both unset, or both set and equal)."""
+    return f"(has({a}.{field}) ? (has({b}.{field}) && {a}.{field} == {b}.{field}) : !has({b}.{field}))"
+
+
+def _same_metadata(*fields: str) -> str:
+    return " && ".join(_same("object.metadata", "oldObject.metadata", f) for f in fields)
+
+
+# Every field of a webhook but clientConfig.caBundle (admissionregistration/v1).
+WEBHOOK_FIELDS = (
+    "clientConfig.url",
+    "clientConfig.service",
+    "rules",
+    "failurePolicy",
+    "matchPolicy",
+    "namespaceSelector",
+    "objectSelector",
+    "sideEffects",
+    "timeoutSeconds",
+    "admissionReviewVersions",
+    "matchConditions",
+)
+
+_WEBHOOK_SAME = " && ".join(_same("w", "o", f) for f in WEBHOOK_FIELDS)
+
+# (name, expression), evaluated lazily in this order.
+VARIABLES: tuple[tuple[str, str], ...] = (
+    ("webhookConfig", f"request.resource.group == '{ADMISSION_GROUP}'"),
+    ("node", "request.resource.group == '' && request.resource.resource == 'nodes'"),
+    ("run", f"request.resource.group == '{TEKTON_GROUP}'"),
+    ("webhooks", "has(object.webhooks) ? object.webhooks : []"),
+    ("oldWebhooks", "has(oldObject.webhooks) ? oldObject.webhooks : []"),
+    (
+        "webhooksKept",
+        "size(variables.webhooks) == size(variables.oldWebhooks)"
+        f" && variables.webhooks.all(w, variables.oldWebhooks.exists_one(o, o.name == w.name && {_WEBHOOK_SAME}"
+        " && (request.resource.resource != 'mutatingwebhookconfigurations' || "
+        + _same("w", "o", "reinvocationPolicy")
+        + ")))",
+    ),
+    ("taints", f"has(object.spec.taints) ? object.spec.taints.filter(t, t.key != '{TAINT_KEY}') : []"),
+    ("oldTaints", f"has(oldObject.spec.taints) ? oldObject.spec.taints.filter(t, t.key != '{TAINT_KEY}') : []"),
+    ("annotations", "has(object.metadata.annotations) ? object.metadata.annotations : {}"),
+    ("oldAnnotations", "has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}"),
+    (
+        "foreignAnnotationsKept",
+        f"variables.annotations.all(k, k.startsWith('{OWN_ANNOTATION_PREFIX}')"
+        " || (k in variables.oldAnnotations && variables.oldAnnotations[k] == variables.annotations[k]))"
+        f" && variables.oldAnnotations.all(k, k.startsWith('{OWN_ANNOTATION_PREFIX}') || k in variables.annotations)",
+    ),
+    ("spec", "has(object.spec) ? object.spec : {}"),
+    ("oldSpec", "has(oldObject.spec) ? oldObject.spec : {}"),
+    (
+        "runSpecKept",
+        "variables.spec.all(k, k in variables.oldSpec && variables.oldSpec[k] == variables.spec[k])"
+        " && variables.oldSpec.all(k, k == 'status' || k in variables.spec)",
+    ),
+)
+
+VALIDATIONS: tuple[tuple[str, str], ...] = (
+    (
+        "!variables.webhookConfig || (variables.webhooksKept && "
+        + _same_metadata("labels", "annotations", "ownerReferences", "finalizers")
+        + ")",
+        "the controller may change only the caBundle of a webhook configuration",
+    ),
+    (
+        "!variables.node || (variables.taints == variables.oldTaints && "
+        + _same_metadata("labels", "annotations", "ownerReferences", "finalizers")
+        + " && "
+        + _same("object.spec", "oldObject.spec", "unschedulable")
+        + " && "
+        + _same("object.spec", "oldObject.spec", "providerID")
+        + " && "
+        + _same("object.spec", "oldObject.spec", "podCIDRs")
+        + ")",
+        f"the controller may change only the node's taints with key {TAINT_KEY}",
+    ),
+    (
+        "!variables.run || (variables.runSpecKept && variables.foreignAnnotationsKept && "
+        + _same_metadata("labels", "ownerReferences", "finalizers")
+        + ")",
+        f"the controller may only remove a run's spec.status and change its {OWN_ANNOTATION_PREFIX}* annotations",
+    ),
+)
+
+POD_DELETE_VALIDATION = (
+    "params == null ? false : has(params.data) && has(oldObject.spec.nodeName) && oldObject.spec.nodeName in params.data",
+    "the controller may delete only pods on pool nodes (the pool guard's params list them)",
+)
+
+
+def _is_the_controller(namespace: str, service_account: str) -> list[dict[str, str]]:
+    return [
+        {"name": "is-the-controller", "expression": f"request.userInfo.username == '{username(namespace, service_account)}'"}
+    ]
+
+
+def _message(policy: str, text: str) -> str:
+    return f"{text} ({policy})"
+
+
+def rights_policy(namespace: str = "egress-placer", service_account: str = "egress-placer") -> dict[str, Any]:
+    """The ValidatingAdmissionPolicy on the controller's writes to webhook configurations, nodes and runs."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": RIGHTS_NAME},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {"apiGroups": [ADMISSION_GROUP], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": list(WEBHOOK_RESOURCES)},
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]},
+                    {"apiGroups": [TEKTON_GROUP], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": list(RUN_RESOURCES)},
+                ]
+            },
+            "matchConditions": _is_the_controller(namespace, service_account),
+            "variables": [{"name": name, "expression": expression} for name, expression in VARIABLES],
+            "validations": [
+                {"expression": expression, "message": _message(RIGHTS_NAME, text), "reason": "Forbidden"}
+                for expression, text in VALIDATIONS
+            ],
+        },
+    }
+
+
+def pod_deletes_policy(namespace: str = "egress-placer", service_account: str = "egress-placer") -> dict[str, Any]:
+    """The ValidatingAdmissionPolicy on the controller's pod deletes: only pods on pool nodes."""
+    expression, text = POD_DELETE_VALIDATION
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": POD_DELETES_NAME},
+        "spec": {
+            "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
+            "matchConstraints": {
+                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["DELETE"], "resources": ["pods"]}]
+            },
+            "matchConditions": _is_the_controller(namespace, service_account),
+            "validations": [{"expression": expression, "message": _message(POD_DELETES_NAME, text), "reason": "Forbidden"}],
+        },
+    }
+
+
+def rights_bindings(namespace: str = "egress-placer", actions: tuple[str, ...] = VALIDATION_ACTIONS) -> list[dict[str, Any]]:
+    """The two bindings: every namespace (the policies pick the controller's requests themselves); the
+    pod deletes' params are the pool guard's ConfigMap in `namespace`."""
+
+    def binding(name: str, extra: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": list(actions), **extra, "matchResources": {}},
+        }
+
+    return [
+        binding(RIGHTS_NAME, {}),
+        binding(POD_DELETES_NAME, {"paramRef": {"name": GUARD_NAME, "namespace": namespace, "parameterNotFoundAction": "Deny"}}),
+    ]
+
+
+def controller_rights(
+    namespace: str = "egress-placer", service_account: str = "egress-placer", actions: tuple[str, ...] = VALIDATION_ACTIONS
+) -> list[dict[str, Any]]:
+    """The two policies, then their bindings."""
+    return [rights_policy(namespace, service_account), pod_deletes_policy(namespace, service_account), *rights_bindings(namespace, actions)]

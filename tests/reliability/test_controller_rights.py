@@ -1,0 +1,227 @@
+"""Reliability, the controller's own rights bounded in the API server (k8s/controller-rights.yaml;
+k8s/README.md, "What bounds each right"; docs/security.md, "The controller's own rights").
+
+The controller runs under the policies (it leads and taints the pool nodes through them). Then, as a
+stolen token would, the admin's kubectl impersonates its ServiceAccount (`--as`) and tries, with
+`--dry-run=server` (the request goes through authorization and admission, nothing is stored):
+
+- refused, each naming our policy or the missing RBAC right: a webhook configuration's rules or
+  service, a node's labels or `unschedulable`, the pool guard's binding, a run's params (a held run and
+  a started one), deleting a pod off the pool nodes;
+- admitted: a new caBundle, a pool taint removed, a held run's `spec.status` removed (the queue's
+  release), deleting a pod on a pool node.
+
+Both with Tekton's webhook on and off: Tekton's webhook refuses spec changes of a started run for
+anyone, cluster-admin too, which proves nothing about our policy; with its configurations removed only
+our policy stands between the token and the change.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import subprocess
+from typing import Any, Iterator
+
+import pytest
+
+from controller.core.guard import GUARD_NAME
+from controller.core.model import TAINT_KEY
+from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
+from devcluster import tekton_webhook
+from devcluster.cluster import Cluster
+from devplacer.local_placer import NAMESPACE, POOLS_WEBHOOK_CONFIG, SERVICE_ACCOUNT, WEBHOOK_CONFIG
+from tests.e2e.harness import ControllerSpec, Placer
+from tests.e2e.tekton_runs import OTHER_IMAGE, POOL_TOLERATION, Runs, step
+from tests.kube import TEKTON, Api, namespaced, node
+from tests.reliability.suite import TEAM_OTHER, Figures
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.reliability]
+
+CONTROLLER = ControllerSpec(pool_guard=True, controller_rights=True)
+THE_CONTROLLER = f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+POOL_NODE, ORDINARY_NODE = "egress-1", "node-1"
+RIGHTS_REFUSED = f"ValidatingAdmissionPolicy '{RIGHTS_NAME}'"
+DELETE_REFUSED = f"ValidatingAdmissionPolicy '{POD_DELETES_NAME}'"
+
+
+def as_the_controller(cluster: Cluster, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """kubectl as the controller's ServiceAccount (impersonated by the admin), server-side dry run."""
+    return subprocess.run(
+        [str(cluster.binary("kubectl")), "--kubeconfig", str(cluster.kubeconfig), f"--as={THE_CONTROLLER}",
+         "--dry-run=server", *args],
+        input=stdin, capture_output=True, text=True, check=False, timeout=60,
+    )
+
+
+def webhook_configuration(api: Api, kind: str, name: str) -> dict[str, Any]:
+    return api.call("GET", f"{ADMISSION}/{kind}webhookconfigurations/{name}")
+
+
+def replaced(obj: dict[str, Any]) -> tuple[list[str], str]:
+    """`kubectl replace` (an UPDATE, the verb the controller has on its webhook configurations) of `obj`."""
+    return ["replace", "-f", "-"], json.dumps(obj)
+
+
+def patch(kind: str, name: str, operations: list[dict[str, Any]], namespace: str | None = None) -> list[str]:
+    return [*(["-n", namespace] if namespace else []), "patch", kind, name, "--type=json", "-p", json.dumps(operations)]
+
+
+# -- Tekton's webhook on and off ---------------------------------------------------------------------
+
+TEKTON_CONFIGURATIONS = [
+    (f"{ADMISSION}/{kind.lower()}s", name) for kind, names in tekton_webhook.CONFIGURATIONS.items() for name in names
+]
+
+
+def _restorable(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = {k: v for k, v in obj["metadata"].items() if k in ("name", "labels", "annotations", "ownerReferences")}
+    return {**obj, "metadata": meta}
+
+
+@pytest.fixture(scope="module", params=["tekton-webhook-on", "tekton-webhook-off"])
+def tekton(request: pytest.FixtureRequest, devcluster: Cluster, api: Api, egress_placer: Placer) -> Iterator[str]:
+    """Tekton's admission webhooks as they are ("on"), or with their configurations removed for the
+    module's tests ("off") and put back afterwards (knative's webhook then fills them in again)."""
+    runs_it = devcluster.runs_with(tekton_webhook.NAME)
+    if request.param == "tekton-webhook-on":
+        if not runs_it:
+            pytest.skip("this cluster runs without Tekton's webhook")
+        yield request.param
+        return
+    saved = [(path, _restorable(obj)) for path, name in TEKTON_CONFIGURATIONS if (obj := api.get(f"{path}/{name}")) is not None]
+    for path, obj in saved:
+        api.delete(f"{path}/{obj['metadata']['name']}")
+    try:
+        yield request.param
+    finally:
+        for path, obj in saved:
+            api.create(path, obj)
+
+
+# -- the objects tried on ----------------------------------------------------------------------------
+
+
+def run_body(name: str, pending: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "params": [{"name": "url", "value": "https://example.com/a"}],
+        "taskSpec": {"params": [{"name": "url", "type": "string"}], "steps": [step(OTHER_IMAGE)]},
+    }
+    if pending:
+        spec["status"] = "TaskRunPending"
+    return {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": {"name": name}, "spec": spec}
+
+
+@pytest.fixture(scope="module")
+def objects(api: Api, egress_placer: Placer, tenants: tuple[str, ...]) -> Iterator[dict[str, str]]:
+    """A held run, a started run, a pod on an ordinary node and one on a pool node (kube-system: the
+    pool guard leaves it out), made by the admin; deleted afterwards."""
+    made = Runs(api)
+    held, started = made.name("held"), made.name("started")
+    made.create(TEAM_OTHER, "taskruns", run_body(held, pending=True))
+    made.create(TEAM_OTHER, "taskruns", run_body(started, pending=False))
+    wait_for("the started run to start", lambda: (made.get(TEAM_OTHER, "taskruns", started).get("status") or {}).get("startTime"),
+             timeout=60)
+    pod = {"containers": [{"name": "c", "image": OTHER_IMAGE}], "terminationGracePeriodSeconds": 0}
+    off_pool, on_pool = made.name("off-pool"), made.name("on-pool")
+    made.create_pod(TEAM_OTHER, {"metadata": {"name": off_pool}, "spec": {**pod, "nodeName": ORDINARY_NODE}})
+    made.create_pod("kube-system", {"metadata": {"name": on_pool}, "spec": {**pod, "nodeName": POOL_NODE, "tolerations": [POOL_TOLERATION]}})
+    try:
+        yield {"held": held, "started": started, "off-pool": off_pool, "on-pool": on_pool}
+    finally:
+        made.cleanup()
+
+
+# -- refused -----------------------------------------------------------------------------------------
+
+
+def refused(cluster: Cluster, args: list[str], stdin: str | None = None, *, names: str) -> str:
+    out = as_the_controller(cluster, *args, stdin=stdin)
+    assert out.returncode != 0, f"admitted: kubectl {' '.join(args)}\n{out.stdout}"
+    assert names in out.stderr, out.stderr
+    return out.stderr.strip()
+
+
+def test_it_cannot_rewrite_a_webhook_configuration(devcluster: Cluster, api: Api, tekton: str, figures: Figures) -> None:
+    figures.fault("the controller's token: a webhook configuration's rules or service", tekton, f"refused by {RIGHTS_NAME}")
+    mutating = webhook_configuration(api, "mutating", WEBHOOK_CONFIG)
+    pools = webhook_configuration(api, "validating", POOLS_WEBHOOK_CONFIG)
+    no_rules = copy.deepcopy(mutating)
+    no_rules["webhooks"][0]["rules"] = []
+    elsewhere = copy.deepcopy(mutating)
+    bundle = elsewhere["webhooks"][0]["clientConfig"]["caBundle"]
+    elsewhere["webhooks"][0]["clientConfig"] = {"service": {"name": "evil", "namespace": TEAM_OTHER, "port": 443}, "caBundle": bundle}
+    fails_open = copy.deepcopy(pools)
+    fails_open["webhooks"][0]["failurePolicy"] = "Ignore"
+    messages = [refused(devcluster, *replaced(obj), names=RIGHTS_REFUSED) for obj in (no_rules, elsewhere, fails_open)]
+    # A patch is no verb it has on them: RBAC names the missing right.
+    refused(devcluster, patch("mutatingwebhookconfiguration", WEBHOOK_CONFIG, [{"op": "replace", "path": "/webhooks/0/rules", "value": []}]),
+            names='cannot patch resource "mutatingwebhookconfigurations"')
+    figures.measured(messages[0][-200:], 0)
+
+
+def test_it_cannot_relabel_or_cordon_a_node(devcluster: Cluster, tekton: str, figures: Figures) -> None:
+    figures.fault("the controller's token: a node's labels or unschedulable", tekton, f"refused by {RIGHTS_NAME}")
+    refused(devcluster, ["label", "node", POOL_NODE, "egress-placer.io/pool-", "--overwrite"], names=RIGHTS_REFUSED)
+    refused(devcluster, ["label", "node", ORDINARY_NODE, f"{TAINT_KEY}=overseas"], names=RIGHTS_REFUSED)
+    refused(devcluster, ["patch", "node", POOL_NODE, "--type=merge", "-p", '{"spec":{"unschedulable":true}}'], names=RIGHTS_REFUSED)
+    message = refused(devcluster, ["patch", "node", ORDINARY_NODE, "--type=merge", "-p", '{"spec":{"unschedulable":true}}'], names=RIGHTS_REFUSED)
+    figures.measured(message[-200:], 0)
+
+
+def test_it_cannot_change_the_pool_guards_binding(devcluster: Cluster, api: Api, tekton: str, figures: Figures) -> None:
+    figures.fault("the controller's token: the pool guard's binding", tekton, "refused by RBAC (no right on bindings)")
+    binding = api.call("GET", f"{ADMISSION}/validatingadmissionpolicybindings/{GUARD_NAME}")
+    binding["spec"]["validationActions"] = ["Audit"]
+    message = refused(devcluster, *replaced(binding), names='cannot update resource "validatingadmissionpolicybindings"')
+    refused(devcluster, ["patch", "validatingadmissionpolicybinding", GUARD_NAME, "--type=merge", "-p", '{"spec":{"validationActions":["Audit"]}}'],
+            names='resource "validatingadmissionpolicybindings"')  # kubectl reads it first: cannot get
+    figures.measured(message[-200:], 0)
+
+
+def test_it_cannot_change_a_runs_params(devcluster: Cluster, tekton: str, objects: dict[str, str], figures: Figures) -> None:
+    figures.fault("the controller's token: a run's params", tekton, f"refused by {RIGHTS_NAME}")
+    evil = [{"op": "replace", "path": "/spec/params/0/value", "value": "https://evil.example/"}]
+    refused(devcluster, patch("taskrun", objects["held"], evil, TEAM_OTHER), names=RIGHTS_REFUSED)
+    message = refused(devcluster, patch("taskrun", objects["started"], evil, TEAM_OTHER), names=RIGHTS_REFUSED)
+    refused(devcluster, ["-n", TEAM_OTHER, "annotate", "taskrun", objects["held"], "team.io/owner=evil"], names=RIGHTS_REFUSED)
+    figures.measured(message[-200:], 0)
+
+
+def test_it_cannot_delete_a_pod_off_the_pool_nodes(devcluster: Cluster, tekton: str, objects: dict[str, str], figures: Figures) -> None:
+    figures.fault("the controller's token: deleting a pod on an ordinary node", tekton, f"refused by {POD_DELETES_NAME}")
+    message = refused(devcluster, ["-n", TEAM_OTHER, "delete", "pod", objects["off-pool"], "--wait=false"], names=DELETE_REFUSED)
+    figures.measured(message[-200:], 0)
+
+
+# -- still admitted ----------------------------------------------------------------------------------
+
+
+def admitted(cluster: Cluster, args: list[str], stdin: str | None = None) -> None:
+    out = as_the_controller(cluster, *args, stdin=stdin)
+    assert out.returncode == 0, out.stderr
+
+
+def test_it_can_still_do_its_work(devcluster: Cluster, api: Api, egress_placer: Placer, tekton: str, objects: dict[str, str]) -> None:
+    other = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nnot-this-one\n-----END CERTIFICATE-----\n").decode()
+    for kind, name in (("mutating", WEBHOOK_CONFIG), ("validating", POOLS_WEBHOOK_CONFIG)):
+        configuration = webhook_configuration(api, kind, name)
+        for webhook in configuration["webhooks"]:
+            webhook["clientConfig"]["caBundle"] = other
+        admitted(devcluster, *replaced(configuration))
+    taints = api.call("GET", node(POOL_NODE))["spec"].get("taints") or []
+    assert any(t["key"] == TAINT_KEY for t in taints)  # the leader tainted it through the policy
+    without = [t for t in taints if t["key"] != TAINT_KEY]
+    admitted(devcluster, ["patch", "node", POOL_NODE, "--type=merge", "-p", json.dumps({"spec": {"taints": without or None}})])
+    admitted(devcluster, patch("taskrun", objects["held"], [
+        {"op": "test", "path": "/spec/status", "value": "TaskRunPending"}, {"op": "remove", "path": "/spec/status"},
+    ], TEAM_OTHER))
+    admitted(devcluster, ["-n", "kube-system", "delete", "pod", objects["on-pool"], "--wait=false"])
+    # Dry runs: nothing changed.
+    assert api.call("GET", namespaced(TEAM_OTHER, "taskruns", objects["held"], group=TEKTON))["spec"]["status"] == "TaskRunPending"
+    # The controller itself, under the policies all along (it tainted the pool nodes through them), had no write refused.
+    log = egress_placer.log.read_text()
+    assert RIGHTS_NAME not in log and POD_DELETES_NAME not in log
