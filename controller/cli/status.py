@@ -2,7 +2,7 @@
 
 One read of the cluster (nodes, namespaces, pods, DaemonSets, the policy) through the kube adapter,
 then the same core the controller uses: `plan_taints` says whether the taint is right, `find_intruders`
-who should not be there, `plan_agents` which node agents a pool taint keeps off, `ClusterState.loads`
+who should not be there, `plan_agents` which node agents a pool taint keeps off, `LoadView.loads`
 the load the balancer would see (without admission-time assumptions, which live only in the running
 controller's memory).
 
@@ -32,7 +32,7 @@ from controller.core.agents import AgentGap
 from controller.cli.errors import ClusterUnreachable, CommandError, Exit
 from controller.core.intruders import find_intruders
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
-from controller.core.queue import plan
+from controller.queue.core import plan
 from controller.core.taints import desired_taints
 from controller.prometheus.egress_source import EgressPoller, PrometheusClient
 from controller.kube.client import (
@@ -128,14 +128,14 @@ def pool_rows(state: ClusterState, gaps: Sequence[AgentGap] | None = None) -> li
     gaps = find_gaps(state) if gaps is None else gaps
     rows = []
     for pool in policy.pools:
-        loads = state.loads(pool)
+        loads = state.load.loads(pool)
         members = [n for n in state.node_list() if (owner := policy.pool_of(n)) is not None and owner.name == pool.name]
         for node in sorted(members, key=lambda n: n.name):
             want = set(desired_taints(node, policy))
             owned = {t for t in node.taints if t.key in policy.owned_taint_keys()}
             taint = "ok" if owned == want else ("missing" if not owned else "wrong")
             load = loads.get(node.name)
-            placed = state.placed_counts([node.name])[node.name]
+            placed = state.load.placed_counts([node.name])[node.name]
             rows.append(
                 PoolNodeRow(
                     pool=pool.name,
@@ -163,7 +163,7 @@ def egress_column(state: ClusterState, clock: Callable[[], float] = time.time) -
             pool.egress_load,
             PrometheusClient.for_source(pool.egress_load.prometheus),
             clock,
-            node_names=lambda pool=pool: [n.name for n in state.pool_nodes(pool)],
+            node_names=lambda pool=pool: [n.name for n in state.load.pool_nodes(pool)],
         )
         poller.poll_once(clock())
         status = poller.status()
@@ -222,10 +222,10 @@ def queue_lines(state: ClusterState, now: float, shown: int = QUEUE_LINES_SHOWN)
     """Each queued pool's slots and its waiting runs in release order (the leader's own plan)."""
     lines: list[str] = []
     for pool in state.policy.pools:
-        picture = state.pool_queue(pool)
+        picture = state.queue.pool_queue(pool)
         if picture is None:
             continue
-        result = plan(picture, state.queue_entries(pool.name), now)
+        result = plan(picture, state.queue.queue_entries(pool.name), now)
         about_to_go = [r.entry for r in result.releases]
         waiting = [*about_to_go, *result.line]
         lines.append(

@@ -201,7 +201,7 @@ def test_the_pass_sets_load_capacity_and_ready_nodes_and_removes_a_node_that_lef
     state.replace("Node", [node("pool-1"), node("pool-2"), node("pool-3", ready=False), node("plain-1", pool=False)])
     state.replace("Pod", [pod("a", "pool-1"), pod("b", "pool-1"), pod("c", "plain-1")])
     (pool,) = state.policy.pools
-    chosen = state.choose_and_assume(pool, "taskrun/team-a/r", salt="r").node
+    chosen = state.load.choose_and_assume(pool, "taskrun/team-a/r", salt="r").node
     assert chosen == "pool-2"  # the least loaded
     metrics = Metrics()
     publish = PoolMetrics(state, metrics, min_interval=0)
