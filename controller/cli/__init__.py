@@ -180,7 +180,8 @@ def _configure_completion(parser: argparse.ArgumentParser) -> None:
 def _run_completion(args: argparse.Namespace) -> int:
     import shtab
 
-    print(shtab.complete(build_parser(prog=args.prog), shell=args.shell), end="")
+    # For the command `egress-placer` (a shell completes one word; kubectl completes its plugins itself).
+    print(shtab.complete(build_parser(prog="egress-placer"), shell=args.shell), end="")
     return Exit.OK
 
 
@@ -241,7 +242,7 @@ def build_parser(commands: Mapping[str, Command] = COMMANDS, prog: str | None = 
     for name, command in commands.items():
         sub = subparsers.add_parser(name, help=command.help, description=command.help, epilog=EPILOG)
         command.configure(sub)
-        sub.set_defaults(run=command.run, prog=parser.prog)
+        sub.set_defaults(run=command.run)
     return parser
 
 
