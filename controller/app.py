@@ -263,6 +263,8 @@ class Controller:
             if self.pool_status
             else []
         )
+        queue = QueueReconciler(self.state, self.client, self.events, self.metrics)
+        self.metrics.track_queue_overdue(lambda: {pool: len(p.overdue) for pool, p in queue.plans.items()}, self.is_leader)
         return ReconcileLoop(
             self.state,
             [
@@ -272,7 +274,7 @@ class Controller:
                 AgentReconciler(self.state, self.client, self.events, self.metrics),
                 self.last_good,
                 PoolMetrics(self.state, self.metrics),
-                QueueReconciler(self.state, self.client, self.events, self.metrics),
+                queue,
                 *statuses,
             ],
             is_leader=self.is_leader,

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
+import yaml
+
 from controller.app import PolicyTracker
 from controller.core.agents import AgentGap
 from controller.cli.errors import ClusterUnreachable, CommandError, Exit
@@ -246,6 +248,24 @@ def connect(settings: Settings) -> KubeApi:
         raise CommandError(str(e)) from None
 
 
+def unreachable(error: BaseException, api: KubeApi) -> ClusterUnreachable:
+    """The one-line error of a request that failed: refused by the API server (its status), or no answer."""
+    if status_of(error) is not None:
+        return ClusterUnreachable(f"cannot read the cluster: {describe_error(error)}")
+    return ClusterUnreachable(describe_unreachable(error, api.api_client.configuration.host))
+
+
+def reach(api: KubeApi) -> None:
+    """One request (the API server's version), no retry: ClusterUnreachable at once when no API server
+    answers, before a command starts work that would retry. An HTTP answer, whatever its status, is an
+    API server: the command's own requests say what it refuses."""
+    try:
+        api.call("GET", "/version")
+    except Exception as e:  # no API server, TLS, a name that does not resolve
+        if status_of(e) is None:
+            raise unreachable(e, api) from None
+
+
 def read_cluster(settings: Settings) -> tuple[ClusterState, str | None]:
     """The policy in force, nodes, namespaces, pods and DaemonSets, read once, and what is wrong with
     the policy (None: nothing); CommandError when there is no usable kubeconfig, ClusterUnreachable
@@ -263,20 +283,25 @@ def read_cluster(settings: Settings) -> tuple[ClusterState, str | None]:
     except CommandError:
         raise
     except Exception as e:  # no API server, a refused request
-        if status_of(e) is not None:
-            raise ClusterUnreachable(f"cannot read the cluster: {describe_error(e)}") from None
-        raise ClusterUnreachable(describe_unreachable(e, api.api_client.configuration.host)) from None
+        raise unreachable(e, api) from None
     return state, problem
 
 
-def run_status(settings: Settings, out: TextIO, as_json: bool = False, err: TextIO = sys.stderr) -> int:
+def run_status(
+    settings: Settings, out: TextIO, as_json: bool = False, err: TextIO = sys.stderr, output: str | None = None
+) -> int:
+    """`output` "json" (as --json) or "yaml": the rows as one list; None or "table": the table."""
+    output = "json" if as_json and output in (None, "table") else output
+    as_json = output in ("json", "yaml")
     state, problem = read_cluster(settings)
     egress = egress_column(state)
     gaps = find_gaps(state)
     rows = [replace(r, egress=egress.get((r.pool, r.node), "-")) for r in pool_rows(state, gaps)]
     if problem is not None:
         print(f"policy: {problem}", file=err if as_json else out)
-    if as_json:
+    if output == "yaml":
+        out.write(yaml.safe_dump([{**asdict(r), "agents_missing": list(r.agents_missing)} for r in rows], sort_keys=False))
+    elif as_json:
         print(json.dumps([asdict(r) for r in rows]), file=out)
     else:
         print_rows(rows, out, gaps)

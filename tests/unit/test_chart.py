@@ -457,3 +457,11 @@ def test_the_local_process_gets_the_deployment_s_settings_but_its_own_ports(defa
     assert settings["EGRESS_PLACER_INTRUDER_MODE"] == "evict"
     assert not LOCAL_SETTINGS & set(settings)
     assert "EGRESS_PLACER_NAMESPACE" not in settings  # from the downward API in a cluster; the local process sets it
+
+
+def test_the_runbook_base_is_a_value(helm: Path) -> None:
+    """Issue 28: runbook_url on a base of the user's choosing (their own copy of docs/alerts.md)."""
+    base = "https://wiki.example.com/egress-placer/alerts"
+    rule = the(template(helm, {"prometheusRule": {"enabled": True, "runbookBaseURL": base}}), "PrometheusRule")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts and all(r["annotations"]["runbook_url"] == f"{base}#{r['alert'].lower()}" for r in alerts)
