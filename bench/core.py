@@ -27,10 +27,10 @@ from collections import Counter
 from typing import Any, Callable
 
 from controller.admission.handlers import Admission
-from controller.core.balance import LoadLedger, ledger_key
+from controller.load.core import LoadLedger, ledger_key
 from controller.core.decide import decide
 from controller.core.images import taskrun_images
-from controller.core.load_index import PoolLoads
+from controller.load.index import PoolLoads
 from controller.core.patches import json_patch, place, unplace
 from controller.metrics import Metrics
 from controller.settings import Settings
@@ -85,7 +85,7 @@ def measure(pool_nodes: int, seconds: float, profile: bool = False) -> dict[str,
         if images.complete and decide(policy, state.namespace("team-1"), {}, images).placed:
             runs.append(run)
     nodes = list(state.nodes.values())
-    placed = Counter({name: count for name, count in state.placed_counts(state.nodes).items() if count})
+    placed = Counter({name: count for name, count in state.load.placed_counts(state.nodes).items() if count})
     indexes = {pool.name: PoolLoads(pool.capacity) for pool in policy.pools}
     owner: dict[str, PoolLoads] = {}
     for pool in policy.pools:

@@ -1,7 +1,7 @@
 """Reference answers the product's faster paths are held to (tests/unit and bench/core.py call them; the
 controller does not).
 
-`choose_node` is the full scan over a pool's nodes that `core.load_index.PoolLoads` (what admission
+`choose_node` is the full scan over a pool's nodes that `load.index.PoolLoads` (what admission
 uses) must agree with; `eligible_nodes` the members of a pool a run may be sent to now, as the state's
 per-pool load index holds them.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from controller.core.balance import Rank, load_rank, spread_index
+from controller.load.core import Rank, load_rank, spread_index
 from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import PlacementPolicy, Pool
 
@@ -39,7 +39,7 @@ def choose_node(
 ) -> str | None:
     """The name of the node with the lowest load ratio among `nodes`, or None when there is none.
 
-    The full scan: every node is ranked. It is the reference `PoolLoads` (core.load_index), which
+    The full scan: every node is ranked. It is the reference `PoolLoads` (load.index), which
     admission uses, must agree with; the controller does not call it.
 
     Order (`load_rank`): ratio (placed+assumed)/capacity, then the absolute count; a node with

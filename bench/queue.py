@@ -29,7 +29,7 @@ from bench.sizes import Sizes
 from bench.workload import RUN_DURATION_ANNOTATION, NoEvents, review
 from controller.admission.handlers import Admission
 from controller.core.policy import load_policy
-from controller.core.queue import QUEUE_ANNOTATION, entry_annotation
+from controller.queue.core import QUEUE_ANNOTATION, entry_annotation
 from controller.metrics import Metrics
 from controller.settings import Settings
 from controller.state import ClusterState

@@ -47,10 +47,10 @@ from controller.reconcile.agents import AgentReconciler
 from controller.reconcile.intruders import IntruderReconciler
 from controller.reconcile.last_good_policy import POLICY_KEY, LastGoodPolicyKeeper, store_name
 from controller.reconcile.loop import ReconcileLoop
-from controller.reconcile.missed_runs import report_missed_runs
+from controller.missed_runs.reconcile import report_missed_runs
 from controller.reconcile.pool_guard import PoolGuardReconciler
 from controller.reconcile.pool_metrics import PoolMetrics
-from controller.reconcile.queue import QueueReconciler
+from controller.queue.reconcile import QueueReconciler
 from controller.reconcile.pool_status import PlacementLog, PoolErrors, PoolStatusWriter
 from controller.reconcile.taints import TaintReconciler
 from controller.runner import Runner
@@ -176,7 +176,7 @@ class Controller:
         )
         self.client = KubeClient(self.api, self.metrics)
         self.events = EventRecorder(self.client, self.metrics, settings.identity)
-        self.egress = EgressPollers(self.state, clock, self.runner, registry=self.metrics.registry)
+        self.egress = EgressPollers(self.state.load, clock, self.runner, registry=self.metrics.registry)
         self.policy = PolicyTracker(self.state, on_policy=self.egress.sync)
         self.policy_source = PolicySource(
             settings, self.policy, self.metrics, self.events, api=self.api, on_refused=self._policy_refused
@@ -263,6 +263,8 @@ class Controller:
             if self.pool_status
             else []
         )
+        queue = QueueReconciler(self.state, self.client, self.events, self.metrics)
+        self.metrics.track_queue_overdue(lambda: {pool: len(p.overdue) for pool, p in queue.plans.items()}, self.is_leader)
         return ReconcileLoop(
             self.state,
             [
@@ -272,7 +274,7 @@ class Controller:
                 AgentReconciler(self.state, self.client, self.events, self.metrics),
                 self.last_good,
                 PoolMetrics(self.state, self.metrics),
-                QueueReconciler(self.state, self.client, self.events, self.metrics),
+                queue,
                 *statuses,
             ],
             is_leader=self.is_leader,
@@ -292,7 +294,7 @@ class Controller:
         """Once per process, as leader, caches synced: the runs created while no webhook answered."""
         if not self._missed_runs_reported.is_set():
             self._missed_runs_reported.set()
-            report_missed_runs(self.state, self.events)
+            report_missed_runs(self.state.missed_runs, self.events)
 
     def degraded_because(self) -> str | None:
         """A policy problem, a background task that died: both in /readyz's body, neither unready."""

@@ -16,7 +16,7 @@ a follower exports none, so a sum over replicas counts each pool node once.
 from __future__ import annotations
 
 import platform
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import (
     CollectorRegistry,
@@ -29,6 +29,7 @@ from prometheus_client import (
     ProcessCollector,
     disable_created_metrics,
 )
+from prometheus_client.core import GaugeMetricFamily
 
 from controller import __version__
 
@@ -193,6 +194,8 @@ class Metrics:
             buckets=QUEUE_WAIT_BUCKETS,
             registry=self.registry,
         )
+        self._queue_overdue = _QueueOverdue()
+        self.registry.register(self._queue_overdue)
 
     def _adapters(self) -> None:
         self.watch_restarts = self._counter(
@@ -241,6 +244,11 @@ class Metrics:
         """certificate_expiry read from the served certificate at each scrape (0 while none is loaded)."""
         self.certificate_expiry.set_function(lambda: not_after() or 0.0)
 
+    def track_queue_overdue(self, overdue: Callable[[], Mapping[str, int]], leading: Callable[[], bool]) -> None:
+        """egress_placer_queue_overdue_runs read at each scrape from the queue reconciler's last plans
+        (runs per pool held past its maxQueueSeconds), on the leader only."""
+        self._queue_overdue.overdue, self._queue_overdue.leading = overdue, leading
+
     def clear_leader_series(self) -> None:
         """Remove every series only the leader sets (this replica stopped leading)."""
         for name in LEADER_SERIES:
@@ -265,3 +273,23 @@ class GaugeSnapshot:
         for labels, value in values.items():
             self.gauge.labels(*labels).set(value)
         self._set = set(values)
+
+
+class _QueueOverdue:
+    """egress_placer_queue_overdue_runs: a collector, read at each scrape (`Metrics.track_queue_overdue`)."""
+
+    def __init__(self) -> None:
+        self.overdue: Callable[[], Mapping[str, int]] = dict
+        self.leading: Callable[[], bool] = lambda: False
+
+    def collect(self) -> Iterator[Any]:
+        family = GaugeMetricFamily(
+            "egress_placer_queue_overdue_runs",
+            "Runs waiting in a pool's queue past its maxQueueSeconds (a required pool keeps them waiting for a slot), "
+            "as the leader's last pass saw them, by pool.",
+            labels=["pool"],
+        )
+        if self.leading():
+            for pool, count in sorted(self.overdue().items()):
+                family.add_metric([pool], float(count))
+        yield family

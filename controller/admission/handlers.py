@@ -43,7 +43,6 @@ from controller.admission.review import (
     with_namespace,
 )
 from controller.core.agents import agent_tolerations
-from controller.core.balance import ledger_key
 from controller.core.decide import decide
 from controller.core.images import TASKRUN_LABEL, WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
 from controller.admission.events import EventsOnCreation
@@ -59,7 +58,8 @@ from controller.core.model import (
 )
 from controller.core.patches import json_patch, over_default, place, tolerates, unplace, with_default
 from controller.core.policy import PlacementPolicy, Pool
-from controller.core.queue import (
+from controller.load.core import ledger_key
+from controller.queue.core import (
     PENDING,
     QUEUE_ANNOTATION,
     entry_annotation,
@@ -87,7 +87,7 @@ class Placement:
     template: dict[str, Any]
     pool: str | None = None
     node: str | None = None
-    # The chosen node's load and the least loaded others' (state.LOADS_SHOWN at most), before this run.
+    # The chosen node's load and the least loaded others' (load.view.LOADS_SHOWN at most), before this run.
     loads: Mapping[str, NodeLoad] = field(default_factory=dict)
     note: str = ""  # why the decision's pool was not (or not wholly) applied
     more_nodes: int = 0  # eligible nodes of the pool not in `loads`
@@ -105,8 +105,8 @@ class Admission:
     object (`egress-placer.io/review`): the Event is sent once the object exists.
     `clock` only times the requests for `metrics.admission_seconds`; `wall` dates queue entries.
 
-    A pool with a queue setting (core.queue): its runs are created pending, with their placement and
-    a queue entry annotation; the leader releases them (reconcile.queue). A run the user created
+    A pool with a queue setting (queue.core): its runs are created pending, with their placement and
+    a queue entry annotation; the leader releases them (queue.reconcile). A run the user created
     pending (or cancelled) is left alone. A Tekton pod of a run that waited past its pool's
     maxQueueSeconds on a preferred pool goes to ordinary nodes.
     """
@@ -357,7 +357,7 @@ class Admission:
         if taskrun and not request.dry_run:
             # The pod is being made: from now on it (or its own assumption) counts, the TaskRun's must
             # not, and not while its node is chosen either (it would count this run twice).
-            self.state.forget(ledger_key("taskrun", request.namespace, taskrun))
+            self.state.load.forget(ledger_key("taskrun", request.namespace, taskrun))
         placement = self._place(
             current, decision.pool, policy, ledger_key("pod", request.namespace, request.key_name), request.name, request.dry_run
         )
@@ -397,17 +397,7 @@ class Admission:
         annotations[QUEUE_ANNOTATION] = entry_annotation(pool_name, request.kind, now)
         if not request.dry_run:
             self.metrics.queue_admitted.labels(pool=pool_name).inc()
-        return self._queued_note(request, pool_name, now)
-
-    def _queued_note(self, request: Request, pool_name: str, now: float) -> str:
-        pool = self.state.policy.pool(pool_name)
-        joined = self.state.join_queue(pool, request.namespace, now) if pool is not None and not request.dry_run else None
-        if joined is None:
-            return f"queued for pool {pool_name}"
-        place, length, free = joined
-        if free:
-            return f"queued for pool {pool_name}: a slot is free, released shortly"
-        return f"queued for pool {pool_name}, position {place} of {length}"
+        return self.state.queue.queued_note(pool_name, request.namespace, now, join=not request.dry_run)
 
     def _waited_too_long(self, request: Request, pool_name: str | None, policy: PlacementPolicy) -> str:
         """Why a Tekton pod of a run released past its preferred pool's wait goes to ordinary nodes ("": it does not)."""
@@ -438,7 +428,7 @@ class Admission:
         if pool is None:
             return Placement(over_default(template, default, lambda t: unplace(t, policy)))
         # A dry run has no side effects: nothing is assumed.
-        choice = self.state.choose(pool, salt) if dry_run else self.state.choose_and_assume(pool, key, salt)
+        choice = self.state.load.choose(pool, salt) if dry_run else self.state.load.choose_and_assume(pool, key, salt)
         node = choice.node
         if node is None:
             new = over_default(template, default, lambda t: unplace(t, policy))

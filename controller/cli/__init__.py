@@ -9,6 +9,10 @@ the exit status is the error's (controller/cli/errors.py has the table: 0 ok, 1 
 Commands that talk to a cluster find it as kubectl does (controller/kube/client.py): --kubeconfig,
 else EGRESS_PLACER_KUBECONFIG, else $KUBECONFIG, else ~/.kube/config, else the pod's ServiceAccount.
 Installed as `kubectl-egress_placer` too, so that kubectl runs it as the plugin `kubectl egress-placer`.
+
+Every command that prints a result takes `-o json|yaml` (the default output is unchanged); a file
+argument `-` is standard input. Commands other than `run` log nothing unless given `-v`/`--verbose`.
+`egress-placer completion bash|zsh|tcsh` prints a shell completion script (shtab).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import os
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NoReturn, Sequence
+
+from loguru import logger
 
 from controller import __version__
 from controller.cli.errors import ClusterUnreachable, CommandError, Exit
@@ -43,47 +49,68 @@ class Parser(argparse.ArgumentParser):
         self.exit(Exit.USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def _configure_explain(parser: argparse.ArgumentParser) -> None:
+def _file(action: argparse.Action) -> argparse.Action:
+    """Shell completion completes file names for this argument."""
+    action.complete = {"bash": "_shtab_compgen_files", "zsh": "_files", "tcsh": "f"}  # type: ignore[attr-defined]
+    return action
+
+
+def _configure_output(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument(
+        "-o", "--output", choices=["json", "yaml"], metavar="json|yaml",
+        help=f"print the result as one JSON or YAML document (default: {default})",
+    )
+
+
+def _configure_explain(parser: argparse.ArgumentParser) -> None:
+    _file(parser.add_argument(
         "--policy",
         required=True,
         metavar="POLICY.yaml",
-        help="the policy: a PlacementPolicy file, or EgressPool and EgressPlacerConfig objects",
-    )
-    parser.add_argument(
-        "manifests", nargs="+", metavar="MANIFEST.yaml", help="runs, pods and their context (Namespaces, Tasks, ...)"
-    )
+        help="the policy: a PlacementPolicy file, or EgressPool and EgressPlacerConfig objects ('-': standard input)",
+    ))
+    _file(parser.add_argument(
+        "manifests", nargs="+", metavar="MANIFEST.yaml",
+        help="runs, pods and their context (Namespaces, Tasks, ...); '-': standard input. At least one TaskRun, "
+        "PipelineRun or Tekton pod (else exit 2)",
+    ))
+    _configure_output(parser, "one JSON line per run, pipeline task and pod")
 
 
 def _run_explain(args: argparse.Namespace) -> int:
-    return run_explain(args.policy, args.manifests, out=sys.stdout, err=sys.stderr)
+    return run_explain(args.policy, args.manifests, out=sys.stdout, err=sys.stderr, output=args.output)
 
 
-def _configure_cluster(parser: argparse.ArgumentParser) -> None:
+def _configure_cluster(parser: argparse.ArgumentParser, verbose: bool = True) -> None:
     """The options of every command that talks to a cluster, as kubectl names them."""
-    parser.add_argument(
+    _file(parser.add_argument(
         "--kubeconfig",
         metavar="PATH",
         help="kubeconfig file (default: EGRESS_PLACER_KUBECONFIG, else $KUBECONFIG, else ~/.kube/config, else in-cluster)",
-    )
+    ))
     parser.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current-context)")
+    if verbose:
+        parser.add_argument("-v", "--verbose", action="store_true", help="log what the command does (DEBUG) on stderr")
 
 
 def _configure_migrate(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("policy", metavar="POLICY.yaml", help="the PlacementPolicy file")
+    _file(parser.add_argument("policy", metavar="POLICY.yaml", help="the PlacementPolicy file ('-': standard input)"))
+    _configure_output(parser, "YAML documents ready for kubectl apply -f -")
 
 
 def _run_migrate(args: argparse.Namespace) -> int:
     from controller.cli.migrate import run_migrate
 
-    return run_migrate(args.policy, out=sys.stdout)
+    return run_migrate(args.policy, out=sys.stdout, output=args.output)
 
 
-def _configure_run(parser: argparse.ArgumentParser) -> None:
-    _configure_cluster(parser)
-    parser.add_argument(
-        "--policy", metavar="POLICY.yaml", help="read the policy from this file (default: the ConfigMap in the settings)"
-    )
+def _configure_run(parser: argparse.ArgumentParser, verbose: bool = False) -> None:
+    _configure_cluster(parser, verbose)
+    _file(parser.add_argument(
+        "--policy", metavar="POLICY.yaml",
+        help="read the policy from this file (default: the pools API's EgressPool objects and the EgressPlacerConfig "
+        "`cluster`; EGRESS_PLACER_POLICY_SOURCE=configmap reads the ConfigMap of the settings instead)",
+    ))
 
 
 def _settings(args: argparse.Namespace) -> "Settings":
@@ -110,18 +137,20 @@ def _run_controller(args: argparse.Namespace) -> int:
 
 
 def _configure_status(parser: argparse.ArgumentParser) -> None:
-    _configure_run(parser)
-    parser.add_argument("--json", action="store_true", help="one JSON list instead of a table")
+    _configure_run(parser, verbose=True)
+    parser.add_argument("--json", action="store_true", help="one JSON list instead of a table (as -o json)")
+    _configure_output(parser, "a table")
 
 
 def _run_status(args: argparse.Namespace) -> int:
     from controller.cli.status import run_status
 
-    return run_status(_settings(args), out=sys.stdout, as_json=args.json)
+    return run_status(_settings(args), out=sys.stdout, as_json=args.json, output=args.output)
 
 
 def _configure_uninstall(parser: argparse.ArgumentParser) -> None:
     _configure_cluster(parser)
+    _configure_output(parser, "lines of text")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dry-run", action="store_true", help="show what would be removed, change nothing")
     mode.add_argument("--yes", action="store_true", help="remove it")
@@ -136,7 +165,24 @@ def _run_uninstall(args: argparse.Namespace) -> int:
     from controller.cli.uninstall import run_uninstall
 
     settings = _settings(args)
-    return run_uninstall(settings, connect(settings), sys.stdout, dry_run=args.dry_run, yes=args.yes, timeout=args.timeout)
+    return run_uninstall(
+        settings, connect(settings), sys.stdout, dry_run=args.dry_run, yes=args.yes, timeout=args.timeout, output=args.output
+    )
+
+
+SHELLS = ("bash", "zsh", "tcsh")
+
+
+def _configure_completion(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("shell", choices=SHELLS, help="the shell")
+
+
+def _run_completion(args: argparse.Namespace) -> int:
+    import shtab
+
+    # For the command `egress-placer` (a shell completes one word; kubectl completes its plugins itself).
+    print(shtab.complete(build_parser(prog="egress-placer"), shell=args.shell), end="")
+    return Exit.OK
 
 
 COMMANDS: Mapping[str, Command] = {
@@ -166,6 +212,12 @@ COMMANDS: Mapping[str, Command] = {
         help="print the EgressPool and EgressPlacerConfig objects that make the policy of a PlacementPolicy file",
         configure=_configure_migrate,
         run=_run_migrate,
+    ),
+    "completion": Command(
+        help="print a shell completion script: `source <(egress-placer completion bash)`, or write it where the "
+        "shell loads completions (zsh: a file _egress-placer on $fpath)",
+        configure=_configure_completion,
+        run=_run_completion,
     ),
 }
 
@@ -198,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     where = f"{parser.prog} {args.command}"
+    quiet = args.command != "run" and not getattr(args, "verbose", False)  # `run` sets up its own logging
+    if quiet:
+        logger.disable("controller")
     try:
         return int(args.run(args))
     except CommandError as error:
@@ -208,6 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - a bug: one line, its own status, not "drift found"
         print(f"{where}: internal error (a bug in egress-placer): {type(error).__name__}: {_one_line(error)}", file=sys.stderr)
         return int(Exit.INTERNAL)
+    finally:
+        if quiet:
+            logger.enable("controller")
 
 
 def _one_line(error: Any) -> str:

@@ -14,6 +14,7 @@ functions admission uses: `taskrun_images` / `pipelinerun_images` / `pod_images`
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence, TextIO
@@ -33,6 +34,8 @@ from controller.core.images import (
 from controller.core.model import Decision, ImageSet, NamespaceState
 from controller.core.policy import PlacementPolicy, PolicyError, yaml_problem
 from controller.core.pools import load_any_policy
+
+STDIN = "-"  # a path that means standard input
 
 class ManifestError(ValueError):
     """A manifest cannot be read. The message names the file, the document and the line."""
@@ -95,6 +98,20 @@ def _check_object(obj: Any, where: str) -> None:
         raise ManifestError(f"{where}: metadata must be a mapping")
 
 
+def not_a_run(documents: Sequence[Document]) -> str | None:
+    """None when a document is a TaskRun, a PipelineRun or a Tekton pod; else why there is nothing to
+    explain (naming what was found: a Deployment, a Pod that is no Tekton pod...). Other objects next to
+    runs are context or ignored, as before."""
+    if any(doc.obj["kind"] in ("TaskRun", "PipelineRun") or (doc.obj["kind"] == "Pod" and is_tekton_pod(doc.obj)) for doc in documents):
+        return None
+    found = [
+        f"{'a non-Tekton ' if doc.obj['kind'] == 'Pod' else 'a '}{doc.obj['kind']} ({doc.source}: document {doc.index}, line {doc.line})"
+        for doc in documents
+    ]
+    what = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "") if found else "no object"
+    return f"nothing to explain: found {what}; explain reads TaskRuns, PipelineRuns and Tekton pods (and their context)"
+
+
 def explain_documents(policy: PlacementPolicy, documents: Sequence[Document]) -> list[dict[str, Any]]:
     """One result per TaskRun, pipeline task and Tekton pod, in input order (context read first)."""
     objects = TektonObjects(cluster_resolver.TEKTON_DEFAULTS)
@@ -140,27 +157,68 @@ def explain_documents(policy: PlacementPolicy, documents: Sequence[Document]) ->
     return results
 
 
-def run_explain(policy_path: str, manifest_paths: Sequence[str], out: TextIO, err: TextIO) -> int:
-    """Read everything, print one JSON line per result. Exit status 0, or 2 (and nothing on `out`)."""
+def run_explain(
+    policy_path: str,
+    manifest_paths: Sequence[str],
+    out: TextIO,
+    err: TextIO,
+    output: str | None = None,
+    stdin: TextIO | None = None,
+) -> int:
+    """Read everything, print one JSON line per result (`output` "json": one JSON list, "yaml": one YAML
+    list). A path `-` is standard input (once). Exit status 0, or 2 (and nothing on `out`): an
+    unreadable or invalid input, or input that is not a run."""
     errors: list[str] = []
+    reader = _Reader(stdin if stdin is not None else sys.stdin)
     policy: PlacementPolicy | None = None
     try:
-        policy = load_any_policy(_read(policy_path), source=policy_path)
+        policy = load_any_policy(reader.read(policy_path), source=reader.name(policy_path))
     except (PolicyError, ManifestError) as e:
         errors.append(str(e))
     documents: list[Document] = []
     for path in manifest_paths:  # every file is checked, so that one run shows every broken file
         try:
-            documents.extend(read_documents(_read(path), source=path))
+            documents.extend(read_documents(reader.read(path), source=reader.name(path)))
         except ManifestError as e:
             errors.append(str(e))
+    if not errors and (problem := not_a_run(documents)) is not None:
+        errors.append(problem)
     if errors or policy is None:
         for error in errors:
             print(f"egress-placer explain: {error}", file=err)
         return 2
-    for result in explain_documents(policy, documents):
-        print(json.dumps(result), file=out)
+    results = explain_documents(policy, documents)
+    if output == "json":
+        print(json.dumps(results, indent=2), file=out)
+    elif output == "yaml":
+        out.write(yaml.safe_dump(results, sort_keys=False))
+    else:
+        for result in results:
+            print(json.dumps(result), file=out)
     return 0
+
+
+class _Reader:
+    """Files by path, and standard input for `-` (it can be read once)."""
+
+    def __init__(self, stdin: TextIO) -> None:
+        self.stdin = stdin
+        self.stdin_read = False
+
+    @staticmethod
+    def name(path: str) -> str:
+        return "(stdin)" if path == STDIN else path
+
+    def read(self, path: str) -> str:
+        if path != STDIN:
+            return _read(path)
+        if self.stdin_read:
+            raise ManifestError("(stdin): standard input (-) can be given once")
+        self.stdin_read = True
+        try:
+            return self.stdin.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ManifestError(f"(stdin): cannot read standard input: {e}") from None
 
 
 def _read(path: str) -> str:

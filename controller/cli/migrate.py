@@ -3,10 +3,13 @@
 ready for `kubectl apply -f -` (docs/pools-api.md, "Migrating from the policy file"). Pools get the
 priorities 10, 20, 30... in the file's order, so that a node two pools claim keeps its pool. Reads
 either form (objects come out renumbered). Exit status 2, with nothing on stdout, when the policy
-is invalid."""
+is invalid. `-` reads the policy from standard input; `-o json` prints the objects as one JSON list,
+`-o yaml` the same documents as the default."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import TextIO
 
@@ -15,9 +18,12 @@ from controller.core.policy import PolicyError
 from controller.core.pools import dump_objects, load_any_policy, objects_from_policy, policy_from_objects
 
 
-def run_migrate(policy_path: str, out: TextIO) -> int:
+def run_migrate(policy_path: str, out: TextIO, output: str | None = None, stdin: TextIO | None = None) -> int:
     try:
-        text = Path(policy_path).read_text(encoding="utf-8")
+        if policy_path == "-":
+            policy_path, text = "(stdin)", (stdin if stdin is not None else sys.stdin).read()
+        else:
+            text = Path(policy_path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise CommandError(f"{policy_path}: cannot read the file: {e}") from None
     try:
@@ -27,6 +33,9 @@ def run_migrate(policy_path: str, out: TextIO) -> int:
     objects = objects_from_policy(policy)
     if policy_from_objects(objects) != policy:  # never expected: the conversion is tested both ways
         raise CommandError(f"{policy_path}: the objects would not make the same policy; nothing printed")
+    if output == "json":
+        print(json.dumps([dict(o) for o in objects], indent=2), file=out)
+        return 0
     print(f"# The policy of {policy_path} as objects of the pools API: kubectl apply -f THIS-FILE", file=out)
     if objects:
         out.write(dump_objects(objects))

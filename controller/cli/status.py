@@ -2,7 +2,7 @@
 
 One read of the cluster (nodes, namespaces, pods, DaemonSets, the policy) through the kube adapter,
 then the same core the controller uses: `plan_taints` says whether the taint is right, `find_intruders`
-who should not be there, `plan_agents` which node agents a pool taint keeps off, `ClusterState.loads`
+who should not be there, `plan_agents` which node agents a pool taint keeps off, `LoadView.loads`
 the load the balancer would see (without admission-time assumptions, which live only in the running
 controller's memory).
 
@@ -25,12 +25,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence, TextIO
 
+import yaml
+
 from controller.app import PolicyTracker
 from controller.core.agents import AgentGap
 from controller.cli.errors import ClusterUnreachable, CommandError, Exit
 from controller.core.intruders import find_intruders
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
-from controller.core.queue import plan
+from controller.queue.core import plan
 from controller.core.taints import desired_taints
 from controller.prometheus.egress_source import EgressPoller, PrometheusClient
 from controller.kube.client import (
@@ -126,14 +128,14 @@ def pool_rows(state: ClusterState, gaps: Sequence[AgentGap] | None = None) -> li
     gaps = find_gaps(state) if gaps is None else gaps
     rows = []
     for pool in policy.pools:
-        loads = state.loads(pool)
+        loads = state.load.loads(pool)
         members = [n for n in state.node_list() if (owner := policy.pool_of(n)) is not None and owner.name == pool.name]
         for node in sorted(members, key=lambda n: n.name):
             want = set(desired_taints(node, policy))
             owned = {t for t in node.taints if t.key in policy.owned_taint_keys()}
             taint = "ok" if owned == want else ("missing" if not owned else "wrong")
             load = loads.get(node.name)
-            placed = state.placed_counts([node.name])[node.name]
+            placed = state.load.placed_counts([node.name])[node.name]
             rows.append(
                 PoolNodeRow(
                     pool=pool.name,
@@ -161,7 +163,7 @@ def egress_column(state: ClusterState, clock: Callable[[], float] = time.time) -
             pool.egress_load,
             PrometheusClient.for_source(pool.egress_load.prometheus),
             clock,
-            node_names=lambda pool=pool: [n.name for n in state.pool_nodes(pool)],
+            node_names=lambda pool=pool: [n.name for n in state.load.pool_nodes(pool)],
         )
         poller.poll_once(clock())
         status = poller.status()
@@ -220,10 +222,10 @@ def queue_lines(state: ClusterState, now: float, shown: int = QUEUE_LINES_SHOWN)
     """Each queued pool's slots and its waiting runs in release order (the leader's own plan)."""
     lines: list[str] = []
     for pool in state.policy.pools:
-        picture = state.pool_queue(pool)
+        picture = state.queue.pool_queue(pool)
         if picture is None:
             continue
-        result = plan(picture, state.queue_entries(pool.name), now)
+        result = plan(picture, state.queue.queue_entries(pool.name), now)
         about_to_go = [r.entry for r in result.releases]
         waiting = [*about_to_go, *result.line]
         lines.append(
@@ -246,6 +248,24 @@ def connect(settings: Settings) -> KubeApi:
         raise CommandError(str(e)) from None
 
 
+def unreachable(error: BaseException, api: KubeApi) -> ClusterUnreachable:
+    """The one-line error of a request that failed: refused by the API server (its status), or no answer."""
+    if status_of(error) is not None:
+        return ClusterUnreachable(f"cannot read the cluster: {describe_error(error)}")
+    return ClusterUnreachable(describe_unreachable(error, api.api_client.configuration.host))
+
+
+def reach(api: KubeApi) -> None:
+    """One request (the API server's version), no retry: ClusterUnreachable at once when no API server
+    answers, before a command starts work that would retry. An HTTP answer, whatever its status, is an
+    API server: the command's own requests say what it refuses."""
+    try:
+        api.call("GET", "/version")
+    except Exception as e:  # no API server, TLS, a name that does not resolve
+        if status_of(e) is None:
+            raise unreachable(e, api) from None
+
+
 def read_cluster(settings: Settings) -> tuple[ClusterState, str | None]:
     """The policy in force, nodes, namespaces, pods and DaemonSets, read once, and what is wrong with
     the policy (None: nothing); CommandError when there is no usable kubeconfig, ClusterUnreachable
@@ -263,20 +283,25 @@ def read_cluster(settings: Settings) -> tuple[ClusterState, str | None]:
     except CommandError:
         raise
     except Exception as e:  # no API server, a refused request
-        if status_of(e) is not None:
-            raise ClusterUnreachable(f"cannot read the cluster: {describe_error(e)}") from None
-        raise ClusterUnreachable(describe_unreachable(e, api.api_client.configuration.host)) from None
+        raise unreachable(e, api) from None
     return state, problem
 
 
-def run_status(settings: Settings, out: TextIO, as_json: bool = False, err: TextIO = sys.stderr) -> int:
+def run_status(
+    settings: Settings, out: TextIO, as_json: bool = False, err: TextIO = sys.stderr, output: str | None = None
+) -> int:
+    """`output` "json" (as --json) or "yaml": the rows as one list; None or "table": the table."""
+    output = "json" if as_json and output in (None, "table") else output
+    as_json = output in ("json", "yaml")
     state, problem = read_cluster(settings)
     egress = egress_column(state)
     gaps = find_gaps(state)
     rows = [replace(r, egress=egress.get((r.pool, r.node), "-")) for r in pool_rows(state, gaps)]
     if problem is not None:
         print(f"policy: {problem}", file=err if as_json else out)
-    if as_json:
+    if output == "yaml":
+        out.write(yaml.safe_dump([{**asdict(r), "agents_missing": list(r.agents_missing)} for r in rows], sort_keys=False))
+    elif as_json:
         print(json.dumps([asdict(r) for r in rows]), file=out)
     else:
         print_rows(rows, out, gaps)

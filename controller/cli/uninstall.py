@@ -20,15 +20,22 @@ without the taint), the decisions written into runs and pods, and Events until t
 
 `--dry-run` prints the plan and what exists now, and changes nothing; `--yes` does it. Exit status:
 0 done (or planned), 1 a controller still leads after `--timeout` seconds (nothing but the
-Deployment was removed), 2 neither --dry-run nor --yes, 3 the cluster cannot be reached or read.
+Deployment was removed), 2 neither --dry-run nor --yes, 3 the cluster cannot be reached or read
+(one request first, no retry: an unreachable cluster is said at once, in one line).
+
+`-o json|yaml`: the same, as one object: `--dry-run` gives each object and whether it is present, the
+tainted nodes, the node agents and the leader; `--yes` gives its steps, in order.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, TextIO
+
+import yaml
 
 from controller.cli.errors import ClusterUnreachable, CommandError, Exit
 from controller.core.agents import TOLERATIONS_ADDED_ANNOTATION
@@ -37,6 +44,7 @@ from controller.core.model import TAINT_KEY, Taint
 from controller.core.pools import custom_resource_definitions
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from controller.core.run_guard import RUN_GUARD_NAME
+from controller.cli.status import reach
 from controller.kube.client import KubeApi
 from controller.kube.writer import ApiError, KubeClient, Outcome
 from controller.metrics import Metrics
@@ -113,8 +121,24 @@ class Uninstall:
         self.out = out
         self.clock = clock
 
+    steps: list[str] | None = None  # -o json|yaml: what `say` would print, kept for the one object at the end
+
     def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        if self.steps is not None:
+            self.steps.append(text)
+        else:
+            print(text, file=self.out, flush=True)
+
+    def report(self) -> dict[str, Any]:
+        """--dry-run as one object: what is there now, in the order it would be deleted."""
+        things = every_thing(self.settings)
+        return {
+            "dryRun": True,
+            "objects": [{"what": t.what, "path": t.path, "present": self.exists(t)} for t in things],
+            "taintedNodes": sorted(n["metadata"]["name"] for n in self.tainted_nodes()),
+            "agentsWithAddedTolerations": self.agents_with_added_tolerations(),
+            "leader": self.leader(),
+        }
 
     # -- reading ------------------------------------------------------------------------------------
     def exists(self, thing: Thing) -> bool:
@@ -213,11 +237,23 @@ class Uninstall:
         )
 
 
-def run_uninstall(settings: Settings, api: KubeApi, out: TextIO, *, dry_run: bool, yes: bool, timeout: float) -> int:
+def run_uninstall(
+    settings: Settings, api: KubeApi, out: TextIO, *, dry_run: bool, yes: bool, timeout: float, output: str | None = None
+) -> int:
     if dry_run == yes:
         raise CommandError("say --dry-run (show what would be removed) or --yes (remove it)")
+    reach(api)  # at once, in one line, before the retries of the client
     uninstall = Uninstall(settings, api, out)
     try:
-        return uninstall.plan() if dry_run else uninstall.run(timeout)
+        if output not in ("json", "yaml"):
+            return uninstall.plan() if dry_run else uninstall.run(timeout)
+        uninstall.steps = []
+        if dry_run:
+            report, status = uninstall.report(), int(Exit.OK)
+        else:
+            status = uninstall.run(timeout)
+            report = {"dryRun": False, "steps": uninstall.steps, "done": status == Exit.OK}
     except ApiError as e:
         raise ClusterUnreachable(str(e)) from None
+    out.write(json.dumps(report, indent=2) + "\n" if output == "json" else yaml.safe_dump(report, sort_keys=False))
+    return status

@@ -274,7 +274,7 @@ def measured_ratio(
 
     Same formula, computed in integers from the exact values of the float inputs (bytes per second,
     bandwidth), so equal loads tie and unequal ones keep their order: node choice
-    (`core.load_index`) compares these without floats.
+    (`load.index`) compares these without floats.
     """
     if (
         load.capacity <= 0

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from controller.core.egress import EgressLoad
-from controller.core.queue import QueueSetting
+from controller.queue.core import QueueSetting
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION, TAINT_KEY, NamespaceState, NodeState, Taint
 from controller.core.schema import NOT_BLANK, OpenAPI, PolicyModel, Rule
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.core.model import DECISION_ANNOTATION, REVIEW_ANNOTATION
-from controller.core.queue import QUEUE_ANNOTATION
+from controller.queue.core import QUEUE_ANNOTATION
 
 RUN_GUARD_NAME = "egress-placer-run-guard"  # the policy and its binding
 # The annotations admission writes on a run, which the queue reads (the entry) or which stand for

@@ -210,7 +210,7 @@ class ApiError(RuntimeError):
 
     def __init__(self, operation: str, outcome: Outcome, cause: str, error: BaseException) -> None:
         body = error_body(error)
-        message = (body.get("message") or getattr(error, "reason", None) or str(error)).strip()
+        message = str(body.get("message") or getattr(error, "reason", None) or error).strip()
         super().__init__(f"{operation} failed ({cause}): {message}")
         self.operation = operation
         self.outcome = outcome

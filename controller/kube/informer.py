@@ -35,7 +35,7 @@ from controller.core import cluster_resolver
 from controller.core.images import TASKRUN_LABEL, TektonObjects, image_fields
 from controller.core.intruders import MIRROR_POD_ANNOTATION
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
-from controller.core.queue import PIPELINERUN_LABEL, QUEUE_ANNOTATION
+from controller.queue.core import PIPELINERUN_LABEL, QUEUE_ANNOTATION
 from controller.core.patches import InvalidDefault, default_pod_template
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.retry import WATCHES, RetryPolicy, retrying
@@ -78,7 +78,7 @@ KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
     # core.intruders.is_mirror_pod (its presence); admission.events: the review token of a held Event
     "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION}),
     # missed runs: admitted without a decision (its presence); admission.events: the review token
-    # ... and the queue: the entry written at admission (core.queue)
+    # ... and the queue: the entry written at admission (queue.core)
     "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, QUEUE_ANNOTATION}),
     "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, QUEUE_ANNOTATION}),
     "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),  # core.agents: the pools a node agent opts into
@@ -201,7 +201,7 @@ def trimmer(api_version: str, kind: str, keep: Sequence[str] = ()) -> Trim:
 
 def run_trimmer(api_version: str, kind: str) -> Trim:
     """A TaskRun or PipelineRun: metadata, `spec.status` (pending, cancelled) and whether it is done
-    (its Succeeded condition's status), for the queue (core.queue)."""
+    (its Succeeded condition's status), for the queue (queue.core)."""
 
     def trim(obj: Mapping[str, Any]) -> Obj:
         out = _head(obj, api_version, kind)

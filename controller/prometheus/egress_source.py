@@ -298,7 +298,7 @@ class EgressPollers:
     """One poller per pool that has an `egressLoad` source, kept in step with the policy.
 
     `sync(policy)` starts pollers (`runner`'s tasks) for new or changed sources, stops the others; each poll's
-    figures go to the state (`set_egress_figures`), whose load index node choice reads. The
+    figures go to the load view (`LoadView.set_egress_figures`), whose index node choice reads. The
     figures are exported as Prometheus metrics through a collector (read at scrape time).
     """
 

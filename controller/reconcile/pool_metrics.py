@@ -2,10 +2,10 @@
 takes runs, `pool_node_load{pool, node, state}` (placed, assumed) and `pool_node_capacity{pool, node}`,
 and for each pool `pool_ready_nodes{pool}`; series of nodes and pools no longer there are removed.
 
-It reads the state through the same readers node choice uses (`ClusterState.pool_nodes`, `loads`),
+It reads the state through the same readers node choice uses (`LoadView.pool_nodes`, `loads`),
 in the leader's reconcile pass and at most every `min_interval` seconds, never per admission:
 admission's cost does not grow with the number of pool nodes for the sake of a metric. `loads` holds
-the state's lock while it counts (72 ms at 5,000 pool nodes and 20,000 pods on 2 cores, 16 ms at
+the load view's lock while it counts (72 ms at 5,000 pool nodes and 20,000 pods on 2 cores, 16 ms at
 500), so passes that follow each other after a burst of events do not repeat it; Prometheus scrapes
 every 15 to 30 s anyway. Only the leader runs it; a replica that stops leading removes these series
 (`Metrics.clear_leader_series`).
@@ -14,10 +14,10 @@ every 15 to 30 s anyway. Only the leader runs it; a replica that stops leading r
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Protocol
 
-from controller.core.model import NodeLoad, NodeState
-from controller.core.policy import PlacementPolicy, Pool
+from controller.core.policy import PlacementPolicy
+from controller.load.view import LoadView
 from controller.metrics import GaugeSnapshot, Metrics
 
 PLACED, ASSUMED = "placed", "assumed"
@@ -27,9 +27,7 @@ class PoolLoads(Protocol):
     @property
     def policy(self) -> PlacementPolicy: ...
 
-    def pool_nodes(self, pool: Pool) -> list[NodeState]: ...
-
-    def loads(self, pool: Pool) -> Mapping[str, NodeLoad]: ...
+    load: LoadView
 
 
 class PoolMetrics:
@@ -53,8 +51,8 @@ class PoolMetrics:
         capacity: dict[tuple[str, ...], float] = {}
         ready: dict[tuple[str, ...], float] = {}
         for pool in self.state.policy.pools:
-            ready[(pool.name,)] = len(self.state.pool_nodes(pool))
-            for node, figure in self.state.loads(pool).items():
+            ready[(pool.name,)] = len(self.state.load.pool_nodes(pool))
+            for node, figure in self.state.load.loads(pool).items():
                 load[(pool.name, node, PLACED)] = figure.placed
                 load[(pool.name, node, ASSUMED)] = figure.assumed
                 capacity[(pool.name, node)] = figure.capacity

@@ -27,8 +27,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 from loguru import logger
 
 from controller.core.images import TASKRUN_LABEL
-from controller.core.model import NodeLoad, NodeState
-from controller.core.policy import PlacementPolicy, Pool
+from controller.core.model import NodeState
+from controller.core.policy import PlacementPolicy
 from controller.core.pools import QueueStatus
 from controller.core.pool_status import (
     PLACEMENT_WINDOW_SECONDS,
@@ -40,6 +40,8 @@ from controller.core.pool_status import (
     parse_rfc3339,
     pool_status,
 )
+from controller.load.view import LoadView
+from controller.queue.view import QueueView
 
 MAX_PLACEMENTS = 100_000  # runs' pods remembered at most (the oldest are forgotten first)
 
@@ -52,9 +54,8 @@ class PoolState(Protocol):
 
     def node_list(self) -> list[NodeState]: ...
 
-    def loads(self, pool: Pool) -> Mapping[str, NodeLoad]: ...
-
-    def queue_counts(self, pool: Pool, now: float) -> tuple[int, int, int] | None: ...
+    load: LoadView
+    queue: QueueView
 
 
 class PoolObjects(Protocol):
@@ -176,8 +177,8 @@ class PoolStatusWriter:
         written = []
         for obj in objects:
             pool = policy.pool(obj.name)
-            loads = self.state.loads(pool) if pool is not None else {}
-            counts = self.state.queue_counts(pool, now) if pool is not None else None
+            loads = self.state.load.loads(pool) if pool is not None else {}
+            counts = self.state.queue.queue_counts(pool, now) if pool is not None else None
             queue = QueueStatus(waiting=counts[0], slots=counts[1], occupied=counts[2]) if counts is not None else None
             desired = pool_status(
                 obj, policy, members.get(obj.name, []), loads, placed, refusal, self.errors.of(obj.name), now, queue

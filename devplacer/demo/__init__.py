@@ -7,6 +7,10 @@ a Task reference, a param default, opt-out, opt-in, a namespace allowed by annot
 that is not allowed, a copied toleration, a PipelineRun with a build and a publish task), waits for
 them to finish, and prints where each run went and why. Exit status 0 only when every run finished
 and every pod is where its decision says.
+
+Before it stops the cluster it prints egress-placer's Events itself (why each run went where it went:
+the hint to look them up would name a cluster that is gone); with `--keep` the cluster stays up, and the
+last lines say how to look further and how to stop it (`python -m devcluster down --dir DIR`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 POOLS = HERE / "pools.yaml"  # the demo's pool, an EgressPool
 RUNS = HERE / "runs.yaml"
 DONE_TIMEOUT = 180.0
+EVENTS_SHOWN = 40  # egress-placer's Events printed at the end (the count says how many more)
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,47 @@ def print_table(rows: list[Outcome], out: Callable[[str], None]) -> None:
         out("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
 
 
+def events_lines(cluster: Cluster, shown: int = EVENTS_SHOWN) -> list[str]:
+    """egress-placer's Events (reportingController egress-placer.io/...), oldest first, as a table:
+    namespace, object, type, reason, note."""
+    events = [
+        e for e in _get(cluster, "events.events.k8s.io", "-A") if str(e.get("reportingController") or "").startswith("egress-placer")
+    ]
+    events.sort(key=lambda e: str(e.get("eventTime") or (e.get("metadata") or {}).get("creationTimestamp") or ""))
+    table = [("NAMESPACE", "OBJECT", "TYPE", "REASON", "NOTE")] + [
+        (
+            str((e.get("metadata") or {}).get("namespace") or "-"),
+            f"{(e.get('regarding') or {}).get('kind', '?')}/{(e.get('regarding') or {}).get('name', '?')}",
+            str(e.get("type") or ""),
+            str(e.get("reason") or ""),
+            " ".join(str(e.get("note") or "").split()),
+        )
+        for e in events[:shown]
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    lines = ["  ".join([*(cell.ljust(w) for cell, w in zip(row[:4], widths)), row[4]]).rstrip() for row in table]
+    if len(events) > shown:
+        lines.append(f"... and {len(events) - shown} more")
+    return lines if events else ["(no Event from egress-placer)"]
+
+
+def finish(cluster: Cluster, cluster_dir: Path, keep: bool, log: Callable[[str], None]) -> None:
+    """The demo's last lines: egress-placer's Events, then the cluster stopped, or kept and how to stop it."""
+    try:
+        lines = events_lines(cluster)
+    except Exception as e:  # noqa: BLE001 - the cluster may be why the demo failed; say so and stop it
+        lines = [f"(cannot read the Events: {' '.join(str(e).split())[:200]})"]
+    log("[demo] why, from egress-placer's Events (kubectl get events.events.k8s.io -A):")
+    for line in lines:
+        log(f"  {line}")
+    if keep:
+        log(f"[demo] the cluster keeps running; look around: kubectl --kubeconfig {cluster.kubeconfig} get events.events.k8s.io -A")
+        log(f"[demo] stop it: python -m devcluster down --dir {cluster_dir}")
+    else:
+        cluster.down()
+        log("[demo] cluster stopped (python -m devcluster demo --keep leaves it running)")
+
+
 def run_demo(directory: Path | None = None, keep: bool = False, log: Callable[[str], None] = print) -> int:
     cluster_dir = directory or Path(tempfile.mkdtemp(prefix="egress-placer-demo-"))
     cluster = Cluster(cluster_dir, nodes=3, egress_nodes=3, pod_seconds=2.0, log=log)
@@ -158,11 +204,6 @@ def run_demo(directory: Path | None = None, keep: bool = False, log: Callable[[s
             f"{'every decision honoured' if not wrong else f'{len(wrong)} not as decided'}; "
             f"{time.monotonic() - started:.0f} s in all"
         )
-        log(f"[demo] see why: kubectl --kubeconfig {cluster.kubeconfig} get events.events.k8s.io -A")
         return 0 if not wrong else 1
     finally:
-        if keep:
-            log(f"[demo] the cluster keeps running: python -m devcluster down --dir {cluster_dir}")
-        else:
-            cluster.down()
-            log("[demo] cluster stopped")
+        finish(cluster, cluster_dir, keep, log)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from controller.core.queue import QUEUE_ANNOTATION, read_entry
+from controller.queue.core import QUEUE_ANNOTATION, read_entry
 from devcluster.cluster import Cluster, pod_seconds_default
 from devplacer.local_placer import LEADER_TIMINGS, start_controller, stop_controller
 from devplacer.faults import kill_component

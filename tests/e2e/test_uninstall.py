@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
 from controller.cli.errors import Exit
 from controller.core.agents import TOLERATIONS_ADDED_ANNOTATION
@@ -79,6 +80,12 @@ def test_a_dry_run_lists_what_would_go_and_changes_nothing(leading: Placer, api:
     assert f"deployment {NAMESPACE}/egress-placer: absent" in done.stdout  # it runs as a local process here
     assert f"the pool taint {TAINT_KEY} on {len(POOL_NODES)} nodes: {', '.join(sorted(POOL_NODES))}" in done.stdout
     assert "leads: --yes waits for it to stop" in done.stdout
+    as_yaml = egress_placer_command(leading.cluster, "uninstall", "--dry-run", "-o", "yaml")  # issue 28
+    assert as_yaml.returncode == Exit.OK, as_yaml.stdout + as_yaml.stderr
+    report = yaml.safe_load(as_yaml.stdout)
+    present = {o["what"]: o["present"] for o in report["objects"]}
+    assert present[f"mutatingwebhookconfiguration {WEBHOOK_CONFIG}"] and not present[f"deployment {NAMESPACE}/egress-placer"]
+    assert report["taintedNodes"] == sorted(POOL_NODES) and report["leader"]
     assert (installed(api), tainted(api)) == before
 
 

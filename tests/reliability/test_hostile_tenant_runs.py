@@ -31,7 +31,7 @@ from typing import Any, Iterator
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from controller.core.queue import PENDING, QUEUE_ANNOTATION, entry_annotation, format_time, read_entry
+from controller.queue.core import PENDING, QUEUE_ANNOTATION, entry_annotation, format_time, read_entry
 from controller.core.run_guard import RUN_GUARD_NAME
 from devcluster.cluster import Cluster
 from tests.e2e.harness import ControllerSpec, Placer, editor, service_account_user

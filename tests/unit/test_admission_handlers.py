@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from controller.admission.events import CreationEvents
 from controller.admission.handlers import Admission, MalformedReview
-from controller.core.balance import ledger_key
+from controller.load.core import ledger_key
 from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION, REVIEW_ANNOTATION
 from controller.core.policy import load_policy
 from controller.metrics import Metrics
@@ -255,10 +255,10 @@ def test_taskrun_decision_table(run: dict, pool: str | None, reason: str, event:
         assert preferred_node(template) == record["node"]
         assert record["node"] in (EGRESS_NODES if pool == "egress" else {"lab-1", "lab-2"})
         assert record["loads"] and all("/" in v for v in record["loads"].values())
-        assert ledger_key("taskrun", run["metadata"]["namespace"], run["metadata"]["name"]) in env.state.ledger
+        assert ledger_key("taskrun", run["metadata"]["namespace"], run["metadata"]["name"]) in env.state.load.ledger
     else:
         assert "podTemplate" not in patched["spec"]  # only the annotation was written
-        assert len(env.state.ledger) == 0
+        assert len(env.state.load.ledger) == 0
     [sent] = env.events.sent
     assert (sent["type"], sent["reason"]) == event
     assert sent["regarding"] == {"apiVersion": run["apiVersion"], "kind": "TaskRun", "namespace": run["metadata"]["namespace"],
@@ -353,7 +353,7 @@ def test_taskrun_with_only_generate_name_is_placed_and_its_event_waits_for_a_nam
     assert (sent["reason"], sent["token"], sent["generate_name"]) == ("Placed", "uid-1", "build-")
     assert sent["regarding"]["name"] == ""  # the API server has not named it yet
     assert patched["metadata"]["annotations"][REVIEW_ANNOTATION] == "uid-1"
-    assert ledger_key("taskrun", "team-ci", "build-uid-1") in env.state.ledger  # generateName + uid: runs counted apart
+    assert ledger_key("taskrun", "team-ci", "build-uid-1") in env.state.load.ledger  # generateName + uid: runs counted apart
 
 
 @pytest.mark.parametrize("name", ["build-1", None], ids=["named", "generate-name"])
@@ -378,7 +378,7 @@ def test_taskrun_dry_run_has_no_side_effects() -> None:
     env = Env()
     _, patched, _ = env.review(taskrun("kaniko"), dry_run=True)
     assert patched["spec"]["podTemplate"]["tolerations"] == [EGRESS_TOLERATION]
-    assert env.events.sent == [] and len(env.state.ledger) == 0
+    assert env.events.sent == [] and len(env.state.load.ledger) == 0
 
 
 @pytest.mark.parametrize(
@@ -397,8 +397,8 @@ def test_a_dry_run_is_decided_as_the_real_one_and_writes_nothing(make: Any) -> N
     dry_response, dry_patched, _ = dry.review(make(), dry_run=True)
     real_response, real_patched, _ = real.review(make())
     assert dry_patched == real_patched and dry_response.get("warnings") == real_response.get("warnings")
-    assert dry.events.sent == [] and len(dry.state.ledger) == 0
-    assert real.events.sent or len(real.state.ledger)  # the real review has a side effect to skip
+    assert dry.events.sent == [] and len(dry.state.load.ledger) == 0
+    assert real.events.sent or len(real.state.load.ledger)  # the real review has a side effect to skip
 
 
 @pytest.mark.parametrize(
@@ -416,7 +416,7 @@ def test_coscheduled_taskrun_never_gets_a_placement_added(namespace: str, tolera
                   annotations={"pipeline.tekton.dev/affinity-assistant": "affinity-assistant-abc"})
     _, patched, _ = env.review(run)
     assert patched["spec"].get("podTemplate", {}).get("tolerations") == kept
-    assert len(env.state.ledger) == 0
+    assert len(env.state.load.ledger) == 0
     assert decision_of(patched)["reason"] == ("image-match" if namespace == "team-ci" else "namespace-not-allowed")
 
 
@@ -508,12 +508,12 @@ def test_a_burst_of_pods_spreads_evenly() -> None:
 def test_pod_takes_over_the_taskrun_assumption() -> None:
     env = Env()
     _, run, _ = env.review(taskrun("kaniko"))
-    assert ledger_key("taskrun", "team-ci", "build-1") in env.state.ledger
+    assert ledger_key("taskrun", "team-ci", "build-1") in env.state.load.ledger
     pod = tekton_pod(annotations=run["metadata"]["annotations"], spec_extra=copy.deepcopy(run["spec"]["podTemplate"]))
     _, patched, _ = env.review(pod)
-    assert ledger_key("taskrun", "team-ci", "build-1") not in env.state.ledger
-    assert ledger_key("pod", "team-ci", "build-1-pod") in env.state.ledger
-    assert len(env.state.ledger) == 1  # counted once, not twice
+    assert ledger_key("taskrun", "team-ci", "build-1") not in env.state.load.ledger
+    assert ledger_key("pod", "team-ci", "build-1-pod") in env.state.load.ledger
+    assert len(env.state.load.ledger) == 1  # counted once, not twice
     assert patched["spec"]["tolerations"] == [EGRESS_TOLERATION]  # the run's placement, not duplicated
     assert len(required_terms(patched["spec"])) == 1
 
@@ -585,7 +585,7 @@ def test_other_pods(pod: dict, expected_tolerations: list | None) -> None:
     _, patched, patch = env.review(pod)
     assert patched["spec"].get("tolerations") == expected_tolerations
     assert all(op["path"].startswith("/spec/") for op in patch)
-    assert env.events.sent == [] and len(env.state.ledger) == 0
+    assert env.events.sent == [] and len(env.state.load.ledger) == 0
 
 
 @pytest.mark.parametrize(
@@ -685,7 +685,7 @@ def test_coscheduled_pipelinerun_left_alone(run: dict, settings_kw: dict, words:
     assert record["pool"] is None and words in record["message"]
     [sent] = env.events.sent
     assert (sent["type"], sent["reason"]) == ("Warning", "NotPlaced") and words in sent["note"]
-    assert len(env.state.ledger) == 0
+    assert len(env.state.load.ledger) == 0
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "charts" / "egress-placer" / "files" / "prometheus-rules.yaml"
 RULE_TESTS = ROOT / "tests" / "data" / "alerts" / "rules.test.yaml"
 ALERTS_DOC = ROOT / "docs" / "alerts.md"
+RUNBOOK_BASE = "https://github.com/egress-placer/egress-placer/blob/main/docs/alerts.md"  # the published docs/alerts.md: prometheusRule.runbookBaseURL's default
 
 
 def alerting_rules() -> list[dict[str, Any]]:
@@ -87,12 +88,27 @@ def test_every_alert_fires_in_one_case_and_stays_quiet_in_another() -> None:
 
 def test_the_alerts_the_issue_asks_for_are_there() -> None:
     """No leader, webhook errors or latency, certificate expiring, pool node untainted, intruder not
-    cleared, policy not ready."""
+    cleared, policy not ready; (issue 28) the queue: a run held past its pool's maximum wait, releases
+    stalled; the egress source: scrape failing, fallback in use."""
     names = {r["alert"] for r in alerting_rules()}
     assert {
         "EgressPlacerNoLeader", "EgressPlacerWebhookErrors", "EgressPlacerWebhookSlow", "EgressPlacerCertificateExpiring",
         "EgressPlacerTaintDrift", "EgressPlacerIntruderNotCleared", "EgressPlacerPolicyNotReady",
+        "EgressPlacerQueueWaitExceeded", "EgressPlacerQueueStalled", "EgressPlacerEgressScrapeFailing", "EgressPlacerEgressFallback",
     } <= names
+
+
+def test_no_alert_names_the_policy_configmap_as_the_only_source() -> None:
+    """The default source is the pools API (EGRESS_PLACER_POLICY_SOURCE=pools)."""
+    for rule in alerting_rules():
+        text = " ".join(rule["annotations"].values())
+        assert "ConfigMap egress-placer-policy" not in text, rule["alert"]
+
+
+def test_the_chart_default_runbook_base_is_the_one_in_the_rule_file() -> None:
+    values = yaml.safe_load((ROOT / "charts" / "egress-placer" / "values.yaml").read_text())
+    assert values["prometheusRule"]["runbookBaseURL"] == RUNBOOK_BASE
+    assert RULES.read_text().count(RUNBOOK_BASE + "#") == len(alerting_rules())
 
 
 @pytest.mark.parametrize("rule", alerting_rules(), ids=lambda r: f"{r['alert']}-{r['labels']['severity']}")
@@ -104,8 +120,10 @@ def test_every_alert_reads_series_of_the_contract(rule: dict[str, Any]) -> None:
 @pytest.mark.parametrize("rule", alerting_rules(), ids=lambda r: f"{r['alert']}-{r['labels']['severity']}")
 def test_every_alert_is_explained_in_docs_alerts_md(rule: dict[str, Any]) -> None:
     assert rule["labels"]["severity"] in ("warning", "critical")
-    assert {"summary", "description", "runbook"} <= set(rule["annotations"])
-    anchor = rule["annotations"]["runbook"].removeprefix("docs/alerts.md#")
+    assert {"summary", "description", "runbook_url"} <= set(rule["annotations"])
+    assert "runbook" not in rule["annotations"]  # the annotation Alertmanager, Grafana and PagerDuty read is runbook_url
+    base, anchor = rule["annotations"]["runbook_url"].split("#")
+    assert base == RUNBOOK_BASE and anchor == rule["alert"].lower()
     headings = re.findall(r"^### (\w+)$", ALERTS_DOC.read_text(), re.M)
     assert anchor in {h.lower() for h in headings}, anchor
     assert rule["alert"] in headings

@@ -1,4 +1,4 @@
-"""Checks node choice inside a pool (controller/core/balance.py): which nodes are eligible, which
+"""Checks node choice inside a pool (controller/load/core.py): which nodes are eligible, which
 one `choose_node` picks by load ratio and salt, and the `LoadLedger` bookkeeping of assumed
 placements; properties: bursts spread evenly, ties fall on every node for some salt, same inputs
 same answer."""
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.oracles import choose_node, eligible_nodes
-from controller.core.balance import LoadLedger, ledger_key
+from controller.load.core import LoadLedger, ledger_key
 from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import load_policy
 

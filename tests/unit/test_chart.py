@@ -502,7 +502,7 @@ def test_the_literal_namespace_is_in_no_template() -> None:
     """Only the helper names the namespace; no template writes egress-placer as one."""
     for template_file in (CHART_DIR / "templates").glob("*"):
         text = template_file.read_text()
-        for needle in ("namespace: egress-placer", "serviceaccount:egress-placer:", "egress-placer.svc", "egress-placer/egress-placer"):
+        for needle in ("namespace: egress-placer", "serviceaccount:egress-placer:", "egress-placer.svc", "egress-placer/egress-placer-webhook"):
             assert needle not in text, f"{template_file.name}: {needle}"
 
 
@@ -617,3 +617,12 @@ def test_namespace_override_replaces_the_release_namespace(helm: Path) -> None:
     assert the(docs, "Namespace")["metadata"]["name"] == OTHER_NAMESPACE
     assert f"system:serviceaccount:{OTHER_NAMESPACE}:egress-placer" in json.dumps(the(docs, "ValidatingAdmissionPolicy", RUN_GUARD_NAME))
     assert compare(template(helm), template(helm, {"namespaceOverride": RELEASE_NAMESPACE}, namespace="default")) == []
+
+
+def test_the_runbook_base_is_a_value(helm: Path) -> None:
+    """Issue 28: runbook_url on a base of the user's choosing (their own copy of docs/alerts.md)."""
+    base = "https://wiki.example.com/egress-placer/alerts"
+    rule = the(template(helm, {"prometheusRule": {"enabled": True, "runbookBaseURL": base}}), "PrometheusRule")
+    alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts and all(r["annotations"]["runbook_url"] == f"{base}#{r['alert'].lower()}" for r in alerts)
+

@@ -39,6 +39,8 @@ GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": 
 ON_CALL_PANELS = {
     "Decisions by reason", "Pool load per node", "Admission latency", "Intruders on pool nodes", "Taint drift and taint changes",
     "Leader", "Certificate days left",
+    # issue 28: the queue and the egress source
+    "Queue length and slots", "Releases and runs past maxQueueSeconds", "Egress queries by result", "Nodes on the run-count fallback",
 }
 
 

@@ -31,7 +31,7 @@ NOW = 1_800_000_000.0
 def egress_ratios(state: ClusterState, pool: Pool, loads: Mapping[str, NodeLoad]) -> dict[str, RatioFigure] | None:
     """Measured-egress load figures of the pool's nodes as the state holds them (None when the pool has
     no egress source)."""
-    figures = state._egress.get(pool.name)  # noqa: SLF001
+    figures = state.load._egress.get(pool.name)  # noqa: SLF001
     if figures is None or pool.egress_load is None:
         return None
     return rank_nodes(loads, figures, pool.egress_load.bandwidth_of, NOW, pool.egress_load.prometheus.max_age)
@@ -64,7 +64,7 @@ def node(name: str) -> dict:
 def state_with(figures: dict[str, Measurement], clock: float = NOW) -> ClusterState:
     state = ClusterState(load_policy(policy_text()), clock=lambda: clock)
     state.replace("Node", [node("egress-1"), node("egress-2"), node("egress-3")])
-    state.set_egress_figures("overseas", figures)
+    state.load.set_egress_figures("overseas", figures)
     return state
 
 
@@ -99,7 +99,7 @@ def test_a_burst_avoids_the_node_whose_uplink_is_busy():
     busy = {"egress-1": Measurement(90_000_000, NOW - 5)}  # 90% of 100 MB/s
     state = state_with(busy)
     pool = state.policy.pool("overseas")
-    picks = Counter(state.choose_and_assume(pool, f"taskrun/team-cdn/run-{i}", salt=f"run-{i}").node for i in range(12))
+    picks = Counter(state.load.choose_and_assume(pool, f"taskrun/team-cdn/run-{i}", salt=f"run-{i}").node for i in range(12))
     # 12 runs on 3 nodes of capacity 10: the busy node (ratio 0.9) only gets runs once the others
     # are as loaded (run ratio >= 0.9 there means 9 runs each), so here it gets none.
     assert picks["egress-1"] == 0
@@ -111,19 +111,19 @@ def test_stale_figures_fall_back_to_run_counts():
     stale = {"egress-1": Measurement(90_000_000, NOW - 120)}  # older than maxAge 30s
     state = state_with(stale)
     pool = state.policy.pool("overseas")
-    picks = Counter(state.choose_and_assume(pool, f"taskrun/team-cdn/run-{i}", salt=f"run-{i}").node for i in range(12))
+    picks = Counter(state.load.choose_and_assume(pool, f"taskrun/team-cdn/run-{i}", salt=f"run-{i}").node for i in range(12))
     assert picks == {"egress-1": 4, "egress-2": 4, "egress-3": 4}
-    figures = egress_ratios(state, pool, state.loads(pool))
+    figures = egress_ratios(state, pool, state.load.loads(pool))
     assert figures is not None and figures["egress-1"].source == "runs"
 
 
 def test_figures_of_a_stopped_or_replaced_poller_are_not_taken():
     # A poll in flight while the policy changes must not put its figures back after the stop.
     state = state_with({})
-    pollers = EgressPollers(state, clock=lambda: NOW, runner=Runner())
+    pollers = EgressPollers(state.load, clock=lambda: NOW, runner=Runner())
     pollers._publish("overseas", object(), {"egress-1": Measurement(90_000_000, NOW)})  # type: ignore[arg-type]  # noqa: SLF001
     pool = state.policy.pool("overseas")
-    figures = egress_ratios(state, pool, state.loads(pool))
+    figures = egress_ratios(state, pool, state.load.loads(pool))
     assert figures is not None and figures["egress-1"].source == "runs"
 
 
@@ -142,13 +142,13 @@ def test_pollers_follow_the_policy_and_export_metrics():
     state = ClusterState(load_policy(policy_text()), clock=lambda: NOW)
     state.replace("Node", [node("egress-1"), node("egress-2")])
     registry, runner = CollectorRegistry(), Runner()
-    pollers = EgressPollers(state, clock=lambda: NOW, runner=runner, registry=registry)
+    pollers = EgressPollers(state.load, clock=lambda: NOW, runner=runner, registry=registry)
     try:
         pollers.sync(state.policy)
         pool = state.policy.pool("overseas")
 
         def figure_seen() -> bool:
-            ratios = egress_ratios(state, pool, state.loads(pool))
+            ratios = egress_ratios(state, pool, state.load.loads(pool))
             return ratios is not None and ratios["egress-2"].source == "measured"
 
         wait_for("the measured figure of egress-2", figure_seen, timeout=5, interval=0.05)

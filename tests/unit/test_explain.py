@@ -167,9 +167,16 @@ def test_a_policy_pool_can_be_opted_into(tmp_path: Path) -> None:
     assert json.loads(done.stdout.splitlines()[0])["pool"] == "lab"
 
 
-def test_nothing_to_explain_prints_nothing(tmp_path: Path) -> None:
+def test_input_with_no_run_is_an_error_naming_what_it_found(tmp_path: Path) -> None:
+    """Issue 28: a Deployment (or only context) printed nothing and exited 0; now it says so, exit 2."""
     done = explain_cli("--policy", write(tmp_path, "p.yaml", POLICY), write(tmp_path, "c.yaml", CONTEXT))
-    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert "nothing to explain: found a Namespace" in done.stderr
+    deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: team-web}\n"
+    done = explain_cli("--policy", write(tmp_path, "p.yaml", POLICY), write(tmp_path, "d.yaml", deployment))
+    assert (done.returncode, done.stdout) == (2, "")
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("egress-placer explain: nothing to explain: found a Deployment (") and "d.yaml: document 1, line 1" in line
 
 
 @pytest.mark.parametrize(

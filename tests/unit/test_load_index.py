@@ -1,4 +1,4 @@
-"""Checks the per-pool load index node choice reads (controller/core/load_index.py) and the state
+"""Checks the per-pool load index node choice reads (controller/load/index.py) and the state
 that feeds it on events (controller/state.py).
 
 Tables: what `PoolLoads` chooses (ratio, count, capacity <= 0 last, full nodes still chosen, ties
@@ -24,12 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.oracles import choose_node, eligible_nodes
-from controller.core.balance import load_rank, spread_index
+from controller.load.core import load_rank, spread_index
 from controller.core.egress import EgressLoad, Measurement, egress_ratio, measured_ratio
-from controller.core.load_index import PoolLoads
+from controller.load.index import PoolLoads
 from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import load_policy
-from controller.state import LOADS_SHOWN, ClusterState
+from controller.load.view import LOADS_SHOWN
+from controller.state import ClusterState
 
 GBIT = 125_000_000.0
 EGRESS = EgressLoad.model_validate(
@@ -403,7 +404,7 @@ def test_the_index_chooses_what_a_full_scan_of_the_same_facts_chooses(capacity, 
             key = f"{step['kind']}/ci/{'run' if step['kind'] == 'taskrun' else 'pod'}-{step['run']}"
             salt = f"salt-{number}"
             expected = model.choose(salt)
-            choice = state.choose_and_assume(state.policy.pool("p"), key, salt)
+            choice = state.load.choose_and_assume(state.policy.pool("p"), key, salt)
             assert choice.node == expected
             if expected is not None:
                 model.assumed.pop(key, None)
@@ -411,7 +412,7 @@ def test_the_index_chooses_what_a_full_scan_of_the_same_facts_chooses(capacity, 
         elif op == "forget":
             key = f"{step['kind']}/ci/{'run' if step['kind'] == 'taskrun' else 'pod'}-{step['run']}"
             model.assumed.pop(key, None)
-            state.forget(key)
+            state.load.forget(key)
         elif op == "tick":
             model.now += step["seconds"]
         elif op == "relist":
@@ -428,16 +429,16 @@ def test_the_index_chooses_what_a_full_scan_of_the_same_facts_chooses(capacity, 
             model.figures = {
                 name: Measurement(bps, model.now - age) for name, (bps, age) in step["figures"].items()
             }
-            state.set_egress_figures("p", dict(model.figures))
+            state.load.set_egress_figures("p", dict(model.figures))
 
         # At every step: the same choice as the full scan of the model, and the same loads.
         pool = state.policy.pool("p")
         salt = f"check-{number}"
         expected = model.choose(salt)
-        choice = state.choose(pool, salt)
+        choice = state.load.choose(pool, salt)
         assert choice.node == expected, (step, model.loads())
         loads = model.loads()
-        assert state.loads(pool) == loads
+        assert state.load.loads(pool) == loads
         if expected is not None:
             assert expected in choice.loads
             assert all(loads[name] == load for name, load in choice.loads.items())

@@ -49,6 +49,7 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...]]] = {
     "egress_placer_queue_slots": ("gauge", ("pool", "state")),
     "egress_placer_queue_releases_total": ("counter", ("pool", "reason")),
     "egress_placer_queue_wait_seconds": ("histogram", ("pool",)),
+    "egress_placer_queue_overdue_runs": ("gauge", ("pool",)),
     "egress_placer_agent_tolerations_added_total": ("counter", ("by",)),
     "egress_placer_agent_pool_nodes_missing": ("gauge", ("daemonset", "namespace")),
     "egress_placer_watch_restarts_total": ("counter", ("cause", "resource")),
@@ -106,6 +107,7 @@ def exposition_with_a_sample_of_everything() -> str:
     pollers.statuses = lambda: [  # type: ignore[method-assign]
         {"pool": "p", "scrapes": {"ok": 1}, "nodes": {"n": {"bps": 1.0, "age": 2.0, "source": "measured"}}}
     ]
+    metrics.track_queue_overdue(lambda: {"x": 1}, leading=lambda: True)
     for metric in declared(metrics).values():
         names = metric._labelnames  # noqa: SLF001 - prometheus_client lists no label names publicly
         if names:
@@ -199,7 +201,7 @@ def test_the_pass_sets_load_capacity_and_ready_nodes_and_removes_a_node_that_lef
     state.replace("Node", [node("pool-1"), node("pool-2"), node("pool-3", ready=False), node("plain-1", pool=False)])
     state.replace("Pod", [pod("a", "pool-1"), pod("b", "pool-1"), pod("c", "plain-1")])
     (pool,) = state.policy.pools
-    chosen = state.choose_and_assume(pool, "taskrun/team-a/r", salt="r").node
+    chosen = state.load.choose_and_assume(pool, "taskrun/team-a/r", salt="r").node
     assert chosen == "pool-2"  # the least loaded
     metrics = Metrics()
     publish = PoolMetrics(state, metrics, min_interval=0)
@@ -289,3 +291,14 @@ def test_the_policy_gauges_are_read_from_the_tracker(ready: bool, in_force: bool
     metrics.track_policy(ready=lambda: ready, in_force=lambda: in_force)
     assert value(metrics, "egress_placer_policy_ready") == float(ready)
     assert value(metrics, "egress_placer_policy_in_force") == float(in_force)
+
+
+def test_queue_overdue_runs_are_the_leaders_last_plans() -> None:
+    """egress_placer_queue_overdue_runs (alert EgressPlacerQueueWaitExceeded): read at each scrape, leader only."""
+    metrics = Metrics()
+    leading = [True]
+    metrics.track_queue_overdue(lambda: {"overseas": 2, "lab": 0}, leading=lambda: leading[0])
+    text = generate_latest(metrics.registry).decode()
+    assert 'egress_placer_queue_overdue_runs{pool="overseas"} 2.0' in text and 'egress_placer_queue_overdue_runs{pool="lab"} 0.0' in text
+    leading[0] = False
+    assert "egress_placer_queue_overdue_runs{" not in generate_latest(metrics.registry).decode()

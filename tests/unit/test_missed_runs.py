@@ -11,7 +11,7 @@ import pytest
 
 from controller.core.model import DECISION_ANNOTATION
 from controller.core.policy import PlacementPolicy
-from controller.reconcile.missed_runs import NOT_ADMITTED_NOTE, report_missed_runs
+from controller.missed_runs.reconcile import NOT_ADMITTED_NOTE, report_missed_runs
 from controller.state import ClusterState
 
 
@@ -38,7 +38,7 @@ def test_only_runs_without_a_decision_are_reported(state):
     state.replace("TaskRun", [run("TaskRun", "admitted", True), run("TaskRun", "missed", False)])
     state.apply("PipelineRun", "ADDED", run("PipelineRun", "missed-pipeline", False))
     sink = Sink()
-    reported = report_missed_runs(state, sink)
+    reported = report_missed_runs(state.missed_runs, sink)
     assert reported == [("PipelineRun", "team-cdn", "missed-pipeline"), ("TaskRun", "team-cdn", "missed")]
     assert [(r["kind"], r["name"], t, reason) for r, t, reason, _ in sink.sent] == [
         ("PipelineRun", "missed-pipeline", "Warning", "NotAdmitted"),
@@ -54,12 +54,12 @@ def test_a_run_admitted_later_or_deleted_is_not_reported(state):
     state.apply("TaskRun", "ADDED", run("TaskRun", "b", False))
     state.apply("TaskRun", "DELETED", run("TaskRun", "b", False))
     sink = Sink()
-    assert report_missed_runs(state, sink) == []
+    assert report_missed_runs(state.missed_runs, sink) == []
     assert sink.sent == []
 
 
 def test_the_report_is_bounded(state):
     state.replace("TaskRun", [run("TaskRun", f"r-{i:03d}", False) for i in range(250)])
     sink = Sink()
-    assert len(report_missed_runs(state, sink, limit=100)) == 100
+    assert len(report_missed_runs(state.missed_runs, sink, limit=100)) == 100
     assert len(sink.sent) == 100

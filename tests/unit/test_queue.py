@@ -1,4 +1,4 @@
-"""The pool queue's pure core (controller/core/queue.py): release order, slots, wait bound, entries."""
+"""The pool queue's pure core (controller/queue/core.py): release order, slots, wait bound, entries."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller.core.policy import load_policy
-from controller.core.queue import (
+from controller.queue.core import (
     QUEUE_ANNOTATION,
     PoolQueue,
     QueueEntry,
@@ -244,7 +244,7 @@ def test_round_robin_between_namespaces(entries: list[QueueEntry]) -> None:
 @given(entries_st, pods_st, st.sampled_from(["a", "b", "c", "d", "e"]))
 def test_the_place_from_counts_is_the_place_in_the_line(entries: list[QueueEntry], pods: dict[str, int], namespace: str) -> None:
     """Admission's O(namespaces) place of a new run equals its place in the full release order."""
-    from controller.core.queue import LineSummary
+    from controller.queue.core import LineSummary
 
     setting = QueueSetting.model_validate({"runsPerNode": 1, "priorities": [{"namespaces": ["a"], "priority": 3}, {"namespaces": ["d"], "priority": -1}]})
     q = queue(0, pods, setting=setting)
@@ -259,6 +259,6 @@ def test_the_place_from_counts_is_the_place_in_the_line(entries: list[QueueEntry
     [(None, False), ({"pipeline": "5s"}, True), ({"pipeline": "10m"}, True), ({"pipeline": "11m"}, False), ({"pipeline": "0s"}, False), ({"pipeline": "x"}, False)],
 )
 def test_a_pipeline_timeout_shorter_than_the_wait_is_named(timeouts: object, warned: bool) -> None:
-    from controller.core.queue import pipeline_timeout_problem
+    from controller.queue.core import pipeline_timeout_problem
 
     assert bool(pipeline_timeout_problem(timeouts, "overseas", SETTING)) is warned  # maxQueueSeconds 600

@@ -1,5 +1,5 @@
 """The queue at admission (controller/admission/handlers.py) and the leader's release pass
-(controller/reconcile/queue.py), on a REAL ClusterState and the real core, with a fake releaser."""
+(controller/queue/reconcile.py), on a REAL ClusterState and the real core, with a fake releaser."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from controller.core.policy import load_policy
-from controller.core.queue import QUEUE_ANNOTATION, entry_annotation, read_entry
-from controller.reconcile.queue import QueueReconciler
+from controller.queue.core import QUEUE_ANNOTATION, entry_annotation, read_entry
+from controller.queue.reconcile import QueueReconciler
 from tests.unit.test_admission_handlers import DATA, EGRESS_TOLERATION, Env, RecordingSink, decision_of, taskrun, tekton_pod
 
 QUEUED_POLICY = (DATA / "policy.yaml").read_text().replace(
@@ -37,7 +37,7 @@ def test_a_run_of_a_queued_pool_is_created_pending_with_its_placement_and_entry(
     assert decision_of(patched)["pool"] == "egress"
     queued = [e for e in env.events.sent if e["reason"] == "Queued"]
     assert len(queued) == 1 and "queued for pool egress" in queued[0]["note"]
-    assert env.state.ledger.assumed_on("egress-1") + env.state.ledger.assumed_on("egress-2") + env.state.ledger.assumed_on("egress-3") == 0
+    assert env.state.load.ledger.assumed_on("egress-1") + env.state.load.ledger.assumed_on("egress-2") + env.state.load.ledger.assumed_on("egress-3") == 0
 
 
 @pytest.mark.parametrize("status", ["TaskRunPending", "TaskRunCancelled"])
@@ -149,7 +149,7 @@ class FakeReleaser:
 
     def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
         self.calls.append((kind, namespace, name))
-        entry = self.env.state._queued[(kind, namespace, name)]  # noqa: SLF001
+        entry = self.env.state.queue._queued[(kind, namespace, name)]  # noqa: SLF001
         if not entry.pending or entry.done:
             return False
         if self.show:
@@ -221,7 +221,7 @@ def test_cancelled_or_deleted_queued_runs_free_their_place() -> None:
     reconciler()
     assert releaser.calls[-1][2] == "team-ci-3"
     env.state.apply("TaskRun", "DELETED", run_obj("TaskRun", "team-ci", "team-ci-3", entry, ""))
-    assert ("TaskRun", "team-ci", "team-ci-3") not in env.state._queued  # noqa: SLF001
+    assert ("TaskRun", "team-ci", "team-ci-3") not in env.state.queue._queued  # noqa: SLF001
 
 
 def test_a_required_pool_warns_once_and_a_dropped_setting_releases_all() -> None:
@@ -276,8 +276,8 @@ def test_the_pool_status_carries_the_queue() -> None:
 
     env = queued_env()
     queue_some(env, "team-ci", 4)
-    assert env.state.queue_counts(env.state.policy.pools[0], env.now) == (4, 3, 0)
-    assert env.state.queue_counts(env.state.policy.pools[1], env.now) is None  # lab does not queue
+    assert env.state.queue.queue_counts(env.state.policy.pools[0], env.now) == (4, 3, 0)
+    assert env.state.queue.queue_counts(env.state.policy.pools[1], env.now) is None  # lab does not queue
     obj = PoolObject("egress", 1, {})
     status = pool_status(obj, env.state.policy, [], {}, [], None, [], env.now, QueueStatus(waiting=4, slots=3, occupied=0))
     assert status["queue"] == {"waiting": 4, "slots": 3, "occupied": 0}

@@ -5,7 +5,7 @@ tests/reliability/test_hostile_tenant_runs.py's (the CEL is evaluated there, by 
 from __future__ import annotations
 
 from controller.core import run_guard
-from controller.core.queue import CANCELLED, PENDING, QUEUE_ANNOTATION
+from controller.queue.core import CANCELLED, PENDING, QUEUE_ANNOTATION
 
 
 def test_it_judges_run_updates_by_anyone_but_the_controller() -> None:

@@ -4,6 +4,7 @@ settlement when pods are bound, and which changes wake the reconcile loop."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from loguru import logger
 
-from controller.core.balance import ledger_key
+from controller.load.core import ledger_key
 from controller.core.model import DECISION_ANNOTATION, AgentTemplate, DaemonSetState
 from controller.core.agents import POOL_TOLERATIONS_ANNOTATION
 from controller.kube.informer import trim_daemonset
@@ -92,7 +93,7 @@ def test_pod_events_index_pods_by_node(state, events, on_pool, on_plain):
 )
 def test_placed_counts_count_active_non_daemonset_pods(state, obj, counted):
     state.apply("Pod", "ADDED", obj)
-    assert state.placed_counts(["pool-1", "plain-1"]) == {"pool-1": counted, "plain-1": 0}
+    assert state.load.placed_counts(["pool-1", "plain-1"]) == {"pool-1": counted, "plain-1": 0}
 
 
 def test_node_resource_versions_follow_events_and_relists(state):
@@ -107,24 +108,24 @@ def test_node_resource_versions_follow_events_and_relists(state):
 
 
 def test_binding_a_pod_settles_its_pod_and_taskrun_assumptions(state):
-    state.ledger.assume(ledger_key("pod", "team-a", "p"), "overseas", "pool-1", 1000.0)
-    state.ledger.assume(ledger_key("taskrun", "team-a", "build"), "overseas", "pool-1", 1000.0)
+    state.load.ledger.assume(ledger_key("pod", "team-a", "p"), "overseas", "pool-1", 1000.0)
+    state.load.ledger.assume(ledger_key("taskrun", "team-a", "build"), "overseas", "pool-1", 1000.0)
     state.apply("Pod", "ADDED", pod("team-a", "p"))  # not bound yet: still assumed
-    assert len(state.ledger) == 2
+    assert len(state.load.ledger) == 2
     state.apply("Pod", "ADDED", pod("team-a", "build-pod", "pool-1", labels={"tekton.dev/taskRun": "build"}))
-    assert ledger_key("taskrun", "team-a", "build") not in state.ledger
+    assert ledger_key("taskrun", "team-a", "build") not in state.load.ledger
     state.apply("Pod", "MODIFIED", pod("team-a", "p", "pool-1"))
-    assert len(state.ledger) == 0
+    assert len(state.load.ledger) == 0
 
 
 def test_finished_pods_leave_the_cache_and_settle_their_assumptions(state):
     """A finished pod holds no node and takes no place: not kept (memory does not grow with pods that ran),
     and a pod first seen finished still settles what was assumed for it."""
-    state.ledger.assume(ledger_key("taskrun", "team-a", "quick"), "overseas", "pool-1", 1000.0)
+    state.load.ledger.assume(ledger_key("taskrun", "team-a", "quick"), "overseas", "pool-1", 1000.0)
     seen: list[str] = []
     state.subscribe(seen.append)
     state.apply("Pod", "ADDED", pod("team-a", "quick-pod", "pool-1", "Succeeded", labels={"tekton.dev/taskRun": "quick"}))
-    assert len(state.ledger) == 0 and dict(state.pods) == {} and state.pods_on("pool-1") == []
+    assert len(state.load.ledger) == 0 and dict(state.pods) == {} and state.pods_on("pool-1") == []
     state.apply("Pod", "ADDED", pod("team-a", "p", "pool-1"))
     state.apply("Pod", "MODIFIED", pod("team-a", "p", "pool-1", "Failed"))
     assert dict(state.pods) == {} and state.pods_on("pool-1") == [] and seen == ["Pod", "Pod", "Pod"]
@@ -135,10 +136,10 @@ def test_finished_pods_leave_the_cache_and_settle_their_assumptions(state):
 def test_runs_without_decision(state):
     state.replace("TaskRun", [run("TaskRun", "a", "t1", True), run("TaskRun", "a", "t2", False)])
     state.apply("PipelineRun", "ADDED", run("PipelineRun", "b", "p1", False))
-    assert state.runs_without_decision() == [("PipelineRun", "b", "p1"), ("TaskRun", "a", "t2")]
+    assert state.missed_runs.runs_without_decision() == [("PipelineRun", "b", "p1"), ("TaskRun", "a", "t2")]
     state.apply("TaskRun", "MODIFIED", run("TaskRun", "a", "t2", True))
     state.replace("PipelineRun", [])
-    assert state.runs_without_decision() == []
+    assert state.missed_runs.runs_without_decision() == []
 
 
 def test_tekton_objects_go_to_the_index(state):
@@ -290,4 +291,31 @@ def test_events_and_a_relist_of_the_result_agree(events):
         assert sorted((p.namespace, p.name) for p in by_events.pods_on(n)) == sorted(
             (p.namespace, p.name) for p in by_relist.pods_on(n)
         )
-    assert by_events.placed_counts(["pool-1", "plain-1"]) == by_relist.placed_counts(["pool-1", "plain-1"])
+    assert by_events.load.placed_counts(["pool-1", "plain-1"]) == by_relist.load.placed_counts(["pool-1", "plain-1"])
+
+
+@pytest.mark.timeout(30)
+def test_admission_s_views_never_wait_on_the_lock_an_informer_holds() -> None:
+    """Choosing a node, assuming it and forgetting it take the load view's own lock, not the state's
+    (which an informer holds for a swap): with the state's lock held by another thread they still answer."""
+    state = make_state()
+    state.replace("Node", [node("pool-1", pool=True), node("pool-2", pool=True)])
+    held, done = threading.Event(), threading.Event()
+
+    def informer() -> None:
+        with state._lock:  # noqa: SLF001 - what a relist's swap holds
+            held.set()
+            done.wait()
+
+    holder = threading.Thread(target=informer)
+    holder.start()
+    held.wait()
+    try:
+        pool = state.policy.pool("overseas")
+        choice = state.load.choose_and_assume(pool, ledger_key("taskrun", "team-a", "r"), salt="r")
+        assert choice.node in ("pool-1", "pool-2") and len(state.load.ledger) == 1
+        state.load.forget(ledger_key("taskrun", "team-a", "r"))
+        assert len(state.load.ledger) == 0 and state.missed_runs.runs_without_decision() == []
+    finally:
+        done.set()
+        holder.join()

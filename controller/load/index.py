@@ -1,7 +1,7 @@
 """The load of one pool's nodes, kept current on events and ordered for node choice.
 
 `PoolLoads` holds each eligible node's placed pods, assumed placements, capacity and measured
-egress figure, and keeps the nodes sorted by `core.balance.load_rank` (then name) in an
+egress figure, and keeps the nodes sorted by `load.core.load_rank` (then name) in an
 order-statistic list (`sortedcontainers.SortedList`). Whoever sees a change tells it (a pod on the
 node, an assumption, a node joining or leaving, a new egress figure); a change and a choice each
 cost O(log n) in the pool's size, and nothing is rebuilt per decision.
@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 
 from sortedcontainers import SortedList
 
-from controller.core.balance import Rank, rank_of, spread_index
+from controller.load.core import Rank, rank_of, spread_index
 from controller.core.egress import EgressLoad, Measurement, is_fresh, measured_ratio
 from controller.core.model import NodeLoad
 

@@ -1,5 +1,5 @@
 """Node choice inside a pool: the rank of a node's load, the tie rule among equally loaded nodes
-(`core.load_index.PoolLoads` keeps the order; bench/oracles.py's `choose_node` is the full scan it is
+(`load.index.PoolLoads` keeps the order; bench/oracles.py's `choose_node` is the full scan it is
 held to), and the bookkeeping of placements chosen at admission whose pods do not exist yet.
 
 Pure: the clock is passed in, nothing here reads the cluster.

@@ -2,7 +2,7 @@
 
 Each pass (the reconcile loop runs it after a change: a queued run changed, a pod on a pool node
 came or went, a node or the policy changed; and before the earliest wait bound) reads the queue
-from the informers' state, asks the core (`core.queue.plan`) which runs to release, and releases
+from the informers' state, asks the core (`queue.core.plan`) which runs to release, and releases
 them through the one adapter (`KubeClient.release_run`: a JSON patch that tests the uid and the
 pending status, then removes `spec.status`; nothing else of the run is written).
 
@@ -24,10 +24,11 @@ from typing import Callable, Protocol
 
 from loguru import logger
 
-from controller.core.policy import PlacementPolicy, Pool
-from controller.core.queue import PENDING, Plan, PoolQueue, QueueEntry, Release, ReleaseReason, plan, release_all
+from controller.core.policy import PlacementPolicy
+from controller.queue.core import PENDING, Plan, PoolQueue, QueueEntry, Release, ReleaseReason, plan, release_all
 from controller.event_sink import EventSink
 from controller.metrics import GaugeSnapshot, Metrics
+from controller.queue.view import QueueView
 
 RELEASE_MEMORY_SECONDS = 60.0  # how long a release this replica made counts while the informers lag
 
@@ -38,9 +39,7 @@ class QueueState(Protocol):
 
     policy_in_force: bool
 
-    def queue_entries(self, pool: str | None = None) -> list[QueueEntry]: ...
-
-    def pool_queue(self, pool: Pool) -> PoolQueue | None: ...
+    queue: QueueView
 
 
 class RunReleaser(Protocol):
@@ -73,7 +72,7 @@ class QueueReconciler:
         if not self.state.policy_in_force:  # no policy yet: every pool would look unqueued
             return None
         now = self.clock()
-        entries = self._as_seen(self.state.queue_entries(), now)
+        entries = self._as_seen(self.state.queue.queue_entries(), now)
         by_pool: dict[str, list[QueueEntry]] = defaultdict(list)
         for entry in entries:
             by_pool[entry.pool].append(entry)
@@ -82,7 +81,7 @@ class QueueReconciler:
         deadlines: list[float] = []
         plans: dict[str, Plan] = {}
         for pool in self.state.policy.pools:
-            picture = self.state.pool_queue(pool)
+            picture = self.state.queue.pool_queue(pool)
             if picture is None:
                 continue
             result = plan(picture, by_pool.pop(pool.name, []), now)

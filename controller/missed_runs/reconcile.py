@@ -7,12 +7,11 @@ and a Warning Event `NotAdmitted` on each, at most `limit` of them, plus one sum
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from loguru import logger
 
 from controller.event_sink import EventSink
-from controller.state import RunKey
+from controller.missed_runs.view import MissedRuns
+from controller.queue.view import RunKey
 
 MAX_REPORTED_RUNS = 100
 NOT_ADMITTED_NOTE = (
@@ -21,15 +20,9 @@ NOT_ADMITTED_NOTE = (
 )
 
 
-class RunSource(Protocol):
-    def runs_without_decision(self) -> list[RunKey]: ...
-
-    def run_uid(self, key: RunKey) -> str: ...
-
-
-def report_missed_runs(state: RunSource, events: EventSink, limit: int = MAX_REPORTED_RUNS) -> list[RunKey]:
+def report_missed_runs(runs: MissedRuns, events: EventSink, limit: int = MAX_REPORTED_RUNS) -> list[RunKey]:
     """Log and emit an Event for each run without a decision annotation; the runs reported."""
-    missed = state.runs_without_decision()
+    missed = runs.runs_without_decision()
     if not missed:
         return []
     logger.bind(count=len(missed)).warning(
@@ -38,7 +31,7 @@ def report_missed_runs(state: RunSource, events: EventSink, limit: int = MAX_REP
     reported = missed[:limit]
     for kind, namespace, name in reported:
         logger.bind(kind=kind, namespace=namespace, name=name).warning("run not admitted: {}", NOT_ADMITTED_NOTE)
-        uid = state.run_uid((kind, namespace, name))  # `kubectl describe` shows only Events that name it
+        uid = runs.run_uid((kind, namespace, name))  # `kubectl describe` shows only Events that name it
         regarding = {"apiVersion": "tekton.dev/v1", "kind": kind, "namespace": namespace, "name": name, "uid": uid}
         events.emit(regarding, "Warning", "NotAdmitted", NOT_ADMITTED_NOTE, action="Report")
     return reported

@@ -1,0 +1,1 @@
+"""A feature: runs created while no webhook was called. view.py finds them; reconcile.py reports them."""

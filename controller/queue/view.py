@@ -1,0 +1,140 @@
+"""The queue as the stores show it: the runs carrying a queue entry (`queue.core`), a queued pool's
+slots and occupants, and the line summaries admission counts on when a run joins a line.
+
+The run stores keep a `RunRecord` per TaskRun and PipelineRun, indexed by "queued"; the pod store's
+"TaskRun" and "PipelineRun" indexes say which runs have a pod bound to a node (the entry's has_pod).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+from controller.core.images import TASKRUN_LABEL
+from controller.core.model import DECISION_ANNOTATION, PodState
+from controller.core.policy import PlacementPolicy, Pool
+from controller.load.view import LoadView
+from controller.queue.core import QUEUE_ANNOTATION, LineSummary, PoolQueue, QueueEntry, RunFacts, slots
+from controller.store import Store
+
+RUN_KINDS = ("TaskRun", "PipelineRun")
+RunKey = tuple[str, str, str]  # kind, namespace, name
+QUEUE_SUMMARY_SECONDS = 1.0  # admission reads a queued pool's line summary at most this old (plus its own additions)
+
+
+def run_key(kind: str, obj: Mapping[str, Any]) -> RunKey:
+    meta = obj["metadata"]
+    return (kind, meta.get("namespace") or "default", meta["name"])
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What is kept of a TaskRun or PipelineRun: has it a decision, its uid, its queue entry (queue.core)."""
+
+    decided: bool
+    uid: str
+    entry: QueueEntry | None
+
+    @classmethod
+    def of(cls, kind: str, obj: Mapping[str, Any]) -> "RunRecord":
+        """The queue entry is read once here, not per admission (has_pod unset: see queue_entries)."""
+        meta = obj["metadata"]
+        annotations = meta.get("annotations") or {}
+        value = annotations.get(QUEUE_ANNOTATION)
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        done = any(c.get("type") == "Succeeded" and c.get("status") in ("True", "False") for c in conditions if isinstance(c, Mapping))
+        key = run_key(kind, obj)
+        facts = RunFacts(kind, key[1], key[2], meta.get("uid") or "", value, str((obj.get("spec") or {}).get("status") or ""), done)
+        entry = facts.queue_entry(has_pod=False) if value is not None else None
+        return cls(DECISION_ANNOTATION in annotations, meta.get("uid") or "", entry)
+
+    def queued(self) -> bool | None:
+        """The run store's "queued" index."""
+        return True if self.entry is not None else None
+
+    @staticmethod
+    def entry_changed(obj: Mapping[str, Any], deleted: bool, old: RunRecord | None, new: RunRecord | None) -> bool:
+        """A queue entry came, went or changed: the release reconciler looks again."""
+        return (old.entry if old else None) != (new.entry if new else None)
+
+
+def bound_run(label: str, pod: PodState) -> tuple[str, str] | None:
+    """(namespace, run) of a pod bound to a node and labelled with its run: the pod store's index."""
+    return (pod.namespace, pod.labels[label]) if pod.node_name and label in pod.labels else None
+
+
+class QueueView:
+    def __init__(self, stores: Mapping[str, Store[Any, Any]], load: LoadView, policy: Callable[[], PlacementPolicy]) -> None:
+        self._stores, self._load, self._policy = stores, load, policy
+        self._line_summaries: dict[str, tuple[float, LineSummary]] = {}  # pool -> (when, summary)
+        self._line_lock = threading.Lock()
+
+    @property
+    def _queued(self) -> dict[RunKey, QueueEntry]:
+        """The runs carrying a queue entry, has_pod unset."""
+        return {k: r.entry for kind in RUN_KINDS for k, r in self._stores[kind].snapshot.under("queued", True).items()}
+
+    def queue_entries(self, pool: str | None = None) -> list[QueueEntry]:
+        """The runs carrying a queue entry (of `pool`, or every pool), each with whether a pod of it is
+        bound to a node. O(queued runs)."""
+        pods = self._stores["Pod"].snapshot
+        return [replace(entry, has_pod=True) if (namespace, name) in pods.indexes[kind] else entry
+                for (kind, namespace, name), entry in self._queued.items() if pool is None or entry.pool == pool]
+
+    def pool_queue(self, pool: Pool) -> PoolQueue | None:
+        """The queued pool's slots (runsPerNode on each eligible node carrying its taint) and the active
+        Tekton pods bound to its nodes, per namespace. None when the pool does not queue."""
+        if pool.queue is None:
+            return None
+        names = self._load.pool_names(pool.name)
+        nodes, pods_by_node = self._stores["Node"].items, self._stores["Pod"].snapshot
+        taint = pool.taint_for()
+        tainted = [n for n in names if n in nodes and any(t.key == taint.key and t.value == taint.value for t in nodes[n].taints)]
+        pods: Counter[str] = Counter()
+        for node in names:
+            for pod in pods_by_node.under("node", node).values():
+                if pod.active and TASKRUN_LABEL in pod.labels:
+                    pods[pod.namespace] += 1
+        return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
+
+    def queue_counts(self, pool: Pool, now: float) -> tuple[int, int, int] | None:
+        """(waiting, slots, occupied) of a queued pool now; None when it does not queue. O(pods + queued runs)."""
+        picture = self.pool_queue(pool)
+        if picture is None:
+            return None
+        summary = LineSummary.of(picture, self.queue_entries(pool.name), now)
+        return sum(summary.waiting.values()), summary.slots, summary.occupied
+
+    def join_queue(self, pool: Pool, namespace: str, now: float) -> tuple[int, int, bool] | None:
+        """A run of `namespace` joins `pool`'s line now: its place, the line's length, and whether a slot
+        is free for it. From a summary at most QUEUE_SUMMARY_SECONDS old (rebuilt: O(pods + queued runs)),
+        counted on with the runs admission queued since: O(namespaces) per call. None: no queue.
+        Only admission calls it, on the event loop or in its large-review thread: the summaries have
+        a lock of their own, which no relist takes."""
+        with self._line_lock:
+            cached = self._line_summaries.get(pool.name)
+            if cached is None or now - cached[0] > QUEUE_SUMMARY_SECONDS or cached[0] > now:
+                picture = self.pool_queue(pool)
+                if picture is None:
+                    return None
+                cached = (now, LineSummary.of(picture, self.queue_entries(pool.name), now))
+            summary = cached[1]
+            place, length = summary.place_of_new(namespace, now)
+            waiting = dict(summary.waiting)
+            waiting[namespace] = waiting.get(namespace, 0) + 1
+            heads = {**summary.heads, namespace: summary.heads.get(namespace, now)}
+            self._line_summaries[pool.name] = (cached[0], replace(summary, waiting=waiting, heads=heads))
+            return place, length, place <= summary.slots - summary.occupied
+
+    def queued_note(self, pool_name: str, namespace: str, now: float, join: bool) -> str:
+        """The Event's note for a run queued in `pool_name` now; `join` False (a dry run): it joins no line."""
+        pool = self._policy().pool(pool_name)
+        joined = self.join_queue(pool, namespace, now) if pool is not None and join else None
+        if joined is None:
+            return f"queued for pool {pool_name}"
+        place, length, free = joined
+        if free:
+            return f"queued for pool {pool_name}: a slot is free, released shortly"
+        return f"queued for pool {pool_name}, position {place} of {length}"
