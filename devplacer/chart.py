@@ -28,13 +28,20 @@ import yaml
 
 from devcluster.build import ensure_optional
 from devcluster.cluster import Cluster, ClusterError
-from devplacer.local_placer import REPO, WEBHOOK_KINDS, webhooks_calling
+from devplacer.local_placer import REPO, WEBHOOK_KINDS, kubectl, webhooks_calling
 
 CHART_DIR = REPO / "charts" / "egress-placer"
 RELEASE = "egress-placer"
-# Where Helm records the release; the chart's objects go to namespace egress-placer, which the chart
-# makes (docs/helm.md): Helm needs the release's namespace to exist before it installs anything.
-RELEASE_NAMESPACE = "default"
+# The release's namespace, where the chart puts its objects: k8s/'s. Rendered (`helm template`) the chart
+# makes it (createNamespace); installed, Helm needs it before it installs anything (it keeps the release
+# there), so `Release.install` has Helm make it (--create-namespace) and labels it as docs/helm.md says.
+RELEASE_NAMESPACE = "egress-placer"
+# The labels the chart's Namespace carries, for a namespace made by `helm install --create-namespace`.
+NAMESPACE_LABELS = {
+    "egress-placer.io/webhook": "skip",
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
 # Settings of the chart's Deployment that a local process sets itself: loopback ports, its own certificate.
 LOCAL_SETTINGS = frozenset(
     {"EGRESS_PLACER_WEBHOOK_PORT", "EGRESS_PLACER_HEALTH_PORT", "EGRESS_PLACER_TLS_CERT_FILE", "EGRESS_PLACER_TLS_KEY_FILE"}
@@ -67,11 +74,11 @@ def _values_args(values: Mapping[str, Any] | None, directory: str) -> list[str]:
     return ["--values", str(path)]
 
 
-def template(helm: Path, values: Mapping[str, Any] | None = None, *args: str) -> list[dict[str, Any]]:
-    """The chart's objects for `values` (`helm template`, CRDs of the chart's crds/ included)."""
+def template(helm: Path, values: Mapping[str, Any] | None = None, *args: str, namespace: str = RELEASE_NAMESPACE) -> list[dict[str, Any]]:
+    """The chart's objects for `values` in `namespace` (`helm template -n`, CRDs of the chart's crds/ included)."""
     with tempfile.TemporaryDirectory(prefix="egress-placer-values-") as tmp:
         out = run_helm(
-            helm, "template", RELEASE, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE, "--include-crds",
+            helm, "template", RELEASE, str(CHART_DIR), "--namespace", namespace, "--include-crds",
             *_values_args(values, tmp), *args,
         )
     return [d for d in yaml.safe_load_all(out) if d]
@@ -104,6 +111,8 @@ class Release:
     cluster: Cluster
     helm: Path
     values: Mapping[str, Any] = field(default_factory=dict)
+    namespace: str = RELEASE_NAMESPACE
+    chart: Path = CHART_DIR  # another, e.g. the 0.1.0 chart, which makes namespace egress-placer itself
     webhook_url: str | None = None  # set by `install`
 
     def _helm(self, *args: str) -> str:
@@ -114,33 +123,40 @@ class Release:
         return [f"--post-renderer={sys.executable}", *(f"--post-renderer-args={a}" for a in args)]
 
     def install(self, webhook_url: str) -> None:
-        """`helm install`, the webhooks pointed at `webhook_url` by the post-renderer."""
+        """`helm install`, the webhooks pointed at `webhook_url` by the post-renderer; this chart into its
+        namespace made by Helm and labelled (docs/helm.md), another chart as it is."""
         self.webhook_url = webhook_url
+        ours = self.chart == CHART_DIR
+        values = {**self.values, "createNamespace": False} if ours else self.values
         with tempfile.TemporaryDirectory(prefix="egress-placer-values-") as tmp:
             self._helm(
-                "install", RELEASE, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE, *_values_args(self.values, tmp),
-                *self._post_renderer(),
+                "install", RELEASE, str(self.chart), "--namespace", self.namespace, *(["--create-namespace"] if ours else []),
+                *_values_args(values, tmp), *self._post_renderer(),
             )
+        if ours:
+            kubectl(self.cluster, "label", "--overwrite", "namespace", self.namespace, *(f"{k}={v}" for k, v in NAMESPACE_LABELS.items()))
 
     def upgrade(self, values: Mapping[str, Any]) -> None:
-        """`helm upgrade --reuse-values` with `values` on top, through the same post-renderer."""
+        """`helm upgrade --reset-then-reuse-values` to this chart (its new values get their defaults) with `values`
+        on top, through the same post-renderer."""
+        self.chart = CHART_DIR
         with tempfile.TemporaryDirectory(prefix="egress-placer-values-") as tmp:
             self._helm(
-                "upgrade", RELEASE, str(CHART_DIR), "--namespace", RELEASE_NAMESPACE, "--reuse-values",
+                "upgrade", RELEASE, str(CHART_DIR), "--namespace", self.namespace, "--reset-then-reuse-values",
                 *_values_args(values, tmp), *self._post_renderer(),
             )
 
     def status(self) -> dict[str, Any]:
         """`helm status` as JSON (`info.status` is "deployed" once installed)."""
-        return json.loads(self._helm("status", RELEASE, "--namespace", RELEASE_NAMESPACE, "--output", "json"))
+        return json.loads(self._helm("status", RELEASE, "--namespace", self.namespace, "--output", "json"))
 
     def manifest(self) -> list[dict[str, Any]]:
         """The objects Helm installed (`helm get manifest`, after the post-renderer)."""
-        return [d for d in yaml.safe_load_all(self._helm("get", "manifest", RELEASE, "--namespace", RELEASE_NAMESPACE)) if d]
+        return [d for d in yaml.safe_load_all(self._helm("get", "manifest", RELEASE, "--namespace", self.namespace)) if d]
 
     def uninstall(self) -> None:
         """`helm uninstall`, waiting until its objects are gone; nothing when it is not installed."""
-        self._helm("uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--ignore-not-found", "--wait", "--timeout=120s")
+        self._helm("uninstall", RELEASE, "--namespace", self.namespace, "--ignore-not-found", "--wait", "--timeout=120s")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

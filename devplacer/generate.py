@@ -4,7 +4,7 @@ nothing and names the files that differ from what it would write (exit status 1)
 | file | derived from |
 |---|---|
 | `k8s/crds/*.yaml` | `controller/core/pools.py` (`custom_resource_definitions`), rendered by `devplacer/crds.py` |
-| `charts/egress-placer/crds/*.yaml` | the same, with the label kustomize adds to every object of k8s/ |
+| `charts/egress-placer/templates/crds.yaml` | the same, as a Helm template (`crds.install`, `crds.keep`) |
 | `k8s/pool-guard.yaml` | `controller/core/guard.py`: the policy, and the binding for the default exempt and agent namespaces |
 | `charts/egress-placer/templates/pool-guard-policy.yaml` | `controller/core/guard.py`: the policy, as a Helm template |
 | `k8s/controller-rights.yaml` | `controller/core/rights.py`: the policies bounding the controller's own writes, their bindings |
@@ -12,7 +12,7 @@ nothing and names the files that differ from what it would write (exit status 1)
 | `k8s/run-guard.yaml` | `controller/core/run_guard.py`: the run guard's policy and its binding (Deny) |
 | `charts/egress-placer/templates/run-guard.yaml` | the same, as a Helm template (`runGuard.enabled`, `runGuard.warnOnly`) |
 
-The two `crds/` directories hold generated files only: a file there that the render does not make is
+The `crds/` directories (k8s/'s, and the chart's of the 0.1.0 chart, now empty) hold generated files only: a file there that the render does not make is
 removed by a write and named by `--check`. tests/unit/test_generated.py fails when a committed file
 differs from this render, and names it.
 """
@@ -41,6 +41,7 @@ CONTROLLER_RIGHTS = Path("k8s/controller-rights.yaml")
 CHART_CONTROLLER_RIGHTS = CHART_DIR / "templates" / "controller-rights.yaml"
 RUN_GUARD = Path("k8s/run-guard.yaml")
 CHART_RUN_GUARD = CHART_DIR / "templates" / "run-guard.yaml"
+CHART_CRDS = CHART_DIR / "templates" / "crds.yaml"
 # Directories of generated files only (relative to the repository).
 OWNED_DIRS = (crds.CRDS_DIR, crds.CHART_CRDS_DIR)
 
@@ -164,13 +165,14 @@ def chart_run_guard_template() -> str:
     """The chart's run guard: the policy and its binding, metadata through the chart's helper, the binding's
     actions from runGuard.warnOnly."""
     out = "{{- if .Values.runGuard.enabled }}\n" + CHART_RUN_GUARD_HEADER
-    for doc in (run_guard.validating_admission_policy(), run_guard.policy_binding()):
+    for doc in (run_guard.validating_admission_policy(namespace=_NAMESPACE), run_guard.policy_binding()):
         spec = dict(doc["spec"])
         actions = "validationActions" in spec
         spec.pop("validationActions", None)
         text = yaml.dump({"spec": spec}, Dumper=_BlockDumper, sort_keys=False, width=120)
         if "{{" in text or "}}" in text:
             raise ValueError("the run guard's spec holds '{{' or '}}', which Helm would read as a template action")
+        text = text.replace(_NAMESPACE, '{{ include "egress-placer.namespace" . }}')
         if actions:
             text = text.replace(
                 "spec:\n",
@@ -186,12 +188,41 @@ def chart_run_guard_template() -> str:
     return out + "{{- end }}\n"
 
 
+CHART_CRDS_HEADER = f"""\
+# The pools API's CRDs (k8s/crds/; docs/pools-api.md) as templates, so that `helm upgrade` updates them
+# (docs/helm.md, "The pools API's CRDs"). crds.install: false leaves them out (installed another way);
+# crds.keep (default true): `helm uninstall` leaves them, and with them every EgressPool.
+#
+# GENERATED from controller/core/pools.py by `{COMMAND}`; do not edit.
+"""
+
+
+def chart_crds_template() -> str:
+    """The chart's CRDs: metadata through the chart's helper (its labels, the keep policy), specs the render's."""
+    out = (
+        "{{- if .Values.crds.install }}\n" + CHART_CRDS_HEADER
+        + '{{- $annotations := ternary (dict "helm.sh/resource-policy" "keep") (dict) .Values.crds.keep }}\n'
+    )
+    for crd in custom_resource_definitions():
+        if set(crd["metadata"]) != {"name"}:
+            raise ValueError(f"the chart's template sets only the name: the CRD's metadata is {crd['metadata']}")
+        spec = yaml.dump({"spec": crd["spec"]}, Dumper=_BlockDumper, sort_keys=False, width=120, allow_unicode=True)
+        if "{{" in spec or "}}" in spec:
+            raise ValueError("a CRD's spec holds '{{' or '}}', which Helm would read as a template action")
+        out += (
+            f"---\napiVersion: {crd['apiVersion']}\nkind: {crd['kind']}\n"
+            + f'{{{{ include "egress-placer.metadata" (dict "root" . "name" "{crd["metadata"]["name"]}" "annotations" $annotations) }}}}\n'
+            + spec
+        )
+    return out + "{{- end }}\n"
+
+
 def outputs() -> dict[Path, str]:
     """Every generated file (relative to the repository) and its text."""
     out: dict[Path, str] = {}
     for crd in custom_resource_definitions():
         out[crds.CRDS_DIR / crds.file_name(crd)] = crds.render(crd)
-        out[crds.CHART_CRDS_DIR / crds.file_name(crd)] = crds.render(crds.labelled(crd, crds.CHART_LABELS))
+    out[CHART_CRDS] = chart_crds_template()
     out[POOL_GUARD] = pool_guard_manifest()
     out[CHART_POOL_GUARD] = chart_pool_guard_template()
     out[CONTROLLER_RIGHTS] = controller_rights_manifest()

@@ -90,8 +90,8 @@ Launch = Callable[[ControllerReplica, Mapping[str, str]], Sequence[str]]
 Install = Callable[[str], None]
 
 
-def service_account_user() -> str:
-    return f"system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"
+def service_account_user(namespace: str = NAMESPACE) -> str:
+    return f"system:serviceaccount:{namespace}:{SERVICE_ACCOUNT}"
 
 
 def kustomize(kubectl: Path, components: Sequence[str] = ()) -> list[dict[str, Any]]:
@@ -220,6 +220,7 @@ def start_controller(
     install: Install | None = None,
     policy_source: str = "configmap",
     ready_timeout: float = READY_TIMEOUT,
+    namespace: str = NAMESPACE,
 ) -> list[ControllerReplica]:
     """Install the manifests (local form) and start `replicas` controller processes; see the module docstring.
 
@@ -239,6 +240,8 @@ def start_controller(
     `policy_source`: the policy file into the ConfigMap (`configmap`) or as pools API objects (`pools`);
     see the module docstring. `env` may still set EGRESS_PLACER_POLICY_SOURCE itself. `ready_timeout`:
     how long the replicas may take to report ready (their first list of the cluster's objects).
+    `namespace`: the controller's, where `install` put it (e.g. the chart's release namespace); the replicas
+    run as the ServiceAccount egress-placer there.
     """
     if policy_source not in ("configmap", "pools"):
         raise ValueError(f"policy_source is configmap or pools, not {policy_source!r}")
@@ -276,9 +279,9 @@ def start_controller(
             install_pools(cluster, objects)
             docs = guarded
         kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs))
-    kubeconfig = cluster.mint_kubeconfig(service_account_user())
+    kubeconfig = cluster.mint_kubeconfig(service_account_user(namespace))
     for replica in planned:
-        replica_env = {**controller_env(replica, kubeconfig), "EGRESS_PLACER_POLICY_SOURCE": policy_source, **(env or {})}
+        replica_env = {**controller_env(replica, kubeconfig), "EGRESS_PLACER_NAMESPACE": namespace, "EGRESS_PLACER_POLICY_SOURCE": policy_source, **(env or {})}
         cluster.start_process(
             replica.name,
             launch(replica, replica_env) if launch else [sys.executable, "-m", "controller", "run"],

@@ -10,12 +10,17 @@ Service; every other object is the chart's, the Deployment included: its pods "r
 without a container, on the node the `nodeSelector` value names. A `helm upgrade` keeps the webhooks'
 caBundle the controller wrote, and with prometheus-operator's CRDs installed (from its Go module, an
 optional devcluster component of files) the API server accepts the chart's ServiceMonitor and
-PrometheusRule. `helm uninstall` removes the release, and leaves the pools API's CRDs of the chart's
-crds/ as Helm does (the fixture deletes them, as docs/helm.md says to).
+PrometheusRule. The release goes into a namespace of the user's choosing, `ci-system` (`helm install -n
+ci-system --create-namespace --set createNamespace=false`, then labelled, as docs/helm.md says): the
+controller runs as the ServiceAccount there, under the chart's RBAC and policies that name it. `helm
+uninstall` removes the release, webhooks and admission policy bindings included, and leaves the pool
+taints and the pools API's CRDs (crds.keep); `EGRESS_PLACER_NAMESPACE=ci-system
+egress-placer uninstall --yes` then removes them and the namespace (docs/helm.md, "Uninstall").
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -25,8 +30,22 @@ import yaml
 from devcluster.build import PROMETHEUS_OPERATOR_CRDS, ensure_optional, optional_file
 from devcluster.cluster import Cluster
 from devplacer.chart import CHART_DIR, Release, helm_binary, policy_values, settings_env, template
+from controller.core.guard import GUARD_NAME
+from controller.core.pools import custom_resource_definitions
+from controller.core.rights import rights_bindings
+from controller.core.run_guard import RUN_GUARD_NAME
 from devplacer.local_placer import NAMESPACE, WEBHOOK_CONFIG, kubectl, start_controller, stop_controller
-from tests.e2e.harness import POLICY_FILE, WEBHOOK_CONFIGS, Placer, egress_placer_command, make_plain, pool_taints
+from tests.e2e.harness import (
+    POLICY_FILE,
+    POOLS_WEBHOOK_CONFIG,
+    VALIDATING_WEBHOOK_CONFIGS,
+    WEBHOOK_CONFIGS,
+    Placer,
+    as_an_administrator,
+    egress_placer_command,
+    make_plain,
+    pool_taints,
+)
 from tests.e2e.tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, POOL_TAINT, TEAM_CDN, TEAM_OTHER, Runs, decision_of, taskrun
 from tests.kube import Api, namespace, namespaced, pods
 from tests.waiting import wait_for
@@ -40,10 +59,12 @@ VALUES: dict[str, Any] = {
     "policy": policy_values(POLICY_FILE),
     "nodeSelector": {"kubernetes.io/hostname": CONTROLLER_NODE},
 }
+# The release's namespace, not k8s/'s egress-placer: the user's choice.
+INSTALL_NAMESPACE = "ci-system"
 HELM_MANAGED = {"app.kubernetes.io/managed-by": "Helm", "app.kubernetes.io/instance": "egress-placer"}
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MONITORING = "/apis/monitoring.coreos.com/v1"
-CHART_CRDS = sorted(yaml.safe_load(f.read_text())["metadata"]["name"] for f in (CHART_DIR / "crds").glob("*.yaml"))
+CHART_CRDS = sorted(c["metadata"]["name"] for c in custom_resource_definitions())
 
 
 def established(api: Api, name: str) -> bool:
@@ -58,8 +79,22 @@ def helm(devcluster: Cluster) -> Path:
 
 
 def nothing_of_an_earlier_install(api: Api) -> bool:
-    """No namespace egress-placer (being deleted or not) and no webhook configuration of another form."""
-    return api.get(namespace(NAMESPACE)) is None and api.get(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}") is None
+    """No namespace egress-placer or ci-system (being deleted or not) and no webhook configuration of another form."""
+    return all(api.get(namespace(ns)) is None for ns in (NAMESPACE, INSTALL_NAMESPACE)) and api.get(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}") is None
+
+
+VAP_BINDINGS = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+
+
+def admission_left(api: Api) -> list[str]:
+    """The chart's webhook configurations and admission policy bindings still there."""
+    paths = [f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}", f"{VALIDATING_WEBHOOK_CONFIGS}/{POOLS_WEBHOOK_CONFIG}",
+             *(f"{VAP_BINDINGS}/{name}" for name in (GUARD_NAME, RUN_GUARD_NAME, *(b["metadata"]["name"] for b in rights_bindings())))]
+    return [p for p in paths if api.get(p) is not None]
+
+
+def tainted_nodes(api: Api) -> list[str]:
+    return sorted(n["metadata"]["name"] for n in api.items("/api/v1/nodes") if pool_taints(api, n["metadata"]["name"]))
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +114,11 @@ def prometheus_operator_crds(devcluster: Cluster, api: Api) -> Iterator[None]:
             api.delete(f"{CRDS}/{name}")
 
 
+def installed_render(helm: Path) -> list[dict[str, Any]]:
+    """What `Release.install` installs: the chart in ci-system, the namespace made by Helm."""
+    return template(helm, {**VALUES, "createNamespace": False}, namespace=INSTALL_NAMESPACE)
+
+
 @pytest.fixture(scope="module")
 def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], helm: Path, prometheus_operator_crds: None) -> Iterator[Release]:
     """The chart installed, its controller started; uninstalled and the cluster made plain afterwards."""
@@ -87,17 +127,18 @@ def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], helm: Path,
     done = egress_placer_command(devcluster, "uninstall", "--yes")
     assert done.returncode == 0, done.stdout + done.stderr
     wait_for("namespace egress-placer of an earlier module to be gone", lambda: nothing_of_an_earlier_install(api), timeout=90)
-    release = Release(devcluster, helm, VALUES)
+    release = Release(devcluster, helm, VALUES, namespace=INSTALL_NAMESPACE)
     try:
-        start_controller(devcluster, POLICY_FILE, env=settings_env(template(helm, VALUES)), install=release.install)
+        start_controller(devcluster, POLICY_FILE, env=settings_env(installed_render(helm)), install=release.install, namespace=INSTALL_NAMESPACE)
         yield release
     finally:
         stop_controller(devcluster)
         release.uninstall()
         make_plain(api, devcluster)
-        for name in CHART_CRDS:  # Helm leaves the CRDs of crds/ (docs/helm.md)
+        for name in CHART_CRDS:  # crds.keep: Helm leaves the CRDs (docs/helm.md)
             api.delete(f"{CRDS}/{name}")
-        wait_for(f"namespace {NAMESPACE} to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=90)
+        api.delete(namespace(INSTALL_NAMESPACE))  # made by helm install --create-namespace: not Helm's to delete
+        wait_for(f"namespace {INSTALL_NAMESPACE} to be gone", lambda: api.get(namespace(INSTALL_NAMESPACE)) is None, timeout=90)
 
 
 @pytest.fixture
@@ -109,13 +150,17 @@ def runs(api: Api, release: Release) -> Iterator[Runs]:
 
 def test_the_release_is_deployed_with_the_chart_s_objects(release: Release, helm: Path, api: Api) -> None:
     assert release.status()["info"]["status"] == "deployed"
-    rendered = template(helm, VALUES)
+    rendered = installed_render(helm)
     installed = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in release.manifest()}
-    templated = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in rendered if d["kind"] != "CustomResourceDefinition"}
-    assert installed == templated  # the release's manifest; Helm installs crds/ apart from it
+    templated = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in rendered}
+    assert installed == templated  # the release's manifest, the CRDs included (templates: crds.install)
+    assert {ns for _, ns, _ in installed} - {None, "tekton-pipelines", "tekton-pipelines-resolvers", "kube-system"} == {INSTALL_NAMESPACE}
+    labels = api.call("GET", namespace(INSTALL_NAMESPACE))["metadata"]["labels"]
+    assert (labels["egress-placer.io/webhook"], labels["pod-security.kubernetes.io/enforce"]) == ("skip", "restricted")
+    assert api.get(namespace(NAMESPACE)) is None  # nothing went to k8s/'s namespace
     assert CHART_CRDS == sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "CustomResourceDefinition")
     assert all(established(api, name) for name in CHART_CRDS)
-    deployment = api.call("GET", namespaced(NAMESPACE, "deployments", "egress-placer", group="/apis/apps/v1"))
+    deployment = api.call("GET", namespaced(INSTALL_NAMESPACE, "deployments", "egress-placer", group="/apis/apps/v1"))
     assert HELM_MANAGED.items() <= deployment["metadata"]["labels"].items()
     (hook, *_) = api.call("GET", f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")["webhooks"]
     assert hook["clientConfig"]["caBundle"]  # written by the controller, which has the chart's rights to do it
@@ -125,7 +170,7 @@ def test_the_deployment_s_pods_go_where_the_node_selector_value_says(release: Re
     selector = "app.kubernetes.io/name=egress-placer,app.kubernetes.io/component=controller"
 
     def bound() -> list[str] | None:
-        nodes = [p["spec"].get("nodeName") for p in api.items(pods(NAMESPACE), labelSelector=selector)]
+        nodes = [p["spec"].get("nodeName") for p in api.items(pods(INSTALL_NAMESPACE), labelSelector=selector)]
         return nodes if len(nodes) == 2 and all(nodes) else None
 
     assert wait_for("the Deployment's two pods scheduled", bound, timeout=60) == [CONTROLLER_NODE] * 2
@@ -158,19 +203,29 @@ def test_an_upgrade_keeps_the_ca_bundle_and_the_api_server_accepts_the_monitorin
     status = release.status()
     assert (status["info"]["status"], status["version"]) == ("deployed", 2)
     assert [h["clientConfig"] for h in api.call("GET", config)["webhooks"]] == before  # caBundle and URL as they were
-    deployment = api.call("GET", namespaced(NAMESPACE, "deployments", "egress-placer", group="/apis/apps/v1"))
+    deployment = api.call("GET", namespaced(INSTALL_NAMESPACE, "deployments", "egress-placer", group="/apis/apps/v1"))
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert {"name": "EGRESS_PLACER_INTRUDER_MODE", "value": "report"} in container["env"]
-    monitor = api.call("GET", namespaced(NAMESPACE, "servicemonitors", "egress-placer", group=MONITORING))
+    monitor = api.call("GET", namespaced(INSTALL_NAMESPACE, "servicemonitors", "egress-placer", group=MONITORING))
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
-    rule = api.call("GET", namespaced(NAMESPACE, "prometheusrules", "egress-placer", group=MONITORING))
+    rule = api.call("GET", namespaced(INSTALL_NAMESPACE, "prometheusrules", "egress-placer", group=MONITORING))
     assert rule["spec"] == yaml.safe_load((CHART_DIR / "files" / "prometheus-rules.yaml").read_text())
 
 
-def test_helm_uninstall_removes_the_release(release: Release, api: Api, devcluster: Cluster) -> None:
-    """Last in the module: the fixture's teardown finds nothing left to uninstall."""
+def test_helm_uninstall_then_the_command_leave_nothing(release: Release, api: Api, devcluster: Cluster) -> None:
+    """Last in the module: `helm uninstall` leaves no webhook and no admission policy binding, but the pool
+    taints and the CRDs (by design); `egress-placer uninstall --yes` for the release's namespace removes
+    them and the namespace. The fixture's teardown finds nothing left."""
+    assert tainted_nodes(api) == sorted(POOL_NODES) and admission_left(api) != []
     stop_controller(devcluster)
     release.uninstall()
-    wait_for("the chart's objects to be gone", lambda: nothing_of_an_earlier_install(api), timeout=90)
+    assert admission_left(api) == []
     assert api.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/egress-placer") is None
-    assert all(established(api, name) for name in CHART_CRDS)  # Helm never deletes crds/ (docs/helm.md says how)
+    assert all(established(api, name) for name in CHART_CRDS)  # crds.keep: Helm leaves them
+    assert tainted_nodes(api) == sorted(POOL_NODES)  # no leader was left to put them back, nor to take them off
+    done = as_an_administrator(devcluster, "env", f"EGRESS_PLACER_NAMESPACE={INSTALL_NAMESPACE}", sys.executable, "-m", "controller",
+                               "uninstall", "--yes")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert tainted_nodes(api) == []
+    gone: Callable[[], bool] = lambda: nothing_of_an_earlier_install(api) and not any(api.get(f"{CRDS}/{n}") for n in CHART_CRDS)  # noqa: E731
+    wait_for("the namespace and the pools API's CRDs to be gone", gone, timeout=90)

@@ -6,15 +6,16 @@ kustomize components they stand for (k8s/cert-manager/, k8s/report-only/, k8s/ru
 configmap` for k8s/policy-configmap/. Normalisation before the
 comparison, and nothing else:
   - Helm's own labels (`HELM_LABELS`: helm.sh/chart, app.kubernetes.io/managed-by, /instance, /version)
-    are dropped from every object's metadata.labels;
+    are dropped from every object's metadata.labels, and Helm's own annotation (`HELM_ANNOTATIONS`: the
+    CRDs' helm.sh/resource-policy, crds.keep) from metadata.annotations;
   - the policy ConfigMap's `policy.yaml` is compared parsed (k8s/policy-configmap/policy.yaml keeps comments, the chart
     writes the `policy` value with toYaml);
   - a container's `env` is compared as a mapping by name: kustomize's strategic merge puts the variables
     a component patches first, and without `$(VAR)` references (checked) their order means nothing;
   - YAML comments and the order of objects do not count (objects are matched by apiVersion, kind,
     namespace and name); names are the same on both sides (fixed names, no release prefix, no hash).
-CRDs: `helm template --include-crds` renders the chart's crds/ too, so a CRD in k8s/ without one in the
-chart is reported as an object only in k8s/.
+CRDs: the chart's are templates (crds.install), so a CRD in k8s/ without one in the chart is reported as an
+object only in k8s/.
 
 The values beyond k8s/ (image, replicas, resources, placement of the controller, labels, the policy and
 the pool guard's binding computed from it, the monitoring objects) are rendered and checked one by one.
@@ -27,7 +28,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import pytest
 import yaml
@@ -39,9 +40,10 @@ from controller.core.run_guard import RUN_GUARD_NAME
 from controller.core.policy import load_policy
 from devcluster.build import find_artifacts, find_optional
 from devcluster.cluster import ClusterError
-from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, policy_values, post_render, run_helm, settings_env, template
+from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, RELEASE_NAMESPACE, policy_values, post_render, run_helm, settings_env, template
 from devplacer.local_placer import K8S_DIR, kustomize
 
+HELM_ANNOTATIONS = frozenset({"helm.sh/resource-policy"})  # crds.keep: Helm's own, an instruction to Helm
 HELM_LABELS = frozenset({"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"})
 POLICY_CONFIGMAP = ("v1", "ConfigMap", "egress-placer", "egress-placer-policy")
 FILES = CHART_DIR / "files"
@@ -91,6 +93,10 @@ def normalised(doc: Mapping[str, Any]) -> dict[str, Any]:
     doc["metadata"].pop("labels", None)
     if labels:
         doc["metadata"]["labels"] = labels
+    annotations = {k: v for k, v in (doc["metadata"].get("annotations") or {}).items() if k not in HELM_ANNOTATIONS}
+    doc["metadata"].pop("annotations", None)
+    if annotations:
+        doc["metadata"]["annotations"] = annotations
     if key(doc) == POLICY_CONFIGMAP:
         doc["data"] = {name: yaml.safe_load(text) for name, text in doc["data"].items()}
     for container in ((doc.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
@@ -165,7 +171,7 @@ def test_the_packaged_chart_renders_the_same(helm: Path, tmp_path: Path, default
     """`helm package` keeps everything the render needs (crds/, files/; .helmignore leaves out none of it)."""
     run_helm(helm, "package", str(CHART_DIR), "--destination", str(tmp_path))
     (archive,) = tmp_path.glob("egress-placer-*.tgz")
-    out = run_helm(helm, "template", "egress-placer", str(archive), "--namespace", "default", "--include-crds",
+    out = run_helm(helm, "template", "egress-placer", str(archive), "--namespace", RELEASE_NAMESPACE, "--include-crds",
                    "--set", "prometheusRule.enabled=true,grafanaDashboard.enabled=true")
     packaged = [d for d in yaml.safe_load_all(out) if d]
     assert compare(default_render, [d for d in packaged if d["kind"] != "PrometheusRule" and d["metadata"]["name"] != "egress-placer-dashboard"]) == []
@@ -459,9 +465,164 @@ def test_the_local_process_gets_the_deployment_s_settings_but_its_own_ports(defa
     assert "EGRESS_PLACER_NAMESPACE" not in settings  # from the downward API in a cluster; the local process sets it
 
 
+# -- the release namespace -------------------------------------------------------------------------------
+OTHER_NAMESPACE = "ci-system"
+
+
+def test_every_object_follows_the_release_namespace(helm: Path) -> None:
+    """`helm template -n ci-system`: every namespaced object of the chart is there, and the cluster-wide
+    objects that name the namespace (webhook Service references, binding subjects, the policies' controller
+    user, the binding's params) name ci-system; the literal egress-placer namespace is nowhere."""
+    values = {"certificate": {"mode": "cert-manager"}, "serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True},
+              "grafanaDashboard": {"enabled": True}, "networkPolicy": {"enabled": True, "ipBlocks": ["10.0.0.0/28"]},
+              "policySource": "configmap", "agentRbac": {"namespaces": []}}
+    docs = template(helm, values, namespace=OTHER_NAMESPACE)
+    outside = {"tekton-pipelines", "tekton-pipelines-resolvers"}  # the Tekton Roles, by design
+    namespaced = [d for d in docs if "namespace" in d["metadata"]]
+    assert {d["metadata"]["namespace"] for d in namespaced} - outside == {OTHER_NAMESPACE}
+    assert the(docs, "Namespace")["metadata"]["name"] == OTHER_NAMESPACE
+    text = json.dumps([d for d in docs if d["kind"] != "CustomResourceDefinition"])
+    assert "egress-placer.svc" not in text and ":egress-placer:" not in text and '"namespace": "egress-placer"' not in text
+    assert f"system:serviceaccount:{OTHER_NAMESPACE}:egress-placer" in json.dumps(the(docs, "ValidatingAdmissionPolicy", RUN_GUARD_NAME))
+    assert f"system:serviceaccount:{OTHER_NAMESPACE}:egress-placer" in json.dumps(the(docs, "ValidatingAdmissionPolicy", RIGHTS_NAME))
+    for webhook in the(docs, "MutatingWebhookConfiguration")["webhooks"] + the(docs, "ValidatingWebhookConfiguration")["webhooks"]:
+        assert webhook["clientConfig"]["service"]["namespace"] == OTHER_NAMESPACE
+    for webhook in the(docs, "MutatingWebhookConfiguration")["webhooks"]:
+        (by_name,) = [e for e in webhook["namespaceSelector"]["matchExpressions"] if e["key"] == "kubernetes.io/metadata.name"]
+        assert by_name["values"][0] == OTHER_NAMESPACE
+    subjects = [s for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding") for s in d["subjects"]]
+    assert subjects and {s["namespace"] for s in subjects} == {OTHER_NAMESPACE}
+    assert the(docs, "ValidatingAdmissionPolicyBinding", GUARD_NAME)["spec"]["paramRef"]["namespace"] == OTHER_NAMESPACE
+    assert the(docs, "Certificate")["spec"]["dnsNames"][0] == f"egress-placer-webhook.{OTHER_NAMESPACE}.svc"
+    assert the(docs, "MutatingWebhookConfiguration")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{OTHER_NAMESPACE}/egress-placer-webhook"
+    assert the(docs, "ServiceMonitor")["spec"]["namespaceSelector"] == {"matchNames": [OTHER_NAMESPACE]}
+
+
+def test_the_literal_namespace_is_in_no_template() -> None:
+    """Only the helper names the namespace; no template writes egress-placer as one."""
+    for template_file in (CHART_DIR / "templates").glob("*"):
+        text = template_file.read_text()
+        for needle in ("namespace: egress-placer", "serviceaccount:egress-placer:", "egress-placer.svc", "egress-placer/egress-placer-webhook"):
+            assert needle not in text, f"{template_file.name}: {needle}"
+
+
+# -- the values of Kyverno's and Kueue's charts, each on and off -------------------------------------------
+DIGEST = "sha256:" + "ab" * 32
+
+
+def pdb(docs: Iterable[Mapping[str, Any]]) -> Any:
+    found = by_kind(docs, "PodDisruptionBudget")
+    return found[0]["spec"] if found else None
+
+
+NEW_VALUES: list[tuple[str, dict[str, Any], Callable[[list[dict[str, Any]]], Any], Any]] = [
+    ("image.digest", {"image": {"repository": "ghcr.io/x/egress-placer", "tag": "0.2.0", "digest": DIGEST}},
+     lambda d: container(d)["image"], f"ghcr.io/x/egress-placer@{DIGEST}"),
+    ("imagePullSecrets", {"imagePullSecrets": [{"name": "registry"}]}, lambda d: pod_spec(d)["imagePullSecrets"], [{"name": "registry"}]),
+    ("affinity", {"affinity": {"podAntiAffinity": None, "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "platform", "operator": "Exists"}]}]}}}},
+     lambda d: list(pod_spec(d)["affinity"]), ["nodeAffinity"]),
+    ("affinity.off", {"affinity": None}, lambda d: "affinity" in pod_spec(d), False),
+    ("topologySpreadConstraints", {"topologySpreadConstraints": [{"maxSkew": 2, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]},
+     lambda d: pod_spec(d)["topologySpreadConstraints"], [{"maxSkew": 2, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule"}]),
+    ("topologySpreadConstraints.off", {"topologySpreadConstraints": []}, lambda d: "topologySpreadConstraints" in pod_spec(d), False),
+    ("podDisruptionBudget.minAvailable", {"podDisruptionBudget": {"minAvailable": 2}, "replicas": 3}, pdb,
+     {"minAvailable": 2, "selector": {"matchLabels": {"app.kubernetes.io/name": "egress-placer", "app.kubernetes.io/component": "controller"}}}),
+    ("podDisruptionBudget.maxUnavailable", {"podDisruptionBudget": {"maxUnavailable": "50%"}}, lambda d: sorted(pdb(d)), ["maxUnavailable", "selector"]),
+    ("podDisruptionBudget.enabled.off", {"podDisruptionBudget": {"enabled": False}}, pdb, None),
+    ("startupProbe", {"startupProbe": {"failureThreshold": 120}}, lambda d: container(d)["startupProbe"]["failureThreshold"], 120),
+    ("livenessProbe.off", {"livenessProbe": None}, lambda d: "livenessProbe" in container(d), False),
+    ("readinessProbe", {"readinessProbe": {"periodSeconds": 2}}, lambda d: (container(d)["readinessProbe"]["periodSeconds"],
+                                                                            container(d)["readinessProbe"]["httpGet"]["path"]), (2, "/readyz")),
+    ("podSecurityContext", {"podSecurityContext": {"fsGroup": 65532}}, lambda d: pod_spec(d)["securityContext"]["fsGroup"], 65532),
+    ("securityContext", {"securityContext": {"runAsUser": 1001, "runAsGroup": 1001}},
+     lambda d: (container(d)["securityContext"]["runAsUser"], container(d)["securityContext"]["readOnlyRootFilesystem"]), (1001, True)),
+    ("serviceAccount.annotations", {"serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}}},
+     lambda d: the(d, "ServiceAccount")["metadata"]["annotations"], {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/x"}),
+    ("webhook.failurePolicy", {"webhook": {"failurePolicy": "Fail"}},
+     lambda d: {w["failurePolicy"] for w in the(d, "MutatingWebhookConfiguration")["webhooks"]}, {"Fail"}),
+    ("webhook.timeoutSeconds", {"webhook": {"timeoutSeconds": 10}},
+     lambda d: {w["timeoutSeconds"] for w in the(d, "MutatingWebhookConfiguration")["webhooks"]}, {10}),
+    ("webhook.excludeNamespaces", {"webhook": {"excludeNamespaces": ["legacy-ci", "kube-system"]}},
+     lambda d: [[e["values"] for e in w["namespaceSelector"]["matchExpressions"] if e["key"] == "kubernetes.io/metadata.name"][0]
+                for w in the(d, "MutatingWebhookConfiguration")["webhooks"]],
+     [["egress-placer", "kube-system", "legacy-ci"]] * 3 + [["egress-placer", "legacy-ci", "kube-system"]]),
+    ("webhook.namespaceSelector", {"webhook": {"namespaceSelector": {"matchExpressions": [{"key": "ci.example.com/tekton", "operator": "Exists"}]}}},
+     lambda d: {json.dumps(w["namespaceSelector"]["matchExpressions"][-1]) for w in the(d, "MutatingWebhookConfiguration")["webhooks"]},
+     {json.dumps({"key": "ci.example.com/tekton", "operator": "Exists"})}),
+    ("serviceMonitor.namespace", {"serviceMonitor": {"enabled": True, "namespace": "monitoring"}},
+     lambda d: (the(d, "ServiceMonitor")["metadata"]["namespace"], the(d, "ServiceMonitor")["spec"]["namespaceSelector"]),
+     ("monitoring", {"matchNames": ["egress-placer"]})),
+    ("serviceMonitor.tlsConfig", {"serviceMonitor": {"enabled": True, "secure": True, "tlsConfig": {"insecureSkipVerify": False, "serverName": "x"}}},
+     lambda d: {k: the(d, "ServiceMonitor")["spec"]["endpoints"][0].get(k) for k in ("scheme", "tlsConfig")},
+     {"scheme": "https", "tlsConfig": {"insecureSkipVerify": False, "serverName": "x"}}),
+    ("crds.install.off", {"crds": {"install": False}}, lambda d: by_kind(d, "CustomResourceDefinition"), []),
+    ("crds.keep.off", {"crds": {"keep": False}},
+     lambda d: [c["metadata"].get("annotations") for c in by_kind(d, "CustomResourceDefinition")], [None, None]),
+]
+
+
+@pytest.mark.parametrize("values, field, expected", [(v, f, e) for _, v, f, e in NEW_VALUES], ids=[n for n, *_ in NEW_VALUES])
+def test_each_new_value_renders_its_field(helm: Path, values: dict[str, Any], field: Callable[[list[dict[str, Any]]], Any], expected: Any) -> None:
+    assert field(template(helm, values)) == expected
+
+
+def test_the_new_values_off_render_the_defaults(default_render: list[dict[str, Any]]) -> None:
+    """Their defaults are today's fields: the webhooks fail open in 3 s, one replica of two kept, the image by tag."""
+    spec, c = pod_spec(default_render), container(default_render)
+    assert "imagePullSecrets" not in spec and "@" not in c["image"]
+    assert pdb(default_render)["minAvailable"] == 1 and "maxUnavailable" not in pdb(default_render)
+    assert {(w["failurePolicy"], w["timeoutSeconds"]) for w in the(default_render, "MutatingWebhookConfiguration")["webhooks"]} == {("Ignore", 3)}
+    assert "annotations" not in the(default_render, "ServiceAccount")["metadata"]
+    assert {"startupProbe", "livenessProbe", "readinessProbe", "securityContext"} <= set(c)
+    assert [t["topologyKey"] for t in spec["topologySpreadConstraints"]] == ["kubernetes.io/hostname", "topology.kubernetes.io/zone"]
+    crds = by_kind(default_render, "CustomResourceDefinition")
+    assert len(crds) == 2 and all(c["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"} for c in crds)
+
+
+@pytest.mark.parametrize("namespace", [RELEASE_NAMESPACE, OTHER_NAMESPACE])
+def test_helm_lint_passes_strictly_with_every_new_value(helm: Path, tmp_path: Path, namespace: str) -> None:
+    values = merged(*(v for name, v, _, _ in NEW_VALUES if not name.endswith(".off")))
+    (tmp_path / "values.json").write_text(json.dumps(values))
+    out = run_helm(helm, "lint", "--strict", str(CHART_DIR), "--namespace", namespace, "--values", str(tmp_path / "values.json"))
+    assert "1 chart(s) linted, 0 chart(s) failed" in out, out
+
+
+@pytest.mark.parametrize(
+    "values, named",
+    [
+        ({"image": {"digest": "latest"}}, "'/image/digest'"),
+        ({"webhook": {"failurePolicy": "Open"}}, "'/webhook/failurePolicy'"),
+        ({"webhook": {"timeoutSeconds": 31}}, "'/webhook/timeoutSeconds'"),
+        ({"webhook": {"excludeNamespaces": ["Not_A_Name"]}}, "'/webhook/excludeNamespaces/0'"),
+        ({"webhook": {"namespaceSelector": {"matchExpressions": [{"key": "a", "operator": "Is"}]}}}, "operator"),
+        ({"imagePullSecrets": ["registry"]}, "'/imagePullSecrets/0'"),
+        ({"podDisruptionBudget": {"minAvailable": "one"}}, "'/podDisruptionBudget/minAvailable'"),
+        ({"serviceAccount": {"name": "other"}}, "'name' not allowed"),
+        ({"affinity": {"podAntiAfinity": {}}}, "'podAntiAfinity' not allowed"),
+        ({"serviceMonitor": {"namespace": "Monitoring"}}, "'/serviceMonitor/namespace'"),
+    ],
+)
+def test_the_schema_refuses_wrong_new_values(helm: Path, values: dict[str, Any], named: str) -> None:
+    with pytest.raises(ClusterError, match="values don't meet the specifications of the schema") as refused:
+        template(helm, values)
+    assert named in str(refused.value)
+
+
+def test_namespace_override_replaces_the_release_namespace(helm: Path) -> None:
+    """Kyverno's namespaceOverride: a 0.1.0 release recorded in `default` keeps its objects in egress-placer."""
+    docs = template(helm, {"namespaceOverride": OTHER_NAMESPACE}, namespace="default")
+    assert {d["metadata"]["namespace"] for d in docs if "namespace" in d["metadata"]} - {"tekton-pipelines", "tekton-pipelines-resolvers", "kube-system"} \
+        == {OTHER_NAMESPACE}
+    assert the(docs, "Namespace")["metadata"]["name"] == OTHER_NAMESPACE
+    assert f"system:serviceaccount:{OTHER_NAMESPACE}:egress-placer" in json.dumps(the(docs, "ValidatingAdmissionPolicy", RUN_GUARD_NAME))
+    assert compare(template(helm), template(helm, {"namespaceOverride": RELEASE_NAMESPACE}, namespace="default")) == []
+
+
 def test_the_runbook_base_is_a_value(helm: Path) -> None:
     """Issue 28: runbook_url on a base of the user's choosing (their own copy of docs/alerts.md)."""
     base = "https://wiki.example.com/egress-placer/alerts"
     rule = the(template(helm, {"prometheusRule": {"enabled": True, "runbookBaseURL": base}}), "PrometheusRule")
     alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert alerts and all(r["annotations"]["runbook_url"] == f"{base}#{r['alert'].lower()}" for r in alerts)
+

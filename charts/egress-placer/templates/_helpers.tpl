@@ -1,9 +1,10 @@
 {{/*
-The controller's namespace. Fixed, as in k8s/: the settings' defaults (TLS hosts, the webhooks'
-exclusion by name) name it.
+The controller's namespace: the release's (`helm install -n NAMESPACE`), or .Values.namespaceOverride.
+k8s/ and the settings' defaults use egress-placer; the controller reads its own from the downward API
+(EGRESS_PLACER_NAMESPACE).
 */}}
 {{- define "egress-placer.namespace" -}}
-egress-placer
+{{ .Values.namespaceOverride | default .Release.Namespace }}
 {{- end }}
 
 {{/*
