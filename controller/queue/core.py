@@ -32,6 +32,7 @@ from typing import Annotated, Any, Callable, Iterable, Mapping, Sequence
 from pydantic import Field, PositiveInt
 
 from controller.core.egress import parse_duration
+from controller.core.model import OwnerRef
 from controller.core.schema import PolicyModel
 
 QUEUE_ANNOTATION = "egress-placer.io/queue"
@@ -128,6 +129,27 @@ def read_any_entry(annotations: Mapping[str, str]) -> EntryMark | None:
     """The entry a pod carries (copied from its TaskRun, or from a coscheduled PipelineRun)."""
     value = annotations.get(QUEUE_ANNOTATION)
     return read_entry(value, "TaskRun") or read_entry(value, "PipelineRun")
+
+
+# -- a run's pods -------------------------------------------------------------------------------------
+
+
+def claimed_taskrun(owners: Iterable[OwnerRef]) -> OwnerRef | None:
+    """The TaskRun a pod's controller ownerReference names (`tekton.dev/*`, kind TaskRun, with a name and
+    a uid), as Tekton writes it on the pods it makes. A claim: anyone who may create a pod writes any
+    ownerReference, so it proves nothing until `is_run_pod` resolves it."""
+    owner = next((o for o in owners if o.controller), None)  # at most one: the API server refuses two
+    if owner is None or owner.kind != "TaskRun" or not owner.api_version.startswith("tekton.dev/"):
+        return None
+    return owner if owner.name and owner.uid else None
+
+
+def is_run_pod(owner: OwnerRef | None, run_uid: str | None, run_decided: bool) -> bool:
+    """Is a pod a run's pod: its claimed TaskRun (`claimed_taskrun`), looked up by name in the pod's own
+    namespace, exists with the uid the claim names (uids are the API server's: a made-up or copied one
+    does not match) and carries admission's decision (written at CREATE; the run guard keeps tenants
+    from adding it later). `run_uid` None: no such TaskRun (not in the cache, not found by a read)."""
+    return owner is not None and bool(run_uid) and run_uid == owner.uid and run_decided
 
 
 # -- the picture the leader sees ---------------------------------------------------------------------

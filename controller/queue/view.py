@@ -12,11 +12,19 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from controller.core.images import TASKRUN_LABEL
-from controller.core.model import DECISION_ANNOTATION, PodState
+from controller.core.model import DECISION_ANNOTATION, OwnerRef, PodState
 from controller.core.policy import PlacementPolicy, Pool
 from controller.load.view import LoadView
-from controller.queue.core import QUEUE_ANNOTATION, LineSummary, PoolQueue, QueueEntry, RunFacts, slots
+from controller.queue.core import (
+    QUEUE_ANNOTATION,
+    LineSummary,
+    PoolQueue,
+    QueueEntry,
+    RunFacts,
+    claimed_taskrun,
+    is_run_pod,
+    slots,
+)
 from controller.store import Store
 
 RUN_KINDS = ("TaskRun", "PipelineRun")
@@ -83,9 +91,22 @@ class QueueView:
         return [replace(entry, has_pod=True) if (namespace, name) in pods.indexes[kind] else entry
                 for (kind, namespace, name), entry in self._queued.items() if pool is None or entry.pool == pool]
 
+    def taskrun(self, namespace: str, name: str) -> RunRecord | None:
+        """The cached record of a TaskRun (None: not in the cache, or not yet)."""
+        record: RunRecord | None = self._stores["TaskRun"].items.get(("TaskRun", namespace, name))
+        return record
+
+    def is_run_pod(self, namespace: str, owners: tuple[OwnerRef, ...]) -> bool:
+        """A pod of `namespace` is a run's pod by the cache: its controller owner resolves by uid to a
+        TaskRun of that namespace carrying our decision (queue.core.is_run_pod)."""
+        owner = claimed_taskrun(owners)
+        record = self.taskrun(namespace, owner.name) if owner is not None else None
+        return is_run_pod(owner, record.uid if record else None, record.decided if record else False)
+
     def pool_queue(self, pool: Pool) -> PoolQueue | None:
         """The queued pool's slots (runsPerNode on each eligible node carrying its taint) and the active
-        Tekton pods bound to its nodes, per namespace. None when the pool does not queue."""
+        pods of runs (`is_run_pod`: not every pod that looks like Tekton's) bound to its nodes, per
+        namespace. None when the pool does not queue."""
         if pool.queue is None:
             return None
         names = self._load.pool_names(pool.name)
@@ -95,7 +116,7 @@ class QueueView:
         pods: Counter[str] = Counter()
         for node in names:
             for pod in pods_by_node.under("node", node).values():
-                if pod.active and TASKRUN_LABEL in pod.labels:
+                if pod.active and self.is_run_pod(pod.namespace, pod.owners):
                     pods[pod.namespace] += 1
         return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
 
