@@ -54,7 +54,8 @@ class RunRecord:
         conditions = (obj.get("status") or {}).get("conditions") or []
         done = any(c.get("type") == "Succeeded" and c.get("status") in ("True", "False") for c in conditions if isinstance(c, Mapping))
         key = run_key(kind, obj)
-        facts = RunFacts(kind, key[1], key[2], meta.get("uid") or "", value, str((obj.get("spec") or {}).get("status") or ""), done)
+        facts = RunFacts(kind, key[1], key[2], meta.get("uid") or "", value, str((obj.get("spec") or {}).get("status") or ""), done,
+                         annotations.get(DECISION_ANNOTATION))
         entry = facts.queue_entry(has_pod=False) if value is not None else None
         return cls(DECISION_ANNOTATION in annotations, meta.get("uid") or "", entry)
 
