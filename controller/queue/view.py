@@ -70,8 +70,22 @@ class RunRecord:
 
 
 def bound_run(label: str, pod: PodState) -> tuple[str, str] | None:
-    """(namespace, run) of a pod bound to a node and labelled with its run: the pod store's index."""
+    """(namespace, run) of a pod bound to a node and labelled with its run: the pod store's index (a
+    coscheduled PipelineRun's pods: their owner is a TaskRun, the label names the PipelineRun)."""
     return (pod.namespace, pod.labels[label]) if pod.node_name and label in pod.labels else None
+
+
+def bound_taskrun(pod: PodState) -> tuple[str, str, str] | None:
+    """(namespace, TaskRun, its uid) of a pod bound to a node, by its controller ownerReference: the pod
+    store's "TaskRun" index. A released run has a bound pod only when that uid is the run's own (a pod
+    labelled with a run's name is none of its pods: its label proves nothing)."""
+    owner = claimed_taskrun(pod.owners)
+    return (pod.namespace, owner.name, owner.uid) if pod.node_name and owner is not None else None
+
+
+def _bound_key(kind: str, namespace: str, name: str, uid: str) -> tuple[str, ...]:
+    """The pod store's index key of a run's bound pods (`bound_taskrun`, `bound_run`)."""
+    return (namespace, name, uid) if kind == "TaskRun" else (namespace, name)
 
 
 class QueueView:
@@ -89,7 +103,7 @@ class QueueView:
         """The runs carrying a queue entry (of `pool`, or every pool), each with whether a pod of it is
         bound to a node. O(queued runs)."""
         pods = self._stores["Pod"].snapshot
-        return [replace(entry, has_pod=True) if (namespace, name) in pods.indexes[kind] else entry
+        return [replace(entry, has_pod=True) if _bound_key(kind, namespace, name, entry.uid) in pods.indexes[kind] else entry
                 for (kind, namespace, name), entry in self._queued.items() if pool is None or entry.pool == pool]
 
     def taskrun(self, namespace: str, name: str) -> RunRecord | None:

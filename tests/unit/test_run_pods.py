@@ -19,7 +19,7 @@ import requests
 from controller.admission import server as server_module
 from controller.admission.handlers import Admission, OwnerReadNeeded, ReadOwner
 from controller.core.model import DECISION_ANNOTATION, OwnerRef
-from controller.queue.core import QueueSetting, claimed_taskrun, is_run_pod
+from controller.queue.core import QUEUE_ANNOTATION, QueueSetting, claimed_taskrun, entry_annotation, is_run_pod
 from tests.unit.test_admission_handlers import EGRESS_TOLERATION, Env, decision_of, tekton_pod
 from tests.unit.test_admission_server import Running, review, running  # noqa: F401 - the fixture
 
@@ -206,3 +206,26 @@ def test_the_server_reads_an_uncached_taskrun_off_the_event_loop(running: Runnin
             assert requests.get(running.health + "/healthz", timeout=5).status_code == 200
     finally:
         release.set()
+
+
+@pytest.mark.parametrize(
+    ("owner_uid", "has_pod"),
+    [
+        pytest.param("uid-build-1", True, id="the-run's-own-pod"),
+        pytest.param("made-up", False, id="a-made-up-uid"),
+        pytest.param(None, False, id="only-the-label"),
+    ],
+)
+def test_a_released_run_has_a_pod_only_by_its_owner_uid(owner_uid: str | None, has_pod: bool) -> None:
+    """A pod labelled with a released run's name, on any node, does not free the run's slot."""
+    env = Env()
+    run = {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": {
+        "namespace": "team-ci", "name": "build-1", "uid": "uid-build-1",
+        "annotations": {QUEUE_ANNOTATION: entry_annotation("egress", "TaskRun", 1.0), DECISION_ANNOTATION: '{"pool":"egress"}'}}}
+    env.state.apply("TaskRun", "ADDED", run)
+    meta: dict[str, Any] = {"namespace": "team-ci", "name": "p", "labels": {"tekton.dev/taskRun": "build-1"}}
+    if owner_uid:
+        meta["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": "build-1", "uid": owner_uid, "controller": True}]
+    env.state.apply("Pod", "ADDED", {"metadata": meta, "spec": {"nodeName": "node-1"}, "status": {"phase": "Running"}})
+    [entry] = env.state.queue.queue_entries()
+    assert entry.has_pod is has_pod
