@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 import aiohttp
 
+from controller.core.model import PLACEMENT_ANNOTATION
 from controller.core.policy import load_policy
 from controller.kube.informer import Informer, pods, trim_node, trim_pod
 from controller.metrics import Metrics
@@ -54,6 +55,7 @@ from bench.workload import catalog_task, node, review, running_pod, tekton_pod
 
 SCALE_NAMESPACE = "bench-scale"
 CONCURRENCY = 64
+PROBE_RUN = "load-probe"  # the TaskRun that owns the WebhookProbe's pod (pending, opted out: it never runs)
 PROBE_INTERVAL = 0.02
 FIRST_SYNC_TIMEOUT = 600.0  # s the controller may take to be ready on the populated cluster (13 s measured quiet)
 EVENTS_TIMEOUT = 120.0
@@ -110,16 +112,31 @@ async def create_all(kube: Kube, path_of: Callable[[dict[str, Any]], str], bodie
 
 
 class WebhookProbe:
-    """Reads the loads the running controller sees: a dry-run review of a pool pod to its webhook."""
+    """Reads the loads the running controller sees: a dry-run review of a pool pod to its webhook.
 
-    def __init__(self, config: dict[str, Any], namespace: str, pool_nodes: list[str]) -> None:
+    The controller places a pod only when it is a run's pod: its controller owner resolves by uid to a
+    TaskRun carrying its decision. So the probe's pod is owned by a real TaskRun (`create`: made pending
+    and opted out of placement, so Tekton never starts it and admission assumes no load for it)."""
+
+    def __init__(self, config: dict[str, Any], namespace: str, pool_nodes: list[str], owner: dict[str, Any]) -> None:
         client = config["webhooks"][0]["clientConfig"]
         self.url = client["url"]
         self.context = ssl.create_default_context(cadata=base64.b64decode(client["caBundle"]).decode())
-        run = bench_taskrun(namespace, "probe")
-        pod = tekton_pod(run, "probe", ["ghcr.io/tektoncd-catalog/git-clone:v1.1.0"], catalog_task("git-clone"))
+        meta = owner["metadata"]
+        run = bench_taskrun(namespace, meta["name"])
+        pod = tekton_pod(run, meta["uid"], ["ghcr.io/tektoncd-catalog/git-clone:v1.1.0"], catalog_task("git-clone"))
         self.body = json.dumps(review(pod, "probe", dry_run=True)).encode()
         self.nodes = set(pool_nodes)
+
+    @classmethod
+    async def create(cls, kube: Kube, config: dict[str, Any], namespace: str, pool_nodes: list[str]) -> "WebhookProbe":
+        """The probe with its owner TaskRun created through the API server (and so admitted)."""
+        run = bench_taskrun(namespace, PROBE_RUN)
+        run["metadata"].setdefault("annotations", {})[PLACEMENT_ANNOTATION] = "none"
+        run["spec"]["status"] = "TaskRunPending"
+        path = f"/apis/tekton.dev/v1/namespaces/{namespace}/taskruns"
+        owner = await kube.create(path, run, exist_ok=True) or await kube.get(f"{path}/{PROBE_RUN}")
+        return cls(config, namespace, pool_nodes, owner)
 
     async def load(self, session: aiohttp.ClientSession) -> int:
         async with session.post(self.url, data=self.body, ssl=self.context,
@@ -185,7 +202,7 @@ async def time_events(bc: BenchCluster, made: dict[str, Any], log: Log) -> dict[
     names = made["event_pods"]
     async with Kube(bc.cluster, connections=CONCURRENCY) as kube:
         config = await kube.get(WEBHOOK_PATH)
-        probe = WebhookProbe(config, namespace, bc.pools[bc.largest_pool])
+        probe = await WebhookProbe.create(kube, config, namespace, bc.pools[bc.largest_pool])
         async with aiohttp.ClientSession() as session:
             baseline = await probe.load(session)
             target = baseline - len(names)

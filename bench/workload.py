@@ -25,6 +25,7 @@ import yaml
 
 from bench.corpus import task_corpus_dir
 from controller.core.images import TektonObjects, taskrun_images
+from controller.core.model import DECISION_ANNOTATION
 from controller.core.policy import PlacementPolicy, load_policy
 
 TEKTON_RELEASE = "v1.15.0"
@@ -172,10 +173,20 @@ class Inventory:
         return out
 
 
+MIX_RUNS = 512  # the most runs a request mix has (bench/admission.py DISTINCT_RUNS): the inventory holds their TaskRuns
+
+
+def mix_run(i: int, namespaces: int = 10) -> tuple[str, str, str]:
+    """(namespace, name, uid) of the request mix's run `i`: its pod's controller owner."""
+    return f"team-{i % namespaces}", f"mix-run-{i}", f"{i:08x}-5b1e-4c7e-9d1a-7f2b3c4d5e6f"
+
+
 def inventory(pool_nodes: int, ordinary_nodes: int, pods_per_node: int, namespaces: int = 10) -> Inventory:
     """Pool nodes `egress-N` (labelled and tainted for pool overseas), two `lab-N` nodes, ordinary
     nodes `node-N`, namespaces team-0.., every catalog Task, StepAction and Pipeline in each team
-    namespace, and `pods_per_node` running pods on every node (allowed team pods on pool nodes)."""
+    namespace, `pods_per_node` running pods on every node (allowed team pods on pool nodes), and the
+    request mix's TaskRuns as admitted (the informer has a run before Tekton makes its pod: admission
+    places a pod only when its owner resolves to one, by uid)."""
     objects: list[tuple[str, dict[str, Any]]] = []
     taint = {"key": TAINT_KEY, "effect": "NoSchedule"}
     pool = [node(f"egress-{i}", {POOL_LABEL: "overseas"}, [{**taint, "value": "overseas"}]) for i in range(1, pool_nodes + 1)]
@@ -196,6 +207,10 @@ def inventory(pool_nodes: int, ordinary_nodes: int, pods_per_node: int, namespac
             namespace = team[i % len(team)] if on_pool else "default"
             pool_name = "overseas" if name.startswith("egress-") else "lab"
             objects.append(("Pod", running_pod(namespace, f"app-{name}-{i}", name, tolerate=pool_name if on_pool else None)))
+    for i in range(MIX_RUNS):
+        namespace, name, uid = mix_run(i, namespaces)
+        objects.append(("TaskRun", {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": {
+            "namespace": namespace, "name": name, "uid": uid, "annotations": {DECISION_ANNOTATION: "{}"}}}))
     return Inventory(tuple(objects))
 
 
@@ -416,13 +431,14 @@ def request_mix(admit: Callable[[dict[str, Any]], dict[str, Any]], runs: int, na
         (placed_tasks if decision and decision.get("pool") else other_tasks).append(task)
     if not placed_tasks or not other_tasks:
         raise RuntimeError("the catalog gives no placed or no unplaced TaskRun under the admission policy")
+    if runs > MIX_RUNS:
+        raise ValueError(f"a request mix has at most {MIX_RUNS} runs (the inventory's TaskRuns)")
     bodies: list[bytes] = []
     placed = 0
     for i in range(runs):
         task = rng.choice(placed_tasks if i % 2 == 0 else other_tasks)
-        namespace = f"team-{i % namespaces}"
-        run = taskrun(task, namespace, f"{task['metadata']['name']}-run-{i}")
-        uid = f"{i:08x}-5b1e-4c7e-9d1a-7f2b3c4d5e6f"
+        namespace, name, uid = mix_run(i, namespaces)
+        run = taskrun(task, namespace, name)
         run_review = review(run, f"tr-{uid}")
         answer = admit(copy.deepcopy(run_review))
         admitted = jsonpatch.apply_patch(run, response_patch(answer))

@@ -41,8 +41,10 @@ from controller.kube.client import ClusterConfigError, KubeApi, make_api_client
 from controller.kube.informer import Informer, cluster_informers, start_informers
 from controller.kube.leader import LeaderElector
 from controller.kube.policy_source import PolicySource
+from controller.kube.reader import KubeReader
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
+from controller.retry import OWNER_READS
 from controller.reconcile.agents import AgentReconciler
 from controller.reconcile.intruders import IntruderReconciler
 from controller.reconcile.last_good_policy import POLICY_KEY, LastGoodPolicyKeeper, store_name
@@ -209,7 +211,15 @@ class Controller:
             if settings.tls_cert_file and settings.tls_key_file
             else CertificateKeeper(settings, self.client, clock)
         )
-        self.admission = Admission(self.state, self.metrics, self.creation_events, settings)
+        # At Pod CREATE, a pod's TaskRun the informer has not brought yet is read (admission.server: off
+        # the event loop, bounded), with a short retry policy of its own.
+        owner_reader = KubeReader(self.api, self.metrics, retry=OWNER_READS)
+        self.admission = Admission(
+            self.state, self.metrics, self.creation_events, settings,
+            read_taskrun=lambda namespace, name: owner_reader.get(
+                "read-taskrun", f"/apis/tekton.dev/v1/namespaces/{namespace}/taskruns/{name}"
+            ),
+        )
         self.pool_validation = PoolValidation(self.policy_source.cached_objects, self.metrics)
         self.server = AdmissionServer(
             settings,

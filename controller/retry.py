@@ -29,6 +29,8 @@ class RetryPolicy:
 
 WRITES = RetryPolicy()  # API writes (and the reads they depend on)
 WATCHES = RetryPolicy(attempts=None, initial=0.5, maximum=30.0, jitter=1.0)  # list + watch, for ever
+# A pod's TaskRun read at Pod CREATE (admission.server waits OWNER_READ_SECONDS at most for it).
+OWNER_READS = RetryPolicy(attempts=2, initial=0.1, maximum=0.3, jitter=0.1)
 PROMETHEUS = RetryPolicy(attempts=3, initial=0.2, maximum=2.0, jitter=0.2)  # one egress query
 
 

@@ -19,13 +19,13 @@ from typing import Any, Callable, Iterable, Mapping
 
 from loguru import logger
 
-from controller.core.images import TASKRUN_LABEL, TektonObjects
+from controller.core.images import TektonObjects
 from controller.core.model import DaemonSetState, NamespaceState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
 from controller.load.view import LoadView
 from controller.missed_runs.view import MissedRuns
 from controller.queue.core import PIPELINERUN_LABEL
-from controller.queue.view import RUN_KINDS, QueueView, RunRecord, bound_run, run_key
+from controller.queue.view import RUN_KINDS, QueueView, RunRecord, bound_run, bound_taskrun, run_key
 from controller.store import Store, release
 
 POLICY = "Policy"  # the kind passed to subscribers when the policy changes
@@ -55,9 +55,10 @@ class ClusterState:
         self.stores: dict[str, Store[Any, Any]] = {
             "Node": Store(lambda o: o["metadata"]["name"], NodeState.from_node),
             "Namespace": Store(lambda o: o["metadata"]["name"], NamespaceState.from_namespace),
-            # pods by node, and the bound pods of each run (by its label: the queue's has_pod)
+            # pods by node, and the bound pods of each run (the queue's has_pod: a TaskRun's by its owner's
+            # uid, a coscheduled PipelineRun's by its label)
             "Pod": Store(lambda o: run_key("Pod", o)[1:], _kept_pod, {"node": lambda pod: pod.node_name or None,
-                                                                    "TaskRun": partial(bound_run, TASKRUN_LABEL),
+                                                                    "TaskRun": bound_taskrun,
                                                                     "PipelineRun": partial(bound_run, PIPELINERUN_LABEL)}),
             "DaemonSet": Store(lambda o: o["metadata"].get("uid") or "", DaemonSetState.from_daemonset),
             **{kind: Store(partial(run_key, kind), partial(RunRecord.of, kind), {"queued": RunRecord.queued}) for kind in RUN_KINDS},

@@ -1,7 +1,8 @@
 """AdmissionReview v1 in, AdmissionReview v1 out: where Tekton runs and pods are placed.
 
 Everything is answered from memory (`ClusterState` and the pure core): no API call, no I/O on
-this path. `Admission.review` never raises for a well-formed review: an internal error admits the
+this path, but for one read the server makes off the event loop (a pod's TaskRun the cache lacks:
+`OwnerReadNeeded`). `Admission.review` never raises for a well-formed review: an internal error admits the
 object unchanged with a warning (fail-open). A malformed review raises `MalformedReview`, which
 the server turns into HTTP 400.
 
@@ -12,7 +13,10 @@ the server turns into HTTP 400.
   `taskRunTemplate.podTemplate` (v1; `spec.podTemplate` in v1beta1) when their tasks agree on one.
 - DaemonSet CREATE and UPDATE (`admission.daemonset`): a node agent's pod template tolerates every
   pool taint, so the DaemonSet controller makes its pods on pool nodes too.
-- Pod CREATE: Tekton pods are placed again with fresh load (their images are final); node agents
+- Pod CREATE: Tekton pods are placed again with fresh load (their images are final), when they are
+  a run's pods: their controller ownerReference resolves by uid to a TaskRun of the pod's namespace
+  carrying our decision (`queue.core.is_run_pod`; a TaskRun not in the cache yet is read from the API
+  server: see `OwnerReadNeeded`); a pod that only looks like Tekton's is any other pod. Node agents
   (pods of a real DaemonSet of an agent namespace, resolved by uid in the cache) tolerate every pool
   taint (kube-system's pods do not reach this webhook: their DaemonSets' templates carry it); kubelets' mirror pods are left alone; any other pod loses pool tolerations and pool
   constraints, and a `nodeName` of a pool node its namespace may not use.
@@ -61,6 +65,8 @@ from controller.core.policy import PlacementPolicy, Pool
 from controller.load.core import ledger_key
 from controller.queue.core import (
     PENDING,
+    claimed_taskrun,
+    is_run_pod,
     QUEUE_ANNOTATION,
     entry_annotation,
     pipeline_timeout_problem,
@@ -68,6 +74,7 @@ from controller.queue.core import (
     read_entry,
     timed_out,
 )
+from controller.queue.view import RunRecord
 from controller.metrics import ERROR, MUTATED, UNCHANGED, Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -95,6 +102,27 @@ class Placement:
 
 
 
+@dataclass(frozen=True)
+class ReadOwner:
+    """A TaskRun read from the API server for one review: `record` None when it does not exist or the
+    read failed (the pod is then no run's pod)."""
+
+    namespace: str
+    name: str
+    record: RunRecord | None
+
+
+class OwnerReadNeeded(Exception):
+    """A pod claims a TaskRun owner the cache does not have (or has with another uid): the informer may
+    lag behind Tekton, which makes the pod right after the TaskRun. Raised before any side effect; the
+    server reads the TaskRun off the event loop (`Admission.read_owner`, bounded) and reviews again with
+    `ReadOwner`."""
+
+    def __init__(self, namespace: str, name: str) -> None:
+        super().__init__(f"TaskRun {namespace}/{name} not in the cache")
+        self.namespace, self.name = namespace, name
+
+
 class Admission:
     """Answers AdmissionReviews for TaskRuns, PipelineRuns and Pods from the cluster state in memory.
 
@@ -119,16 +147,29 @@ class Admission:
         settings: Settings,
         clock: Callable[[], float] = time.perf_counter,
         wall: Callable[[], float] = time.time,
+        read_taskrun: Callable[[str, str], Mapping[str, Any] | None] | None = None,
     ) -> None:
         self.state = state
+        self._read_taskrun = read_taskrun  # None: no reads, the cache alone says (tests, benchmarks)
         self.metrics = metrics
         self.events = events
         self.settings = settings
         self.clock = clock
         self.wall = wall
 
-    def review(self, body: Any) -> dict[str, Any]:
-        """The whole AdmissionReview response for `body`. Raises only MalformedReview."""
+    def read_owner(self, namespace: str, name: str) -> ReadOwner:
+        """Read a TaskRun from the API server (blocking: never on the event loop). A failed read gives
+        no record: the pod is then placed as any other pod (fail closed, see docs/security.md)."""
+        try:
+            obj = self._read_taskrun(namespace, name) if self._read_taskrun is not None else None
+        except Exception as error:  # noqa: BLE001 - an unreadable owner proves nothing
+            logger.bind(namespace=namespace, name=name).warning("reading the TaskRun of a pod failed: {}", error)
+            obj = None
+        return ReadOwner(namespace, name, RunRecord.of("TaskRun", obj) if isinstance(obj, Mapping) and obj.get("metadata") else None)
+
+    def review(self, body: Any, owner: ReadOwner | None = None) -> dict[str, Any]:
+        """The whole AdmissionReview response for `body`. Raises MalformedReview, and OwnerReadNeeded
+        (before any side effect) when a pod's TaskRun must be read first: review again with `owner`."""
         try:
             request = parse_review(body)
         except MalformedReview:
@@ -137,9 +178,13 @@ class Admission:
         kind = request.kind if request.kind in ("TaskRun", "PipelineRun", "Pod", "DaemonSet") else "other"
         started = self.clock()
         warnings: list[str] = []
+        deferred = False
         try:
-            patch = self._dispatch(request, warnings)
+            patch = self._dispatch(request, warnings, owner)
             outcome = MUTATED if patch else UNCHANGED
+        except OwnerReadNeeded:
+            deferred = True
+            raise
         except Exception as error:  # noqa: BLE001 - fail-open: never block a run because of a bug here
             outcome = ERROR
             logger.bind(kind=request.kind, namespace=request.namespace, name=request.name).opt(exception=error).error(
@@ -148,11 +193,12 @@ class Admission:
             patch = []
             warnings = [f"egress-placer: internal error ({type(error).__name__}); admitted without placement"]
         finally:
-            self.metrics.admission_seconds.labels(kind=kind).observe(max(self.clock() - started, 0.0))
+            if not deferred:
+                self.metrics.admission_seconds.labels(kind=kind).observe(max(self.clock() - started, 0.0))
         self.metrics.admission_reviews.labels(kind=kind, outcome=outcome).inc()
         return review_response(request.uid, patch, warnings)
 
-    def _dispatch(self, request: Request, warnings: list[str]) -> Patch:
+    def _dispatch(self, request: Request, warnings: list[str], owner: ReadOwner | None = None) -> Patch:
         if is_daemonset(request):
             return self._daemonset(request)
         if request.operation != "CREATE":
@@ -163,7 +209,7 @@ class Admission:
             if request.kind == "PipelineRun":
                 return self._pipelinerun(request, warnings)
         if request.group == "" and request.version == "v1" and request.kind == "Pod":
-            return self._pod(request, warnings)
+            return self._pod(request, warnings, owner)
         return []
 
     # -- TaskRun ------------------------------------------------------------------------------------
@@ -295,7 +341,7 @@ class Admission:
 
     # -- Pod ----------------------------------------------------------------------------------------
 
-    def _pod(self, request: Request, warnings: list[str]) -> Patch:
+    def _pod(self, request: Request, warnings: list[str], owner: ReadOwner | None) -> Patch:
         policy = self.state.policy
         pod = request.object
         spec = pod.get("spec")
@@ -317,7 +363,7 @@ class Admission:
         if request.namespace in policy.exempt_namespaces:
             return []
         namespace = self.state.namespace(request.namespace)
-        patch = self._ordinary_pod(request, spec, namespace, policy)
+        patch = self._ordinary_pod(request, spec, namespace, policy, owner)
         if node_name:
             refused = refused_pool(policy, node_name, self.state.node(node_name), namespace)
             if refused is not None:
@@ -331,7 +377,7 @@ class Admission:
         return patch
 
     def _ordinary_pod(
-        self, request: Request, spec: Mapping[str, Any], namespace: NamespaceState, policy: PlacementPolicy
+        self, request: Request, spec: Mapping[str, Any], namespace: NamespaceState, policy: PlacementPolicy, owner: ReadOwner | None
     ) -> Patch:
         """A pod of a non-exempt namespace that is no node agent: Tekton pods placed, the affinity
         assistant kept where its namespace may go, any other pod stripped of pool placement."""
@@ -340,11 +386,26 @@ class Admission:
         if labels.get(COMPONENT_LABEL) == AFFINITY_ASSISTANT_COMPONENT or AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
             placement = _keep_if_allowed(current, policy, namespace, "coscheduled")
             return json_patch(current, placement.template, "/spec")
-        if is_tekton_pod(request.object):
+        if is_tekton_pod(request.object) and self._run_pod(request, owner):
             return self._tekton_pod(request, current, namespace, policy)
         if _carries_pool_toleration(current.get("tolerations"), policy):
             return json_patch(current, unplace(current, policy), "/spec")
         return []
+
+    def _run_pod(self, request: Request, read: ReadOwner | None) -> bool:
+        """Is the pod a run's pod (`queue.core.is_run_pod`), by the cache or by the TaskRun read for this
+        review. A claimed TaskRun the cache lacks (or knows with another uid) raises OwnerReadNeeded,
+        once: a tenant's forged claim costs one bounded read, and the pod is still no run's pod."""
+        owner = claimed_taskrun(owner_refs(request.metadata))
+        if owner is None:
+            return False
+        record = self.state.queue.taskrun(request.namespace, owner.name)
+        if record is None or record.uid != owner.uid:
+            if read is not None and (read.namespace, read.name) == (request.namespace, owner.name):
+                record = read.record
+            elif self._read_taskrun is not None:
+                raise OwnerReadNeeded(request.namespace, owner.name)
+        return is_run_pod(owner, record.uid if record else None, record.decided if record else False)
 
     def _tekton_pod(
         self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy
@@ -542,6 +603,8 @@ def _record(decision: Decision, placement: Placement) -> str:
 
 __all__ = [
     "Admission",
+    "OwnerReadNeeded",
+    "ReadOwner",
     "MalformedReview",
     "Placement",
     "Request",

@@ -15,6 +15,10 @@
   meanwhile; large reviews wait for each other, never ordinary ones. Admission slots bound the work
   and memory a flood costs (SMALL_SLOTS, LARGE_SLOTS): taken by Content-Length before a body is read,
   a request that gets none is answered 503 unread (docs/security.md, "The webhook under load").
+  A pod that claims a TaskRun owner the cache does not have yet (the informer lags behind Tekton) is
+  the one review that needs I/O: the TaskRun is read in one of OWNER_READERS threads, waited for at most
+  OWNER_READ_SECONDS, and the review is answered again with what was read (nothing read in time: the
+  pod is no run's pod, placed as any other; handlers.OwnerReadNeeded).
 - HTTP on `settings.health_host:health_port`: `/healthz` (the process answers), `/readyz` (200 only
   when the readiness callable has no objection and a certificate is loaded, else 503 with the
   reason; a 200 names what `degraded` reports, e.g. a refused policy, which does not make the
@@ -37,7 +41,7 @@ from loguru import logger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.admission.certs import ServingTLS
-from controller.admission.handlers import Admission, MalformedReview
+from controller.admission.handlers import Admission, MalformedReview, OwnerReadNeeded, ReadOwner
 from controller.admission.review import decode, encode
 from controller.metrics import Metrics
 from controller.settings import Settings
@@ -59,6 +63,10 @@ LARGE_SLOTS = 4
 LARGE_QUEUE = 16
 LARGE_WAIT_SECONDS = 3.0  # the webhook's timeoutSeconds: the API server has given up by then
 LINGER_SECONDS = 2.0  # an unread body (a 503, a 413) is drained this long, so the client reads the answer
+# A pod's TaskRun not in the cache yet is read from the API server (handlers.OwnerReadNeeded) in one of
+# OWNER_READERS threads, waited for at most OWNER_READ_SECONDS: the webhook's timeoutSeconds is 3 s.
+OWNER_READERS = 2
+OWNER_READ_SECONDS = 1.0
 BUSY, LARGE_BUSY, LARGE_WAITED = "busy", "large-busy", "large-waited"  # admission_turned_away_total{reason}
 # Returns None when the controller is ready (caches synced), else the reason it is not.
 Readiness = Callable[[], str | None]
@@ -106,6 +114,7 @@ class AdmissionServer:
         self._webhook: web.AppRunner | None = None
         self._health: web.AppRunner | None = None
         self._large_reviews: ThreadPoolExecutor | None = None
+        self._owner_reads: ThreadPoolExecutor | None = None
         self._small_in_use = self._large_waiting = 0
         self._large_slots = asyncio.Semaphore(LARGE_SLOTS)
 
@@ -178,12 +187,34 @@ class AdmissionServer:
         except TimeoutError:
             self._malformed()
             return _text(408, f"the request body did not arrive within {read_timeout:.0f} s")
-        if len(raw) <= INLINE_REVIEW_BYTES or self._large_reviews is None:
-            return self._answer(raw, request.path, reviewer)
-        return await asyncio.get_running_loop().run_in_executor(self._large_reviews, self._answer, raw, request.path, reviewer)
+        try:
+            return await self._answer_where_it_fits(raw, request.path, reviewer)
+        except OwnerReadNeeded as needed:
+            owner = await self._read_owner(needed)
+            return await self._answer_where_it_fits(raw, request.path, reviewer, owner)
 
-    def _answer(self, raw: bytes, path: str, reviewer: Reviewer) -> web.Response:
-        """The response to one request body (in the loop, or in the large-review thread)."""
+    async def _answer_where_it_fits(self, raw: bytes, path: str, reviewer: Reviewer, owner: ReadOwner | None = None) -> web.Response:
+        """Inline, or in the large-review thread for a large body."""
+        if len(raw) <= INLINE_REVIEW_BYTES or self._large_reviews is None:
+            return self._answer(raw, path, reviewer, owner)
+        return await asyncio.get_running_loop().run_in_executor(self._large_reviews, self._answer, raw, path, reviewer, owner)
+
+    async def _read_owner(self, needed: OwnerReadNeeded) -> ReadOwner:
+        """The TaskRun a pod claims, read off the event loop within OWNER_READ_SECONDS (else: none)."""
+        if self._owner_reads is None:
+            return ReadOwner(needed.namespace, needed.name, None)
+        read = asyncio.get_running_loop().run_in_executor(self._owner_reads, self.admission.read_owner, needed.namespace, needed.name)
+        try:
+            return await asyncio.wait_for(read, OWNER_READ_SECONDS)
+        except TimeoutError:
+            logger.bind(namespace=needed.namespace, name=needed.name).warning(
+                "the TaskRun of a pod was not read within {} s: the pod is placed as no run's", OWNER_READ_SECONDS
+            )
+            return ReadOwner(needed.namespace, needed.name, None)
+
+    def _answer(self, raw: bytes, path: str, reviewer: Reviewer, owner: ReadOwner | None = None) -> web.Response:
+        """The response to one request body (in the loop, or in the large-review thread). `owner`: the
+        TaskRun read for it (only Admission raises OwnerReadNeeded)."""
         try:
             body: Any = decode(raw)
         except (UnicodeDecodeError, ValueError):
@@ -193,7 +224,7 @@ class AdmissionServer:
             self._malformed()
             return _text(400, "the body is JSON nested too deeply")
         try:
-            answer = reviewer.review(body)
+            answer = self.admission.review(body, owner) if owner is not None else reviewer.review(body)
         except MalformedReview as error:
             logger.bind(path=path).warning("malformed AdmissionReview: {}", error)
             return _text(400, f"malformed AdmissionReview: {error}")
@@ -231,6 +262,7 @@ class AdmissionServer:
     async def start(self) -> None:
         s = self.settings
         self._large_reviews = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-review")
+        self._owner_reads = ThreadPoolExecutor(max_workers=OWNER_READERS, thread_name_prefix="owner-read")
         self._health = await self._serve(self.health_app(), s.health_host, s.health_port, None)
         self._webhook = await self._serve(self.webhook_app(), s.webhook_host, s.webhook_port, self.tls)
         logger.info(
@@ -258,6 +290,9 @@ class AdmissionServer:
         if self._large_reviews is not None:
             self._large_reviews.shutdown(wait=False, cancel_futures=True)
             self._large_reviews = None
+        if self._owner_reads is not None:
+            self._owner_reads.shutdown(wait=False, cancel_futures=True)
+            self._owner_reads = None
 
     @property
     def webhook_port(self) -> int:

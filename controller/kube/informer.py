@@ -35,7 +35,7 @@ from controller.core import cluster_resolver
 from controller.core.images import TASKRUN_LABEL, TektonObjects, image_fields
 from controller.core.intruders import MIRROR_POD_ANNOTATION
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
-from controller.queue.core import PIPELINERUN_LABEL, QUEUE_ANNOTATION
+from controller.queue.core import PIPELINERUN_LABEL, QUEUE_ANNOTATION, compact_decision
 from controller.core.patches import InvalidDefault, default_pod_template
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.retry import WATCHES, RetryPolicy, retrying
@@ -132,6 +132,10 @@ def trim_metadata(meta: Mapping[str, Any], kind: str) -> Obj:
     if kind in KEPT_LABELS and (labels := _kept_labels(meta.get("labels"), KEPT_LABELS[kind])):
         out["labels"] = labels
     if kind in KEPT_ANNOTATIONS and (annotations := _kept_annotations(meta.get("annotations"), KEPT_ANNOTATIONS[kind])):
+        if kind in ("TaskRun", "PipelineRun") and DECISION_ANNOTATION in annotations:
+            # A run's decision record may pass MAX_KEPT_VALUE_CHARS (20 images and their loads): the queue
+            # needs only its pool (queue.core.admitted_entry), kept from the whole value.
+            annotations[DECISION_ANNOTATION] = compact_decision((meta.get("annotations") or {}).get(DECISION_ANNOTATION))
         out["annotations"] = annotations
     if kind == "Pod" and (owners := _kept_owners(meta.get("ownerReferences"))):
         out["ownerReferences"] = owners

@@ -32,6 +32,7 @@ from typing import Annotated, Any, Callable, Iterable, Mapping, Sequence
 from pydantic import Field, PositiveInt
 
 from controller.core.egress import parse_duration
+from controller.core.model import OwnerRef
 from controller.core.schema import PolicyModel
 
 QUEUE_ANNOTATION = "egress-placer.io/queue"
@@ -124,10 +125,62 @@ def read_entry(value: Any, kind: str) -> EntryMark | None:
     return None if queued_at is None else EntryMark(pool, written_on, queued_at)
 
 
+MAX_DECISION_CHARS = 256 * 1024  # admission's record is a few KiB; a longer value is none of ours
+
+
+def decided_pool(value: Any) -> str | None:
+    """The pool admission's decision record (`egress-placer.io/decision`, JSON) names; None for none,
+    and for anything that is not a record."""
+    if not isinstance(value, str) or not value or len(value) > MAX_DECISION_CHARS:
+        return None
+    try:
+        data = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    pool = data.get("pool") if isinstance(data, dict) else None
+    return pool if isinstance(pool, str) and pool else None
+
+
+def compact_decision(value: Any) -> str:
+    """What the run caches keep of a decision record: its pool alone (`{"pool":...}`), "" for none."""
+    pool = decided_pool(value)
+    return json.dumps({"pool": pool}, separators=(",", ":")) if pool else ""
+
+
+def admitted_entry(mark: EntryMark | None, decision: Any) -> bool:
+    """Is a run's queue entry admission's own: its pool is the one admission's decision record on the
+    same run names. Admission writes both at CREATE (and removes an entry it did not write); the run
+    guard keeps tenants from adding or changing either afterwards. An entry stored while the webhook
+    was unreachable (failurePolicy Ignore), or in a namespace the webhook skips, has no decision of
+    ours beside it: it is no entry."""
+    return mark is not None and decided_pool(decision) == mark.pool
+
+
 def read_any_entry(annotations: Mapping[str, str]) -> EntryMark | None:
     """The entry a pod carries (copied from its TaskRun, or from a coscheduled PipelineRun)."""
     value = annotations.get(QUEUE_ANNOTATION)
     return read_entry(value, "TaskRun") or read_entry(value, "PipelineRun")
+
+
+# -- a run's pods -------------------------------------------------------------------------------------
+
+
+def claimed_taskrun(owners: Iterable[OwnerRef]) -> OwnerRef | None:
+    """The TaskRun a pod's controller ownerReference names (`tekton.dev/*`, kind TaskRun, with a name and
+    a uid), as Tekton writes it on the pods it makes. A claim: anyone who may create a pod writes any
+    ownerReference, so it proves nothing until `is_run_pod` resolves it."""
+    owner = next((o for o in owners if o.controller), None)  # at most one: the API server refuses two
+    if owner is None or owner.kind != "TaskRun" or not owner.api_version.startswith("tekton.dev/"):
+        return None
+    return owner if owner.name and owner.uid else None
+
+
+def is_run_pod(owner: OwnerRef | None, run_uid: str | None, run_decided: bool) -> bool:
+    """Is a pod a run's pod: its claimed TaskRun (`claimed_taskrun`), looked up by name in the pod's own
+    namespace, exists with the uid the claim names (uids are the API server's: a made-up or copied one
+    does not match) and carries admission's decision (written at CREATE; the run guard keeps tenants
+    from adding it later). `run_uid` None: no such TaskRun (not in the cache, not found by a read)."""
+    return owner is not None and bool(run_uid) and run_uid == owner.uid and run_decided
 
 
 # -- the picture the leader sees ---------------------------------------------------------------------
@@ -349,10 +402,11 @@ class RunFacts:
     entry: str | None = None  # the queue annotation's value
     spec_status: str = ""
     done: bool = False  # Succeeded condition True or False
+    decision: str | None = None  # admission's decision record (its pool must be the entry's)
 
     def queue_entry(self, has_pod: bool) -> QueueEntry | None:
         mark = read_entry(self.entry, self.kind)
-        if mark is None:
+        if mark is None or not admitted_entry(mark, self.decision):
             return None
         pending = self.spec_status == PENDING.get(self.kind)
         done = self.done or self.spec_status in CANCELLED

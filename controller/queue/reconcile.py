@@ -12,7 +12,8 @@ leader rebuilds the queue from the cluster: the pending runs carrying a queue en
 
 Events (the one sink): Released (Normal) with the wait and the reason; QueueWaitExceeded (Warning)
 once per run and leadership for a run of a required pool past its maxQueueSeconds.
-Metrics: queue_length and queue_slots per pool, queue_releases_total by reason, queue_wait_seconds.
+Metrics: queue_length and queue_slots per pool, queue_releases_total by reason, queue_wait_seconds
+(pool "": a pool no longer in the policy).
 """
 
 from __future__ import annotations
@@ -126,8 +127,11 @@ class QueueReconciler:
         if not released:
             return
         waited = max(0.0, now - entry.queued_at)
-        self.metrics.queue_releases.labels(pool=entry.pool, reason=str(release.reason)).inc()
-        self.metrics.queue_wait_seconds.labels(pool=entry.pool).observe(waited)
+        # Label values only from configured pools: a pool gone from the policy counts as "" (its name came
+        # from an annotation, and would add series that are never removed).
+        label = entry.pool if self.state.policy.pool(entry.pool) is not None else ""
+        self.metrics.queue_releases.labels(pool=label, reason=str(release.reason)).inc()
+        self.metrics.queue_wait_seconds.labels(pool=label).observe(waited)
         if release.reason is ReleaseReason.TIMEOUT:
             note = f"released from pool {entry.pool}'s queue after {waited:.0f}s, past its longest wait: it runs on ordinary nodes"
         elif release.reason is ReleaseReason.UNQUEUED:

@@ -12,11 +12,19 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from controller.core.images import TASKRUN_LABEL
-from controller.core.model import DECISION_ANNOTATION, PodState
+from controller.core.model import DECISION_ANNOTATION, OwnerRef, PodState
 from controller.core.policy import PlacementPolicy, Pool
 from controller.load.view import LoadView
-from controller.queue.core import QUEUE_ANNOTATION, LineSummary, PoolQueue, QueueEntry, RunFacts, slots
+from controller.queue.core import (
+    QUEUE_ANNOTATION,
+    LineSummary,
+    PoolQueue,
+    QueueEntry,
+    RunFacts,
+    claimed_taskrun,
+    is_run_pod,
+    slots,
+)
 from controller.store import Store
 
 RUN_KINDS = ("TaskRun", "PipelineRun")
@@ -46,7 +54,8 @@ class RunRecord:
         conditions = (obj.get("status") or {}).get("conditions") or []
         done = any(c.get("type") == "Succeeded" and c.get("status") in ("True", "False") for c in conditions if isinstance(c, Mapping))
         key = run_key(kind, obj)
-        facts = RunFacts(kind, key[1], key[2], meta.get("uid") or "", value, str((obj.get("spec") or {}).get("status") or ""), done)
+        facts = RunFacts(kind, key[1], key[2], meta.get("uid") or "", value, str((obj.get("spec") or {}).get("status") or ""), done,
+                         annotations.get(DECISION_ANNOTATION))
         entry = facts.queue_entry(has_pod=False) if value is not None else None
         return cls(DECISION_ANNOTATION in annotations, meta.get("uid") or "", entry)
 
@@ -61,8 +70,22 @@ class RunRecord:
 
 
 def bound_run(label: str, pod: PodState) -> tuple[str, str] | None:
-    """(namespace, run) of a pod bound to a node and labelled with its run: the pod store's index."""
+    """(namespace, run) of a pod bound to a node and labelled with its run: the pod store's index (a
+    coscheduled PipelineRun's pods: their owner is a TaskRun, the label names the PipelineRun)."""
     return (pod.namespace, pod.labels[label]) if pod.node_name and label in pod.labels else None
+
+
+def bound_taskrun(pod: PodState) -> tuple[str, str, str] | None:
+    """(namespace, TaskRun, its uid) of a pod bound to a node, by its controller ownerReference: the pod
+    store's "TaskRun" index. A released run has a bound pod only when that uid is the run's own (a pod
+    labelled with a run's name is none of its pods: its label proves nothing)."""
+    owner = claimed_taskrun(pod.owners)
+    return (pod.namespace, owner.name, owner.uid) if pod.node_name and owner is not None else None
+
+
+def _bound_key(kind: str, namespace: str, name: str, uid: str) -> tuple[str, ...]:
+    """The pod store's index key of a run's bound pods (`bound_taskrun`, `bound_run`)."""
+    return (namespace, name, uid) if kind == "TaskRun" else (namespace, name)
 
 
 class QueueView:
@@ -80,12 +103,25 @@ class QueueView:
         """The runs carrying a queue entry (of `pool`, or every pool), each with whether a pod of it is
         bound to a node. O(queued runs)."""
         pods = self._stores["Pod"].snapshot
-        return [replace(entry, has_pod=True) if (namespace, name) in pods.indexes[kind] else entry
+        return [replace(entry, has_pod=True) if _bound_key(kind, namespace, name, entry.uid) in pods.indexes[kind] else entry
                 for (kind, namespace, name), entry in self._queued.items() if pool is None or entry.pool == pool]
+
+    def taskrun(self, namespace: str, name: str) -> RunRecord | None:
+        """The cached record of a TaskRun (None: not in the cache, or not yet)."""
+        record: RunRecord | None = self._stores["TaskRun"].items.get(("TaskRun", namespace, name))
+        return record
+
+    def is_run_pod(self, namespace: str, owners: tuple[OwnerRef, ...]) -> bool:
+        """A pod of `namespace` is a run's pod by the cache: its controller owner resolves by uid to a
+        TaskRun of that namespace carrying our decision (queue.core.is_run_pod)."""
+        owner = claimed_taskrun(owners)
+        record = self.taskrun(namespace, owner.name) if owner is not None else None
+        return is_run_pod(owner, record.uid if record else None, record.decided if record else False)
 
     def pool_queue(self, pool: Pool) -> PoolQueue | None:
         """The queued pool's slots (runsPerNode on each eligible node carrying its taint) and the active
-        Tekton pods bound to its nodes, per namespace. None when the pool does not queue."""
+        pods of runs (`is_run_pod`: not every pod that looks like Tekton's) bound to its nodes, per
+        namespace. None when the pool does not queue."""
         if pool.queue is None:
             return None
         names = self._load.pool_names(pool.name)
@@ -95,7 +131,7 @@ class QueueView:
         pods: Counter[str] = Counter()
         for node in names:
             for pod in pods_by_node.under("node", node).values():
-                if pod.active and TASKRUN_LABEL in pod.labels:
+                if pod.active and self.is_run_pod(pod.namespace, pod.owners):
                     pods[pod.namespace] += 1
         return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
 

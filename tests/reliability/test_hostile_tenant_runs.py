@@ -15,9 +15,10 @@ until a slot frees); and a tenant of rel-team-other, a namespace with no pool ri
 entry by UPDATE to its own runs. Each must not start a run early, nor give the pool a pod beyond its 3
 slots. The tenant can still cancel and delete its held run, and another queue manager still releases a
 run with no entry of ours. 200 forged queue annotations (at CREATE and by
-UPDATE) add no metric series and no releases. Left as xfail with the fix they need: (f) a Deployment of
-Tekton-looking pods is placed on the pool, (g) a forged entry stored while the webhook is unreachable is
-released by the leader.
+UPDATE) add no metric series and no releases. (f) A Deployment of Tekton-looking pods gets no pool
+placement (a pod is a run's only when its controller owner resolves by uid to a TaskRun carrying our
+decision), (g) a forged entry stored while the webhook is unreachable is never released and adds no
+series (the queue reads an entry only beside admission's decision naming its pool).
 """
 
 from __future__ import annotations
@@ -264,11 +265,9 @@ def test_200_forged_entries_add_no_series_and_no_releases(
     holds_for(f"{FORGED} forged runs still pending, no made-up pool in /metrics", nothing_added, seconds=HOLD_SECONDS, interval=1.0)
 
 
-# -- left for the queue-state fixes -------------------------------------------------------------------
+# -- the queue-state fixes -----------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="needs: _tekton_pod / pool_queue count a pod as a run's only when its controller "
-                   "ownerReference resolves by uid to a TaskRun carrying our decision (fetched at Pod CREATE when not cached)")
 def test_f_a_deployment_of_tekton_looking_pods(api: Api, runs: Runs, tenant: Api, full_pool: list[str]) -> None:
     name = runs.name("f-lookalike")
     labels = {"app": name, TEST_LABEL: runs.id, "tekton.dev/taskRun": name}
@@ -292,8 +291,6 @@ def test_f_a_deployment_of_tekton_looking_pods(api: Api, runs: Runs, tenant: Api
         api.delete(pods(TEAM_CDN), labelSelector=f"app={name}", gracePeriodSeconds=0)
 
 
-@pytest.mark.xfail(strict=True, reason="needs: the queue read from admission's own record, not the annotation: an "
-                   "entry stored while the webhook was unreachable (failurePolicy Ignore) names a made-up pool and is released")
 def test_g_a_forged_entry_while_the_webhook_is_unreachable(
     api: Api, runs: Runs, tenant: Api, egress_placer: Placer, full_pool: list[str], dead_webhook_url: str
 ) -> None:

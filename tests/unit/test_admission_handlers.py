@@ -94,8 +94,19 @@ class Env:
             "status": {"phase": "Running"},
         })
 
-    def review(self, obj: dict, *, operation: str = "CREATE", dry_run: bool = False) -> tuple[dict, dict, list[dict]]:
-        """(response, patched object, patch) for admitting `obj`."""
+    def add_taskrun(self, namespace: str, name: str, uid: str, *, decided: bool = True) -> None:
+        """A TaskRun in the cache (admitted with our decision, unless `decided` is False)."""
+        annotations = {DECISION_ANNOTATION: "{}"} if decided else {}
+        self.state.apply("TaskRun", "ADDED", {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": {
+            "namespace": namespace, "name": name, "uid": uid, "annotations": annotations}})
+
+    def review(self, obj: dict, *, operation: str = "CREATE", dry_run: bool = False, owner_cached: bool = True) -> tuple[dict, dict, list[dict]]:
+        """(response, patched object, patch) for admitting `obj`. A Tekton pod's TaskRun owner is put in
+        the cache first (as the informer has it, usually), unless `owner_cached` is False."""
+        if obj.get("kind") == "Pod" and owner_cached:
+            for ref in obj["metadata"].get("ownerReferences") or ():
+                if ref.get("kind") == "TaskRun" and ref.get("controller") and not self.state.queue.taskrun(obj["metadata"]["namespace"], ref["name"]):
+                    self.add_taskrun(obj["metadata"]["namespace"], ref["name"], ref["uid"])
         group, _, version = obj.get("apiVersion", "v1").rpartition("/")
         body = {
             "apiVersion": "admission.k8s.io/v1",
@@ -152,7 +163,8 @@ def tekton_pod(image: str = KANIKO_IMAGE, namespace: str = "team-ci", name: str 
             "name": name,
             "labels": {"app.kubernetes.io/managed-by": "tekton-pipelines", "tekton.dev/taskRun": taskrun_name},
             "annotations": annotations or {},
-            "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": taskrun_name, "uid": "u"}],
+            "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": taskrun_name,
+                                 "uid": f"uid-{taskrun_name}", "controller": True, "blockOwnerDeletion": True}],
         },
         "spec": {
             "initContainers": [{"name": "prepare", "image": "ghcr.io/tektoncd/pipeline/entrypoint:v1"}],

@@ -157,7 +157,7 @@ def test_not_an_entry(value: object) -> None:
     ],
 )
 def test_run_facts_to_entry(spec_status: str, done: bool, pending: bool, finished: bool) -> None:
-    facts = RunFacts("TaskRun", "a", "r", "uid", entry_annotation("p", "TaskRun", NOW), spec_status, done)
+    facts = RunFacts("TaskRun", "a", "r", "uid", entry_annotation("p", "TaskRun", NOW), spec_status, done, '{"pool":"p"}')
     e = facts.queue_entry(has_pod=False)
     assert e is not None and (e.pending, e.done) == (pending, finished)
     assert RunFacts("TaskRun", "a", "r", spec_status="TaskRunPending").queue_entry(False) is None  # the user's own pending

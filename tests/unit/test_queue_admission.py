@@ -8,9 +8,11 @@ import json
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 
+from controller.core.model import DECISION_ANNOTATION
 from controller.core.policy import load_policy
-from controller.queue.core import QUEUE_ANNOTATION, entry_annotation, read_entry
+from controller.queue.core import QUEUE_ANNOTATION, admitted_entry, entry_annotation, read_entry
 from controller.queue.reconcile import QueueReconciler
 from tests.unit.test_admission_handlers import DATA, EGRESS_TOLERATION, Env, RecordingSink, decision_of, taskrun, tekton_pod
 
@@ -157,9 +159,16 @@ class FakeReleaser:
         return True
 
 
+def _decided(entry: str, kind: str) -> str:
+    """Admission's decision record beside its entry (the queue reads an entry only with it)."""
+    mark = read_entry(entry, kind)
+    return json.dumps({"pool": mark.pool}) if mark else "{}"
+
+
 def run_obj(kind: str, namespace: str, name: str, entry: str, status: str, done: bool = False) -> dict[str, Any]:
     obj: dict[str, Any] = {
-        "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}", "annotations": {QUEUE_ANNOTATION: entry}},
+        "metadata": {"namespace": namespace, "name": name, "uid": f"uid-{name}",
+                     "annotations": {QUEUE_ANNOTATION: entry, DECISION_ANNOTATION: _decided(entry, kind)}},
         "spec": {"status": status} if status else {},
     }
     if done:
@@ -316,3 +325,47 @@ def test_a_pipelinerun_whose_timeout_a_queued_task_may_eat_gets_a_warning() -> N
     response, patched, _ = env.review(run)
     assert "status" not in patched["spec"]  # not coscheduled: its tasks are queued one by one
     assert any("pipeline timeout (30s)" in w for w in response.get("warnings", [])), response.get("warnings")
+
+
+# -- the queue reads admission's own record only (issue 23, g) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry_pool", "decision", "admitted"),
+    [
+        pytest.param("egress", '{"pool":"egress","node":"egress-1"}', True, id="admission's-own"),
+        pytest.param("egress", None, False, id="no-decision:-the-webhook-was-unreachable-or-skipped"),
+        pytest.param("made-up", '{"pool":"egress"}', False, id="another-pool-than-decided"),
+        pytest.param("egress", '{"pool":null}', False, id="decided-no-pool"),
+        pytest.param("egress", "not json", False, id="not-a-record"),
+        pytest.param("egress", "", False, id="kept-empty"),
+    ],
+)
+def test_an_entry_counts_only_beside_admissions_decision_for_its_pool(entry_pool: str, decision: str | None, admitted: bool) -> None:
+    mark = read_entry(entry_annotation(entry_pool, "TaskRun", 1.0), "TaskRun")
+    assert admitted_entry(mark, decision) is admitted
+
+
+def test_a_forged_entry_without_our_decision_is_never_released_and_adds_no_series() -> None:
+    env = queued_env()
+    releaser = FakeReleaser(env)
+    reconciler = QueueReconciler(env.state, releaser, RecordingSink(), env.metrics, clock=lambda: env.now)
+    forged = run_obj("TaskRun", "team-ci", "forged", entry_annotation("made-up-ghost", "TaskRun", 1.0), "TaskRunPending")
+    del forged["metadata"]["annotations"][DECISION_ANNOTATION]  # stored while the webhook was unreachable
+    env.state.apply("TaskRun", "ADDED", forged)
+    assert env.state.queue.queue_entries() == []
+    reconciler()
+    assert releaser.calls == []
+    assert "made-up-ghost" not in generate_latest(env.metrics.registry).decode()
+
+
+def test_a_release_from_a_pool_gone_from_the_policy_is_labelled_without_its_name() -> None:
+    """Label values only from configured pools: an entry of a removed pool is released under pool ""."""
+    env = queued_env()
+    releaser = FakeReleaser(env)
+    reconciler = QueueReconciler(env.state, releaser, RecordingSink(), env.metrics, clock=lambda: env.now)
+    env.state.apply("TaskRun", "ADDED", run_obj("TaskRun", "team-ci", "old", entry_annotation("retired", "TaskRun", 1.0), "TaskRunPending"))
+    reconciler()
+    assert len(releaser.calls) == 1
+    assert env.metrics.queue_releases.labels(pool="", reason="unqueued")._value.get() == 1  # noqa: SLF001
+    assert "retired" not in generate_latest(env.metrics.registry).decode()

@@ -5,6 +5,8 @@ metadata, and the Tekton definitions of the corpus through image discovery)."""
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +78,7 @@ def meta(**fields: Any) -> dict[str, Any]:
         pytest.param("Pod", {"app": "x"}, {"note": "hello"}, None, None, id="pod-nothing-read"),
         pytest.param(
             "TaskRun", TEKTON_LABELS, {LAST_APPLIED: HUGE, DECISION_ANNOTATION: '{"pool": "overseas"}'},
-            None, {DECISION_ANNOTATION: '{"pool": "overseas"}'}, id="taskrun-decided",
+            None, {DECISION_ANNOTATION: '{"pool":"overseas"}'}, id="taskrun-decided",
         ),
         pytest.param("PipelineRun", {"a": "b"}, {LAST_APPLIED: HUGE}, None, None, id="pipelinerun-undecided"),
         pytest.param("TaskRun", {}, {LAST_APPLIED: HUGE, "egress-placer.io/queue": '{"pool":"p"}'},
@@ -108,7 +110,9 @@ def test_metadata_keeps_exactly_the_keys_read(kind, labels, annotations, kept_la
 
 @pytest.mark.parametrize(
     ("kind", "key"),
-    [(k, key) for k, keys in KEPT_ANNOTATIONS.items() for key in sorted(keys)],
+    # a run's decision keeps its pool alone: test_a_runs_decision_keeps_its_pool_however_long
+    [(k, key) for k, keys in KEPT_ANNOTATIONS.items() for key in sorted(keys)
+     if not (k in ("TaskRun", "PipelineRun") and key == DECISION_ANNOTATION)],
 )
 def test_a_kept_annotation_too_long_is_kept_empty(kind, key):
     """Presence still reads (a mirror pod, a decided run); an empty pools list gives no pool."""
@@ -116,6 +120,22 @@ def test_a_kept_annotation_too_long_is_kept_empty(kind, key):
     assert out["annotations"] == {key: ""}
     out = trim_metadata(meta(annotations={key: "y" * MAX_KEPT_VALUE_CHARS}), kind)
     assert out["annotations"] == {key: "y" * MAX_KEPT_VALUE_CHARS}
+
+
+@pytest.mark.parametrize("kind", ["TaskRun", "PipelineRun"])
+@pytest.mark.parametrize(
+    ("value", "kept"),
+    [
+        pytest.param(json.dumps({"pool": "overseas", "images": ["i" * 300] * 20, "message": "m" * 2000}), '{"pool":"overseas"}', id="long-record"),
+        pytest.param('{"pool":null,"reason":"no-match"}', "", id="no-pool"),
+        pytest.param("y" * (MAX_KEPT_VALUE_CHARS + 1), "", id="not-a-record"),
+        pytest.param("[1]", "", id="not-an-object"),
+    ],
+)
+def test_a_runs_decision_keeps_its_pool_however_long(kind: str, value: str, kept: str) -> None:
+    """The queue reads an entry only beside admission's decision naming its pool (queue.core.admitted_entry):
+    the pool is kept from the whole record, which may pass MAX_KEPT_VALUE_CHARS; presence still reads."""
+    assert trim_metadata(meta(annotations={DECISION_ANNOTATION: value}), kind)["annotations"] == {DECISION_ANNOTATION: kept}
 
 
 def test_the_allow_lists_name_only_what_a_reader_reads():

@@ -1,0 +1,231 @@
+"""Only real Tekton pods are treated as Tekton pods (issue 23): a pod is a run's pod only when its
+controller ownerReference resolves by uid to a TaskRun of its namespace carrying our decision
+(`queue.core.is_run_pod`). Admission places only those on a pool (a look-alike is stripped like any
+other pod), the queue counts only those in a pool's slots, and a TaskRun the cache does not have yet is
+read off the event loop, bounded (`OwnerReadNeeded`), so real Tekton pods keep their placement."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import threading
+from typing import Any
+
+import jsonpatch
+import pytest
+import requests
+
+from controller.admission import server as server_module
+from controller.admission.handlers import Admission, OwnerReadNeeded, ReadOwner
+from controller.core.model import DECISION_ANNOTATION, OwnerRef
+from controller.queue.core import QUEUE_ANNOTATION, QueueSetting, claimed_taskrun, entry_annotation, is_run_pod
+from tests.unit.test_admission_handlers import EGRESS_TOLERATION, Env, decision_of, tekton_pod
+from tests.unit.test_admission_server import Running, review, running  # noqa: F401 - the fixture
+
+TEKTON = OwnerRef("tekton.dev/v1", "TaskRun", "build-1", "uid-build-1", controller=True)
+
+
+@pytest.mark.parametrize(
+    "owners, claimed",
+    [
+        pytest.param((TEKTON,), TEKTON, id="tekton's-own"),
+        pytest.param((OwnerRef("tekton.dev/v1beta1", "TaskRun", "build-1", "u", True),), OwnerRef("tekton.dev/v1beta1", "TaskRun", "build-1", "u", True), id="v1beta1"),
+        pytest.param((OwnerRef("tekton.dev/v1", "TaskRun", "build-1", "u", False),), None, id="not-the-controller"),
+        pytest.param((OwnerRef("example.com/v1", "TaskRun", "build-1", "u", True),), None, id="another-group"),
+        pytest.param((OwnerRef("tekton.dev/v1", "PipelineRun", "build-1", "u", True),), None, id="another-kind"),
+        pytest.param((OwnerRef("tekton.dev/v1", "TaskRun", "build-1", "", True),), None, id="no-uid"),
+        pytest.param((OwnerRef("tekton.dev/v1", "TaskRun", "", "u", True),), None, id="no-name"),
+        pytest.param((), None, id="none"),
+    ],
+)
+def test_the_taskrun_a_pod_claims(owners: tuple[OwnerRef, ...], claimed: OwnerRef | None) -> None:
+    assert claimed_taskrun(owners) == claimed
+
+
+@pytest.mark.parametrize(
+    "owner, uid, decided, expected",
+    [
+        pytest.param(TEKTON, "uid-build-1", True, True, id="resolved-and-decided"),
+        pytest.param(TEKTON, "uid-build-1", False, False, id="admitted-without-our-decision"),
+        pytest.param(TEKTON, "uid-other", True, False, id="a-made-up-or-copied-uid"),
+        pytest.param(TEKTON, None, True, False, id="no-such-taskrun"),
+        pytest.param(TEKTON, "", True, False, id="no-uid-known"),
+        pytest.param(None, "uid-build-1", True, False, id="no-claim"),
+    ],
+)
+def test_a_pod_is_a_runs_pod_only_when_its_claim_resolves(owner: OwnerRef | None, uid: str | None, decided: bool, expected: bool) -> None:
+    assert is_run_pod(owner, uid, decided) is expected
+
+
+def _placed(patched: dict) -> bool:
+    return EGRESS_TOLERATION in (patched["spec"].get("tolerations") or [])
+
+
+def _without_owner(pod: dict) -> dict:
+    pod["metadata"].pop("ownerReferences")
+    return pod
+
+
+def _owner(pod: dict, **changes: Any) -> dict:
+    pod["metadata"]["ownerReferences"][0].update(changes)
+    return pod
+
+
+@pytest.mark.parametrize(
+    "make, cache",
+    [
+        pytest.param(lambda: _without_owner(tekton_pod()), None, id="label-and-step-containers-only"),
+        pytest.param(lambda: _owner(tekton_pod(), uid="made-up"), ("build-1", "uid-build-1", True), id="a-made-up-uid"),
+        pytest.param(lambda: _owner(tekton_pod(), controller=False), ("build-1", "uid-build-1", True), id="not-the-controller"),
+        pytest.param(lambda: tekton_pod(), ("build-1", "uid-build-1", False), id="a-taskrun-without-our-decision"),
+        pytest.param(lambda: tekton_pod(namespace="team-other"), ("build-1", "uid-build-1", True), id="a-taskrun-of-another-namespace"),
+    ],
+)
+def test_a_look_alike_pod_gets_no_pool(make: Any, cache: tuple[str, str, bool] | None) -> None:
+    env = Env()
+    if cache is not None:
+        env.add_taskrun("team-ci", cache[0], cache[1], decided=cache[2])
+    pod = make()
+    pod["spec"]["tolerations"] = [EGRESS_TOLERATION]  # copied from a real run's pod
+    _, patched, _ = env.review(pod, owner_cached=False)
+    assert not _placed(patched) and DECISION_ANNOTATION not in (patched["metadata"].get("annotations") or {})
+    assert env.events.sent == []
+
+
+def test_a_real_tekton_pod_is_placed() -> None:
+    env = Env()
+    _, patched, _ = env.review(tekton_pod())
+    assert _placed(patched) and decision_of(patched)["pool"] == "egress"
+
+
+def _reading(env: Env, found: dict | None | Exception) -> list[tuple[str, str]]:
+    reads: list[tuple[str, str]] = []
+
+    def read(namespace: str, name: str) -> dict | None:
+        reads.append((namespace, name))
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    env.admission = Admission(env.state, env.metrics, env.events, env.admission.settings, read_taskrun=read)
+    return reads
+
+
+TASKRUN = {"apiVersion": "tekton.dev/v1", "kind": "TaskRun",
+           "metadata": {"namespace": "team-ci", "name": "build-1", "uid": "uid-build-1", "annotations": {DECISION_ANNOTATION: "{}"}}}
+
+
+def test_a_taskrun_not_in_the_cache_yet_is_read_before_any_side_effect() -> None:
+    env = Env()
+    reads = _reading(env, copy.deepcopy(TASKRUN))
+    with pytest.raises(OwnerReadNeeded) as needed:
+        env.review(tekton_pod(), owner_cached=False)
+    assert (needed.value.namespace, needed.value.name) == ("team-ci", "build-1")
+    assert env.events.sent == [] and len(env.state.load.ledger) == 0 and reads == []  # the server reads
+    owner = env.admission.read_owner("team-ci", "build-1")
+    assert reads == [("team-ci", "build-1")] and owner.record is not None
+    body = _review_body(tekton_pod())
+    patched = _apply(tekton_pod(), env.admission.review(body, owner))
+    assert _placed(patched)
+
+
+@pytest.mark.parametrize(
+    "found",
+    [
+        pytest.param(None, id="not-found"),
+        pytest.param(RuntimeError("the API server is away"), id="the-read-fails"),
+        pytest.param({**TASKRUN, "metadata": {**TASKRUN["metadata"], "uid": "another"}}, id="another-uid"),
+        pytest.param({**TASKRUN, "metadata": {**TASKRUN["metadata"], "annotations": {}}}, id="no-decision"),
+    ],
+)
+def test_a_pod_whose_taskrun_read_proves_nothing_is_no_runs_pod(found: Any) -> None:
+    """Fail closed: a forger gets no pool; a real pod whose read fails is placed as any other pod."""
+    env = Env()
+    _reading(env, found)
+    owner = env.admission.read_owner("team-ci", "build-1")
+    pod = tekton_pod()
+    pod["spec"]["tolerations"] = [EGRESS_TOLERATION]
+    patched = _apply(copy.deepcopy(pod), env.admission.review(_review_body(pod), owner))
+    assert not _placed(patched)
+
+
+def _review_body(obj: dict) -> dict:
+    body = review(obj)
+    body["request"]["resource"] = {"group": "", "version": "v1", "resource": "pods"}
+    return body
+
+
+def _apply(obj: dict, answer: dict) -> dict:
+    response = answer["response"]
+    patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+    return jsonpatch.apply_patch(obj, patch)
+
+
+def test_pool_slots_count_only_runs_pods() -> None:
+    env = Env()
+    pool = env.state.policy.pool("egress")
+    assert pool is not None
+    node = sorted(env.state.load.pool_names("egress"))[0]
+    pods = {
+        "real": ("build-1", "uid-build-1"),
+        "forged-uid": ("build-1", "made-up"),
+        "no-owner": None,
+    }
+    env.add_taskrun("team-ci", "build-1", "uid-build-1")
+    for name, owner in pods.items():
+        meta: dict[str, Any] = {"namespace": "team-ci", "name": name, "labels": {"tekton.dev/taskRun": "build-1"}}
+        if owner:
+            meta["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": owner[0], "uid": owner[1], "controller": True}]
+        env.state.apply("Pod", "ADDED", {"metadata": meta, "spec": {"nodeName": node}, "status": {"phase": "Running"}})
+    assert env.state.queue.is_run_pod("team-ci", (TEKTON,))
+    queued = pool.model_copy(update={"queue": QueueSetting(runs_per_node=1)})
+    picture = env.state.queue.pool_queue(queued)
+    assert picture is not None and dict(picture.pods_by_namespace) == {"team-ci": 1}
+
+
+def test_the_server_reads_an_uncached_taskrun_off_the_event_loop(running: Running, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The read runs in a thread; past OWNER_READ_SECONDS the pod is answered as no run's pod, and
+    meanwhile /healthz is answered."""
+    monkeypatch.setattr(server_module, "OWNER_READ_SECONDS", 0.5)
+    release = threading.Event()
+    answers = {"fast": {**TASKRUN, "metadata": {**TASKRUN["metadata"], "name": "fast", "uid": "uid-fast"}}}
+
+    def read(namespace: str, name: str) -> dict | None:
+        if name == "slow":
+            release.wait(10)
+        return answers.get(name)
+
+    running.server.admission = Admission(running.state, running.metrics, running.events, running.settings, read_taskrun=read)
+    try:
+        for name, placed in (("fast", True), ("slow", False)):
+            pod = tekton_pod(taskrun_name=name, annotations={})
+            answer = requests.post(running.webhook + "/mutate", json=review(pod), verify=running.ca_file, timeout=10)
+            assert answer.status_code == 200
+            assert _placed(_apply(copy.deepcopy(pod), answer.json())) is placed, name
+            assert requests.get(running.health + "/healthz", timeout=5).status_code == 200
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize(
+    ("owner_uid", "has_pod"),
+    [
+        pytest.param("uid-build-1", True, id="the-run's-own-pod"),
+        pytest.param("made-up", False, id="a-made-up-uid"),
+        pytest.param(None, False, id="only-the-label"),
+    ],
+)
+def test_a_released_run_has_a_pod_only_by_its_owner_uid(owner_uid: str | None, has_pod: bool) -> None:
+    """A pod labelled with a released run's name, on any node, does not free the run's slot."""
+    env = Env()
+    run = {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": {
+        "namespace": "team-ci", "name": "build-1", "uid": "uid-build-1",
+        "annotations": {QUEUE_ANNOTATION: entry_annotation("egress", "TaskRun", 1.0), DECISION_ANNOTATION: '{"pool":"egress"}'}}}
+    env.state.apply("TaskRun", "ADDED", run)
+    meta: dict[str, Any] = {"namespace": "team-ci", "name": "p", "labels": {"tekton.dev/taskRun": "build-1"}}
+    if owner_uid:
+        meta["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": "build-1", "uid": owner_uid, "controller": True}]
+    env.state.apply("Pod", "ADDED", {"metadata": meta, "spec": {"nodeName": "node-1"}, "status": {"phase": "Running"}})
+    [entry] = env.state.queue.queue_entries()
+    assert entry.has_pod is has_pod
