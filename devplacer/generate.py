@@ -11,6 +11,11 @@ nothing and names the files that differ from what it would write (exit status 1)
 | `charts/egress-placer/templates/controller-rights.yaml` | the same, as a Helm template (`controllerRights` values) |
 | `k8s/run-guard.yaml` | `controller/core/run_guard.py`: the run guard's policy and its binding (Deny) |
 | `charts/egress-placer/templates/run-guard.yaml` | the same, as a Helm template (`runGuard.enabled`, `runGuard.warnOnly`) |
+| `charts/egress-placer/README.md` | the chart's values.yaml (`# --` comments) and README.md.gotmpl, by helm-docs |
+
+The chart's README needs helm-docs, an optional component of the local cluster's build
+(`python -m devcluster build --with helm-docs`, part of `make cluster-build`). Without it (a bare
+clone) a write and `--check` leave that file alone and say so.
 
 The `crds/` directories (k8s/'s, and the chart's of the 0.1.0 chart, now empty) hold generated files only: a file there that the render does not make is
 removed by a write and named by `--check`. tests/unit/test_generated.py fails when a committed file
@@ -20,6 +25,7 @@ differs from this render, and names it.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,6 +36,7 @@ from controller.core.guard import GUARD_NAME, policy_binding, validating_admissi
 from controller.core.rights import controller_rights
 from controller.core.pools import custom_resource_definitions
 from controller.core import run_guard
+from devcluster.build import find_optional
 from devplacer import crds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,6 +49,11 @@ CHART_CONTROLLER_RIGHTS = CHART_DIR / "templates" / "controller-rights.yaml"
 RUN_GUARD = Path("k8s/run-guard.yaml")
 CHART_RUN_GUARD = CHART_DIR / "templates" / "run-guard.yaml"
 CHART_CRDS = CHART_DIR / "templates" / "crds.yaml"
+CHART_README = CHART_DIR / "README.md"
+HELM_DOCS_MISSING = (
+    f"{CHART_README}: not generated, helm-docs is not built "
+    "(python -m devcluster build --with helm-docs, part of make cluster-build)"
+)
 # Directories of generated files only (relative to the repository).
 OWNED_DIRS = (crds.CRDS_DIR, crds.CHART_CRDS_DIR)
 
@@ -217,8 +229,28 @@ def chart_crds_template() -> str:
     return out + "{{- end }}\n"
 
 
+def chart_readme(helm_docs: Path) -> str:
+    """charts/egress-placer/README.md: helm-docs over the chart (its README.md.gotmpl), values in file order."""
+    result = subprocess.run(
+        [str(helm_docs), "--dry-run", "--sort-values-order", "file", "--log-level", "warning"],
+        cwd=REPO / CHART_DIR,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"helm-docs failed (exit status {result.returncode}): {result.stderr.strip()}")
+    return result.stdout
+
+
+def helm_docs() -> Path | None:
+    """The helm-docs binary of the local cluster's build, or None when it is not built."""
+    bin_dir = find_optional("helm-docs")
+    return None if bin_dir is None else bin_dir / "helm-docs"
+
+
 def outputs() -> dict[Path, str]:
-    """Every generated file (relative to the repository) and its text."""
+    """Every generated file (relative to the repository) and its text; the chart's README only when
+    helm-docs is built (`skipped` says otherwise)."""
     out: dict[Path, str] = {}
     for crd in custom_resource_definitions():
         out[crds.CRDS_DIR / crds.file_name(crd)] = crds.render(crd)
@@ -229,7 +261,15 @@ def outputs() -> dict[Path, str]:
     out[CHART_CONTROLLER_RIGHTS] = chart_controller_rights_template()
     out[RUN_GUARD] = run_guard_manifest()
     out[CHART_RUN_GUARD] = chart_run_guard_template()
+    binary = helm_docs()
+    if binary is not None:
+        out[CHART_README] = chart_readme(binary)
     return out
+
+
+def skipped() -> list[str]:
+    """Why a generated file is left alone: the chart's README without helm-docs."""
+    return [] if helm_docs() is not None else [HELM_DOCS_MISSING]
 
 
 def differences(root: Path = REPO) -> list[str]:
@@ -261,11 +301,13 @@ def main(argv: Sequence[str] | None = None, root: Path = REPO) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m devplacer.generate",
         description="Write every file derived from code (CRDs, the pool and run guards' manifests and chart templates).",
-        epilog="Files:\n" + "".join(f"  {p}\n" for p in sorted(outputs())),
+        epilog="Files:\n" + "".join(f"  {p}\n" for p in sorted({*outputs(), CHART_README})),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--check", action="store_true", help="write nothing; name the files that differ, exit 1 when any does")
     args = parser.parse_args(argv)
+    for reason in skipped():
+        print(reason, file=sys.stderr)
     if args.check:
         stale = differences(root)
         for path in stale:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from devplacer import generate
 from devplacer.generate import OWNED_DIRS, differences, main, outputs
@@ -61,3 +62,28 @@ def test_a_write_makes_the_check_pass_and_removes_what_the_render_does_not_make(
     assert differences(tmp_path) == sorted([str(next(iter(outputs()))), f"{leftover.relative_to(tmp_path)} (not generated)"])
     assert main([], root=tmp_path) == 0
     assert files(tmp_path) == outputs() and differences(tmp_path) == []
+
+
+def test_the_chart_readme_is_what_helm_docs_writes_from_the_values_comments() -> None:
+    """charts/egress-placer/README.md comes from helm-docs (an optional build component): without it the
+    check leaves that one file alone and says so; with it the committed file is its render, every
+    top-level value in its table with a description."""
+    if generate.helm_docs() is None:
+        assert generate.skipped() == [generate.HELM_DOCS_MISSING]
+        pytest.skip(generate.HELM_DOCS_MISSING)
+    readme = outputs()[generate.CHART_README]
+    assert (generate.REPO / generate.CHART_README).read_text() == readme, "run make generate"
+    values = yaml.safe_load((generate.REPO / generate.CHART_DIR / "values.yaml").read_text())
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in readme.splitlines() if line.startswith("| ")}
+    undocumented = [key for key in values if key not in rows or not rows[key].rsplit(" | ", 1)[-1].strip(" |")]
+    assert undocumented == [], f"values without a `# --` comment: {undocumented}"
+
+
+def test_without_helm_docs_generate_leaves_the_chart_readme_alone_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(generate, "helm_docs", lambda: None)
+    assert main([], root=tmp_path) == 0
+    assert generate.CHART_README not in files(tmp_path)
+    assert main(["--check"], root=tmp_path) == 0
+    assert capsys.readouterr().err.count(generate.HELM_DOCS_MISSING) == 2
