@@ -148,10 +148,12 @@ class QueueView:
         return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
 
     def gated_pods(self) -> list[GatedPod]:
-        """The pods waiting for a pool slot, each with the queued pools it tolerates. O(gated pods)."""
+        """The runs' pods waiting for a pool slot (admission gates only those: `is_run_pod`; another pod
+        carrying the gate is its creator's, left alone), each with the queued pools it tolerates.
+        O(gated pods)."""
         queued = [p for p in self._policy().pools if p.queue is not None]
         return [GatedPod(pod.namespace, pod.name, pod.uid, pod.created, tuple(p.name for p in queued if tolerates(pod, p)), pod.gates)
-                for pod in self._stores["Pod"].snapshot.under("gated", True).values()]
+                for pod in self._stores["Pod"].snapshot.under("gated", True).values() if self.is_run_pod(pod.namespace, pod.owners)]
 
     def pod(self, namespace: str, name: str) -> PodState | None:
         pod: PodState | None = self._stores["Pod"].items.get((namespace, name))

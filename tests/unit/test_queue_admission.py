@@ -450,3 +450,13 @@ def test_our_waiting_runs_and_gated_pods_share_the_free_slots() -> None:
     run_pod(env, "own-2", gated_at="2026-01-01T00:00:02Z")
     reconciler()
     assert len(gates.calls) == 2 and gates.ungated == ["own"]  # 3 slots: never more let in
+
+
+def test_a_gated_pod_of_no_run_is_left_alone() -> None:
+    """Anyone may create a pod with our gate: only a run's pod (admission gated it) is let in."""
+    env = queued_env()
+    gates = FakeGates(env)
+    env.state.apply("Pod", "ADDED", {"metadata": {"namespace": "team-ci", "name": "own-gate", "uid": "u"},
+                                      "spec": {"schedulingGates": [{"name": POOL_SLOT_GATE}]}, "status": {"phase": "Pending"}})
+    QueueReconciler(env.state, gates, RecordingSink(), env.metrics, clock=lambda: env.now)()
+    assert gates.ungated == []
