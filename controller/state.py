@@ -25,7 +25,7 @@ from controller.core.policy import PlacementPolicy
 from controller.load.view import LoadView
 from controller.missed_runs.view import MissedRuns
 from controller.queue.core import PIPELINERUN_LABEL
-from controller.queue.view import RUN_KINDS, QueueView, RunRecord, bound_run, bound_taskrun, run_key
+from controller.queue.view import RUN_KINDS, QueueView, RunRecord, bound_run, bound_taskrun, gated, run_key
 from controller.store import Store, release
 
 POLICY = "Policy"  # the kind passed to subscribers when the policy changes
@@ -59,7 +59,8 @@ class ClusterState:
             # uid, a coscheduled PipelineRun's by its label)
             "Pod": Store(lambda o: run_key("Pod", o)[1:], _kept_pod, {"node": lambda pod: pod.node_name or None,
                                                                     "TaskRun": bound_taskrun,
-                                                                    "PipelineRun": partial(bound_run, PIPELINERUN_LABEL)}),
+                                                                    "PipelineRun": partial(bound_run, PIPELINERUN_LABEL),
+                                                                    "gated": gated}),
             "DaemonSet": Store(lambda o: o["metadata"].get("uid") or "", DaemonSetState.from_daemonset),
             **{kind: Store(partial(run_key, kind), partial(RunRecord.of, kind), {"queued": RunRecord.queued}) for kind in RUN_KINDS},
         }
@@ -175,8 +176,11 @@ class ClusterState:
         return True
 
     def _pod_changed(self, obj: Mapping[str, Any], deleted: bool, old: PodState | None, new: PodState | None) -> bool:
-        """Record one pod; True when it is (or was) on a pool node, so reconcilers should look."""
+        """Record one pod; True when it is (or was) on a pool node, or waits for a pool slot (gated), so
+        reconcilers should look."""
         self.load.pod_changed(obj, deleted, old, new)
+        if any(p is not None and gated(p) for p in (old, new)):
+            return True
         nodes = [old.node_name if old is not None else None] + ([] if deleted else [(obj.get("spec") or {}).get("nodeName")])
         return any(node and self._policy.pool_of(self.nodes.get(node) or NodeState(name=node)) is not None for node in nodes)
 

@@ -65,7 +65,10 @@ from controller.core.policy import PlacementPolicy, Pool
 from controller.load.core import ledger_key
 from controller.queue.core import (
     PENDING,
+    PIPELINERUN_LABEL,
+    POOL_SLOT_GATE,
     claimed_taskrun,
+    gates_pod,
     is_run_pod,
     QUEUE_ANNOTATION,
     entry_annotation,
@@ -386,29 +389,31 @@ class Admission:
         if labels.get(COMPONENT_LABEL) == AFFINITY_ASSISTANT_COMPONENT or AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
             placement = _keep_if_allowed(current, policy, namespace, "coscheduled")
             return json_patch(current, placement.template, "/spec")
-        if is_tekton_pod(request.object) and self._run_pod(request, owner):
-            return self._tekton_pod(request, current, namespace, policy)
+        run = self._run_pod(request, owner) if is_tekton_pod(request.object) else None
+        if run is not None:
+            return self._tekton_pod(request, current, namespace, policy, run)
         if _carries_pool_toleration(current.get("tolerations"), policy):
             return json_patch(current, unplace(current, policy), "/spec")
         return []
 
-    def _run_pod(self, request: Request, read: ReadOwner | None) -> bool:
-        """Is the pod a run's pod (`queue.core.is_run_pod`), by the cache or by the TaskRun read for this
-        review. A claimed TaskRun the cache lacks (or knows with another uid) raises OwnerReadNeeded,
-        once: a tenant's forged claim costs one bounded read, and the pod is still no run's pod."""
+    def _run_pod(self, request: Request, read: ReadOwner | None) -> RunRecord | None:
+        """The record of the pod's TaskRun when the pod is a run's pod (`queue.core.is_run_pod`), by the
+        cache or by the TaskRun read for this review; None: no run's pod. A claimed TaskRun the cache lacks
+        (or knows with another uid) raises OwnerReadNeeded, once: a tenant's forged claim costs one
+        bounded read, and the pod is still no run's pod."""
         owner = claimed_taskrun(owner_refs(request.metadata))
         if owner is None:
-            return False
+            return None
         record = self.state.queue.taskrun(request.namespace, owner.name)
         if record is None or record.uid != owner.uid:
             if read is not None and (read.namespace, read.name) == (request.namespace, owner.name):
                 record = read.record
             elif self._read_taskrun is not None:
                 raise OwnerReadNeeded(request.namespace, owner.name)
-        return is_run_pod(owner, record.uid if record else None, record.decided if record else False)
+        return record if is_run_pod(owner, record.uid if record else None, record.decided if record else False) else None
 
     def _tekton_pod(
-        self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy
+        self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy, run: RunRecord
     ) -> Patch:
         decision = decide(policy, namespace, request.annotations, pod_images(request.object))
         overdue = self._waited_too_long(request, decision.pool, policy)
@@ -428,7 +433,21 @@ class Admission:
         annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
         if placement.pool or decision.reason in WARNING_REASONS:
             self._emit(request, decision, placement)
-        return patch + annotation_ops(request.object, annotations)
+        return patch + self._gate(request, placement.pool, policy, run) + annotation_ops(request.object, annotations)
+
+    def _gate(self, request: Request, pool_name: str | None, policy: PlacementPolicy, run: RunRecord) -> Patch:
+        """A run's pod placed on a queued pool whose run our queue does not hold (its owner, tekton-kueue
+        or Pipelines-as-Code created it pending and released it) waits for a slot: a schedulingGate that
+        the queue reconciler removes when one frees (`queue.core.gates_pod`, `ungate`)."""
+        pool = policy.pool(pool_name) if pool_name else None
+        pipelinerun = request.labels.get(PIPELINERUN_LABEL)
+        whole = self.state.queue.taskrun(request.namespace, pipelinerun, "PipelineRun") if pipelinerun else None
+        ours = run.entry is not None or (whole is not None and whole.entry is not None)
+        if not gates_pod(pool is not None and pool.queue is not None, ours):
+            return []
+        spec = request.object.get("spec") or {}
+        gates = [g for g in spec.get("schedulingGates") or [] if isinstance(g, Mapping) and g.get("name") != POOL_SLOT_GATE]
+        return ops_at(request.object, ("spec", "schedulingGates"), [*gates, {"name": POOL_SLOT_GATE}])
 
     # -- the queue ----------------------------------------------------------------------------------
 

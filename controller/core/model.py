@@ -14,6 +14,7 @@ from typing import Any
 # Annotations and labels egress-placer reads or writes.
 PLACEMENT_ANNOTATION = "egress-placer.io/placement"  # on a run: auto | none | <pool name>
 NAMESPACE_POOLS_ANNOTATION = "egress-placer.io/pools"  # on a Namespace: "pool-a,pool-b"
+POOL_SLOT_GATE = "egress-placer.io/pool-slot"  # a pod's schedulingGate: its run is not queued by us, it waits for a slot
 DECISION_ANNOTATION = "egress-placer.io/decision"  # written on admitted runs and pods (JSON)
 # Written with the decision: the AdmissionReview's uid, so the decision's Event finds the object once it exists.
 REVIEW_ANNOTATION = "egress-placer.io/review"
@@ -253,6 +254,11 @@ class PodState:
     # Seconds its containers get to stop: the deletion's grace once it is being deleted, else its own
     # terminationGracePeriodSeconds (the tenant's to choose: a day, with a process that ignores SIGTERM).
     grace_seconds: int = DEFAULT_GRACE_SECONDS
+    # Only for a pod waiting for a pool slot (POOL_SLOT_GATE, queue.core.GatedPod): spec.schedulingGates'
+    # names, its tolerations and creationTimestamp (which pools it waits for, in what order).
+    gates: tuple[str, ...] = ()
+    tolerated: tuple[tuple[str, str, str], ...] = ()  # (key, operator, value)
+    created: str = ""
 
     @property
     def owner_kinds(self) -> tuple[str, ...]:
@@ -290,7 +296,17 @@ class PodState:
             deleting=bool(meta.get("deletionTimestamp")),
             uid=meta.get("uid") or "",
             grace_seconds=_grace(meta.get("deletionGracePeriodSeconds"), spec.get("terminationGracePeriodSeconds")),
+            **_gated(meta, spec),
         )
+
+
+def _gated(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
+    gates = tuple(g["name"] for g in spec.get("schedulingGates") or [] if isinstance(g, Mapping) and isinstance(g.get("name"), str))
+    if POOL_SLOT_GATE not in gates:
+        return {}
+    tolerations = [t for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
+    tolerated = tuple((_text(t.get("key")), _text(t.get("operator")) or "Equal", _text(t.get("value"))) for t in tolerations)
+    return {"gates": gates, "tolerated": tolerated, "created": _text(meta.get("creationTimestamp"))}
 
 
 def _text(value: Any) -> str:

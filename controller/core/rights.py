@@ -11,7 +11,10 @@ no more than the controller does. Rendered here; the CEL text lives in this modu
     `unschedulable`, other taints, owners and finalizers stay);
   - a TaskRun or PipelineRun: only `spec.status` may be removed (the queue's release: the controller
     never sets it) and annotations under `egress-placer.io/` may change; every other field of `spec`,
-    the labels, the other annotations, owners and finalizers stay.
+    the labels, the other annotations, owners and finalizers stay;
+  - a Pod: only the schedulingGate `POOL_SLOT_GATE` may be removed (the queue lets in a pod that
+    waited for a pool slot); the other gates, every other field of `spec`, the labels, annotations,
+    owners and finalizers stay.
 - `POD_DELETES_NAME` (params: the pool guard's ConfigMap, controller/core/guard.py): a pod DELETE
   only of a pod whose `oldObject.spec.nodeName` is a pool node of the params (a node name is a key
   there). Params missing: refused (`parameterNotFoundAction: Deny`).
@@ -32,7 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 from controller.core.guard import GUARD_NAME
-from controller.core.model import TAINT_KEY
+from controller.core.model import POOL_SLOT_GATE, TAINT_KEY
 
 RIGHTS_NAME = "egress-placer-controller-rights"
 POD_DELETES_NAME = "egress-placer-controller-pod-deletes"
@@ -73,6 +76,18 @@ WEBHOOK_FIELDS = (
     "matchConditions",
 )
 
+# The fields of a pod's spec an UPDATE may change but schedulingGates (the rest is immutable): images,
+# tolerations (added), deadlines, grace, and a gated pod's nodeSelector and node affinity (narrowed).
+POD_MUTABLE_FIELDS = (
+    "containers",
+    "initContainers",
+    "activeDeadlineSeconds",
+    "terminationGracePeriodSeconds",
+    "tolerations",
+    "nodeSelector",
+    "affinity",
+)
+
 _WEBHOOK_SAME = " && ".join(_same("w", "o", f) for f in WEBHOOK_FIELDS)
 
 # (name, expression), evaluated lazily in this order.
@@ -80,6 +95,7 @@ VARIABLES: tuple[tuple[str, str], ...] = (
     ("webhookConfig", f"request.resource.group == '{ADMISSION_GROUP}'"),
     ("node", "request.resource.group == '' && request.resource.resource == 'nodes'"),
     ("run", f"request.resource.group == '{TEKTON_GROUP}'"),
+    ("pod", "request.resource.group == '' && request.resource.resource == 'pods'"),
     ("webhooks", "has(object.webhooks) ? object.webhooks : []"),
     ("oldWebhooks", "has(oldObject.webhooks) ? oldObject.webhooks : []"),
     (
@@ -107,6 +123,16 @@ VARIABLES: tuple[tuple[str, str], ...] = (
         "variables.spec.all(k, k in variables.oldSpec && variables.oldSpec[k] == variables.spec[k])"
         " && variables.oldSpec.all(k, k == 'status' || k in variables.spec)",
     ),
+    ("gates", "has(object.spec.schedulingGates) ? object.spec.schedulingGates.map(g, g.name) : []"),
+    ("oldGates", "has(oldObject.spec.schedulingGates) ? oldObject.spec.schedulingGates.map(g, g.name) : []"),
+    # A pod's spec on UPDATE: the API server lets these change (the rest is immutable), the fields are typed
+    # (no walk over keys as for a run's spec).
+    ("podSpecKept", " && ".join(_same("object.spec", "oldObject.spec", f) for f in POD_MUTABLE_FIELDS)),
+    (
+        "poolSlotGateRemoved",
+        f"'{POOL_SLOT_GATE}' in variables.oldGates"
+        f" && variables.gates == variables.oldGates.filter(g, g != '{POOL_SLOT_GATE}')",
+    ),
 )
 
 VALIDATIONS: tuple[tuple[str, str], ...] = (
@@ -133,6 +159,12 @@ VALIDATIONS: tuple[tuple[str, str], ...] = (
         + _same_metadata("labels", "ownerReferences", "finalizers")
         + ")",
         f"the controller may only remove a run's spec.status and change its {OWN_ANNOTATION_PREFIX}* annotations",
+    ),
+    (
+        "!variables.pod || (variables.poolSlotGateRemoved && variables.podSpecKept && "
+        + _same_metadata("labels", "annotations", "ownerReferences", "finalizers")
+        + ")",
+        f"the controller may only remove a pod's schedulingGate {POOL_SLOT_GATE}",
     ),
 )
 
@@ -165,6 +197,7 @@ def rights_policy(namespace: str = "egress-placer", service_account: str = "egre
                     {"apiGroups": [ADMISSION_GROUP], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": list(WEBHOOK_RESOURCES)},
                     {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]},
                     {"apiGroups": [TEKTON_GROUP], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": list(RUN_RESOURCES)},
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]},
                 ]
             },
             "matchConditions": _is_the_controller(namespace, service_account),

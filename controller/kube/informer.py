@@ -35,7 +35,7 @@ from controller.core import cluster_resolver
 from controller.core.images import TASKRUN_LABEL, TektonObjects, image_fields
 from controller.core.intruders import MIRROR_POD_ANNOTATION
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
-from controller.queue.core import PIPELINERUN_LABEL, QUEUE_ANNOTATION, compact_decision
+from controller.queue.core import PIPELINERUN_LABEL, POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
 from controller.core.patches import InvalidDefault, default_pod_template
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.retry import WATCHES, RetryPolicy, retrying
@@ -170,6 +170,10 @@ def trim_pod(obj: Mapping[str, Any]) -> Obj:
         "nodeName": spec.get("nodeName"),
         "terminationGracePeriodSeconds": spec.get("terminationGracePeriodSeconds"),
     }
+    gates = [{"name": g["name"]} for g in spec.get("schedulingGates") or [] if isinstance(g, Mapping) and isinstance(g.get("name"), str)]
+    if any(g["name"] == POOL_SLOT_GATE for g in gates):  # waiting for a pool slot (queue.core): which pools it tolerates
+        out["spec"]["schedulingGates"] = gates
+        out["spec"]["tolerations"] = [{k: t[k] for k in ("key", "operator", "value") if k in t} for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
     out["status"] = {"phase": (obj.get("status") or {}).get("phase") or "Pending"}
     return out
 

@@ -286,6 +286,26 @@ class KubeClient(KubeReader):
             raise
         return True
 
+    def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...], gate: str) -> bool:
+        """Remove `gate` from a pod's spec.schedulingGates (the scheduler then places it), and nothing
+        else: a JSON patch that first tests the pod's uid and its gates as seen. True when this call
+        removed it; False when the pod is gone, replaced, or its gates changed meanwhile (the next pass
+        looks again)."""
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        kept = [{"name": g} for g in gates if g != gate]
+        body = [
+            *([{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []),
+            {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": g} for g in gates]},
+            {"op": "replace", "path": "/spec/schedulingGates", "value": kept} if kept else {"op": "remove", "path": "/spec/schedulingGates"},
+        ]
+        try:
+            self.call("ungate-pod", partial(self.api.call, "PATCH", path, body=body, content_type=JSON_PATCH))
+        except ApiError as e:
+            if e.outcome is Outcome.NOT_FOUND or e.status == 422 or e.outcome is Outcome.CONFLICT:
+                return False
+            raise
+        return True
+
     # -- events ---------------------------------------------------------------------------------------
     def create_event(self, event: Mapping[str, Any]) -> dict[str, Any]:
         namespace = event["metadata"]["namespace"]

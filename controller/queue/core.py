@@ -32,7 +32,7 @@ from typing import Annotated, Any, Callable, Iterable, Mapping, Sequence
 from pydantic import Field, PositiveInt
 
 from controller.core.egress import parse_duration
-from controller.core.model import OwnerRef
+from controller.core.model import POOL_SLOT_GATE, OwnerRef
 from controller.core.schema import PolicyModel
 
 QUEUE_ANNOTATION = "egress-placer.io/queue"
@@ -311,6 +311,46 @@ def plan(queue: PoolQueue, entries: Iterable[QueueEntry], now: float) -> Plan:
     released = {r.entry.key for r in releases}
     rest = tuple(e for e in line if e.key not in released)
     return Plan(tuple(releases), tuple(e for e in overdue if e.key not in released), rest, occupied, queue.slots)
+
+
+@dataclass(frozen=True)
+class GatedPod:
+    """A pod admission gated (POOL_SLOT_GATE): a run's pod on a queued pool whose run carries no entry
+    of ours (its owner, tekton-kueue or Pipelines-as-Code created it pending and released it). It waits,
+    taking no slot, for a free slot in every queued pool it tolerates (a tenant may add tolerations to
+    a pod: one more pool only makes it wait longer)."""
+
+    namespace: str
+    name: str
+    uid: str
+    created: str  # creationTimestamp (RFC 3339: sorts as text)
+    pools: tuple[str, ...]
+    gates: tuple[str, ...] = (POOL_SLOT_GATE,)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+def gates_pod(queues: bool, ours: bool) -> bool:
+    """Is a run's pod placed on a pool gated at CREATE: the pool queues and the run is not one our queue
+    holds (it carries no entry of ours). The reconciler lets it in when a slot frees (`ungate`); one
+    of our released runs already took its slot in the plan (in flight)."""
+    return queues and not ours
+
+
+def ungate(free: Mapping[str, int], gated: Iterable[GatedPod]) -> tuple[GatedPod, ...]:
+    """The gated pods to let in now, oldest first: each when every queued pool it tolerates has a free
+    slot left (`free`: slots minus occupied, after this pass's releases), taking one in each. A pod that
+    tolerates no queued pool (the pool no longer queues) is let in."""
+    left = dict(free)
+    out = []
+    for pod in sorted(gated, key=lambda p: (p.created, p.namespace, p.name)):
+        if all(left.get(pool, 0) > 0 for pool in pod.pools):
+            for pool in pod.pools:
+                left[pool] -= 1
+            out.append(pod)
+    return tuple(out)
 
 
 def release_all(entries: Iterable[QueueEntry]) -> tuple[Release, ...]:

@@ -26,7 +26,19 @@ from typing import Callable, Protocol
 from loguru import logger
 
 from controller.core.policy import PlacementPolicy
-from controller.queue.core import PENDING, Plan, PoolQueue, QueueEntry, Release, ReleaseReason, plan, release_all
+from controller.queue.core import (
+    PENDING,
+    POOL_SLOT_GATE,
+    GatedPod,
+    Plan,
+    PoolQueue,
+    QueueEntry,
+    Release,
+    ReleaseReason,
+    plan,
+    release_all,
+    ungate,
+)
 from controller.event_sink import EventSink
 from controller.metrics import GaugeSnapshot, Metrics
 from controller.queue.view import QueueView
@@ -46,6 +58,8 @@ class QueueState(Protocol):
 class RunReleaser(Protocol):
     def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool: ...
 
+    def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...], gate: str) -> bool: ...
+
 
 class QueueReconciler:
     def __init__(
@@ -63,6 +77,7 @@ class QueueReconciler:
         self.clock = clock
         self.plans: dict[str, Plan] = {}  # pool -> the last pass's plan (tests, logs)
         self._released: dict[tuple[str, str, str], float] = {}  # released by us, not yet seen so
+        self._ungated: dict[tuple[str, str], tuple[float, GatedPod]] = {}  # let in by us, not yet seen bound
         self._warned: set[tuple[str, str, str]] = set()
         self._length = GaugeSnapshot(metrics.queue_length)
         self._slots = GaugeSnapshot(metrics.queue_slots)
@@ -81,6 +96,7 @@ class QueueReconciler:
         slots: dict[tuple[str, ...], float] = {}
         deadlines: list[float] = []
         plans: dict[str, Plan] = {}
+        free: dict[str, int] = {}
         for pool in self.state.policy.pools:
             picture = self.state.queue.pool_queue(pool)
             if picture is None:
@@ -94,10 +110,12 @@ class QueueReconciler:
             length[(pool.name,)] = len(result.line)
             slots[(pool.name, "total")] = result.slots
             slots[(pool.name, "occupied")] = result.occupied + sum(1 for r in result.releases if r.reason is ReleaseReason.SLOT)
+            free[pool.name] = result.slots - slots[(pool.name, "occupied")]
             deadlines += [e.queued_at + picture.setting.max_queue_seconds for e in result.line if e.key not in self._warned]
         for leftover in by_pool.values():  # pools that no longer queue (setting removed, pool gone)
             for release in release_all(leftover):
                 self._release(release, now, None)
+        self._let_in(free, now)
         self.plans = plans
         self._length.set(length)
         self._slots.set(slots)
@@ -118,6 +136,23 @@ class QueueReconciler:
         for key in set(self._released) - shown_pending:  # the informers caught up (or it is gone)
             del self._released[key]
         return out
+
+    def _let_in(self, free: dict[str, int], now: float) -> None:
+        """Remove the gate of the gated pods that fit in the pools' free slots (`queue.core.ungate`). A pod
+        let in by this replica counts in its pools until the informers show it bound (then the pool's
+        pods count it), gone, or RELEASE_MEMORY_SECONDS passed."""
+        for key, (when, pod) in list(self._ungated.items()):
+            seen = self.state.queue.pod(*key)
+            if seen is None or seen.uid != pod.uid or seen.node_name or now - when > RELEASE_MEMORY_SECONDS:
+                del self._ungated[key]
+                continue
+            for pool in pod.pools:
+                free[pool] = free.get(pool, 0) - 1
+        waiting = [p for p in self.state.queue.gated_pods() if p.key not in self._ungated]
+        for pod in ungate({k: max(0, v) for k, v in free.items()}, waiting):
+            self._ungated[pod.key] = (now, pod)
+            if self.client.ungate_pod(pod.namespace, pod.name, pod.uid, pod.gates, POOL_SLOT_GATE):
+                logger.bind(namespace=pod.namespace, name=pod.name, pools=list(pod.pools)).info("a pool slot is free: pod let in")
 
     def _release(self, release: Release, now: float, result: Plan | None) -> None:
         entry = release.entry

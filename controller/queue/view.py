@@ -16,7 +16,9 @@ from controller.core.model import DECISION_ANNOTATION, OwnerRef, PodState
 from controller.core.policy import PlacementPolicy, Pool
 from controller.load.view import LoadView
 from controller.queue.core import (
+    POOL_SLOT_GATE,
     QUEUE_ANNOTATION,
+    GatedPod,
     LineSummary,
     PoolQueue,
     QueueEntry,
@@ -83,6 +85,16 @@ def bound_taskrun(pod: PodState) -> tuple[str, str, str] | None:
     return (pod.namespace, owner.name, owner.uid) if pod.node_name and owner is not None else None
 
 
+def gated(pod: PodState) -> bool | None:
+    """The pod store's "gated" index: pods waiting for a pool slot (queue.core.GatedPod)."""
+    return True if POOL_SLOT_GATE in pod.gates else None
+
+
+def tolerates(pod: PodState, pool: Pool) -> bool:
+    """Does the pod tolerate the pool's taint (by key and value, as the scheduler matches them)."""
+    return any(key in ("", pool.taint.key) and (op == "Exists" or value == pool.name) for key, op, value in pod.tolerated)
+
+
 def _bound_key(kind: str, namespace: str, name: str, uid: str) -> tuple[str, ...]:
     """The pod store's index key of a run's bound pods (`bound_taskrun`, `bound_run`)."""
     return (namespace, name, uid) if kind == "TaskRun" else (namespace, name)
@@ -106,9 +118,9 @@ class QueueView:
         return [replace(entry, has_pod=True) if _bound_key(kind, namespace, name, entry.uid) in pods.indexes[kind] else entry
                 for (kind, namespace, name), entry in self._queued.items() if pool is None or entry.pool == pool]
 
-    def taskrun(self, namespace: str, name: str) -> RunRecord | None:
-        """The cached record of a TaskRun (None: not in the cache, or not yet)."""
-        record: RunRecord | None = self._stores["TaskRun"].items.get(("TaskRun", namespace, name))
+    def taskrun(self, namespace: str, name: str, kind: str = "TaskRun") -> RunRecord | None:
+        """The cached record of a TaskRun (or a PipelineRun: `kind`; None: not in the cache, or not yet)."""
+        record: RunRecord | None = self._stores[kind].items.get((kind, namespace, name))
         return record
 
     def is_run_pod(self, namespace: str, owners: tuple[OwnerRef, ...]) -> bool:
@@ -134,6 +146,18 @@ class QueueView:
                 if pod.active and self.is_run_pod(pod.namespace, pod.owners):
                     pods[pod.namespace] += 1
         return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
+
+    def gated_pods(self) -> list[GatedPod]:
+        """The runs' pods waiting for a pool slot (admission gates only those: `is_run_pod`; another pod
+        carrying the gate is its creator's, left alone), each with the queued pools it tolerates.
+        O(gated pods)."""
+        queued = [p for p in self._policy().pools if p.queue is not None]
+        return [GatedPod(pod.namespace, pod.name, pod.uid, pod.created, tuple(p.name for p in queued if tolerates(pod, p)), pod.gates)
+                for pod in self._stores["Pod"].snapshot.under("gated", True).values() if self.is_run_pod(pod.namespace, pod.owners)]
+
+    def pod(self, namespace: str, name: str) -> PodState | None:
+        pod: PodState | None = self._stores["Pod"].items.get((namespace, name))
+        return pod
 
     def queue_counts(self, pool: Pool, now: float) -> tuple[int, int, int] | None:
         """(waiting, slots, occupied) of a queued pool now; None when it does not queue. O(pods + queued runs)."""

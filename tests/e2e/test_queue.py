@@ -5,6 +5,8 @@
   (a sampler lists the pods all along), and every run ends Succeeded on a pool node. The last run of
   the burst has a short Tekton timeout: it waits in the queue longer than that and still succeeds
   (the timeout counts from the release).
+- Not ours: runs their owner created pending and releases while our line fills the pool run on the
+  pool, their pods let in (schedulingGate removed) as slots free, within the cap.
 - Cancel: a queued run cancelled while pending ends cancelled with no pod, and the others all run.
 - Fairness: namespace A submits 50 runs, then namespace B 10: B's last release comes before A's 30th,
   in the leader's release order.
@@ -30,7 +32,7 @@ from devplacer.local_placer import LEADER_TIMINGS, start_controller, stop_contro
 from devplacer.faults import kill_component
 from tests.e2e.harness import DATA, ControllerSpec, Placer, lease_holder, quietly
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, step, succeeded, taskrun
-from tests.kube import Api, pods
+from tests.kube import TEKTON, Api, namespaced, pods
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -117,6 +119,27 @@ def test_cap_a_burst_never_runs_more_than_the_slots_and_all_succeed(api: Api, ru
     # The late run's 8 s Tekton timeout did not count its wait: it waited longer and still succeeded.
     waited = start_seconds(done[late]) - created_seconds(done[late])
     assert waited > 8, f"the burst was too short to show it: the late run waited {waited:.0f}s"
+
+
+def test_runs_their_owner_created_pending_wait_for_a_slot_then_run_on_the_pool(api: Api, runs: Runs, egress_placer: Placer) -> None:
+    """Not ours (no entry: we never release them); released by their owner while our line fills the
+    pool, their pods wait with the gate egress-placer.io/pool-slot, the leader lets each in as a slot
+    frees, and the cap holds."""
+    offset = egress_placer.log.stat().st_size
+    with PoolSampler(api, (TEAM_CDN,)) as sampler:
+        ours = uploads(runs, TEAM_CDN, "mixed", SLOTS)
+        own = [runs.name(f"own-pending-{i}") for i in range(3)]
+        for name in own:
+            body = taskrun(name, MATCHING_IMAGE)
+            body["spec"]["status"] = "TaskRunPending"
+            runs.create(TEAM_CDN, "taskruns", body)
+        for name in own:  # its owner (here the admin) releases it
+            api.json_patch(namespaced(TEAM_CDN, "taskruns", name, group=TEKTON), [{"op": "remove", "path": "/spec/status"}])
+        runs.wait_succeeded(TEAM_CDN, "taskruns", [*ours, *own], timeout=300)
+    assert 0 < sampler.most <= SLOTS, f"at most {SLOTS} pool pods Running at once, sampled {sampler.most}"
+    assert set(runs.nodes_of(TEAM_CDN, own).values()) <= POOL_NODES
+    let_in = {str(r.get("name")) for r in egress_placer.log_records(offset) if r.get("message") == "a pool slot is free: pod let in"}
+    assert all(any(pod.startswith(name) for pod in let_in) for name in own), let_in
 
 
 def test_cancel_a_queued_run_frees_its_place(api: Api, runs: Runs, egress_placer: Placer) -> None:

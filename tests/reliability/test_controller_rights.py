@@ -7,9 +7,11 @@ stolen token would, the admin's kubectl impersonates its ServiceAccount (`--as`)
 
 - refused, each naming our policy or the missing RBAC right: a webhook configuration's rules or
   service, a node's labels or `unschedulable`, the pool guard's binding, a run's params (a held run and
-  a started one), deleting a pod off the pool nodes;
+  a started one), deleting a pod off the pool nodes, a pod's labels, annotations, images or another
+  manager's schedulingGate;
 - admitted: a new caBundle, a pool taint removed, a held run's `spec.status` removed (the queue's
-  release), deleting a pod on a pool node.
+  release), deleting a pod on a pool node, removing our schedulingGate `egress-placer.io/pool-slot`
+  of a pod waiting for a pool slot.
 
 Both with Tekton's webhook on and off: Tekton's webhook refuses spec changes of a started run for
 anyone, cluster-admin too, which proves nothing about our policy; with its configurations removed only
@@ -27,7 +29,7 @@ from typing import Any, Iterator
 import pytest
 
 from controller.core.guard import GUARD_NAME
-from controller.core.model import TAINT_KEY
+from controller.core.model import POOL_SLOT_GATE, TAINT_KEY
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from devcluster import tekton_webhook
 from devcluster.cluster import Cluster
@@ -105,6 +107,10 @@ def tekton(request: pytest.FixtureRequest, devcluster: Cluster, api: Api, egress
 # -- the objects tried on ----------------------------------------------------------------------------
 
 
+# A pod waiting for a pool slot, and for another manager (no run's pod: the controller leaves its gate alone).
+GATES = [{"name": POOL_SLOT_GATE}, {"name": "example.com/another-manager"}]
+
+
 def run_body(name: str, pending: bool) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "params": [{"name": "url", "value": "https://example.com/a"}],
@@ -129,8 +135,10 @@ def objects(api: Api, egress_placer: Placer, tenants: tuple[str, ...]) -> Iterat
     off_pool, on_pool = made.name("off-pool"), made.name("on-pool")
     made.create_pod(TEAM_OTHER, {"metadata": {"name": off_pool}, "spec": {**pod, "nodeName": ORDINARY_NODE}})
     made.create_pod("kube-system", {"metadata": {"name": on_pool}, "spec": {**pod, "nodeName": POOL_NODE, "tolerations": [POOL_TOLERATION]}})
+    gated = made.name("gated")
+    made.create_pod(TEAM_OTHER, {"metadata": {"name": gated}, "spec": {**pod, "schedulingGates": GATES}})
     try:
-        yield {"held": held, "started": started, "off-pool": off_pool, "on-pool": on_pool}
+        yield {"held": held, "started": started, "off-pool": off_pool, "on-pool": on_pool, "gated": gated}
     finally:
         made.cleanup()
 
@@ -141,7 +149,7 @@ def objects(api: Api, egress_placer: Placer, tenants: tuple[str, ...]) -> Iterat
 def refused(cluster: Cluster, args: list[str], stdin: str | None = None, *, names: str) -> str:
     out = as_the_controller(cluster, *args, stdin=stdin)
     assert out.returncode != 0, f"admitted: kubectl {' '.join(args)}\n{out.stdout}"
-    assert names in out.stderr, out.stderr
+    assert names in out.stderr, f"kubectl {' '.join(args)}: {out.stderr}"
     return out.stderr.strip()
 
 
@@ -197,12 +205,26 @@ def test_it_cannot_delete_a_pod_off_the_pool_nodes(devcluster: Cluster, tekton: 
     figures.measured(message[-200:], 0)
 
 
+def test_it_can_change_nothing_of_a_pod_but_remove_our_gate(devcluster: Cluster, tekton: str, objects: dict[str, str], figures: Figures) -> None:
+    figures.fault("the controller's token: a pod's labels, images, other gates", tekton, f"refused by {RIGHTS_NAME}")
+    gated = objects["gated"]
+    refused(devcluster, ["-n", TEAM_OTHER, "label", "pod", gated, "team.io/owner=evil"], names=RIGHTS_REFUSED)
+    refused(devcluster, ["-n", TEAM_OTHER, "annotate", "pod", objects["off-pool"], "team.io/owner=evil"], names=RIGHTS_REFUSED)
+    refused(devcluster, patch("pod", gated, [{"op": "remove", "path": "/spec/schedulingGates"}], TEAM_OTHER), names=RIGHTS_REFUSED)
+    refused(devcluster, patch("pod", gated, [{"op": "remove", "path": "/spec/schedulingGates/1"}], TEAM_OTHER), names=RIGHTS_REFUSED)
+    message = refused(devcluster, patch("pod", gated, [
+        {"op": "remove", "path": "/spec/schedulingGates/0"},
+        {"op": "replace", "path": "/spec/containers/0/image", "value": "registry.example/evil:1"},
+    ], TEAM_OTHER), names=RIGHTS_REFUSED)
+    figures.measured(message[-200:], 0)
+
+
 # -- still admitted ----------------------------------------------------------------------------------
 
 
 def admitted(cluster: Cluster, args: list[str], stdin: str | None = None) -> None:
     out = as_the_controller(cluster, *args, stdin=stdin)
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stderr}"
 
 
 def test_it_can_still_do_its_work(devcluster: Cluster, api: Api, egress_placer: Placer, tekton: str, objects: dict[str, str]) -> None:
@@ -220,6 +242,9 @@ def test_it_can_still_do_its_work(devcluster: Cluster, api: Api, egress_placer: 
         {"op": "test", "path": "/spec/status", "value": "TaskRunPending"}, {"op": "remove", "path": "/spec/status"},
     ], TEAM_OTHER))
     admitted(devcluster, ["-n", "kube-system", "delete", "pod", objects["on-pool"], "--wait=false"])
+    admitted(devcluster, patch("pod", objects["gated"], [
+        {"op": "test", "path": "/spec/schedulingGates", "value": GATES}, {"op": "remove", "path": "/spec/schedulingGates/0"},
+    ], TEAM_OTHER))  # the queue lets in a pod waiting for a pool slot
     # Dry runs: nothing changed.
     assert api.call("GET", namespaced(TEAM_OTHER, "taskruns", objects["held"], group=TEKTON))["spec"]["status"] == "TaskRunPending"
     # The controller itself, under the policies all along (it tainted the pool nodes through them), had no write refused.

@@ -10,8 +10,8 @@ clusters make one; the devcluster installs Tekton's aggregated ClusterRoles (`te
 The pool is kept full all along (3 runs of rel-team-cdn lasting 15 minutes). Then the tenant of
 rel-team-cdn, whose next run waits in the queue, tries to start it early:
 (a) clearing `spec.status`; (b) emptying it; (c) rewriting its queue entry to name another pool, or an
-older time; (d) creating a run pending itself and releasing it (xfail: the fix is pod schedulingGates
-until a slot frees); and a tenant of rel-team-other, a namespace with no pool rights, (e) adds a queue
+older time; (d) creating a run pending itself and releasing it (not ours: its pod waits, with the schedulingGate
+egress-placer.io/pool-slot, until a slot frees); and a tenant of rel-team-other, a namespace with no pool rights, (e) adds a queue
 entry by UPDATE to its own runs. Each must not start a run early, nor give the pool a pod beyond its 3
 slots. The tenant can still cancel and delete its held run, and another queue manager still releases a
 run with no entry of ours. 200 forged queue annotations (at CREATE and by
@@ -32,7 +32,7 @@ from typing import Any, Iterator
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from controller.queue.core import PENDING, QUEUE_ANNOTATION, entry_annotation, format_time, read_entry
+from controller.queue.core import PENDING, POOL_SLOT_GATE, QUEUE_ANNOTATION, entry_annotation, format_time, read_entry
 from controller.core.run_guard import RUN_GUARD_NAME
 from devcluster.cluster import Cluster
 from tests.e2e.harness import ControllerSpec, Placer, editor, service_account_user
@@ -173,8 +173,6 @@ def test_c_rewriting_the_entry(api: Api, runs: Runs, tenant: Api, full_pool: lis
     still_held(api, name)
 
 
-@pytest.mark.xfail(strict=True, reason="needs queue-state changes: a run its owner created pending is not ours; "
-                   "released onto a full pool its pod must wait (pod schedulingGates until a slot frees)")
 def test_d_a_run_created_pending_by_its_owner_and_released(api: Api, runs: Runs, tenant: Api, full_pool: list[str]) -> None:
     name = runs.name("d-own-pending")
     body = taskrun(name, MATCHING_IMAGE)
@@ -182,7 +180,8 @@ def test_d_a_run_created_pending_by_its_owner_and_released(api: Api, runs: Runs,
     made = runs.create(TEAM_CDN, "taskruns", body, api=tenant)
     assert QUEUE_ANNOTATION not in (made["metadata"].get("annotations") or {})  # not ours: the user's pending
     tenant.json_patch(run_path(TEAM_CDN, name), [{"op": "remove", "path": "/spec/status"}])  # allowed: no entry of ours
-    wait_for(f"the pod of {name}", lambda: runs.pods_by_taskrun(TEAM_CDN).get(name), timeout=60)
+    pod = wait_for(f"the pod of {name}", lambda: runs.pods_by_taskrun(TEAM_CDN).get(name), timeout=60)
+    assert {"name": POOL_SLOT_GATE} in (pod["spec"].get("schedulingGates") or []), pod["spec"]  # it waits for a slot
     holds_for(f"at most {SLOTS} pool pods", lambda: len(pool_pods(api)) <= SLOTS, seconds=HOLD_SECONDS)
 
 

@@ -60,7 +60,7 @@ RESOLVERS_NS = default("tekton_resolvers_namespace")
 REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     *{("cluster", "", "nodes", v, ANY) for v in ("get", "list", "watch", "patch")},
     *{("cluster", "", "namespaces", v, ANY) for v in ("get", "list", "watch")},
-    *{("cluster", "", "pods", v, ANY) for v in ("get", "list", "watch", "delete")},
+    *{("cluster", "", "pods", v, ANY) for v in ("get", "list", "watch", "delete", "patch")},
     ("cluster", "", "pods/eviction", "create", ANY),
     *{("cluster", "apps", "daemonsets", v, ANY) for v in ("get", "list", "watch")},
     ("kube-system", "apps", "daemonsets", "patch", ANY),  # opted-in node agents' templates (rbac-agents.yaml)

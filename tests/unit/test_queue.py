@@ -11,17 +11,20 @@ from hypothesis import strategies as st
 from controller.core.policy import load_policy
 from controller.queue.core import (
     QUEUE_ANNOTATION,
+    GatedPod,
     PoolQueue,
     QueueEntry,
     QueueSetting,
     ReleaseReason,
     RunFacts,
     entry_annotation,
+    gates_pod,
     plan,
     position,
     read_any_entry,
     read_entry,
     release_all,
+    ungate,
     release_order,
     slots,
 )
@@ -262,3 +265,28 @@ def test_a_pipeline_timeout_shorter_than_the_wait_is_named(timeouts: object, war
     from controller.queue.core import pipeline_timeout_problem
 
     assert bool(pipeline_timeout_problem(timeouts, "overseas", SETTING)) is warned  # maxQueueSeconds 600
+
+
+@pytest.mark.parametrize(("queues", "ours", "gated"), [(True, False, True), (True, True, False), (False, False, False), (False, True, False)])
+def test_a_pod_is_gated_when_its_pool_queues_and_its_run_is_not_ours(queues: bool, ours: bool, gated: bool) -> None:
+    assert gates_pod(queues, ours) is gated
+
+
+def _gated(name: str, created: str, *pools: str) -> GatedPod:
+    return GatedPod("ns", name, f"uid-{name}", created, pools)
+
+
+@pytest.mark.parametrize(
+    ("free", "pods", "expected"),
+    [
+        ({"p": 0}, [("a", "1", ("p",))], []),  # full: it waits
+        ({"p": 1}, [("b", "2", ("p",)), ("a", "1", ("p",))], ["a"]),  # the oldest first
+        ({"p": 2}, [("b", "2", ("p",)), ("a", "1", ("p",))], ["a", "b"]),
+        ({"p": 1, "q": 0}, [("a", "1", ("p", "q")), ("b", "2", ("p",))], ["b"]),  # a free slot in every pool it tolerates
+        ({"p": 1, "q": 1}, [("a", "1", ("p", "q")), ("b", "2", ("p",)), ("c", "3", ("q",))], ["a"]),  # one in each
+        ({}, [("a", "1", ())], ["a"]),  # tolerates no queued pool (the pool no longer queues)
+        ({"p": 1}, [("a", "1", ("gone",))], []),  # a pool not counted has no free slot
+    ],
+)
+def test_ungate(free: dict[str, int], pods: list[tuple[str, str, tuple[str, ...]]], expected: list[str]) -> None:
+    assert [p.name for p in ungate(free, [_gated(n, c, *ps) for n, c, ps in pods])] == expected

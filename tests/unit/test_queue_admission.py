@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import generate_latest
 
-from controller.core.model import DECISION_ANNOTATION
+from controller.core.model import DECISION_ANNOTATION, POOL_SLOT_GATE
 from controller.core.policy import load_policy
 from controller.queue.core import QUEUE_ANNOTATION, admitted_entry, entry_annotation, read_entry
 from controller.queue.reconcile import QueueReconciler
@@ -369,3 +369,94 @@ def test_a_release_from_a_pool_gone_from_the_policy_is_labelled_without_its_name
     assert len(releaser.calls) == 1
     assert env.metrics.queue_releases.labels(pool="", reason="unqueued")._value.get() == 1  # noqa: SLF001
     assert "retired" not in generate_latest(env.metrics.registry).decode()
+
+
+# -- a run not ours on a queued pool: its pod waits for a slot (schedulingGates) ------------------------
+
+
+def test_a_pod_of_a_run_not_queued_by_us_is_gated_on_a_queued_pool() -> None:
+    env = queued_env()
+    _, patched, _ = env.review(tekton_pod())  # its TaskRun carries no entry: its owner created it pending
+    assert patched["spec"]["schedulingGates"] == [{"name": POOL_SLOT_GATE}]
+    assert EGRESS_TOLERATION in patched["spec"]["tolerations"]  # placed as ever: it waits for a slot there
+    entry = entry_annotation("egress", "TaskRun", env.now - 5)
+    env.state.apply("TaskRun", "ADDED", run_obj("TaskRun", "team-ci", "build-2", entry, ""))  # ours, released
+    _, patched, _ = env.review(tekton_pod(name="p2", taskrun_name="build-2"))
+    assert "schedulingGates" not in patched["spec"]  # its slot was counted when we released it
+    _, patched, _ = Env().review(tekton_pod())  # a pool that does not queue
+    assert "schedulingGates" not in patched["spec"]
+
+
+def test_a_gate_of_its_own_is_kept_beside_ours() -> None:
+    env = queued_env()
+    _, patched, _ = env.review(tekton_pod(spec_extra={"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}))
+    assert patched["spec"]["schedulingGates"] == [{"name": "kueue.x-k8s.io/admission"}, {"name": POOL_SLOT_GATE}]
+
+
+class FakeGates(FakeReleaser):
+    def __init__(self, env: Env) -> None:
+        super().__init__(env)
+        self.ungated: list[str] = []
+
+    def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...], gate: str) -> bool:
+        assert gate in gates
+        self.ungated.append(name)
+        return True
+
+
+def run_pod(env: Env, name: str, *, node: str | None = None, gated_at: str = "", event: str = "ADDED") -> None:
+    """A run's pod (its TaskRun in the cache, decided): bound to `node`, or gated since `gated_at`."""
+    env.add_taskrun("team-ci", f"tr-{name}", f"uid-tr-{name}")
+    spec: dict[str, Any] = {"tolerations": [EGRESS_TOLERATION]}
+    if node:
+        spec["nodeName"] = node
+    if gated_at:
+        spec["schedulingGates"] = [{"name": POOL_SLOT_GATE}]
+    env.state.apply("Pod", event, {
+        "metadata": {"namespace": "team-ci", "name": name, "uid": f"uid-{name}", "creationTimestamp": gated_at or "2026-01-01T00:00:00Z",
+                     "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": f"tr-{name}",
+                                          "uid": f"uid-tr-{name}", "controller": True}]},
+        "spec": spec,
+        "status": {"phase": "Pending" if gated_at else "Running"},
+    })
+
+
+def test_gated_pods_are_let_in_oldest_first_as_slots_free() -> None:
+    env = queued_env()
+    gates = FakeGates(env)
+    reconciler = QueueReconciler(env.state, gates, RecordingSink(), env.metrics, clock=lambda: env.now)
+    run_pod(env, "a", node="egress-1")
+    run_pod(env, "b", node="egress-2")
+    for name, at in [("late", "2026-01-01T00:00:09Z"), ("first", "2026-01-01T00:00:01Z"), ("second", "2026-01-01T00:00:02Z")]:
+        run_pod(env, name, gated_at=at)
+    reconciler()
+    assert gates.ungated == ["first"]  # 3 slots, 2 taken: a gated pod takes none
+    reconciler()
+    assert gates.ungated == ["first"]  # let in, not bound yet: its slot is counted
+    run_pod(env, "first", node="egress-3", event="MODIFIED")  # bound (the gate is gone)
+    reconciler()
+    assert gates.ungated == ["first"]
+    env.state.apply("Pod", "DELETED", {"metadata": {"namespace": "team-ci", "name": "a"}, "spec": {"nodeName": "egress-1"}})
+    reconciler()
+    assert gates.ungated == ["first", "second"]
+
+
+def test_our_waiting_runs_and_gated_pods_share_the_free_slots() -> None:
+    env = queued_env()
+    gates = FakeGates(env)
+    reconciler = QueueReconciler(env.state, gates, RecordingSink(), env.metrics, clock=lambda: env.now)
+    queue_some(env, "team-ci", 2)
+    run_pod(env, "own", gated_at="2026-01-01T00:00:01Z")
+    run_pod(env, "own-2", gated_at="2026-01-01T00:00:02Z")
+    reconciler()
+    assert len(gates.calls) == 2 and gates.ungated == ["own"]  # 3 slots: never more let in
+
+
+def test_a_gated_pod_of_no_run_is_left_alone() -> None:
+    """Anyone may create a pod with our gate: only a run's pod (admission gated it) is let in."""
+    env = queued_env()
+    gates = FakeGates(env)
+    env.state.apply("Pod", "ADDED", {"metadata": {"namespace": "team-ci", "name": "own-gate", "uid": "u"},
+                                      "spec": {"schedulingGates": [{"name": POOL_SLOT_GATE}]}, "status": {"phase": "Pending"}})
+    QueueReconciler(env.state, gates, RecordingSink(), env.metrics, clock=lambda: env.now)()
+    assert gates.ungated == []

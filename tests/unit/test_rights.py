@@ -98,6 +98,7 @@ def test_what_each_policy_matches() -> None:
         ("", "nodes", ("UPDATE",)),
         ("tekton.dev", "taskruns", ("UPDATE",)),
         ("tekton.dev", "pipelineruns", ("UPDATE",)),
+        ("", "pods", ("UPDATE",)),
     }
     deletes = pod_deletes_policy()["spec"]
     assert deletes["matchConstraints"]["resourceRules"] == [
@@ -303,6 +304,51 @@ def test_any_other_change_of_a_run_is_refused(path: str, value: Any) -> None:
 def test_a_pending_status_set_on_a_started_run_is_refused() -> None:
     started = edited(RUN, "spec.status", ...)
     assert refusals(*RUNS, started, RUN) != []
+
+
+GATED = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "build-pod", "namespace": "team-a", "labels": {"tekton.dev/taskRun": "build"}, "annotations": {"a": "b"}},
+    "spec": {
+        "containers": [{"name": "step-build", "image": "kaniko"}],
+        "tolerations": [{"key": "egress-placer.io/pool", "operator": "Equal", "value": "overseas", "effect": "NoSchedule"}],
+        "schedulingGates": [{"name": "kueue.x-k8s.io/admission"}, {"name": "egress-placer.io/pool-slot"}],
+    },
+}
+PODS = ("", "pods")
+POD_REFUSED = f"the controller may only remove a pod's schedulingGate egress-placer.io/pool-slot ({RIGHTS_NAME})"
+
+
+def test_removing_our_gate_is_admitted() -> None:
+    assert refusals(*PODS, GATED, edited(GATED, "spec.schedulingGates", [{"name": "kueue.x-k8s.io/admission"}])) == []
+    alone = edited(GATED, "spec.schedulingGates", [{"name": "egress-placer.io/pool-slot"}])
+    assert refusals(*PODS, alone, edited(alone, "spec.schedulingGates", ...)) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("spec.schedulingGates", ...),  # another manager's gate removed too
+        ("spec.schedulingGates", [{"name": "egress-placer.io/pool-slot"}]),  # only another's removed
+        ("spec.containers", [{"name": "step-build", "image": "evil"}]),
+        ("spec.tolerations", []),
+        ("spec.nodeSelector", {"kubernetes.io/hostname": "egress-1"}),
+        ("spec.activeDeadlineSeconds", 1),
+        ("metadata.labels", {}),
+        ("metadata.annotations", {"a": "c"}),
+        ("metadata.ownerReferences", [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u"}]),
+        ("metadata.finalizers", ["evil.io/keep"]),
+    ],
+)
+def test_any_other_change_of_a_pod_is_refused(path: str, value: Any) -> None:
+    new = edited(GATED, "spec.schedulingGates", [{"name": "kueue.x-k8s.io/admission"}])
+    assert refusals(*PODS, GATED, edited(new, path, value) if path != "spec.schedulingGates" else edited(GATED, path, value)) == [POD_REFUSED]
+
+
+def test_a_pod_without_our_gate_is_not_changed() -> None:
+    plain = edited(GATED, "spec.schedulingGates", ...)
+    assert refusals(*PODS, plain, edited(plain, "metadata.labels", {})) == [POD_REFUSED]
 
 
 # -- pod deletes: only on pool nodes -----------------------------------------------------------------

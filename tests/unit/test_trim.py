@@ -324,7 +324,8 @@ def pods(draw) -> dict[str, Any]:
         "metadata": metadata,
         "spec": {"nodeName": draw(st.sampled_from([None, "egress-1", "node-1"])),
                  "terminationGracePeriodSeconds": draw(st.sampled_from([None, 0, 30, 86400])),
-                 "tolerations": [{"operator": "Exists"}]},
+                 "tolerations": [{"operator": "Exists"}],
+                 **({"schedulingGates": [{"name": "egress-placer.io/pool-slot"}]} if draw(st.booleans()) else {})},
         "status": {"phase": draw(st.sampled_from(["Pending", "Running", "Succeeded", "Failed", None]))},
     }
 
@@ -336,7 +337,7 @@ def pod_answers(pod: PodState) -> tuple[Any, ...]:
         pod.namespace, pod.name, pod.uid, pod.node_name, pod.phase, pod.active, pod.on_node, pod.finished,
         pod.deleting, pod.grace_seconds, pod.labels.get(TASKRUN_LABEL) or None,
         "DaemonSet" in pod.owner_kinds, controller_owner(pod.owners),
-        is_mirror_pod(pod.annotations, pod.owners, pod.node_name, NODE),
+        is_mirror_pod(pod.annotations, pod.owners, pod.node_name, NODE), pod.gates, pod.tolerated,
     )
 
 
