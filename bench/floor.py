@@ -29,6 +29,7 @@ from typing import Any, Callable
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.core.images import TektonObjects, taskrun_images
+from controller.core.model import PLACEMENT_ANNOTATION
 from devcluster import build
 from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port
@@ -46,14 +47,31 @@ WEBHOOK_DURATION = "apiserver_admission_webhook_admission_duration_seconds"
 Log = Callable[[str], None]
 
 
-def bench_pod(namespace: str, name: str) -> dict[str, Any]:
-    """The pod Tekton makes for the benchmarks' git-clone TaskRun `name` (its images match the pools)."""
+OWNER_RUN = "bench-pod-owner"  # the TaskRun that owns the benchmarks' dry-run pods (pending, opted out: it never runs)
+
+
+async def pod_owner(kube: Kube, namespace: str, name: str = OWNER_RUN) -> dict[str, Any]:
+    """A real TaskRun to own dry-run pods, created through the API server (and so admitted): egress-placer
+    places a pod only when its controller owner resolves by uid to a TaskRun carrying its decision. Made
+    pending and opted out of placement, so Tekton never starts it and admission assumes no load for it."""
+    run = bench_taskrun(namespace, name)
+    run["metadata"].setdefault("annotations", {})[PLACEMENT_ANNOTATION] = "none"
+    run["spec"]["status"] = "TaskRunPending"
+    path = f"/apis/tekton.dev/v1/namespaces/{namespace}/taskruns"
+    return await kube.create(path, run, exist_ok=True) or await kube.get(f"{path}/{name}")
+
+
+def bench_pod(namespace: str, name: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The pod Tekton makes for the benchmarks' git-clone TaskRun `name` (its images match the pools);
+    `owner`: the real TaskRun (`pod_owner`) it names as its controller, else a made-up one."""
     task = catalog_task(TASK)
     objects = TektonObjects()
     objects.put(in_namespace(task, namespace))
-    run = bench_taskrun(namespace, name)
-    return tekton_pod(run, f"{abs(hash(name)) % 10**8:08d}-5b1e-4c7e-9d1a-7f2b3c4d5e6f",
-                      taskrun_images(run, objects).images, task)
+    run = bench_taskrun(namespace, owner["metadata"]["name"] if owner else name)
+    uid = owner["metadata"]["uid"] if owner else f"{abs(hash(name)) % 10**8:08d}-5b1e-4c7e-9d1a-7f2b3c4d5e6f"
+    pod = tekton_pod(run, uid, taskrun_images(run, objects).images, task)
+    pod["metadata"]["name"] = f"{name}-pod"
+    return pod
 
 
 def webhook_calls(metrics_text: str, names: set[str]) -> float:

@@ -21,7 +21,7 @@ import aiohttp
 
 from bench.cluster import BenchCluster, namespace_for
 from bench.e2e import KYVERNO, Switch, add_cpu_since, block_order, cpu_now
-from bench.floor import FloorWebhook, bench_pod
+from bench.floor import FloorWebhook, bench_pod, pod_owner
 from bench.kube import Kube
 from bench.kyverno import Kyverno
 from bench.stats import percentile, ratio
@@ -58,12 +58,12 @@ def make_switch(bc: BenchCluster, floor: FloorWebhook, kyverno: Kyverno | None, 
     return switch
 
 
-async def _open_loop(kube: Kube, namespace: str, tag: str, rate: float, seconds: float) -> dict[str, Any]:
+async def _open_loop(kube: Kube, namespace: str, owner: dict[str, Any], tag: str, rate: float, seconds: float) -> dict[str, Any]:
     """Dry-run pod creates at `rate` for `seconds`; latency from when each was due. Bodies are serialised
     before the clock starts and answers are only searched, not decoded, so that this one Python process
     (sharing the 2 cores with the cluster) spends as little as it can per request."""
     count = max(1, int(rate * seconds))
-    bodies = [json.dumps(bench_pod(namespace, f"adm-{tag}-{i:05d}"), separators=(",", ":")).encode() for i in range(count)]
+    bodies = [json.dumps(bench_pod(namespace, f"adm-{tag}-{i:05d}", owner), separators=(",", ":")).encode() for i in range(count)]
     latencies: list[float] = []
     lags: list[float] = []
     outcome = {"errors": 0, "mutated": 0}
@@ -115,11 +115,12 @@ async def admission(bc: BenchCluster, switch: Switch, modes: tuple[str, ...], lo
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     cpu: dict[str, dict[str, float]] = {m: {} for m in modes}
     async with Kube(bc.cluster, connections=64) as kube:
+        owner = await pod_owner(kube, namespace)  # egress-placer places only a real run's pods
         for b, mode in enumerate(block_order(rounds, modes)):
             await switch(kube, mode)
-            await _open_loop(kube, namespace, f"warm{b}", RATE, 0.5)  # connections and caches warm
+            await _open_loop(kube, namespace, owner, f"warm{b}", RATE, 0.5)  # connections and caches warm
             before = cpu_now(bc)
-            runs[mode].append(await _open_loop(kube, namespace, f"{mode}{b}", RATE, seconds))
+            runs[mode].append(await _open_loop(kube, namespace, owner, f"{mode}{b}", RATE, seconds))
             add_cpu_since(cpu[mode], before, bc)
             log(f"peers: admission {mode} round {b // len(modes) + 1}/{rounds}: p99 {runs[mode][-1]['p99_ms']} ms")
         await switch(kube, "with")

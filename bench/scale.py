@@ -41,7 +41,6 @@ from typing import Any, Callable
 
 import aiohttp
 
-from controller.core.model import PLACEMENT_ANNOTATION
 from controller.core.policy import load_policy
 from controller.kube.informer import Informer, pods, trim_node, trim_pod
 from controller.metrics import Metrics
@@ -49,6 +48,7 @@ from controller.state import ClusterState
 
 from bench import profiling
 from bench.report import TENANT_EXTRA_LIMIT_MB
+from bench.floor import pod_owner
 from bench.cluster import WEBHOOK_PATH, BenchCluster, bench_taskrun, namespace_for, read_json_lines
 from bench.kube import Kube, bounded, ensure_namespace
 from bench.workload import catalog_task, node, review, running_pod, tekton_pod
@@ -131,12 +131,7 @@ class WebhookProbe:
     @classmethod
     async def create(cls, kube: Kube, config: dict[str, Any], namespace: str, pool_nodes: list[str]) -> "WebhookProbe":
         """The probe with its owner TaskRun created through the API server (and so admitted)."""
-        run = bench_taskrun(namespace, PROBE_RUN)
-        run["metadata"].setdefault("annotations", {})[PLACEMENT_ANNOTATION] = "none"
-        run["spec"]["status"] = "TaskRunPending"
-        path = f"/apis/tekton.dev/v1/namespaces/{namespace}/taskruns"
-        owner = await kube.create(path, run, exist_ok=True) or await kube.get(f"{path}/{PROBE_RUN}")
-        return cls(config, namespace, pool_nodes, owner)
+        return cls(config, namespace, pool_nodes, await pod_owner(kube, namespace, PROBE_RUN))
 
     async def load(self, session: aiohttp.ClientSession) -> int:
         async with session.post(self.url, data=self.body, ssl=self.context,

@@ -49,7 +49,7 @@ EVERY_USER = (
 CLUSTER_WIDE = (
     rules([""], ["nodes"], [*READ, "patch"])
     | rules([""], ["namespaces"], READ)
-    | rules([""], ["pods"], [*READ, "delete"])
+    | rules([""], ["pods"], [*READ, "delete", "patch"])
     | rules([""], ["pods/eviction"], ["create"])
     | rules(["apps"], ["daemonsets"], READ)
     | rules(["tekton.dev"], ["tasks", "stepactions", "pipelines", "taskruns", "pipelineruns"], READ)
