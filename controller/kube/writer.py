@@ -272,19 +272,10 @@ class KubeClient(KubeReader):
         or replaced."""
         plural = {"TaskRun": "taskruns", "PipelineRun": "pipelineruns"}[kind]
         path = f"/apis/tekton.dev/v1/namespaces/{namespace}/{plural}/{name}"
-        body = [
-            *([{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []),
+        return self._patch_as_seen("release-run", path, uid, [
             {"op": "test", "path": "/spec/status", "value": pending},
             {"op": "remove", "path": "/spec/status"},
-        ]
-        try:
-            self.call("release-run", partial(self.api.call, "PATCH", path, body=body, content_type=JSON_PATCH))
-        except ApiError as e:
-            # 422: a test failed (released, cancelled, or another run of that name now); 404: gone.
-            if e.outcome is Outcome.NOT_FOUND or e.status == 422 or e.outcome is Outcome.CONFLICT:
-                return False
-            raise
-        return True
+        ])
 
     def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...], gate: str) -> bool:
         """Remove `gate` from a pod's spec.schedulingGates (the scheduler then places it), and nothing
@@ -293,13 +284,18 @@ class KubeClient(KubeReader):
         looks again)."""
         path = f"/api/v1/namespaces/{namespace}/pods/{name}"
         kept = [{"name": g} for g in gates if g != gate]
-        body = [
-            *([{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []),
+        return self._patch_as_seen("ungate-pod", path, uid, [
             {"op": "test", "path": "/spec/schedulingGates", "value": [{"name": g} for g in gates]},
             {"op": "replace", "path": "/spec/schedulingGates", "value": kept} if kept else {"op": "remove", "path": "/spec/schedulingGates"},
-        ]
+        ])
+
+    def _patch_as_seen(self, what: str, path: str, uid: str, ops: list[dict[str, Any]]) -> bool:
+        """A JSON patch of `ops` behind a test of the object's uid (when known): True when it applied;
+        False when a test failed (422: changed meanwhile, or another object of that name now), the
+        object is gone (404) or conflicted (409)."""
+        body = [*([{"op": "test", "path": "/metadata/uid", "value": uid}] if uid else []), *ops]
         try:
-            self.call("ungate-pod", partial(self.api.call, "PATCH", path, body=body, content_type=JSON_PATCH))
+            self.call(what, partial(self.api.call, "PATCH", path, body=body, content_type=JSON_PATCH))
         except ApiError as e:
             if e.outcome is Outcome.NOT_FOUND or e.status == 422 or e.outcome is Outcome.CONFLICT:
                 return False
