@@ -18,7 +18,7 @@ from devplacer.local_placer import WEBHOOK_CONFIG
 from devplacer.faults import kill_component, start_component
 from tests.e2e.harness import WEBHOOK_CONFIGS, Placer, quietly
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_LABEL, POOL_NODES, Runs, decision_of, events, succeeded, taskrun
-from tests.kube import Api
+from tests.kube import TEKTON, Api, namespaced
 from tests.reliability.burst import all_finished
 from tests.reliability.cluster_view import intruder_pod, pod_gone, pod_node
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER, Figures
@@ -74,9 +74,20 @@ def dead_webhook_url(api: Api, egress_placer: Placer) -> Iterator[str]:
 
     point_at([dead] * len(original))
     try:
+        wait_for("the API server to call the dead URL", lambda: not webhook_answers(api), timeout=30)
         yield dead
     finally:
         point_at(original)
+        wait_for("the API server to call the webhook again", lambda: webhook_answers(api), timeout=30)
+
+
+def webhook_answers(api: Api) -> bool:
+    """Whether a server-side dry run of a TaskRun in TEAM_CDN comes back decided. The API server reloads
+    webhook configurations from its own watch, a moment after the write; the webhooks say sideEffects
+    NoneOnDryRun, so a dry run reaches them."""
+    body = taskrun("webhook-probe", MATCHING_IMAGE)
+    made = api.create(namespaced(TEAM_CDN, "taskruns", group=TEKTON), body, dryRun="All")
+    return bool(decision_of(made))
 
 
 def test_runs_fail_open_and_stay_off_the_pool_while_the_webhook_is_unreachable(
