@@ -21,6 +21,9 @@ ROWS: dict[str, tuple[str, ...]] = {
     "targets": ("name", "target", "value", "unit", "met", "margin"),
 }
 
+# e2e.call_latency per hook: the API server's time per call to egress-placer over the floor's, bootstrap 95% interval.
+CALL_LATENCY = {"ratio": None, "ci_low": None, "ci_high": None, "ms": None, "floor_ms": None, "ms_each": [],
+                "floor_ms_each": [], "blocks": None, "floor_blocks": None}
 E2E_MODE = {
     "runs": None, "p50_s": None, "p99_s": None, "mean_s": None, "webhook_answered": None,
     "stage_p50_ms": {"create": None, "to_pod": None, "to_bound": None},
@@ -117,7 +120,9 @@ TEMPLATE: dict[str, Any] = {
         "p99_ratio": None,
         "floor_added_p50_ms": None,
         "floor_ratio": None,
+        "floor_ratio_note": None,  # why floor_ratio is noisy: read call_latency
         "floor_call_ratio": None,
+        "call_latency": {"taskrun": copy.deepcopy(CALL_LATENCY), "pod": copy.deepcopy(CALL_LATENCY)},
     },
     "peers": copy.deepcopy(PEERS),
     # bench/queue.py: the queue's admission cost and a burst on a queued pool.
