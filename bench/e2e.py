@@ -14,8 +14,9 @@ seen, pod seen to bound); the API server's own histogram of its calls to egress-
 (apiserver_admission_webhook_admission_duration_seconds) and the controller's own handler histogram
 (egress_placer_admission_duration_seconds), both read around the "with" blocks; `call_latency`: per hook,
 the API server's mean time per call to egress-placer over the floor's, with a 95% bootstrap interval over
-blocks (its histogram's buckets start at 5 ms, so each block's _sum and _count deltas are kept, and blocks
-are drawn with replacement, bench/stats.py); and the CPU each of
+blocks (its histogram's buckets start at 5 ms, so each block's _sum and _count deltas are kept; the rounds,
+one block of each mode, are drawn with replacement: drift that hits a round hits both, bench/stats.py); and
+the CPU each of
 the cluster's processes (API server, etcd, Tekton, KWOK, scheduler, controller manager, egress-placer)
 and this client used per run in each mode, from /proc/PID/stat around every block.
 """
@@ -250,7 +251,7 @@ def call_latency(blocks: dict[str, list[Sums]]) -> dict[str, dict[str, Any]]:
     for hook, key in CALL_LATENCY_KEYS.items():
         ours = [(b[hook][0], b[hook][1]) for b in blocks.get("with", [])]
         floor = [(b[hook][0], b[hook][1]) for b in blocks.get("floor", [])]
-        found = bootstrap_ratio(ours, floor)
+        found = bootstrap_ratio(ours, floor, paired=len(ours) == len(floor))  # block i of each: round i
         ours_ms, floor_ms = mean_per_call(ours), mean_per_call(floor)
         out[key] = {
             "ratio": round(found[0], 3) if found else None,

@@ -32,20 +32,28 @@ def mean_per_call(blocks: Sequence[tuple[float, float]]) -> float | None:
     return sum(s for s, _ in blocks) / calls if calls else None
 
 
-def bootstrap_ratio(ours: Sequence[tuple[float, float]], theirs: Sequence[tuple[float, float]], *,
+def bootstrap_ratio(ours: Sequence[tuple[float, float]], theirs: Sequence[tuple[float, float]], *, paired: bool = False,
                     resamples: int = 4000, level: float = 0.95, seed: int = 24) -> tuple[float, float, float] | None:
     """The ratio of the mean time per call of `ours` to `theirs` (each a list of blocks of (seconds, calls):
     a histogram's _sum and _count deltas around one block), and its percentile bootstrap interval at
-    `level`: blocks drawn with replacement, each side apart, `resamples` times, from a seeded generator
-    (the same blocks give the same interval). None when either side has no calls."""
+    `level`: blocks drawn with replacement, `resamples` times, from a seeded generator (the same blocks give
+    the same interval). `paired`: block i of each side ran in the same round (as e2e's mirrored rounds do),
+    so rounds are drawn, both sides together, and drift that hits a whole round cancels; else each side is
+    drawn apart. None when either side has no calls."""
     point_ours, point_theirs = mean_per_call(ours), mean_per_call(theirs)
     if point_ours is None or not point_theirs:
         return None
+    if paired and len(ours) != len(theirs):
+        raise ValueError(f"paired blocks: {len(ours)} against {len(theirs)}")
     rng = random.Random(seed)
     ratios = []
     for _ in range(resamples):
-        a = mean_per_call(rng.choices(ours, k=len(ours)))
-        b = mean_per_call(rng.choices(theirs, k=len(theirs)))
+        if paired:
+            rounds = rng.choices(range(len(ours)), k=len(ours))
+            a, b = mean_per_call([ours[i] for i in rounds]), mean_per_call([theirs[i] for i in rounds])
+        else:
+            a = mean_per_call(rng.choices(ours, k=len(ours)))
+            b = mean_per_call(rng.choices(theirs, k=len(theirs)))
         if a is not None and b:
             ratios.append(a / b)
     ratios.sort()

@@ -37,3 +37,15 @@ def test_no_ratio_without_calls() -> None:
     assert bootstrap_ratio([(0.1, 10)], []) is None
     assert bootstrap_ratio([], [(0.1, 10)]) is None
     assert bootstrap_ratio([(0.1, 10)], [(0.0, 0)]) is None
+
+
+def test_paired_rounds_cancel_drift_that_hits_both_sides_of_a_round() -> None:
+    slow = [1.0, 5.0, 1.0, 8.0, 1.0, 3.0]  # the machine's load, round by round
+    ours = [(0.003 * f * 10, 10) for f in slow]
+    floor = [(0.001 * f * 10, 10) for f in slow]
+    ratio, low, high = bootstrap_ratio(ours, floor, paired=True)  # type: ignore[misc]
+    assert ratio == pytest.approx(3.0) and low == pytest.approx(3.0) and high == pytest.approx(3.0)
+    _, low, high = bootstrap_ratio(ours, floor)  # type: ignore[misc]
+    assert high - low > 1.0  # drawn apart, the drift shows as noise
+    with pytest.raises(ValueError):
+        bootstrap_ratio(ours, floor[:-1], paired=True)
