@@ -133,12 +133,15 @@ def lock_holds(nodes: int, pods: int, passes: int = LOCK_PASSES) -> dict[str, An
     """In this process: the longest hold of the load view's lock in one `PoolMetrics` pass (the worst of
     `passes`, and each pass's), the holds per pass, the pass's own time (median), and the single hold
     `LoadView.loads` makes over the whole pool (the pass's one hold before #24, median), all in ms. On a
-    shared machine a hold also counts the time the thread waited for a core."""
+    shared machine a hold also counts the time the thread waited for a core. And a full collection of
+    the state, before and after gc.freeze() (ms, median of 3)."""
     from controller.metrics import Metrics
     from controller.reconcile.pool_metrics import PoolMetrics
 
     state, _ = build_state(nodes, pods)
+    unfrozen = full_collection_ms()
     gc.freeze()  # as after the controller's first sync: no collection of the state inside a hold
+    frozen = full_collection_ms()
     lock = TimedLock(state.load._lock)  # noqa: SLF001 - measured, not changed
     state.load._lock = lock  # noqa: SLF001
     publish = PoolMetrics(state, Metrics(), min_interval=0)
@@ -159,7 +162,18 @@ def lock_holds(nodes: int, pods: int, passes: int = LOCK_PASSES) -> dict[str, An
             "pass_ms": round(1000 * statistics.median(seconds), 2),
             "longest_hold_ms": round(1000 * max(longest), 3),
             "longest_hold_ms_each": [round(1000 * h, 3) for h in longest], "holds_per_pass": max(holds),
-            "whole_pool_hold_ms": round(1000 * statistics.median(whole), 2)}
+            "whole_pool_hold_ms": round(1000 * statistics.median(whole), 2),
+            "full_collection_ms": unfrozen, "frozen_full_collection_ms": frozen}
+
+
+def full_collection_ms(times: int = 3) -> float:
+    """The median time of a full collection (gc.collect()) now, ms."""
+    seconds = []
+    for _ in range(times):
+        started = time.perf_counter()
+        gc.collect()
+        seconds.append(time.perf_counter() - started)
+    return round(1000 * statistics.median(seconds), 2)
 
 
 def summarize(nodes: int, pods: int, rate: float, seconds: float, idle: list[dict[str, Any]], busy: list[dict[str, Any]],
