@@ -9,9 +9,10 @@ The server process is the controller's own: `AdmissionServer` and `Admission` on
 (controller.app.wait_for_first_sync), and the leader's `ReconcileLoop` with the reconcilers that read every
 pool node: taints, intruders (report mode), node agents, the pool's load in metrics (`PoolMetrics`, with no
 minimum interval: every pass, harsher than the controller's 10 s) and the queue; their writes go nowhere
-(`NoWrites`). While "busy" (SIGUSR1 to SIGUSR2), the loop leads and a thread applies node heartbeats
-(MODIFIED events of the pool nodes, NODE_EVENTS_PER_S) into the state: each wakes the loop, so passes run
-back to back; SIGUSR2 stops both and prints `PASSES <count> <mean s>`. Idle: no pass, no event.
+(`NoWrites`). While "busy" (SIGUSR1 to SIGUSR2), the loop leads and passes back to back (woken after each
+heartbeat: a heartbeat alone no longer wakes it, ClusterState._node_changed), and a thread applies node
+heartbeats (MODIFIED events of the pool nodes, NODE_EVENTS_PER_S) into the state; SIGUSR2 stops both and
+prints `PASSES <count> <mean s>`. Idle: no pass, no event.
 
 A load generator process (bench/loadgen.py) sends the admission mix at RATE_RPS over HTTPS on loopback,
 `seconds` idle and `seconds` busy, `rounds` times; the p99 of each phase is the median of its rounds.
@@ -90,8 +91,9 @@ def reconcile_loop(state: Any, leading: threading.Event) -> Any:
 class Heartbeats:
     """While `leading` is set: MODIFIED events of the pool nodes into the state, `rate` per second, round robin."""
 
-    def __init__(self, state: Any, nodes: list[dict[str, Any]], leading: threading.Event, rate: float) -> None:
-        self.state, self.nodes, self.leading, self.rate = state, nodes, leading, rate
+    def __init__(self, state: Any, nodes: list[dict[str, Any]], leading: threading.Event, rate: float,
+                 wake: Callable[[], None] = lambda: None) -> None:
+        self.state, self.nodes, self.leading, self.rate, self.wake = state, nodes, leading, rate, wake
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -104,6 +106,7 @@ class Heartbeats:
             version += 1
             meta = {**node["metadata"], "resourceVersion": str(1000 + version)}
             self.state.apply("Node", "MODIFIED", {**node, "metadata": meta})
+            self.wake()
             due += 1.0 / self.rate
             self.stopped.wait(max(0.0, due - time.monotonic()))
 
@@ -219,7 +222,7 @@ async def serve(tls_dir: Path, nodes: int, pods: int) -> None:
     gc.freeze()  # as after the controller's first sync
     leading = threading.Event()
     loop_ = reconcile_loop(state, leading)
-    heartbeats = Heartbeats(state, pool_nodes, leading, NODE_EVENTS_PER_S)
+    heartbeats = Heartbeats(state, pool_nodes, leading, NODE_EVENTS_PER_S, wake=loop_.wake)
     runner = Runner()
     runner.start("reconcile loop", loop_.run, on_stop=loop_.wake)
     runner.start("node heartbeats", lambda stop: heartbeats.run(), on_stop=heartbeats.stopped.set)

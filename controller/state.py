@@ -6,7 +6,8 @@ the fields the core needs are kept (NodeState, NamespaceState, PodState, RunReco
 index), so memory does not grow with what tenants write (kube.informer.KEPT_LABELS, KEPT_ANNOTATIONS).
 Finished pods (Succeeded, Failed) are not kept: they hold no node.
 
-`subscribe(callback)` tells the reconcile loop that something it acts on changed: nodes,
+`subscribe(callback)` tells the reconcile loop that something it acts on changed: nodes (not a
+heartbeat, which changes nothing kept: at 5,000 nodes heartbeats would keep the loop passing back to back),
 namespaces, the policy, Tekton's coschedule flag, DaemonSets coming and going (they decide which pods
 are node agents), and pods on pool nodes (other pods do not wake it).
 """
@@ -173,7 +174,7 @@ class ClusterState:
             self._node_versions.pop(name, None)
         else:
             self._node_versions[name] = obj["metadata"].get("resourceVersion") or ""
-        return True
+        return old != new
 
     def _pod_changed(self, obj: Mapping[str, Any], deleted: bool, old: PodState | None, new: PodState | None) -> bool:
         """Record one pod; True when it is (or was) on a pool node, or waits for a pool slot (gated), so

@@ -28,22 +28,23 @@ def test_every_reconciler_passes_over_the_bench_state_and_only_while_leading() -
     assert loop.passes == 1
 
 
-def test_heartbeats_change_only_the_node_versions_and_wake_the_loop() -> None:
+def test_heartbeats_change_only_the_node_versions_and_wake_the_loop_themselves() -> None:
     state, pool_nodes = build_state(5, 10)
     changes: list[str] = []
-    state.subscribe(changes.append)
+    state.subscribe(changes.append)  # a heartbeat alone tells no one
     leading = threading.Event()
-    beats = Heartbeats(state, pool_nodes, leading, rate=1000.0)
+    beats = Heartbeats(state, pool_nodes, leading, rate=1000.0, wake=lambda: changes.append("wake"))
     thread = threading.Thread(target=beats.run, daemon=True)
     before = dict(state.nodes)
     leading.set()
     thread.start()
     try:
-        wait_for("a round of heartbeats", lambda: changes.count("Node") >= 6, timeout=10)
+        wait_for("a round of heartbeats", lambda: changes.count("wake") >= 6, timeout=10)
     finally:
         beats.stopped.set()
         thread.join(5)
     assert dict(state.nodes) == before  # nothing the core reads changed
+    assert "Node" not in changes
     assert state.node_resource_version("egress-1") != "1"
 
 
