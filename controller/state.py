@@ -155,12 +155,17 @@ class ClusterState:
         snapshot = store.build(objs)
         if kind == "Pod":  # only this informer's thread writes pods: the counts can be compared off to the side
             counts = self.load.count_pods(snapshot.items.values(), objs)
+        elif kind == "Node":  # ... and nodes: the nodes that changed, compared off to the side
+            moved = _changed_items(store.snapshot.items, snapshot.items)
         with self._lock:
             retired = list(store.snapshot.items.values())  # freed after the lock, a step at a time
             store.snapshot = snapshot
             if kind == "Node":
                 self._node_versions = {o["metadata"]["name"]: o["metadata"].get("resourceVersion") or "" for o in objs}
-                self.load.rebuild(self._policy)
+                # Node by node, not a rebuild of every pool's index: each call holds the load view's lock
+                # (which admission's node choice waits for) for one node, never for all 5,000.
+                for name, node in moved:
+                    self.load.node_changed(name, node)
             elif kind == "Pod":
                 self.load.pods_replaced(counts)
         self._notify(kind)
@@ -209,6 +214,12 @@ class ClusterState:
 
     def pods_on(self, node: str) -> list[PodState]:
         return list(self.stores["Pod"].snapshot.under("node", node).values())
+
+
+def _changed_items(before: Mapping[str, NodeState], after: Mapping[str, NodeState]) -> list[tuple[str, NodeState | None]]:
+    """The nodes of `after` that are new or differ from `before`, then those gone (None)."""
+    changed: list[tuple[str, NodeState | None]] = [(n, node) for n, node in after.items() if before.get(n) != node]
+    return changed + [(n, None) for n in before if n not in after]
 
 
 def _kept_pod(obj: Mapping[str, Any]) -> PodState | None:

@@ -129,3 +129,25 @@ def test_the_pool_metrics_hold_the_load_views_lock_a_chunk_at_a_time(counting: t
     assert sum(v for (_, _, kind), v in load.items() if kind == "assumed") == 50
     assert sum(v for (_, _, kind), v in load.items() if kind == "placed") == 4000
     assert samples(metrics, "pool_ready_nodes") == {("overseas",): 2000}
+
+
+def test_a_node_relist_moves_the_load_view_node_by_node_as_a_rebuild_would() -> None:
+    state = ClusterState(load_policy(POLICY), clock=lambda: 1000.0, assumption_ttl=60)
+    names = [f"pool-{i:04d}" for i in range(600)]
+    state.replace("Node", [node(n) for n in names] + [node("plain-1", pool=False)])
+    state.replace("Pod", [pod(f"p-{i}", names[i % len(names)]) for i in range(1200)])
+    (pool,) = state.policy.pools
+    state.load.choose_and_assume(pool, "taskrun/team-a/r", salt="r")
+    lock = CountingLock()
+    state.load._lock = lock  # type: ignore[assignment]  # noqa: SLF001
+    relisted = [node(n) for n in names[2:]] + [node(names[1], ready=False), node("plain-1"), node("pool-new")]
+    sys.setprofile(lock.profile)
+    try:
+        state.replace("Node", relisted)  # pool-0000 gone, pool-0001 not Ready, plain-1 and pool-new join
+    finally:
+        sys.setprofile(None)
+    assert len(lock.holds) == 4 and max(lock.holds) < 60  # the four nodes that changed, one short hold each
+    seen = state.load.loads(pool)
+    state.load.rebuild(state.policy)
+    assert seen == state.load.loads(pool)
+    assert {"plain-1", "pool-new"} <= set(seen) and not {"pool-0000", "pool-0001"} & set(seen)
