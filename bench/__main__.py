@@ -1,7 +1,8 @@
 """`python -m bench --mode quick|full [--tiny] [--out DIR] [--sections ...] [--cluster-dir DIR]`
 
-Runs the sections in this order: admission and under_relist (admission while the pod informer relists;
-alone: `python -m bench.under_relist`) (no cluster), core, then on one local cluster: end to
+Runs the sections in this order: admission, under_relist (admission while the pod informer relists;
+alone: `python -m bench.under_relist`) and under_reconcile (admission while the leader reconciles 5,000
+pool nodes; alone: `python -m bench.under_reconcile`) (no cluster), core, then on one local cluster: end to
 end (none, the floor, egress-placer, and Kyverno with `--with kyverno`), peers (admission through the
 API server in the same modes), balance (a, b, c, and the egress case with a real Prometheus), scale, queue (bench/queue.py). Writes DIR/latest.json, DIR/report.md and the PNG charts (DIR is
 bench/results by default) and prints a summary table. Exit status 1 when a section failed.
@@ -23,7 +24,7 @@ from typing import Any, Callable
 
 from loguru import logger
 
-from bench import admission, balance, balance_egress, core, e2e, machine, peers, report, scale, schema, under_relist
+from bench import admission, balance, balance_egress, core, e2e, machine, peers, report, scale, schema, under_reconcile, under_relist
 from bench import queue as bench_queue
 from bench import cluster as bench_cluster
 from bench import floor as bench_floor
@@ -32,7 +33,7 @@ from bench.kube import Kube
 from bench.sizes import SIZES, Sizes
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SECTIONS = ("admission", "under_relist", "core", "e2e", "peers", "balance", "scale", "queue")
+SECTIONS = ("admission", "under_relist", "under_reconcile", "core", "e2e", "peers", "balance", "scale", "queue")
 CLUSTER_SECTIONS = ("e2e", "peers", "balance", "scale", "queue")
 PEERS = ("kyverno",)  # optional peers (`--with`), built on demand; the full mode runs them all
 
@@ -317,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
             out = _section(results, "under_relist", lambda: under_relist.run(sizes.name, workdir / "under_relist", log))
             if out:
                 schema.merge(results["admission"]["under_relist"], out)
+        if "under_reconcile" in wanted:
+            out = _section(results, "under_reconcile", lambda: under_reconcile.run(sizes.name, workdir / "under_reconcile", log))
+            if out:
+                schema.merge(results["admission"]["under_reconcile"], out)
         if "core" in wanted:
             out = _section(results, "core", lambda: core.run(sizes, log))
             if out:

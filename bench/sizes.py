@@ -32,7 +32,8 @@ class Sizes:
     scale_nodes: int
     scale_pods: int
     scale_event_pods: int
-    # 5. End to end: TaskRuns per mode (with / without the webhook), blocks per mode, runs/s.
+    # 5. End to end: TaskRuns per mode (with / without the webhook), blocks per mode, runs/s. The blocks are
+    # what e2e.call_latency's bootstrap draws from: 4 (quick) and 8 (full) per mode.
     e2e_runs: int
     e2e_blocks: int
     e2e_rate: float
@@ -67,7 +68,7 @@ SIZES: dict[str, Sizes] = {
         scale_event_pods=300,
         scale_taskruns=2000,
         e2e_runs=40,
-        e2e_blocks=2,
+        e2e_blocks=4,
         e2e_rate=5.0,
     ),
     "full": Sizes(
@@ -89,7 +90,7 @@ SIZES: dict[str, Sizes] = {
         scale_event_pods=2000,
         scale_taskruns=20000,
         e2e_runs=200,
-        e2e_blocks=4,
+        e2e_blocks=8,
         e2e_rate=5.0,
     ),
     "tiny": Sizes(

@@ -1,8 +1,9 @@
-"""Small statistics helpers (nearest-rank percentiles, rounding for the JSON)."""
+"""Small statistics helpers (nearest-rank percentiles, rounding for the JSON, a bootstrap interval of a ratio)."""
 
 from __future__ import annotations
 
 import math
+import random
 from typing import Sequence
 
 
@@ -23,3 +24,40 @@ def ratio(a: float | None, b: float | None, digits: int = 3) -> float | None:
     if a is None or b is None or b == 0:
         return None
     return round(a / b, digits)
+
+
+def mean_per_call(blocks: Sequence[tuple[float, float]]) -> float | None:
+    """Seconds per call over `blocks` of (seconds, calls): the sum over the count, None without calls."""
+    calls = sum(n for _, n in blocks)
+    return sum(s for s, _ in blocks) / calls if calls else None
+
+
+def bootstrap_ratio(ours: Sequence[tuple[float, float]], theirs: Sequence[tuple[float, float]], *, paired: bool = False,
+                    resamples: int = 4000, level: float = 0.95, seed: int = 24) -> tuple[float, float, float] | None:
+    """The ratio of the mean time per call of `ours` to `theirs` (each a list of blocks of (seconds, calls):
+    a histogram's _sum and _count deltas around one block), and its percentile bootstrap interval at
+    `level`: blocks drawn with replacement, `resamples` times, from a seeded generator (the same blocks give
+    the same interval). `paired`: block i of each side ran in the same round (as e2e's mirrored rounds do),
+    so rounds are drawn, both sides together, and drift that hits a whole round cancels; else each side is
+    drawn apart. None when either side has no calls."""
+    point_ours, point_theirs = mean_per_call(ours), mean_per_call(theirs)
+    if point_ours is None or not point_theirs:
+        return None
+    if paired and len(ours) != len(theirs):
+        raise ValueError(f"paired blocks: {len(ours)} against {len(theirs)}")
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        if paired:
+            rounds = rng.choices(range(len(ours)), k=len(ours))
+            a, b = mean_per_call([ours[i] for i in rounds]), mean_per_call([theirs[i] for i in rounds])
+        else:
+            a = mean_per_call(rng.choices(ours, k=len(ours)))
+            b = mean_per_call(rng.choices(theirs, k=len(theirs)))
+        if a is not None and b:
+            ratios.append(a / b)
+    ratios.sort()
+    tail = (1.0 - level) / 2.0
+    low = ratios[min(len(ratios) - 1, int(math.floor(tail * len(ratios))))]
+    high = ratios[max(0, int(math.ceil((1.0 - tail) * len(ratios))) - 1)]
+    return point_ours / point_theirs, low, high

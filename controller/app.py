@@ -162,11 +162,28 @@ class PolicyTracker:
         return None
 
 
-class Controller:
-    """All the parts of one replica, built from settings; `serve()` runs it until stopped."""
+def wait_for_first_sync(informers: list[Informer], timeout: float, freeze: Callable[[], None] = gc.freeze) -> None:
+    """Wait until every required informer has listed once (StartupError after `timeout` seconds), then
+    `freeze()` once: what the first sync built (the caches, the policy, the imported code) leaves the
+    collector's generations, so no later collection scans it (a full pass over 5,000 nodes and 20,000
+    pods held the interpreter 37-44 ms; frozen, it finds next to nothing). Frozen objects are still freed
+    by reference counting; a relist freezes what it built too (controller.store.release)."""
+    deadline = time.monotonic() + timeout
+    for informer in filter(lambda i: i.required, informers):
+        if not informer.synced.wait(max(0.0, deadline - time.monotonic())):
+            raise StartupError(f"the {informer.resource.name} cache did not sync in {timeout:.0f}s", unreachable=True)
+    freeze()
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.time) -> None:
+
+class Controller:
+    """All the parts of one replica, built from settings; `serve()` runs it until stopped. `freeze`:
+    called once after the first sync (gc.freeze; injected in tests)."""
+
+    def __init__(
+        self, settings: Settings, clock: Callable[[], float] = time.time, freeze: Callable[[], None] = gc.freeze
+    ) -> None:
         self.settings = settings
+        self.freeze = freeze
         self.runner = Runner()
         self.metrics = Metrics()
         self.api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
@@ -330,12 +347,7 @@ class Controller:
         if not self.policy.loaded.is_set():
             self._adopt_stored_policy()
         start_informers(self.runner, self.informers)
-        deadline = time.monotonic() + STARTUP_TIMEOUT
-        for informer in filter(lambda i: i.required, self.informers):
-            if not informer.synced.wait(max(0.0, deadline - time.monotonic())):
-                raise StartupError(
-                    f"the {informer.resource.name} cache did not sync in {STARTUP_TIMEOUT:.0f}s", unreachable=True
-                )
+        wait_for_first_sync(self.informers, STARTUP_TIMEOUT, self.freeze)
         logger.bind(nodes=len(self.state.nodes), pods=len(self.state.pods)).info("caches synced")
         if self.settings.leader_election:
             self.runner.start("leader election", self.leader.run)

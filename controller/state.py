@@ -6,7 +6,8 @@ the fields the core needs are kept (NodeState, NamespaceState, PodState, RunReco
 index), so memory does not grow with what tenants write (kube.informer.KEPT_LABELS, KEPT_ANNOTATIONS).
 Finished pods (Succeeded, Failed) are not kept: they hold no node.
 
-`subscribe(callback)` tells the reconcile loop that something it acts on changed: nodes,
+`subscribe(callback)` tells the reconcile loop that something it acts on changed: nodes (not a
+heartbeat, which changes nothing kept: at 5,000 nodes heartbeats would keep the loop passing back to back),
 namespaces, the policy, Tekton's coschedule flag, DaemonSets coming and going (they decide which pods
 are node agents), and pods on pool nodes (other pods do not wake it).
 """
@@ -154,12 +155,17 @@ class ClusterState:
         snapshot = store.build(objs)
         if kind == "Pod":  # only this informer's thread writes pods: the counts can be compared off to the side
             counts = self.load.count_pods(snapshot.items.values(), objs)
+        elif kind == "Node":  # ... and nodes: the nodes that changed, compared off to the side
+            moved = _changed_items(store.snapshot.items, snapshot.items)
         with self._lock:
             retired = list(store.snapshot.items.values())  # freed after the lock, a step at a time
             store.snapshot = snapshot
             if kind == "Node":
                 self._node_versions = {o["metadata"]["name"]: o["metadata"].get("resourceVersion") or "" for o in objs}
-                self.load.rebuild(self._policy)
+                # Node by node, not a rebuild of every pool's index: each call holds the load view's lock
+                # (which admission's node choice waits for) for one node, never for all 5,000.
+                for name, node in moved:
+                    self.load.node_changed(name, node)
             elif kind == "Pod":
                 self.load.pods_replaced(counts)
         self._notify(kind)
@@ -173,7 +179,7 @@ class ClusterState:
             self._node_versions.pop(name, None)
         else:
             self._node_versions[name] = obj["metadata"].get("resourceVersion") or ""
-        return True
+        return old != new
 
     def _pod_changed(self, obj: Mapping[str, Any], deleted: bool, old: PodState | None, new: PodState | None) -> bool:
         """Record one pod; True when it is (or was) on a pool node, or waits for a pool slot (gated), so
@@ -208,6 +214,12 @@ class ClusterState:
 
     def pods_on(self, node: str) -> list[PodState]:
         return list(self.stores["Pod"].snapshot.under("node", node).values())
+
+
+def _changed_items(before: Mapping[str, NodeState], after: Mapping[str, NodeState]) -> list[tuple[str, NodeState | None]]:
+    """The nodes of `after` that are new or differ from `before`, then those gone (None)."""
+    changed: list[tuple[str, NodeState | None]] = [(n, node) for n, node in after.items() if before.get(n) != node]
+    return changed + [(n, None) for n in before if n not in after]
 
 
 def _kept_pod(obj: Mapping[str, Any]) -> PodState | None:

@@ -42,6 +42,7 @@ from controller.core.pool_status import (
 )
 from controller.load.view import LoadView
 from controller.queue.view import QueueView
+from controller.reconcile.pool_metrics import pool_loads
 
 MAX_PLACEMENTS = 100_000  # runs' pods remembered at most (the oldest are forgotten first)
 
@@ -53,6 +54,9 @@ class PoolState(Protocol):
     def node(self, name: str) -> NodeState | None: ...
 
     def node_list(self) -> list[NodeState]: ...
+
+    @property
+    def nodes(self) -> Mapping[str, NodeState]: ...
 
     load: LoadView
     queue: QueueView
@@ -177,7 +181,7 @@ class PoolStatusWriter:
         written = []
         for obj in objects:
             pool = policy.pool(obj.name)
-            loads = self.state.load.loads(pool) if pool is not None else {}
+            loads = pool_loads(self.state.load, pool, self.state.nodes) if pool is not None else {}
             counts = self.state.queue.queue_counts(pool, now) if pool is not None else None
             queue = QueueStatus(waiting=counts[0], slots=counts[1], occupied=counts[2]) if counts is not None else None
             desired = pool_status(

@@ -235,7 +235,7 @@ def test_a_replica_that_stops_leading_exports_no_leader_series_and_sets_them_aga
 
 
 def test_passes_close_together_count_the_pool_once_per_interval() -> None:
-    """`loads` holds the state's lock while it counts: a burst of passes does not repeat it."""
+    """A pass reads every pool node's load: a burst of passes does not repeat it."""
     now = [0.0]
     state = ClusterState(load_policy(POLICY), clock=lambda: 1000.0)
     state.replace("Node", [node("pool-1")])

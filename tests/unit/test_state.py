@@ -153,7 +153,10 @@ def test_tekton_objects_go_to_the_index(state):
 @pytest.mark.parametrize(
     ("change", "woken"),
     [
-        (lambda s: s.apply("Node", "MODIFIED", node("plain-1", "8")), ["Node"]),
+        (lambda s: s.apply("Node", "MODIFIED", node("plain-1", "8", pool=True)), ["Node"]),
+        (lambda s: s.apply("Node", "MODIFIED", node("plain-1", "8", unschedulable=True)), ["Node"]),
+        (lambda s: s.apply("Node", "MODIFIED", node("plain-1", "8")), []),  # a heartbeat: nothing kept changed
+        (lambda s: s.apply("Node", "DELETED", node("plain-1", "8")), ["Node"]),
         (lambda s: s.apply("Namespace", "ADDED", {"metadata": {"name": "n"}}), ["Namespace"]),
         (lambda s: s.apply("Pod", "ADDED", pod("x", "p", "pool-1")), ["Pod"]),
         (lambda s: s.apply("Pod", "ADDED", pod("x", "p", "plain-1")), []),
@@ -164,7 +167,10 @@ def test_tekton_objects_go_to_the_index(state):
         (lambda s: s.set_tekton_coschedule("disabled"), [TEKTON_FLAGS]),
     ],
     ids=[
-        "node",
+        "node-labels",
+        "node-cordoned",
+        "node-heartbeat",
+        "node-deleted",
         "namespace",
         "pod-on-pool-node",
         "pod-elsewhere",

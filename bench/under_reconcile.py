@@ -1,0 +1,331 @@
+"""Section admission.under_reconcile: the admission p99 while the leader reconciles 5,000 pool nodes, next to it idle.
+
+    python -m bench.under_reconcile [--mode quick|full|tiny] [--out DIR]   (this row alone, merged into DIR/latest.json)
+    python -m bench.under_reconcile serve --tls-dir DIR --nodes N --pods P (the server process, used by the above)
+
+The server process is the controller's own: `AdmissionServer` and `Admission` on its event loop
+(`run_event_loop`: uvloop), over the controller's state filled with N pool nodes and P running pods on them
+(the admission section's inventory), the heap frozen after that fill as after the controller's first sync
+(controller.app.wait_for_first_sync), and the leader's `ReconcileLoop` with the reconcilers that read every
+pool node: taints, intruders (report mode), node agents, the pool's load in metrics (`PoolMetrics`, with no
+minimum interval: every pass, harsher than the controller's 10 s) and the queue; their writes go nowhere
+(`NoWrites`). While "busy" (SIGUSR1 to SIGUSR2), the loop leads and passes back to back (woken after each
+heartbeat: a heartbeat alone no longer wakes it, ClusterState._node_changed), and a thread applies node
+heartbeats (MODIFIED events of the pool nodes, NODE_EVENTS_PER_S) into the state; SIGUSR2 stops both and
+prints `PASSES <count> <mean s>`. Idle: no pass, no event.
+
+A load generator process (bench/loadgen.py) sends the admission mix at RATE_RPS over HTTPS on loopback,
+`seconds` idle and `seconds` busy, `rounds` times; the p99 of each phase is the median of its rounds.
+`lock`: in this process, the longest hold of the load view's lock (which admission's node choice waits for)
+by one pass of `PoolMetrics`, against the single hold of `LoadView.loads` over the whole pool that the pass
+made before (#24).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import signal
+import statistics
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[1]
+RATE_RPS = 200  # the admission headline's rate
+ORDINARY_NODES = 10
+NODE_EVENTS_PER_S = 500  # while busy: every pool node's heartbeat every 10 s at 5,000 nodes
+SETTLE_SECONDS = 2.0  # after a busy phase: the pass in flight ends before the next idle phase
+LOCK_PASSES = 5
+Log = Callable[[str], None]
+# (pool nodes, pods, seconds per phase, rounds) per bench mode
+PLAN = {"full": (5000, 20000, 10.0, 2), "quick": (5000, 20000, 5.0, 2), "tiny": (200, 800, 1.0, 1)}
+
+
+class NoWrites:
+    """The reconcilers' writer, evictor, Event sink and releaser: every call succeeds and goes nowhere."""
+
+    def __getattr__(self, name: str) -> Callable[..., bool]:
+        return lambda *args, **kwargs: True
+
+
+def build_state(nodes: int, pods: int) -> tuple[Any, list[dict[str, Any]]]:
+    """The controller's state with `nodes` pool nodes, ORDINARY_NODES others and `pods` running pods spread
+    over the pool nodes (the admission section's inventory: its namespaces, catalog and runs); and the pool
+    nodes' objects."""
+    from controller.state import ClusterState
+
+    from bench.workload import admission_policy, fill, inventory
+
+    state = ClusterState(admission_policy(), clock=time.time)
+    inv = inventory(nodes, ORDINARY_NODES, max(1, pods // nodes))
+    fill(state.apply, inv)
+    return state, [o for kind, o in inv.objects if kind == "Node" and o["metadata"]["name"].startswith("egress-")]
+
+
+def reconcile_loop(state: Any, leading: threading.Event) -> Any:
+    """The leader's loop over every reconciler that reads each pool node; `leading` set: it passes."""
+    from controller.metrics import Metrics
+    from controller.queue.reconcile import QueueReconciler
+    from controller.reconcile.agents import AgentReconciler
+    from controller.reconcile.intruders import IntruderReconciler
+    from controller.reconcile.loop import ReconcileLoop
+    from controller.reconcile.pool_metrics import PoolMetrics
+    from controller.reconcile.taints import TaintReconciler
+
+    metrics, nowhere = Metrics(), NoWrites()
+    return ReconcileLoop(state, [
+        TaintReconciler(state, nowhere, metrics),
+        IntruderReconciler(state, nowhere, nowhere, metrics, "report"),
+        AgentReconciler(state, nowhere, nowhere, metrics),
+        PoolMetrics(state, metrics, min_interval=0),
+        QueueReconciler(state, nowhere, nowhere, metrics),
+    ], is_leader=leading.is_set)
+
+
+class Heartbeats:
+    """While `leading` is set: MODIFIED events of the pool nodes into the state, `rate` per second, round robin."""
+
+    def __init__(self, state: Any, nodes: list[dict[str, Any]], leading: threading.Event, rate: float,
+                 wake: Callable[[], None] = lambda: None) -> None:
+        self.state, self.nodes, self.leading, self.rate, self.wake = state, nodes, leading, rate, wake
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        version, due = 0, time.monotonic()
+        while not self.stopped.is_set():
+            if not self.leading.wait(0.05):
+                due = time.monotonic()
+                continue
+            node = self.nodes[version % len(self.nodes)]
+            version += 1
+            meta = {**node["metadata"], "resourceVersion": str(1000 + version)}
+            self.state.apply("Node", "MODIFIED", {**node, "metadata": meta})
+            self.wake()
+            due += 1.0 / self.rate
+            self.stopped.wait(max(0.0, due - time.monotonic()))
+
+
+class TimedLock:
+    """A lock wrapper that keeps the duration of each outermost hold (seconds)."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock, self._depth, self._since = lock, 0, 0.0
+        self.holds: list[float] = []
+
+    def __enter__(self) -> "TimedLock":
+        self._lock.acquire()
+        self._depth += 1
+        if self._depth == 1:
+            self._since = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.holds.append(time.perf_counter() - self._since)
+        self._lock.release()
+
+
+def lock_holds(nodes: int, pods: int, passes: int = LOCK_PASSES) -> dict[str, Any]:
+    """In this process: the longest hold of the load view's lock in one `PoolMetrics` pass (the worst of
+    `passes`, and each pass's), the holds per pass, the pass's own time (median), and the single hold
+    `LoadView.loads` makes over the whole pool (the pass's one hold before #24, median), all in ms. On a
+    shared machine a hold also counts the time the thread waited for a core. And a full collection of
+    the state, before and after gc.freeze() (ms, median of 3)."""
+    from controller.metrics import Metrics
+    from controller.reconcile.pool_metrics import PoolMetrics
+
+    state, _ = build_state(nodes, pods)
+    unfrozen = full_collection_ms()
+    gc.freeze()  # as after the controller's first sync: no collection of the state inside a hold
+    frozen = full_collection_ms()
+    lock = TimedLock(state.load._lock)  # noqa: SLF001 - measured, not changed
+    state.load._lock = lock  # noqa: SLF001
+    publish = PoolMetrics(state, Metrics(), min_interval=0)
+    publish()  # the first pass makes every series
+    whole, longest, seconds, holds = [], [], [], []
+    for _ in range(passes):
+        for pool in state.policy.pools:
+            state.load.loads(pool)
+        whole.append(sum(lock.holds))
+        lock.holds.clear()
+        started = time.perf_counter()
+        publish()
+        seconds.append(time.perf_counter() - started)
+        longest.append(max(lock.holds))
+        holds.append(len(lock.holds))
+        lock.holds.clear()
+    return {"nodes": nodes, "pods": pods, "passes": passes,
+            "pass_ms": round(1000 * statistics.median(seconds), 2),
+            "longest_hold_ms": round(1000 * max(longest), 3),
+            "longest_hold_ms_each": [round(1000 * h, 3) for h in longest], "holds_per_pass": max(holds),
+            "whole_pool_hold_ms": round(1000 * statistics.median(whole), 2),
+            "full_collection_ms": unfrozen, "frozen_full_collection_ms": frozen}
+
+
+def full_collection_ms(times: int = 3) -> float:
+    """The median time of a full collection (gc.collect()) now, ms."""
+    seconds = []
+    for _ in range(times):
+        started = time.perf_counter()
+        gc.collect()
+        seconds.append(time.perf_counter() - started)
+    return round(1000 * statistics.median(seconds), 2)
+
+
+def summarize(nodes: int, pods: int, rate: float, seconds: float, idle: list[dict[str, Any]], busy: list[dict[str, Any]],
+              passes: list[tuple[int, float]], lock: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The row: the median p99 of each phase's runs, each run's p99, the passes the busy phases saw."""
+
+    def median(rows: list[dict[str, Any]], key: str) -> float | None:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        return round(statistics.median(values), 3) if values else None
+
+    counts = [n for n, _ in passes]
+    return {
+        "idle_p99_ms": median(idle, "p99_ms"),
+        "busy_p99_ms": median(busy, "p99_ms"),
+        "idle_p99_ms_each": [r["p99_ms"] for r in idle],
+        "busy_p99_ms_each": [r["p99_ms"] for r in busy],
+        "idle_p50_ms": median(idle, "p50_ms"),
+        "busy_p50_ms": median(busy, "p50_ms"),
+        "nodes": nodes, "pods": pods, "rate_rps": rate, "seconds": seconds, "node_events_per_s": NODE_EVENTS_PER_S,
+        "passes": sum(counts),
+        "pass_s": round(sum(n * s for n, s in passes) / sum(counts), 3) if sum(counts) else None,
+        "errors": sum(r["errors"] for r in idle + busy),
+        "lock": lock or {},
+    }
+
+
+# -- the server process ---------------------------------------------------------------------------
+
+
+async def serve(tls_dir: Path, nodes: int, pods: int) -> None:
+    from controller.admission.handlers import Admission
+    from controller.admission.server import AdmissionServer
+    from controller.app import configure_logging, tune_interpreter
+    from controller.metrics import Metrics
+    from controller.runner import Runner
+
+    from bench.servers import QueuedEvents, serving_tls, settings
+
+    s = settings()
+    configure_logging(s)
+    tune_interpreter()  # as controller.app.run does
+    state, pool_nodes = build_state(nodes, pods)
+    gc.freeze()  # as after the controller's first sync
+    leading = threading.Event()
+    loop_ = reconcile_loop(state, leading)
+    heartbeats = Heartbeats(state, pool_nodes, leading, NODE_EVENTS_PER_S, wake=loop_.wake)
+    runner = Runner()
+    runner.start("reconcile loop", loop_.run, on_stop=loop_.wake)
+    runner.start("node heartbeats", lambda stop: heartbeats.run(), on_stop=heartbeats.stopped.set)
+    server = AdmissionServer(s, Admission(state, Metrics(), QueuedEvents(), s), Metrics(), serving_tls(tls_dir),
+                             readiness=lambda: None)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    mark = [0, 0.0]
+
+    def busy_on() -> None:
+        mark[:] = [loop_.passes, time.monotonic()]
+        leading.set()
+        loop_.wake()
+
+    def busy_off() -> None:
+        leading.clear()
+        done, elapsed = loop_.passes - mark[0], time.monotonic() - mark[1]
+        print(f"PASSES {done} {elapsed / done if done else 0.0:.4f}", flush=True)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGUSR1, busy_on)
+    loop.add_signal_handler(signal.SIGUSR2, busy_off)
+    print(f"READY {server.webhook_port}", flush=True)
+    await stop.wait()
+    await server.stop()
+    runner.stop()
+
+
+# -- the bench side -------------------------------------------------------------------------------
+
+
+def run(mode: str, workdir: Path, log: Log) -> dict[str, Any]:
+    from bench.admission import Server, make_mix, run_point, write_tls
+
+    nodes, pods, seconds, rounds = PLAN[mode]
+    workdir.mkdir(parents=True, exist_ok=True)
+    write_tls(workdir / "tls")
+    (workdir / "bodies.json").write_text(json.dumps([b.decode() for b in make_mix(64).bodies]))
+    idle: list[dict[str, Any]] = []
+    busy: list[dict[str, Any]] = []
+    passes: list[tuple[int, float]] = []
+    point = {"mode": "open", "rate": RATE_RPS, "rate_rps": RATE_RPS, "warmup": 0.5, "seconds": seconds}
+    with ExitStack() as stack:
+        log(f"under_reconcile: starting the server with {nodes:,} pool nodes and {pods:,} pods")
+        server = Server("egress-placer", workdir / "tls", workdir / "server-under-reconcile.log",
+                        command=["-m", "bench.under_reconcile", "serve", "--tls-dir", str(workdir / "tls"),
+                                 "--nodes", str(nodes), "--pods", str(pods)])
+        stack.callback(server.stop)
+        run_point(server, workdir, {**point, "seconds": 1.0})  # warm the connections and the code paths
+        for r in range(rounds):
+            idle.append(run_point(server, workdir, point))
+            server.process.send_signal(signal.SIGUSR1)
+            busy.append(run_point(server, workdir, point))
+            server.process.send_signal(signal.SIGUSR2)
+            assert server.process.stdout is not None
+            _, n, mean = server.process.stdout.readline().decode().split()
+            passes.append((int(n), float(mean)))
+            time.sleep(SETTLE_SECONDS)
+            log(f"under_reconcile: round {r + 1}: p99 idle {idle[-1]['p99_ms']} ms, reconciling {busy[-1]['p99_ms']} ms "
+                f"({n} passes over {nodes:,} pool nodes, {float(mean):.2f} s each)")
+    log("under_reconcile: the load view's lock in a pool-metrics pass")
+    return summarize(nodes, pods, RATE_RPS, seconds, idle, busy, passes, lock_holds(nodes, pods))
+
+
+def merge_into(out: Path, row: dict[str, Any]) -> None:
+    """Write `row` as admission.under_reconcile into out/latest.json, leaving every other key as it is."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "latest.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results.setdefault("admission", {})["under_reconcile"] = row
+    path.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.under_reconcile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command")
+    server = sub.add_parser("serve")
+    server.add_argument("--tls-dir", type=Path, required=True)
+    server.add_argument("--nodes", type=int, default=5000)
+    server.add_argument("--pods", type=int, default=20000)
+    p.add_argument("--mode", choices=sorted(PLAN), default="full")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = p.parse_args(argv)
+    if args.command == "serve":
+        from controller.admission.server import run_event_loop
+
+        run_event_loop(serve(args.tls_dir, args.nodes, args.pods))
+        return 0
+    import tempfile
+
+    from loguru import logger
+
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING")
+    with tempfile.TemporaryDirectory(prefix="egress-placer-under-reconcile-") as work:
+        row = run(args.mode, Path(work), lambda m: print(f"[bench {time.strftime('%H:%M:%S')}] {m}", flush=True))
+    merge_into(args.out, row)
+    print(json.dumps(row, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
