@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from loguru import logger
 
-from bench import admission, balance, balance_egress, core, e2e, machine, peers, report, scale, schema, under_relist
+from bench import admission, balance, balance_egress, balance_replicas, core, e2e, machine, peers, report, scale, schema, under_relist
 from bench import queue as bench_queue
 from bench import cluster as bench_cluster
 from bench import floor as bench_floor
@@ -162,6 +162,9 @@ def run_cluster_sections(results: dict[str, Any], sizes: Sizes, workdir: Path, w
                 bc.cluster.dir, burst=sizes.egress_burst, nodes=bc.pools[min(bc.pools)], log=log))
             if egress:
                 schema.merge(results["balance"]["egress"], egress)
+            replicas = _section(results, "balance (replicas)", lambda: balance_replicas.run(bc, sizes.replica_burst, log))
+            if replicas:
+                schema.merge(results["balance"], balance_replicas.summarize(replicas))
         if "scale" in wanted:
             kyverno_cpu = kyverno.cpu_seconds() if kyverno is not None else None
             out = _section(results, "scale", lambda: scale.run(bc, log))
