@@ -209,8 +209,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """For development: `python -m bench.balance_replicas --cluster-dir DIR [--runs 60] [--replicas 2]` on a
-    running devcluster with at least 10 egress nodes; prints the rows."""
+    """For development: `python -m bench.balance_replicas [--cluster-dir DIR] [--runs 60] [--replicas 2]`, on a
+    running devcluster with at least 13 egress nodes (or one brought up and down for it); prints the rows."""
     import argparse
     import tempfile
     from pathlib import Path
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
     global REPLICAS
     parser = argparse.ArgumentParser(prog="python -m bench.balance_replicas")
-    parser.add_argument("--cluster-dir", type=Path, required=True)
+    parser.add_argument("--cluster-dir", type=Path)
     parser.add_argument("--runs", type=int, default=60)
     parser.add_argument("--replicas", type=int, action="append", help="replica counts (default 1, 2, 3)")
     args = parser.parse_args(argv)
@@ -228,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     log = lambda message: print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)  # noqa: E731
     with tempfile.TemporaryDirectory() as workdir:
         bc = bench_cluster.up(SIZES["quick"], Path(workdir), log, args.cluster_dir)
-        rows = run(bc, args.runs, log)
+        try:
+            rows = run(bc, args.runs, log)
+        finally:
+            bc.down()
     print(json.dumps(summarize(rows), indent=1))
     return 0
 
