@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 from loguru import logger
 
-from bench import admission, balance, balance_egress, balance_replicas, core, e2e, machine, peers, report, scale, schema, under_relist
+from bench import admission, balance, balance_egress, core, e2e, machine, peers, report, scale, schema, under_relist
+from bench import balance_replicas
 from bench import queue as bench_queue
 from bench import cluster as bench_cluster
 from bench import floor as bench_floor
