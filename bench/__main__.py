@@ -24,9 +24,9 @@ from typing import Any, Callable
 from loguru import logger
 
 from bench import admission, balance, balance_egress, core, e2e, machine, peers, report, scale, schema, under_relist
-from bench import balance_replicas
 from bench import queue as bench_queue
 from bench import cluster as bench_cluster
+from bench import balance_replicas
 from bench import floor as bench_floor
 from bench import kyverno as bench_kyverno
 from bench.kube import Kube
