@@ -27,6 +27,7 @@ from loguru import logger
 from bench import admission, balance, balance_egress, core, e2e, machine, peers, report, scale, schema, under_reconcile, under_relist
 from bench import queue as bench_queue
 from bench import cluster as bench_cluster
+from bench import balance_replicas
 from bench import floor as bench_floor
 from bench import kyverno as bench_kyverno
 from bench.kube import Kube
@@ -163,6 +164,9 @@ def run_cluster_sections(results: dict[str, Any], sizes: Sizes, workdir: Path, w
                 bc.cluster.dir, burst=sizes.egress_burst, nodes=bc.pools[min(bc.pools)], log=log))
             if egress:
                 schema.merge(results["balance"]["egress"], egress)
+            replicas = _section(results, "balance (replicas)", lambda: balance_replicas.run(bc, sizes.replica_burst, log))
+            if replicas:
+                schema.merge(results["balance"], balance_replicas.summarize(replicas))
         if "scale" in wanted:
             kyverno_cpu = kyverno.cpu_seconds() if kyverno is not None else None
             out = _section(results, "scale", lambda: scale.run(bc, log))

@@ -56,6 +56,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 _over(adm["under_reconcile"]["busy_p99_ms"], 2 * (adm["under_reconcile"]["idle_p99_ms"] or 0)), "x", 1.0),
         _target("balance (a) imbalance, worst burst", "<= 1.1", bal["worst_imbalance"]["a"], "x", 1.1),
         _target("balance (egress) busy node's share / even share, egress-aware", "<= 0.5", _busy_ratio(bal["egress"]), "x", 0.5),
+        *[_target(f"balance ({r} replicas) most loaded node / mean, worst pool", "<= 1.1", bal["replicas_worst_ratio"].get(r), "x", 1.1)
+          for r in ("2", "3")],
         _target("controller RSS at 5,000 nodes / 20,000 pods" + scale_note, "<= 300 MB", scale["rss_mb"], "MB", 300.0),
         _target("first-sync RSS added by tenant-sized metadata" + _sync_note(scale["first_sync_memory"]),
                 f"<= {TENANT_EXTRA_LIMIT_MB:.0f} MB", scale["first_sync_memory"]["tenant_extra_mb"], "MB", TENANT_EXTRA_LIMIT_MB),
@@ -481,6 +483,25 @@ def _balance_part(bal: dict[str, Any], images: list[str]) -> list[str]:
         "",
         *(["![balance](balance.png)", ""] if "balance.png" in images else []),
         *_egress_rows(bal["egress"]),
+        *_replica_rows(bal["replicas"]),
+    ]
+
+
+def _replica_rows(rows: list[dict[str, Any]]) -> list[str]:
+    """bench/balance_replicas.py: 1, 2 and 3 replicas behind a per-connection proxy, binding held back."""
+    if not rows:
+        return []
+    return [
+        "### Replicas (behind a proxy that splits per connection, binding held back until every pod is admitted)",
+        "",
+        "ratio = the most loaded node's load (runs already there plus placed) / the mean.",
+        "",
+        "| replicas | pool | runs | loads | ratio | bound ratio | Pod calls per replica | admitted after |",
+        "|---:|---|---:|---|---:|---:|---|---:|",
+        *[f"| {r['replicas']} | {r['pool']} | {r['runs']} | {' '.join(str(v) for v in r['load_per_node'].values())} | "
+          f"**{r['worst_ratio']}** | {r['bound_ratio']} | {' / '.join(str(c) for c in r['pod_calls'])} | {r['admitted_s']} s |"
+          for r in rows],
+        "",
     ]
 
 

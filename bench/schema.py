@@ -18,6 +18,8 @@ ROWS: dict[str, tuple[str, ...]] = {
                   "rss_mb", "rss_peak_mb"),
     "balance.cases": ("case", "runs", "pool_nodes", "pods_per_node", "pods_outside_pool", "max_pods_on_a_node",
                       "even_share", "imbalance", "created_s", "scheduled_s", "preferred_node_honored"),
+    "balance.replicas": ("replicas", "pool", "worst_ratio", "bound_ratio", "runs", "pool_nodes", "preloaded", "load_per_node",
+                         "outside_pool", "pod_calls", "min_pod_call_share", "created_s", "admitted_s"),
     "targets": ("name", "target", "value", "unit", "met", "margin"),
 }
 
@@ -104,7 +106,8 @@ TEMPLATE: dict[str, Any] = {
         },
     },
     "core": {"rows": [], "profile": copy.deepcopy(PROFILE)},
-    "balance": {"cases": [], "worst_imbalance": {"a": None, "b": None, "c": None}, "egress": copy.deepcopy(EGRESS_CASE)},
+    "balance": {"cases": [], "worst_imbalance": {"a": None, "b": None, "c": None}, "egress": copy.deepcopy(EGRESS_CASE),
+                "replicas": [], "replicas_worst_ratio": {"1": None, "2": None, "3": None}},
     "scale": {
         "nodes": None, "pods": None, "create_s": None, "create_per_s": None, "first_sync_s": None, "ready_s": None,
         "start_controller_s": None, "rss_mb": None, "rss_peak_mb": None, "rss_after_events_mb": None,

@@ -39,6 +39,8 @@ class Sizes:
     e2e_rate: float
     # Ordinary (non-pool) KWOK nodes of the bench cluster.
     ordinary_nodes: int = 2
+    # 3. Balance with 1, 2 and 3 replicas (bench/balance_replicas.py): TaskRuns per burst on the largest pool.
+    replica_burst: int = 300
     # 4. Scale, memory after the first sync (in-process, no cluster): TaskRuns beside scale_nodes and scale_pods.
     scale_taskruns: int = 0
 
@@ -67,6 +69,7 @@ SIZES: dict[str, Sizes] = {
         scale_pods=2000,
         scale_event_pods=300,
         scale_taskruns=2000,
+        replica_burst=100,
         e2e_runs=40,
         e2e_blocks=4,
         e2e_rate=5.0,
@@ -111,6 +114,7 @@ SIZES: dict[str, Sizes] = {
         scale_pods=60,
         scale_event_pods=10,
         scale_taskruns=60,
+        replica_burst=12,
         e2e_runs=4,
         e2e_blocks=1,
         e2e_rate=5.0,

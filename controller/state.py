@@ -71,7 +71,7 @@ class ClusterState:
             "Namespace": lambda obj, deleted, old, new: True,
             "Pod": self._pod_changed,
             "DaemonSet": lambda obj, deleted, old, new: old != new,  # status updates change nothing kept
-            **{kind: RunRecord.entry_changed for kind in RUN_KINDS},
+            **{kind: partial(self._run_changed, kind) for kind in RUN_KINDS},
         }
         self.tekton = TektonObjects()
         self.tekton_coschedule: str | None = None  # Tekton's feature-flags `coschedule` (None: unknown)
@@ -79,7 +79,7 @@ class ClusterState:
         self.tekton_default_pod_template: dict[str, Any] | None = None
         self._node_versions: dict[str, str] = {}
         self._subscribers: list[Callable[[str], None]] = []
-        self.load = LoadView(self._policy, lambda: self.nodes, clock, assumption_ttl, balance)
+        self.load = LoadView(self._policy, lambda: self.nodes, clock, assumption_ttl, balance, lambda name: self.namespace(name))
         self.queue = QueueView(self.stores, self.load, lambda: self._policy)
         self.missed_runs = MissedRuns(self.stores)
 
@@ -153,6 +153,8 @@ class ClusterState:
             return
         store, objs = self.stores[kind], list(objs)
         snapshot = store.build(objs)
+        if kind in RUN_KINDS:
+            self.load.runs_replaced(kind, objs)
         if kind == "Pod":  # only this informer's thread writes pods: the counts can be compared off to the side
             counts = self.load.count_pods(snapshot.items.values(), objs)
         elif kind == "Node":  # ... and nodes: the nodes that changed, compared off to the side
@@ -180,6 +182,10 @@ class ClusterState:
         else:
             self._node_versions[name] = obj["metadata"].get("resourceVersion") or ""
         return old != new
+
+    def _run_changed(self, kind: str, obj: Mapping[str, Any], deleted: bool, old: RunRecord | None, new: RunRecord | None) -> bool:
+        self.load.run_changed(kind, obj, deleted)
+        return RunRecord.entry_changed(obj, deleted, old, new)
 
     def _pod_changed(self, obj: Mapping[str, Any], deleted: bool, old: PodState | None, new: PodState | None) -> bool:
         """Record one pod; True when it is (or was) on a pool node, or waits for a pool slot (gated), so

@@ -23,16 +23,23 @@ class ControllerCommand:
         parser.add_argument("--dir", required=True, type=Path, help="the cluster directory")
         parser.add_argument("--policy", required=True, type=Path, help="the policy file (into the policy ConfigMap; with --pools, as objects)")
         parser.add_argument("--pools", action="store_true", help="the policy as the pools API's objects (the default install) instead of the ConfigMap")
-        parser.add_argument("--replicas", type=int, default=1, help="controller processes (one leader; default 1)")
+        parser.add_argument("--replicas", type=int, default=1,
+                            help="controller processes (one leader; default 1); with more than one, admission reaches all of them "
+                                 "through a proxy that splits per connection, as a Service does")
         parser.add_argument("--pool-guard", action="store_true", help="also install the pool guard (k8s/pool-guard.yaml)")
 
     def run(self, args: argparse.Namespace, log: Log) -> int:
-        from devplacer.local_placer import start_controller
+        from devplacer.local_placer import RECORD, start_controller
 
         source = "pools" if args.pools else "configmap"
         cluster = Cluster(args.dir, log=log)
-        for replica in start_controller(cluster, args.policy, replicas=args.replicas, pool_guard=args.pool_guard, policy_source=source):
+        # More than one replica: the webhooks call a round-robin proxy in front of all of them (devplacer.webhook_proxy)
+        replicas = start_controller(cluster, args.policy, replicas=args.replicas, pool_guard=args.pool_guard, policy_source=source,
+                                    proxy=args.replicas > 1)
+        for replica in replicas:
             log(f"[devcluster] {replica.name} ready: webhook {replica.webhook_url}, health {replica.health_url}")
+        if args.replicas > 1:
+            log(f"[devcluster] admission: {(cluster.recorded(RECORD) or {}).get('webhook_url')} (a proxy to every replica, one per connection)")
         return 0
 
 

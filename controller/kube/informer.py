@@ -76,7 +76,8 @@ KEPT_LABELS: dict[str, frozenset[str] | None] = {  # None: every label
 KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
     "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),  # Pool.allows
     # core.intruders.is_mirror_pod (its presence); admission.events: the review token of a held Event
-    "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION}),
+    # ... and the load picture: the pool and node admission chose (every replica counts it, load.view)
+    "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION, DECISION_ANNOTATION}),
     # missed runs: admitted without a decision (its presence); admission.events: the review token
     # ... and the queue: the entry written at admission (queue.core)
     "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, QUEUE_ANNOTATION}),
@@ -132,15 +133,18 @@ def trim_metadata(meta: Mapping[str, Any], kind: str) -> Obj:
     if kind in KEPT_LABELS and (labels := _kept_labels(meta.get("labels"), KEPT_LABELS[kind])):
         out["labels"] = labels
     if kind in KEPT_ANNOTATIONS and (annotations := _kept_annotations(meta.get("annotations"), KEPT_ANNOTATIONS[kind])):
-        if kind in ("TaskRun", "PipelineRun") and DECISION_ANNOTATION in annotations:
-            # A run's decision record may pass MAX_KEPT_VALUE_CHARS (20 images and their loads): the queue
-            # needs only its pool (queue.core.admitted_entry), kept from the whole value.
+        if kind in ("TaskRun", "PipelineRun", "Pod") and DECISION_ANNOTATION in annotations:
+            # A decision record may pass MAX_KEPT_VALUE_CHARS (20 images and their loads): the queue needs
+            # only its pool (queue.core.admitted_entry), the load picture its node; kept from the whole value.
             annotations[DECISION_ANNOTATION] = compact_decision((meta.get("annotations") or {}).get(DECISION_ANNOTATION))
         out["annotations"] = annotations
     if kind == "Pod" and (owners := _kept_owners(meta.get("ownerReferences"))):
         out["ownerReferences"] = owners
-    if kind == "Pod" and meta.get("creationTimestamp"):  # the pool status's runs placed in the last hour
-        out["creationTimestamp"] = meta["creationTimestamp"]
+    # the pool status's runs placed in the last hour; the load picture: how long a decision record counts
+    if kind in ("Pod", "TaskRun", "PipelineRun"):
+        for key in ("creationTimestamp", "generateName"):  # load.view: generateName, what admission keyed it by
+            if meta.get(key):
+                out[key] = meta[key]
     return out
 
 

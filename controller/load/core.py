@@ -184,3 +184,150 @@ class LoadLedger:
             )
             for n in nodes
         }
+
+
+# -- placements every replica counts ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One version of a stored run or pod, as the claim book reads it (the view builds it from the object).
+
+    `claim` (pool, node): what admission's decision record on the object names, already checked against
+    the pool's members and the namespace's rights (None: none, or none to trust). `active`: may it take
+    a place now (a run not finished, not pending; a pod not bound, not finished, not being deleted).
+    `created`: the API server's creationTimestamp. `runs`: a pod's runs, (run ledger key, run uid or "" for
+    any), whose own placement the pod replaces from now on."""
+
+    key: str
+    uid: str
+    created: float
+    claim: tuple[str, str] | None
+    active: bool
+    runs: tuple[tuple[str, str], ...] = ()
+    also: tuple[str, ...] = ()  # keys this replica may have assumed it under before it had a name
+
+
+class ClaimBook:
+    """What the ledger counts for each key, from two sources: the placements this replica assumed at
+    admission (`assume`, `forget`), and the decision records on the runs and pods the API server stores
+    (`seen`, `removed`), which every replica's informers see, whichever replica admitted them. One key is
+    one entry (`ledger_key`: the same key for the replica's own assumption and the stored object):
+
+    - a stored object replaces the replica's own assumption for its key, for good;
+    - a pod of a run replaces the run's entry (own, and stored for that run's uid) for good: the pod counts;
+    - a bound pod counts as placed (the view's count), not here: its `Seen` is not active;
+    - an object's claim is read from the first active version seen and kept while it stays active (a
+      later edit of the annotation by its owner moves nothing); it counts for `ttl` seconds after the
+      object's creationTimestamp (own assumptions: after they were made), like an assumption.
+
+    The ledger's counts are a function of what was seen, not of the order (across objects) or of
+    repeats. Pure: `now` is passed in. Memory: what was created or assumed in the last `ttl` seconds.
+    """
+
+    def __init__(self, ledger: LoadLedger, ttl: float) -> None:
+        self.ledger, self.ttl = ledger, ttl
+        self._own: dict[str, Assumption] = {}
+        # key -> (uid, since, claim) of the active objects created in the last `ttl` seconds: the claim is the
+        # first version's, kept while the object stays active
+        self._stored: dict[str, tuple[str, float, Assumption | None]] = {}
+        self._replaced: dict[tuple[str, str], float] = {}  # (run key, uid or "") -> when a pod of it was first seen
+        self._by_age: list[tuple[float, int, str, Any, Any]] = []  # (time, sequence, table, key, token)
+        self._sequence = itertools.count()
+
+    # -- the replica's own admissions ---------------------------------------------------------------
+    def assume(self, key: str, pool: str, node: str, now: float) -> None:
+        if key in self._stored:  # its object is stored already (admitted again): what is stored counts
+            return
+        assumption = Assumption(pool, node, now)
+        self._own[key] = assumption
+        self._aged(now, "own", key, assumption)
+        self._resolve(key, now)
+
+    def forget(self, key: str, now: float) -> None:
+        """A run's pod is being made (admitted here): from now on the pod counts, the run (its own
+        assumption, and what is stored of it) does not."""
+        self._own.pop(key, None)
+        if (key, "") not in self._replaced:
+            self._replaced[(key, "")] = now
+            self._aged(now, "replaced", (key, ""), now)
+        self._resolve(key, now)
+
+    # -- what the API server stores -------------------------------------------------------------------
+    def seen(self, version: Seen, now: float) -> None:
+        """One version of a run or pod (an informer event or a relist's item)."""
+        for key in (version.key, *version.also):
+            if self._own.pop(key, None) is not None and key != version.key:
+                self._resolve(key, now)
+        for run in version.runs:
+            self._own.pop(run[0], None)
+            if run not in self._replaced:
+                self._replaced[run] = now
+                self._aged(now, "replaced", run, now)
+            self._resolve(run[0], now)
+        kept = self._stored.get(version.key)
+        if not version.active:  # it counts no more (bound, finished, held): nothing is kept
+            self._stored.pop(version.key, None)
+        elif kept is None or kept[0] != version.uid or now - kept[1] > self.ttl:
+            if now - version.created <= self.ttl:
+                since = min(version.created, now)  # an API server clock ahead of ours: counted from now
+                claim = Assumption(version.claim[0], version.claim[1], since) if version.claim else None
+                self._stored[version.key] = entry = (version.uid, since, claim)
+                self._aged(since, "stored", version.key, entry)
+            else:  # too old to count
+                self._stored.pop(version.key, None)
+        self._resolve(version.key, now)
+
+    def removed(self, key: str, now: float) -> None:
+        """The object under `key` is gone (deleted; or finished, for a pod the cache drops)."""
+        self._own.pop(key, None)
+        if self._stored.pop(key, None) is not None or key in self.ledger:
+            self._resolve(key, now)
+
+    def stored_keys(self) -> list[str]:
+        return list(self._stored)
+
+    def knows(self, key: str, uid: str, now: float) -> bool:
+        """Is a version of this object (`uid`) kept, still fresh: its claim is read already (the view need not parse it)."""
+        kept = self._stored.get(key)
+        return kept is not None and kept[0] == uid and now - kept[1] <= self.ttl
+
+    # -- time -------------------------------------------------------------------------------------------
+    def expire(self, now: float) -> list[str]:
+        """Drop what is more than `ttl` old; returns the keys the ledger stopped counting (sorted)."""
+        while self._by_age and now - self._by_age[0][0] > self.ttl:
+            _, _, table, key, token = heapq.heappop(self._by_age)
+            if table == "own" and self._own.get(key) is token:
+                del self._own[key]
+            elif table == "stored" and self._stored.get(key) is token:
+                del self._stored[key]
+            elif table == "replaced" and self._replaced.get(key) == token:
+                del self._replaced[key]
+        return self.ledger.expire(now, self.ttl)
+
+    # -- inside -----------------------------------------------------------------------------------------
+    def _aged(self, when: float, table: str, key: Any, token: Any) -> None:
+        heapq.heappush(self._by_age, (when, next(self._sequence), table, key, token))
+
+    def counted(self, key: str, now: float) -> Assumption | None:
+        """What `key` counts for now (None: nothing)."""
+        stored = self._stored.get(key)
+        if stored is not None:
+            uid, _, claim = stored
+            if claim is None or (key, uid) in self._replaced or (key, "") in self._replaced:
+                return None
+        else:
+            claim = self._own.get(key)
+            if claim is None:
+                return None
+        return claim if now - claim.since <= self.ttl else None
+
+    def _resolve(self, key: str, now: float) -> None:
+        want = self.counted(key, now)
+        have = self.ledger.get(key)
+        if want == have:
+            return
+        if want is None:
+            self.ledger.settle(key)
+        else:
+            self.ledger.assume(key, want.pool, want.node, want.since)

@@ -8,6 +8,7 @@ a lock of its own: a relist of any other kind never holds it, one of pods or nod
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -15,13 +16,16 @@ from typing import Any, Callable, Iterable, Mapping
 
 from controller.core.egress import Measurement
 from controller.core.images import TASKRUN_LABEL
-from controller.core.model import NodeLoad, NodeState, PodState
+from controller.core.model import DECISION_ANNOTATION, REVIEW_ANNOTATION, NamespaceState, NodeState, NodeLoad, PodState
 from controller.core.policy import PlacementPolicy, Pool
-from controller.load.core import LoadLedger, ledger_key
+from controller.load.core import ClaimBook, LoadLedger, Seen, ledger_key
 from controller.load.index import PoolLoads
+from controller.queue.core import PIPELINERUN_LABEL, QUEUE_ANNOTATION, claimed_taskrun, decided_placement, parse_time
 
 LOADS_SHOWN = 10  # nodes whose load a choice reports: the chosen one and the least loaded others
-PodCounts = tuple[Counter[str], set[str], list[str]]  # a relist's counts: placed per node, nodes moved, keys settled
+# a relist's counts: placed per node, nodes moved, and each pod as the claim book reads it
+PodCounts = tuple[Counter[str], set[str], list["PodSeen"]]
+PodSeen = tuple[str, Seen | None]  # (ledger key, the version; None: gone, finished)
 
 
 @dataclass(frozen=True)
@@ -36,14 +40,25 @@ class Choice:
 
 
 class LoadView:
-    """`nodes()`: the node store's items now. `balance` (Settings.balance): "load" counts assumed
-    placements; "load-without-assumptions" only seen pods."""
+    """`nodes()`: the node store's items now; `namespace(name)`: a namespace as the store has it.
+    `balance` (Settings.balance): "load" counts assumed placements; "load-without-assumptions" only seen pods.
+    `clock`: wall time (decision records count from the API server's creationTimestamp).
+
+    Assumed placements are this replica's own (admission) and every replica's: the decision record
+    (`egress-placer.io/decision`, pool and node) on each run and pod the API server stores, from the
+    moment the informers see it (`load.core.ClaimBook`). The record is the owner's to edit, so one counts
+    only when it names an eligible node of its pool that the object's namespace may use; it is read from
+    the first version seen; it counts for `assumption_ttl` seconds after the object's creation; a run held
+    pending (`spec.status`, a queue entry) counts nothing (docs/security.md, "Shared load")."""
 
     def __init__(self, policy: PlacementPolicy, nodes: Callable[[], Mapping[str, NodeState]],
-                 clock: Callable[[], float], assumption_ttl: float, balance: str) -> None:
+                 clock: Callable[[], float], assumption_ttl: float, balance: str,
+                 namespace: Callable[[str], NamespaceState] | None = None) -> None:
         self._lock = threading.RLock()
         self._nodes, self._clock, self.assumption_ttl, self.balance = nodes, clock, assumption_ttl, balance
+        self._namespace = namespace or (lambda name: NamespaceState(name=name))
         self.ledger = LoadLedger(on_change=self._assumed_changed)
+        self.claims = ClaimBook(self.ledger, assumption_ttl)
         self._egress: dict[str, Mapping[str, Measurement]] = {}  # pool -> measured egress, as last polled
         self._placed: Counter[str] = Counter()
         self._member_of: dict[str, str] = {}
@@ -79,9 +94,7 @@ class LoadView:
 
     def pod_changed(self, obj: Mapping[str, Any], deleted: bool, old: PodState | None, new: PodState | None) -> None:
         with self._lock:
-            if not deleted:
-                for key in _settled_by(obj):
-                    self.ledger.settle(key)
+            self._claim(*self._pod_seen(obj, None if deleted else new or PodState.from_pod(obj)), self._clock())
             before, after = _place_taken(old), _place_taken(new)
             if before != after:  # most updates (status, annotations) leave the count where it was
                 if before is not None:
@@ -91,17 +104,106 @@ class LoadView:
 
     def count_pods(self, pods: Iterable[PodState], objs: Iterable[Mapping[str, Any]]) -> PodCounts:
         """A relist's counts, made off to the side (only the pod informer's thread writes pods)."""
+        pods = list(pods)
         placed = Counter(node for node in map(_place_taken, pods) if node is not None)
         moved = {n for n in placed.keys() | self._placed.keys() if placed[n] != self._placed[n]}
-        return placed, moved, [key for obj in objs for key in _settled_by(obj) if key in self.ledger]
+        by_key = {ledger_key("pod", p.namespace, p.name): p for p in pods}
+        seen = []
+        for obj in objs:
+            meta = obj["metadata"]
+            pod = by_key.get(ledger_key("pod", meta.get("namespace") or "default", meta["name"]))
+            seen.append(self._pod_seen(obj, pod or PodState.from_pod(obj)))  # a finished one too: it replaces its run
+        return placed, moved, seen
 
     def pods_replaced(self, counts: PodCounts) -> None:
         with self._lock:
-            self._placed, moved, settled = counts
+            self._placed, moved, seen = counts
             for node in moved:
                 self._count_placed(node, 0)
-            for key in settled:
-                self.ledger.settle(key)
+            self._replaced("pod/", seen)
+
+    def run_changed(self, kind: str, obj: Mapping[str, Any], deleted: bool) -> None:
+        """A TaskRun or PipelineRun event: its decision record counts, or stops counting."""
+        with self._lock:
+            self._claim(*self._run_seen(kind, obj, deleted), self._clock())
+
+    def runs_replaced(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
+        """A relist of `kind`'s runs."""
+        seen = [self._run_seen(kind, obj, False) for obj in objs]
+        with self._lock:
+            self._replaced(f"{kind.lower()}/", seen)
+
+    def _replaced(self, prefix: str, seen: list[PodSeen]) -> None:
+        now = self._clock()
+        listed = {key for key, _ in seen}
+        for key in [k for k in self.claims.stored_keys() if k.startswith(prefix) and k not in listed]:
+            self.claims.removed(key, now)
+        for key, version in seen:
+            self._claim(key, version, now)
+
+    def _claim(self, key: str, version: Seen | None, now: float) -> None:
+        if version is None:
+            self.claims.removed(key, now)
+        else:
+            self.claims.seen(version, now)
+
+    def _pod_seen(self, obj: Mapping[str, Any], pod: PodState | None) -> PodSeen:
+        """The pod as the claim book reads it (None: deleted). Its runs: the TaskRun its
+        label names (with the uid of its controller owner when that is the same TaskRun), and the
+        PipelineRun its label names: from now on the pod counts, not them."""
+        meta = obj["metadata"]
+        namespace = meta.get("namespace") or "default"
+        key = ledger_key("pod", namespace, meta["name"])
+        if pod is None:
+            return key, None
+        runs = []
+        created = parse_time(meta.get("creationTimestamp") or "")
+        # Its runs were created before it: when it is older than the ttl, their records count no more anyway.
+        if created is None or self._clock() - created <= self.assumption_ttl:
+            if taskrun := pod.labels.get(TASKRUN_LABEL):
+                owner = claimed_taskrun(pod.owners)
+                runs.append((ledger_key("taskrun", namespace, taskrun), owner.uid if owner is not None and owner.name == taskrun else ""))
+            if pipelinerun := pod.labels.get(PIPELINERUN_LABEL):
+                runs.append((ledger_key("pipelinerun", namespace, pipelinerun), ""))
+        active = pod.active and not pod.node_name
+        return key, self._seen(key, meta, namespace, active, tuple(runs))
+
+    def _run_seen(self, kind: str, obj: Mapping[str, Any], deleted: bool) -> PodSeen:
+        meta = obj["metadata"]
+        namespace = meta.get("namespace") or "default"
+        key = ledger_key(kind.lower(), namespace, meta["name"])
+        if deleted:
+            return key, None
+        annotations = meta.get("annotations") or {}
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        done = any(isinstance(c, Mapping) and c.get("type") == "Succeeded" and c.get("status") in ("True", "False") for c in conditions)
+        held = bool((obj.get("spec") or {}).get("status")) or QUEUE_ANNOTATION in annotations
+        active = not (done or held or meta.get("deletionTimestamp"))
+        return key, self._seen(key, meta, namespace, active, ())
+
+    def _seen(self, key: str, meta: Mapping[str, Any], namespace: str, active: bool, runs: tuple[tuple[str, str], ...]) -> Seen:
+        uid = meta.get("uid") or ""
+        if not active or self.claims.knows(key, uid, self._clock()):  # nothing to read: the book keeps what it read
+            return Seen(key, uid, -math.inf, None, active, runs)
+        created = parse_time(meta.get("creationTimestamp") or "")
+        annotations = meta.get("annotations") or {}
+        also = ()
+        if meta.get("generateName") and (review := annotations.get(REVIEW_ANNOTATION)):
+            # admitted before it had a name: this replica assumed it under generateName + the review's uid
+            also = (ledger_key(key.split("/", 1)[0], namespace, f"{meta['generateName']}{review}"),)
+        claim = self._trusted_claim(namespace, annotations.get(DECISION_ANNOTATION))
+        return Seen(key, uid, created if created is not None else self._clock(), claim, active, runs, also)
+
+    def _trusted_claim(self, namespace: str, record: Any) -> tuple[str, str] | None:
+        """(pool, node) of a decision record, when it could be admission's: the node is an eligible
+        member of that pool, and the namespace may use the pool (not an exempt one)."""
+        pool_name, node = decided_placement(record)
+        if pool_name is None or node is None or self._member_of.get(node) != pool_name:
+            return None
+        pool = self._policy.pool(pool_name)
+        if pool is None or namespace in self._policy.exempt_namespaces or not pool.allows(self._namespace(namespace)):
+            return None
+        return pool_name, node
 
     def _count_placed(self, node: str, change: int) -> None:
         self._placed[node] += change
@@ -138,7 +240,7 @@ class LoadView:
         """The load of each of the pool's eligible nodes (placed, assumed, capacity). O(n): for `status`,
         `explain` and tests; a decision reads only what `choose` reports."""
         with self._lock:
-            self.ledger.expire(self._clock(), self.assumption_ttl)
+            self.claims.expire(self._clock())
             loads = self._pool_loads.get(pool.name)
             return loads.loads() if loads is not None else {}
 
@@ -169,7 +271,7 @@ class LoadView:
         """
         with self._lock:
             now = self._clock()
-            self.ledger.expire(now, self.assumption_ttl)
+            self.claims.expire(now)
             loads = self._pool_loads.get(pool.name)
             if loads is None:
                 return Choice(None)
@@ -177,25 +279,16 @@ class LoadView:
             node = loads.choose(salt)
             listed = loads.least_loaded(shown, include=node) if node is not None else []
             if node is not None and key is not None:
-                self.ledger.assume(key, pool.name, node, now)
+                self.claims.assume(key, pool.name, node, now)
             return Choice(node, {load.name: load for load in listed}, len(loads) - len(listed))
 
     def forget(self, key: str) -> None:
+        """A run's pod is being made: the run's placement counts no more (the pod's does)."""
         with self._lock:
-            self.ledger.settle(key)
+            self.claims.forget(key, self._clock())
 
 
 def _place_taken(pod: PodState | None) -> str | None:
     """The node whose place `pod` takes (as a run): it is pending or running there, not being deleted,
     and no DaemonSet's. None when it takes none."""
     return pod.node_name if pod is not None and pod.node_name and pod.active and "DaemonSet" not in pod.owner_kinds else None
-
-
-def _settled_by(obj: Mapping[str, Any]) -> list[str]:
-    """The assumptions a pod bound to a node settles: from now on the pod itself is counted (or,
-    finished, nothing is): its own and its TaskRun's."""
-    if not (obj.get("spec") or {}).get("nodeName"):
-        return []
-    meta = obj["metadata"]
-    namespace, taskrun = meta.get("namespace") or "default", (meta.get("labels") or {}).get(TASKRUN_LABEL)
-    return [ledger_key("pod", namespace, meta["name"])] + ([ledger_key("taskrun", namespace, taskrun)] if taskrun else [])

@@ -128,23 +128,34 @@ def read_entry(value: Any, kind: str) -> EntryMark | None:
 MAX_DECISION_CHARS = 256 * 1024  # admission's record is a few KiB; a longer value is none of ours
 
 
-def decided_pool(value: Any) -> str | None:
-    """The pool admission's decision record (`egress-placer.io/decision`, JSON) names; None for none,
-    and for anything that is not a record."""
+def decided_placement(value: Any) -> tuple[str | None, str | None]:
+    """(pool, node) admission's decision record (`egress-placer.io/decision`, JSON) names; None for none,
+    and both None for anything that is not a record."""
     if not isinstance(value, str) or not value or len(value) > MAX_DECISION_CHARS:
-        return None
+        return None, None
     try:
         data = json.loads(value)
     except (ValueError, RecursionError):
-        return None
-    pool = data.get("pool") if isinstance(data, dict) else None
-    return pool if isinstance(pool, str) and pool else None
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    pool, node = data.get("pool"), data.get("node")
+    pool = pool if isinstance(pool, str) and pool else None
+    return pool, node if pool and isinstance(node, str) and node else None
+
+
+def decided_pool(value: Any) -> str | None:
+    """The pool admission's decision record names; None for none, and for anything that is not a record."""
+    return decided_placement(value)[0]
 
 
 def compact_decision(value: Any) -> str:
-    """What the run caches keep of a decision record: its pool alone (`{"pool":...}`), "" for none."""
-    pool = decided_pool(value)
-    return json.dumps({"pool": pool}, separators=(",", ":")) if pool else ""
+    """What the run and pod caches keep of a decision record: its pool and node (`{"pool":...,"node":...}`,
+    the node when there is one), "" for none."""
+    pool, node = decided_placement(value)
+    if not pool:
+        return ""
+    return json.dumps({"pool": pool, "node": node} if node else {"pool": pool}, separators=(",", ":"))
 
 
 def admitted_entry(mark: EntryMark | None, decision: Any) -> bool:

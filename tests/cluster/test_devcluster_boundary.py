@@ -77,6 +77,21 @@ def test_the_command_line_keeps_every_command_and_option() -> None:
     assert (args.dir, args.keep) == (None, False)
 
 
+@pytest.mark.parametrize(("replicas", "proxy"), [(1, False), (2, True), (3, True)])
+def test_controller_with_replicas_sends_admission_to_all_of_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, replicas: int, proxy: bool
+) -> None:
+    """More than one replica: the webhooks call the proxy in front of all of them (one per connection, as
+    a Service), not replica 0 alone."""
+    from devplacer import commands, local_placer
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(local_placer, "start_controller", lambda cluster, policy, **kw: calls.append(kw) or [])
+    args = parser().parse_args(["controller", "--dir", str(tmp_path), "--policy", "p.yaml", "--replicas", str(replicas)])
+    assert commands.CONTROLLER.run(args, lambda message: None) == 0
+    assert [(c["replicas"], c["proxy"]) for c in calls] == [(replicas, proxy)]
+
+
 def test_controller_and_demo_come_from_egress_placers_entry_points() -> None:
     declared = declared_in(REPO / "pyproject.toml")
     assert {name: ep.value for name, ep in declared.items()} == {

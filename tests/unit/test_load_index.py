@@ -291,6 +291,9 @@ class Model:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[int, dict[str, Any]] = {}
         self.assumed: dict[str, tuple[str, float]] = {}  # ledger key -> (node, since)
+        # pod ledger key -> when first seen active: a stored object (no decision record here) replaces an
+        # admission of its key (load.core.ClaimBook)
+        self.stored: dict[str, float] = {}
         self.figures: dict[str, Measurement] = {}
 
     def policy(self):
@@ -302,6 +305,7 @@ class Model:
 
     def expire(self) -> None:
         self.assumed = {k: (n, since) for k, (n, since) in self.assumed.items() if not self.now - since > TTL}
+        self.stored = {k: since for k, since in self.stored.items() if not self.now - since > TTL}
 
     def loads(self) -> dict[str, NodeLoad]:
         self.expire()
@@ -339,11 +343,16 @@ class Model:
         tied = sorted(name for name, rank in ranks.items() if rank == best)
         return tied[spread_index(salt, len(tied))]
 
-    def bound(self, pod: dict[str, Any]) -> None:
-        """A pod with a node settles its own assumption and its TaskRun's."""
-        if pod["node"]:
-            self.assumed.pop(f"pod/ci/pod-{pod['name']}", None)
-            self.assumed.pop(f"taskrun/ci/run-{pod['run']}", None)
+    def seen(self, pod: dict[str, Any]) -> None:
+        """A pod seen replaces its own assumption (it has no decision record: it counts only once bound)
+        and its TaskRun's."""
+        key = f"pod/ci/pod-{pod['name']}"
+        self.assumed.pop(key, None)
+        self.assumed.pop(f"taskrun/ci/run-{pod['run']}", None)
+        if pod["node"] or pod["deleting"] or pod["phase"] not in ("Pending", "Running"):
+            self.stored.pop(key, None)
+        elif key not in self.stored or self.now - self.stored[key] > TTL:
+            self.stored[key] = self.now
 
 
 def node_object(node: dict[str, Any]) -> dict[str, Any]:
@@ -391,7 +400,7 @@ def test_the_index_chooses_what_a_full_scan_of_the_same_facts_chooses(capacity, 
             model.nodes.pop(step["name"], None)
             state.apply("Node", "DELETED", {"metadata": {"name": step["name"]}})
         elif op == "pod":
-            model.bound(step)
+            model.seen(step)
             if step["phase"] in ("Succeeded", "Failed"):
                 model.pods.pop(step["name"], None)  # the cache keeps no finished pod
             else:
@@ -399,6 +408,8 @@ def test_the_index_chooses_what_a_full_scan_of_the_same_facts_chooses(capacity, 
             state.apply("Pod", "MODIFIED", pod_object(step))
         elif op == "pod-deleted":
             model.pods.pop(step["name"], None)
+            model.assumed.pop(f"pod/ci/pod-{step['name']}", None)
+            model.stored.pop(f"pod/ci/pod-{step['name']}", None)
             state.apply("Pod", "DELETED", {"metadata": {"namespace": "ci", "name": f"pod-{step['name']}"}})
         elif op == "admit":
             key = f"{step['kind']}/ci/{'run' if step['kind'] == 'taskrun' else 'pod'}-{step['run']}"
@@ -406,7 +417,7 @@ def test_the_index_chooses_what_a_full_scan_of_the_same_facts_chooses(capacity, 
             expected = model.choose(salt)
             choice = state.load.choose_and_assume(state.policy.pool("p"), key, salt)
             assert choice.node == expected
-            if expected is not None:
+            if expected is not None and key not in model.stored:
                 model.assumed.pop(key, None)
                 model.assumed[key] = (expected, model.now)
         elif op == "forget":
@@ -417,8 +428,9 @@ def test_the_index_chooses_what_a_full_scan_of_the_same_facts_chooses(capacity, 
             model.now += step["seconds"]
         elif op == "relist":
             if step["kind"] == "Pod":
-                for pod in model.pods.values():  # each bound pod settles its keys again
-                    model.bound(pod)
+                model.stored = {k: v for k, v in model.stored.items() if int(k.rsplit("-", 1)[1]) in model.pods}
+                for pod in model.pods.values():  # each pod is seen again
+                    model.seen(pod)
                 state.replace("Pod", [pod_object(p) for p in model.pods.values()])
             else:
                 state.replace("Node", [node_object(n) for n in model.nodes.values()])

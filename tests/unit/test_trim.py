@@ -110,9 +110,9 @@ def test_metadata_keeps_exactly_the_keys_read(kind, labels, annotations, kept_la
 
 @pytest.mark.parametrize(
     ("kind", "key"),
-    # a run's decision keeps its pool alone: test_a_runs_decision_keeps_its_pool_however_long
+    # a decision keeps its pool and node alone: test_a_runs_decision_keeps_its_pool_however_long
     [(k, key) for k, keys in KEPT_ANNOTATIONS.items() for key in sorted(keys)
-     if not (k in ("TaskRun", "PipelineRun") and key == DECISION_ANNOTATION)],
+     if not (k in ("TaskRun", "PipelineRun", "Pod") and key == DECISION_ANNOTATION)],
 )
 def test_a_kept_annotation_too_long_is_kept_empty(kind, key):
     """Presence still reads (a mirror pod, a decided run); an empty pools list gives no pool."""
@@ -122,11 +122,14 @@ def test_a_kept_annotation_too_long_is_kept_empty(kind, key):
     assert out["annotations"] == {key: "y" * MAX_KEPT_VALUE_CHARS}
 
 
-@pytest.mark.parametrize("kind", ["TaskRun", "PipelineRun"])
+@pytest.mark.parametrize("kind", ["TaskRun", "PipelineRun", "Pod"])
 @pytest.mark.parametrize(
     ("value", "kept"),
     [
         pytest.param(json.dumps({"pool": "overseas", "images": ["i" * 300] * 20, "message": "m" * 2000}), '{"pool":"overseas"}', id="long-record"),
+        pytest.param(json.dumps({"pool": "overseas", "node": "n-1", "images": ["i" * 300] * 20}), '{"pool":"overseas","node":"n-1"}',
+                     id="node"),
+        pytest.param('{"pool":null,"node":"n-1"}', "", id="node-without-pool"),
         pytest.param('{"pool":null,"reason":"no-match"}', "", id="no-pool"),
         pytest.param("y" * (MAX_KEPT_VALUE_CHARS + 1), "", id="not-a-record"),
         pytest.param("[1]", "", id="not-an-object"),
@@ -143,7 +146,7 @@ def test_the_allow_lists_name_only_what_a_reader_reads():
     assert {k: v for k, v in KEPT_LABELS.items() if v is not None} == {"Pod": frozenset({TASKRUN_LABEL, "tekton.dev/pipelineRun"})}
     assert KEPT_ANNOTATIONS == {
         "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),
-        "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION}),
+        "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION, DECISION_ANNOTATION}),
         "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, "egress-placer.io/queue"}),
         "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, "egress-placer.io/queue"}),
         "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),
@@ -205,12 +208,15 @@ def test_node_keeps_taints_readiness_and_allocatable_pods_only():
     assert "annotations" not in out["metadata"]
 
 
-@pytest.mark.parametrize("kind", ["Pod", "TaskRun", "Node", "Namespace"])
-def test_only_a_pod_keeps_its_creation_time(kind):
+@pytest.mark.parametrize("kind", ["Pod", "TaskRun", "PipelineRun", "Node", "Namespace"])
+def test_only_pods_and_runs_keep_their_creation_time(kind):
     """The pool status counts the runs' pods created in the last hour (controller/reconcile/pool_status.py);
-    PodState does not keep it, so the cache does not grow with it."""
-    out = trim_metadata(meta(creationTimestamp="2026-07-01T12:00:00Z"), kind)
-    assert out.get("creationTimestamp") == ("2026-07-01T12:00:00Z" if kind == "Pod" else None)
+    a decision record counts for a while after its object's creation (load.view). PodState does not keep
+    it, so the cache does not grow with it."""
+    out = trim_metadata(meta(creationTimestamp="2026-07-01T12:00:00Z", generateName="x-"), kind)
+    kept = kind in ("Pod", "TaskRun", "PipelineRun")
+    assert out.get("creationTimestamp") == ("2026-07-01T12:00:00Z" if kept else None)
+    assert out.get("generateName") == ("x-" if kept else None)
 
 
 def test_pools_api_objects_keep_spec_status_and_generation_not_managed_fields():

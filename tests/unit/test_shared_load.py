@@ -1,0 +1,243 @@
+"""Replicas share placements: every replica counts the decision records of the runs and pods the API
+server stores (load.core.ClaimBook, fed by load.view), keyed so that nothing counts twice.
+
+The abuse tests come first: the decision record is the owner's to edit (a tenant may patch the
+annotations of its own runs and pods; the run guard only freezes those of a queued run)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.core.model import DECISION_ANNOTATION
+from controller.core.policy import load_policy
+from controller.load.core import ClaimBook, LoadLedger, Seen, ledger_key
+from controller.queue.core import QUEUE_ANNOTATION, format_time
+from controller.state import ClusterState
+
+TTL = 60.0
+NOW = 1_780_000_000.0  # wall time: decision records count from the API server's creationTimestamp
+POLICY = """
+apiVersion: egress-placer.io/v1alpha1
+kind: PlacementPolicy
+pools:
+  - name: overseas
+    nodeSelector: {egress: "yes"}
+    namespaces: ["team-*"]
+  - name: other
+    nodeSelector: {egress: "other"}
+    namespaces: ["other-*"]
+"""
+POOL = [f"pool-{i}" for i in range(3)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cluster(clock: Clock) -> ClusterState:
+    state = ClusterState(load_policy(POLICY), clock=clock, assumption_ttl=TTL)
+    nodes = [(n, "yes") for n in POOL] + [("other-1", "other")]
+    state.replace("Node", [{"metadata": {"name": n, "labels": {"egress": label}},
+                            "status": {"conditions": [{"type": "Ready", "status": "True"}], "allocatable": {"pods": "110"}}}
+                           for n, label in nodes])
+    return state
+
+
+def decision(pool: str | None, node: str | None) -> str:
+    return json.dumps({"pool": pool, "node": node, "reason": "image-match", "images": ["x"]})
+
+
+def taskrun(name: str, node: str | None, ns: str = "team-a", pool: str = "overseas", created: float = NOW, **extra: Any) -> dict[str, Any]:
+    annotations = {DECISION_ANNOTATION: decision(pool, node), **extra.pop("annotations", {})}
+    return {"kind": "TaskRun", "metadata": {"namespace": ns, "name": name, "uid": f"uid-{name}", "annotations": annotations,
+                                            "creationTimestamp": format_time(created)},
+            "spec": extra.pop("spec", {}), "status": extra.pop("status", {})}
+
+
+def pod(name: str, node: str | None, run: str | None = None, bound: str | None = None, ns: str = "team-a",
+        created: float = NOW, phase: str = "Pending") -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": ns, "name": name, "uid": f"uid-{name}", "creationTimestamp": format_time(created),
+                            "annotations": {DECISION_ANNOTATION: decision("overseas", node)}}
+    if run:
+        meta["labels"] = {"tekton.dev/taskRun": run}
+        meta["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": run, "uid": f"uid-{run}", "controller": True}]
+    return {"metadata": meta, "spec": {"nodeName": bound} if bound else {}, "status": {"phase": phase}}
+
+
+def assumed(state: ClusterState) -> dict[str, int]:
+    return {n: state.load.ledger.assumed_on(n) for n in POOL if state.load.ledger.assumed_on(n)}
+
+
+# -- abuse first -------------------------------------------------------------------------------------
+
+
+def test_a_forged_record_edited_after_creation_moves_nothing():
+    """A tenant patches its run's record to claim one node (to push the others' runs away from it): the
+    record is read from the first version seen, so the run still counts once, where admission put it."""
+    clock = Clock()
+    state = cluster(clock)
+    state.apply("TaskRun", "ADDED", taskrun("build", "pool-0"))
+    state.apply("TaskRun", "MODIFIED", taskrun("build", "pool-2"))
+    assert assumed(state) == {"pool-0": 1}
+
+
+def test_forged_records_count_only_for_a_while_after_creation():
+    """Runs kept pending forever, or old runs, claim nothing: a record counts for the assumption's ttl
+    after the API server's creationTimestamp (which no tenant writes), and not while the run is held."""
+    clock = Clock()
+    state = cluster(clock)
+    state.apply("TaskRun", "ADDED", taskrun("old", "pool-1", created=NOW - TTL - 1))
+    state.apply("TaskRun", "ADDED", taskrun("pending", "pool-1", spec={"status": "TaskRunPending"}))
+    state.apply("TaskRun", "ADDED", taskrun("queued", "pool-1", annotations={QUEUE_ANNOTATION: "{}"}))
+    state.apply("TaskRun", "ADDED", taskrun("fresh", "pool-1"))
+    assert assumed(state) == {"pool-1": 1}
+    clock.now += TTL + 1
+    state.load.choose(state.policy.pool("overseas"), "x")  # expires what is old
+    assert assumed(state) == {}
+
+
+def test_a_record_naming_a_pool_its_namespace_may_not_use_or_a_node_outside_the_pool_counts_nothing():
+    clock = Clock()
+    state = cluster(clock)
+    state.apply("TaskRun", "ADDED", taskrun("a", "pool-0", ns="other-x"))  # other-x may not use overseas
+    state.apply("TaskRun", "ADDED", taskrun("b", "other-1"))  # not a node of overseas
+    state.apply("TaskRun", "ADDED", taskrun("c", "pool-0", pool="nope"))  # no such pool
+    state.apply("TaskRun", "ADDED", taskrun("d", "pool-0", ns="kube-system"))  # exempt
+    assert assumed(state) == {} and state.load.ledger.assumed_on("other-1") == 0
+
+
+def test_a_finished_or_deleted_run_releases_its_place():
+    clock = Clock()
+    state = cluster(clock)
+    state.apply("TaskRun", "ADDED", taskrun("a", "pool-0"))
+    state.apply("TaskRun", "ADDED", taskrun("b", "pool-1"))
+    state.apply("TaskRun", "MODIFIED", taskrun("a", "pool-0", status={"conditions": [{"type": "Succeeded", "status": "False"}]}))
+    state.apply("TaskRun", "DELETED", taskrun("b", "pool-1"))
+    assert assumed(state) == {}
+
+
+# -- one entry per run -------------------------------------------------------------------------------
+
+
+def test_another_replicas_run_and_pod_count_once_from_the_moment_they_are_stored():
+    """Replica B admitted the run and its pod; replica A sees them only through its informers."""
+    clock = Clock()
+    state = cluster(clock)
+    state.apply("TaskRun", "ADDED", taskrun("build", "pool-0"))
+    assert assumed(state) == {"pool-0": 1}
+    state.apply("Pod", "ADDED", pod("build-pod", "pool-0", run="build"))  # the pod counts, not the run too
+    assert assumed(state) == {"pool-0": 1} and len(state.load.ledger) == 1
+    state.apply("TaskRun", "MODIFIED", taskrun("build", "pool-0", status={"podName": "build-pod"}))  # a late run event
+    assert assumed(state) == {"pool-0": 1}
+    state.apply("Pod", "MODIFIED", pod("build-pod", "pool-0", run="build", bound="pool-1"))  # bound: counted as placed
+    assert assumed(state) == {} and state.load.placed_counts(POOL) == {"pool-0": 0, "pool-1": 1, "pool-2": 0}
+
+
+def test_the_replicas_own_assumption_and_the_stored_record_are_one_entry():
+    clock = Clock()
+    state = cluster(clock)
+    pool = state.policy.pool("overseas")
+    node = state.load.choose_and_assume(pool, ledger_key("taskrun", "team-a", "build"), "build").node
+    state.apply("TaskRun", "ADDED", taskrun("build", node))
+    assert assumed(state) == {node: 1}
+    state.load.forget(ledger_key("taskrun", "team-a", "build"))  # its pod is being made here
+    pod_node = state.load.choose_and_assume(pool, ledger_key("pod", "team-a", "build-pod"), "build-pod").node
+    state.apply("TaskRun", "MODIFIED", taskrun("build", node))  # the run's record does not come back
+    state.apply("Pod", "ADDED", pod("build-pod", pod_node, run="build"))
+    assert assumed(state) == {pod_node: 1}
+
+
+def test_a_relist_leaves_what_the_events_left():
+    clock = Clock()
+    events, relisted = cluster(clock), cluster(clock)
+    runs = [taskrun("a", "pool-0"), taskrun("b", "pool-1"), taskrun("c", "pool-2")]
+    pods = [pod("a-pod", "pool-2", run="a"), pod("x", "pool-1")]
+    for obj in runs:
+        events.apply("TaskRun", "ADDED", obj)
+    for obj in pods:
+        events.apply("Pod", "ADDED", obj)
+    relisted.apply("TaskRun", "ADDED", taskrun("gone", "pool-0"))
+    relisted.replace("Pod", pods)
+    relisted.replace("TaskRun", runs)
+    assert assumed(events) == assumed(relisted) == {"pool-1": 2, "pool-2": 2}
+
+
+# -- properties of the pure book --------------------------------------------------------------------
+
+KEYS = [ledger_key("taskrun", "ns", f"r{i}") for i in range(3)] + [ledger_key("pod", "ns", f"p{i}") for i in range(3)]
+AGES = [0.0, 10.0, TTL + 1]  # how long before NOW each object was created (one creationTimestamp per object)
+version = st.builds(
+    lambda key, node, active, run: Seen(
+        key, f"uid-{key}", NOW - AGES[KEYS.index(key) % len(AGES)], ("pool", node) if node else None, active,
+        ((KEYS[run], f"uid-{KEYS[run]}"),) if key.startswith("pod/") and run is not None else ()),
+    key=st.sampled_from(KEYS), node=st.sampled_from([None, "n0", "n1", "n2"]), active=st.booleans(),
+    run=st.none() | st.integers(0, 2),
+)
+
+
+def reference(versions: list[Seen]) -> dict[str, int]:
+    """What must count, from the set of objects alone: an active object's first claim (of the versions
+    that follow its last inactive one), fresh, whose run no pod replaces."""
+    first: dict[str, Seen] = {}
+    for v in versions:
+        if not v.active:
+            first.pop(v.key, None)
+        else:
+            first.setdefault(v.key, v)
+    replaced = {run for v in versions for run in v.runs}
+    counts: dict[str, int] = {}
+    for key, v in first.items():
+        if v.claim and NOW - v.created <= TTL and (key, v.uid) not in replaced:
+            counts[v.claim[1]] = counts.get(v.claim[1], 0) + 1
+    return counts
+
+
+def book_counts(versions: list[Seen]) -> dict[str, int]:
+    ledger = LoadLedger()
+    book = ClaimBook(ledger, TTL)
+    for v in versions:
+        book.seen(v, NOW)
+    return {n: ledger.assumed_on(n) for n in ("n0", "n1", "n2") if ledger.assumed_on(n)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(version, max_size=20), st.randoms(use_true_random=False))
+def test_order_across_objects_and_repeats_change_nothing(versions, random):
+    """Each object's versions in order, the objects interleaved any way, any version seen twice (a
+    relist after a watch): the same counts, those of the reference."""
+    by_key: dict[str, list[Seen]] = {}
+    for v in versions:
+        by_key.setdefault(v.key, []).append(v)
+    queues = [list(vs) for vs in by_key.values()]
+    shuffled: list[Seen] = []
+    while queues:
+        q = random.choice(queues)
+        item = q.pop(0)
+        shuffled += [item, item] if random.random() < 0.3 else [item]
+        if not q:
+            queues.remove(q)
+    assert book_counts(versions) == book_counts(shuffled) == reference(versions)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(version, max_size=20), st.lists(st.tuples(st.sampled_from(KEYS), st.sampled_from(["n0", "n1"])), max_size=6))
+def test_a_run_counts_at_most_once(versions, own):
+    """Own assumptions (admission, first) and stored records together: never more entries than objects,
+    and never a run beside a pod of its own."""
+    ledger = LoadLedger()
+    book = ClaimBook(ledger, TTL)
+    for key, node in own:
+        book.assume(key, "pool", node, NOW)
+    for v in versions:
+        book.seen(v, NOW)
+    assert len(ledger) <= len({k for k, _ in own} | {v.key for v in versions})
+    replaced = {run[0] for v in versions for run in v.runs}
+    assert not any(key in ledger for key in replaced)
