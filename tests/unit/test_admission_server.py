@@ -452,10 +452,10 @@ def test_large_reviews_past_their_slots_and_queue_are_turned_away(running: Runni
     the same time. Meanwhile ordinary reviews and /healthz are answered at once."""
     length = 1024 * 1024
     holders = [stalled(running, length) for _ in range(server_module.LARGE_SLOTS)]
-    wait_for("every large slot taken", lambda: running.server._large_slots.locked(), timeout=10, interval=0.01)
+    wait_for("every large slot taken", lambda: running.server._large.full, timeout=10, interval=0.01)
     waiters = [stalled(running, length) for _ in range(server_module.LARGE_QUEUE)]
     try:
-        wait_for("the large queue full", lambda: running.server._large_waiting == server_module.LARGE_QUEUE, timeout=10, interval=0.01)
+        wait_for("the large queue full", lambda: running.server._large.waiting == server_module.LARGE_QUEUE, timeout=10, interval=0.01)
         started = time.monotonic()
         over = stalled(running, length)
         assert status_of(over) == 503 and time.monotonic() - started < 1.0
@@ -474,4 +474,4 @@ def test_large_reviews_past_their_slots_and_queue_are_turned_away(running: Runni
     finally:
         for conn in holders + waiters:
             conn.close()
-    wait_for("the large slots free again", lambda: not running.server._large_slots.locked(), timeout=10, interval=0.01)
+    wait_for("the large slots free again", lambda: not running.server._large.full, timeout=10, interval=0.01)
