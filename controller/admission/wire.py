@@ -176,8 +176,7 @@ class Connection(asyncio.Protocol):
     # -- the transport ------------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment] # uvloop's transports are not asyncio.Transport subclasses
         self.opened_at = self.clock()
         self.listener.connections.add(self)
         self._idle_since = self.loop.time()

@@ -25,6 +25,7 @@ import pytest
 import requests
 from hypothesis import given
 from hypothesis import strategies as st
+import uvloop
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -109,7 +110,7 @@ class Running:
             validation=PoolValidation(lambda: None, self.metrics),
         )
         self.ca_file = tmp / "ca.crt"
-        self.loop = asyncio.new_event_loop()
+        self.loop = uvloop.new_event_loop()  # the controller's loop (run_event_loop)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.call(self.server.start())

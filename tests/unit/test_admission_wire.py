@@ -13,6 +13,7 @@ import asyncio
 from typing import Any, Awaitable, Callable
 
 import pytest
+import uvloop
 
 from controller.admission import wire
 
@@ -68,8 +69,8 @@ def limits(**changes: Any) -> wire.Limits:
 
 
 def serving(handler: Echo, lim: wire.Limits, clock: Callable[[], float] = Clock(),
-            test: Callable[[int], Awaitable[None]] | None = None) -> None:
-    """Run `test(port)` against a listener, on a fresh event loop."""
+            test: Callable[[int], Awaitable[None]] | None = None, loop: str = "asyncio") -> None:
+    """Run `test(port)` against a listener, on a fresh event loop: asyncio's, or uvloop's (the controller's)."""
 
     async def main() -> None:
         listener = await wire.serve(handler, "127.0.0.1", 0, None, lim, clock=clock)
@@ -79,7 +80,8 @@ def serving(handler: Echo, lim: wire.Limits, clock: Callable[[], float] = Clock(
         finally:
             await listener.close(1.0)
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None) as runner:
+        runner.run(main())
 
 
 def post(body: bytes, path: str = "/mutate", extra: str = "") -> bytes:
@@ -104,7 +106,8 @@ async def closed(reader: asyncio.StreamReader) -> bool:
         return True
 
 
-def test_keep_alive_answers_in_order_with_their_length_even_pipelined() -> None:
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_keep_alive_answers_in_order_with_their_length_even_pipelined(loop: str) -> None:
     async def test(port: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(post(b'{"a":1}'))
@@ -116,7 +119,7 @@ def test_keep_alive_answers_in_order_with_their_length_even_pipelined() -> None:
         writer.close()
 
     handler = Echo()
-    serving(handler, limits(), test=test)
+    serving(handler, limits(), test=test, loop=loop)
     assert handler.released == 4 and handler.malformed_statuses == []
 
 
