@@ -237,7 +237,7 @@ class AdmissionServer:
     def malformed(self, status: int) -> None:
         self.metrics.count_malformed_review()
 
-    def answer(self, exchange: wire.Exchange, body: bytes) -> None:
+    def answer(self, exchange: wire.Exchange, body: bytes | bytearray) -> None:
         """Inline, or in the large-review thread for a large body; a pod whose TaskRun must be read first
         is answered once it is."""
         reviewer: Reviewer = exchange.route
@@ -270,7 +270,7 @@ class AdmissionServer:
         self._later.add(task)
         task.add_done_callback(self._later.discard)
 
-    async def _answer_off_loop(self, raw: bytes, path: bytes, reviewer: Reviewer, needed: OwnerReadNeeded | None = None) -> wire.Reply:
+    async def _answer_off_loop(self, raw: bytes | bytearray, path: bytes, reviewer: Reviewer, needed: OwnerReadNeeded | None = None) -> wire.Reply:
         """`raw` answered where it fits; when the pod's TaskRun must be read first (`needed`, or the answer
         says so), answered again with what was read."""
         if needed is None:
@@ -281,7 +281,7 @@ class AdmissionServer:
         owner = await self._read_owner(needed)
         return await self._answer_where_it_fits(raw, path, reviewer, owner)
 
-    async def _answer_where_it_fits(self, raw: bytes, path: bytes, reviewer: Reviewer, owner: ReadOwner | None = None) -> wire.Reply:
+    async def _answer_where_it_fits(self, raw: bytes | bytearray, path: bytes, reviewer: Reviewer, owner: ReadOwner | None = None) -> wire.Reply:
         """Inline, or in the large-review thread for a large body."""
         if len(raw) <= INLINE_REVIEW_BYTES or self._large_reviews is None:
             return self._answer(raw, path, reviewer, owner)
@@ -300,7 +300,7 @@ class AdmissionServer:
             )
             return ReadOwner(needed.namespace, needed.name, None)
 
-    def _answer(self, raw: bytes, path: bytes, reviewer: Reviewer, owner: ReadOwner | None = None) -> wire.Reply:
+    def _answer(self, raw: bytes | bytearray, path: bytes, reviewer: Reviewer, owner: ReadOwner | None = None) -> wire.Reply:
         """The answer to one request body (in the loop, or in the large-review thread). `owner`: the
         TaskRun read for it (only Admission raises OwnerReadNeeded)."""
         try:

@@ -98,7 +98,7 @@ class Handler(Protocol):
         """A request's head is in: call `exchange.read(seconds)`, `exchange.respond(...)` (a refusal:
         `close=True` unless the body is read), or neither yet (reading pauses until one is called)."""
 
-    def answer(self, exchange: Exchange, body: bytes) -> None:
+    def answer(self, exchange: Exchange, body: bytes | bytearray) -> None:
         """Its body is in: call `exchange.respond(...)`, now or later."""
 
     def malformed(self, status: int) -> None:
@@ -108,21 +108,21 @@ class Handler(Protocol):
 class Exchange:
     """One request on a connection, from its head to its answer."""
 
-    __slots__ = ("connection", "method", "path", "length", "keep_alive", "http10", "expects_continue", "route",
-                 "release", "chunks", "size", "reading", "read_seconds", "read_by", "complete", "reply")
+    __slots__ = ("connection", "method", "path", "length", "keep_alive", "says_keep_alive", "expects_continue", "route",
+                 "release", "body", "size", "reading", "read_seconds", "read_by", "complete", "reply")
 
     def __init__(self, connection: Connection, method: bytes, path: bytes, length: int | None, keep_alive: bool,
-                 http10: bool, expects_continue: bool) -> None:
+                 says_keep_alive: bool, expects_continue: bool) -> None:
         self.connection = connection
         self.method = method
         self.path = path  # without the query (the API server adds `?timeout=3s`)
         self.length = length  # Content-Length; None for a chunked body
         self.keep_alive = keep_alive
-        self.http10 = http10
+        self.says_keep_alive = says_keep_alive  # `Connection: keep-alive` (HTTP/1.0's way): echoed
         self.expects_continue = expects_continue
         self.route: Any = None  # the handler's, e.g. which reviewer answers
         self.release: Callable[[], None] | None = None  # the handler's, called once when the exchange ends
-        self.chunks: list[bytes] = []
+        self.body: bytes | bytearray = b""  # what has come of the body: its first chunk, then a bytearray (one copy)
         self.size = 0
         self.reading = False
         self.read_seconds = 0.0
@@ -152,7 +152,7 @@ class Connection(asyncio.Protocol):
         self.clock = clock
         self.listener = listener
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
+        self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self.loop = asyncio.get_running_loop()
         self.lost = False
         self.opened_at = 0.0
@@ -165,6 +165,7 @@ class Connection(asyncio.Protocol):
         self._url = b""
         self._length: int | None = 0
         self._continue = False
+        self._says_keep_alive = False
         self._closing = False  # a closing answer is written: nothing more is begun
         self._broken = False  # the parser failed: nothing more is parsed
         self._reading_paused = self._writing_paused = False
@@ -184,6 +185,8 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        self._broken = True
+        self.parser = None  # it holds this protocol: no cycle keeps a connection (and a body) for the collector
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -202,12 +205,13 @@ class Connection(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
-        if self._broken or (self._closing and self._current is None):
+        parser = self.parser
+        if parser is None or self._broken or (self._closing and self._current is None):
             return  # dropped: the connection closes
         if self._current is None:  # a head (or idle), counted until the head is complete
             self._head_bytes += len(data)
         try:
-            self.parser.feed_data(data)
+            parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._broken = True  # answered 400 at its head; what follows is not HTTP
         except httptools.HttpParserError as error:
@@ -234,19 +238,22 @@ class Connection(asyncio.Protocol):
         self._url = b""
         self._length = 0
         self._continue = False
+        self._says_keep_alive = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_bytes += len(name) + len(value)
-        name = name.lower()
-        if name == b"content-length":
+        size = len(name)  # the length first: most headers are none of these
+        if size == 14 and name.lower() == b"content-length":
             self._length = int(value)  # llhttp checked it: digits, not twice
-        elif name == b"transfer-encoding":
+        elif size == 17 and name.lower() == b"transfer-encoding":
             self._length = None
-        elif name == b"expect":
+        elif size == 6 and name.lower() == b"expect":
             self._continue = value.lower() == b"100-continue"
+        elif size == 10 and name.lower() == b"connection":
+            self._says_keep_alive = b"keep-alive" in value.lower()
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -255,9 +262,10 @@ class Connection(asyncio.Protocol):
             return
         self._idle_since = None
         parser = self.parser
+        assert parser is not None
         keep_alive = parser.should_keep_alive()
         exchange = Exchange(self, parser.get_method(), self._url.split(b"?", 1)[0], self._length, keep_alive,
-                            keep_alive and parser.get_http_version() == "1.0", self._continue)
+                            self._says_keep_alive, self._continue)
         self._current = exchange
         self._pending.append(exchange)
         if self._header_bytes + len(self._url) > HEAD_LIMIT:  # a head that came whole in one read
@@ -281,10 +289,16 @@ class Connection(asyncio.Protocol):
             return  # refused: dropped
         exchange.size += len(body)
         if exchange.size > self.limits.max_body:
-            exchange.chunks.clear()
+            exchange.body = b""
             self._refuse(exchange, 413, f"the body is over the limit of {self.limits.max_body} bytes")
             return
-        exchange.chunks.append(body)
+        held = exchange.body
+        if not held:
+            exchange.body = body
+        else:
+            if type(held) is bytes:  # pylint: disable=unidiomatic-typecheck - a bytearray is extended in place
+                held = exchange.body = bytearray(held)
+            held += body
 
     def on_message_complete(self) -> None:
         exchange, self._current = self._current, None
@@ -318,9 +332,7 @@ class Connection(asyncio.Protocol):
             self._update_reading()
 
     def _answer(self, exchange: Exchange) -> None:
-        chunks = exchange.chunks
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        exchange.chunks = []
+        body, exchange.body = exchange.body, b""
         try:
             self.handler.answer(exchange, body)
         except Exception:  # noqa: BLE001 - a bug of ours: answered 500, never a stalled connection
@@ -366,7 +378,7 @@ class Connection(asyncio.Protocol):
             body = reply.body
             head = b"%bContent-Type: %b\r\nContent-Length: %d\r\n%b%b\r\n" % (
                 _status_line(reply.status), reply.content_type, len(body), reply.headers,
-                b"Connection: close\r\n" if close else b"Connection: keep-alive\r\n" if exchange.http10 else b"",
+                b"Connection: close\r\n" if close else b"Connection: keep-alive\r\n" if exchange.says_keep_alive else b"",
             )
             transport.write(head + body)
             _finish(exchange)
@@ -384,7 +396,8 @@ class Connection(asyncio.Protocol):
                 return
         if not pending and self._current is None:
             self._idle_since = self.loop.time()
-            self._watch()
+            if self._timer is None:  # else it is due before this idle deadline, and re-arms itself
+                self._watch()
             if self.listener.stopping:
                 self._close()
                 return
@@ -456,6 +469,7 @@ class Connection(asyncio.Protocol):
 
 
 def _finish(exchange: Exchange) -> None:
+    exchange.body = b""  # a body refused half-read is not kept
     release, exchange.release = exchange.release, None
     if exchange.reply is None:
         exchange.reply = text(503, "the connection is gone")  # nothing is written for it any more
