@@ -403,6 +403,10 @@ class Connection(asyncio.Protocol):
                 return
         self._update_reading()
 
+    def close_if_idle(self) -> None:
+        if not self._pending and self._current is None:
+            self._close()
+
     def _close(self) -> None:
         """Close (the answers written are sent first); cut it off if that has not happened within the linger time."""
         self._closing = True
@@ -505,8 +509,7 @@ class Listener:
         self.server.close()
         self._all_gone = asyncio.Event()
         for connection in list(self.connections):
-            if not connection._pending and connection._current is None:  # idle: closed now
-                connection._close()
+            connection.close_if_idle()  # the others close after their answers
         if self.connections:
             try:
                 await asyncio.wait_for(self._all_gone.wait(), timeout)
