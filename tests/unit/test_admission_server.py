@@ -476,3 +476,12 @@ def test_large_reviews_past_their_slots_and_queue_are_turned_away(running: Runni
         for conn in holders + waiters:
             conn.close()
     wait_for("the large slots free again", lambda: not running.server._large.full, timeout=10, interval=0.01)
+
+
+def test_connections_are_recycled_as_the_settings_say(running: Running) -> None:
+    """The webhook's connections close after `webhook_connection_max_requests` answers or
+    `webhook_connection_max_seconds` (controller/admission/wire.py; tests/unit/test_admission_wire.py)."""
+    settings = running.settings
+    assert (running.server.limits.max_requests, running.server.limits.max_seconds) == (
+        settings.webhook_connection_max_requests, settings.webhook_connection_max_seconds) == (200, 3.0)
+    assert running.server.limits.max_body == MAX_REVIEW_BYTES
