@@ -296,7 +296,7 @@ class Connection(asyncio.Protocol):
         if not held:
             exchange.body = body
         else:
-            if type(held) is bytes:  # pylint: disable=unidiomatic-typecheck - a bytearray is extended in place
+            if not isinstance(held, bytearray):  # the second chunk: from now on extended in place
                 held = exchange.body = bytearray(held)
             held += body
 
