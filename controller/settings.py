@@ -60,6 +60,11 @@ class Settings(BaseSettings):
     # The controller then loads them (again when they change) and writes neither Secret nor caBundle.
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    # Connection recycling: the webhook's answer to a connection's Nth request, or its first after this many
+    # seconds, says `Connection: close`, so the API server connects again and the Service picks a replica
+    # again (docs/architecture.md, "Replicas behind the Service"). 0: never.
+    webhook_connection_max_requests: int = Field(default=200, ge=0)
+    webhook_connection_max_seconds: float = Field(default=3.0, ge=0)
 
     # Leader election (taints and evictions are done by the leader only).
     leader_election: bool = True

@@ -1,24 +1,29 @@
-"""The admission webhook's HTTPS server and the plain HTTP server for health and metrics (aiohttp).
+"""The admission webhook's HTTPS server (asyncio.Protocol and httptools: controller/admission/wire.py)
+and the plain HTTP server for health and metrics (aiohttp).
 
 - HTTPS on `settings.webhook_host:webhook_port`: `POST /mutate` (and `/mutate/<anything>`), one
   route for every kind placed, and `POST /validate` (and `/validate/<anything>`), the pools API's
-  validating webhook (controller/admission/pools.py), served the same way. The TLS context is `ServingTLS.context`: certificate rotation swaps the
-  certificate on that same context, so the server never restarts. Bodies above 3 MiB (the API
-  server's own limit) get 413; bodies that are not JSON or not an AdmissionReview get 400; a body
-  that has not arrived READ_TIMEOUT_SECONDS after its headers gets 408, and a connection that sends
-  no complete request for IDLE_TIMEOUT_SECONDS is closed (slow or stalled clients hold nothing up
-  for long). A review of up to INLINE_REVIEW_BYTES (every real run's) is answered inline: it is
-  sub-millisecond and makes no I/O. A larger body is parsed and answered in the one worker thread for
-  large reviews: image discovery bounds its work (controller/core/images.py), but a review near the
-  3 MiB limit still costs up to a few hundred milliseconds of CPU, and in a thread the interpreter hands
-  the event loop the GIL every few milliseconds, so /healthz and the other reviews keep being answered
-  meanwhile; large reviews wait for each other, never ordinary ones. Admission slots bound the work
-  and memory a flood costs (SMALL_SLOTS, LARGE_SLOTS): taken by Content-Length before a body is read,
-  a request that gets none is answered 503 unread (docs/security.md, "The webhook under load").
-  A pod that claims a TaskRun owner the cache does not have yet (the informer lags behind Tekton) is
-  the one review that needs I/O: the TaskRun is read in one of OWNER_READERS threads, waited for at most
-  OWNER_READ_SECONDS, and the review is answered again with what was read (nothing read in time: the
-  pod is no run's pod, placed as any other; handlers.OwnerReadNeeded).
+  validating webhook (controller/admission/pools.py), served the same way. The TLS context is
+  `ServingTLS.context`: certificate rotation swaps the certificate on that same context, so the server
+  never restarts. Bodies above 3 MiB (the API server's own limit) get 413; bodies that are not JSON or
+  not an AdmissionReview get 400; a body that has not arrived READ_TIMEOUT_SECONDS after its headers gets
+  408, and a connection that sends no complete request head for IDLE_TIMEOUT_SECONDS is closed (slow
+  or stalled clients hold nothing up for long); a TLS handshake not done in READ_TIMEOUT_SECONDS is cut
+  off. Connections are recycled: the answer to a connection's `webhook_connection_max_requests`-th
+  request, or its first after `webhook_connection_max_seconds`, closes it, so that the API server
+  connects again through the Service and the replicas share the reviews (docs/architecture.md,
+  "Replicas behind the Service"). A review of up to INLINE_REVIEW_BYTES (every real run's) is answered
+  inline: it is sub-millisecond and makes no I/O. A larger body is parsed and answered in the one
+  worker thread for large reviews: image discovery bounds its work (controller/core/images.py), but a
+  review near the 3 MiB limit still costs up to a few hundred milliseconds of CPU, and in a thread the
+  interpreter hands the event loop the GIL every few milliseconds, so /healthz and the other reviews
+  keep being answered meanwhile; large reviews wait for each other, never ordinary ones. Admission
+  slots bound the work and memory a flood costs (SMALL_SLOTS, LARGE_SLOTS): taken by Content-Length
+  before a body is read, a request that gets none is answered 503 unread (docs/security.md, "The
+  webhook under load"). A pod that claims a TaskRun owner the cache does not have yet (the informer
+  lags behind Tekton) is the one review that needs I/O: the TaskRun is read in one of OWNER_READERS
+  threads, waited for at most OWNER_READ_SECONDS, and the review is answered again with what was read
+  (nothing read in time: the pod is no run's pod, placed as any other; handlers.OwnerReadNeeded).
 - HTTP on `settings.health_host:health_port`: `/healthz` (the process answers), `/readyz` (200 only
   when the readiness callable has no objection and a certificate is loaded, else 503 with the
   reason; a 200 names what `degraded` reports, e.g. a refused policy, which does not make the
@@ -32,6 +37,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Coroutine, Protocol, TypeVar
 
@@ -40,6 +47,7 @@ from aiohttp import web
 from loguru import logger
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from controller.admission import wire
 from controller.admission.certs import ServingTLS
 from controller.admission.handlers import Admission, MalformedReview, OwnerReadNeeded, ReadOwner
 from controller.admission.review import decode, encode
@@ -81,15 +89,64 @@ class Reviewer(Protocol):
     def review(self, body: Any) -> dict[str, Any]: ...
 
 
-_JSON = {"Content-Type": "application/json; charset=utf-8"}
-
-
 def _text(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=message + "\n")
 
 
+class LargeSlots:
+    """LARGE_SLOTS large reviews read and answered at once; up to LARGE_QUEUE more wait for a slot, first
+    come first served, each at most LARGE_WAIT_SECONDS."""
+
+    def __init__(self) -> None:
+        self.in_use = 0
+        self._queue: deque[tuple[wire.Exchange, asyncio.TimerHandle]] = deque()
+
+    @property
+    def full(self) -> bool:
+        return self.in_use >= LARGE_SLOTS
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    def take(self) -> bool:
+        if self.full:
+            return False
+        self.in_use += 1
+        return True
+
+    def release(self) -> None:
+        """Free a slot, or hand it to the first exchange waiting."""
+        while self._queue:
+            exchange, timer = self._queue.popleft()
+            timer.cancel()
+            if exchange.open:
+                exchange.release = self.release
+                exchange.read(LARGE_WAIT_SECONDS)
+                return
+        self.in_use -= 1
+
+    def wait(self, exchange: wire.Exchange, turned_away: Callable[[wire.Exchange], None]) -> None:
+        timer = asyncio.get_running_loop().call_later(LARGE_WAIT_SECONDS, self._waited, exchange, turned_away)
+        self._queue.append((exchange, timer))
+        exchange.release = lambda: self._leave(exchange)  # its connection lost while it waits
+
+    def _leave(self, exchange: wire.Exchange) -> None:
+        for entry in self._queue:
+            if entry[0] is exchange:
+                entry[1].cancel()
+                self._queue.remove(entry)
+                return
+
+    def _waited(self, exchange: wire.Exchange, turned_away: Callable[[wire.Exchange], None]) -> None:
+        self._leave(exchange)
+        exchange.release = None
+        turned_away(exchange)
+
+
 class AdmissionServer:
-    """Both servers. `start()` binds them; ports 0 pick free ports (see `webhook_port`, `health_port`)."""
+    """Both servers. `start()` binds them; ports 0 pick free ports (see `webhook_port`, `health_port`).
+    `clock` (monotonic seconds) times the connections' age for recycling."""
 
     def __init__(
         self,
@@ -101,6 +158,7 @@ class AdmissionServer:
         shutdown_timeout: float = 10.0,
         degraded: Degraded = lambda: None,
         validation: Reviewer | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.admission = admission
@@ -110,24 +168,20 @@ class AdmissionServer:
         self.readiness = readiness
         self.degraded = degraded
         self.shutdown_timeout = shutdown_timeout
-        self._runners: list[web.AppRunner] = []
-        self._webhook: web.AppRunner | None = None
+        self.clock = clock
+        self.limits = wire.Limits(
+            max_body=MAX_REVIEW_BYTES, idle_seconds=IDLE_TIMEOUT_SECONDS, linger_seconds=LINGER_SECONDS,
+            max_requests=settings.webhook_connection_max_requests, max_seconds=settings.webhook_connection_max_seconds,
+        )
+        self._webhook: wire.Listener | None = None
         self._health: web.AppRunner | None = None
         self._large_reviews: ThreadPoolExecutor | None = None
         self._owner_reads: ThreadPoolExecutor | None = None
-        self._small_in_use = self._large_waiting = 0
-        self._large_slots = asyncio.Semaphore(LARGE_SLOTS)
+        self._small_in_use = 0
+        self._large = LargeSlots()
+        self._later: set[asyncio.Task[None]] = set()
 
-    # -- applications -------------------------------------------------------------------------------
-
-    def webhook_app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_REVIEW_BYTES)
-        app.router.add_post("/mutate", self.mutate)
-        app.router.add_post("/mutate/{rest:.*}", self.mutate)
-        if self.validation is not None:
-            app.router.add_post("/validate", self.validate)
-            app.router.add_post("/validate/{rest:.*}", self.validate)
-        return app
+    # -- the health application ------------------------------------------------------------------------
 
     def health_app(self) -> web.Application:
         app = web.Application()
@@ -136,64 +190,98 @@ class AdmissionServer:
         app.router.add_get("/metrics", self.metrics_text)
         return app
 
-    # -- handlers -----------------------------------------------------------------------------------
+    # -- reviews (wire.Handler) ----------------------------------------------------------------------
 
-    async def mutate(self, request: web.Request) -> web.Response:
-        return await self._review(request, self.admission)
+    def _reviewer(self, path: bytes) -> Reviewer | None:
+        if path == b"/mutate" or path.startswith(b"/mutate/"):
+            return self.admission
+        if self.validation is not None and (path == b"/validate" or path.startswith(b"/validate/")):
+            return self.validation
+        return None
 
-    async def validate(self, request: web.Request) -> web.Response:
-        assert self.validation is not None  # the route exists only with it
-        return await self._review(request, self.validation)
-
-    async def _review(self, request: web.Request, reviewer: Reviewer) -> web.Response:
-        length = request.content_length
-        if length is not None and length > MAX_REVIEW_BYTES:  # refused unread
-            self._malformed()
-            return _text(413, f"the body is over the limit of {MAX_REVIEW_BYTES} bytes")
+    def begin(self, exchange: wire.Exchange) -> None:
+        """A request's head: its route, then a slot by its Content-Length (the wire has refused one over
+        MAX_REVIEW_BYTES), or a 503 unread."""
+        reviewer = self._reviewer(exchange.path)
+        if reviewer is None:
+            exchange.respond(wire.text(404, "not found", close=True))
+            return
+        if exchange.method != b"POST":
+            exchange.respond(wire.text(405, "only POST", close=True, headers=b"Allow: POST\r\n"))
+            return
+        exchange.route = reviewer
+        length = exchange.length
         if length is not None and length <= INLINE_REVIEW_BYTES:
             if self._small_in_use >= SMALL_SLOTS:
-                return self._turned_away(BUSY)
+                self._turned_away(exchange, BUSY)
+                return
             self._small_in_use += 1
-            try:
-                return await self._read_and_answer(request, reviewer, READ_TIMEOUT_SECONDS)
-            finally:
-                self._small_in_use -= 1
-        if self._large_slots.locked() and self._large_waiting >= LARGE_QUEUE:
-            return self._turned_away(LARGE_BUSY)
-        self._large_waiting += 1
-        try:
-            async with asyncio.timeout(LARGE_WAIT_SECONDS):
-                await self._large_slots.acquire()
-        except TimeoutError:
-            return self._turned_away(LARGE_WAITED)
-        finally:
-            self._large_waiting -= 1
-        try:  # the API server sends a body at once: a large one still arriving after its timeout is not its
-            return await self._read_and_answer(request, reviewer, LARGE_WAIT_SECONDS)
-        finally:
-            self._large_slots.release()
+            exchange.release = self._release_small
+            exchange.read(READ_TIMEOUT_SECONDS)
+            return
+        if self._large.take():  # the API server sends a body at once: a large one still arriving after its timeout is not its
+            exchange.release = self._large.release
+            exchange.read(LARGE_WAIT_SECONDS)
+        elif self._large.waiting >= LARGE_QUEUE:
+            self._turned_away(exchange, LARGE_BUSY)
+        else:
+            self._large.wait(exchange, lambda waited: self._turned_away(waited, LARGE_WAITED))
 
-    def _turned_away(self, reason: str) -> web.Response:
+    def _release_small(self) -> None:
+        self._small_in_use -= 1
+
+    def _turned_away(self, exchange: wire.Exchange, reason: str) -> None:
         self.metrics.admission_turned_away.labels(reason=reason).inc()
-        return _text(503, f"the webhook is busy ({reason}): try again")
+        exchange.respond(wire.text(503, f"the webhook is busy ({reason}): try again", close=True))
 
-    async def _read_and_answer(self, request: web.Request, reviewer: Reviewer, read_timeout: float) -> web.Response:
+    def malformed(self, status: int) -> None:
+        self.metrics.count_malformed_review()
+
+    def answer(self, exchange: wire.Exchange, body: bytes | bytearray) -> None:
+        """Inline, or in the large-review thread for a large body; a pod whose TaskRun must be read first
+        is answered once it is."""
+        reviewer: Reviewer = exchange.route
+        if len(body) > INLINE_REVIEW_BYTES and self._large_reviews is not None:
+            self._answer_later(exchange, self._answer_off_loop(body, exchange.path, reviewer))
+            return
         try:
-            async with asyncio.timeout(read_timeout):
-                raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            self._malformed()
-            raise
-        except TimeoutError:
-            self._malformed()
-            return _text(408, f"the request body did not arrive within {read_timeout:.0f} s")
-        try:
-            return await self._answer_where_it_fits(raw, request.path, reviewer)
+            reply = self._answer(body, exchange.path, reviewer)
         except OwnerReadNeeded as needed:
-            owner = await self._read_owner(needed)
-            return await self._answer_where_it_fits(raw, request.path, reviewer, owner)
+            self._answer_later(exchange, self._answer_off_loop(body, exchange.path, reviewer, needed))
+            return
+        exchange.respond(reply)
 
-    async def _answer_where_it_fits(self, raw: bytes, path: str, reviewer: Reviewer, owner: ReadOwner | None = None) -> web.Response:
+    def _answer_later(self, exchange: wire.Exchange, work: Coroutine[Any, Any, wire.Reply]) -> None:
+        """Answered by `work`; the exchange's slot is held until `work` ends, whatever becomes of its connection."""
+        release, exchange.release = exchange.release, None
+
+        async def answer() -> None:
+            try:
+                reply = await work
+            except Exception:  # noqa: BLE001 - a bug of ours: answered 500, never a stalled connection
+                logger.exception("the webhook failed on a request")
+                reply = wire.text(500, "the webhook failed on this request", close=True)
+            finally:
+                if release is not None:
+                    release()
+            exchange.respond(reply)
+
+        task = asyncio.ensure_future(answer())
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
+
+    async def _answer_off_loop(self, raw: bytes | bytearray, path: bytes, reviewer: Reviewer, needed: OwnerReadNeeded | None = None) -> wire.Reply:
+        """`raw` answered where it fits; when the pod's TaskRun must be read first (`needed`, or the answer
+        says so), answered again with what was read."""
+        if needed is None:
+            try:
+                return await self._answer_where_it_fits(raw, path, reviewer)
+            except OwnerReadNeeded as error:
+                needed = error
+        owner = await self._read_owner(needed)
+        return await self._answer_where_it_fits(raw, path, reviewer, owner)
+
+    async def _answer_where_it_fits(self, raw: bytes | bytearray, path: bytes, reviewer: Reviewer, owner: ReadOwner | None = None) -> wire.Reply:
         """Inline, or in the large-review thread for a large body."""
         if len(raw) <= INLINE_REVIEW_BYTES or self._large_reviews is None:
             return self._answer(raw, path, reviewer, owner)
@@ -212,26 +300,23 @@ class AdmissionServer:
             )
             return ReadOwner(needed.namespace, needed.name, None)
 
-    def _answer(self, raw: bytes, path: str, reviewer: Reviewer, owner: ReadOwner | None = None) -> web.Response:
-        """The response to one request body (in the loop, or in the large-review thread). `owner`: the
+    def _answer(self, raw: bytes | bytearray, path: bytes, reviewer: Reviewer, owner: ReadOwner | None = None) -> wire.Reply:
+        """The answer to one request body (in the loop, or in the large-review thread). `owner`: the
         TaskRun read for it (only Admission raises OwnerReadNeeded)."""
         try:
             body: Any = decode(raw)
         except (UnicodeDecodeError, ValueError):
-            self._malformed()
-            return _text(400, "the body is not JSON")
+            self.metrics.count_malformed_review()
+            return wire.text(400, "the body is not JSON")
         except RecursionError:  # e.g. 100,000 nested arrays: the decoder gives up
-            self._malformed()
-            return _text(400, "the body is JSON nested too deeply")
+            self.metrics.count_malformed_review()
+            return wire.text(400, "the body is JSON nested too deeply")
         try:
             answer = self.admission.review(body, owner) if owner is not None else reviewer.review(body)
         except MalformedReview as error:
-            logger.bind(path=path).warning("malformed AdmissionReview: {}", error)
-            return _text(400, f"malformed AdmissionReview: {error}")
-        return web.Response(body=encode(answer), headers=_JSON)
-
-    def _malformed(self) -> None:
-        self.metrics.count_malformed_review()
+            logger.bind(path=path.decode("latin-1")).warning("malformed AdmissionReview: {}", error)
+            return wire.text(400, f"malformed AdmissionReview: {error}")
+        return wire.Reply(200, encode(answer), wire.JSON)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return _text(200, "ok")
@@ -263,30 +348,29 @@ class AdmissionServer:
         s = self.settings
         self._large_reviews = ThreadPoolExecutor(max_workers=1, thread_name_prefix="large-review")
         self._owner_reads = ThreadPoolExecutor(max_workers=OWNER_READERS, thread_name_prefix="owner-read")
-        self._health = await self._serve(self.health_app(), s.health_host, s.health_port, None)
-        self._webhook = await self._serve(self.webhook_app(), s.webhook_host, s.webhook_port, self.tls)
+        self._health = web.AppRunner(
+            self.health_app(), access_log=None, shutdown_timeout=self.shutdown_timeout,
+            keepalive_timeout=IDLE_TIMEOUT_SECONDS, lingering_time=LINGER_SECONDS,
+        )
+        await self._health.setup()
+        await web.TCPSite(self._health, s.health_host, s.health_port).start()
+        self._webhook = await wire.serve(
+            self, s.webhook_host, s.webhook_port, self.tls.context, self.limits, clock=self.clock,
+            handshake_seconds=READ_TIMEOUT_SECONDS,
+        )
         logger.info(
             "webhook on https://{}:{}/mutate and /validate, health on http://{}:{}",
             s.webhook_host, self.webhook_port, s.health_host, self.health_port,
         )
 
-    async def _serve(self, app: web.Application, host: str, port: int, tls: ServingTLS | None) -> web.AppRunner:
-        runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=self.shutdown_timeout, keepalive_timeout=IDLE_TIMEOUT_SECONDS,
-            lingering_time=LINGER_SECONDS,
-        )
-        await runner.setup()
-        self._runners.append(runner)
-        site = web.TCPSite(runner, host, port, ssl_context=tls.context if tls else None)
-        await site.start()
-        return runner
-
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, close. Webhook first, health last."""
-        for runner in reversed(self._runners):
-            await runner.cleanup()
-        self._runners.clear()
-        self._webhook = self._health = None
+        if self._webhook is not None:
+            await self._webhook.close(self.shutdown_timeout)
+            self._webhook = None
+        if self._health is not None:
+            await self._health.cleanup()
+            self._health = None
         if self._large_reviews is not None:
             self._large_reviews.shutdown(wait=False, cancel_futures=True)
             self._large_reviews = None
@@ -296,18 +380,16 @@ class AdmissionServer:
 
     @property
     def webhook_port(self) -> int:
-        return _bound_port(self._webhook)
+        if self._webhook is None:
+            raise RuntimeError("the server is not running")
+        return self._webhook.port
 
     @property
     def health_port(self) -> int:
-        return _bound_port(self._health)
-
-
-def _bound_port(runner: web.AppRunner | None) -> int:
-    addresses = runner.addresses if runner is not None else []
-    if not addresses:
-        raise RuntimeError("the server is not running")
-    return int(addresses[0][1])
+        addresses = self._health.addresses if self._health is not None else []
+        if not addresses:
+            raise RuntimeError("the server is not running")
+        return int(addresses[0][1])
 
 
 def run_event_loop(main: Coroutine[Any, Any, T]) -> T:

@@ -25,6 +25,7 @@ import pytest
 import requests
 from hypothesis import given
 from hypothesis import strategies as st
+import uvloop
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -109,7 +110,7 @@ class Running:
             validation=PoolValidation(lambda: None, self.metrics),
         )
         self.ca_file = tmp / "ca.crt"
-        self.loop = asyncio.new_event_loop()
+        self.loop = uvloop.new_event_loop()  # the controller's loop (run_event_loop)
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.call(self.server.start())
@@ -452,10 +453,10 @@ def test_large_reviews_past_their_slots_and_queue_are_turned_away(running: Runni
     the same time. Meanwhile ordinary reviews and /healthz are answered at once."""
     length = 1024 * 1024
     holders = [stalled(running, length) for _ in range(server_module.LARGE_SLOTS)]
-    wait_for("every large slot taken", lambda: running.server._large_slots.locked(), timeout=10, interval=0.01)
+    wait_for("every large slot taken", lambda: running.server._large.full, timeout=10, interval=0.01)
     waiters = [stalled(running, length) for _ in range(server_module.LARGE_QUEUE)]
     try:
-        wait_for("the large queue full", lambda: running.server._large_waiting == server_module.LARGE_QUEUE, timeout=10, interval=0.01)
+        wait_for("the large queue full", lambda: running.server._large.waiting == server_module.LARGE_QUEUE, timeout=10, interval=0.01)
         started = time.monotonic()
         over = stalled(running, length)
         assert status_of(over) == 503 and time.monotonic() - started < 1.0
@@ -474,4 +475,13 @@ def test_large_reviews_past_their_slots_and_queue_are_turned_away(running: Runni
     finally:
         for conn in holders + waiters:
             conn.close()
-    wait_for("the large slots free again", lambda: not running.server._large_slots.locked(), timeout=10, interval=0.01)
+    wait_for("the large slots free again", lambda: not running.server._large.full, timeout=10, interval=0.01)
+
+
+def test_connections_are_recycled_as_the_settings_say(running: Running) -> None:
+    """The webhook's connections close after `webhook_connection_max_requests` answers or
+    `webhook_connection_max_seconds` (controller/admission/wire.py; tests/unit/test_admission_wire.py)."""
+    settings = running.settings
+    assert (running.server.limits.max_requests, running.server.limits.max_seconds) == (
+        settings.webhook_connection_max_requests, settings.webhook_connection_max_seconds) == (200, 3.0)
+    assert running.server.limits.max_body == MAX_REVIEW_BYTES
