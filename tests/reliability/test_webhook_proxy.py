@@ -50,10 +50,14 @@ class Backend:
 
 
 def ask(port: int) -> bytes:
-    """One connection through the proxy: what answered (b"" when the proxy closed it)."""
+    """One connection through the proxy: what answered (b"" when the proxy closed it). A proxy that closes
+    with our bytes unread makes the kernel reset the connection instead of ending it: closed too."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
-        conn.sendall(b"hello")
-        return conn.recv(16)
+        try:
+            conn.sendall(b"hello")
+            return conn.recv(16)
+        except ConnectionResetError:
+            return b""
 
 
 @pytest.fixture
