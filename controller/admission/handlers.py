@@ -24,7 +24,6 @@ the server turns into HTTP 400.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -38,6 +37,7 @@ from controller.admission.review import (
     Patch,
     Request,
     annotation_ops,
+    encode,
     ops_at,
     parse_review,
     pointer,
@@ -598,7 +598,8 @@ def _load_note(placement: Placement) -> str:
 
 
 def _compact(record: Mapping[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":"), sort_keys=False)
+    """Compact JSON in the record's key order (orjson: non-ASCII text as UTF-8, not \\u escapes)."""
+    return encode(record).decode()
 
 
 def _record(decision: Decision, placement: Placement) -> str:

@@ -126,3 +126,16 @@ def test_generated_runs_and_pods_are_patched_as_the_diffs_patched_them(obj: dict
         diffing(m)
         _, before, _ = THEIRS.review(copy.deepcopy(obj))
     assert json.dumps(mine, sort_keys=True) == json.dumps(before, sort_keys=True)
+
+
+# --- the decision annotation's JSON --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("message", ["Placed in pool 'egress'", "café ünïcode", "lone \ud800 surrogate", 'quote " and \\ and \n'])
+def test_the_decision_annotation_is_compact_json_of_the_record_in_its_order(message: str) -> None:
+    """orjson writes it (UTF-8 where the standard library wrote \\u escapes); what orjson refuses (a lone
+    surrogate a tenant's image name may carry) is written by the standard library: the same JSON either way."""
+    record = {"pool": "egress", "reason": "image-match", "node": None, "images": ["a", message], "message": message, "moreNodes": 3}
+    text = handlers_module._compact(record)
+    assert json.loads(text) == record and list(json.loads(text)) == list(record)
+    assert text == json.dumps(record, separators=(",", ":"), ensure_ascii=False) or "\ud800" in message
