@@ -159,6 +159,8 @@ class Admission:
         self.settings = settings
         self.clock = clock
         self.wall = wall
+        # Each decision's debug line only when the log level lets it out: no per-review logger binding otherwise.
+        self._debug = settings.log_level.upper() in ("TRACE", "DEBUG")
 
     def read_owner(self, namespace: str, name: str) -> ReadOwner:
         """Read a TaskRun from the API server (blocking: never on the event loop). A failed read gives
@@ -518,9 +520,10 @@ class Admission:
 
     def _count(self, kind: str, decision: Decision, placement: Placement) -> None:
         self.metrics.decisions.labels(kind=kind, reason=str(decision.reason), pool=placement.pool or "").inc()
-        logger.bind(kind=kind, pool=placement.pool, node=placement.node).debug(
-            "{}: {} {}", decision.reason, decision.message, placement.note
-        )
+        if self._debug:
+            logger.bind(kind=kind, pool=placement.pool, node=placement.node).debug(
+                "{}: {} {}", decision.reason, decision.message, placement.note
+            )
 
     def _emit(self, request: Request, decision: Decision, placement: Placement) -> None:
         if placement.pool:
