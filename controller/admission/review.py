@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from controller.core.patches import json_patch
+from controller.core.patches import copy_json, json_patch
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 
@@ -190,7 +190,7 @@ def ops_at(obj: Mapping[str, Any], path: Sequence[str], new: Any) -> Patch:
         if node.get(part) is None:
             if not new:
                 return []
-            value = new
+            value = copy_json(new)  # `new` may be shared (a memoised template): the patch has its own
             for inner in reversed(path[i + 1 :]):
                 value = {inner: value}
             return [{"op": "add", "path": pointer(path[: i + 1]), "value": value}]
