@@ -1,20 +1,16 @@
 """The AdmissionReview v1 envelope and the JSON patches the handlers answer with, shared by every
 admitted kind: `parse_review` checks a request's shape (MalformedReview: HTTP 400), `review_response`
 allows the object with its patch, `ops_at` and `annotation_ops` build RFC 6902 operations that add
-missing parents. `decode` and `encode` are the JSON of the wire: orjson (a review costs a fifth of
-the standard library's), with the standard library for what orjson refuses, so every body is read
-and answered as before."""
+missing parents. `decode` and `encode` are the JSON of the wire (controller.core.json_wire)."""
 
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass, field
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
-
+from controller.core.json_wire import decode, encode
 from controller.core.patches import copy_json, json_patch
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
@@ -129,25 +125,6 @@ def review_response(uid: str, patch: Patch, warnings: Sequence[str] = ()) -> dic
     if warnings:
         response["warnings"] = list(warnings)
     return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
-
-
-def decode(raw: bytes) -> Any:
-    """A request body's JSON. What orjson refuses (not JSON, but also what the standard library
-    accepts and it does not: NaN, integers beyond 64 bits, UTF-16) goes to `json.loads`, which
-    decides as it always did: ValueError (UnicodeDecodeError included) or RecursionError."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)
-
-
-def encode(value: Any) -> bytes:
-    """Compact JSON (UTF-8). What orjson cannot write (integers beyond 64 bits, keys that are not
-    strings) is written by `json.dumps`."""
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def text(value: Any) -> str:

@@ -20,7 +20,6 @@ A consumer callback that raises is logged; the informer goes on.
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from controller.core.agents import POOL_TOLERATIONS_ANNOTATION
 from controller.core import cluster_resolver
 from controller.core.images import TASKRUN_LABEL, TektonObjects, image_fields
 from controller.core.intruders import MIRROR_POD_ANNOTATION
+from controller.core.json_wire import decode
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
 from controller.queue.core import PIPELINERUN_LABEL, POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
 from controller.core.patches import InvalidDefault, default_pod_template
@@ -479,7 +479,7 @@ class Informer:
                 if stop.is_set():
                     return
                 if line:
-                    self._handle(json.loads(line))
+                    self._handle(decode(line))
         except Exception:
             if stop.is_set():
                 return  # the connection was shut down on purpose

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import controller.admission.handlers as handlers_module
 import controller.admission.review as review_module
 from controller.admission.handlers import Admission
+from controller.core.json_wire import decode
 from controller.core.patches import PREFERRED, REQUIRED
 from controller.metrics import Metrics
 from controller.settings import Settings
@@ -139,3 +140,22 @@ def test_the_decision_annotation_is_compact_json_of_the_record_in_its_order(mess
     text = handlers_module._compact(record)
     assert json.loads(text) == record and list(json.loads(text)) == list(record)
     assert text == json.dumps(record, separators=(",", ":"), ensure_ascii=False) or "\ud800" in message
+
+
+# --- the wire's JSON (admission bodies, the API server's answers, watch lines) ------------------
+
+
+@pytest.mark.parametrize("text", [
+    '{"type":"ADDED","object":{"metadata":{"name":"a"}}}', '{"n": NaN}', '{"max": 18446744073709551615}',
+    '{"s": "lone \\ud800"}', '{"u": "caf\\u00e9"}',
+])
+def test_the_wire_decodes_as_the_standard_library_does(text: str) -> None:
+    """orjson where it can, the standard library for what it refuses: the same values either way, from
+    bytes (a body) and from text (a watch line)."""
+    expected = json.loads(text)
+    for raw in (text, text.encode()):
+        got = decode(raw)
+        assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+    with pytest.raises(ValueError):
+        decode(b"{not json")
+    assert decode(b"[123456789012345678901234567890]") == [1.2345678901234568e29]  # beyond 64 bits: a float
