@@ -6,6 +6,7 @@ missing parents. `decode` and `encode` are the JSON of the wire (controller.core
 from __future__ import annotations
 
 import base64
+import functools
 from dataclasses import dataclass, field
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -154,6 +155,11 @@ def with_namespace(request: Request) -> Mapping[str, Any]:
 
 
 def pointer(path: Sequence[str]) -> str:
+    return _pointer(path) if type(path) is tuple else _pointer(tuple(path))
+
+
+@functools.lru_cache(maxsize=1024)  # the same few paths in every review
+def _pointer(path: tuple[str, ...]) -> str:
     return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
 
 

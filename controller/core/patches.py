@@ -20,6 +20,7 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
 import yaml
 
 from controller.core.model import POOL_PREFERENCE_WEIGHT, PREFERRED_NODE_WEIGHT, Taint
@@ -231,13 +232,28 @@ def copy_json(value: Any) -> Any:
 
 def _same_json(a: Any, b: Any) -> bool:
     """Are `a` and `b` the same JSON (no patch between them)? Unlike `==`, 1, 1.0 and true differ, as
-    they do for JSON; anything but dicts, lists and scalars counts as changed (False)."""
+    they do for JSON; anything but dicts, lists and scalars counts as changed (False). `==` first (in
+    C: values it finds different are), then their JSON texts, keys sorted (in C too)."""
+    kind = type(a)
+    if kind is not type(b):
+        return False
+    if kind in _SCALARS:
+        return a == b
+    if (kind is not dict and kind is not list) or a != b:
+        return False
+    try:
+        return orjson.dumps(a, option=orjson.OPT_SORT_KEYS) == orjson.dumps(b, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # not plain JSON inside (or integers beyond 64 bits): member by member
+        return _same_members(a, b)
+
+
+def _same_members(a: Any, b: Any) -> bool:
     if type(a) is not type(b):
         return False
     if type(a) is dict:
-        return a.keys() == b.keys() and all(_same_json(v, b[k]) for k, v in a.items())
+        return a.keys() == b.keys() and all(_same_members(v, b[k]) for k, v in a.items())
     if type(a) is list:
-        return len(a) == len(b) and all(map(_same_json, a, b))
+        return len(a) == len(b) and all(map(_same_members, a, b))
     return type(a) in _SCALARS and a == b
 
 
