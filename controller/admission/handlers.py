@@ -169,6 +169,7 @@ class Admission:
         self._images: Memo[ImageSet] = Memo(MEMO_SIZE)
         self._decisions: Memo[tuple[NamespaceState | None, Decision]] = Memo(MEMO_SIZE)
         self._templates: Memo[dict[str, Any]] = Memo(MEMO_SIZE)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # see `_series`
 
     def read_owner(self, namespace: str, name: str) -> ReadOwner:
         """Read a TaskRun from the API server (blocking: never on the event loop). A failed read gives
@@ -207,8 +208,8 @@ class Admission:
             warnings = [f"egress-placer: internal error ({type(error).__name__}); admitted without placement"]
         finally:
             if not deferred:
-                self.metrics.admission_seconds.labels(kind=kind).observe(max(self.clock() - started, 0.0))
-        self.metrics.admission_reviews.labels(kind=kind, outcome=outcome).inc()
+                self._series(self.metrics.admission_seconds, kind).observe(max(self.clock() - started, 0.0))
+        self._series(self.metrics.admission_reviews, kind, outcome).inc()
         return review_response(request.uid, patch, warnings)
 
     def _dispatch(self, request: Request, warnings: list[str], owner: ReadOwner | None = None) -> Patch:
@@ -263,7 +264,7 @@ class Admission:
             for task, images in pipelinerun_images(with_namespace(request), self.state.tekton)
         ]
         for _, decision in per_task:
-            self.metrics.decisions.labels(kind=request.kind, reason=str(decision.reason), pool=decision.pool or "").inc()
+            self._series(self.metrics.decisions, request.kind, str(decision.reason), decision.pool or "").inc()
         wanted = sorted({d.pool for _, d in per_task if d.pool})
         path = ("spec", "taskRunTemplate", "podTemplate") if request.version == "v1" else ("spec", "podTemplate")
         template = value_at(request.object, path)
@@ -557,8 +558,17 @@ class Admission:
         # The answer holds the namespace object: its id is not reused while the entry lives.
         return self._decisions.get(key, lambda: (known, decide(policy, namespace, annotations, images)), (policy,))[1]
 
+    def _series(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)` (values in the metric's label order), looked up once: the few series
+        every review counts in (admitted kinds, reasons, configured pools) are kept by this Admission."""
+        key = (id(metric), values)  # the metrics live as long as this Admission
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def _count(self, kind: str, decision: Decision, placement: Placement) -> None:
-        self.metrics.decisions.labels(kind=kind, reason=str(decision.reason), pool=placement.pool or "").inc()
+        self._series(self.metrics.decisions, kind, str(decision.reason), placement.pool or "").inc()
         if self._debug:
             logger.bind(kind=kind, pool=placement.pool, node=placement.node).debug(
                 "{}: {} {}", decision.reason, decision.message, placement.note
