@@ -12,6 +12,7 @@ table, never while the step runs, and an answer computed under a scope replaced 
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
@@ -57,7 +58,7 @@ class Memo(Generic[V]):
 
 
 def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    return a is b or (len(a) == len(b) and all(map(operator.is_, a, b)))
 
 
 def json_key(value: object) -> bytes | None:

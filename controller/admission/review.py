@@ -26,7 +26,8 @@ Patch = list[dict[str, Any]]
 
 @dataclass(frozen=True)
 class Request:
-    """The parts of an AdmissionReview request the handlers use, checked for shape."""
+    """The parts of an AdmissionReview request the handlers use, checked for shape. What is read from
+    the object is read once (the object is never changed)."""
 
     uid: str
     group: str
@@ -38,32 +39,32 @@ class Request:
     dry_run: bool
     old_object: Mapping[str, Any] = field(default_factory=dict)  # an UPDATE's object before it ({} otherwise)
 
-    @property
+    @functools.cached_property
     def metadata(self) -> Mapping[str, Any]:
         meta = self.object.get("metadata")
         return meta if isinstance(meta, Mapping) else {}
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         """The object's name, or its generateName when the API server has not named it yet."""
         return text(self.metadata.get("name")) or text(self.metadata.get("generateName"))
 
-    @property
+    @functools.cached_property
     def named(self) -> bool:
         return bool(text(self.metadata.get("name")))
 
-    @property
+    @functools.cached_property
     def key_name(self) -> str:
         """The name for load-ledger keys: the name, or generateName plus the request uid, so that
         objects sharing a generateName are counted apart (their pods cannot settle them by name;
         their assumptions expire)."""
         return self.name if self.named else f"{self.name}{self.uid}"
 
-    @property
+    @functools.cached_property
     def labels(self) -> Mapping[str, str]:
         return text_map(self.metadata.get("labels"))
 
-    @property
+    @functools.cached_property
     def annotations(self) -> Mapping[str, str]:
         return text_map(self.metadata.get("annotations"))
 
