@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import functools
 from dataclasses import dataclass, field
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from controller.core.json_wire import decode, encode
@@ -22,6 +22,20 @@ class MalformedReview(ValueError):
 
 
 Patch = list[dict[str, Any]]
+
+
+class _once:
+    """A property computed at its first read and then kept in the instance's __dict__ (which later reads
+    find first): functools.cached_property without the lock it takes on every first read in Python 3.11."""
+
+    def __init__(self, compute: Callable[[Any], Any]) -> None:
+        self.compute, self.name = compute, compute.__name__
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.compute(instance)
+        return value
 
 
 @dataclass(frozen=True)
@@ -39,32 +53,32 @@ class Request:
     dry_run: bool
     old_object: Mapping[str, Any] = field(default_factory=dict)  # an UPDATE's object before it ({} otherwise)
 
-    @functools.cached_property
+    @_once
     def metadata(self) -> Mapping[str, Any]:
         meta = self.object.get("metadata")
         return meta if isinstance(meta, Mapping) else {}
 
-    @functools.cached_property
+    @_once
     def name(self) -> str:
         """The object's name, or its generateName when the API server has not named it yet."""
         return text(self.metadata.get("name")) or text(self.metadata.get("generateName"))
 
-    @functools.cached_property
+    @_once
     def named(self) -> bool:
         return bool(text(self.metadata.get("name")))
 
-    @functools.cached_property
+    @_once
     def key_name(self) -> str:
         """The name for load-ledger keys: the name, or generateName plus the request uid, so that
         objects sharing a generateName are counted apart (their pods cannot settle them by name;
         their assumptions expire)."""
         return self.name if self.named else f"{self.name}{self.uid}"
 
-    @functools.cached_property
+    @_once
     def labels(self) -> Mapping[str, str]:
         return text_map(self.metadata.get("labels"))
 
-    @functools.cached_property
+    @_once
     def annotations(self) -> Mapping[str, str]:
         return text_map(self.metadata.get("annotations"))
 
