@@ -22,8 +22,10 @@ import orjson
 V = TypeVar("V")
 
 # Keys carry JSON text (`json_key`) up to this many bytes; a larger piece of a review is not memoised
-# (its step runs as without a memo), so a memo holds at most about size x MAX_KEY_BYTES.
-MAX_KEY_BYTES = 8 * 1024
+# (its step runs as without a memo). A tenant sending ever new pieces costs at most about
+# size x MAX_KEY_BYTES per memo for the keys, as much again for templates: 8 MiB at 1,024 entries.
+# A catalog run's taskRef and params, or a pod's tolerations and affinity, are well under 1 KiB.
+MAX_KEY_BYTES = 4 * 1024
 
 
 class Memo(Generic[V]):
