@@ -183,3 +183,15 @@ def test_json_keys_are_exact_json(value: Any, keyed: bool) -> None:
     key = json_key(value)
     assert (key is not None) == keyed
     assert json_key(1) != json_key(1.0) != json_key(True)
+
+
+def test_a_tenants_same_named_task_does_not_answer_for_another_namespace() -> None:
+    """Image discovery is keyed by the run's namespace: team-other's own `curl` Task (a pool image) is
+    memoised for team-other's runs only; team-ci's run of the same spec reads team-ci's Task."""
+    env = Env()
+    env._tekton({"apiVersion": "tekton.dev/v1", "kind": "Task", "metadata": {"name": "curl"},
+                 "spec": {"steps": [{"name": "fetch", "image": KANIKO_LIKE}]}}, "team-other")
+    _, theirs, _ = env.review(curl_run(namespace="team-other"))
+    assert decision_of(theirs)["images"] == [KANIKO_LIKE]
+    _, ours, _ = env.review(curl_run(namespace="team-ci"))
+    assert KANIKO_LIKE not in decision_of(ours)["images"] and decision_of(ours)["pool"] is None
