@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 import aiohttp
 
+from controller.core.json_wire import decode
 from controller.core.policy import load_policy
 from controller.kube.informer import Informer, pods, trim_node, trim_pod
 from controller.metrics import Metrics
@@ -248,7 +249,7 @@ def in_process_events(bc: BenchCluster, sample_pods: list[dict[str, Any]], sizes
     handled, started = 0, time.perf_counter()
     while time.perf_counter() - started < seconds:
         for line in lines:
-            informer._handle(json.loads(line))  # noqa: SLF001 - the informer's own per-event path
+            informer._handle(decode(line))  # noqa: SLF001 - the informer's own decoding and per-event path
         handled += len(lines)
     return round(handled / (time.perf_counter() - started))
 
@@ -261,8 +262,8 @@ def state_mb(bc: BenchCluster, nodes: int, pods: int) -> float:
     gc.collect()
     tracemalloc.start()
     state = ClusterState(load_policy(bc.policy_file.read_text()), clock=time.time)
-    state.replace("Node", [trim_node(json.loads(line)) for line in node_lines])
-    state.replace("Pod", [trim_pod(json.loads(line)) for line in pod_lines])
+    state.replace("Node", [trim_node(decode(line)) for line in node_lines])
+    state.replace("Pod", [trim_pod(decode(line)) for line in pod_lines])
     gc.collect()
     size = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
@@ -450,7 +451,7 @@ class PagedApi:
         end = min(start + limit, count)
         page = {"items": [make(i) for i in range(start, end)],
                 "metadata": {"resourceVersion": "1", "continue": str(end) if end < count else None}}
-        return json.loads(json.dumps(page))  # decoded from its JSON, as KubeApi.call does
+        return decode(json.dumps(page).encode())  # decoded from its JSON, as KubeApi.call does
 
     def stream(self, path: str, *, query: dict[str, Any], timeout: Any) -> Any:
         api = self

@@ -24,7 +24,6 @@ the server turns into HTTP 400.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -38,6 +37,7 @@ from controller.admission.review import (
     Patch,
     Request,
     annotation_ops,
+    encode,
     ops_at,
     parse_review,
     pointer,
@@ -50,11 +50,14 @@ from controller.core.agents import agent_tolerations
 from controller.core.decide import decide
 from controller.core.images import TASKRUN_LABEL, WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
 from controller.admission.events import EventsOnCreation
+from controller.admission.memo import Memo, json_key
 from controller.core.intruders import Agent, daemonset_agent, is_mirror_pod, refused_pool
 from controller.core.model import (
     DECISION_ANNOTATION,
+    PLACEMENT_ANNOTATION,
     REVIEW_ANNOTATION,
     Decision,
+    ImageSet,
     NamespaceState,
     NodeLoad,
     Reason,
@@ -88,6 +91,7 @@ MAX_IMAGES_IN_ANNOTATION = 20
 # Tekton's `coschedule` feature flag (feature-flags ConfigMap).
 WARNING_REASONS = {Reason.UNRESOLVED: "Unresolved", Reason.UNKNOWN_POOL: "UnknownPool"}
 _SPEC_PLACEMENT_FIELDS = ("tolerations", "affinity")
+MEMO_SIZE = 1024  # entries of each memo of a pure step (admission.memo)
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,13 @@ class Admission:
         self.settings = settings
         self.clock = clock
         self.wall = wall
+        # Each decision's debug line only when the log level lets it out: no per-review logger binding otherwise.
+        self._debug = settings.log_level.upper() in ("TRACE", "DEBUG")
+        # The pure steps every review repeats, memoised (admission.memo): most reviews of a burst are one Task's.
+        self._images: Memo[ImageSet] = Memo(MEMO_SIZE)
+        self._decisions: Memo[tuple[NamespaceState | None, Decision]] = Memo(MEMO_SIZE)
+        self._templates: Memo[dict[str, Any]] = Memo(MEMO_SIZE)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # see `_series`
 
     def read_owner(self, namespace: str, name: str) -> ReadOwner:
         """Read a TaskRun from the API server (blocking: never on the event loop). A failed read gives
@@ -197,8 +208,8 @@ class Admission:
             warnings = [f"egress-placer: internal error ({type(error).__name__}); admitted without placement"]
         finally:
             if not deferred:
-                self.metrics.admission_seconds.labels(kind=kind).observe(max(self.clock() - started, 0.0))
-        self.metrics.admission_reviews.labels(kind=kind, outcome=outcome).inc()
+                self._series(self.metrics.admission_seconds, kind).observe(max(self.clock() - started, 0.0))
+        self._series(self.metrics.admission_reviews, kind, outcome).inc()
         return review_response(request.uid, patch, warnings)
 
     def _dispatch(self, request: Request, warnings: list[str], owner: ReadOwner | None = None) -> Patch:
@@ -220,8 +231,7 @@ class Admission:
     def _taskrun(self, request: Request, warnings: list[str]) -> Patch:
         policy = self.state.policy
         namespace = self.state.namespace(request.namespace)
-        run = with_namespace(request)
-        decision = decide(policy, namespace, request.annotations, taskrun_images(run, self.state.tekton))
+        decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request))
         template = value_at(request.object, ("spec", "podTemplate"))
         default = self.state.tekton_default_pod_template
         if AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
@@ -250,11 +260,11 @@ class Admission:
         policy = self.state.policy
         namespace = self.state.namespace(request.namespace)
         per_task = [
-            (task if task != WHOLE_RUN else "(run)", decide(policy, namespace, request.annotations, images))
+            (task if task != WHOLE_RUN else "(run)", self._decide(policy, namespace, request.annotations, images))
             for task, images in pipelinerun_images(with_namespace(request), self.state.tekton)
         ]
         for _, decision in per_task:
-            self.metrics.decisions.labels(kind=request.kind, reason=str(decision.reason), pool=decision.pool or "").inc()
+            self._series(self.metrics.decisions, request.kind, str(decision.reason), decision.pool or "").inc()
         wanted = sorted({d.pool for _, d in per_task if d.pool})
         path = ("spec", "taskRunTemplate", "podTemplate") if request.version == "v1" else ("spec", "podTemplate")
         template = value_at(request.object, path)
@@ -415,7 +425,7 @@ class Admission:
     def _tekton_pod(
         self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy, run: RunRecord
     ) -> Patch:
-        decision = decide(policy, namespace, request.annotations, pod_images(request.object))
+        decision = self._decide(policy, namespace, request.annotations, pod_images(request.object))
         overdue = self._waited_too_long(request, decision.pool, policy)
         if overdue:
             decision = replace(decision, pool=None, message=f"{decision.message}; {overdue}")
@@ -506,21 +516,63 @@ class Admission:
         pod template, merged under a run's template: what it gives is kept (see `over_default`)."""
         pool = policy.pool(pool_name) if pool_name else None
         if pool is None:
-            return Placement(over_default(template, default, lambda t: unplace(t, policy)))
+            return Placement(self._template(template, policy, default, None, None))
         # A dry run has no side effects: nothing is assumed.
         choice = self.state.load.choose(pool, salt) if dry_run else self.state.load.choose_and_assume(pool, key, salt)
-        node = choice.node
-        if node is None:
-            new = over_default(template, default, lambda t: unplace(t, policy))
-            return Placement(new, note=f"pool {pool.name} has no ready node")
-        new = over_default(template, default, lambda t: place(unplace(t, policy, keep_pool=pool.name), pool, node))
-        return Placement(new, pool.name, node, choice.loads, more_nodes=choice.more_nodes)
+        if choice.node is None:
+            return Placement(self._template(template, policy, default, None, None), note=f"pool {pool.name} has no ready node")
+        new = self._template(template, policy, default, pool, choice.node)
+        return Placement(new, pool.name, choice.node, choice.loads, more_nodes=choice.more_nodes)
+
+    # -- memoised pure steps (admission.memo): keyed on what they read ------------------------------
+
+    def _template(
+        self, template: Any, policy: PlacementPolicy, default: Mapping[str, Any] | None, pool: Pool | None, node: str | None
+    ) -> dict[str, Any]:
+        """The template sent to `pool` and `node` (None: stripped of pool placement), over Tekton's
+        default. Shared by the reviews that ask the same (never changed in place: patches copy it)."""
+        if pool is None:
+            change: Callable[[dict[str, Any]], dict[str, Any]] = lambda t: unplace(t, policy)  # noqa: E731
+        else:
+            change = lambda t: place(unplace(t, policy, keep_pool=pool.name), pool, node)  # noqa: E731
+        text = json_key(template)
+        key = None if text is None else (text, pool.name if pool else None, node)
+        return self._templates.get(key, lambda: over_default(template, default, change), (policy, default))
+
+    def _taskrun_images(self, request: Request) -> ImageSet:
+        """`taskrun_images` of the run: it reads the run's namespace, taskRef, taskSpec and params, and
+        Tekton's objects (whose generation is new after every change)."""
+        tekton = self.state.tekton
+        spec = request.object.get("spec")
+        spec = spec if isinstance(spec, Mapping) else {}
+        key = json_key([request.namespace, spec.get("taskRef"), spec.get("taskSpec"), spec.get("params")])
+        return self._images.get(key, lambda: taskrun_images(with_namespace(request), tekton), (tekton, tekton.generation))
+
+    def _decide(self, policy: PlacementPolicy, namespace: NamespaceState, annotations: Mapping[str, str], images: ImageSet) -> Decision:
+        """`decide`: it reads the policy, the namespace (the state's object, replaced on every change; a
+        namespace the state lacks is its name alone), the placement annotation and the images."""
+        known = self.state.namespaces.get(namespace.name)
+        if known is not None and known is not namespace:
+            return decide(policy, namespace, annotations, images)
+        key = (namespace.name, id(known), annotations.get(PLACEMENT_ANNOTATION), images)
+        # The answer holds the namespace object: its id is not reused while the entry lives.
+        return self._decisions.get(key, lambda: (known, decide(policy, namespace, annotations, images)), (policy,))[1]
+
+    def _series(self, metric: Any, *values: str) -> Any:
+        """`metric.labels(*values)` (values in the metric's label order), looked up once: the few series
+        every review counts in (admitted kinds, reasons, configured pools) are kept by this Admission."""
+        key = (id(metric), values)  # the metrics live as long as this Admission
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def _count(self, kind: str, decision: Decision, placement: Placement) -> None:
-        self.metrics.decisions.labels(kind=kind, reason=str(decision.reason), pool=placement.pool or "").inc()
-        logger.bind(kind=kind, pool=placement.pool, node=placement.node).debug(
-            "{}: {} {}", decision.reason, decision.message, placement.note
-        )
+        self._series(self.metrics.decisions, kind, str(decision.reason), placement.pool or "").inc()
+        if self._debug:
+            logger.bind(kind=kind, pool=placement.pool, node=placement.node).debug(
+                "{}: {} {}", decision.reason, decision.message, placement.note
+            )
 
     def _emit(self, request: Request, decision: Decision, placement: Placement) -> None:
         if placement.pool:
@@ -598,7 +650,8 @@ def _load_note(placement: Placement) -> str:
 
 
 def _compact(record: Mapping[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":"), sort_keys=False)
+    """Compact JSON in the record's key order (orjson: non-ASCII text as UTF-8, not \\u escapes)."""
+    return encode(record).decode()
 
 
 def _record(decision: Decision, placement: Placement) -> str:

@@ -1,21 +1,18 @@
 """The AdmissionReview v1 envelope and the JSON patches the handlers answer with, shared by every
 admitted kind: `parse_review` checks a request's shape (MalformedReview: HTTP 400), `review_response`
 allows the object with its patch, `ops_at` and `annotation_ops` build RFC 6902 operations that add
-missing parents. `decode` and `encode` are the JSON of the wire: orjson (a review costs a fifth of
-the standard library's), with the standard library for what orjson refuses, so every body is read
-and answered as before."""
+missing parents. `decode` and `encode` are the JSON of the wire (controller.core.json_wire)."""
 
 from __future__ import annotations
 
 import base64
-import json
+import functools
 from dataclasses import dataclass, field
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import orjson
-
-from controller.core.patches import json_patch
+from controller.core.json_wire import decode, encode
+from controller.core.patches import copy_json, json_patch
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 
@@ -27,9 +24,24 @@ class MalformedReview(ValueError):
 Patch = list[dict[str, Any]]
 
 
+class _once:
+    """A property computed at its first read and then kept in the instance's __dict__ (which later reads
+    find first): functools.cached_property without the lock it takes on every first read in Python 3.11."""
+
+    def __init__(self, compute: Callable[[Any], Any]) -> None:
+        self.compute, self.name = compute, compute.__name__
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.compute(instance)
+        return value
+
+
 @dataclass(frozen=True)
 class Request:
-    """The parts of an AdmissionReview request the handlers use, checked for shape."""
+    """The parts of an AdmissionReview request the handlers use, checked for shape. What is read from
+    the object is read once (the object is never changed)."""
 
     uid: str
     group: str
@@ -41,32 +53,32 @@ class Request:
     dry_run: bool
     old_object: Mapping[str, Any] = field(default_factory=dict)  # an UPDATE's object before it ({} otherwise)
 
-    @property
+    @_once
     def metadata(self) -> Mapping[str, Any]:
         meta = self.object.get("metadata")
         return meta if isinstance(meta, Mapping) else {}
 
-    @property
+    @_once
     def name(self) -> str:
         """The object's name, or its generateName when the API server has not named it yet."""
         return text(self.metadata.get("name")) or text(self.metadata.get("generateName"))
 
-    @property
+    @_once
     def named(self) -> bool:
         return bool(text(self.metadata.get("name")))
 
-    @property
+    @_once
     def key_name(self) -> str:
         """The name for load-ledger keys: the name, or generateName plus the request uid, so that
         objects sharing a generateName are counted apart (their pods cannot settle them by name;
         their assumptions expire)."""
         return self.name if self.named else f"{self.name}{self.uid}"
 
-    @property
+    @_once
     def labels(self) -> Mapping[str, str]:
         return text_map(self.metadata.get("labels"))
 
-    @property
+    @_once
     def annotations(self) -> Mapping[str, str]:
         return text_map(self.metadata.get("annotations"))
 
@@ -131,25 +143,6 @@ def review_response(uid: str, patch: Patch, warnings: Sequence[str] = ()) -> dic
     return {"apiVersion": ADMISSION_API_VERSION, "kind": "AdmissionReview", "response": response}
 
 
-def decode(raw: bytes) -> Any:
-    """A request body's JSON. What orjson refuses (not JSON, but also what the standard library
-    accepts and it does not: NaN, integers beyond 64 bits, UTF-16) goes to `json.loads`, which
-    decides as it always did: ValueError (UnicodeDecodeError included) or RecursionError."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return json.loads(raw)
-
-
-def encode(value: Any) -> bytes:
-    """Compact JSON (UTF-8). What orjson cannot write (integers beyond 64 bits, keys that are not
-    strings) is written by `json.dumps`."""
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return json.dumps(value, separators=(",", ":")).encode()
-
-
 def text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
@@ -177,6 +170,11 @@ def with_namespace(request: Request) -> Mapping[str, Any]:
 
 
 def pointer(path: Sequence[str]) -> str:
+    return _pointer(path) if type(path) is tuple else _pointer(tuple(path))
+
+
+@functools.lru_cache(maxsize=1024)  # the same few paths in every review
+def _pointer(path: tuple[str, ...]) -> str:
     return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in path)
 
 
@@ -190,7 +188,7 @@ def ops_at(obj: Mapping[str, Any], path: Sequence[str], new: Any) -> Patch:
         if node.get(part) is None:
             if not new:
                 return []
-            value = new
+            value = copy_json(new)  # `new` may be shared (a memoised template): the patch has its own
             for inner in reversed(path[i + 1 :]):
                 value = {inner: value}
             return [{"op": "add", "path": pointer(path[: i + 1]), "value": value}]

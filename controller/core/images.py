@@ -554,16 +554,27 @@ def image_fields(kind: str, spec: Any) -> Any:
 class TektonObjects:
     """Tasks, StepActions and Pipelines by namespace and name, trimmed to what decides images.
 
-    `put` and `remove` cost one object's parse; nothing else is kept of the objects."""
+    `put` and `remove` cost one object's parse; nothing else is kept of the objects.
+    `generation` is a new object after every change (made once the change is done): what was found
+    from these objects under one generation holds for as long as it stays the same."""
 
     KINDS = ("Task", "StepAction", "Pipeline")
 
     def __init__(self, resolver_config: cluster_resolver.ResolverConfig | None = None) -> None:
-        # Tekton's cluster resolver configuration (unknown until read: no cluster reference is followed)
-        self.cluster_resolver = resolver_config or cluster_resolver.ResolverConfig()
         self._tasks: dict[tuple[str, str], TaskSpec] = {}
         self._step_actions: dict[tuple[str, str], StepActionSpec] = {}
         self._pipelines: dict[tuple[str, str], PipelineSpec] = {}
+        # Tekton's cluster resolver configuration (unknown until read: no cluster reference is followed)
+        self.cluster_resolver = resolver_config or cluster_resolver.ResolverConfig()
+
+    @property
+    def cluster_resolver(self) -> cluster_resolver.ResolverConfig:
+        return self._cluster_resolver
+
+    @cluster_resolver.setter
+    def cluster_resolver(self, config: cluster_resolver.ResolverConfig) -> None:
+        self._cluster_resolver = config
+        self.generation = object()
 
     def _table(self, kind: str) -> dict[tuple[str, str], Any] | None:
         return {"Task": self._tasks, "StepAction": self._step_actions, "Pipeline": self._pipelines}.get(kind)
@@ -579,12 +590,14 @@ class TektonObjects:
         spec = obj.get("spec")
         parsed = {"Task": task_spec, "StepAction": step_action_spec, "Pipeline": pipeline_spec}[kind](spec)
         table[(_str(meta.get("namespace")) or "default", name)] = parsed
+        self.generation = object()
         return True
 
     def remove(self, kind: str, namespace: str, name: str) -> None:
         table = self._table(kind)
         if table is not None:
             table.pop((namespace, name), None)
+            self.generation = object()
 
     def replace_kind(self, kind: str, objs: Iterable[Mapping[str, Any]]) -> None:
         """All objects of `kind` become exactly `objs` (a relist)."""
@@ -594,6 +607,7 @@ class TektonObjects:
         table.clear()
         for obj in objs:
             self.put(obj, kind)
+        self.generation = object()
 
     def task(self, namespace: str, name: str) -> TaskSpec | None:
         return self._tasks.get((namespace, name))

@@ -9,6 +9,7 @@ default gives survives Tekton's merge of the placed template with it."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import jsonpatch
@@ -341,21 +342,57 @@ def _rebased(ops, base):
     return [{**op, **{k: base + op[k] for k in ("path", "from") if k in op}} for op in ops]
 
 
+def _exact(value):
+    """JSON text that tells 1, 1.0 and true apart (== does not), keys sorted: equal texts, same JSON."""
+    return json.dumps(value, sort_keys=True)
+
+
+def _patched_both_ways(doc, base, new):
+    """`doc` patched by `json_patch` and by jsonpatch's own diff of the value at `base` (the patch
+    admission built before whole-member operations), each as exact JSON text."""
+    old = jsonpatch.JsonPointer(base).resolve(doc) if base else doc
+    ours = jsonpatch.apply_patch(doc, json_patch(old, new, base))
+    theirs = jsonpatch.apply_patch(doc, _rebased(jsonpatch.make_patch(old, new).patch, base))
+    return _exact(ours), _exact(theirs)
+
+
 @given(old=_JSON_DOCS.filter(lambda doc: doc is not None), new=_JSON_DOCS)
-def test_json_patch_is_jsonpatchs_diff_rebased(old, new):
-    """The same operations as jsonpatch's own diff (its shortcut for unchanged values included), at `base`
-    (None is the absent value: one add, above)."""
-    assert json_patch(old, new, "/spec") == _rebased(jsonpatch.make_patch(old, new).patch, "/spec")
-    same = copy.deepcopy(old)
-    assert json_patch(old, same, "/spec") == _rebased(jsonpatch.make_patch(old, same).patch, "/spec")
+def test_json_patch_patches_as_jsonpatchs_diff_does(old, new):
+    """Whole-member operations make the same object as jsonpatch's minimal diff (types included: 1, 1.0
+    and true differ), at the root and below it; nothing at all when nothing changes."""
+    doc = {"spec": old, "kept": [1, {"a": 1.0}]}
+    ours, theirs = _patched_both_ways(doc, "/spec", new)
+    assert ours == theirs == _exact({"spec": new, "kept": [1, {"a": 1.0}]})
+    assert json_patch(old, copy.deepcopy(old), "/spec") == []
+    if isinstance(old, dict) and isinstance(new, dict):
+        assert _patched_both_ways(old, "", new)[0] == _exact(new)
 
 
 @given(shared=_JSON_DOCS, old=_JSON_DOCS, new=_JSON_DOCS)
-def test_json_patch_leaves_out_unchanged_members_as_jsonpatch_finds_them(shared, old, new):
-    """Members the two sides share unchanged, at any depth of objects, change nothing in the diff."""
+def test_json_patch_leaves_out_unchanged_members(shared, old, new):
+    """Members the two sides share unchanged, at any depth of objects, are in no operation; a changed
+    array is replaced whole, never diffed."""
     a = {"same": shared, "inner": {"same": copy.deepcopy(shared), "changed": old, "gone": 1}}
     b = {"inner": {"changed": new, "same": copy.deepcopy(shared), "new": copy.deepcopy(old)}, "same": copy.deepcopy(shared)}
-    assert json_patch(a, b, "/spec") == _rebased(jsonpatch.make_patch(a, b).patch, "/spec")
+    ops = json_patch(a, b, "/spec")
+    assert not any("/same" in op["path"] for op in ops)
+    assert all(op["op"] != "replace" or not isinstance(op["value"], dict) or not isinstance(_at(a, op["path"]), dict) for op in ops)
+    ours, theirs = _patched_both_ways({"spec": a}, "/spec", b)
+    assert ours == theirs
+
+
+def _at(doc, path):
+    return jsonpatch.JsonPointer(path.removeprefix("/spec") or "").resolve(doc)
+
+
+def test_json_patch_replaces_a_changed_member_whole_and_escapes_keys():
+    old = {"tolerations": [{"key": "a"}, {"key": "b"}], "nodeSelector": {"x/y": "1", "z~": "2"}, "gone": {}}
+    new = {"tolerations": [{"key": "a"}, {"key": "c"}], "nodeSelector": {"x/y": "2", "z~": "2"}}
+    assert json_patch(old, new, "/spec") == [
+        {"op": "remove", "path": "/spec/gone"},
+        {"op": "replace", "path": "/spec/tolerations", "value": [{"key": "a"}, {"key": "c"}]},
+        {"op": "replace", "path": "/spec/nodeSelector/x~1y", "value": "2"},
+    ]
 
 
 # --- properties -----------------------------------------------------------------------------------
