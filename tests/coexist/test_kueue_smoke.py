@@ -1,7 +1,8 @@
 """Smoke test of the optional devcluster components `kueue` and `tekton-kueue` (`up --with tekton-kueue`):
 tekton-kueue's webhook creates every new PipelineRun `PipelineRunPending` with its LocalQueue label, and Kueue
 admits the runs through a ClusterQueue that takes one PipelineRun at a time (`tekton.dev/pipelineruns`
-quota 1): one runs while the other is held, then the other, and both Succeed. Nothing of egress-placer runs."""
+quota 1): one runs while the other is held, then the other, and both Succeed; a bare TaskRun is never held.
+Nothing of egress-placer runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from devcluster import kueue
 from devcluster.cluster import Cluster
-from tests.e2e.tekton_runs import step, succeeded
+from tests.e2e.tekton_runs import step, succeeded, taskrun
 from tests.kube import TEKTON, Api, namespaced
 from tests.waiting import wait_for
 
@@ -67,3 +68,11 @@ def test_kueue_holds_pipelineruns_and_admits_them_one_at_a_time(
         assert {w["status"]["admission"]["clusterQueue"] for w in workloads} == {cluster_queue}
     finally:
         api.delete(f"{KUEUE}/clusterqueues/{cluster_queue}")
+
+
+def test_tekton_kueue_never_holds_a_bare_taskrun(kueue_cluster: Cluster, coexist_api: Api, coexist_namespace: str) -> None:
+    """TEP-0164 queues PipelineRuns only: a TaskRun of its own is created as it is, and runs, with no LocalQueue."""
+    runs = namespaced(coexist_namespace, "taskruns", group=TEKTON)
+    created = coexist_api.create(runs, taskrun("bare", "busybox"))
+    assert "status" not in created["spec"] and kueue.QUEUE_LABEL not in created["metadata"].get("labels", {})
+    wait_for("the bare TaskRun Succeeded", lambda: succeeded(coexist_api.get(f"{runs}/bare") or {}) == "True", timeout=60)
