@@ -31,19 +31,23 @@ def pipelinerun(name: str) -> dict[str, Any]:
     }
 
 
-def _create(api: Api, path: str, body: dict[str, Any]) -> None:
-    if api.get(f"{path}/{body['metadata']['name']}") is None:
-        api.create(path, body)
+def _queues(api: Api, ns: str, quota: int) -> str:
+    """The ResourceFlavor (shared), a ClusterQueue `cq-NS` taking `quota` PipelineRuns at a time and the default
+    LocalQueue in `ns`; the ClusterQueue's name."""
+    cluster_queue = f"cq-{ns}"
+    for doc in kueue.queue_manifests(cluster_queue, ns, quota={kueue.PIPELINERUN_RESOURCE: quota}):
+        plural = doc["kind"].lower() + "s"
+        path = namespaced(ns, plural, group=KUEUE) if doc["kind"] == "LocalQueue" else f"{KUEUE}/{plural}"
+        if api.get(f"{path}/{doc['metadata']['name']}") is None:
+            api.create(path, doc)
+    return cluster_queue
 
 
 def test_kueue_holds_pipelineruns_and_admits_them_one_at_a_time(
     kueue_cluster: Cluster, coexist_api: Api, coexist_namespace: str
 ) -> None:
     api, ns = coexist_api, coexist_namespace
-    cluster_queue = f"cq-{ns}"
-    for doc in kueue.queue_manifests(cluster_queue, ns, quota={kueue.PIPELINERUN_RESOURCE: 1}):
-        plural = doc["kind"].lower() + "s"
-        _create(api, namespaced(ns, plural, group=KUEUE) if doc["kind"] == "LocalQueue" else f"{KUEUE}/{plural}", doc)
+    cluster_queue = _queues(api, ns, quota=1)
     try:
         runs = namespaced(ns, "pipelineruns", group=TEKTON)
         created = [api.create(runs, pipelinerun(name)) for name in ("first", "second")]
@@ -76,3 +80,24 @@ def test_tekton_kueue_never_holds_a_bare_taskrun(kueue_cluster: Cluster, coexist
     created = coexist_api.create(runs, taskrun("bare", "busybox"))
     assert "status" not in created["spec"] and kueue.QUEUE_LABEL not in created["metadata"].get("labels", {})
     wait_for("the bare TaskRun Succeeded", lambda: succeeded(coexist_api.get(f"{runs}/bare") or {}) == "True", timeout=60)
+
+
+def test_a_run_released_behind_kueues_back_is_stopped(kueue_cluster: Cluster, coexist_api: Api, coexist_namespace: str) -> None:
+    """What a second queue must never do (issue #25: "a run that Kueue holds is never released by us"): a run
+    Kueue holds (quota 0), whose `spec.status` someone else clears, is not let run: tekton-kueue's controller
+    finds an active job without an admitted Workload and stops it (`StoppedRunFinally`), and the run ends
+    Cancelled. A pipeline Kueue holds is thus not egress-placer's to release, even with a free pool slot."""
+    api, ns = coexist_api, coexist_namespace
+    cluster_queue = _queues(api, ns, quota=0)
+    try:
+        runs = namespaced(ns, "pipelineruns", group=TEKTON)
+        assert api.create(runs, pipelinerun("held"))["spec"]["status"] == "PipelineRunPending"
+        wait_for("Kueue's Workload for the run", lambda: api.items(namespaced(ns, "workloads", group=KUEUE)))
+        api.json_patch(f"{runs}/held", [{"op": "remove", "path": "/spec/status"}])  # a release Kueue did not give
+
+        stopped = wait_for("the run stopped by tekton-kueue", lambda: succeeded(r := api.get(f"{runs}/held") or {}) and r)
+        assert stopped["spec"]["status"] == "StoppedRunFinally"
+        assert succeeded(stopped) == "False"
+        assert not api.items(namespaced(ns, "taskruns", group=TEKTON))  # nothing of it ran
+    finally:
+        api.delete(f"{KUEUE}/clusterqueues/{cluster_queue}")
