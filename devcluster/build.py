@@ -223,7 +223,7 @@ KARPENTER = Component(
     # Karpenter's controllers with its KWOK cloud provider (kwok/ of the module): NodeClaims become plain Node
     # objects, which the cluster's KWOK keeps Ready when the NodePool's labels carry its selector (devcluster/karpenter.py).
     binaries={"karpenter": "sigs.k8s.io/karpenter/kwok"},
-    why="Karpenter with its KWOK provider, controller-runtime and the scheduler's simulation: ~6 min cold on 2 shared cores",
+    why="Karpenter with its KWOK provider, controller-runtime and the scheduler's simulation: ~12 min cold on 2 shared cores",
     version_variable="sigs.k8s.io/karpenter/pkg/operator.Version",
     # Its metrics and health-probe servers bind ":PORT" (every interface), with no option to change it.
     patches={"_patches/karpenter-operator": "sigs.k8s.io/karpenter/pkg/operator"},
@@ -243,7 +243,7 @@ KUEUE = Component(
     # Kueue's manager, the version tekton-kueue v0.3.0 pins; configured by devcluster/kueue.py (external
     # framework PipelineRun.v1.tekton.dev, loopback servers, certificates minted, webhooks registered by URL).
     binaries={"kueue": "sigs.k8s.io/kueue/cmd/kueue"},
-    why="Kueue with controller-runtime, its job integrations and the visibility API server: ~5 min cold on 2 shared cores",
+    why="Kueue with controller-runtime, its job integrations and the visibility API server: ~10 min cold on 2 shared cores",
     version_variable="sigs.k8s.io/kueue/pkg/version.GitVersion",
     # With its internal certificate management off, upstream reads the metrics certificate from a fixed path
     # (/etc/kueue/metrics/certs, a mounted Secret in a pod): the patch takes $KUEUE_METRICS_CERT_DIR instead.
@@ -262,7 +262,7 @@ TEKTON_KUEUE = Component(
     # tekton-kueue's `controller` (PipelineRun workloads for Kueue) and `webhook` (every new PipelineRun created
     # PipelineRunPending with its LocalQueue label) subcommands, in one binary.
     binaries={"tekton-kueue": "github.com/konflux-ci/tekton-kueue/cmd"},
-    why="tekton-kueue with Tekton's API, Kueue's API and CEL: ~4 min cold on 2 shared cores",
+    why="tekton-kueue with Tekton's API, Kueue's API and CEL: ~4 min cold on 2 shared cores after Kueue (shared dependencies)",
     # Its webhook server binds ":9443" (every interface), and it reads its namespace from the in-cluster
     # ServiceAccount file: the patches bind loopback and take POD_NAMESPACE.
     patches={

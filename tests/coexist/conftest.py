@@ -25,7 +25,6 @@ from tests.kube import Api, api_for, namespace as namespace_path
 from tests.waiting import wait_for
 
 COEXIST = (karpenter.NAME, kueue.TEKTON_KUEUE)  # tekton-kueue implies kueue
-BUILD_HINT = "`make coexist` builds it (python -m devcluster build --with {name}: {why})"
 
 
 def not_built(names: tuple[str, ...]) -> list[str]:
@@ -33,9 +32,11 @@ def not_built(names: tuple[str, ...]) -> list[str]:
     return [name for name in build.with_implied(names) if build.find_optional(name) is None]
 
 
-def skip_reason(name: str) -> str:
-    component = build.OPTIONAL_COMPONENTS[name]
-    return f"{name} is not built; " + BUILD_HINT.format(name=name, why=component.why)
+def skip_reason(missing: list[str]) -> str:
+    """Which components are not built, and how to build them."""
+    flags = " ".join(f"--with {name}" for name in missing)
+    cold = ", ".join(f"{name} {build.OPTIONAL_COMPONENTS[name].why.split(': ')[-1]}" for name in missing)
+    return f"not built: {', '.join(missing)}; `make coexist` builds them (python -m devcluster build {flags}: {cold})"
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +44,7 @@ def coexist_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
     """A cluster of its own running every component of `COEXIST` that is built (skips when none is)."""
     built = tuple(name for name in COEXIST if not not_built((name,)))
     if not built:
-        pytest.skip("; ".join(skip_reason(name) for name in not_built(COEXIST)))
+        pytest.skip(skip_reason(not_built(COEXIST)))
     cluster = Cluster(tmp_path_factory.mktemp("coexist"), log=reporter(request.config), optional=built)
     with brought_up(cluster) as running:
         yield running
@@ -51,7 +52,7 @@ def coexist_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
 
 def _running(cluster: Cluster, name: str) -> Cluster:
     if not cluster.runs_with(name):
-        pytest.skip("; ".join(skip_reason(missing) for missing in not_built((name,))) or f"{name} does not run")
+        pytest.skip(skip_reason(not_built((name,))) if not_built((name,)) else f"{name} does not run")
     return cluster
 
 
