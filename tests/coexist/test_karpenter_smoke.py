@@ -14,7 +14,7 @@ import pytest
 from devcluster import karpenter
 from devcluster.cluster import Cluster, KWOK_NODE_SELECTOR
 from tests.kube import Api, node, pods
-from tests.waiting import holds_for, wait_for
+from tests.waiting import StoppedHolding, WaitTimeout, holds_for, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.coexist]
 
@@ -42,6 +42,14 @@ def _pod(name: str, selector: dict[str, str], taint: dict[str, str], cpu: str, *
 def _running_on(api: Api, ns: str, name: str) -> str | None:
     pod = api.get(pods(ns, name)) or {}
     return pod.get("spec", {}).get("nodeName") if pod.get("status", {}).get("phase") == "Running" else None
+
+
+def _karpenter_said(api: Api, ns: str) -> list[str]:
+    """What Karpenter's events say about disruption (node and NodeClaim events are in `default`), for a failure."""
+    said = [f"{e.get('reason')}: {(e.get('involvedObject') or {}).get('name')}: {e.get('message')}"
+            for where in ("default", ns) for e in api.items(f"/api/v1/namespaces/{where}/events")
+            if "isrupt" in str(e.get("reason")) or e.get("reason") in ("Evicted", "Unconsolidatable")]
+    return said[-12:]
 
 
 def _ready(obj: dict[str, Any] | None) -> bool:
@@ -105,10 +113,13 @@ def test_do_not_disrupt_keeps_a_running_pod_through_consolidation(
         assert wait_for("the upload beside it", lambda: _running_on(api, ns, "upload"), timeout=60) == big_node
         api.delete(pods(ns, "big"), gracePeriodSeconds=0)
 
-        holds_for("the upload on its underused node", lambda: _running_on(api, ns, "upload") == big_node, seconds=20)
-        api.json_patch(pods(ns, "upload"), [{"op": "remove", "path": "/metadata/annotations/" + DO_NOT_DISRUPT.replace("/", "~1")}])
-        wait_for("Karpenter to evict the upload once nothing protects it",
-                 lambda: (api.get(pods(ns, "upload")) or {"metadata": {"deletionTimestamp": "gone"}})["metadata"].get("deletionTimestamp"),
-                 timeout=120)
+        try:
+            holds_for("the upload on its underused node", lambda: _running_on(api, ns, "upload") == big_node, seconds=20)
+            api.json_patch(pods(ns, "upload"), [{"op": "remove", "path": "/metadata/annotations/" + DO_NOT_DISRUPT.replace("/", "~1")}])
+            wait_for("Karpenter to evict the upload once nothing protects it",
+                     lambda: (api.get(pods(ns, "upload")) or {"metadata": {"deletionTimestamp": "gone"}})["metadata"].get("deletionTimestamp"),
+                     timeout=180)
+        except (StoppedHolding, WaitTimeout) as failure:
+            raise AssertionError(f"{failure}; Karpenter said: {_karpenter_said(api, ns)}") from failure
     finally:
         api.delete(NODEPOOLS + f"/{pool}")

@@ -85,8 +85,9 @@ def test_tekton_kueue_never_holds_a_bare_taskrun(kueue_cluster: Cluster, coexist
 def test_a_run_released_behind_kueues_back_is_stopped(kueue_cluster: Cluster, coexist_api: Api, coexist_namespace: str) -> None:
     """What a second queue must never do (issue #25: "a run that Kueue holds is never released by us"): a run
     Kueue holds (quota 0), whose `spec.status` someone else clears, is not let run: tekton-kueue's controller
-    finds an active job without an admitted Workload and stops it (`StoppedRunFinally`), and the run ends
-    Cancelled. A pipeline Kueue holds is thus not egress-placer's to release, even with a free pool slot."""
+    finds an active job without an admitted Workload and stops it (`StoppedRunFinally`), and the run fails.
+    Tekton may have started its first TaskRun in between (seen in one run of three): the stop races Tekton.
+    A pipeline Kueue holds is thus not egress-placer's to release, even with a free pool slot."""
     api, ns = coexist_api, coexist_namespace
     cluster_queue = _queues(api, ns, quota=0)
     try:
@@ -98,6 +99,5 @@ def test_a_run_released_behind_kueues_back_is_stopped(kueue_cluster: Cluster, co
         stopped = wait_for("the run stopped by tekton-kueue", lambda: succeeded(r := api.get(f"{runs}/held") or {}) and r)
         assert stopped["spec"]["status"] == "StoppedRunFinally"
         assert succeeded(stopped) == "False"
-        assert not api.items(namespaced(ns, "taskruns", group=TEKTON))  # nothing of it ran
     finally:
         api.delete(f"{KUEUE}/clusterqueues/{cluster_queue}")
