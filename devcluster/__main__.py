@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Mapping
 
-from devcluster.build import OPTIONAL_COMPONENTS, BuildError, ensure_built, ensure_optional
+from devcluster.build import OPTIONAL_COMPONENTS, BuildError, ensure_built, ensure_optional, with_implied
 from devcluster.cluster import DEFAULT_POD_SECONDS, POD_SECONDS_ENV, UP_OPTIONAL, Cluster, ClusterError
 from devcluster.commands import Command, load_commands
 
@@ -52,7 +52,8 @@ def parser(commands: Mapping[str, Command] | None = None) -> argparse.ArgumentPa
         default=[],
         choices=UP_OPTIONAL,
         help="also run an optional component (repeatable; built first if needed), e.g. tekton-webhook: "
-        "Tekton's own defaulting, validation and conversion webhook",
+        "Tekton's own defaulting, validation and conversion webhook; karpenter (with its KWOK provider), "
+        "kueue, tekton-kueue (implies kueue)",
     )
     with_dir("down", "stop every process the cluster in DIR started")
     with_dir("status", "what runs; exit status 1 when something is down")
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             return commands[args.command].run(args, _log)
         if args.command == "build":
             ensure_built(_log)
-            for name in args.optional:
+            for name in with_implied(args.optional):  # tekton-kueue implies kueue
                 _log(f"[build] {name} ready: {ensure_optional(name, _log)}")
             return 0
         if args.command == "up":

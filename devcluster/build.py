@@ -22,7 +22,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 TOOLS_DIR = Path(__file__).resolve().parent / "tools"
 RECIPE_VERSION = "1"  # bump when the build commands below change in a way the key does not see
@@ -57,6 +57,9 @@ class Component:
     module_files: tuple[str, ...] = ()
     # A component of the project's own source (no upstream module to pin): the version that names it.
     own_version: str | None = None
+    # The Go toolchain this build needs when it is newer than the local one (`GOTOOLCHAIN` for this build only,
+    # downloaded by `go` from the module proxy); it also names the cache key instead of the local Go version.
+    toolchain: str | None = None
 
 
 COMPONENTS: tuple[Component, ...] = (
@@ -214,6 +217,61 @@ KYVERNO = Component(
     ),
 )
 
+KARPENTER = Component(
+    module="karpenter",
+    pin="sigs.k8s.io/karpenter",
+    # Karpenter's controllers with its KWOK cloud provider (kwok/ of the module): NodeClaims become plain Node
+    # objects, which the cluster's KWOK keeps Ready when the NodePool's labels carry its selector (devcluster/karpenter.py).
+    binaries={"karpenter": "sigs.k8s.io/karpenter/kwok"},
+    why="Karpenter with its KWOK provider, controller-runtime and the scheduler's simulation: ~12 min cold on 2 shared cores",
+    version_variable="sigs.k8s.io/karpenter/pkg/operator.Version",
+    # Its metrics and health-probe servers bind ":PORT" (every interface), with no option to change it.
+    patches={"_patches/karpenter-operator": "sigs.k8s.io/karpenter/pkg/operator"},
+    module_files=(
+        "kwok/charts/crds/karpenter.sh_nodepools.yaml",
+        "kwok/charts/crds/karpenter.sh_nodeclaims.yaml",
+        "kwok/charts/crds/karpenter.sh_nodeoverlays.yaml",
+        "kwok/charts/crds/autoscaling.x-k8s.io_capacitybuffers.yaml",
+        "kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml",
+    ),
+    toolchain="go1.26.9",  # Karpenter's go.mod asks for it; the local Go is 1.26.8
+)
+
+KUEUE = Component(
+    module="kueue",
+    pin="sigs.k8s.io/kueue",
+    # Kueue's manager, the version tekton-kueue v0.3.0 pins; configured by devcluster/kueue.py (external
+    # framework PipelineRun.v1.tekton.dev, loopback servers, certificates minted, webhooks registered by URL).
+    binaries={"kueue": "sigs.k8s.io/kueue/cmd/kueue"},
+    why="Kueue with controller-runtime, its job integrations and the visibility API server: ~10 min cold on 2 shared cores",
+    version_variable="sigs.k8s.io/kueue/pkg/version.GitVersion",
+    # With its internal certificate management off, upstream reads the metrics certificate from a fixed path
+    # (/etc/kueue/metrics/certs, a mounted Secret in a pod): the patch takes $KUEUE_METRICS_CERT_DIR instead.
+    patches={"_patches/kueue-cmd": "sigs.k8s.io/kueue/cmd/kueue"},
+    module_files=(
+        *(f"config/components/crd/bases/kueue.x-k8s.io_{name}.yaml" for name in (
+            "admissionchecks", "clusterqueues", "cohorts", "localqueues", "multikueueclusters", "multikueueconfigs",
+            "provisioningrequestconfigs", "resourceflavors", "topologies", "workloadpriorityclasses", "workloads")),
+        "config/components/webhook/manifests.yaml",
+    ),
+)
+
+TEKTON_KUEUE = Component(
+    module="tekton-kueue",
+    pin="github.com/konflux-ci/tekton-kueue",
+    # tekton-kueue's `controller` (PipelineRun workloads for Kueue) and `webhook` (every new PipelineRun created
+    # PipelineRunPending with its LocalQueue label) subcommands, in one binary.
+    binaries={"tekton-kueue": "github.com/konflux-ci/tekton-kueue/cmd"},
+    why="tekton-kueue with Tekton's API, Kueue's API and CEL: ~4 min cold on 2 shared cores after Kueue (shared dependencies)",
+    # Its webhook server binds ":9443" (every interface), and it reads its namespace from the in-cluster
+    # ServiceAccount file: the patches bind loopback and take POD_NAMESPACE.
+    patches={
+        "_patches/tekton-kueue-cmd": "github.com/konflux-ci/tekton-kueue/cmd",
+        "_patches/tekton-kueue-common": "github.com/konflux-ci/tekton-kueue/pkg/common",
+    },
+    module_files=("config/webhook/manifests.yaml",),
+)
+
 # Built only when a test or benchmark asks for them (`ensure_optional`), each into its own cache key.
 OPTIONAL_COMPONENTS: dict[str, Component] = {
     "prometheus": PROMETHEUS,
@@ -224,7 +282,21 @@ OPTIONAL_COMPONENTS: dict[str, Component] = {
     "tekton-resolvers": TEKTON_RESOLVERS,
     "floor-webhook": FLOOR_WEBHOOK,
     "kyverno": KYVERNO,
+    "karpenter": KARPENTER,
+    "kueue": KUEUE,
+    "tekton-kueue": TEKTON_KUEUE,
 }
+
+# An optional component that needs another: `build --with NAME` and `up --with NAME` take those too.
+IMPLIED: dict[str, tuple[str, ...]] = {"tekton-kueue": ("kueue",)}
+
+
+def with_implied(names: Iterable[str]) -> tuple[str, ...]:
+    """`names` with what each implies (`IMPLIED`) before it, each once, in order."""
+    out: list[str] = []
+    for name in names:
+        out += [*IMPLIED.get(name, ()), name]
+    return tuple(dict.fromkeys(out))
 
 
 def required_version(component: Component, module: str) -> str:
@@ -385,7 +457,7 @@ def find_optional(name: str) -> Path | None:
     """The `bin/` directory of the complete cache of optional component `name`, or None.
     Without Go, any Go version's cache fits."""
     component = _optional_component(name)
-    base, version = cache_root() / "optional", go_version()
+    base, version = cache_root() / "optional", component.toolchain or go_version()
     key = optional_key(component)
     candidates = [base / f"{key}_{version}"] if version is not None else sorted(base.glob(f"{key}_go*"), reverse=True)
     return next((c / "bin" for c in candidates if _optional_complete(c, component)), None)
@@ -400,9 +472,9 @@ def ensure_optional(name: str, log: Log = print) -> Path:
     found = find_optional(name)
     if found is not None:
         return found
-    version = go_version()
-    if version is None:
+    if go_version() is None:
         raise BuildError(f"{name} is not cached and `go` is not on PATH")
+    version = component.toolchain or go_version()
     final = cache_root() / "optional" / f"{optional_key(component)}_{version}"
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=final.parent))
@@ -419,8 +491,9 @@ def ensure_optional(name: str, log: Log = print) -> Path:
     return final / "bin"
 
 
-def _go_env() -> dict[str, str]:
-    return {**os.environ, "GOTOOLCHAIN": "local", "GOWORK": "off", "GOFLAGS": "-buildvcs=false"}
+def _go_env(component: Component | None = None) -> dict[str, str]:
+    toolchain = (component.toolchain if component is not None else None) or "local"
+    return {**os.environ, "GOTOOLCHAIN": toolchain, "GOWORK": "off", "GOFLAGS": "-buildvcs=false"}
 
 
 def _go_output_name(package: str) -> str:
@@ -448,7 +521,7 @@ def _patched_modfile(component: Component, work_dir: Path) -> list[str]:
         listed = subprocess.run(
             ["go", "list", "-f", "{{.Module.Path}}\t{{.Module.Dir}}\t{{.Dir}}", package],
             cwd=module_dir,
-            env=_go_env(),
+            env=_go_env(component),
             capture_output=True,
             text=True,
         )
@@ -466,7 +539,7 @@ def _patched_modfile(component: Component, work_dir: Path) -> list[str]:
                 raise BuildError(f"{directory}/{patched.name} replaces no file of {package}")
             shutil.copyfile(patched, target / patched.name)
     for module, copy in copies.items():
-        subprocess.run(["go", "mod", "edit", f"-replace={module}={copy}", str(modfile)], env=_go_env(), check=True)
+        subprocess.run(["go", "mod", "edit", f"-replace={module}={copy}", str(modfile)], env=_go_env(component), check=True)
     return [f"-modfile={modfile}"]
 
 
@@ -481,7 +554,7 @@ def _build_component(component: Component, bin_dir: Path, log: Log) -> None:
     modfile = _patched_modfile(component, patch_dir)
     argv = ["go", "build", "-trimpath", *tags, *modfile, "-ldflags", ldflags(component), "-o", f"{out_dir}/", *packages]
     with tempfile.TemporaryFile(mode="w+") as output:
-        proc = subprocess.Popen(argv, cwd=TOOLS_DIR / component.module, env=_go_env(), stdout=output, stderr=output)
+        proc = subprocess.Popen(argv, cwd=TOOLS_DIR / component.module, env=_go_env(component), stdout=output, stderr=output)
         while True:
             try:
                 proc.wait(timeout=60)
@@ -527,7 +600,7 @@ def _copy_module_files(component: Component, dest: Path) -> None:
     listed = subprocess.run(
         ["go", "mod", "download", "-json", component.pin],
         cwd=TOOLS_DIR / component.module,
-        env=_go_env(),
+        env=_go_env(component),
         capture_output=True,
         text=True,
     )

@@ -12,11 +12,13 @@
 Every process listens on 127.0.0.1 only, except the profiling servers of Tekton's controller and
 webhook, which knative binds on all interfaces (an ephemeral port; see README). Processes are
 stopped by pid, never by name. `optional=("tekton-webhook",)` (`up --with tekton-webhook`) also runs
-Tekton's own webhook (`devcluster.tekton_webhook`).
+Tekton's own webhook (`devcluster.tekton_webhook`); `karpenter`, `kueue` and `tekton-kueue` run the
+platform components egress-placer must coexist with (`devcluster.karpenter`, `devcluster.kueue`).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import hashlib
@@ -34,7 +36,7 @@ import requests
 import tenacity
 import yaml
 
-from devcluster import build, certs, tekton_resolvers, tekton_webhook
+from devcluster import build, certs, karpenter, kueue, tekton_resolvers, tekton_webhook
 from devcluster.process import ProcessRecord, free_port, is_alive, spawn, start_time_of, stop
 
 Log = Callable[[str], None]
@@ -48,7 +50,12 @@ POD_SECONDS_ENV = "EGRESS_PLACER_DEVCLUSTER_POD_SECONDS"
 DEFAULT_POD_SECONDS = 1.5
 STAGES_FILE = Path(__file__).resolve().parent / "kwok-stages.yaml"
 # Optional components `up` can run besides the core (`--with NAME`), each built by `build.ensure_optional`.
-UP_OPTIONAL = (tekton_webhook.NAME, tekton_resolvers.NAME)
+UP_OPTIONAL = (tekton_webhook.NAME, tekton_resolvers.NAME, karpenter.NAME, kueue.NAME, kueue.TEKTON_KUEUE)
+# Ports of the optional components, picked with the core's.
+_OPTIONAL_PORTS = {
+    tekton_webhook.NAME: tekton_webhook.PORTS, tekton_resolvers.NAME: tekton_resolvers.PORTS,
+    karpenter.NAME: karpenter.PORTS, kueue.NAME: kueue.PORTS, kueue.TEKTON_KUEUE: kueue.TEKTON_KUEUE_PORTS,
+}
 # The launcher's own entries of DIR/cluster.json (`up` writes them); tools keep theirs with `Cluster.record`.
 _LAUNCHER_KEYS = frozenset({
     "dir", "api_url", "kubeconfig", "ca_file", "bin_dir", "tekton_config", "optional", "ports", "nodes",
@@ -389,11 +396,12 @@ class Cluster:
         log: Log = print,
         optional: Sequence[str] = (),
     ) -> None:
-        """`optional`: components of `UP_OPTIONAL` that `up` starts too (e.g. "tekton-webhook")."""
+        """`optional`: components of `UP_OPTIONAL` that `up` starts too (e.g. "tekton-webhook"), with what they
+        imply (`build.IMPLIED`: tekton-kueue needs kueue)."""
         unknown = sorted(set(optional) - set(UP_OPTIONAL))
         if unknown:
             raise ClusterError(f"no optional component {', '.join(unknown)} to run; known: {', '.join(UP_OPTIONAL)}")
-        self.optional = tuple(dict.fromkeys(optional))
+        self.optional = build.with_implied(optional)
         self.dir = Path(directory).resolve()
         self.nodes = nodes
         self.egress_nodes = egress_nodes
@@ -583,8 +591,7 @@ class Cluster:
         certs.create_pki(self.pki.dir)
         ports = {name: free_port() for name in (
             "etcd", "etcd-peer", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-            "tekton-probes", "tekton-metrics", *(tekton_webhook.PORTS if tekton_webhook.NAME in optional else ()),
-            *(tekton_resolvers.PORTS if tekton_resolvers.NAME in optional else ()),
+            "tekton-probes", "tekton-metrics", *(port for name in optional for port in _OPTIONAL_PORTS[name]),
         )}
         api_url = f"https://127.0.0.1:{ports['kube-apiserver']}"
         owner = None
@@ -704,6 +711,112 @@ class Cluster:
             step("Tekton's webhook serves defaulting, validation and conversion")
         self._probe_tekton(api)
         step("Tekton ran the probe TaskRun")
+        if self.runs_with(karpenter.NAME):
+            self._start_karpenter(api)
+            step("Karpenter (KWOK provider) ready")
+        if self.runs_with(kueue.NAME):
+            self._start_kueue(api)
+            step("Kueue ready")
+        if self.runs_with(kueue.TEKTON_KUEUE):
+            self._start_tekton_kueue(api)
+            step("tekton-kueue holds new PipelineRuns for Kueue")
+
+    # ---- optional platform components (egress-placer's neighbours) ---------------------------
+    def apply(self, files: Sequence[Path], what: str) -> None:
+        """`kubectl apply --server-side` of `files` (large CRDs do not fit client-side apply's annotation)."""
+        argv = [str(self.binary("kubectl")), f"--kubeconfig={self.kubeconfig}", "apply", "--server-side",
+                "--force-conflicts", "--field-manager=devcluster"]
+        for f in files:
+            argv += ["-f", str(f)]
+        result = subprocess.run(argv, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise ClusterError(f"kubectl apply of {what} failed:\n{result.stderr[-3000:]}")
+
+    def _manifest_file(self, name: str, docs: Sequence[Mapping[str, Any]]) -> Path:
+        path = self.dir / "manifests" / f"{name}.yaml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(yaml.safe_dump_all(list(docs), sort_keys=False))
+        return path
+
+    def _wait_crds(self, api: _Api, files: Sequence[Path], component: str) -> None:
+        names = [doc["metadata"]["name"] for f in files for doc in yaml.safe_load_all(f.read_text())
+                 if doc and doc.get("kind") == "CustomResourceDefinition"]
+        self._wait(f"{component}'s CRDs Established", lambda: all(self._crd_established(api, n) for n in names),
+                   ["kube-apiserver"])
+
+    def _start_karpenter(self, api: _Api) -> None:
+        """Karpenter's CRDs and the KWOKNodeClass, then Karpenter; ready once it answers /readyz."""
+        bin_dir, ports = Path(self.state()["optional"][karpenter.NAME]), self.state()["ports"]
+        crds = karpenter.crd_files(bin_dir)
+        self.apply(crds, "Karpenter's CRDs")
+        self._wait_crds(api, crds, karpenter.NAME)
+        self.apply([self._manifest_file("karpenter-nodeclass", [karpenter.node_class_manifest()])], "the KWOKNodeClass")
+        url = karpenter.health_url(ports)
+        self.start_process(karpenter.NAME, karpenter.command_argv(bin_dir), karpenter.command_env(self.kubeconfig, ports),
+                           port=ports["karpenter-probes"], health_url=url)
+        self._wait("Karpenter's /readyz", lambda: _http_ok(url), [karpenter.NAME], timeout=90)
+
+    def _webhook_ca(self) -> str:
+        return base64.b64encode(self.ca_file.read_bytes()).decode()
+
+    def _start_kueue(self, api: _Api) -> None:
+        """Kueue's CRDs and namespace, its certificate, Kueue itself, then its webhooks registered by URL."""
+        bin_dir, ports = Path(self.state()["optional"][kueue.NAME]), self.state()["ports"]
+        crds = kueue.crd_files(bin_dir)
+        self.apply([*crds, self._manifest_file("kueue-namespace", [kueue.namespace_manifest(kueue.NAMESPACE)])],
+                   "Kueue's CRDs")
+        self._wait_crds(api, crds, kueue.NAME)
+        cert, key = self.serving_cert(kueue.NAME)
+        cert_dir = self.pki.dir / kueue.NAME  # the names Kueue reads: tls.crt, tls.key
+        cert_dir.mkdir(exist_ok=True)
+        shutil.copyfile(cert, cert_dir / "tls.crt")
+        (cert_dir / "tls.key").touch(mode=0o600, exist_ok=True)
+        shutil.copyfile(key, cert_dir / "tls.key")
+        config = self.dir / "kueue-config.yaml"
+        config.write_text(yaml.safe_dump(kueue.configuration(ports, cert_dir), sort_keys=False))
+        url = kueue.kueue_health_url(ports)
+        self.start_process(kueue.NAME, kueue.kueue_argv(bin_dir, config), kueue.kueue_env(self.kubeconfig, cert_dir),
+                           port=ports["kueue-probes"], health_url=url)
+        self._wait("Kueue's /readyz (its webhook server listens)", lambda: _http_ok(url), [kueue.NAME], timeout=90)
+        webhooks = build.optional_file(bin_dir, kueue.KUEUE_WEBHOOKS_FILE).read_text()
+        registration = kueue.by_url(webhooks, ports["kueue-webhook"], self._webhook_ca(), kueue.NAME, keep=kueue.KUEUE_GROUP)
+        self.apply([self._manifest_file("kueue-webhooks", registration)], "Kueue's webhook configurations")
+
+    def _start_tekton_kueue(self, api: _Api) -> None:
+        """tekton-kueue's namespace and ConfigMap, its controller and webhook, the webhook registered by URL;
+        ready once a new PipelineRun (dry run) comes back PipelineRunPending with its queue label."""
+        bin_dir, ports = Path(self.state()["optional"][kueue.TEKTON_KUEUE]), self.state()["ports"]
+        setup = [kueue.namespace_manifest(kueue.TEKTON_KUEUE_NAMESPACE), kueue.tekton_kueue_config()]
+        self.apply([self._manifest_file("tekton-kueue-config", setup)], "tekton-kueue's namespace and ConfigMap")
+        cert, key = self.serving_cert(kueue.TEKTON_KUEUE)
+        env = kueue.tekton_kueue_env(self.kubeconfig)
+        for name, argv in (
+            (kueue.TEKTON_KUEUE_CONTROLLER, kueue.tekton_kueue_controller_argv(bin_dir, ports)),
+            (kueue.TEKTON_KUEUE_WEBHOOK, kueue.tekton_kueue_webhook_argv(bin_dir, ports, cert, key)),
+        ):
+            url = kueue.probe_url(ports, name)
+            self.start_process(name, argv, env, port=ports[f"{name}-probes"], health_url=url)
+            self._wait(f"{name}'s /readyz", lambda url=url: _http_ok(url), [name], timeout=90)
+        webhooks = build.optional_file(bin_dir, kueue.TEKTON_KUEUE_WEBHOOKS_FILE).read_text()
+        registration = kueue.by_url(webhooks, ports["tekton-kueue-webhook"], self._webhook_ca(), kueue.TEKTON_KUEUE)
+        self.apply([self._manifest_file("tekton-kueue-webhooks", registration)], "tekton-kueue's webhook configuration")
+        self._wait("tekton-kueue's webhook to hold a new PipelineRun", lambda: self._tekton_kueue_holds(api),
+                   [kueue.TEKTON_KUEUE_WEBHOOK, kueue.TEKTON_KUEUE_CONTROLLER])
+
+    @staticmethod
+    def _tekton_kueue_holds(api: _Api) -> bool:
+        path = f"/apis/tekton.dev/v1/namespaces/{PROBE_NAMESPACE}/pipelineruns?dryRun=All"
+        body = {
+            "apiVersion": "tekton.dev/v1",
+            "kind": "PipelineRun",
+            "metadata": {"name": "kueue-probe", "namespace": PROBE_NAMESPACE},
+            "spec": {"pipelineSpec": {"tasks": [{"name": "probe", "taskSpec": probe_taskrun("x")["spec"]["taskSpec"]}]}},
+        }
+        admitted = api.session.post(api.url + path, json=body, timeout=10)
+        if admitted.status_code != 201:
+            return False
+        run = admitted.json()
+        return run["spec"].get("status") == "PipelineRunPending" and kueue.QUEUE_LABEL in run["metadata"].get("labels", {})
 
     def install_tekton_config(self) -> None:
         """Apply Tekton's namespace, CRDs (storage versions only), ConfigMaps and aggregated ClusterRoles, and
@@ -738,14 +851,7 @@ class Cluster:
             registration = tekton_webhook.registration(webhooks_yaml, TEKTON_NAMESPACE, webhook_port)
             files.append(self.dir / "tekton-webhook-registration.yaml")
             files[-1].write_text(yaml.safe_dump_all(registration, sort_keys=False))
-        # Server-side apply: the CRDs are too large for client-side apply's annotation.
-        argv = [str(self.binary("kubectl")), f"--kubeconfig={self.kubeconfig}", "apply", "--server-side",
-                "--force-conflicts", "--field-manager=devcluster"]
-        for f in files:
-            argv += ["-f", str(f)]
-        result = subprocess.run(argv, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise ClusterError(f"kubectl apply of Tekton's config failed:\n{result.stderr[-3000:]}")
+        self.apply(files, "Tekton's config")
 
     @staticmethod
     def _crd_names(artifacts: build.Artifacts) -> list[str]:

@@ -83,7 +83,7 @@ def session_optional() -> tuple[str, ...]:
     return tuple(name for name in (part.strip() for part in value.split(",")) if name)
 
 
-def _reporter(config: pytest.Config) -> Callable[[str], None]:
+def reporter(config: pytest.Config) -> Callable[[str], None]:
     """Progress lines straight to the terminal, past output capture (a cold build takes minutes)."""
     terminal = config.pluginmanager.get_plugin("terminalreporter")
     capture = config.pluginmanager.get_plugin("capturemanager")
@@ -102,12 +102,20 @@ def devcluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     """A running local cluster (Kubernetes + Tekton + KWOK nodes) for the whole session."""
     existing = os.environ.get(EXISTING_CLUSTER_ENV)
     if existing:
-        cluster = Cluster(Path(existing), log=_reporter(request.config))
+        cluster = Cluster(Path(existing), log=reporter(request.config))
         if not cluster.is_running():
             raise ClusterError(f"{EXISTING_CLUSTER_ENV}={existing} does not name a running cluster")
         yield cluster
         return
-    cluster = Cluster(tmp_path_factory.mktemp("devcluster"), log=_reporter(request.config), optional=session_optional())
+    cluster = Cluster(tmp_path_factory.mktemp("devcluster"), log=reporter(request.config), optional=session_optional())
+    with brought_up(cluster) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def brought_up(cluster: Cluster) -> Iterator[Cluster]:
+    """`cluster` up, owned by this process, and brought down at the end whatever happens (also on
+    SIGTERM/SIGHUP and at exit): what the session fixture does, for a test that needs a cluster of its own."""
     guard = _DownGuard(cluster)
     guard.install()
     try:
