@@ -35,7 +35,7 @@ from controller.core import cluster_resolver
 from controller.core.images import TASKRUN_LABEL, TektonObjects, image_fields
 from controller.core.intruders import MIRROR_POD_ANNOTATION
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
-from controller.queue.core import PIPELINERUN_LABEL, POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
+from controller.queue.core import POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
 from controller.core.patches import InvalidDefault, default_pod_template
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.retry import WATCHES, RetryPolicy, retrying
@@ -69,9 +69,9 @@ KEPT_LABELS: dict[str, frozenset[str] | None] = {  # None: every label
     # and a changed policy must not need a relist to see them. The API server bounds each (key 317,
     # value 63 characters).
     "Namespace": None,
-    # ClusterState: a bound pod settles its TaskRun's assumed placement; the queue: a queued run's pod is
-    # bound (its TaskRun, or its coscheduled PipelineRun)
-    "Pod": frozenset({TASKRUN_LABEL, PIPELINERUN_LABEL}),
+    # ClusterState: a bound pod settles its TaskRun's assumed placement (the queue reads no label: a run's
+    # pods are found by their owner's uid)
+    "Pod": frozenset({TASKRUN_LABEL}),
 }
 KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
     "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),  # Pool.allows
@@ -137,7 +137,8 @@ def trim_metadata(meta: Mapping[str, Any], kind: str) -> Obj:
             # needs only its pool (queue.core.admitted_entry), kept from the whole value.
             annotations[DECISION_ANNOTATION] = compact_decision((meta.get("annotations") or {}).get(DECISION_ANNOTATION))
         out["annotations"] = annotations
-    if kind == "Pod" and (owners := _kept_owners(meta.get("ownerReferences"))):
+    # A pod's: its TaskRun (queue.core.claimed_taskrun); a TaskRun's: its PipelineRun (claimed_pipelinerun).
+    if kind in ("Pod", "TaskRun") and (owners := _kept_owners(meta.get("ownerReferences"))):
         out["ownerReferences"] = owners
     if kind == "Pod" and meta.get("creationTimestamp"):  # the pool status's runs placed in the last hour
         out["creationTimestamp"] = meta["creationTimestamp"]

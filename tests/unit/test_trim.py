@@ -72,7 +72,7 @@ def meta(**fields: Any) -> dict[str, Any]:
         pytest.param(
             "Pod", TEKTON_LABELS,
             {LAST_APPLIED: HUGE, "tekton.dev/ready": "READY", MIRROR_POD_ANNOTATION: "abc", REVIEW_ANNOTATION: "r-1"},
-            {TASKRUN_LABEL: "build-run-1", "tekton.dev/pipelineRun": "ci-run-1"},
+            {TASKRUN_LABEL: "build-run-1"},  # tekton.dev/pipelineRun: no reader (a run's pods go by owner uid)
             {MIRROR_POD_ANNOTATION: "abc", REVIEW_ANNOTATION: "r-1"}, id="pod-tekton",
         ),
         pytest.param("Pod", {"app": "x"}, {"note": "hello"}, None, None, id="pod-nothing-read"),
@@ -140,7 +140,7 @@ def test_a_runs_decision_keeps_its_pool_however_long(kind: str, value: str, kept
 
 def test_the_allow_lists_name_only_what_a_reader_reads():
     """The one place others extend: a new key needs a reader (and a row above)."""
-    assert {k: v for k, v in KEPT_LABELS.items() if v is not None} == {"Pod": frozenset({TASKRUN_LABEL, "tekton.dev/pipelineRun"})}
+    assert {k: v for k, v in KEPT_LABELS.items() if v is not None} == {"Pod": frozenset({TASKRUN_LABEL})}
     assert KEPT_ANNOTATIONS == {
         "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),
         "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION}),
@@ -172,6 +172,19 @@ def test_pod_owners_kept_are_the_controller_and_a_daemonset(owners, kept):
     out = trim_metadata(meta(ownerReferences=owners), "Pod")
     strip = [{k: v for k, v in o.items() if k != "blockOwnerDeletion"} for o in kept] if kept else None
     assert out.get("ownerReferences") == strip
+
+
+OWNER_PR = {"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "name": "ci-1", "uid": "ci-uid", "controller": True,
+            "blockOwnerDeletion": True}
+
+
+@pytest.mark.parametrize(("kind", "kept"), [("TaskRun", True), ("PipelineRun", False), ("Task", False)])
+def test_a_taskrun_keeps_its_controller_owner(kind: str, kept: bool) -> None:
+    """The queue finds a coscheduled PipelineRun's TaskRuns by the uid their controller owner names
+    (queue.core.claimed_pipelinerun), never by a label: at most two of however many were written."""
+    out = trim_metadata(meta(ownerReferences=[OWNER_CM] * 1000 + [OWNER_PR]), kind)
+    expected = [{k: v for k, v in OWNER_PR.items() if k != "blockOwnerDeletion"}] if kept else None
+    assert out.get("ownerReferences") == expected
 
 
 def test_pod_keeps_where_it_runs_not_its_containers_or_tolerations():
