@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.core.admission_policy import DENY, WARN_ONLY, admission_policy, resource_rule, service_account_user, validation
+from controller.core.admission_policy import policy_binding as binding
 from controller.core.model import DECISION_ANNOTATION, REVIEW_ANNOTATION
 from controller.queue.core import QUEUE_ANNOTATION
 
@@ -43,14 +45,6 @@ CANCEL_VALUES = {
     "TaskRun": ("TaskRunCancelled",),
     "PipelineRun": ("Cancelled", "CancelledRunFinally", "StoppedRunFinally"),
 }
-DENY = ["Deny"]
-WARN_ONLY = ["Warn", "Audit"]
-
-
-def controller_user(namespace: str, service_account: str) -> str:
-    return f"system:serviceaccount:{namespace}:{service_account}"
-
-
 def _quoted(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
 
@@ -67,72 +61,39 @@ def _kept(key: str) -> str:
 
 def validating_admission_policy(namespace: str = "egress-placer", service_account: str = "egress-placer") -> dict[str, Any]:
     """The policy; `namespace`/`service_account`: the controller's, whose writes it never judges."""
-    user = controller_user(namespace, service_account)
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": RUN_GUARD_NAME},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [{
-                    "apiGroups": ["tekton.dev"],
-                    "apiVersions": ["*"],
-                    "operations": ["UPDATE"],
-                    "resources": ["taskruns", "pipelineruns"],
-                }],
-            },
-            "matchConditions": [
-                {"name": "not-egress-placer", "expression": f"request.userInfo.username != '{user}'"},
-            ],
-            "variables": [
-                {"name": "held",
-                 "expression": f"has(oldObject.metadata.annotations) && '{QUEUE_ANNOTATION}' in oldObject.metadata.annotations"},
-                {"name": "entryAdded",
-                 "expression": f"has(object.metadata.annotations) && '{QUEUE_ANNOTATION}' in object.metadata.annotations"},
-                {"name": "oldStatus", "expression": "has(oldObject.spec.status) ? string(oldObject.spec.status) : ''"},
-                {"name": "newStatus", "expression": "has(object.spec.status) ? string(object.spec.status) : ''"},
-                {"name": "cancelValues",
-                 "expression": f"request.kind.kind == 'TaskRun' ? {_quoted(CANCEL_VALUES['TaskRun'])} : "
-                               f"{_quoted(CANCEL_VALUES['PipelineRun'])}"},
-                {"name": "oursKept", "expression": " && ".join(_kept(key) for key in OWN_ANNOTATIONS)},
-            ],
-            "validations": [
-                {
-                    "expression": "!variables.held || variables.newStatus == variables.oldStatus || "
-                                  "variables.newStatus in variables.cancelValues",
-                    "message": "this run is in an egress-placer pool queue: egress-placer releases it when a slot is "
-                               "free; its spec.status may only be set to a cancel value (a TaskRun: "
-                               + ", ".join(CANCEL_VALUES["TaskRun"]) + "; a PipelineRun: " + ", ".join(CANCEL_VALUES["PipelineRun"])
-                               + "), or the run deleted",
-                    "reason": "Forbidden",
-                },
-                {
-                    "expression": "!variables.held || variables.oursKept",
-                    "message": "this run is in an egress-placer pool queue: its annotations "
-                               + ", ".join(OWN_ANNOTATIONS) + " are egress-placer's",
-                    "reason": "Forbidden",
-                },
-                {
-                    "expression": "variables.held || !variables.entryAdded",
-                    "message": f"only egress-placer adds a queue entry ({QUEUE_ANNOTATION}), when it admits the run",
-                    "reason": "Forbidden",
-                },
-            ],
-        },
-    }
+    user = service_account_user(namespace, service_account)
+    return admission_policy(
+        RUN_GUARD_NAME,
+        [resource_rule(["tekton.dev"], ["UPDATE"], ["taskruns", "pipelineruns"])],
+        [("not-egress-placer", f"request.userInfo.username != '{user}'")],
+        [
+            validation(
+                "!variables.held || variables.newStatus == variables.oldStatus || variables.newStatus in variables.cancelValues",
+                "this run is in an egress-placer pool queue: egress-placer releases it when a slot is free; its spec.status "
+                "may only be set to a cancel value (a TaskRun: " + ", ".join(CANCEL_VALUES["TaskRun"]) + "; a PipelineRun: "
+                + ", ".join(CANCEL_VALUES["PipelineRun"]) + "), or the run deleted",
+            ),
+            validation(
+                "!variables.held || variables.oursKept",
+                "this run is in an egress-placer pool queue: its annotations " + ", ".join(OWN_ANNOTATIONS) + " are egress-placer's",
+            ),
+            validation(
+                "variables.held || !variables.entryAdded",
+                f"only egress-placer adds a queue entry ({QUEUE_ANNOTATION}), when it admits the run",
+            ),
+        ],
+        variables=[
+            ("held", f"has(oldObject.metadata.annotations) && '{QUEUE_ANNOTATION}' in oldObject.metadata.annotations"),
+            ("entryAdded", f"has(object.metadata.annotations) && '{QUEUE_ANNOTATION}' in object.metadata.annotations"),
+            ("oldStatus", "has(oldObject.spec.status) ? string(oldObject.spec.status) : ''"),
+            ("newStatus", "has(object.spec.status) ? string(object.spec.status) : ''"),
+            ("cancelValues", f"request.kind.kind == 'TaskRun' ? {_quoted(CANCEL_VALUES['TaskRun'])} : {_quoted(CANCEL_VALUES['PipelineRun'])}"),
+            ("oursKept", " && ".join(_kept(key) for key in OWN_ANNOTATIONS)),
+        ],
+    )
 
 
 def policy_binding(warn_only: bool = False) -> dict[str, Any]:
     """The binding: every namespace (a tenant's runs are anywhere); `warn_only` answers with a warning
     and an audit annotation instead of refusing (the rollout mode, k8s/run-guard-warn/)."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": RUN_GUARD_NAME},
-        "spec": {
-            "policyName": RUN_GUARD_NAME,
-            "validationActions": list(WARN_ONLY if warn_only else DENY),
-            "matchResources": {},
-        },
-    }
+    return binding(RUN_GUARD_NAME, WARN_ONLY if warn_only else DENY)
