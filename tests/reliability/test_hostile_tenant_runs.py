@@ -22,7 +22,8 @@ series (the queue reads an entry only beside admission's decision naming its poo
 pending TaskRun labelled `tekton.dev/pipelineRun` with the name of its PipelineRun the queue holds (and
 owned by it, uid and all, as Tekton writes it), released onto the full pool: its pod still waits behind
 the gate (Tekton copies a TaskRun's labels onto its pod: the label proves nothing; a held PipelineRun
-has no TaskRuns yet).
+has no TaskRuns yet). (i) The tenant removes egress-placer's schedulingGate from its own gated pod
+(`edit` may patch pods): refused by the run guard.
 """
 
 from __future__ import annotations
@@ -187,6 +188,27 @@ def test_d_a_run_created_pending_by_its_owner_and_released(api: Api, runs: Runs,
     pod = wait_for(f"the pod of {name}", lambda: runs.pods_by_taskrun(TEAM_CDN).get(name), timeout=60)
     assert {"name": POOL_SLOT_GATE} in (pod["spec"].get("schedulingGates") or []), pod["spec"]  # it waits for a slot
     holds_for(f"at most {SLOTS} pool pods", lambda: len(pool_pods(api)) <= SLOTS, seconds=HOLD_SECONDS)
+
+
+def test_i_removing_the_gate_of_its_own_gated_pod(api: Api, runs: Runs, tenant: Api, full_pool: list[str]) -> None:
+    """`edit` may patch pods, and the API server lets any updater remove a schedulingGate: the run guard
+    lets only egress-placer remove egress-placer.io/pool-slot (other gates stay their managers')."""
+    name = runs.name("i-own-pending")
+    body = taskrun(name, MATCHING_IMAGE)
+    body["spec"]["status"] = PENDING["TaskRun"]
+    runs.create(TEAM_CDN, "taskruns", body, api=tenant)
+    tenant.json_patch(run_path(TEAM_CDN, name), [{"op": "remove", "path": "/spec/status"}])
+    pod = wait_for(f"the gated pod of {name}", lambda: runs.pods_by_taskrun(TEAM_CDN).get(name), timeout=60)
+    gates = pod["spec"].get("schedulingGates") or []
+    assert {"name": POOL_SLOT_GATE} in gates, gates
+    path = pods(TEAM_CDN) + "/" + pod["metadata"]["name"]
+    ungate = [{"op": "test", "path": "/spec/schedulingGates", "value": gates},
+              {"op": "replace", "path": "/spec/schedulingGates", "value": [g for g in gates if g["name"] != POOL_SLOT_GATE]}]
+    message = refused(lambda: tenant.json_patch(path, ungate))
+    assert RUN_GUARD_NAME in message and POOL_SLOT_GATE in message, message
+    holds_for(f"{name}'s pod gated and at most {SLOTS} pool pods",
+              lambda: {"name": POOL_SLOT_GATE} in (api.call("GET", path)["spec"].get("schedulingGates") or [])
+              and len(pool_pods(api)) <= SLOTS, seconds=HOLD_SECONDS)
 
 
 @pytest.mark.parametrize("pending", [True, False], ids=["own-pending-run", "plain-run"])
