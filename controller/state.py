@@ -24,7 +24,7 @@ from controller.core.model import DaemonSetState, NamespaceState, NodeState, Pod
 from controller.core.policy import PlacementPolicy
 from controller.load.view import LoadView
 from controller.missed_runs.view import MissedRuns
-from controller.queue.view import RUN_KINDS, QueueView, RunRecord, bound_taskrun, gated, run_key
+from controller.queue.view import RUN_KINDS, QueueView, RunRecord, bound_taskrun, gated, run_key, run_of
 from controller.store import Store, release
 
 POLICY = "Policy"  # the kind passed to subscribers when the policy changes
@@ -58,6 +58,7 @@ class ClusterState:
             # coscheduled PipelineRun's through the TaskRuns claiming it, the runs' "pipelinerun" index)
             "Pod": Store(lambda o: run_key("Pod", o)[1:], _kept_pod, {"node": lambda pod: pod.node_name or None,
                                                                     "TaskRun": bound_taskrun,
+                                                                    "run": run_of,
                                                                     "gated": gated}),
             "DaemonSet": Store(lambda o: o["metadata"].get("uid") or "", DaemonSetState.from_daemonset),
             **{kind: Store(partial(run_key, kind), partial(RunRecord.of, kind),

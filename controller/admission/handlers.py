@@ -445,7 +445,9 @@ class Admission:
         # `tekton.dev/pipelineRun` label: Tekton copies it from the TaskRun, whose creator wrote it).
         claim = run.pipelinerun
         whole = self.state.queue.taskrun(request.namespace, claim.name, "PipelineRun") if claim is not None else None
-        ours = held_by_queue(run.entry, claim, whole.uid if whole else None, whole.entry if whole else None)
+        owner = claimed_taskrun(owner_refs(request.metadata))
+        another = owner is not None and self.state.queue.other_pods(request.namespace, owner, request.name)
+        ours = held_by_queue(run.entry, claim, whole.uid if whole else None, whole.entry if whole else None, another)
         if not gates_pod(pool is not None and pool.queue is not None, ours):
             return []
         spec = request.object.get("spec") or {}

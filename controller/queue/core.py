@@ -344,17 +344,23 @@ class GatedPod:
         return (self.namespace, self.name)
 
 
-def held_by_queue(own: QueueEntry | None, claim: OwnerRef | None, pipelinerun_uid: str | None, pipelinerun: QueueEntry | None) -> bool:
+def held_by_queue(
+    own: QueueEntry | None, claim: OwnerRef | None, pipelinerun_uid: str | None, pipelinerun: QueueEntry | None, another_pod: bool = False
+) -> bool:
     """Is a run's pod's run one our queue holds (its slot was counted when the queue released it, so its
     pod is not gated): its TaskRun (`is_run_pod`) carries our entry (`own`), or the TaskRun's controller
     owner (`claimed_pipelinerun`) resolves by uid to a PipelineRun of its namespace (`pipelinerun_uid`:
-    the cached one's uid, None when there is none) carrying our entry, which the queue has released and
-    which has not finished: a held PipelineRun has no TaskRuns yet, a finished one makes no more.
+    the cached one's uid, None when there is none) carrying our entry; either run released by the queue
+    and not finished (a held run has no pod and no TaskRuns yet, a finished one makes no more); and the
+    TaskRun has no other active pod (`another_pod`): Tekton makes one pod at a time for a TaskRun.
 
-    A PipelineRun's uid is no secret to its namespace: a tenant may claim its own running PipelineRun
-    from another TaskRun, which lets in no more than it could have written into that PipelineRun."""
+    A run's uid is no secret to its namespace: a tenant may write it into a bare pod's (or, a
+    PipelineRun's, another TaskRun's) controller ownerReference. Such a pod passes only while the run
+    is released, running and without a pod of its own yet: at most the one slot the release counted."""
+    if another_pod:
+        return False
     if own is not None:
-        return True
+        return not own.pending and not own.done
     return (
         claim is not None and bool(pipelinerun_uid) and pipelinerun_uid == claim.uid
         and pipelinerun is not None and not pipelinerun.pending and not pipelinerun.done

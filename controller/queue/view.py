@@ -89,6 +89,13 @@ def bound_taskrun(pod: PodState) -> tuple[str, str, str] | None:
     return (pod.namespace, owner.name, owner.uid) if pod.node_name and owner is not None else None
 
 
+def run_of(pod: PodState) -> tuple[str, str, str] | None:
+    """(namespace, TaskRun, its uid) of an active pod by its controller ownerReference, bound or not: the
+    pod store's "run" index (a TaskRun has one pod at a time: `held_by_queue`'s another_pod)."""
+    owner = claimed_taskrun(pod.owners)
+    return (pod.namespace, owner.name, owner.uid) if pod.active and owner is not None else None
+
+
 def gated(pod: PodState) -> bool | None:
     """The pod store's "gated" index: pods waiting for a pool slot (queue.core.GatedPod)."""
     return True if POOL_SLOT_GATE in pod.gates else None
@@ -133,6 +140,11 @@ class QueueView:
         """The cached record of a TaskRun (or a PipelineRun: `kind`; None: not in the cache, or not yet)."""
         record: RunRecord | None = self._stores[kind].items.get((kind, namespace, name))
         return record
+
+    def other_pods(self, namespace: str, owner: OwnerRef, name: str) -> bool:
+        """Has the TaskRun `owner` names (by name and uid) an active pod other than `name` in the cache?"""
+        pods = self._stores["Pod"].snapshot.under("run", (namespace, owner.name, owner.uid))
+        return any(pod_name != name for _, pod_name in pods)
 
     def is_run_pod(self, namespace: str, owners: tuple[OwnerRef, ...]) -> bool:
         """A pod of `namespace` is a run's pod by the cache: its controller owner resolves by uid to a

@@ -23,7 +23,9 @@ pending TaskRun labelled `tekton.dev/pipelineRun` with the name of its PipelineR
 owned by it, uid and all, as Tekton writes it), released onto the full pool: its pod still waits behind
 the gate (Tekton copies a TaskRun's labels onto its pod: the label proves nothing; a held PipelineRun
 has no TaskRuns yet). (i) The tenant removes egress-placer's schedulingGate from its own gated pod
-(`edit` may patch pods): refused by the run guard.
+(`edit` may patch pods): refused by the run guard. (j) Bare pods whose controller ownerReference names,
+uid and all, a run of ours (a uid is no secret to its namespace): one still held, or one already running
+on the pool: each such pod is gated (a held run has no pod yet; a TaskRun has one pod at a time).
 """
 
 from __future__ import annotations
@@ -368,3 +370,21 @@ def test_h_a_taskrun_claiming_a_held_pipelinerun(api: Api, runs: Runs, tenant: A
         run = api.call("GET", run_path(TEAM_CDN, whole["metadata"]["name"], "pipelineruns"))
         return run["spec"].get("status") == PENDING["PipelineRun"] and len(pool_pods(api)) <= SLOTS
     holds_for(f"{whole['metadata']['name']} held and at most {SLOTS} pool pods", held, seconds=HOLD_SECONDS)
+
+
+@pytest.mark.parametrize("claimed", ["a-running-run", "a-held-run"])
+def test_j_bare_pods_claiming_a_run_of_ours(api: Api, runs: Runs, tenant: Api, full_pool: list[str], claimed: str) -> None:
+    owner = full_pool[0] if claimed == "a-running-run" else held_run(runs, tenant, "j-held")
+    run = tenant.call("GET", run_path(TEAM_CDN, owner))
+    made = []
+    for i in range(2):
+        body = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": runs.name(f"j-bare-{claimed[2:6]}-{i}"), "annotations": LONG_RUN,
+                         "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": owner,
+                                              "uid": run["metadata"]["uid"], "controller": True}]},
+            "spec": {"containers": [{"name": "step-main", "image": MATCHING_IMAGE}]},
+        }
+        made.append(runs.create_pod(TEAM_CDN, body, api=tenant))
+    assert all({"name": POOL_SLOT_GATE} in (m["spec"].get("schedulingGates") or []) for m in made), [m["spec"] for m in made]
+    holds_for(f"at most {SLOTS} pool pods", lambda: len(pool_pods(api)) <= SLOTS, seconds=HOLD_SECONDS)

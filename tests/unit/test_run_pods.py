@@ -268,6 +268,8 @@ def _entry(pending: bool = False, done: bool = False, kind: str = "PipelineRun")
     "own_entry, claim, uid, whole, held",
     [
         pytest.param(_entry(kind="TaskRun"), None, None, None, True, id="the-taskrun-carries-our-entry"),
+        pytest.param(_entry(pending=True, kind="TaskRun"), None, None, None, False, id="its-taskrun-still-held"),
+        pytest.param(_entry(done=True, kind="TaskRun"), None, None, None, False, id="its-taskrun-finished"),
         pytest.param(None, PIPELINE, "uid-ci-1", _entry(), True, id="owned-by-our-released-pipelinerun"),
         pytest.param(None, None, "uid-ci-1", _entry(), False, id="no-owner:-a-label-naming-it-proves-nothing"),
         pytest.param(None, PIPELINE, "uid-other", _entry(), False, id="a-made-up-or-copied-uid"),
@@ -281,6 +283,32 @@ def test_a_runs_pod_is_held_by_our_queue_only_by_uid(
     own_entry: QueueEntry | None, claim: OwnerRef | None, uid: str | None, whole: QueueEntry | None, held: bool
 ) -> None:
     assert held_by_queue(own_entry, claim, uid, whole) is held
+    assert held_by_queue(own_entry, claim, uid, whole, another_pod=True) is False  # one pod at a time
+
+
+@pytest.mark.parametrize(
+    "status, existing, gated",
+    [
+        pytest.param("", None, False, id="the-run's-first-pod"),
+        pytest.param("", "build-1-pod", True, id="a-second-pod-while-its-pod-is-active"),
+        pytest.param("", "build-1-pod-retry1", True, id="a-second-pod-of-another-name"),
+        pytest.param("TaskRunPending", None, True, id="a-pod-of-a-run-still-held"),
+    ],
+)
+def test_a_bare_pod_claiming_a_run_of_ours_gets_no_slot_of_its_own(status: str, existing: str | None, gated: bool) -> None:
+    """A run's uid is no secret to its namespace: a bare pod whose controller owner is a run of ours (by
+    its real uid) is placed as the run's, but passes the gate only as the released run's one pod."""
+    from tests.unit.test_queue_admission import queued_env, run_obj
+
+    env = queued_env()
+    env.state.apply("TaskRun", "ADDED", run_obj("TaskRun", "team-ci", "build-1", entry_annotation("egress", "TaskRun", 1.0), status))
+    owner = {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": "build-1", "uid": "uid-build-1", "controller": True}
+    if existing:
+        env.state.apply("Pod", "ADDED", {"metadata": {"namespace": "team-ci", "name": existing, "uid": "u", "ownerReferences": [owner]},
+                                         "spec": {"nodeName": "egress-1"}, "status": {"phase": "Running"}})
+    _, patched, _ = env.review(tekton_pod(name="forged"))
+    assert _placed(patched)
+    assert (patched["spec"].get("schedulingGates") == [{"name": POOL_SLOT_GATE}]) is gated
 
 
 def _pipelinerun(env: Env, status: str = "") -> None:
