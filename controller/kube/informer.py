@@ -35,7 +35,7 @@ from controller.core import cluster_resolver
 from controller.core.images import TASKRUN_LABEL, TektonObjects, image_fields
 from controller.core.intruders import MIRROR_POD_ANNOTATION
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
-from controller.queue.core import POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
+from controller.queue.core import PIPELINERUN_LABEL, POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
 from controller.core.patches import InvalidDefault, default_pod_template
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.retry import WATCHES, RetryPolicy, retrying
@@ -69,9 +69,9 @@ KEPT_LABELS: dict[str, frozenset[str] | None] = {  # None: every label
     # and a changed policy must not need a relist to see them. The API server bounds each (key 317,
     # value 63 characters).
     "Namespace": None,
-    # ClusterState: a bound pod settles its TaskRun's assumed placement (the queue reads no label: a run's
-    # pods are found by their owner's uid)
-    "Pod": frozenset({TASKRUN_LABEL}),
+    # The load picture: a bound pod settles its TaskRun's (or PipelineRun's) assumed placement. The queue
+    # reads no label: a run's pods are found by their owner's uid.
+    "Pod": frozenset({TASKRUN_LABEL, PIPELINERUN_LABEL}),
 }
 KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
     "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),  # Pool.allows

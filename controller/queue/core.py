@@ -36,6 +36,10 @@ from controller.core.model import POOL_SLOT_GATE, OwnerRef
 from controller.core.schema import PolicyModel
 
 QUEUE_ANNOTATION = "egress-placer.io/queue"
+# On the pods of a PipelineRun's TaskRuns (Tekton copies a TaskRun's labels onto its pod). The TaskRun's creator
+# writes it and it names no uid: only the load picture reads it (which assumption a bound pod settles); no
+# decision of the queue or of admission does (`claimed_pipelinerun`, `held_by_queue`).
+PIPELINERUN_LABEL = "tekton.dev/pipelineRun"
 PENDING = {"TaskRun": "TaskRunPending", "PipelineRun": "PipelineRunPending"}
 CANCELLED = frozenset({"TaskRunCancelled", "Cancelled", "CancelledRunFinally", "StoppedRunFinally"})
 MAX_PRIORITY_ENTRIES = 64

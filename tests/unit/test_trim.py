@@ -72,7 +72,7 @@ def meta(**fields: Any) -> dict[str, Any]:
         pytest.param(
             "Pod", TEKTON_LABELS,
             {LAST_APPLIED: HUGE, "tekton.dev/ready": "READY", MIRROR_POD_ANNOTATION: "abc", REVIEW_ANNOTATION: "r-1"},
-            {TASKRUN_LABEL: "build-run-1"},  # tekton.dev/pipelineRun: no reader (a run's pods go by owner uid)
+            {TASKRUN_LABEL: "build-run-1", "tekton.dev/pipelineRun": "ci-run-1"},
             {MIRROR_POD_ANNOTATION: "abc", REVIEW_ANNOTATION: "r-1"}, id="pod-tekton",
         ),
         pytest.param("Pod", {"app": "x"}, {"note": "hello"}, None, None, id="pod-nothing-read"),
@@ -140,7 +140,7 @@ def test_a_runs_decision_keeps_its_pool_however_long(kind: str, value: str, kept
 
 def test_the_allow_lists_name_only_what_a_reader_reads():
     """The one place others extend: a new key needs a reader (and a row above)."""
-    assert {k: v for k, v in KEPT_LABELS.items() if v is not None} == {"Pod": frozenset({TASKRUN_LABEL})}
+    assert {k: v for k, v in KEPT_LABELS.items() if v is not None} == {"Pod": frozenset({TASKRUN_LABEL, "tekton.dev/pipelineRun"})}
     assert KEPT_ANNOTATIONS == {
         "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),
         "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION}),
