@@ -25,8 +25,7 @@ from controller.core.model import DaemonSetState, NamespaceState, NodeState, Pod
 from controller.core.policy import PlacementPolicy
 from controller.load.view import LoadView
 from controller.missed_runs.view import MissedRuns
-from controller.queue.core import PIPELINERUN_LABEL
-from controller.queue.view import RUN_KINDS, QueueView, RunRecord, bound_run, bound_taskrun, gated, run_key
+from controller.queue.view import RUN_KINDS, QueueView, RunRecord, bound_taskrun, gated, run_key, run_of
 from controller.store import Store, release
 
 POLICY = "Policy"  # the kind passed to subscribers when the policy changes
@@ -56,14 +55,15 @@ class ClusterState:
         self.stores: dict[str, Store[Any, Any]] = {
             "Node": Store(lambda o: o["metadata"]["name"], NodeState.from_node),
             "Namespace": Store(lambda o: o["metadata"]["name"], NamespaceState.from_namespace),
-            # pods by node, and the bound pods of each run (the queue's has_pod: a TaskRun's by its owner's
-            # uid, a coscheduled PipelineRun's by its label)
+            # pods by node, and the bound pods of each TaskRun by its owner's uid (the queue's has_pod; a
+            # coscheduled PipelineRun's through the TaskRuns claiming it, the runs' "pipelinerun" index)
             "Pod": Store(lambda o: run_key("Pod", o)[1:], _kept_pod, {"node": lambda pod: pod.node_name or None,
                                                                     "TaskRun": bound_taskrun,
-                                                                    "PipelineRun": partial(bound_run, PIPELINERUN_LABEL),
+                                                                    "run": run_of,
                                                                     "gated": gated}),
             "DaemonSet": Store(lambda o: o["metadata"].get("uid") or "", DaemonSetState.from_daemonset),
-            **{kind: Store(partial(run_key, kind), partial(RunRecord.of, kind), {"queued": RunRecord.queued}) for kind in RUN_KINDS},
+            **{kind: Store(partial(run_key, kind), partial(RunRecord.of, kind),
+                           {"queued": RunRecord.queued, "pipelinerun": RunRecord.claimed_uid}) for kind in RUN_KINDS},
         }
         # What a change of each kind does beyond its store: True when the reconcilers should look.
         self._changed: dict[str, Callable[[Mapping[str, Any], bool, Any, Any], bool]] = {

@@ -75,7 +75,8 @@ CHART_POOL_GUARD_HEADER = f"""\
 RUN_GUARD_HEADER = f"""\
 # The run guard: a ValidatingAdmissionPolicy that refuses, inside the API server (fail-closed), a tenant's
 # change that would move a run held in a pool's queue ahead: spec.status set to anything but a cancel
-# value, admission's annotations (queue entry, decision, review) changed, or a queue entry added by UPDATE. The controller's own
+# value, admission's annotations (queue entry, decision, review) changed, or a queue entry added by UPDATE; or
+# the schedulingGate egress-placer.io/pool-slot removed from a pod waiting for a pool slot. The controller's own
 # ServiceAccount is not judged. See k8s/README.md, "The run guard"; the warn-only rollout: run-guard-warn/.
 #
 # GENERATED from controller/core/run_guard.py by `{COMMAND}`; do not edit.

@@ -68,10 +68,10 @@ from controller.core.policy import PlacementPolicy, Pool
 from controller.load.core import ledger_key
 from controller.queue.core import (
     PENDING,
-    PIPELINERUN_LABEL,
     POOL_SLOT_GATE,
     claimed_taskrun,
     gates_pod,
+    held_by_queue,
     is_run_pod,
     QUEUE_ANNOTATION,
     entry_annotation,
@@ -429,7 +429,8 @@ class Admission:
         overdue = self._waited_too_long(request, decision.pool, policy)
         if overdue:
             decision = replace(decision, pool=None, message=f"{decision.message}; {overdue}")
-        taskrun = request.labels.get(TASKRUN_LABEL)
+        owner = claimed_taskrun(owner_refs(request.metadata))  # the TaskRun `run` is, by uid (not its label)
+        taskrun = owner.name if owner is not None else None
         if taskrun and not request.dry_run:
             # The pod is being made: from now on it (or its own assumption) counts, the TaskRun's must
             # not, and not while its node is chosen either (it would count this run twice).
@@ -450,9 +451,13 @@ class Admission:
         or Pipelines-as-Code created it pending and released it) waits for a slot: a schedulingGate that
         the queue reconciler removes when one frees (`queue.core.gates_pod`, `ungate`)."""
         pool = policy.pool(pool_name) if pool_name else None
-        pipelinerun = request.labels.get(PIPELINERUN_LABEL)
-        whole = self.state.queue.taskrun(request.namespace, pipelinerun, "PipelineRun") if pipelinerun else None
-        ours = run.entry is not None or (whole is not None and whole.entry is not None)
+        # The run's PipelineRun by the TaskRun's controller owner, uid to uid (never the pod's
+        # `tekton.dev/pipelineRun` label: Tekton copies it from the TaskRun, whose creator wrote it).
+        claim = run.pipelinerun
+        whole = self.state.queue.taskrun(request.namespace, claim.name, "PipelineRun") if claim is not None else None
+        owner = claimed_taskrun(owner_refs(request.metadata))
+        another = owner is not None and self.state.queue.other_pods(request.namespace, owner, request.name)
+        ours = held_by_queue(run.entry, claim, whole.uid if whole else None, whole.entry if whole else None, another)
         if not gates_pod(pool is not None and pool.queue is not None, ours):
             return []
         spec = request.object.get("spec") or {}

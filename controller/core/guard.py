@@ -44,6 +44,8 @@ import fnmatch
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from controller.core.admission_policy import admission_policy, param_ref, resource_rule, validation
+from controller.core.admission_policy import policy_binding as binding
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION, NodeState
 from controller.core.policy import LabelSelector, PlacementPolicy, agent_namespaces
 
@@ -300,38 +302,17 @@ VALIDATION_MESSAGE = (
 
 def validating_admission_policy() -> dict[str, Any]:
     """The ValidatingAdmissionPolicy (the same for every policy: what differs lives in the params)."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": GUARD_NAME},
-        "spec": {
-            "failurePolicy": "Fail",
-            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
-            "matchConstraints": {
-                "resourceRules": [
-                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}
-                ]
-            },
-            "matchConditions": [{"name": name, "expression": expression} for name, expression in MATCH_CONDITIONS],
-            "variables": [{"name": name, "expression": expression} for name, expression in VARIABLES],
-            "validations": [
-                {"expression": "size(variables.refused) == 0", "messageExpression": VALIDATION_MESSAGE, "reason": "Forbidden"}
-            ],
-        },
-    }
+    return admission_policy(
+        GUARD_NAME,
+        [resource_rule([""], ["CREATE", "UPDATE"], ["pods"], versions=["v1"])],
+        MATCH_CONDITIONS,
+        [validation("size(variables.refused) == 0", message_expression=VALIDATION_MESSAGE)],
+        variables=VARIABLES,
+        param_kind="ConfigMap",
+    )
 
 
 def policy_binding(namespace: str) -> dict[str, Any]:
     """The binding (static): params from ConfigMap `GUARD_NAME` in `namespace` (the controller's), every
     namespace; the ones the params leave out (`LEFT_OUT_KEY`) are never judged."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": GUARD_NAME},
-        "spec": {
-            "policyName": GUARD_NAME,
-            "validationActions": ["Deny"],
-            "paramRef": {"name": GUARD_NAME, "namespace": namespace, "parameterNotFoundAction": "Allow"},
-            "matchResources": {},
-        },
-    }
+    return binding(GUARD_NAME, params=param_ref(GUARD_NAME, namespace, "Allow"))

@@ -34,22 +34,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from controller.core.admission_policy import (
+    DENY,
+    admission_policy,
+    param_ref,
+    policy_binding,
+    resource_rule,
+    service_account_user,
+    validation,
+)
 from controller.core.guard import GUARD_NAME
 from controller.core.model import POOL_SLOT_GATE, TAINT_KEY
 
 RIGHTS_NAME = "egress-placer-controller-rights"
 POD_DELETES_NAME = "egress-placer-controller-pod-deletes"
 OWN_ANNOTATION_PREFIX = "egress-placer.io/"
-VALIDATION_ACTIONS = ("Deny",)  # the warn-only rollout: ("Warn", "Audit") (k8s/controller-rights-warn/)
+VALIDATION_ACTIONS = DENY  # the warn-only rollout: WARN_ONLY (k8s/controller-rights-warn/)
 
 ADMISSION_GROUP = "admissionregistration.k8s.io"
 WEBHOOK_RESOURCES = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
 TEKTON_GROUP = "tekton.dev"
 RUN_RESOURCES = ("taskruns", "pipelineruns")
-
-
-def username(namespace: str, service_account: str) -> str:
-    return f"system:serviceaccount:{namespace}:{service_account}"
 
 
 def _same(a: str, b: str, field: str) -> str:
@@ -174,10 +179,8 @@ POD_DELETE_VALIDATION = (
 )
 
 
-def _is_the_controller(namespace: str, service_account: str) -> list[dict[str, str]]:
-    return [
-        {"name": "is-the-controller", "expression": f"request.userInfo.username == '{username(namespace, service_account)}'"}
-    ]
+def _is_the_controller(namespace: str, service_account: str) -> list[tuple[str, str]]:
+    return [("is-the-controller", f"request.userInfo.username == '{service_account_user(namespace, service_account)}'")]
 
 
 def _message(policy: str, text: str) -> str:
@@ -186,64 +189,38 @@ def _message(policy: str, text: str) -> str:
 
 def rights_policy(namespace: str = "egress-placer", service_account: str = "egress-placer") -> dict[str, Any]:
     """The ValidatingAdmissionPolicy on the controller's writes to webhook configurations, nodes and runs."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": RIGHTS_NAME},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {"apiGroups": [ADMISSION_GROUP], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": list(WEBHOOK_RESOURCES)},
-                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["nodes"]},
-                    {"apiGroups": [TEKTON_GROUP], "apiVersions": ["*"], "operations": ["UPDATE"], "resources": list(RUN_RESOURCES)},
-                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]},
-                ]
-            },
-            "matchConditions": _is_the_controller(namespace, service_account),
-            "variables": [{"name": name, "expression": expression} for name, expression in VARIABLES],
-            "validations": [
-                {"expression": expression, "message": _message(RIGHTS_NAME, text), "reason": "Forbidden"}
-                for expression, text in VALIDATIONS
-            ],
-        },
-    }
+    return admission_policy(
+        RIGHTS_NAME,
+        [
+            resource_rule([ADMISSION_GROUP], ["UPDATE"], WEBHOOK_RESOURCES),
+            resource_rule([""], ["UPDATE"], ["nodes"], versions=["v1"]),
+            resource_rule([TEKTON_GROUP], ["UPDATE"], RUN_RESOURCES),
+            resource_rule([""], ["UPDATE"], ["pods"], versions=["v1"]),
+        ],
+        _is_the_controller(namespace, service_account),
+        [validation(expression, _message(RIGHTS_NAME, text)) for expression, text in VALIDATIONS],
+        variables=VARIABLES,
+    )
 
 
 def pod_deletes_policy(namespace: str = "egress-placer", service_account: str = "egress-placer") -> dict[str, Any]:
     """The ValidatingAdmissionPolicy on the controller's pod deletes: only pods on pool nodes."""
     expression, text = POD_DELETE_VALIDATION
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": POD_DELETES_NAME},
-        "spec": {
-            "failurePolicy": "Fail",
-            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
-            "matchConstraints": {
-                "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["DELETE"], "resources": ["pods"]}]
-            },
-            "matchConditions": _is_the_controller(namespace, service_account),
-            "validations": [{"expression": expression, "message": _message(POD_DELETES_NAME, text), "reason": "Forbidden"}],
-        },
-    }
+    return admission_policy(
+        POD_DELETES_NAME,
+        [resource_rule([""], ["DELETE"], ["pods"], versions=["v1"])],
+        _is_the_controller(namespace, service_account),
+        [validation(expression, _message(POD_DELETES_NAME, text))],
+        param_kind="ConfigMap",
+    )
 
 
 def rights_bindings(namespace: str = "egress-placer", actions: tuple[str, ...] = VALIDATION_ACTIONS) -> list[dict[str, Any]]:
     """The two bindings: every namespace (the policies pick the controller's requests themselves); the
     pod deletes' params are the pool guard's ConfigMap in `namespace`."""
-
-    def binding(name: str, extra: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {"policyName": name, "validationActions": list(actions), **extra, "matchResources": {}},
-        }
-
     return [
-        binding(RIGHTS_NAME, {}),
-        binding(POD_DELETES_NAME, {"paramRef": {"name": GUARD_NAME, "namespace": namespace, "parameterNotFoundAction": "Deny"}}),
+        policy_binding(RIGHTS_NAME, actions),
+        policy_binding(POD_DELETES_NAME, actions, param_ref(GUARD_NAME, namespace, "Deny")),
     ]
 
 

@@ -7,14 +7,19 @@ aggregates into `edit`) may UPDATE its own TaskRuns and PipelineRuns. A run held
 pending (`spec.status: TaskRunPending` / `PipelineRunPending`) with our entry (`egress-placer.io/queue`);
 the leader alone releases it. Clearing or emptying `spec.status`, or rewriting the entry (naming another
 pool, another time), would start it early on a full pool, and Tekton refuses to set a started run back to
-pending: undoing it afterwards is no option. So, on UPDATE of a TaskRun or PipelineRun by anyone but the
+pending: undoing it afterwards is no option. So, on UPDATE of a TaskRun, PipelineRun or Pod by anyone but the
 controller's ServiceAccount (`request.userInfo.username`, which the API server sets from the credential):
 
 - a run whose old object carries our entry (held, or released and still running) may change `spec.status`
   only to one of Tekton's cancel values for its kind, and may not change, add or remove admission's
   annotations (`OWN_ANNOTATIONS`: the entry, the decision record, the review uid);
 - no run may gain our entry by UPDATE (an entry added to any run of any namespace would take a slot, or
-  name a made-up pool).
+  name a made-up pool);
+- a pod waiting for a pool slot (admission gave it the schedulingGate `POOL_SLOT_GATE`: its run is not one
+  our queue holds, queue.core.gates_pod) keeps that gate: `edit` may patch pods, and the API server lets
+  any updater remove a gate, which would start the pod at once on a full pool. The controller removes it
+  when a slot frees. Other pod UPDATEs are not judged (a match condition leaves them at once), nor other
+  gates.
 
 The facts relied on: the request's user (API server), `oldObject` (what is stored: admission's own decision
 at CREATE, see `controller/admission/handlers.py`, `_enqueue`, which strips a forged entry then).
@@ -27,7 +32,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.core.model import DECISION_ANNOTATION, REVIEW_ANNOTATION
+from controller.core.admission_policy import DENY, WARN_ONLY, admission_policy, resource_rule, service_account_user, validation
+from controller.core.admission_policy import policy_binding as binding
+from controller.core.model import DECISION_ANNOTATION, POOL_SLOT_GATE, REVIEW_ANNOTATION
 from controller.queue.core import QUEUE_ANNOTATION
 
 RUN_GUARD_NAME = "egress-placer-run-guard"  # the policy and its binding
@@ -43,14 +50,6 @@ CANCEL_VALUES = {
     "TaskRun": ("TaskRunCancelled",),
     "PipelineRun": ("Cancelled", "CancelledRunFinally", "StoppedRunFinally"),
 }
-DENY = ["Deny"]
-WARN_ONLY = ["Warn", "Audit"]
-
-
-def controller_user(namespace: str, service_account: str) -> str:
-    return f"system:serviceaccount:{namespace}:{service_account}"
-
-
 def _quoted(values: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
 
@@ -67,72 +66,52 @@ def _kept(key: str) -> str:
 
 def validating_admission_policy(namespace: str = "egress-placer", service_account: str = "egress-placer") -> dict[str, Any]:
     """The policy; `namespace`/`service_account`: the controller's, whose writes it never judges."""
-    user = controller_user(namespace, service_account)
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": RUN_GUARD_NAME},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [{
-                    "apiGroups": ["tekton.dev"],
-                    "apiVersions": ["*"],
-                    "operations": ["UPDATE"],
-                    "resources": ["taskruns", "pipelineruns"],
-                }],
-            },
-            "matchConditions": [
-                {"name": "not-egress-placer", "expression": f"request.userInfo.username != '{user}'"},
-            ],
-            "variables": [
-                {"name": "held",
-                 "expression": f"has(oldObject.metadata.annotations) && '{QUEUE_ANNOTATION}' in oldObject.metadata.annotations"},
-                {"name": "entryAdded",
-                 "expression": f"has(object.metadata.annotations) && '{QUEUE_ANNOTATION}' in object.metadata.annotations"},
-                {"name": "oldStatus", "expression": "has(oldObject.spec.status) ? string(oldObject.spec.status) : ''"},
-                {"name": "newStatus", "expression": "has(object.spec.status) ? string(object.spec.status) : ''"},
-                {"name": "cancelValues",
-                 "expression": f"request.kind.kind == 'TaskRun' ? {_quoted(CANCEL_VALUES['TaskRun'])} : "
-                               f"{_quoted(CANCEL_VALUES['PipelineRun'])}"},
-                {"name": "oursKept", "expression": " && ".join(_kept(key) for key in OWN_ANNOTATIONS)},
-            ],
-            "validations": [
-                {
-                    "expression": "!variables.held || variables.newStatus == variables.oldStatus || "
-                                  "variables.newStatus in variables.cancelValues",
-                    "message": "this run is in an egress-placer pool queue: egress-placer releases it when a slot is "
-                               "free; its spec.status may only be set to a cancel value (a TaskRun: "
-                               + ", ".join(CANCEL_VALUES["TaskRun"]) + "; a PipelineRun: " + ", ".join(CANCEL_VALUES["PipelineRun"])
-                               + "), or the run deleted",
-                    "reason": "Forbidden",
-                },
-                {
-                    "expression": "!variables.held || variables.oursKept",
-                    "message": "this run is in an egress-placer pool queue: its annotations "
-                               + ", ".join(OWN_ANNOTATIONS) + " are egress-placer's",
-                    "reason": "Forbidden",
-                },
-                {
-                    "expression": "variables.held || !variables.entryAdded",
-                    "message": f"only egress-placer adds a queue entry ({QUEUE_ANNOTATION}), when it admits the run",
-                    "reason": "Forbidden",
-                },
-            ],
-        },
-    }
+    user = service_account_user(namespace, service_account)
+    return admission_policy(
+        RUN_GUARD_NAME,
+        [resource_rule(["tekton.dev"], ["UPDATE"], ["taskruns", "pipelineruns"]), resource_rule([""], ["UPDATE"], ["pods"], versions=["v1"])],
+        [
+            ("not-egress-placer", f"request.userInfo.username != '{user}'"),
+            # Of pods, only those waiting for a pool slot: every other pod UPDATE is left at once.
+            ("a-run-or-a-gated-pod", "request.resource.resource != 'pods' || (has(oldObject.spec.schedulingGates)"
+                                     f" && oldObject.spec.schedulingGates.exists(g, g.name == '{POOL_SLOT_GATE}'))"),
+        ],
+        [
+            validation(
+                "variables.pod || !variables.held || variables.newStatus == variables.oldStatus"
+                " || variables.newStatus in variables.cancelValues",
+                "this run is in an egress-placer pool queue: egress-placer releases it when a slot is free; its spec.status "
+                "may only be set to a cancel value (a TaskRun: " + ", ".join(CANCEL_VALUES["TaskRun"]) + "; a PipelineRun: "
+                + ", ".join(CANCEL_VALUES["PipelineRun"]) + "), or the run deleted",
+            ),
+            validation(
+                "variables.pod || !variables.held || variables.oursKept",
+                "this run is in an egress-placer pool queue: its annotations " + ", ".join(OWN_ANNOTATIONS) + " are egress-placer's",
+            ),
+            validation(
+                "variables.pod || variables.held || !variables.entryAdded",
+                f"only egress-placer adds a queue entry ({QUEUE_ANNOTATION}), when it admits the run",
+            ),
+            validation(
+                f"!variables.pod || '{POOL_SLOT_GATE}' in variables.gates",
+                f"this pod waits for a slot of an egress-placer pool queue: only egress-placer removes its schedulingGate "
+                f"{POOL_SLOT_GATE}, when a slot frees",
+            ),
+        ],
+        variables=[
+            ("pod", "request.resource.resource == 'pods'"),
+            ("gates", "has(object.spec.schedulingGates) ? object.spec.schedulingGates.map(g, g.name) : []"),
+            ("held", f"has(oldObject.metadata.annotations) && '{QUEUE_ANNOTATION}' in oldObject.metadata.annotations"),
+            ("entryAdded", f"has(object.metadata.annotations) && '{QUEUE_ANNOTATION}' in object.metadata.annotations"),
+            ("oldStatus", "has(oldObject.spec.status) ? string(oldObject.spec.status) : ''"),
+            ("newStatus", "has(object.spec.status) ? string(object.spec.status) : ''"),
+            ("cancelValues", f"request.kind.kind == 'TaskRun' ? {_quoted(CANCEL_VALUES['TaskRun'])} : {_quoted(CANCEL_VALUES['PipelineRun'])}"),
+            ("oursKept", " && ".join(_kept(key) for key in OWN_ANNOTATIONS)),
+        ],
+    )
 
 
 def policy_binding(warn_only: bool = False) -> dict[str, Any]:
     """The binding: every namespace (a tenant's runs are anywhere); `warn_only` answers with a warning
     and an audit annotation instead of refusing (the rollout mode, k8s/run-guard-warn/)."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": RUN_GUARD_NAME},
-        "spec": {
-            "policyName": RUN_GUARD_NAME,
-            "validationActions": list(WARN_ONLY if warn_only else DENY),
-            "matchResources": {},
-        },
-    }
+    return binding(RUN_GUARD_NAME, WARN_ONLY if warn_only else DENY)

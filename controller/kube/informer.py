@@ -70,8 +70,8 @@ KEPT_LABELS: dict[str, frozenset[str] | None] = {  # None: every label
     # and a changed policy must not need a relist to see them. The API server bounds each (key 317,
     # value 63 characters).
     "Namespace": None,
-    # ClusterState: a bound pod settles its TaskRun's assumed placement; the queue: a queued run's pod is
-    # bound (its TaskRun, or its coscheduled PipelineRun)
+    # The load picture: a bound pod settles its TaskRun's (or PipelineRun's) assumed placement. The queue
+    # reads no label: a run's pods are found by their owner's uid.
     "Pod": frozenset({TASKRUN_LABEL, PIPELINERUN_LABEL}),
 }
 KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
@@ -139,7 +139,8 @@ def trim_metadata(meta: Mapping[str, Any], kind: str) -> Obj:
             # only its pool (queue.core.admitted_entry), the load picture its node; kept from the whole value.
             annotations[DECISION_ANNOTATION] = compact_decision((meta.get("annotations") or {}).get(DECISION_ANNOTATION))
         out["annotations"] = annotations
-    if kind == "Pod" and (owners := _kept_owners(meta.get("ownerReferences"))):
+    # A pod's: its TaskRun (queue.core.claimed_taskrun); a TaskRun's: its PipelineRun (claimed_pipelinerun).
+    if kind in ("Pod", "TaskRun") and (owners := _kept_owners(meta.get("ownerReferences"))):
         out["ownerReferences"] = owners
     # the pool status's runs placed in the last hour; the load picture: how long a decision record counts
     if kind in ("Pod", "TaskRun", "PipelineRun"):

@@ -36,7 +36,10 @@ from controller.core.model import POOL_SLOT_GATE, OwnerRef
 from controller.core.schema import PolicyModel
 
 QUEUE_ANNOTATION = "egress-placer.io/queue"
-PIPELINERUN_LABEL = "tekton.dev/pipelineRun"  # on the pods of a PipelineRun's TaskRuns
+# On the pods of a PipelineRun's TaskRuns (Tekton copies a TaskRun's labels onto its pod). The TaskRun's creator
+# writes it and it names no uid: only the load picture reads it (which assumption a bound pod settles); no
+# decision of the queue or of admission does (`claimed_pipelinerun`, `held_by_queue`).
+PIPELINERUN_LABEL = "tekton.dev/pipelineRun"
 PENDING = {"TaskRun": "TaskRunPending", "PipelineRun": "PipelineRunPending"}
 CANCELLED = frozenset({"TaskRunCancelled", "Cancelled", "CancelledRunFinally", "StoppedRunFinally"})
 MAX_PRIORITY_ENTRIES = 64
@@ -176,14 +179,27 @@ def read_any_entry(annotations: Mapping[str, str]) -> EntryMark | None:
 # -- a run's pods -------------------------------------------------------------------------------------
 
 
+def _claimed(owners: Iterable[OwnerRef], kind: str) -> OwnerRef | None:
+    """The controller ownerReference, when it names a `tekton.dev/*` object of `kind` with a name and a uid."""
+    owner = next((o for o in owners if o.controller), None)  # at most one: the API server refuses two
+    if owner is None or owner.kind != kind or not owner.api_version.startswith("tekton.dev/"):
+        return None
+    return owner if owner.name and owner.uid else None
+
+
 def claimed_taskrun(owners: Iterable[OwnerRef]) -> OwnerRef | None:
     """The TaskRun a pod's controller ownerReference names (`tekton.dev/*`, kind TaskRun, with a name and
     a uid), as Tekton writes it on the pods it makes. A claim: anyone who may create a pod writes any
     ownerReference, so it proves nothing until `is_run_pod` resolves it."""
-    owner = next((o for o in owners if o.controller), None)  # at most one: the API server refuses two
-    if owner is None or owner.kind != "TaskRun" or not owner.api_version.startswith("tekton.dev/"):
-        return None
-    return owner if owner.name and owner.uid else None
+    return _claimed(owners, "TaskRun")
+
+
+def claimed_pipelinerun(owners: Iterable[OwnerRef]) -> OwnerRef | None:
+    """The PipelineRun a TaskRun's controller ownerReference names, as Tekton writes it on the TaskRuns
+    of a PipelineRun. A claim (a tenant writes its TaskRun's ownerReferences): see `held_by_queue`.
+    The `tekton.dev/pipelineRun` label, which Tekton also copies onto the pods, is never read: it is
+    the TaskRun creator's to write, and names no uid."""
+    return _claimed(owners, "PipelineRun")
 
 
 def is_run_pod(owner: OwnerRef | None, run_uid: str | None, run_decided: bool) -> bool:
@@ -341,6 +357,29 @@ class GatedPod:
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
+
+
+def held_by_queue(
+    own: QueueEntry | None, claim: OwnerRef | None, pipelinerun_uid: str | None, pipelinerun: QueueEntry | None, another_pod: bool = False
+) -> bool:
+    """Is a run's pod's run one our queue holds (its slot was counted when the queue released it, so its
+    pod is not gated): its TaskRun (`is_run_pod`) carries our entry (`own`), or the TaskRun's controller
+    owner (`claimed_pipelinerun`) resolves by uid to a PipelineRun of its namespace (`pipelinerun_uid`:
+    the cached one's uid, None when there is none) carrying our entry; either run released by the queue
+    and not finished (a held run has no pod and no TaskRuns yet, a finished one makes no more); and the
+    TaskRun has no other active pod (`another_pod`): Tekton makes one pod at a time for a TaskRun.
+
+    A run's uid is no secret to its namespace: a tenant may write it into a bare pod's (or, a
+    PipelineRun's, another TaskRun's) controller ownerReference. Such a pod passes only while the run
+    is released, running and without a pod of its own yet: at most the one slot the release counted."""
+    if another_pod:
+        return False
+    if own is not None:
+        return not own.pending and not own.done
+    return (
+        claim is not None and bool(pipelinerun_uid) and pipelinerun_uid == claim.uid
+        and pipelinerun is not None and not pipelinerun.pending and not pipelinerun.done
+    )
 
 
 def gates_pod(queues: bool, ours: bool) -> bool:

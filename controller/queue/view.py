@@ -1,8 +1,10 @@
 """The queue as the stores show it: the runs carrying a queue entry (`queue.core`), a queued pool's
 slots and occupants, and the line summaries admission counts on when a run joins a line.
 
-The run stores keep a `RunRecord` per TaskRun and PipelineRun, indexed by "queued"; the pod store's
-"TaskRun" and "PipelineRun" indexes say which runs have a pod bound to a node (the entry's has_pod).
+The run stores keep a `RunRecord` per TaskRun and PipelineRun, indexed by "queued" (and TaskRuns by
+the uid of the PipelineRun their controller ownerReference claims); the pod store's "TaskRun" index says
+which TaskRuns have a pod bound to a node, by the pod's owner uid: the entry's has_pod. No label is
+read: a pod's `tekton.dev/*` labels are its TaskRun creator's to write.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
-from controller.core.model import DECISION_ANNOTATION, OwnerRef, PodState
+from controller.core.model import DECISION_ANNOTATION, OwnerRef, PodState, owner_refs
 from controller.core.policy import PlacementPolicy, Pool
 from controller.load.view import LoadView
 from controller.queue.core import (
@@ -23,6 +25,7 @@ from controller.queue.core import (
     PoolQueue,
     QueueEntry,
     RunFacts,
+    claimed_pipelinerun,
     claimed_taskrun,
     is_run_pod,
     slots,
@@ -41,11 +44,13 @@ def run_key(kind: str, obj: Mapping[str, Any]) -> RunKey:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """What is kept of a TaskRun or PipelineRun: has it a decision, its uid, its queue entry (queue.core)."""
+    """What is kept of a TaskRun or PipelineRun: has it a decision, its uid, its queue entry (queue.core),
+    and, of a TaskRun, the PipelineRun its controller ownerReference claims (`claimed_pipelinerun`)."""
 
     decided: bool
     uid: str
     entry: QueueEntry | None
+    pipelinerun: OwnerRef | None = None
 
     @classmethod
     def of(cls, kind: str, obj: Mapping[str, Any]) -> "RunRecord":
@@ -59,22 +64,21 @@ class RunRecord:
         facts = RunFacts(kind, key[1], key[2], meta.get("uid") or "", value, str((obj.get("spec") or {}).get("status") or ""), done,
                          annotations.get(DECISION_ANNOTATION))
         entry = facts.queue_entry(has_pod=False) if value is not None else None
-        return cls(DECISION_ANNOTATION in annotations, meta.get("uid") or "", entry)
+        claim = claimed_pipelinerun(owner_refs(meta)) if kind == "TaskRun" else None
+        return cls(DECISION_ANNOTATION in annotations, meta.get("uid") or "", entry, claim)
 
     def queued(self) -> bool | None:
         """The run store's "queued" index."""
         return True if self.entry is not None else None
 
+    def claimed_uid(self) -> str | None:
+        """The TaskRun store's "pipelinerun" index: the uid of the PipelineRun it claims as its owner."""
+        return self.pipelinerun.uid if self.pipelinerun is not None else None
+
     @staticmethod
     def entry_changed(obj: Mapping[str, Any], deleted: bool, old: RunRecord | None, new: RunRecord | None) -> bool:
         """A queue entry came, went or changed: the release reconciler looks again."""
         return (old.entry if old else None) != (new.entry if new else None)
-
-
-def bound_run(label: str, pod: PodState) -> tuple[str, str] | None:
-    """(namespace, run) of a pod bound to a node and labelled with its run: the pod store's index (a
-    coscheduled PipelineRun's pods: their owner is a TaskRun, the label names the PipelineRun)."""
-    return (pod.namespace, pod.labels[label]) if pod.node_name and label in pod.labels else None
 
 
 def bound_taskrun(pod: PodState) -> tuple[str, str, str] | None:
@@ -85,6 +89,13 @@ def bound_taskrun(pod: PodState) -> tuple[str, str, str] | None:
     return (pod.namespace, owner.name, owner.uid) if pod.node_name and owner is not None else None
 
 
+def run_of(pod: PodState) -> tuple[str, str, str] | None:
+    """(namespace, TaskRun, its uid) of an active pod by its controller ownerReference, bound or not: the
+    pod store's "run" index (a TaskRun has one pod at a time: `held_by_queue`'s another_pod)."""
+    owner = claimed_taskrun(pod.owners)
+    return (pod.namespace, owner.name, owner.uid) if pod.active and owner is not None else None
+
+
 def gated(pod: PodState) -> bool | None:
     """The pod store's "gated" index: pods waiting for a pool slot (queue.core.GatedPod)."""
     return True if POOL_SLOT_GATE in pod.gates else None
@@ -93,11 +104,6 @@ def gated(pod: PodState) -> bool | None:
 def tolerates(pod: PodState, pool: Pool) -> bool:
     """Does the pod tolerate the pool's taint (by key and value, as the scheduler matches them)."""
     return any(key in ("", pool.taint.key) and (op == "Exists" or value == pool.name) for key, op, value in pod.tolerated)
-
-
-def _bound_key(kind: str, namespace: str, name: str, uid: str) -> tuple[str, ...]:
-    """The pod store's index key of a run's bound pods (`bound_taskrun`, `bound_run`)."""
-    return (namespace, name, uid) if kind == "TaskRun" else (namespace, name)
 
 
 class QueueView:
@@ -113,15 +119,32 @@ class QueueView:
 
     def queue_entries(self, pool: str | None = None) -> list[QueueEntry]:
         """The runs carrying a queue entry (of `pool`, or every pool), each with whether a pod of it is
-        bound to a node. O(queued runs)."""
-        pods = self._stores["Pod"].snapshot
-        return [replace(entry, has_pod=True) if _bound_key(kind, namespace, name, entry.uid) in pods.indexes[kind] else entry
-                for (kind, namespace, name), entry in self._queued.items() if pool is None or entry.pool == pool]
+        bound to a node (`_has_pod`). O(queued runs, and the TaskRuns claiming a queued PipelineRun)."""
+        bound = self._stores["Pod"].snapshot.indexes["TaskRun"]
+        return [replace(entry, has_pod=True) if self._has_pod(bound, entry) else entry
+                for entry in self._queued.values() if pool is None or entry.pool == pool]
+
+    def _has_pod(self, bound: Mapping[Any, Any], entry: QueueEntry) -> bool:
+        """A TaskRun's pod is bound: a pod whose controller owner is the TaskRun, by uid. A PipelineRun's: a
+        pod bound so of one of its TaskRuns, each a decided TaskRun of its namespace whose controller owner
+        is the PipelineRun, by uid. A pod's labels naming the run count for nothing."""
+        if entry.kind == "TaskRun":
+            return (entry.namespace, entry.name, entry.uid) in bound
+        if not entry.uid:
+            return False
+        children = self._stores["TaskRun"].snapshot.under("pipelinerun", entry.uid)
+        return any(namespace == entry.namespace and record.decided and (namespace, name, record.uid) in bound
+                   for (_, namespace, name), record in children.items())
 
     def taskrun(self, namespace: str, name: str, kind: str = "TaskRun") -> RunRecord | None:
         """The cached record of a TaskRun (or a PipelineRun: `kind`; None: not in the cache, or not yet)."""
         record: RunRecord | None = self._stores[kind].items.get((kind, namespace, name))
         return record
+
+    def other_pods(self, namespace: str, owner: OwnerRef, name: str) -> bool:
+        """Has the TaskRun `owner` names (by name and uid) an active pod other than `name` in the cache?"""
+        pods = self._stores["Pod"].snapshot.under("run", (namespace, owner.name, owner.uid))
+        return any(pod_name != name for _, pod_name in pods)
 
     def is_run_pod(self, namespace: str, owners: tuple[OwnerRef, ...]) -> bool:
         """A pod of `namespace` is a run's pod by the cache: its controller owner resolves by uid to a

@@ -11,7 +11,8 @@
 - Fairness: namespace A submits 50 runs, then namespace B 10: B's last release comes before A's 30th,
   in the leader's release order.
 - Pipelines: a PipelineRun whose task is queued behind a full pool: its own timeout counts the wait
-  (measured: docs/queue.md).
+  (measured: docs/queue.md). A coscheduled PipelineRun is queued whole; its TaskRuns' pods (owned, by
+  uid, by TaskRuns the PipelineRun owns by uid) go in ungated.
 - Leader: two replicas; the leader is killed mid-queue: every run ends Succeeded, none released twice.
 The sizes are the issue's: 60 runs in the burst, 3 nodes x 2 slots."""
 
@@ -31,7 +32,8 @@ from devcluster.cluster import Cluster, pod_seconds_default
 from devplacer.local_placer import LEADER_TIMINGS, start_controller, stop_controller
 from devplacer.faults import kill_component
 from tests.e2e.harness import DATA, ControllerSpec, Placer, lease_holder, quietly
-from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, step, succeeded, taskrun
+from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, decision_of, step, succeeded, taskrun
+from tests.e2e.test_placement import tekton_coschedule, two_task_pipelinerun
 from tests.kube import TEKTON, Api, namespaced, pods
 from tests.waiting import wait_for
 
@@ -140,6 +142,27 @@ def test_runs_their_owner_created_pending_wait_for_a_slot_then_run_on_the_pool(a
     assert set(runs.nodes_of(TEAM_CDN, own).values()) <= POOL_NODES
     let_in = {str(r.get("name")) for r in egress_placer.log_records(offset) if r.get("message") == "a pool slot is free: pod let in"}
     assert all(any(pod.startswith(name) for pod in let_in) for name in own), let_in
+
+
+def test_a_coscheduled_pipelinerun_is_queued_whole_and_its_taskruns_pods_go_in_ungated(api: Api, runs: Runs, egress_placer: Placer) -> None:
+    """Its TaskRuns are Tekton's: each one's controller owner is the PipelineRun, by uid, which carries our
+    entry and was released (the queue counted its slot then), so their pods are never gated. Nothing
+    reads the pods' `tekton.dev/pipelineRun` label (a tenant's TaskRun may carry it: tests/reliability/
+    test_hostile_tenant_runs.py, h)."""
+    offset = egress_placer.log.stat().st_size
+    name = runs.name("coscheduled")
+    body = two_task_pipelinerun(name, {"emptyDir": {}})
+    with tekton_coschedule(api, "pipelineruns"):
+        wait_for("egress-placer to see coschedule=pipelineruns",
+                 lambda: "coscheduled" in decision_of(runs.create(TEAM_CDN, "pipelineruns", body, dry_run=True))["message"], timeout=20)
+        made = runs.create(TEAM_CDN, "pipelineruns", body)
+        assert made["spec"].get("status") == "PipelineRunPending", made["spec"]
+        assert read_entry(made["metadata"]["annotations"].get(QUEUE_ANNOTATION), "PipelineRun") is not None
+        runs.wait_succeeded(TEAM_CDN, "pipelineruns", [name], timeout=180)
+    children = [f"{name}-upload", f"{name}-build"]
+    assert set(runs.nodes_of(TEAM_CDN, children).values()) <= POOL_NODES
+    let_in = {str(r.get("name")) for r in egress_placer.log_records(offset) if r.get("message") == "a pool slot is free: pod let in"}
+    assert not any(pod.startswith(name) for pod in let_in), let_in
 
 
 def test_cancel_a_queued_run_frees_its_place(api: Api, runs: Runs, egress_placer: Placer) -> None:

@@ -18,7 +18,14 @@ run with no entry of ours. 200 forged queue annotations (at CREATE and by
 UPDATE) add no metric series and no releases. (f) A Deployment of Tekton-looking pods gets no pool
 placement (a pod is a run's only when its controller owner resolves by uid to a TaskRun carrying our
 decision), (g) a forged entry stored while the webhook is unreachable is never released and adds no
-series (the queue reads an entry only beside admission's decision naming its pool).
+series (the queue reads an entry only beside admission's decision naming its pool). (h) The tenant's own
+pending TaskRun labelled `tekton.dev/pipelineRun` with the name of its PipelineRun the queue holds (and
+owned by it, uid and all, as Tekton writes it), released onto the full pool: its pod still waits behind
+the gate (Tekton copies a TaskRun's labels onto its pod: the label proves nothing; a held PipelineRun
+has no TaskRuns yet). (i) The tenant removes egress-placer's schedulingGate from its own gated pod
+(`edit` may patch pods): refused by the run guard. (j) Bare pods whose controller ownerReference names,
+uid and all, a run of ours (a uid is no secret to its namespace): one still held, or one already running
+on the pool: each such pod is gated (a held run has no pod yet; a TaskRun has one pod at a time).
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ from controller.queue.core import PENDING, POOL_SLOT_GATE, QUEUE_ANNOTATION, ent
 from controller.core.run_guard import RUN_GUARD_NAME
 from devcluster.cluster import Cluster
 from tests.e2e.harness import ControllerSpec, Placer, editor, service_account_user
-from tests.e2e.tekton_runs import MATCHING_IMAGE, OTHER_IMAGE, POOL_NODES, TEST_LABEL, Runs, node_of, succeeded, taskrun
+from tests.e2e.tekton_runs import MATCHING_IMAGE, OTHER_IMAGE, POOL_NODES, TEST_LABEL, Runs, node_of, step, succeeded, taskrun
 from tests.kube import TEKTON, Api, namespaced, pods
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER
 from tests.reliability.test_webhook_unreachable import dead_webhook_url  # noqa: F401 - a fixture used below
@@ -185,6 +192,27 @@ def test_d_a_run_created_pending_by_its_owner_and_released(api: Api, runs: Runs,
     holds_for(f"at most {SLOTS} pool pods", lambda: len(pool_pods(api)) <= SLOTS, seconds=HOLD_SECONDS)
 
 
+def test_i_removing_the_gate_of_its_own_gated_pod(api: Api, runs: Runs, tenant: Api, full_pool: list[str]) -> None:
+    """`edit` may patch pods, and the API server lets any updater remove a schedulingGate: the run guard
+    lets only egress-placer remove egress-placer.io/pool-slot (other gates stay their managers')."""
+    name = runs.name("i-own-pending")
+    body = taskrun(name, MATCHING_IMAGE)
+    body["spec"]["status"] = PENDING["TaskRun"]
+    runs.create(TEAM_CDN, "taskruns", body, api=tenant)
+    tenant.json_patch(run_path(TEAM_CDN, name), [{"op": "remove", "path": "/spec/status"}])
+    pod = wait_for(f"the gated pod of {name}", lambda: runs.pods_by_taskrun(TEAM_CDN).get(name), timeout=60)
+    gates = pod["spec"].get("schedulingGates") or []
+    assert {"name": POOL_SLOT_GATE} in gates, gates
+    path = pods(TEAM_CDN) + "/" + pod["metadata"]["name"]
+    ungate = [{"op": "test", "path": "/spec/schedulingGates", "value": gates},
+              {"op": "replace", "path": "/spec/schedulingGates", "value": [g for g in gates if g["name"] != POOL_SLOT_GATE]}]
+    message = refused(lambda: tenant.json_patch(path, ungate))
+    assert RUN_GUARD_NAME in message and POOL_SLOT_GATE in message, message
+    holds_for(f"{name}'s pod gated and at most {SLOTS} pool pods",
+              lambda: {"name": POOL_SLOT_GATE} in (api.call("GET", path)["spec"].get("schedulingGates") or [])
+              and len(pool_pods(api)) <= SLOTS, seconds=HOLD_SECONDS)
+
+
 @pytest.mark.parametrize("pending", [True, False], ids=["own-pending-run", "plain-run"])
 def test_e_a_namespace_without_pool_rights_adds_an_entry(api: Api, runs: Runs, outsider: Api, full_pool: list[str], pending: bool) -> None:
     """An entry added by UPDATE to any run would take a slot (released, no pod) or jump the line."""
@@ -303,3 +331,60 @@ def test_g_a_forged_entry_while_the_webhook_is_unreachable(
         run = api.call("GET", run_path(TEAM_CDN, name))
         return run["spec"].get("status") == PENDING["TaskRun"] and "made-up-ghost" not in egress_placer.metrics_text()
     holds_for(f"{name} not released, no made-up pool series", still_pending, seconds=HOLD_SECONDS)
+
+
+def held_pipelinerun(runs: Runs, tenant: Api, prefix: str) -> dict[str, Any]:
+    """A coscheduled PipelineRun of the tenant's that the queue holds whole (a volumeClaimTemplate workspace:
+    Tekton's default `coschedule: workspaces`); held, Tekton makes no PVC and no TaskRun for it."""
+    uses = [{"name": "ws"}]
+    claim = {"spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}}
+    body = {
+        "apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "metadata": {"name": runs.name(prefix)},
+        "spec": {"pipelineSpec": {"workspaces": uses, "tasks": [
+                     {"name": "upload", "workspaces": uses, "taskSpec": {"workspaces": uses, "steps": [step(MATCHING_IMAGE)]}}]},
+                 "workspaces": [{"name": "ws", "volumeClaimTemplate": claim}]},
+    }
+    made = runs.create(TEAM_CDN, "pipelineruns", body, api=tenant)
+    assert made["spec"].get("status") == PENDING["PipelineRun"], made["spec"]
+    assert read_entry(made["metadata"]["annotations"].get(QUEUE_ANNOTATION), "PipelineRun") is not None
+    return made
+
+
+@pytest.mark.parametrize("owned", [False, True], ids=["label", "label-and-owner-uid"])
+def test_h_a_taskrun_claiming_a_held_pipelinerun(api: Api, runs: Runs, tenant: Api, full_pool: list[str], owned: bool) -> None:
+    whole = held_pipelinerun(runs, tenant, "h-whole")
+    name = runs.name("h-claim")
+    body = taskrun(name, MATCHING_IMAGE)
+    body["metadata"]["labels"] = {"tekton.dev/pipelineRun": whole["metadata"]["name"]}
+    if owned:
+        body["metadata"]["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "name": whole["metadata"]["name"],
+                                                "uid": whole["metadata"]["uid"], "controller": True}]
+    body["spec"]["status"] = PENDING["TaskRun"]
+    runs.create(TEAM_CDN, "taskruns", body, api=tenant)
+    tenant.json_patch(run_path(TEAM_CDN, name), [{"op": "remove", "path": "/spec/status"}])  # allowed: no entry of ours
+    pod = wait_for(f"the pod of {name}", lambda: runs.pods_by_taskrun(TEAM_CDN).get(name), timeout=60)
+    assert pod["metadata"]["labels"].get("tekton.dev/pipelineRun") == whole["metadata"]["name"]  # Tekton copied it
+    assert {"name": POOL_SLOT_GATE} in (pod["spec"].get("schedulingGates") or []), pod["spec"]  # it waits for a slot
+
+    def held() -> bool:
+        run = api.call("GET", run_path(TEAM_CDN, whole["metadata"]["name"], "pipelineruns"))
+        return run["spec"].get("status") == PENDING["PipelineRun"] and len(pool_pods(api)) <= SLOTS
+    holds_for(f"{whole['metadata']['name']} held and at most {SLOTS} pool pods", held, seconds=HOLD_SECONDS)
+
+
+@pytest.mark.parametrize("claimed", ["a-running-run", "a-held-run"])
+def test_j_bare_pods_claiming_a_run_of_ours(api: Api, runs: Runs, tenant: Api, full_pool: list[str], claimed: str) -> None:
+    owner = full_pool[0] if claimed == "a-running-run" else held_run(runs, tenant, "j-held")
+    run = tenant.call("GET", run_path(TEAM_CDN, owner))
+    made = []
+    for i in range(2):
+        body = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": runs.name(f"j-bare-{claimed[2:6]}-{i}"), "annotations": LONG_RUN,
+                         "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": owner,
+                                              "uid": run["metadata"]["uid"], "controller": True}]},
+            "spec": {"containers": [{"name": "step-main", "image": MATCHING_IMAGE}]},
+        }
+        made.append(runs.create_pod(TEAM_CDN, body, api=tenant))
+    assert all({"name": POOL_SLOT_GATE} in (m["spec"].get("schedulingGates") or []) for m in made), [m["spec"] for m in made]
+    holds_for(f"at most {SLOTS} pool pods", lambda: len(pool_pods(api)) <= SLOTS, seconds=HOLD_SECONDS)

@@ -46,19 +46,20 @@ CHECKS = [(program(v["expression"]), v["message"]) for v in rights_policy()["spe
 class LazyVariables(celtypes.MapType):
     """`variables` as the API server has them: each evaluated when first read, in its own activation."""
 
-    def __init__(self, activation: dict[str, Any]) -> None:
+    def __init__(self, activation: dict[str, Any], programs: dict[str, Any] | None = None) -> None:
         super().__init__({})
         self.activation = activation
+        self.programs = PROGRAMS if programs is None else programs
 
     def __getitem__(self, key: Any) -> Any:
         name = str(key)
         if not super().__contains__(celtypes.StringType(name)):
-            value = PROGRAMS[name].evaluate({**self.activation, "variables": self})
+            value = self.programs[name].evaluate({**self.activation, "variables": self})
             super().__setitem__(celtypes.StringType(name), value)
         return super().__getitem__(celtypes.StringType(name))
 
     def __contains__(self, key: Any) -> bool:
-        return str(key) in PROGRAMS
+        return str(key) in self.programs
 
 
 def refusals(group: str, resource: str, old: dict[str, Any], new: dict[str, Any]) -> list[str]:

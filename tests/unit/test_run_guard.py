@@ -4,17 +4,24 @@ tests/reliability/test_hostile_tenant_runs.py's (the CEL is evaluated there, by 
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from controller.core import run_guard
+from controller.core.model import POOL_SLOT_GATE
 from controller.queue.core import CANCELLED, PENDING, QUEUE_ANNOTATION
 
 
 def test_it_judges_run_updates_by_anyone_but_the_controller() -> None:
     spec = run_guard.validating_admission_policy("ns", "sa")["spec"]
     assert spec["failurePolicy"] == "Fail"
-    (rule,) = spec["matchConstraints"]["resourceRules"]
-    assert rule["operations"] == ["UPDATE"]  # DELETE is not judged: the owner can always delete its run
-    assert sorted(rule["resources"]) == ["pipelineruns", "taskruns"]  # not their /status subresource
-    assert [c["expression"] for c in spec["matchConditions"]] == ["request.userInfo.username != 'system:serviceaccount:ns:sa'"]
+    runs, pods = spec["matchConstraints"]["resourceRules"]
+    assert runs["operations"] == pods["operations"] == ["UPDATE"]  # DELETE is not judged: the owner can always delete its run
+    assert sorted(runs["resources"]) == ["pipelineruns", "taskruns"]  # not their /status subresource
+    assert (pods["apiGroups"], pods["resources"]) == ([""], ["pods"])  # a gated pod's gate (test_a_gated_pod_keeps_our_gate)
+    conditions = [c["expression"] for c in spec["matchConditions"]]
+    assert conditions[0] == "request.userInfo.username != 'system:serviceaccount:ns:sa'"
 
 
 def test_cancel_values_are_the_queue_s_own_and_never_pending_or_empty() -> None:
@@ -31,3 +38,57 @@ def test_the_binding_denies_or_only_warns() -> None:
     assert run_guard.policy_binding()["spec"]["validationActions"] == ["Deny"]
     assert run_guard.policy_binding(warn_only=True)["spec"]["validationActions"] == ["Warn", "Audit"]
     assert run_guard.policy_binding()["spec"]["policyName"] == run_guard.RUN_GUARD_NAME
+
+
+# -- the CEL, run by cel-python (the API server runs it in tests/reliability/test_hostile_tenant_runs.py) --
+
+
+def _judged(resource: str, old: dict[str, Any], new: dict[str, Any]) -> list[str] | None:
+    """The run guard's refusals of a tenant's UPDATE; None: its match conditions leave it alone."""
+    celpy = pytest.importorskip("celpy")
+    from celpy import celtypes
+
+    from tests.unit.test_rights import LazyVariables, program
+
+    spec = run_guard.validating_admission_policy()["spec"]
+    group = "" if resource == "pods" else "tekton.dev"
+    activation: dict[str, Any] = {
+        "request": celpy.json_to_cel({"resource": {"group": group, "resource": resource}, "kind": {"kind": "TaskRun"},
+                                      "userInfo": {"username": "system:serviceaccount:team-a:tenant"}}),
+        "object": celpy.json_to_cel(new), "oldObject": celpy.json_to_cel(old),
+    }
+    if any(program(c["expression"]).evaluate(activation) != celtypes.BoolType(True) for c in spec["matchConditions"]):
+        return None
+    activation["variables"] = LazyVariables(activation, {v["name"]: program(v["expression"]) for v in spec["variables"]})
+    return [v["message"] for v in spec["validations"] if program(v["expression"]).evaluate(activation) != celtypes.BoolType(True)]
+
+
+def _pod(*gates: str) -> dict[str, Any]:
+    return {"metadata": {"name": "p", "annotations": {QUEUE_ANNOTATION: "copied"}}, "spec": {"schedulingGates": [{"name": g} for g in gates]}}
+
+
+@pytest.mark.parametrize(
+    "old, new, outcome",
+    [
+        pytest.param(_pod(POOL_SLOT_GATE), _pod(), "refused", id="our-gate-removed"),
+        pytest.param(_pod("kueue.x-k8s.io/admission", POOL_SLOT_GATE), _pod(POOL_SLOT_GATE), "admitted", id="another-gate-removed"),
+        pytest.param(_pod(POOL_SLOT_GATE), _pod(POOL_SLOT_GATE), "admitted", id="kept"),
+        pytest.param(_pod("kueue.x-k8s.io/admission"), _pod(), "not-judged", id="a-pod-without-our-gate"),
+        pytest.param({"metadata": {"name": "p"}, "spec": {}}, {"metadata": {"name": "p"}, "spec": {}}, "not-judged", id="no-gates"),
+    ],
+)
+def test_a_gated_pod_keeps_our_gate(old: dict[str, Any], new: dict[str, Any], outcome: str) -> None:
+    refused = _judged("pods", old, new)
+    if outcome == "not-judged":
+        assert refused is None
+    else:
+        assert refused is not None and bool(refused) is (outcome == "refused"), refused
+        assert all(POOL_SLOT_GATE in m for m in refused)
+
+
+@pytest.mark.parametrize(("entry", "refused"), [(True, True), (False, False)], ids=["held", "no-entry-of-ours"])
+def test_a_held_run_still_may_not_be_started_by_its_owner(entry: bool, refused: bool) -> None:
+    annotations = {QUEUE_ANNOTATION: "e"} if entry else {}
+    old = {"metadata": {"annotations": annotations}, "spec": {"status": PENDING["TaskRun"]}}
+    new = {"metadata": {"annotations": annotations}, "spec": {}}
+    assert bool(_judged("taskruns", old, new)) is refused

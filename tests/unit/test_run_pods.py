@@ -18,8 +18,17 @@ import requests
 
 from controller.admission import server as server_module
 from controller.admission.handlers import Admission, OwnerReadNeeded, ReadOwner
-from controller.core.model import DECISION_ANNOTATION, OwnerRef
-from controller.queue.core import QUEUE_ANNOTATION, QueueSetting, claimed_taskrun, entry_annotation, is_run_pod
+from controller.core.model import DECISION_ANNOTATION, POOL_SLOT_GATE, OwnerRef
+from controller.queue.core import (
+    QUEUE_ANNOTATION,
+    QueueEntry,
+    QueueSetting,
+    claimed_pipelinerun,
+    claimed_taskrun,
+    entry_annotation,
+    held_by_queue,
+    is_run_pod,
+)
 from tests.unit.test_admission_handlers import EGRESS_TOLERATION, Env, decision_of, tekton_pod
 from tests.unit.test_admission_server import Running, review, running  # noqa: F401 - the fixture
 
@@ -229,3 +238,143 @@ def test_a_released_run_has_a_pod_only_by_its_owner_uid(owner_uid: str | None, h
     env.state.apply("Pod", "ADDED", {"metadata": meta, "spec": {"nodeName": "node-1"}, "status": {"phase": "Running"}})
     [entry] = env.state.queue.queue_entries()
     assert entry.has_pod is has_pod
+
+
+# -- a PipelineRun's pods: by the TaskRun's controller owner, uid to uid, never by the pod's labels ------
+
+PIPELINE = OwnerRef("tekton.dev/v1", "PipelineRun", "ci-1", "uid-ci-1", controller=True)
+
+
+@pytest.mark.parametrize(
+    "owners, claimed",
+    [
+        pytest.param((PIPELINE,), PIPELINE, id="tekton's-own"),
+        pytest.param((OwnerRef("tekton.dev/v1", "PipelineRun", "ci-1", "u", False),), None, id="not-the-controller"),
+        pytest.param((OwnerRef("example.com/v1", "PipelineRun", "ci-1", "u", True),), None, id="another-group"),
+        pytest.param((TEKTON,), None, id="another-kind"),
+        pytest.param((OwnerRef("tekton.dev/v1", "PipelineRun", "ci-1", "", True),), None, id="no-uid"),
+        pytest.param((), None, id="none"),
+    ],
+)
+def test_the_pipelinerun_a_taskrun_claims(owners: tuple[OwnerRef, ...], claimed: OwnerRef | None) -> None:
+    assert claimed_pipelinerun(owners) == claimed
+
+
+def _entry(pending: bool = False, done: bool = False, kind: str = "PipelineRun") -> QueueEntry:
+    return QueueEntry(kind, "team-ci", "ci-1", "egress", 1.0, pending, done, uid="uid-ci-1")
+
+
+@pytest.mark.parametrize(
+    "own_entry, claim, uid, whole, held",
+    [
+        pytest.param(_entry(kind="TaskRun"), None, None, None, True, id="the-taskrun-carries-our-entry"),
+        pytest.param(_entry(pending=True, kind="TaskRun"), None, None, None, False, id="its-taskrun-still-held"),
+        pytest.param(_entry(done=True, kind="TaskRun"), None, None, None, False, id="its-taskrun-finished"),
+        pytest.param(None, PIPELINE, "uid-ci-1", _entry(), True, id="owned-by-our-released-pipelinerun"),
+        pytest.param(None, None, "uid-ci-1", _entry(), False, id="no-owner:-a-label-naming-it-proves-nothing"),
+        pytest.param(None, PIPELINE, "uid-other", _entry(), False, id="a-made-up-or-copied-uid"),
+        pytest.param(None, PIPELINE, None, None, False, id="no-such-pipelinerun"),
+        pytest.param(None, PIPELINE, "uid-ci-1", None, False, id="a-pipelinerun-not-queued-by-us"),
+        pytest.param(None, PIPELINE, "uid-ci-1", _entry(pending=True), False, id="still-held:-it-has-no-taskruns-yet"),
+        pytest.param(None, PIPELINE, "uid-ci-1", _entry(done=True), False, id="finished:-it-makes-no-more-taskruns"),
+    ],
+)
+def test_a_runs_pod_is_held_by_our_queue_only_by_uid(
+    own_entry: QueueEntry | None, claim: OwnerRef | None, uid: str | None, whole: QueueEntry | None, held: bool
+) -> None:
+    assert held_by_queue(own_entry, claim, uid, whole) is held
+    assert held_by_queue(own_entry, claim, uid, whole, another_pod=True) is False  # one pod at a time
+
+
+@pytest.mark.parametrize(
+    "status, existing, gated",
+    [
+        pytest.param("", None, False, id="the-run's-first-pod"),
+        pytest.param("", "build-1-pod", True, id="a-second-pod-while-its-pod-is-active"),
+        pytest.param("", "build-1-pod-retry1", True, id="a-second-pod-of-another-name"),
+        pytest.param("TaskRunPending", None, True, id="a-pod-of-a-run-still-held"),
+    ],
+)
+def test_a_bare_pod_claiming_a_run_of_ours_gets_no_slot_of_its_own(status: str, existing: str | None, gated: bool) -> None:
+    """A run's uid is no secret to its namespace: a bare pod whose controller owner is a run of ours (by
+    its real uid) is placed as the run's, but passes the gate only as the released run's one pod."""
+    from tests.unit.test_queue_admission import queued_env, run_obj
+
+    env = queued_env()
+    env.state.apply("TaskRun", "ADDED", run_obj("TaskRun", "team-ci", "build-1", entry_annotation("egress", "TaskRun", 1.0), status))
+    owner = {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": "build-1", "uid": "uid-build-1", "controller": True}
+    if existing:
+        env.state.apply("Pod", "ADDED", {"metadata": {"namespace": "team-ci", "name": existing, "uid": "u", "ownerReferences": [owner]},
+                                         "spec": {"nodeName": "egress-1"}, "status": {"phase": "Running"}})
+    _, patched, _ = env.review(tekton_pod(name="forged"))
+    assert _placed(patched)
+    assert (patched["spec"].get("schedulingGates") == [{"name": POOL_SLOT_GATE}]) is gated
+
+
+def _pipelinerun(env: Env, status: str = "") -> None:
+    """A coscheduled PipelineRun our queue holds (`status` pending) or released (""), in the cache."""
+    env.state.apply("PipelineRun", "ADDED", {"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "metadata": {
+        "namespace": "team-ci", "name": "ci-1", "uid": "uid-ci-1",
+        "annotations": {QUEUE_ANNOTATION: entry_annotation("egress", "PipelineRun", 1.0), DECISION_ANNOTATION: '{"pool":"egress"}'}},
+        "spec": {"status": status} if status else {}})
+
+
+def _child(env: Env, name: str, owner: dict | None) -> None:
+    """A decided TaskRun (admitted with our decision), owned by `owner` (an ownerReference) or by none."""
+    meta: dict[str, Any] = {"namespace": "team-ci", "name": name, "uid": f"uid-{name}", "annotations": {DECISION_ANNOTATION: "{}"},
+                            "labels": {"tekton.dev/pipelineRun": "ci-1"}}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    env.state.apply("TaskRun", "ADDED", {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": meta})
+
+
+OWNED = {"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "name": "ci-1", "uid": "uid-ci-1", "controller": True}
+
+
+@pytest.mark.parametrize(
+    "status, owner, gated",
+    [
+        pytest.param("", None, True, id="label-only:-a-tenant's-own-taskrun"),
+        pytest.param("", {**OWNED, "uid": "made-up"}, True, id="a-made-up-uid"),
+        pytest.param("PipelineRunPending", OWNED, True, id="claims-a-pipelinerun-still-held"),
+        pytest.param("", OWNED, False, id="a-child-of-our-released-pipelinerun"),
+    ],
+)
+def test_a_pipelinerun_label_does_not_let_a_pod_past_the_gate(status: str, owner: dict | None, gated: bool) -> None:
+    """Tekton copies a TaskRun's labels onto its pod: a tenant's own pending TaskRun labelled
+    `tekton.dev/pipelineRun: <a PipelineRun our queue holds>`, released onto the full pool, gets the gate."""
+    from tests.unit.test_queue_admission import queued_env
+
+    env = queued_env()
+    _pipelinerun(env, status)
+    _child(env, "own", owner)
+    pod = tekton_pod(taskrun_name="own")
+    pod["metadata"]["ownerReferences"][0]["uid"] = "uid-own"
+    pod["metadata"]["labels"]["tekton.dev/pipelineRun"] = "ci-1"
+    _, patched, _ = env.review(pod)
+    assert _placed(patched)
+    assert (patched["spec"].get("schedulingGates") == [{"name": POOL_SLOT_GATE}]) is gated
+
+
+@pytest.mark.parametrize(
+    "child_owner, pod_owner_uid, has_pod",
+    [
+        pytest.param(OWNED, "uid-child", True, id="its-taskrun's-own-pod"),
+        pytest.param(None, None, False, id="a-pod-labelled-with-its-name"),
+        pytest.param(None, "uid-child", False, id="a-taskrun-that-does-not-claim-it"),
+        pytest.param({**OWNED, "uid": "made-up"}, "uid-child", False, id="a-taskrun-claiming-a-made-up-uid"),
+        pytest.param(OWNED, "made-up", False, id="a-pod-claiming-a-made-up-taskrun-uid"),
+    ],
+)
+def test_a_released_pipelinerun_has_a_pod_only_through_its_taskruns_uids(child_owner: dict | None, pod_owner_uid: str | None, has_pod: bool) -> None:
+    """A released coscheduled PipelineRun without a bound pod holds a slot; a pod labelled with its name
+    (on any node) must not free that slot."""
+    env = Env()
+    _pipelinerun(env)
+    _child(env, "child", child_owner)
+    meta: dict[str, Any] = {"namespace": "team-ci", "name": "p", "labels": {"tekton.dev/pipelineRun": "ci-1", "tekton.dev/taskRun": "child"}}
+    if pod_owner_uid:
+        meta["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": "child", "uid": pod_owner_uid, "controller": True}]
+    env.state.apply("Pod", "ADDED", {"metadata": meta, "spec": {"nodeName": "node-1"}, "status": {"phase": "Running"}})
+    [entry] = env.state.queue.queue_entries()
+    assert entry.kind == "PipelineRun" and entry.has_pod is has_pod

@@ -177,6 +177,19 @@ def test_pod_owners_kept_are_the_controller_and_a_daemonset(owners, kept):
     assert out.get("ownerReferences") == strip
 
 
+OWNER_PR = {"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "name": "ci-1", "uid": "ci-uid", "controller": True,
+            "blockOwnerDeletion": True}
+
+
+@pytest.mark.parametrize(("kind", "kept"), [("TaskRun", True), ("PipelineRun", False), ("Task", False)])
+def test_a_taskrun_keeps_its_controller_owner(kind: str, kept: bool) -> None:
+    """The queue finds a coscheduled PipelineRun's TaskRuns by the uid their controller owner names
+    (queue.core.claimed_pipelinerun), never by a label: at most two of however many were written."""
+    out = trim_metadata(meta(ownerReferences=[OWNER_CM] * 1000 + [OWNER_PR]), kind)
+    expected = [{k: v for k, v in OWNER_PR.items() if k != "blockOwnerDeletion"}] if kept else None
+    assert out.get("ownerReferences") == expected
+
+
 def test_pod_keeps_where_it_runs_not_its_containers_or_tolerations():
     pod = {
         "metadata": meta(labels=TEKTON_LABELS),
