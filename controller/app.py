@@ -53,7 +53,8 @@ from controller.missed_runs.reconcile import report_missed_runs
 from controller.reconcile.pool_guard import PoolGuardReconciler
 from controller.reconcile.pool_metrics import PoolMetrics
 from controller.queue.reconcile import QueueReconciler
-from controller.reconcile.pool_status import PlacementLog, PoolErrors, PoolStatusWriter
+from controller.placement_log.view import PlacementLog
+from controller.reconcile.pool_status import PoolErrors, PoolStatusWriter
 from controller.reconcile.taints import TaintReconciler
 from controller.runner import Runner
 from controller.settings import Settings

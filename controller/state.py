@@ -2,8 +2,9 @@
 
 Informers feed it (`apply` and `replace`) into one store per resource (controller.store); the
 admission handlers and reconcilers read it. It makes no API call. Every method is thread-safe. Only
-the fields the core needs are kept (NodeState, NamespaceState, PodState, RunRecord, the TektonObjects
-index), so memory does not grow with what tenants write (kube.informer.KEPT_LABELS, KEPT_ANNOTATIONS).
+the fields the core needs are kept (NodeState, NamespaceState, PodState, RunRecord, the Tekton
+definitions of tekton.view.TektonView), so memory does not grow with what tenants write
+(kube.informer.KEPT_LABELS, KEPT_ANNOTATIONS).
 Finished pods (Succeeded, Failed) are not kept: they hold no node.
 
 `subscribe(callback)` tells the reconcile loop that something it acts on changed: nodes (not a
@@ -20,24 +21,25 @@ from typing import Any, Callable, Iterable, Mapping
 
 from loguru import logger
 
-from controller.core.images import TektonObjects
 from controller.core.model import DaemonSetState, NamespaceState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
 from controller.load.view import LoadView
 from controller.missed_runs.view import MissedRuns
 from controller.queue.view import RUN_KINDS, QueueView, RunRecord, bound_taskrun, gated, run_key, run_of
 from controller.store import Store, release
+from controller.tekton.view import TEKTON_FLAGS, TektonView
 
-POLICY = "Policy"  # the kind passed to subscribers when the policy changes
-TEKTON_FLAGS = "TektonFeatureFlags"  # ... and when Tekton's coschedule flag changes
+POLICY = "Policy"  # the kind passed to subscribers when the policy changes (TEKTON_FLAGS: Tekton's coschedule flag)
+__all__ = ["POLICY", "TEKTON_FLAGS", "ClusterState"]
 
 
 class ClusterState:
     """The stores (one per resource: `stores[kind]`) and the views over them, one per feature: `load`
-    (the load picture and assumptions), `queue`, `missed_runs`. Readers of a store's snapshot (`nodes`,
-    `pods`, `namespace()`...) take no lock; `_lock` orders the informers' writes and is held by a relist
-    only for its swap: the new snapshot is built off to the side. Admission's own writes (assumed
-    placements, queue lines) take only their view's lock."""
+    (the load picture and assumptions), `queue`, `missed_runs`, `tekton` (Tekton's definitions and
+    settings). Readers of a store's snapshot (`nodes`, `pods`, `namespace()`...) take no lock; `_lock`
+    orders the informers' writes and is held by a relist only for its swap: the new snapshot is built
+    off to the side. Admission's own writes (assumed placements, queue lines) and the Tekton objects'
+    writes take only their view's lock."""
 
     def __init__(
         self,
@@ -73,15 +75,12 @@ class ClusterState:
             "DaemonSet": lambda obj, deleted, old, new: old != new,  # status updates change nothing kept
             **{kind: partial(self._run_changed, kind) for kind in RUN_KINDS},
         }
-        self.tekton = TektonObjects()
-        self.tekton_coschedule: str | None = None  # Tekton's feature-flags `coschedule` (None: unknown)
-        # The placement fields of Tekton's config-defaults `default-pod-template` (None: none, or unreadable).
-        self.tekton_default_pod_template: dict[str, Any] | None = None
         self._node_versions: dict[str, str] = {}
         self._subscribers: list[Callable[[str], None]] = []
         self.load = LoadView(self._policy, lambda: self.nodes, clock, assumption_ttl, balance, lambda name: self.namespace(name))
         self.queue = QueueView(self.stores, self.load, lambda: self._policy)
         self.missed_runs = MissedRuns(self.stores)
+        self.tekton = TektonView(self._notify)
 
     # Each store's items now (a snapshot: read with no lock). DaemonSets by uid: what a pod's owner must resolve to.
     nodes = property(lambda self: self.stores["Node"].items)
@@ -115,29 +114,14 @@ class ClusterState:
             self.load.rebuild(policy)
         self._notify(POLICY)
 
-    def set_tekton_coschedule(self, value: str | None) -> None:
-        with self._lock:
-            changed = value != self.tekton_coschedule
-            self.tekton_coschedule = value
-        if changed:
-            self._notify(TEKTON_FLAGS)
-
-    def set_tekton_default_pod_template(self, template: dict[str, Any] | None) -> None:
-        """Admission reads it whole (it is replaced, never changed in place)."""
-        self.tekton_default_pod_template = template
-
     # -- informer input -----------------------------------------------------------------------
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         """One watch event: ADDED, MODIFIED or DELETED of a plain object dict."""
+        if kind in TektonView.KINDS:
+            self.tekton.apply(kind, event, obj)
+            return
         deleted = event == "DELETED"
         with self._lock:
-            if kind in TektonObjects.KINDS:
-                meta = obj["metadata"]
-                if deleted:
-                    self.tekton.remove(kind, meta.get("namespace") or "default", meta["name"])
-                else:
-                    self.tekton.put(dict(obj), kind)
-                return
             old, new = self.stores[kind].apply(obj, deleted)
             notify = self._changed[kind](obj, deleted, old, new)
         if notify:
@@ -147,9 +131,8 @@ class ClusterState:
         """A full list (first sync or relist after 410): the state of `kind` becomes exactly `objs`.
         The new snapshot (and, for pods, the new counts) is built with no lock held; the lock is
         taken only to swap it in."""
-        if kind in TektonObjects.KINDS:
-            with self._lock:
-                self.tekton.replace_kind(kind, [dict(o) for o in objs])
+        if kind in TektonView.KINDS:
+            self.tekton.replace(kind, objs)
             return
         store, objs = self.stores[kind], list(objs)
         snapshot = store.build(objs)

@@ -233,7 +233,7 @@ class Admission:
         namespace = self.state.namespace(request.namespace)
         decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request))
         template = value_at(request.object, ("spec", "podTemplate"))
-        default = self.state.tekton_default_pod_template
+        default = self.state.tekton.default_pod_template
         if AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
             why = "coscheduled: its PipelineRun places the whole run"
             placement = _keep_if_allowed(template, policy, namespace, why, default)
@@ -314,7 +314,7 @@ class Admission:
         template, and every pod of the run follows the assistant."""
         if not self._coscheduled(request.object):
             return None, "each task is placed when its TaskRun is created"
-        default = self.state.tekton_default_pod_template  # merged under taskRunTemplate.podTemplate by Tekton
+        default = self.state.tekton.default_pod_template  # merged under taskRunTemplate.podTemplate by Tekton
         if len(wanted) == 1 and self.settings.coscheduled == "whole-run":
             key = ledger_key("pipelinerun", request.namespace, request.key_name)
             assume = not self._queues(request, wanted[0])
@@ -333,7 +333,7 @@ class Admission:
 
     def _coscheduled(self, run: Mapping[str, Any]) -> bool:
         """Does Tekton's affinity assistant coschedule this PipelineRun's pods?"""
-        mode = self.state.tekton_coschedule or "workspaces"
+        mode = self.state.tekton.coschedule or "workspaces"
         if mode in ("pipelineruns", "isolate-pipelinerun"):
             return True
         if mode == "disabled":

@@ -43,6 +43,7 @@ from controller.retry import WATCHES, RetryPolicy, retrying
 from controller.metrics import Metrics
 from controller.runner import Runner, Task
 from controller.settings import Settings
+from controller.tekton.view import TektonView
 
 Obj = dict[str, Any]
 Trim = Callable[[Mapping[str, Any]], Obj]
@@ -563,11 +564,9 @@ class ObjectObserver(Protocol):
 class ObjectSink(ObjectObserver, Protocol):
     """Where cluster objects go first (ClusterState: one store per resource), and Tekton's settings."""
 
-    tekton: TektonObjects  # its `cluster_resolver` is replaced whole when a resolvers ConfigMap changes
-
-    def set_tekton_coschedule(self, value: str | None) -> None: ...
-
-    def set_tekton_default_pod_template(self, template: Obj | None) -> None: ...
+    # Tekton's definitions and settings (tekton.view.TektonView): its `cluster_resolver` is replaced whole
+    # when a resolvers ConfigMap changes
+    tekton: TektonView
 
 
 def coschedule_of(feature_flags: Mapping[str, Any] | None) -> str | None:
@@ -647,8 +646,8 @@ def cluster_informers(
             backoff=backoff,
         )
 
-    out.append(tekton_config(TEKTON_FEATURE_FLAGS, coschedule_of, sink.set_tekton_coschedule))
-    out.append(tekton_config(TEKTON_CONFIG_DEFAULTS, default_pod_template_of, sink.set_tekton_default_pod_template))
+    out.append(tekton_config(TEKTON_FEATURE_FLAGS, coschedule_of, sink.tekton.set_coschedule))
+    out.append(tekton_config(TEKTON_CONFIG_DEFAULTS, default_pod_template_of, sink.tekton.set_default_pod_template))
 
     # Tekton's cluster resolver rules: until both are read, no `resolver: cluster` reference is followed.
     # Two informers' threads replace the one value: each change under a lock, so neither is lost.

@@ -10,9 +10,8 @@ pod event); a pass that comes sooner is skipped and asks the loop back when the 
 a change shows within `min_interval` plus the loop's debounce.
 
 What it reads besides the state:
-- `PlacementLog`, an informer observer on pods: the pods of TaskRuns bound to a pool node, created
-  within the last hour (uid, node, creation time). Every replica keeps it, so a new leader counts as
-  the old one did; a replica that restarts counts only the pods that still exist (it lists them).
+- the placement log (`placement_log.view.PlacementLog`): the pods of TaskRuns bound to a pool node,
+  created within the last hour.
 - `PoolErrors`: errors about a pool seen by other reconcilers (a taint the leader could not write),
   the newest per pool, in memory; the status keeps the last one written, also across a leader change.
 """
@@ -21,30 +20,24 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from loguru import logger
 
-from controller.core.images import TASKRUN_LABEL
 from controller.core.model import NodeState
 from controller.core.policy import PlacementPolicy
 from controller.core.pools import QueueStatus
 from controller.core.pool_status import (
-    PLACEMENT_WINDOW_SECONDS,
     READY,
-    Placed,
     PoolObject,
     SeenError,
     members_by_pool,
-    parse_rfc3339,
     pool_status,
 )
 from controller.load.view import LoadView
+from controller.placement_log.view import PlacementLog
 from controller.queue.view import QueueView
 from controller.reconcile.pool_metrics import pool_loads
-
-MAX_PLACEMENTS = 100_000  # runs' pods remembered at most (the oldest are forgotten first)
 
 
 class PoolState(Protocol):
@@ -70,53 +63,6 @@ class PoolObjects(Protocol):
 
 class StatusWriter(Protocol):
     def set_pool_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None: ...
-
-
-class PlacementLog:
-    """An informer observer (`ObjectObserver`) of pods: the runs' pods bound to a pool node, created
-    within `window` seconds of `clock()`."""
-
-    def __init__(
-        self, state: PoolState, *, clock: Callable[[], float] = time.time, window: float = PLACEMENT_WINDOW_SECONDS
-    ) -> None:
-        self.state = state
-        self.clock = clock
-        self.window = window
-        self._placed: OrderedDict[str, Placed] = OrderedDict()  # by pod uid
-        self._lock = threading.Lock()
-
-    def replace(self, kind: str, objs: list[dict[str, Any]]) -> None:
-        if kind == "Pod":
-            for obj in objs:
-                self._see(obj)
-
-    def apply(self, kind: str, event: str, obj: dict[str, Any]) -> None:
-        if kind == "Pod" and event != "DELETED":
-            self._see(obj)
-
-    def _see(self, pod: Mapping[str, Any]) -> None:
-        node = (pod.get("spec") or {}).get("nodeName")
-        meta = pod.get("metadata") or {}
-        uid = meta.get("uid")
-        if not node or not uid or TASKRUN_LABEL not in (meta.get("labels") or {}) or uid in self._placed:
-            return
-        created = parse_rfc3339(meta.get("creationTimestamp"))
-        if created is None or self.clock() - created > self.window:
-            return
-        if self.state.policy.pool_of(self.state.node(node) or NodeState(name=node)) is None:
-            return
-        with self._lock:
-            self._placed[uid] = Placed(node, created)
-            while len(self._placed) > MAX_PLACEMENTS:
-                self._placed.popitem(last=False)
-
-    def placed(self) -> list[Placed]:
-        """The runs' pods placed within the window (older ones are forgotten now)."""
-        since = self.clock() - self.window
-        with self._lock:
-            for uid in [u for u, p in self._placed.items() if p.at <= since]:
-                del self._placed[uid]
-            return list(self._placed.values())
 
 
 class PoolErrors:

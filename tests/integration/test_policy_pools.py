@@ -19,7 +19,8 @@ from controller.kube.policy_source import PolicySource
 from controller.retry import RetryPolicy
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
-from controller.reconcile.pool_status import PlacementLog, PoolErrors, PoolStatusWriter
+from controller.placement_log.view import PlacementLog
+from controller.reconcile.pool_status import PoolErrors, PoolStatusWriter
 from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState

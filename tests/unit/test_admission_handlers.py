@@ -305,7 +305,7 @@ def test_taskrun_placement_keeps_what_tektons_default_pod_template_gives() -> No
     """Tekton keeps a run's own tolerations and affinity and then drops the default's: they are written
     with the pool's. The nodeSelector, left as the default has it, is left to Tekton."""
     env = Env()
-    env.state.set_tekton_default_pod_template(copy.deepcopy(TEKTON_DEFAULT))
+    env.state.tekton.set_default_pod_template(copy.deepcopy(TEKTON_DEFAULT))
     _, patched, _ = env.review(taskrun("kaniko"))
     template = patched["spec"]["podTemplate"]
     assert template["tolerations"] == [GPU_TOLERATION, EGRESS_TOLERATION]
@@ -319,14 +319,14 @@ def test_taskrun_placement_keeps_what_tektons_default_pod_template_gives() -> No
 
 def test_unplaced_taskrun_leaves_tektons_default_to_tekton() -> None:
     env = Env()
-    env.state.set_tekton_default_pod_template(copy.deepcopy(TEKTON_DEFAULT))
+    env.state.tekton.set_default_pod_template(copy.deepcopy(TEKTON_DEFAULT))
     _, patched, _ = env.review(taskrun("kaniko", namespace="team-other"))
     assert decision_of(patched)["pool"] is None and "podTemplate" not in patched["spec"]
 
 
 def test_coscheduled_pipelinerun_moved_whole_keeps_tektons_default() -> None:
     env = Env()
-    env.state.set_tekton_default_pod_template(copy.deepcopy(TEKTON_DEFAULT))
+    env.state.tekton.set_default_pod_template(copy.deepcopy(TEKTON_DEFAULT))
     _, patched, _ = env.review(kaniko_pipelinerun())
     template = patched["spec"]["taskRunTemplate"]["podTemplate"]
     assert template["tolerations"] == [GPU_TOLERATION, EGRESS_TOLERATION]
@@ -712,7 +712,7 @@ def test_coscheduled_pipelinerun_left_alone(run: dict, settings_kw: dict, words:
 )
 def test_coschedule_mode(mode: str, workspaces: list, coscheduled: bool) -> None:
     env = Env()
-    env.state.set_tekton_coschedule(mode)
+    env.state.tekton.set_coschedule(mode)
     _, patched, _ = env.review(kaniko_pipelinerun(workspaces=workspaces))
     assert ("taskRunTemplate" in patched["spec"]) == coscheduled
     reason = env.events.sent[0]["reason"]

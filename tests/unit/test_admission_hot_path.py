@@ -123,7 +123,7 @@ def test_a_changed_default_pod_template_is_a_new_template() -> None:
     env = Env()
     _, first, _ = env.review(curl_run(KANIKO_LIKE), dry_run=True)
     gpu = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
-    env.state.set_tekton_default_pod_template({"tolerations": [gpu]})
+    env.state.tekton.set_default_pod_template({"tolerations": [gpu]})
     _, second, _ = env.review(curl_run(KANIKO_LIKE), dry_run=True)
     assert preferred_node(first["spec"]["podTemplate"]) == preferred_node(second["spec"]["podTemplate"])
     assert gpu not in first["spec"]["podTemplate"]["tolerations"]

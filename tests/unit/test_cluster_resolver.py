@@ -20,6 +20,7 @@ from controller.core.cluster_resolver import (
 )
 from controller.core.images import TektonObjects, pipelinerun_images, taskrun_images
 from controller.core.model import ImageSet
+from controller.tekton.view import TektonView
 
 
 def config(flags: dict[str, str] | None = None, **settings: str) -> ResolverConfig:
@@ -189,15 +190,11 @@ class Sink:
     """What cluster_informers feeds (ClusterState's part of it that these informers touch)."""
 
     def __init__(self) -> None:
-        self.tekton = TektonObjects()
+        self.tekton = TektonView()
 
     def replace(self, kind: str, objs: list[dict[str, Any]]) -> None: ...
 
     def apply(self, kind: str, event: str, obj: dict[str, Any]) -> None: ...
-
-    def set_tekton_coschedule(self, value: str | None) -> None: ...
-
-    def set_tekton_default_pod_template(self, template: dict[str, Any] | None) -> None: ...
 
 
 def test_the_informers_keep_the_rules_and_do_not_hold_readiness() -> None:

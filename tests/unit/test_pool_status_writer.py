@@ -14,7 +14,8 @@ from controller.core.model import Taint
 from controller.core.pool_status import PoolObject, rfc3339
 from controller.core.pools import policy_from_objects
 from controller.metrics import Metrics
-from controller.reconcile.pool_status import PlacementLog, PoolErrors, PoolStatusWriter
+from controller.placement_log.view import PlacementLog
+from controller.reconcile.pool_status import PoolErrors, PoolStatusWriter
 from controller.reconcile.taints import TaintReconciler
 from controller.state import ClusterState
 

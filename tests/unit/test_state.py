@@ -165,7 +165,7 @@ def test_tekton_objects_go_to_the_index(state):
         (lambda s: s.replace("Pod", []), ["Pod"]),
         (lambda s: s.apply("Task", "ADDED", {"kind": "Task", "metadata": {"name": "t"}, "spec": {}}), []),
         (lambda s: s.set_policy(load_policy(POLICY_TEXT)), [POLICY]),
-        (lambda s: s.set_tekton_coschedule("disabled"), [TEKTON_FLAGS]),
+        (lambda s: s.tekton.set_coschedule("disabled"), [TEKTON_FLAGS]),
     ],
     ids=[
         "node-labels",
@@ -265,9 +265,9 @@ def test_a_failing_subscriber_does_not_break_the_informer(state):
 def test_coschedule_change_notifies_only_when_it_changes(state):
     seen: list[str] = []
     state.subscribe(seen.append)
-    state.set_tekton_coschedule("workspaces")
-    state.set_tekton_coschedule("workspaces")
-    assert state.tekton_coschedule == "workspaces" and seen == [TEKTON_FLAGS]
+    state.tekton.set_coschedule("workspaces")
+    state.tekton.set_coschedule("workspaces")
+    assert state.tekton.coschedule == "workspaces" and seen == [TEKTON_FLAGS]
 
 
 POD_EVENT = st.tuples(
