@@ -63,7 +63,7 @@ from controller.core.model import (
     Reason,
     owner_refs,
 )
-from controller.core.patches import json_patch, over_default, place, tolerates, unplace, with_default
+from controller.core.patches import json_patch, over_default, place, protection, tolerates, unplace, with_default
 from controller.core.policy import PlacementPolicy, Pool
 from controller.load.core import ledger_key
 from controller.queue.core import (
@@ -440,7 +440,7 @@ class Admission:
         self._count(request.kind, decision, placement)
         patch = json_patch(current, placement.template, "/spec")
         # The review's uid replaces the TaskRun's, which Tekton copied into the pod with its annotations.
-        annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
+        annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid, **protection(placement.pool)}
         if placement.pool or decision.reason in WARNING_REASONS:
             self._emit(request, decision, placement)
         return patch + self._gate(request, placement.pool, policy, run) + annotation_ops(request.object, annotations)
