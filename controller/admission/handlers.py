@@ -63,7 +63,7 @@ from controller.core.model import (
     Reason,
     owner_refs,
 )
-from controller.core.patches import json_patch, over_default, place, tolerates, unplace, with_default
+from controller.core.patches import json_patch, over_default, place, protection, tolerates, unplace, with_default
 from controller.core.policy import PlacementPolicy, Pool
 from controller.load.core import ledger_key
 from controller.queue.core import (
@@ -105,6 +105,14 @@ class Placement:
     loads: Mapping[str, NodeLoad] = field(default_factory=dict)
     note: str = ""  # why the decision's pool was not (or not wholly) applied
     more_nodes: int = 0  # eligible nodes of the pool not in `loads`
+    # Sent to a provisioned pool that has no ready node (no node named): not queued nor gated, since the
+    # queue's slots count Ready nodes only and the demand must reach the provisioner.
+    provisioned: bool = False
+
+    @property
+    def capped(self) -> str | None:
+        """The pool whose queue or slot gate applies: one with a node chosen (None: none)."""
+        return self.pool if self.node else None
 
 
 
@@ -245,7 +253,7 @@ class Admission:
         self._count(request.kind, decision, placement)
         patch = ops_at(request.object, ("spec", "podTemplate"), placement.template)
         annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
-        queued = self._enqueue(request, placement.pool, patch, annotations)
+        queued = self._enqueue(request, placement.capped, patch, annotations)
         patch += annotation_ops(request.object, annotations)
         if decision.reason == Reason.UNKNOWN_POOL:
             warnings.append(f"egress-placer: {decision.message}")
@@ -281,7 +289,7 @@ class Admission:
             record.update(_loads_record(placement))
         annotations = {DECISION_ANNOTATION: _compact(record), REVIEW_ANNOTATION: request.uid}
         # A coscheduled run moved whole to a queued pool is queued whole (its TaskRuns follow the assistant).
-        queued = self._enqueue(request, placement.pool if placement is not None and placement.node else None, patch, annotations)
+        queued = self._enqueue(request, placement.capped if placement is not None else None, patch, annotations)
         patch += annotation_ops(request.object, annotations)
         unknown = [d for _, d in per_task if d.reason == Reason.UNKNOWN_POOL]
         if unknown:
@@ -291,9 +299,10 @@ class Admission:
                 problem = pool.queue and pipeline_timeout_problem(value_at(request.object, ("spec", "timeouts")), pool.name, pool.queue)
                 if problem:
                     warnings.append(f"egress-placer: {problem}")
-        if placement is not None and placement.node:
+        if placement is not None and (placement.node or placement.provisioned):
             reason, type_ = "Placed", "Normal"
-            note = f"{message}, node {placement.node} preferred{_load_note(placement)}: {summary}"
+            where = f"node {placement.node} preferred{_load_note(placement)}" if placement.node else placement.note
+            note = f"{message}, {where}: {summary}"
         elif unknown:
             reason, type_, note = "UnknownPool", "Warning", f"{unknown[0].message} ({summary})"
         elif placement is not None and wanted:
@@ -441,10 +450,10 @@ class Admission:
         self._count(request.kind, decision, placement)
         patch = json_patch(current, placement.template, "/spec")
         # The review's uid replaces the TaskRun's, which Tekton copied into the pod with its annotations.
-        annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
+        annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid, **protection(placement.pool)}
         if placement.pool or decision.reason in WARNING_REASONS:
             self._emit(request, decision, placement)
-        return patch + self._gate(request, placement.pool, policy, run) + annotation_ops(request.object, annotations)
+        return patch + self._gate(request, placement.capped, policy, run) + annotation_ops(request.object, annotations)
 
     def _gate(self, request: Request, pool_name: str | None, policy: PlacementPolicy, run: RunRecord) -> Patch:
         """A run's pod placed on a queued pool whose run our queue does not hold (its owner, tekton-kueue
@@ -517,7 +526,8 @@ class Admission:
         default: Mapping[str, Any] | None = None,
     ) -> Placement:
         """Send the template to `pool_name` and its least-loaded node (assumed under `key`), or, with no
-        pool (or a pool without a ready node), strip any pool placement. `default`: Tekton's default
+        pool (or a pool without a ready node), strip any pool placement; a provisioned pool without a
+        ready node gets the pod anyway, with no node named (its provisioner sees the demand). `default`: Tekton's default
         pod template, merged under a run's template: what it gives is kept (see `over_default`)."""
         pool = policy.pool(pool_name) if pool_name else None
         if pool is None:
@@ -525,6 +535,11 @@ class Admission:
         # A dry run has no side effects: nothing is assumed.
         choice = self.state.load.choose(pool, salt) if dry_run else self.state.load.choose_and_assume(pool, key, salt)
         if choice.node is None:
+            if pool.provisioning is not None:
+                # Sent to the pool with no node named: the pod waits Pending, Unschedulable, which is the
+                # demand the pool's provisioner (Karpenter's NodePool) brings a node up for.
+                note = f"pool {pool.name} has no ready node: left to NodePool {pool.provisioning.karpenter.node_pool} to provision"
+                return Placement(self._template(template, policy, default, pool, None), pool.name, note=note, provisioned=True)
             return Placement(self._template(template, policy, default, None, None), note=f"pool {pool.name} has no ready node")
         new = self._template(template, policy, default, pool, choice.node)
         return Placement(new, pool.name, choice.node, choice.loads, more_nodes=choice.more_nodes)

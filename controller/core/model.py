@@ -18,6 +18,9 @@ POOL_SLOT_GATE = "egress-placer.io/pool-slot"  # a pod's schedulingGate: its run
 DECISION_ANNOTATION = "egress-placer.io/decision"  # written on admitted runs and pods (JSON)
 # Written with the decision: the AdmissionReview's uid, so the decision's Event finds the object once it exists.
 REVIEW_ANNOTATION = "egress-placer.io/review"
+# Karpenter's: a node with a pod that has it (value "true") is not voluntarily disrupted (consolidation,
+# drift, expiry) while the pod runs. Written on every pod placed on a pool (core.patches.protection).
+DO_NOT_DISRUPT_ANNOTATION = "karpenter.sh/do-not-disrupt"
 # The one key of the taints egress-placer keeps on pool nodes (value: the pool name). Fixed: every
 # taint with this key is egress-placer's, whatever the policy says now, so the taints of a pool that
 # was removed are found and removed, and the webhook's matchConditions can name it (k8s/webhook.yaml).

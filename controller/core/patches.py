@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 import yaml
 
-from controller.core.model import POOL_PREFERENCE_WEIGHT, PREFERRED_NODE_WEIGHT, Taint
+from controller.core.model import DO_NOT_DISRUPT_ANNOTATION, POOL_PREFERENCE_WEIGHT, PREFERRED_NODE_WEIGHT, Taint
 from controller.core.policy import PlacementPolicy, Pool
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -50,6 +50,17 @@ def pool_terms(pool: Pool) -> list[Term]:
     for name in dict.fromkeys(pool.nodes):
         terms.append({"matchFields": [_node_name_requirement(name)]})
     return terms
+
+
+def protection(pool: str | None) -> dict[str, str]:
+    """The annotations a run's pod placed on `pool` gets (None: not placed, none): Karpenter's
+    `karpenter.sh/do-not-disrupt: "true"`, so that consolidation does not evict an upload halfway.
+    Every placed pod gets it, whether or not the pool is provisioned by Karpenter: pool nodes that
+    Karpenter manages without provisioning for the pool are consolidated too, and without Karpenter
+    the annotation is inert. A finished pod does not hold its node (Karpenter ignores terminal pods),
+    so nothing is removed after the run. A tenant may write it on its own pods: that protects only
+    their node, and nothing here reads it."""
+    return {DO_NOT_DISRUPT_ANNOTATION: "true"} if pool else {}
 
 
 def node_preference(node: str) -> dict[str, Any]:

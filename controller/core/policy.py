@@ -274,6 +274,27 @@ class PoolTaint(PolicyModel):
         return key
 
 
+PROVISIONING_NEEDS_SELECTOR = (
+    "provisioning needs a pool chosen by nodeSelector alone: no node can be provisioned into a list of "
+    "node names (nodes); drop nodes and give those nodes the pool's labels instead"
+)
+
+
+class KarpenterProvisioning(PolicyModel):
+    """The Karpenter NodePool that brings up the pool's nodes."""
+
+    node_pool: NodeName = Field(
+        description="The NodePool's name. Its template must carry the pool's nodeSelector labels and the "
+        "pool's taint (egress-placer.io/pool=<pool>) in template.spec.taints (docs/coexistence.md, Karpenter)."
+    )
+
+
+class Provisioning(PolicyModel):
+    """Who brings up the pool's nodes on demand."""
+
+    karpenter: KarpenterProvisioning = Field(description="Karpenter, through one of its NodePools.")
+
+
 class Pool(PolicyModel):
     name: str = Field(
         description="The pool's name: a DNS-1123 label, unique; auto and none are reserved (values of the "
@@ -332,6 +353,14 @@ class Pool(PolicyModel):
         "by namespace priority, then round-robin between namespaces, then first come first served "
         "(docs/queue.md). Without it runs start at once, as capacity is only a load figure.",
     )
+    provisioning: Provisioning | None = Field(
+        default=None,
+        description="Optional: the pool's nodes are provisioned on demand (Karpenter). With no Ready node, "
+        "an eligible run's pod is still sent to the pool (its toleration and node affinity, no node "
+        "named), so that it waits Pending and the provisioner brings a node up; without it such a run "
+        "goes to ordinary nodes (preferred) or is not placed. The pool must be chosen by nodeSelector "
+        "alone (no nodes).",
+    )
 
     openapi = OpenAPI(
         rules=(
@@ -339,6 +368,12 @@ class Pool(PolicyModel):
                 "(has(self.nodeSelector) && size(self.nodeSelector) > 0) || (has(self.nodes) && size(self.nodes) > 0)",
                 "a pool needs nodeSelector or nodes (or both) to have members",
                 reason="FieldValueRequired",
+            ),
+            Rule(
+                "!has(self.provisioning) || !has(self.nodes) || size(self.nodes) == 0",
+                PROVISIONING_NEEDS_SELECTOR,
+                field_path=".provisioning",
+                reason="FieldValueForbidden",
             ),
         )
     )
@@ -358,6 +393,12 @@ class Pool(PolicyModel):
     def _has_members(self) -> "Pool":
         if not self.node_selector and not self.nodes:
             raise ValueError("a pool needs nodeSelector or nodes (or both) to have members")
+        return self
+
+    @model_validator(mode="after")
+    def _provisioned_by_selector(self) -> "Pool":
+        if self.provisioning is not None and self.nodes:
+            raise _FieldError(PROVISIONING_NEEDS_SELECTOR, ("provisioning",))
         return self
 
     def model_post_init(self, context: Any) -> None:

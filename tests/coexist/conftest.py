@@ -14,6 +14,7 @@ Every test module here carries the markers `cluster` and `coexist` (`pytest -m c
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
 from typing import Iterator
 
 import pytest
@@ -72,11 +73,27 @@ def coexist_api(coexist_cluster: Cluster) -> Api:
     return api_for(coexist_cluster.kubeconfig)
 
 
+@contextmanager
+def fresh_namespace(api: Api) -> Iterator[str]:
+    """A fresh namespace of the coexistence cluster with its `default` ServiceAccount; deleted afterwards."""
+    name = f"c-{uuid.uuid4().hex[:8]}"
+    api.create(namespace_path(), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    wait_for(f"ServiceAccount {name}/default", lambda: api.get(f"{namespace_path(name)}/serviceaccounts/default"))
+    try:
+        yield name
+    finally:
+        api.delete(namespace_path(name))
+
+
 @pytest.fixture
 def coexist_namespace(coexist_api: Api) -> Iterator[str]:
     """A fresh namespace of the coexistence cluster with its `default` ServiceAccount; deleted afterwards."""
-    name = f"c-{uuid.uuid4().hex[:8]}"
-    coexist_api.create(namespace_path(), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    wait_for(f"ServiceAccount {name}/default", lambda: coexist_api.get(f"{namespace_path(name)}/serviceaccounts/default"))
-    yield name
-    coexist_api.delete(namespace_path(name))
+    with fresh_namespace(coexist_api) as name:
+        yield name
+
+
+@pytest.fixture
+def other_namespace(coexist_api: Api) -> Iterator[str]:
+    """A second fresh namespace (a tenant that may not use the pool under test)."""
+    with fresh_namespace(coexist_api) as name:
+        yield name

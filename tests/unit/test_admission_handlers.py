@@ -508,6 +508,35 @@ def test_tekton_pod_gets_its_own_review_uid_over_the_one_tekton_copied_from_its_
     assert env.events.sent[0]["token"] == "uid-1"
 
 
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+
+
+@pytest.mark.parametrize(
+    ("image", "namespace", "annotations", "pool", "expected"),
+    [
+        # placed on a pool: protected from Karpenter's consolidation while it runs
+        (KANIKO_IMAGE, "team-ci", {}, "egress", "true"),
+        ("docker.io/library/golang:1.22", "team-ci", {}, "lab", "true"),
+        # a tenant's own value on a placed pod is replaced by ours
+        (KANIKO_IMAGE, "team-ci", {DO_NOT_DISRUPT: "false"}, "egress", "true"),
+        # not placed: nothing added
+        ("docker.io/library/alpine:3", "team-ci", {}, None, None),
+        (KANIKO_IMAGE, "team-other", {}, None, None),
+        (KANIKO_IMAGE, "team-ci", {PLACEMENT_ANNOTATION: "none"}, None, None),
+        # a tenant's own annotation on a pod we do not place is theirs (it protects only their node) and
+        # does not make us place it
+        (KANIKO_IMAGE, "team-other", {DO_NOT_DISRUPT: "true"}, None, "true"),
+        ("docker.io/library/alpine:3", "team-ci", {DO_NOT_DISRUPT: "true"}, None, "true"),
+    ],
+)
+def test_a_placed_pod_is_protected_from_consolidation(image: str, namespace: str, annotations: dict, pool: str | None, expected: str | None) -> None:
+    env = Env()
+    _, patched, _ = env.review(tekton_pod(image, namespace, annotations=dict(annotations)))
+    assert decision_of(patched)["pool"] == pool
+    assert patched["metadata"]["annotations"].get(DO_NOT_DISRUPT) == expected
+    assert ("tolerations" in patched["spec"]) == (pool is not None)
+
+
 def test_a_burst_of_pods_spreads_evenly() -> None:
     env = Env()
     chosen = Counter()

@@ -28,6 +28,7 @@ from controller.core.patches import (
     over_default,
     place,
     pool_terms,
+    protection,
     unplace,
     with_default,
 )
@@ -699,3 +700,8 @@ def test_the_defaults_entries_survive_placement(template, default, pool, node, c
     assert all(p in prefs for p in ((before.get("affinity") or {}).get("nodeAffinity") or {}).get(PREFERRED, []))
     expected = schedulable(before, candidate) and (pool.placement == "preferred" or pool.claims(candidate))
     assert schedulable(after, candidate) == expected
+
+
+@pytest.mark.parametrize(("pool", "expected"), [("egress", {"karpenter.sh/do-not-disrupt": "true"}), (None, {}), ("", {})])
+def test_protection_of_a_placed_pod(pool: str | None, expected: dict) -> None:
+    assert protection(pool) == expected

@@ -171,3 +171,24 @@ def test_member_ends_with_exactly_its_pool_taint(candidate):
     after = [t for t in applied(candidate).taints if t.key in owned]
     pool = POLICY.pool_of(candidate)
     assert after == ([pool.taint_for()] if pool else [])
+
+
+UNREGISTERED = Taint("karpenter.sh/unregistered", None, "NoExecute")  # Karpenter's, until the node registers
+
+
+@pytest.mark.parametrize(
+    ("taints", "add", "remove"),
+    [
+        ((UNREGISTERED, FAST), (), ()),  # as Karpenter creates it, from a NodePool declaring the pool taint
+        ((FAST,), (), ()),  # registered: nothing for us to write, nothing to fight over
+        ((UNREGISTERED,), (FAST,), ()),  # a NodePool without the pool taint: ours is added, Karpenter's kept
+        ((Taint("egress-placer.io/pool", "fast", "NoExecute"),), (FAST,), (Taint("egress-placer.io/pool", "fast", "NoExecute"),)),
+    ],
+)
+def test_a_karpenter_node_with_the_nodepools_taint_needs_no_change(taints: tuple[Taint, ...], add: tuple, remove: tuple) -> None:
+    """docs/coexistence.md, Karpenter: a NodePool declaring the pool taint in template.spec.taints gives new
+    nodes exactly what the taint plan wants; one with another effect is corrected (so the NodePool must
+    declare the pool's own effect)."""
+    candidate = NodeState(name="fast-abcde", labels={"egress": "fast", "karpenter.sh/nodepool": "fast"}, taints=taints)
+    planned = plan_taints(POLICY, [candidate])
+    assert planned == ([TaintChange(node="fast-abcde", add=add, remove=remove)] if add or remove else [])
