@@ -22,6 +22,7 @@ from controller.load.core import ClaimBook, LoadLedger, Seen, ledger_key
 from controller.load.index import PoolLoads
 from controller.queue.core import PIPELINERUN_LABEL, QUEUE_ANNOTATION, claimed_taskrun, decided_placement, parse_time
 
+HOLD_CHUNK = 256  # pool nodes a pass over the pool handles per hold of the lock (~15 µs, under a review's time)
 LOADS_SHOWN = 10  # nodes whose load a choice reports: the chosen one and the least loaded others
 # a relist's counts: placed per node, nodes moved, and each pod as the claim book reads it
 PodCounts = tuple[Counter[str], set[str], list["PodSeen"]]
@@ -244,18 +245,29 @@ class LoadView:
             loads = self._pool_loads.get(pool.name)
             return loads.loads() if loads is not None else {}
 
-    def set_egress_figures(self, pool: str, figures: Mapping[str, Measurement] | None) -> None:
+    def set_egress_figures(self, pool: str, figures: Mapping[str, Measurement] | None, chunk: int = HOLD_CHUNK) -> None:
         """The measured egress throughput of `pool`'s nodes as last polled (a new mapping each poll,
-        not changed after), or None when the pool has no source any more."""
+        not changed after), or None when the pool has no source any more.
+
+        The figures are taken in `chunk` nodes per hold of the lock (admission's node choice waits for
+        it: a hold stays under a review's time, #24); a choice made meanwhile sees each node's figure of
+        this poll or of the last, both measured."""
         with self._lock:
             if figures is None:
                 self._egress.pop(pool, None)
             else:
                 self._egress[pool] = figures
             loads = self._pool_loads.get(pool)
-            if loads is not None and loads.egress is not None:
-                loads.refresh(self._clock())
-                loads.set_figures(figures or {})
+            if loads is None or loads.egress is None:
+                return
+            loads.refresh(self._clock())
+            names = list(loads.names())
+            loads.set_figures(figures or {}, ())  # a node that joins from now on reads these figures
+        for start in range(0, len(names), chunk):
+            with self._lock:
+                if self._pool_loads.get(pool) is not loads:
+                    return  # rebuilt meanwhile: the new index took the figures from self._egress
+                loads.set_figures(figures or {}, names[start:start + chunk])
 
     def choose(self, pool: Pool, salt: str, shown: int = LOADS_SHOWN) -> Choice:
         """The least-loaded node of `pool` now, assuming nothing (a dry run). O(log n) in the pool's size."""

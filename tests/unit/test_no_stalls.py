@@ -151,3 +151,31 @@ def test_a_node_relist_moves_the_load_view_node_by_node_as_a_rebuild_would() -> 
     state.load.rebuild(state.policy)
     assert seen == state.load.loads(pool)
     assert {"plain-1", "pool-new"} <= set(seen) and not {"pool-0000", "pool-0001"} & set(seen)
+
+
+def test_an_egress_poll_is_taken_in_a_chunk_at_a_time_and_ranks_as_one_hold_would() -> None:
+    from controller.core.egress import Measurement
+    from controller.load.view import HOLD_CHUNK
+    from tests.unit.test_egress_wiring import NOW, policy_text
+    from tests.unit.test_egress_wiring import node as egress_node
+
+    names = [f"egress-{i:04d}" for i in range(1000)]
+    figures = {n: Measurement(1_000_000.0 * (i % 97), NOW - 1) for i, n in enumerate(names)}
+    states = []
+    for chunk in (len(names), HOLD_CHUNK):
+        state = ClusterState(load_policy(policy_text()), clock=lambda: NOW)
+        state.replace("Node", [egress_node(n) for n in names])
+        lock = CountingLock()
+        state.load._lock = lock  # type: ignore[assignment]  # noqa: SLF001
+        sys.setprofile(lock.profile)
+        try:
+            state.load.set_egress_figures("overseas", figures, chunk=chunk)
+        finally:
+            sys.setprofile(None)
+        states.append((state, lock.holds))
+    (whole, one_hold), (chunked, holds) = states
+    assert len(holds) >= len(names) // HOLD_CHUNK + 1  # let go between chunks
+    assert max(holds) < max(one_hold) / 2
+    pool = whole.policy.pool("overseas")
+    assert chunked.load.loads(pool) == whole.load.loads(pool)
+    assert [chunked.load.choose(pool, f"s{i}").node for i in range(20)] == [whole.load.choose(pool, f"s{i}").node for i in range(20)]
