@@ -64,22 +64,47 @@ class LoadView:
         self._placed: Counter[str] = Counter()
         self._member_of: dict[str, str] = {}
         self._pool_loads: dict[str, PoolLoads] = {}
+        self._changed_meanwhile: set[str] | None = None  # while a rebuild runs: nodes whose counts changed
         self.rebuild(policy)
 
     # -- what changed (from ClusterState, under its lock) -----------------------------------------
-    def rebuild(self, policy: PlacementPolicy) -> None:
-        """Every pool's load index from the nodes, counts and figures (the policy, or every node, changed)."""
+    def rebuild(self, policy: PlacementPolicy, chunk: int | None = None) -> None:
+        """Every pool's load index from the nodes, counts and figures (the policy changed).
+
+        The new index is built off to the side, `chunk` nodes (HOLD_CHUNK) per hold of the lock, while
+        admission's node choice goes on with the old one (#24); then it is put in place in one short hold,
+        with the counts that changed on its nodes meanwhile (a placement assumed, one that expired) and
+        the egress figures polled meanwhile. The nodes do not change meanwhile: ClusterState calls this
+        under its own lock, which its node events take too."""
+        chunk = chunk or HOLD_CHUNK
+        count_assumed = self.balance == "load"
+        building = {pool.name: PoolLoads(pool.capacity, count_assumed=count_assumed, egress=pool.egress_load)
+                    for pool in policy.pools}
+        member_of: dict[str, str] = {}
         with self._lock:
-            self._policy = policy
-            count_assumed = self.balance == "load"
-            self._pool_loads = {pool.name: PoolLoads(pool.capacity, count_assumed=count_assumed, egress=pool.egress_load)
-                                for pool in policy.pools}
-            for name, loads in self._pool_loads.items():
-                if loads.egress is not None and name in self._egress:
-                    loads.set_figures(self._egress[name])
-            self._member_of = {}
-            for name, node in self._nodes().items():
-                self.node_changed(name, node)
+            figures = dict(self._egress)
+            self._changed_meanwhile = set()
+        for name, loads in building.items():
+            if loads.egress is not None and name in figures:
+                loads.set_figures(figures[name])
+        nodes = list(self._nodes().items())
+        for start in range(0, len(nodes), chunk):
+            with self._lock:
+                for name, node in nodes[start:start + chunk]:
+                    pool = policy.pool_of(node) if node.ready and not node.unschedulable else None
+                    if pool is not None:
+                        member_of[name] = pool.name
+                        building[pool.name].put(name, node.allocatable_pods, self._placed[name], self.ledger.assumed_on(name))
+        with self._lock:
+            for name in self._changed_meanwhile:
+                if name in member_of:
+                    building[member_of[name]].set_placed(name, self._placed[name])
+                    building[member_of[name]].set_assumed(name, self.ledger.assumed_on(name))
+            self._changed_meanwhile = None
+            for name, loads in building.items():
+                if loads.egress is not None and self._egress.get(name) is not figures.get(name):
+                    loads.set_figures(self._egress.get(name) or {})
+            self._policy, self._pool_loads, self._member_of = policy, building, member_of
 
     def node_changed(self, name: str, node: NodeState | None) -> None:
         """Node `name` changed (None: deleted): it joins, stays in or leaves its pool's index."""
@@ -207,6 +232,8 @@ class LoadView:
         return pool_name, node
 
     def _count_placed(self, node: str, change: int) -> None:
+        if self._changed_meanwhile is not None:
+            self._changed_meanwhile.add(node)
         self._placed[node] += change
         if self._placed[node] <= 0:
             del self._placed[node]
@@ -216,6 +243,8 @@ class LoadView:
 
     def _assumed_changed(self, node: str) -> None:
         """The ledger's count on `node` changed (it calls this, under the lock its caller holds)."""
+        if self._changed_meanwhile is not None:
+            self._changed_meanwhile.add(node)
         pool = self._member_of.get(node)
         if pool is not None:
             self._pool_loads[pool].set_assumed(node, self.ledger.assumed_on(node))
