@@ -262,17 +262,29 @@ class GaugeSnapshot:
 
     def __init__(self, gauge: Gauge) -> None:
         self.gauge = gauge
-        self._set: set[tuple[str, ...]] = set()
+        self._set: dict[tuple[str, ...], tuple[Any, float]] = {}  # label set -> (its series, the value set)
 
     def set(self, values: Mapping[tuple[str, ...], float]) -> None:
-        for labels in self._set - values.keys():
+        """A series whose value did not change since the last call is left as it is (a pass over 5,000
+        pool nodes changes few: `labels()` on each was most of the pool metrics' pass, #24), unless it was
+        removed meanwhile (cleared when this replica stopped leading): then it is set again."""
+        for labels in self._set.keys() - values.keys():
             try:
                 self.gauge.remove(*labels)
             except KeyError:  # already gone (cleared when this replica stopped leading)
                 pass
+        live = self.gauge._metrics  # noqa: SLF001 - the gauge's series by label values (a read, under the GIL)
+        last = self._set
+        now: dict[tuple[str, ...], tuple[Any, float]] = {}
         for labels, value in values.items():
-            self.gauge.labels(*labels).set(value)
-        self._set = set(values)
+            seen = last.get(labels)
+            if seen is not None and seen[1] == value and live.get(labels) is seen[0]:
+                now[labels] = seen
+                continue
+            series = self.gauge.labels(*labels)
+            series.set(value)
+            now[labels] = (series, value)
+        self._set = now
 
 
 class _QueueOverdue:

@@ -413,7 +413,8 @@ class Pool(PolicyModel):
 
     def allows(self, ns: NamespaceState) -> bool:
         """Runs of this namespace may use the pool (name glob, label selector or the Namespace annotation)."""
-        if self._namespace_regex is not None and self._namespace_regex.fullmatch(str(ns.name)):
+        regex = self.__pydantic_private__["_namespace_regex"]  # not self._namespace_regex: 100 times slower (#24)
+        if regex is not None and regex.fullmatch(str(ns.name)):
             return True
         if self.namespace_selector is not None and self.namespace_selector.matches(ns.labels):
             return True
@@ -421,7 +422,8 @@ class Pool(PolicyModel):
         return self.name in {p.strip() for p in listed.split(",")}
 
     def matches_image(self, image: str) -> bool:
-        return self._image_regex is not None and self._image_regex.fullmatch(image) is not None
+        regex = self.__pydantic_private__["_image_regex"]
+        return regex is not None and regex.fullmatch(image) is not None
 
     def taint_for(self) -> Taint:
         return Taint(key=self.taint.key, value=self.name, effect=self.taint.effect)
@@ -504,13 +506,31 @@ class PlacementPolicy(PolicyModel):
         return next((p for p in self.pools if p.name == name), None)
 
     def pool_of(self, node: NodeState) -> Pool | None:
-        """The pool the node belongs to: the first, in file order, that claims it."""
-        return next((p for p in self.pools if p.claims(node)), None)
+        """The pool the node belongs to: the first, in file order, that claims it.
+
+        Memoised by node object (a NodeState is frozen: a node that changed is a new object) for the
+        pools in force: a reconcile pass asks for every pool node, several times, and few changed (#24)."""
+        global _POOL_MEMO
+        pools, memo = _POOL_MEMO
+        if pools is not self.pools:
+            pools, memo = self.pools, {}
+            _POOL_MEMO = (pools, memo)
+        hit = memo.get(node.name)
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        pool = next((p for p in pools if p.claims(node)), None)
+        memo[node.name] = (node, pool)
+        return pool
 
     def owned_taint_keys(self) -> frozenset[str]:
         """The taint keys egress-placer owns: the one fixed key, with or without pools (so a valid
         policy that drops a pool also drops its taints)."""
         return OWNED_TAINT_KEYS
+
+
+# pool_of's answers: (the pools they are for, node name -> (the node object asked about, its pool)). One
+# policy's at a time (the one in force); not in the model, whose equality counts its private attributes.
+_POOL_MEMO: tuple[tuple[Pool, ...], dict[str, tuple[NodeState, Pool | None]]] = ((), {})
 
 
 def dump_policy(policy: PlacementPolicy) -> str:

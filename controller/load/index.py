@@ -22,7 +22,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from sortedcontainers import SortedList
 
@@ -103,11 +103,16 @@ class PoolLoads:
             member.assumed = assumed
             self._rerank(name, member)
 
-    def set_figures(self, figures: Mapping[str, Measurement]) -> None:
+    def set_figures(self, figures: Mapping[str, Measurement], names: Iterable[str] | None = None) -> None:
         """The egress figures now kept for the pool's nodes (a new mapping per poll, not changed after):
-        each member whose figure changed is ranked again."""
+        each member whose figure changed is ranked again. `names`: only these members now (a caller
+        that takes a poll in over several calls, each over some of the members; a member that joins
+        meanwhile reads the new figures at once)."""
         self._figures = figures
-        for name, member in self._members.items():
+        for name in self._members if names is None else names:
+            member = self._members.get(name)
+            if member is None:
+                continue  # left the pool meanwhile
             measurement = figures.get(name)
             if measurement != member.measurement:
                 self._set_measurement(name, member, measurement)

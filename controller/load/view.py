@@ -22,6 +22,7 @@ from controller.load.core import ClaimBook, LoadLedger, Seen, ledger_key
 from controller.load.index import PoolLoads
 from controller.queue.core import PIPELINERUN_LABEL, QUEUE_ANNOTATION, claimed_taskrun, decided_placement, parse_time
 
+HOLD_CHUNK = 256  # pool nodes a pass over the pool handles per hold of the lock (~15 µs, under a review's time)
 LOADS_SHOWN = 10  # nodes whose load a choice reports: the chosen one and the least loaded others
 # a relist's counts: placed per node, nodes moved, and each pod as the claim book reads it
 PodCounts = tuple[Counter[str], set[str], list["PodSeen"]]
@@ -63,22 +64,47 @@ class LoadView:
         self._placed: Counter[str] = Counter()
         self._member_of: dict[str, str] = {}
         self._pool_loads: dict[str, PoolLoads] = {}
+        self._changed_meanwhile: set[str] | None = None  # while a rebuild runs: nodes whose counts changed
         self.rebuild(policy)
 
     # -- what changed (from ClusterState, under its lock) -----------------------------------------
-    def rebuild(self, policy: PlacementPolicy) -> None:
-        """Every pool's load index from the nodes, counts and figures (the policy, or every node, changed)."""
+    def rebuild(self, policy: PlacementPolicy, chunk: int | None = None) -> None:
+        """Every pool's load index from the nodes, counts and figures (the policy changed).
+
+        The new index is built off to the side, `chunk` nodes (HOLD_CHUNK) per hold of the lock, while
+        admission's node choice goes on with the old one (#24); then it is put in place in one short hold,
+        with the counts that changed on its nodes meanwhile (a placement assumed, one that expired) and
+        the egress figures polled meanwhile. The nodes do not change meanwhile: ClusterState calls this
+        under its own lock, which its node events take too."""
+        chunk = chunk or HOLD_CHUNK
+        count_assumed = self.balance == "load"
+        building = {pool.name: PoolLoads(pool.capacity, count_assumed=count_assumed, egress=pool.egress_load)
+                    for pool in policy.pools}
+        member_of: dict[str, str] = {}
         with self._lock:
-            self._policy = policy
-            count_assumed = self.balance == "load"
-            self._pool_loads = {pool.name: PoolLoads(pool.capacity, count_assumed=count_assumed, egress=pool.egress_load)
-                                for pool in policy.pools}
-            for name, loads in self._pool_loads.items():
-                if loads.egress is not None and name in self._egress:
-                    loads.set_figures(self._egress[name])
-            self._member_of = {}
-            for name, node in self._nodes().items():
-                self.node_changed(name, node)
+            figures = dict(self._egress)
+            self._changed_meanwhile = set()
+        for name, loads in building.items():
+            if loads.egress is not None and name in figures:
+                loads.set_figures(figures[name])
+        nodes = list(self._nodes().items())
+        for start in range(0, len(nodes), chunk):
+            with self._lock:
+                for name, node in nodes[start:start + chunk]:
+                    pool = policy.pool_of(node) if node.ready and not node.unschedulable else None
+                    if pool is not None:
+                        member_of[name] = pool.name
+                        building[pool.name].put(name, node.allocatable_pods, self._placed[name], self.ledger.assumed_on(name))
+        with self._lock:
+            for name in self._changed_meanwhile:
+                if name in member_of:
+                    building[member_of[name]].set_placed(name, self._placed[name])
+                    building[member_of[name]].set_assumed(name, self.ledger.assumed_on(name))
+            self._changed_meanwhile = None
+            for name, loads in building.items():
+                if loads.egress is not None and self._egress.get(name) is not figures.get(name):
+                    loads.set_figures(self._egress.get(name) or {})
+            self._policy, self._pool_loads, self._member_of = policy, building, member_of
 
     def node_changed(self, name: str, node: NodeState | None) -> None:
         """Node `name` changed (None: deleted): it joins, stays in or leaves its pool's index."""
@@ -206,6 +232,8 @@ class LoadView:
         return pool_name, node
 
     def _count_placed(self, node: str, change: int) -> None:
+        if self._changed_meanwhile is not None:
+            self._changed_meanwhile.add(node)
         self._placed[node] += change
         if self._placed[node] <= 0:
             del self._placed[node]
@@ -215,6 +243,8 @@ class LoadView:
 
     def _assumed_changed(self, node: str) -> None:
         """The ledger's count on `node` changed (it calls this, under the lock its caller holds)."""
+        if self._changed_meanwhile is not None:
+            self._changed_meanwhile.add(node)
         pool = self._member_of.get(node)
         if pool is not None:
             self._pool_loads[pool].set_assumed(node, self.ledger.assumed_on(node))
@@ -244,18 +274,29 @@ class LoadView:
             loads = self._pool_loads.get(pool.name)
             return loads.loads() if loads is not None else {}
 
-    def set_egress_figures(self, pool: str, figures: Mapping[str, Measurement] | None) -> None:
+    def set_egress_figures(self, pool: str, figures: Mapping[str, Measurement] | None, chunk: int = HOLD_CHUNK) -> None:
         """The measured egress throughput of `pool`'s nodes as last polled (a new mapping each poll,
-        not changed after), or None when the pool has no source any more."""
+        not changed after), or None when the pool has no source any more.
+
+        The figures are taken in `chunk` nodes per hold of the lock (admission's node choice waits for
+        it: a hold stays under a review's time, #24); a choice made meanwhile sees each node's figure of
+        this poll or of the last, both measured."""
         with self._lock:
             if figures is None:
                 self._egress.pop(pool, None)
             else:
                 self._egress[pool] = figures
             loads = self._pool_loads.get(pool)
-            if loads is not None and loads.egress is not None:
-                loads.refresh(self._clock())
-                loads.set_figures(figures or {})
+            if loads is None or loads.egress is None:
+                return
+            loads.refresh(self._clock())
+            names = list(loads.names())
+            loads.set_figures(figures or {}, ())  # a node that joins from now on reads these figures
+        for start in range(0, len(names), chunk):
+            with self._lock:
+                if self._pool_loads.get(pool) is not loads:
+                    return  # rebuilt meanwhile: the new index took the figures from self._egress
+                loads.set_figures(figures or {}, names[start:start + chunk])
 
     def choose(self, pool: Pool, salt: str, shown: int = LOADS_SHOWN) -> Choice:
         """The least-loaded node of `pool` now, assuming nothing (a dry run). O(log n) in the pool's size."""

@@ -18,11 +18,11 @@ from typing import Callable, Mapping, Protocol
 
 from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import PlacementPolicy, Pool
-from controller.load.view import LoadView
+from controller.load.view import HOLD_CHUNK, LoadView
 from controller.metrics import GaugeSnapshot, Metrics
 
 PLACED, ASSUMED = "placed", "assumed"
-CHUNK = 256  # pool nodes whose load is read per hold of the load view's lock (~15 µs, under a review's time)
+CHUNK = HOLD_CHUNK  # pool nodes whose load is read per hold of the load view's lock
 
 
 def pool_loads(load: LoadView, pool: Pool, nodes: Mapping[str, NodeState], chunk: int = CHUNK) -> dict[str, NodeLoad]:

@@ -280,3 +280,17 @@ def test_allowed_and_exempt_pods_are_never_intruders_and_tenant_claims_never_pro
         on_pool = candidate.node_name in ("pool-1", "edge-1") and candidate.phase != "Succeeded"
         mirror = is_mirror_pod(candidate.annotations, candidate.owners, candidate.node_name, NODES.get(candidate.node_name or ""))
         assert bool(found) == (on_pool and not mirror)
+
+
+def find_intruders_pod_by_pod(policy, nodes, pods, namespaces, daemonsets):
+    """find_intruders as it was before #24: `check_pod` on every pod, with no lookup shared between pods."""
+    found = (check_pod(policy, p, nodes.get(p.node_name or ""), namespaces.get(p.namespace), daemonsets) for p in pods)
+    return sorted((i for i in found if i is not None), key=lambda i: (i.namespace, i.name, i.uid))
+
+
+@given(candidates=st.lists(pods, max_size=30))
+def test_a_whole_pass_decides_as_check_pod_on_each_pod(candidates):
+    """The pass's shared lookups (a node's pool, a namespace allowed in a pool) change no decision (#24)."""
+    assert find_intruders(POLICY, NODES, candidates, NAMESPACES, DAEMONSETS) == find_intruders_pod_by_pod(
+        POLICY, NODES, candidates, NAMESPACES, DAEMONSETS
+    )

@@ -258,8 +258,11 @@ def test_passes_close_together_count_the_pool_once_per_interval() -> None:
         ([{("a",): 1.0, ("b",): 2.0}, {("b",): 3.0}], {("b",): 3.0}),
         ([{("a",): 1.0}, {}], {}),
         ([{("a",): 1.0}, "clear", {("a",): 2.0, ("c",): 0.0}], {("a",): 2.0, ("c",): 0.0}),
+        ([{("a",): 1.0, ("b",): 2.0}, "clear", {("a",): 1.0, ("b",): 2.0}], {("a",): 1.0, ("b",): 2.0}),
+        ([{("a",): 1.0}, {}, {("a",): 1.0}], {("a",): 1.0}),
+        ([{("a",): 1.0}, {("a",): 1.0}, {("a",): 4.0}], {("a",): 4.0}),
     ],
-    ids=["set", "a-label-set-left", "all-left", "after-a-clear"],
+    ids=["set", "a-label-set-left", "all-left", "after-a-clear", "unchanged-after-a-clear", "left-and-back", "unchanged-then-changed"],
 )
 def test_a_gauge_snapshot_exports_exactly_the_last_pass(passes: list[Any], exported: dict[tuple[str, ...], float]) -> None:
     metrics = Metrics()
@@ -267,6 +270,19 @@ def test_a_gauge_snapshot_exports_exactly_the_last_pass(passes: list[Any], expor
     for values in passes:
         metrics.intruders.clear() if values == "clear" else snapshot.set(values)
     assert samples(metrics, "intruders") == exported
+
+
+def test_a_gauge_snapshot_leaves_the_unchanged_series_alone() -> None:
+    """A pass over 5,000 pool nodes changes few series: only those are looked up and set again (#24)."""
+    metrics = Metrics()
+    snapshot = GaugeSnapshot(metrics.intruders)
+    snapshot.set({(f"p{i}",): float(i) for i in range(100)})
+    looked_up: list[tuple[str, ...]] = []
+    labels = metrics.intruders.labels
+    metrics.intruders.labels = lambda *values: looked_up.append(values) or labels(*values)  # type: ignore[method-assign]
+    snapshot.set({**{(f"p{i}",): float(i) for i in range(100)}, ("p7",): 70.0})
+    assert looked_up == [("p7",)]
+    assert samples(metrics, "intruders")[("p7",)] == 70.0 and len(samples(metrics, "intruders")) == 100
 
 
 # -- read at scrape -------------------------------------------------------------------------------------

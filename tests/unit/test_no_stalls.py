@@ -151,3 +151,73 @@ def test_a_node_relist_moves_the_load_view_node_by_node_as_a_rebuild_would() -> 
     state.load.rebuild(state.policy)
     assert seen == state.load.loads(pool)
     assert {"plain-1", "pool-new"} <= set(seen) and not {"pool-0000", "pool-0001"} & set(seen)
+
+
+def test_an_egress_poll_is_taken_in_a_chunk_at_a_time_and_ranks_as_one_hold_would() -> None:
+    from controller.core.egress import Measurement
+    from controller.load.view import HOLD_CHUNK
+    from tests.unit.test_egress_wiring import NOW, policy_text
+    from tests.unit.test_egress_wiring import node as egress_node
+
+    names = [f"egress-{i:04d}" for i in range(1000)]
+    figures = {n: Measurement(1_000_000.0 * (i % 97), NOW - 1) for i, n in enumerate(names)}
+    states = []
+    for chunk in (len(names), HOLD_CHUNK):
+        state = ClusterState(load_policy(policy_text()), clock=lambda: NOW)
+        state.replace("Node", [egress_node(n) for n in names])
+        lock = CountingLock()
+        state.load._lock = lock  # type: ignore[assignment]  # noqa: SLF001
+        sys.setprofile(lock.profile)
+        try:
+            state.load.set_egress_figures("overseas", figures, chunk=chunk)
+        finally:
+            sys.setprofile(None)
+        states.append((state, lock.holds))
+    (whole, one_hold), (chunked, holds) = states
+    assert len(holds) >= len(names) // HOLD_CHUNK + 1  # let go between chunks
+    assert max(holds) < max(one_hold) / 2
+    pool = whole.policy.pool("overseas")
+    assert chunked.load.loads(pool) == whole.load.loads(pool)
+    assert [chunked.load.choose(pool, f"s{i}").node for i in range(20)] == [whole.load.choose(pool, f"s{i}").node for i in range(20)]
+
+
+def test_a_policy_rebuild_holds_the_lock_a_chunk_at_a_time_and_keeps_what_changed_meanwhile(monkeypatch: pytest.MonkeyPatch) -> None:
+    from controller.load.index import PoolLoads
+    from controller.load.view import HOLD_CHUNK
+
+    state = ClusterState(load_policy(POLICY), clock=lambda: 1000.0, assumption_ttl=60)
+    names = [f"pool-{i:04d}" for i in range(2000)]
+    state.replace("Node", [node(n) for n in names] + [node("plain-1", pool=False)])
+    state.replace("Pod", [pod(f"p-{i}", names[i % len(names)]) for i in range(4000)])
+    (pool,) = state.policy.pools
+    for i in range(50):
+        state.load.choose_and_assume(pool, f"taskrun/team-a/r{i}", salt=f"r{i}")
+    lock = CountingLock()
+    state.load._lock = lock  # type: ignore[assignment]  # noqa: SLF001
+    sys.setprofile(lock.profile)
+    try:
+        state.load.rebuild(state.policy, chunk=10**6)  # the whole pool in one hold, as before #24
+        whole = max(lock.holds)
+        lock.holds.clear()
+        state.load.rebuild(state.policy)
+    finally:
+        sys.setprofile(None)
+    assert len(lock.holds) >= 2000 // HOLD_CHUNK and max(lock.holds) < whole / 4  # let go between chunks
+    before = state.load.loads(pool)
+
+    # Admission goes on with the old index while the new one is built: what it assumes meanwhile counts.
+    put, admitted = PoolLoads.put, []
+
+    def put_and_admit(self: PoolLoads, *args: object, **kwargs: object) -> None:
+        put(self, *args, **kwargs)
+        if len(admitted) < 3 and len(self) == 300:  # mid-rebuild, between holds of earlier chunks
+            admitted.append(state.load.choose_and_assume(pool, f"taskrun/team-a/late-{len(admitted)}", salt="late").node)
+
+    monkeypatch.setattr(PoolLoads, "put", put_and_admit)
+    state.load.rebuild(state.policy)
+    monkeypatch.setattr(PoolLoads, "put", put)
+    after = state.load.loads(pool)
+    assert len(admitted) == 1 and admitted[0] is not None
+    assert sum(v.assumed for v in after.values()) == sum(v.assumed for v in before.values()) + 1
+    assert after[admitted[0]].assumed == before[admitted[0]].assumed + 1
+    assert sum(v.placed for v in after.values()) == 4000
