@@ -23,26 +23,23 @@ made before (#24).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
-import json
 import signal
 import statistics
 import sys
 import threading
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
 
-REPO = Path(__file__).resolve().parents[1]
-RATE_RPS = 200  # the admission headline's rate
+from bench import under_load
+from bench.under_load import RATE_RPS, Log
+
 ORDINARY_NODES = 10
 NODE_EVENTS_PER_S = 500  # while busy: every pool node's heartbeat every 10 s at 5,000 nodes
 SETTLE_SECONDS = 2.0  # after a busy phase: the pass in flight ends before the next idle phase
 LOCK_PASSES = 5
-Log = Callable[[str], None]
 # (pool nodes, pods, seconds per phase, rounds) per bench mode
 PLAN = {"full": (5000, 20000, 10.0, 2), "quick": (5000, 20000, 5.0, 2), "tiny": (200, 800, 1.0, 1)}
 
@@ -257,74 +254,23 @@ async def serve(tls_dir: Path, nodes: int, pods: int) -> None:
 
 
 def run(mode: str, workdir: Path, log: Log) -> dict[str, Any]:
-    from bench.admission import Server, make_mix, run_point, write_tls
-
-    nodes, pods, seconds, rounds = PLAN[mode]
-    workdir.mkdir(parents=True, exist_ok=True)
-    write_tls(workdir / "tls")
-    (workdir / "bodies.json").write_text(json.dumps([b.decode() for b in make_mix(64).bodies]))
-    idle: list[dict[str, Any]] = []
-    busy: list[dict[str, Any]] = []
-    passes: list[tuple[int, float]] = []
-    point = {"mode": "open", "rate": RATE_RPS, "rate_rps": RATE_RPS, "warmup": 0.5, "seconds": seconds}
-    with ExitStack() as stack:
-        log(f"under_reconcile: starting the server with {nodes:,} pool nodes and {pods:,} pods")
-        server = Server("egress-placer", workdir / "tls", workdir / "server-under-reconcile.log",
-                        command=["-m", "bench.under_reconcile", "serve", "--tls-dir", str(workdir / "tls"),
-                                 "--nodes", str(nodes), "--pods", str(pods)])
-        stack.callback(server.stop)
-        run_point(server, workdir, {**point, "seconds": 1.0})  # warm the connections and the code paths
-        for r in range(rounds):
-            idle.append(run_point(server, workdir, point))
-            server.process.send_signal(signal.SIGUSR1)
-            busy.append(run_point(server, workdir, point))
-            server.process.send_signal(signal.SIGUSR2)
-            assert server.process.stdout is not None
-            _, n, mean = server.process.stdout.readline().decode().split()
-            passes.append((int(n), float(mean)))
-            time.sleep(SETTLE_SECONDS)
-            log(f"under_reconcile: round {r + 1}: p99 idle {idle[-1]['p99_ms']} ms, reconciling {busy[-1]['p99_ms']} ms "
-                f"({n} passes over {nodes:,} pool nodes, {float(mean):.2f} s each)")
+    nodes, pods, seconds, count = PLAN[mode]
+    log(f"under_reconcile: starting the server with {nodes:,} pool nodes and {pods:,} pods")
+    idle, busy, passes = under_load.rounds(
+        "under_reconcile", ["--nodes", str(nodes), "--pods", str(pods)], workdir, seconds, count, SETTLE_SECONDS, log,
+        lambda n, mean: f"{n} passes over {nodes:,} pool nodes, {mean:.2f} s each",
+    )
     log("under_reconcile: the load view's lock in a pool-metrics pass")
     return summarize(nodes, pods, RATE_RPS, seconds, idle, busy, passes, lock_holds(nodes, pods))
 
 
 def merge_into(out: Path, row: dict[str, Any]) -> None:
     """Write `row` as admission.under_reconcile into out/latest.json, leaving every other key as it is."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "latest.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
-    results.setdefault("admission", {})["under_reconcile"] = row
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    under_load.merge_into(out, "under_reconcile", row)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.under_reconcile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command")
-    server = sub.add_parser("serve")
-    server.add_argument("--tls-dir", type=Path, required=True)
-    server.add_argument("--nodes", type=int, default=5000)
-    server.add_argument("--pods", type=int, default=20000)
-    p.add_argument("--mode", choices=sorted(PLAN), default="full")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    args = p.parse_args(argv)
-    if args.command == "serve":
-        from controller.admission.server import run_event_loop
-
-        run_event_loop(serve(args.tls_dir, args.nodes, args.pods))
-        return 0
-    import tempfile
-
-    from loguru import logger
-
-    logger.remove()
-    logger.add(sys.stderr, level="WARNING")
-    with tempfile.TemporaryDirectory(prefix="egress-placer-under-reconcile-") as work:
-        row = run(args.mode, Path(work), lambda m: print(f"[bench {time.strftime('%H:%M:%S')}] {m}", flush=True))
-    merge_into(args.out, row)
-    print(json.dumps(row, indent=2))
-    return 0
+    return under_load.main("under_reconcile", __doc__, list(PLAN), {"nodes": 5000, "pods": 20000}, serve, run, argv)
 
 
 if __name__ == "__main__":

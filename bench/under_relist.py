@@ -16,7 +16,6 @@ A load generator process (bench/loadgen.py) sends reviews at a steady rate over 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import signal
@@ -24,19 +23,18 @@ import statistics
 import sys
 import threading
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from kubernetes.client.exceptions import ApiException
 
-REPO = Path(__file__).resolve().parents[1]
-RATE_RPS = 200  # the admission headline's rate
+from bench import under_load
+from bench.under_load import RATE_RPS, Log
+
 POOL_NODES = 10
 RELIST_GAP_SECONDS = 2.0  # while relisting: the quiet watch between the end of one list and the next 410
 PODS_PER_NODE = 20
 SETTLE_SECONDS = 3.0  # after relisting stops: the list in flight ends and the server drains before the next idle phase
-Log = Callable[[str], None]
 # (pods, seconds per phase, rounds) per bench mode
 PLAN = {"full": (20000, 10.0, 2), "quick": (20000, 5.0, 2), "tiny": (2000, 1.0, 1)}
 
@@ -192,71 +190,22 @@ async def serve(tls_dir: Path, pods: int) -> None:
 
 
 def run(mode: str, workdir: Path, log: Log) -> dict[str, Any]:
-    from bench.admission import Server, make_mix, run_point, write_tls
-
-    pods, seconds, rounds = PLAN[mode]
-    workdir.mkdir(parents=True, exist_ok=True)
-    write_tls(workdir / "tls")
-    (workdir / "bodies.json").write_text(json.dumps([b.decode() for b in make_mix(64).bodies]))
-    idle: list[dict[str, Any]] = []
-    relist: list[dict[str, Any]] = []
-    counts: list[tuple[int, float]] = []
-    point = {"mode": "open", "rate": RATE_RPS, "rate_rps": RATE_RPS, "warmup": 0.5, "seconds": seconds}
-    with ExitStack() as stack:
-        log(f"under_relist: starting the server with {pods:,} pods")
-        server = Server("egress-placer", workdir / "tls", workdir / "server-under-relist.log",
-                        command=["-m", "bench.under_relist", "serve", "--tls-dir", str(workdir / "tls"), "--pods", str(pods)])
-        stack.callback(server.stop)
-        run_point(server, workdir, {**point, "seconds": 1.0})  # warm the connections and the code paths
-        for r in range(rounds):
-            idle.append(run_point(server, workdir, point))
-            server.process.send_signal(signal.SIGUSR1)
-            relist.append(run_point(server, workdir, point))
-            server.process.send_signal(signal.SIGUSR2)
-            assert server.process.stdout is not None
-            word, n, mean = server.process.stdout.readline().decode().split()
-            counts.append((int(n), float(mean)))
-            time.sleep(SETTLE_SECONDS)
-            log(f"under_relist: round {r + 1}: p99 idle {idle[-1]['p99_ms']} ms, relisting {relist[-1]['p99_ms']} ms "
-                f"({n} relists of {pods:,} pods, {float(mean):.2f} s each)")
+    pods, seconds, count = PLAN[mode]
+    log(f"under_relist: starting the server with {pods:,} pods")
+    idle, relist, counts = under_load.rounds(
+        "under_relist", ["--pods", str(pods)], workdir, seconds, count, SETTLE_SECONDS, log,
+        lambda n, mean: f"{n} relists of {pods:,} pods, {mean:.2f} s each",
+    )
     return summarize(pods, RATE_RPS, seconds, idle, relist, counts)
 
 
 def merge_into(out: Path, row: dict[str, Any]) -> None:
     """Write `row` as admission.under_relist into out/latest.json, leaving every other key as it is."""
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "latest.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
-    results.setdefault("admission", {})["under_relist"] = row
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    under_load.merge_into(out, "under_relist", row)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.under_relist", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command")
-    server = sub.add_parser("serve")
-    server.add_argument("--tls-dir", type=Path, required=True)
-    server.add_argument("--pods", type=int, default=20000)
-    p.add_argument("--mode", choices=sorted(PLAN), default="full")
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    args = p.parse_args(argv)
-    if args.command == "serve":
-        from controller.admission.server import run_event_loop
-
-        run_event_loop(serve(args.tls_dir, args.pods))
-        return 0
-    import tempfile
-
-    from loguru import logger
-
-    logger.remove()
-    logger.add(sys.stderr, level="WARNING")
-    with tempfile.TemporaryDirectory(prefix="egress-placer-under-relist-") as work:
-        row = run(args.mode, Path(work), lambda m: print(f"[bench {time.strftime('%H:%M:%S')}] {m}", flush=True))
-    merge_into(args.out, row)
-    print(json.dumps(row, indent=2))
-    return 0
+    return under_load.main("under_relist", __doc__, list(PLAN), {"pods": 20000}, serve, run, argv)
 
 
 if __name__ == "__main__":
