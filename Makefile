@@ -24,11 +24,11 @@ demo: cluster-build
 test: cluster-build
 	$(PY) -m pytest
 
-# Beside the platform components of issue #25: builds Karpenter (KWOK provider), Kueue and tekton-kueue (~25-35 min
+# Beside the platform components of issue #25: builds Karpenter (KWOK provider), Kueue, tekton-kueue (~25-35 min) and Kyverno (~13 min
 # cold on 2 cores, so not part of cluster-build), then runs the tests marked `coexist`. `make test` runs those tests
 # too when the binaries are cached, and skips them, saying so, when they are not.
 coexist: $(STAMP)
-	$(PY) -m devcluster build --with karpenter --with kueue --with tekton-kueue
+	$(PY) -m devcluster build --with karpenter --with kueue --with tekton-kueue --with kyverno
 	$(PY) -m pytest -m coexist
 
 # Only the tests that need no cluster (seconds); the duplicate-code check (tests/unit/test_duplicates.py) is one of them.

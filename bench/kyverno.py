@@ -35,7 +35,7 @@ import yaml
 
 from controller.core.patches import pool_terms
 from controller.core.pools import load_any_policy
-from devcluster import build
+from devcluster import build, kyverno as devcluster_kyverno
 from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port, rss_bytes
 from devplacer.local_placer import kubectl
@@ -44,13 +44,11 @@ from bench import machine
 from bench.floor import bench_pod, listening
 from bench.kube import Kube, ensure_namespace
 
-PROCESS = "kyverno"
-NAMESPACE = "kyverno"
+PROCESS = devcluster_kyverno.NAME
+NAMESPACE = devcluster_kyverno.NAMESPACE
 SWITCH_LABEL = "bench.egress-placer.io/kyverno"
 SKIP_LABEL = "egress-placer.io/webhook"  # =skip: egress-placer's webhooks (k8s/webhook.yaml) leave the namespace out
-POLICY_PATH = "/apis/kyverno.io/v1/clusterpolicies"
-CA_SECRET = "kyverno-svc.kyverno.svc.kyverno-tls-ca"
-TLS_SECRET = "kyverno-svc.kyverno.svc.kyverno-tls-pair"
+POLICY_PATH = devcluster_kyverno.POLICY_PATH
 Log = Callable[[str], None]
 
 # What egress-placer does that a Kyverno mutate policy does not (docs/ and the README say how egress-placer does it).
@@ -109,8 +107,7 @@ def cluster_policy(pool: Any) -> dict[str, Any]:
 
 def config_map() -> dict[str, Any]:
     """Kyverno's ConfigMap: every webhook only for namespaces the bench switched on."""
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kyverno", "namespace": NAMESPACE},
-            "data": {"webhooks": json.dumps({"namespaceSelector": {"matchLabels": {SWITCH_LABEL: "on"}}})}}
+    return devcluster_kyverno.config_map({"matchLabels": {SWITCH_LABEL: "on"}})
 
 
 @dataclass
@@ -161,8 +158,7 @@ async def wait_mutating(kube: Kube, namespace: str, active: bool, timeout: float
 def _install_crds(cluster: Cluster, bin_dir: Path) -> None:
     for name in build.KYVERNO.module_files:
         kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(build.optional_file(bin_dir, name)))
-    kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", "crd/clusterpolicies.kyverno.io",
-            "crd/policies.kyverno.io", "crd/updaterequests.kyverno.io", "crd/policyexceptions.kyverno.io")
+    kubectl(cluster, "wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{n}" for n in devcluster_kyverno.ESTABLISHED))
 
 
 async def start(cluster: Cluster, kube: Kube, pool: Any, probe_namespace: str, log: Log) -> Kyverno:
@@ -175,20 +171,11 @@ async def start(cluster: Cluster, kube: Kube, pool: Any, probe_namespace: str, l
     bin_dir = build.ensure_optional(PROCESS, log)
     version = build.pinned_version(build.KYVERNO)
     _install_crds(cluster, bin_dir)
-    kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=json.dumps(
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}))
+    kubectl(cluster, "apply", "--server-side", "-f", "-", stdin=json.dumps(devcluster_kyverno.namespace_manifest()))
     kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=json.dumps(config_map()))
     port, metrics_port = free_port(), free_port()
-    argv = [
-        str(bin_dir / PROCESS), f"--kubeconfig={cluster.kubeconfig}", f"--serverIP=127.0.0.1:{port}",
-        "--webhookServerHost=127.0.0.1", f"--webhookServerPort={port}", f"--caSecretName={CA_SECRET}",
-        f"--tlsSecretName={TLS_SECRET}", "--admissionReports=false", "--metricsHost=127.0.0.1",
-        f"--metricsPort={metrics_port}", "--controllerRuntimeMetricsAddress=0", "--loggingFormat=json",
-        "--autoMemLimitEnabled=false", "--webhookTimeout=3",
-    ]
-    env = {"KYVERNO_NAMESPACE": NAMESPACE, "KYVERNO_POD_NAME": "kyverno-bench-0", "KYVERNO_SERVICEACCOUNT_NAME": "kyverno",
-           "KYVERNO_DEPLOYMENT": "kyverno", "KYVERNO_SVC": "kyverno-svc", "INIT_CONFIG": "kyverno",
-           "METRICS_CONFIG": "kyverno-metrics"}
+    argv = devcluster_kyverno.command_argv(bin_dir, cluster.kubeconfig, port, metrics_port)
+    env = devcluster_kyverno.command_env("kyverno-bench-0")
     cluster.stop_process(PROCESS)  # one left by an interrupted run on a kept cluster (--cluster-dir)
     started = time.monotonic()
     record = cluster.start_process(PROCESS, argv, env, port=port)

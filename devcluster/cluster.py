@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ import requests
 import tenacity
 import yaml
 
-from devcluster import build, certs, karpenter, kueue, tekton_resolvers, tekton_webhook
+from devcluster import build, certs, karpenter, kueue, kyverno, tekton_resolvers, tekton_webhook
 from devcluster.process import ProcessRecord, free_port, is_alive, spawn, start_time_of, stop
 
 Log = Callable[[str], None]
@@ -50,11 +51,12 @@ POD_SECONDS_ENV = "EGRESS_PLACER_DEVCLUSTER_POD_SECONDS"
 DEFAULT_POD_SECONDS = 1.5
 STAGES_FILE = Path(__file__).resolve().parent / "kwok-stages.yaml"
 # Optional components `up` can run besides the core (`--with NAME`), each built by `build.ensure_optional`.
-UP_OPTIONAL = (tekton_webhook.NAME, tekton_resolvers.NAME, karpenter.NAME, kueue.NAME, kueue.TEKTON_KUEUE)
+UP_OPTIONAL = (tekton_webhook.NAME, tekton_resolvers.NAME, karpenter.NAME, kueue.NAME, kueue.TEKTON_KUEUE, kyverno.NAME)
 # Ports of the optional components, picked with the core's.
 _OPTIONAL_PORTS = {
     tekton_webhook.NAME: tekton_webhook.PORTS, tekton_resolvers.NAME: tekton_resolvers.PORTS,
     karpenter.NAME: karpenter.PORTS, kueue.NAME: kueue.PORTS, kueue.TEKTON_KUEUE: kueue.TEKTON_KUEUE_PORTS,
+    kyverno.NAME: kyverno.PORTS,
 }
 # The launcher's own entries of DIR/cluster.json (`up` writes them); tools keep theirs with `Cluster.record`.
 _LAUNCHER_KEYS = frozenset({
@@ -338,6 +340,14 @@ def reap_stale_clusters(log: Log = print) -> list[Path]:
         entry.unlink(missing_ok=True)
         reaped.append(directory)
     return reaped
+
+
+def _listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def _http_ok(url: str) -> bool:
@@ -720,6 +730,9 @@ class Cluster:
         if self.runs_with(kueue.TEKTON_KUEUE):
             self._start_tekton_kueue(api)
             step("tekton-kueue holds new PipelineRuns for Kueue")
+        if self.runs_with(kyverno.NAME):
+            self._start_kyverno(api)
+            step("Kyverno listens")
 
     # ---- optional platform components (egress-placer's neighbours) ---------------------------
     def apply(self, files: Sequence[Path], what: str) -> None:
@@ -755,6 +768,18 @@ class Cluster:
         self.start_process(karpenter.NAME, karpenter.command_argv(bin_dir), karpenter.command_env(self.kubeconfig, ports),
                            port=ports["karpenter-probes"], health_url=url)
         self._wait("Karpenter's /readyz", lambda: _http_ok(url), [karpenter.NAME], timeout=90)
+
+    def _start_kyverno(self, api: _Api) -> None:
+        """Kyverno's CRDs, namespace and ConfigMap, then Kyverno; ready once its webhook port accepts connections."""
+        bin_dir, ports = Path(self.state()["optional"][kyverno.NAME]), self.state()["ports"]
+        crds = [build.optional_file(bin_dir, name) for name in build.KYVERNO.module_files]
+        self.apply(crds, "Kyverno's CRDs")
+        self._wait_crds(api, crds, kyverno.NAME)
+        self.apply([self._manifest_file("kyverno", [kyverno.namespace_manifest(), kyverno.config_map()])], "Kyverno's namespace")
+        port = ports["kyverno-webhook"]
+        self.start_process(kyverno.NAME, kyverno.command_argv(bin_dir, self.kubeconfig, port, ports["kyverno-metrics"]),
+                           kyverno.command_env(), port=port)
+        self._wait("Kyverno's webhook port", lambda: _listens(port), [kyverno.NAME], timeout=180)
 
     def _webhook_ca(self) -> str:
         return base64.b64encode(self.ca_file.read_bytes()).decode()

@@ -48,7 +48,7 @@ from controller.admission.review import (
 )
 from controller.core.agents import agent_tolerations
 from controller.core.decide import decide
-from controller.core.images import TASKRUN_LABEL, WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
+from controller.core.images import WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
 from controller.admission.events import EventsOnCreation
 from controller.admission.memo import Memo, json_key
 from controller.core.intruders import Agent, daemonset_agent, is_mirror_pod, refused_pool
@@ -440,13 +440,16 @@ class Admission:
             decision = replace(decision, pool=None, message=f"{decision.message}; {overdue}")
         owner = claimed_taskrun(owner_refs(request.metadata))  # the TaskRun `run` is, by uid (not its label)
         taskrun = owner.name if owner is not None else None
-        if taskrun and not request.dry_run:
+        key = ledger_key("pod", request.namespace, request.key_name)
+        if not request.dry_run:
             # The pod is being made: from now on it (or its own assumption) counts, the TaskRun's must
-            # not, and not while its node is chosen either (it would count this run twice).
-            self.state.load.forget(ledger_key("taskrun", request.namespace, taskrun))
-        placement = self._place(
-            current, decision.pool, policy, ledger_key("pod", request.namespace, request.key_name), request.name, request.dry_run
-        )
+            # not, and not while its node is chosen either (it would count this run twice). Nor does the
+            # pod's own assumption from a first call when the API server calls us again (reinvocation
+            # after a later webhook changed the pod): the same loads give the same node.
+            if taskrun:
+                self.state.load.forget(ledger_key("taskrun", request.namespace, taskrun))
+            self.state.load.withdraw(key)
+        placement = self._place(current, decision.pool, policy, key, request.name, request.dry_run)
         self._count(request.kind, decision, placement)
         patch = json_patch(current, placement.template, "/spec")
         # The review's uid replaces the TaskRun's, which Tekton copied into the pod with its annotations.

@@ -244,6 +244,12 @@ class ClaimBook:
         self._aged(now, "own", key, assumption)
         self._resolve(key, now)
 
+    def withdraw(self, key: str, now: float) -> None:
+        """This replica's own assumption for `key` counts no more (what is stored of it still does): the
+        API server calls the pod webhook again (reinvocation) and the placement is chosen anew."""
+        if self._own.pop(key, None) is not None:
+            self._resolve(key, now)
+
     def forget(self, key: str, now: float) -> None:
         """A run's pod is being made (admitted here): from now on the pod counts, the run (its own
         assumption, and what is stored of it) does not."""

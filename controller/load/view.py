@@ -323,6 +323,12 @@ class LoadView:
                 self.claims.assume(key, pool.name, node, now)
             return Choice(node, {load.name: load for load in listed}, len(loads) - len(listed))
 
+    def withdraw(self, key: str) -> None:
+        """The API server calls the webhook again for the same object: its first assumption counts no
+        more while its node is chosen again (`ClaimBook.withdraw`)."""
+        with self._lock:
+            self.claims.withdraw(key, self._clock())
+
     def forget(self, key: str) -> None:
         """A run's pod is being made: the run's placement counts no more (the pod's does)."""
         with self._lock:
