@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import statistics
 import sys
 import time
 from contextlib import ExitStack
@@ -53,6 +54,31 @@ def rounds(
             log(f"{key}: round {r + 1}: p99 idle {idle[-1]['p99_ms']} ms, busy {busy[-1]['p99_ms']} ms "
                 f"({describe(int(n), float(mean))})")
     return idle, busy, done
+
+
+def phases(
+    idle: list[Phase], busy: list[Phase], busy_word: str, done: list[tuple[int, float]], count_key: str, mean_key: str
+) -> dict[str, Any]:
+    """The figures of the rounds, under the keys the rows have always had: the median p99 and p50 of each
+    phase (idle, and busy named `busy_word`), each round's p99, what the server did while busy (`count_key`:
+    how many; `mean_key`: their mean seconds) and the load generator's errors."""
+
+    def median(rows: list[Phase], key: str) -> float | None:
+        values = [r[key] for r in rows if r.get(key) is not None]
+        return round(statistics.median(values), 3) if values else None
+
+    total = sum(n for n, _ in done)
+    return {
+        "idle_p99_ms": median(idle, "p99_ms"),
+        f"{busy_word}_p99_ms": median(busy, "p99_ms"),
+        "idle_p99_ms_each": [r["p99_ms"] for r in idle],
+        f"{busy_word}_p99_ms_each": [r["p99_ms"] for r in busy],
+        "idle_p50_ms": median(idle, "p50_ms"),
+        f"{busy_word}_p50_ms": median(busy, "p50_ms"),
+        count_key: total,
+        mean_key: round(sum(n * s for n, s in done) / total, 3) if total else None,
+        "errors": sum(r["errors"] for r in idle + busy),
+    }
 
 
 def merge_into(out: Path, key: str, row: dict[str, Any]) -> None:

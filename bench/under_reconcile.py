@@ -179,25 +179,9 @@ def full_collection_ms(times: int = 3) -> float:
 def summarize(nodes: int, pods: int, rate: float, seconds: float, idle: list[dict[str, Any]], busy: list[dict[str, Any]],
               passes: list[tuple[int, float]], lock: dict[str, Any] | None = None) -> dict[str, Any]:
     """The row: the median p99 of each phase's runs, each run's p99, the passes the busy phases saw."""
-
-    def median(rows: list[dict[str, Any]], key: str) -> float | None:
-        values = [r[key] for r in rows if r.get(key) is not None]
-        return round(statistics.median(values), 3) if values else None
-
-    counts = [n for n, _ in passes]
-    return {
-        "idle_p99_ms": median(idle, "p99_ms"),
-        "busy_p99_ms": median(busy, "p99_ms"),
-        "idle_p99_ms_each": [r["p99_ms"] for r in idle],
-        "busy_p99_ms_each": [r["p99_ms"] for r in busy],
-        "idle_p50_ms": median(idle, "p50_ms"),
-        "busy_p50_ms": median(busy, "p50_ms"),
-        "nodes": nodes, "pods": pods, "rate_rps": rate, "seconds": seconds, "node_events_per_s": NODE_EVENTS_PER_S,
-        "passes": sum(counts),
-        "pass_s": round(sum(n * s for n, s in passes) / sum(counts), 3) if sum(counts) else None,
-        "errors": sum(r["errors"] for r in idle + busy),
-        "lock": lock or {},
-    }
+    return {**under_load.phases(idle, busy, "busy", passes, "passes", "pass_s"),
+            "nodes": nodes, "pods": pods, "rate_rps": rate, "seconds": seconds, "node_events_per_s": NODE_EVENTS_PER_S,
+            "lock": lock or {}}
 
 
 # -- the server process ---------------------------------------------------------------------------

@@ -109,26 +109,8 @@ class Relists:
 def summarize(pods: int, rate: float, seconds: float, idle: list[dict[str, Any]], relist: list[dict[str, Any]],
               relists: list[tuple[int, float]]) -> dict[str, Any]:
     """The row: the median p99 of each phase's runs, each run's p99, and the relists the phases saw."""
-
-    def median(rows: list[dict[str, Any]], key: str) -> float | None:
-        values = [r[key] for r in rows if r.get(key) is not None]
-        return round(statistics.median(values), 3) if values else None
-
-    counts = [n for n, _ in relists]
-    return {
-        "idle_p99_ms": median(idle, "p99_ms"),
-        "relist_p99_ms": median(relist, "p99_ms"),
-        "idle_p99_ms_each": [r["p99_ms"] for r in idle],
-        "relist_p99_ms_each": [r["p99_ms"] for r in relist],
-        "idle_p50_ms": median(idle, "p50_ms"),
-        "relist_p50_ms": median(relist, "p50_ms"),
-        "pods": pods,
-        "rate_rps": rate,
-        "seconds": seconds,
-        "relists": sum(counts),
-        "relist_s": round(sum(n * s for n, s in relists) / sum(counts), 3) if sum(counts) else None,
-        "errors": sum(r["errors"] for r in idle + relist),
-    }
+    return {**under_load.phases(idle, relist, "relist", relists, "relists", "relist_s"),
+            "pods": pods, "rate_rps": rate, "seconds": seconds}
 
 
 # -- the server process ---------------------------------------------------------------------------
