@@ -46,12 +46,12 @@ from controller.admission.review import (
     value_at,
     with_namespace,
 )
-from controller.core.agents import agent_tolerations
+from controller.agents.core import agent_tolerations
 from controller.core.decide import decide
 from controller.core.images import WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
 from controller.admission.events import EventsOnCreation
 from controller.admission.memo import Memo, json_key
-from controller.core.intruders import Agent, daemonset_agent, is_mirror_pod, refused_pool
+from controller.intruders.core import Agent, daemonset_agent, is_mirror_pod, refused_pool
 from controller.core.model import (
     DECISION_ANNOTATION,
     PLACEMENT_ANNOTATION,
@@ -371,7 +371,7 @@ class Admission:
             return []
         owners = owner_refs(request.metadata)
         node_name = text(spec.get("nodeName"))
-        # The same trust as the intruder check (core.intruders), on the facts the tenant cannot forge:
+        # The same trust as the intruder check (intruders.core), on the facts the tenant cannot forge:
         # a mirror pod's Node owner must carry its node's uid; a DaemonSet owner must resolve by uid to a
         # real DaemonSet of this (the request's) namespace, and that namespace must be an agent namespace.
         if is_mirror_pod(request.annotations, owners, node_name, self.state.node(node_name) if node_name else None):

@@ -30,10 +30,10 @@ import tenacity
 from kubernetes.watch.watch import iter_resp_lines
 from loguru import logger
 
-from controller.core.agents import POOL_TOLERATIONS_ANNOTATION
+from controller.agents.core import POOL_TOLERATIONS_ANNOTATION
 from controller.core import cluster_resolver
-from controller.core.images import TASKRUN_LABEL, TektonObjects, image_fields
-from controller.core.intruders import MIRROR_POD_ANNOTATION
+from controller.core.images import TASKRUN_LABEL, image_fields
+from controller.intruders.core import MIRROR_POD_ANNOTATION
 from controller.core.json_wire import decode
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
 from controller.queue.core import PIPELINERUN_LABEL, POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
@@ -43,6 +43,7 @@ from controller.retry import WATCHES, RetryPolicy, retrying
 from controller.metrics import Metrics
 from controller.runner import Runner, Task
 from controller.settings import Settings
+from controller.tekton.core import TektonObjects
 from controller.tekton.view import TektonView
 
 Obj = dict[str, Any]
@@ -77,14 +78,14 @@ KEPT_LABELS: dict[str, frozenset[str] | None] = {  # None: every label
 }
 KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
     "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),  # Pool.allows
-    # core.intruders.is_mirror_pod (its presence); admission.events: the review token of a held Event
+    # intruders.core.is_mirror_pod (its presence); admission.events: the review token of a held Event
     # ... and the load picture: the pool and node admission chose (every replica counts it, load.view)
     "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION, DECISION_ANNOTATION}),
     # missed runs: admitted without a decision (its presence); admission.events: the review token
     # ... and the queue: the entry written at admission (queue.core)
     "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, QUEUE_ANNOTATION}),
     "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, QUEUE_ANNOTATION}),
-    "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),  # core.agents: the pools a node agent opts into
+    "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),  # agents.core: the pools a node agent opts into
 }
 # A kept annotation value longer than this is kept empty (the key is there, its value is not read):
 # presence is what a pod's and a run's annotations tell; an empty pools annotation gives no pool (never

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.core.guard import GUARD_NAME
+from controller.pool_guard.core import GUARD_NAME
 from controller.core.model import TAINT_KEY, NamespaceState
 from controller.core.policy import load_policy
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
-from controller.reconcile.last_good_policy import store_name
+from controller.last_good_policy.reconcile import store_name
 from controller.settings import Settings
 from devcluster.build import find_artifacts
 from devplacer.local_placer import kustomize

@@ -280,7 +280,7 @@ def test_status_lists_each_queue_in_release_order() -> None:
 
 
 def test_the_pool_status_carries_the_queue() -> None:
-    from controller.core.pool_status import PoolObject, pool_status
+    from controller.pool_status.core import PoolObject, pool_status
     from controller.core.pools import QueueStatus
 
     env = queued_env()
