@@ -22,7 +22,7 @@ import pytest
 from controller.queue.core import QUEUE_ANNOTATION
 from devcluster import kueue
 from devcluster.cluster import Cluster
-from tests.coexist.test_kueue_smoke import KUEUE, RUN_DURATION
+from tests.coexist.test_kueue_smoke import KUEUE, RUN_DURATION, _queues
 from tests.e2e.harness import running_placer
 from tests.e2e.tekton_runs import MATCHING_IMAGE, POOL_NODES, Runs, step, succeeded
 from tests.e2e.test_placement import tekton_coschedule
@@ -79,17 +79,11 @@ def test_kueue_admits_two_at_a_time_and_egress_placer_places_them_on_the_pool(
     kueue_cluster: Cluster, coexist_api: Api, coexist_namespace: str, tmp_path: Path, governed_by: str, request: pytest.FixtureRequest
 ) -> None:
     api, ns = coexist_api, coexist_namespace
-    if governed_by == "kueue":
+    if governed_by == "kueue":  # the egress slots are Kueue's resource
         request.getfixturevalue("slots_as_kueue_resource")
-        quota: dict[str, int] = {kueue.PIPELINERUN_RESOURCE: 100, SLOT_RESOURCE: ADMITTED_AT_ONCE}
+        cluster_queue = _queues(api, ns, 100, **{SLOT_RESOURCE: ADMITTED_AT_ONCE})
     else:
-        quota = {kueue.PIPELINERUN_RESOURCE: ADMITTED_AT_ONCE}
-    cluster_queue = f"cq-{ns}"
-    for doc in kueue.queue_manifests(cluster_queue, ns, quota=quota):
-        plural = doc["kind"].lower() + "s"
-        path = namespaced(ns, plural, group=KUEUE) if doc["kind"] == "LocalQueue" else f"{KUEUE}/{plural}"
-        if api.get(f"{path}/{doc['metadata']['name']}") is None:
-            api.create(path, doc)
+        cluster_queue = _queues(api, ns, ADMITTED_AT_ONCE)
     runs = Runs(api)
     workloads = namespaced(ns, "workloads", group=KUEUE)
     try:
@@ -143,6 +137,7 @@ def test_kueue_admits_two_at_a_time_and_egress_placer_places_them_on_the_pool(
                     if admitted.get(run) is None or at + 1.0 < admitted[run]:  # lastTransitionTime: seconds
                         late.append((run, at, admitted.get(run)))
                 assert not late, late
+                assert sorted((e.get("regarding") or {}).get("name") for e in released) == sorted(names)
             assert all(admitted.get(n) for n in names), admitted
     finally:
         runs.cleanup()
