@@ -241,7 +241,7 @@ class QueueEntry:
     has_pod: bool = False  # a pod of the run is bound to a node
     uid: str = ""
     kueue_label: bool = False  # carries tekton-kueue's LocalQueue label (KUEUE_QUEUE_LABEL)
-    kueue_held: bool = False  # `held_by_kueue`, as the last look at the run's Workload found it
+    kueue_held: bool = False  # `held_by_kueue`: by its label alone, until a pass looks at its Workload
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -570,5 +570,8 @@ class RunFacts:
             return None
         pending = self.spec_status == PENDING.get(self.kind)
         done = self.done or self.spec_status in CANCELLED
+        labelled = self.kind == "PipelineRun" and self.kueue_label
+        # Held by Kueue as far as the run itself tells (its label): what admission's line summary counts on; the
+        # leader's pass decides with the run's Workload (`held_by_kueue`).
         return QueueEntry(self.kind, self.namespace, self.name, mark.pool, mark.queued_at, pending, done, has_pod, self.uid,
-                          kueue_label=self.kind == "PipelineRun" and self.kueue_label)
+                          kueue_label=labelled, kueue_held=labelled and pending and not done)

@@ -182,7 +182,7 @@ class QueueReconciler:
     def _release(self, release: Release, now: float, result: Plan | None) -> None:
         """Every release goes through here: never one of a run Kueue holds (whoever asks)."""
         entry = release.entry
-        if entry.kueue_held or self._held_by_kueue(entry):
+        if self._held_by_kueue(entry):
             logger.bind(kind=entry.kind, namespace=entry.namespace, name=entry.name, pool=entry.pool).info("not released: Kueue holds it")
             return
         released = self.client.release_run(entry.kind, entry.namespace, entry.name, entry.uid, PENDING[entry.kind])

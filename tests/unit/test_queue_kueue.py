@@ -167,3 +167,20 @@ def test_a_pool_kueue_governs_creates_no_run_pending_but_its_pods_still_wait_for
     assert patched["spec"]["podTemplate"]["tolerations"]  # placed as usual
     _, pod, _ = env.review(tekton_pod())
     assert {"name": POOL_SLOT_GATE} in pod["spec"]["schedulingGates"]  # the pool's cap stays the backstop
+
+
+def test_a_labelled_run_is_no_place_in_the_line_a_new_run_is_told() -> None:
+    """Admission's line summary counts a run carrying tekton-kueue's label as Kueue's (no Workload is read there)."""
+    env = queued_env()
+    pipelinerun(env, "labelled", label=True, queued_at=env.now - 100)
+    assert env.state.queue.queue_counts(env.state.policy.pool("egress"), env.now)[0] == 0
+
+
+def test_a_labelled_run_kueue_admitted_is_released_into_a_free_slot() -> None:
+    env = queued_env()
+    releaser = FakeReleaser(env)
+    releaser.workloads = {NS: {"uid-admitted": True}}
+    reconciler = QueueReconciler(env.state, releaser, RecordingSink(), env.metrics, clock=lambda: env.now)
+    pipelinerun(env, "admitted", label=True, queued_at=env.now - 100)
+    assert reconciler() is None  # nothing held, nothing waits
+    assert [c[2] for c in releaser.calls] == ["admitted"]
