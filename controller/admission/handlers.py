@@ -67,6 +67,7 @@ from controller.core.patches import json_patch, over_default, place, protection,
 from controller.core.policy import PlacementPolicy, Pool
 from controller.load.core import ledger_key
 from controller.queue.core import (
+    GOVERNED_BY_KUEUE,
     PENDING,
     POOL_SLOT_GATE,
     claimed_taskrun,
@@ -479,10 +480,12 @@ class Admission:
     # -- the queue ----------------------------------------------------------------------------------
 
     def _queues(self, request: Request, pool_name: str | None) -> bool:
-        """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting and the
-        user did not set spec.status (pending, cancelled) themselves."""
+        """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting our queue
+        governs (`governedBy: kueue`: Kueue holds the runs, we create none pending) and the user did not set
+        spec.status (pending, cancelled) themselves."""
         pool = self.state.policy.pool(pool_name) if pool_name else None
-        return pool is not None and pool.queue is not None and not value_at(request.object, ("spec", "status"))
+        return (pool is not None and pool.queue is not None and pool.queue.governed_by != GOVERNED_BY_KUEUE
+                and not value_at(request.object, ("spec", "status")))
 
     def _enqueue(self, request: Request, pool_name: str | None, patch: Patch, annotations: dict[str, str]) -> str:
         """Queue the run when its pool queues (`patch` and `annotations` get the pending status and the

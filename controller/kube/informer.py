@@ -36,7 +36,7 @@ from controller.core.images import TASKRUN_LABEL, image_fields
 from controller.intruders.core import MIRROR_POD_ANNOTATION
 from controller.core.json_wire import decode
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
-from controller.queue.core import PIPELINERUN_LABEL, POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
+from controller.queue.core import KUEUE_QUEUE_LABEL, PIPELINERUN_LABEL, POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
 from controller.core.patches import InvalidDefault, default_pod_template
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.retry import WATCHES, RetryPolicy, retrying
@@ -75,6 +75,9 @@ KEPT_LABELS: dict[str, frozenset[str] | None] = {  # None: every label
     # The load picture: a bound pod settles its TaskRun's (or PipelineRun's) assumed placement. The queue
     # reads no label: a run's pods are found by their owner's uid.
     "Pod": frozenset({TASKRUN_LABEL, PIPELINERUN_LABEL}),
+    # tekton-kueue's LocalQueue label: the queue leaves such a run to Kueue until its Workload says otherwise
+    # (queue.core.held_by_kueue). A tenant's label only keeps its own run waiting.
+    "PipelineRun": frozenset({KUEUE_QUEUE_LABEL}),
 }
 KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
     "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),  # Pool.allows

@@ -70,6 +70,7 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
         for v in ("get", "list", "watch")
     },
     *{("cluster", "tekton.dev", r, "patch", ANY) for r in ("taskruns", "pipelineruns")},  # the queue's release
+    ("cluster", "kueue.x-k8s.io", "workloads", "list", ANY),  # the queue releases no PipelineRun Kueue holds
     *{("cluster", "events.k8s.io", "events", v, ANY) for v in ("create", "patch")},
     *{
         ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", v, default("webhook_config_name"))

@@ -148,6 +148,10 @@ class FakeReleaser:
         self.env = env
         self.calls: list[tuple[str, str, str]] = []
         self.show = True  # apply the change to the state at once (the informers caught up)
+        self.workloads: dict[str, dict[str, bool]] | None = {}  # Kueue's: namespace -> run uid -> admitted (None: unreadable)
+
+    def kueue_workloads(self, namespace: str) -> dict[str, bool] | None:
+        return self.workloads.get(namespace, {}) if self.workloads is not None else None
 
     def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
         self.calls.append((kind, namespace, name))

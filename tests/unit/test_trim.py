@@ -81,6 +81,8 @@ def meta(**fields: Any) -> dict[str, Any]:
             None, {DECISION_ANNOTATION: '{"pool":"overseas"}'}, id="taskrun-decided",
         ),
         pytest.param("PipelineRun", {"a": "b"}, {LAST_APPLIED: HUGE}, None, None, id="pipelinerun-undecided"),
+        pytest.param("PipelineRun", {"a": "b", "kueue.x-k8s.io/queue-name": "pipelines-queue"}, {}, {"kueue.x-k8s.io/queue-name": "pipelines-queue"},
+                     None, id="pipelinerun-kueue-label"),
         pytest.param("TaskRun", {}, {LAST_APPLIED: HUGE, "egress-placer.io/queue": '{"pool":"p"}'},
                      None, {"egress-placer.io/queue": '{"pool":"p"}'}, id="taskrun-queued"),
         pytest.param("DaemonSet", {"app": "agent"}, {LAST_APPLIED: HUGE, POOL_TOLERATIONS_ANNOTATION: "patch"},
@@ -143,7 +145,10 @@ def test_a_runs_decision_keeps_its_pool_however_long(kind: str, value: str, kept
 
 def test_the_allow_lists_name_only_what_a_reader_reads():
     """The one place others extend: a new key needs a reader (and a row above)."""
-    assert {k: v for k, v in KEPT_LABELS.items() if v is not None} == {"Pod": frozenset({TASKRUN_LABEL, "tekton.dev/pipelineRun"})}
+    assert {k: v for k, v in KEPT_LABELS.items() if v is not None} == {
+        "Pod": frozenset({TASKRUN_LABEL, "tekton.dev/pipelineRun"}),
+        "PipelineRun": frozenset({"kueue.x-k8s.io/queue-name"}),  # queue.core.held_by_kueue
+    }
     assert KEPT_ANNOTATIONS == {
         "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),
         "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION, DECISION_ANNOTATION}),
