@@ -7,7 +7,8 @@ Prometheus would scrape from the kubelet's cAdvisor and from kube-state-metrics
 (`--metric-labels-allowlist` with Tekton's keys, `controller/prometheus/history.py`):
 
 - `container_network_transmit_bytes_total{namespace, pod, container="", interface="eth0"}`: the rate times
-  the time the pod has run (from `status.startTime` to now, or to its containers' last `finishedAt`), on the
+  the time the pod has run (from `status.startTime` to now, or to its containers' last `finishedAt`; at most
+  its run-duration, so a run of rate R and duration D sends R x D; never going down), on the
   pod sandbox (`container=""`), while the pod runs and for `linger` seconds after it finished (cAdvisor
   reports a sandbox until the kubelet removes it); a pod with no annotation sends 0;
 - `kube_pod_labels{namespace, pod, label_tekton_dev_*}` for Tekton's keys (kube-state-metrics' names);
@@ -21,6 +22,7 @@ the calling process); the devcluster's optional Prometheus scrapes it as one mor
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from datetime import datetime
@@ -32,6 +34,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from controller.prometheus.history import TEKTON_LABELS
 
 RATE_ANNOTATION = "devcluster.egress-placer.io/transmit-bytes-per-second"
+DURATION_ANNOTATION = "devcluster.egress-placer.io/run-duration"  # KWOK's stage reads it (devcluster/kwok-stages.yaml)
+_GO_DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 INTERFACE = "eth0"
 LINGER_SECONDS = 2.0  # a finished pod's sandbox is still reported this long
 
@@ -55,6 +60,16 @@ def rate_of(pod: Mapping[str, Any]) -> float:
     return rate if 0 <= rate < float("inf") else 0.0
 
 
+def run_duration(pod: Mapping[str, Any]) -> float | None:
+    """The run-duration annotation (a Go duration such as "2s" or "1m30s") in seconds; None when absent or
+    not one."""
+    text = str(((pod.get("metadata") or {}).get("annotations") or {}).get(DURATION_ANNOTATION) or "")
+    parts = _GO_DURATION.findall(text)
+    if not text or "".join(number + unit for number, unit in parts) != text:
+        return None
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
 def finished_at(pod: Mapping[str, Any]) -> float | None:
     """The last `finishedAt` of its containers, once every container has terminated."""
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
@@ -65,15 +80,27 @@ def finished_at(pod: Mapping[str, Any]) -> float | None:
 
 
 def sent(pod: Mapping[str, Any], now: float) -> float | None:
-    """Bytes the pod has sent by `now`; None when it has not started."""
+    """Bytes the pod has sent by `now`; None when it has not started. It sends for at most its run-duration
+    (the API's times have whole seconds, and a pod is seen Running a little past its end): a pod of rate R
+    and run-duration D has sent R x D once it is done, whatever the scrapes saw."""
     start = _time((pod.get("status") or {}).get("startTime"))
     if start is None:
         return None
     end = finished_at(pod)
-    return rate_of(pod) * max(0.0, min(now, end if end is not None else now) - start)
+    elapsed = max(0.0, min(now, end if end is not None else now) - start)
+    limit = run_duration(pod)
+    return rate_of(pod) * (min(elapsed, limit) if limit is not None else elapsed)
 
 
-def pod_families(pods: Iterable[Mapping[str, Any]], now: float, linger: float = LINGER_SECONDS) -> list[Metric]:
+def pod_families(
+    pods: Iterable[Mapping[str, Any]],
+    now: float,
+    linger: float = LINGER_SECONDS,
+    highest: dict[tuple[str, str], float] | None = None,
+) -> list[Metric]:
+    """The families for `pods` at `now`. `highest` (kept by the caller across scrapes, updated here): a
+    counter never goes down, whatever a later look at the pod says."""
+    highest = {} if highest is None else highest
     transmit = CounterMetricFamily(
         "container_network_transmit_bytes", "Cumulative count of bytes transmitted",
         labels=["namespace", "pod", "container", "interface"],
@@ -98,8 +125,10 @@ def pod_families(pods: Iterable[Mapping[str, Any]], now: float, linger: float = 
             containers.add_metric([ns, name, str(container.get("name") or ""), image, image], 1.0)
         value = sent(pod, now)
         end = finished_at(pod)
-        if value is not None and (end is None or now <= end + linger):
-            transmit.add_metric([ns, name, "", INTERFACE], value)
+        if value is not None:
+            value = highest[(ns, name)] = max(value, highest.get((ns, name), 0.0))
+            if end is None or now <= end + linger:
+                transmit.add_metric([ns, name, "", INTERFACE], value)
     return [transmit, labels, info, containers]
 
 
@@ -118,6 +147,7 @@ class PodExporter:
         self._lock = threading.Lock()
         self._pods: list[Mapping[str, Any]] = []
         self._read_at = float("-inf")
+        self._highest: dict[tuple[str, str], float] = {}
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(self)
         self._server: Any = None
@@ -128,8 +158,7 @@ class PodExporter:
         with self._lock:
             if now - self._read_at >= self._cache_seconds:
                 self._pods, self._read_at = list(self._list_pods()), now
-            pods = self._pods
-        yield from pod_families(pods, now)
+            yield from pod_families(self._pods, now, highest=self._highest)
 
     def start(self) -> str:
         if self._server is None:

@@ -94,3 +94,25 @@ def test_the_exporter_serves_over_http():
     families = {f.name: f for f in text_string_to_metric_families(text)}
     (sample,) = families["container_network_transmit_bytes"].samples
     assert sample.value == 2000.0 and sample.labels == {"namespace": "team-a", "pod": "a-pod", "container": "", "interface": "eth0"}
+
+
+def test_a_pod_sends_for_at_most_its_run_duration_and_a_counter_never_goes_down():
+    timed = pod("a")
+    timed["metadata"]["annotations"]["devcluster.egress-placer.io/run-duration"] = "2s"
+    assert sent(timed, T0 + 1) == 1000.0 and sent(timed, T0 + 2.9) == 2000.0  # seen Running past its end
+    highest: dict = {}
+    seen = [samples_at([timed], T0 + 2.9, highest), samples_at([pod("a", finished=T0 + 1)], T0 + 1.5, highest)]
+    assert seen == [2000.0, 2000.0]
+
+
+@pytest.mark.parametrize("text, seconds", [("2s", 2.0), ("1m30s", 90.0), ("500ms", 0.5), ("1.5h", 5400.0), ("2 s", None), ("x", None), ("", None)])
+def test_run_duration(text, seconds):
+    from devplacer.pod_exporter import run_duration
+
+    assert run_duration({"metadata": {"annotations": {"devcluster.egress-placer.io/run-duration": text}}}) == seconds
+
+
+def samples_at(pods, now, highest) -> float:
+    (family, *_) = pod_families(pods, now, highest=highest)
+    (sample,) = family.samples
+    return sample.value
