@@ -200,7 +200,7 @@ def _configure_suggest(parser: argparse.ArgumentParser) -> None:
 
 def _run_suggest(args: argparse.Namespace) -> int:
     from controller.cli.suggest import parse_bytes, run_suggest
-    from controller.prometheus.history import PrometheusAuth, check_duration, client
+    from controller.prometheus.history import PrometheusAuth, check_duration, check_url, client
     from controller.suggest.core import Thresholds
 
     def secret(path: str | None, what: str) -> str | None:
@@ -212,7 +212,7 @@ def _run_suggest(args: argparse.Namespace) -> int:
             raise CommandError(f"{what}: cannot read {path}: {e.strerror}") from None
 
     try:
-        window, step = check_duration(args.window, "--window"), check_duration(args.step, "--step")
+        url, window, step = check_url(args.prometheus), check_duration(args.window, "--window"), check_duration(args.step, "--step")
         thresholds = Thresholds(parse_bytes(args.heavy_bytes), parse_bytes(args.quiet_bytes), args.min_runs)
     except ValueError as e:
         raise CommandError(str(e)) from None
@@ -223,7 +223,7 @@ def _run_suggest(args: argparse.Namespace) -> int:
         ca_file=args.prometheus_ca_file,
     )
     return run_suggest(
-        _settings(args), client(args.prometheus, auth), args.prometheus, window, step, thresholds,
+        _settings(args), client(url, auth), url, window, step, thresholds,
         out=sys.stdout, err=sys.stderr, output=args.output, explain=args.explain, bytes_query=args.bytes_query,
     )
 

@@ -17,8 +17,6 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence, TextIO
 
-import yaml
-
 from controller.cli.errors import ClusterUnreachable, CommandError, Exit
 from controller.cli.explain import Document, explain_documents
 from controller.cli.status import connect, reach, unreachable
@@ -32,6 +30,8 @@ from controller.settings import Settings
 from controller.suggest.core import MIB, Action, Report, Thresholds, proposed_objects, proposed_policy, suggest
 
 NOT_ENOUGH = "not enough history"
+ALL_BYTES = "all-transmit: every byte the pods sent (cAdvisor), in-cluster traffic included: an upper bound of internet egress"
+INTERNET_BYTES = "internet: the bytes --bytes-query gives (sent to destinations outside the cluster)"
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,7 @@ def run_suggest(
         replayed = replay(api, report, cluster, sorted({f"{p.namespace}/{p.task_run}" for p in history.pods})) if explain else None
     except Exception as e:
         raise unreachable(e, api) from None
+    source = INTERNET_BYTES if bytes_query else ALL_BYTES
     if output == "yaml":
         objects = proposed_objects(cluster.pool_objects, report.proposals)
         if objects:
@@ -165,8 +166,9 @@ def run_suggest(
         if replayed is not None:
             print(_replay_line(replayed), file=err)
     elif output == "json":
-        print(json.dumps(as_json(report, history, window, step, replayed), indent=2), file=out)
+        print(json.dumps({**as_json(report, history, window, step, replayed), "bytes": source}, indent=2), file=out)
     else:
+        print(f"Bytes: {source}\n", file=out)
         print_table(report, history, window, out, replayed)
     return Exit.OK
 

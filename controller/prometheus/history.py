@@ -23,6 +23,7 @@ import math
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
+from urllib.parse import urlsplit
 
 import requests
 
@@ -66,6 +67,14 @@ class PrometheusAuth:
 
 def client(url: str, auth: PrometheusAuth = PrometheusAuth(), timeout: float = 30.0) -> PrometheusClient:
     return PrometheusClient(url, timeout, auth.session())
+
+
+def check_url(url: str) -> str:
+    """Prometheus' base URL: http or https with a host; ValueError otherwise."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--prometheus must be an http or https URL with a host, got {url!r}")
+    return url
 
 
 def check_duration(text: str, what: str) -> str:

@@ -124,6 +124,7 @@ def test_mixed_history_table(cluster: FakeApiServer, kubeconfig: Path, capsys: p
         serve(mock, answers_for(mixed_history()))
         assert run(kubeconfig) == Exit.OK
     out = capsys.readouterr().out
+    assert out.startswith("Bytes: all-transmit: every byte the pods sent (cAdvisor), in-cluster traffic included")
     assert "team-a/Task:upload" in out and "heavy" in out
     assert "add-image 'registry.example/upload[:@]*' to pool overseas" in out
     assert "add-image 'registry.example/mirror[:@]*' to pool overseas" in out
@@ -190,7 +191,7 @@ def test_no_history_is_0_and_says_what_is_missing(cluster: FakeApiServer, kubeco
 
 @pytest.mark.parametrize(
     "extra, said",
-    [(["--window", "a week"], "--window must be a Prometheus duration"), (["--heavy-bytes", "lots"], "not a size"),
+    [(["--window", "a week"], "--window must be a Prometheus duration"), (["--prometheus", "prometheus:9090"], "--prometheus must be an http"), (["--heavy-bytes", "lots"], "not a size"),
      (["--quiet-bytes", "2Gi"], "quiet bytes <= heavy bytes")],
 )
 def test_bad_options_are_2(cluster: FakeApiServer, kubeconfig: Path, extra: list[str], said: str, capsys: pytest.CaptureFixture[str]):
@@ -201,3 +202,34 @@ def test_bad_options_are_2(cluster: FakeApiServer, kubeconfig: Path, extra: list
 @pytest.mark.parametrize("text, value", [("1Gi", 1024**3), ("500M", 5e8), ("2GiB", 2 * 1024**3), ("1e9", 1e9), ("0", 0)])
 def test_sizes(text: str, value: float):
     assert parse_bytes(text) == value
+
+
+def test_a_bytes_query_of_internet_bytes_replaces_cadvisor_s(cluster: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]):
+    """A flow exporter's external-destination bytes: its query is run instead, and named in the evidence."""
+    internet = 'sum by (namespace, pod) (increase(flow_bytes_total{destination="external"}[7d]))'
+    answers = answers_for(mixed_history())
+    seen: list = []
+    with responses.RequestsMock() as mock:
+        asked = {q: name for name, q in queries("7d", "1m", internet).items()}
+
+        def reply(request):
+            query = parse_qs(urlparse(request.url).query)["query"][0]
+            seen.append(query)
+            return 200, {}, json.dumps(answers.get(asked.get(query, ""), vector([])))
+
+        mock.add_callback(responses.GET, f"{PROM}/api/v1/query", callback=reply)
+        assert run(kubeconfig, "-o", "json", "--bytes-query", internet) == Exit.OK
+    report = json.loads(capsys.readouterr().out)
+    assert internet in seen and internet in report["queries"] and report["bytes"].startswith("internet:")
+    assert {p["glob"] for p in report["proposals"] if p["action"] == "add-image"} == {
+        "registry.example/mirror[:@]*", "registry.example/upload[:@]*"
+    }
+    assert "no series of --bytes-query in the window" in join({"labels": [Sample({"namespace": "a", "pod": "p", "label_tekton_dev_task_run": "r"}, 1, NOW)]}, True, ()).missing
+
+
+def test_no_history_as_yaml_prints_no_object(cluster: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]):
+    with responses.RequestsMock() as mock:
+        serve(mock, {})
+        assert run(kubeconfig, "-o", "yaml") == Exit.OK
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("not enough history in the last 7d")
