@@ -624,7 +624,7 @@ def test_namespace_override_replaces_the_release_namespace(helm: Path) -> None:
 
 
 def test_the_runbook_base_is_a_value(helm: Path) -> None:
-    """Issue 28: runbook_url on a base of the user's choosing (their own copy of docs/alerts.md)."""
+    """Issue 28: runbook_url on a base of the user's choosing (their own copy of docs/troubleshooting.md)."""
     base = "https://wiki.example.com/egress-placer/alerts"
     rule = the(template(helm, {"prometheusRule": {"enabled": True, "runbookBaseURL": base}}), "PrometheusRule")
     alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
