@@ -215,6 +215,7 @@ def dry_run(cluster_dir: Path | None, keep: bool, log: Log) -> Report:
 
     directory = Path(cluster_dir or tempfile.mkdtemp(prefix="egress-placer-release-"))
     cluster = Cluster(directory, log=log)
+    launch: ControllerContainer | None = None
     try:
         started = time.monotonic()
         cluster.up()
@@ -242,10 +243,11 @@ def dry_run(cluster_dir: Path | None, keep: bool, log: Log) -> Report:
         values = {"image": {"repository": f"{registry}/{IMAGE_PATH}", "digest": digest}}
         release = RegistryRelease(cluster, helm, values, reference=reference)
         image = pull_image(pushed)
+        launch = ControllerContainer(cluster, image)
         env = settings_env(template(helm, {**values, "createNamespace": False}, namespace=RELEASE_NAMESPACE))
         replicas = start_controller(
             cluster, CHART_DIR.parents[1] / "config" / "pools.example.yaml", env=env, install=release.install,
-            launch=ControllerContainer(cluster, image), policy_source="pools", ready_timeout=120,
+            launch=launch, policy_source="pools", ready_timeout=120,
         )  # fmt: skip
         deployed = release.status()["info"]["status"]
         (container,) = [d for d in release.manifest() if d["kind"] == "Deployment"][0]["spec"]["template"]["spec"]["containers"]
@@ -264,6 +266,8 @@ def dry_run(cluster_dir: Path | None, keep: bool, log: Log) -> Report:
             log(f"[release] the cluster and the registry keep running: python -m devcluster down --dir {directory}")
         else:
             cluster.down()
+            if launch is not None:  # a container that outlived its podman process
+                launch.remove(["egress-placer-0"])  # start_controller names its one replica so
             shutil.rmtree(directory, ignore_errors=True)
     return report
 
