@@ -30,7 +30,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import requests
 
@@ -162,6 +162,24 @@ def pull_image(reference: str) -> str:
     return reference
 
 
+def runs_as_the_container(container: Mapping[str, Any]) -> list[str]:
+    """How the chart's Deployment container differs from what `ControllerContainer` runs (the image's
+    entrypoint with `run`, uid/gid 65532, read-only root, no capabilities, no new privileges); [] when alike."""
+    from devplacer.image import USER  # pylint: disable=import-outside-toplevel
+
+    uid, gid = (int(x) for x in USER.split(":"))
+    context = container.get("securityContext") or {}
+    wanted = {
+        "command and args": ([*container.get("command", []), *container.get("args", [])], ["egress-placer", "run"]),
+        "runAsUser": (context.get("runAsUser"), uid),
+        "runAsGroup": (context.get("runAsGroup"), gid),
+        "readOnlyRootFilesystem": (context.get("readOnlyRootFilesystem"), True),
+        "allowPrivilegeEscalation": (context.get("allowPrivilegeEscalation"), False),
+        "capabilities.drop": ((context.get("capabilities") or {}).get("drop"), ["ALL"]),
+    }
+    return [f"{name}: the Deployment's {theirs!r}, the container's {ours!r}" for name, (theirs, ours) in wanted.items() if theirs != ours]
+
+
 # ---- signature ------------------------------------------------------------------------------------
 def sign_and_verify(cosign: Path, reference: str, directory: Path) -> str:
     """A cosign key pair made for this run; the image signed by digest (no transparency log), then verified
@@ -253,6 +271,9 @@ def dry_run(cluster_dir: Path | None, keep: bool, log: Log) -> Report:
         (container,) = [d for d in release.manifest() if d["kind"] == "Deployment"][0]["spec"]["template"]["spec"]["containers"]
         if deployed != "deployed" or container["image"] != pushed:
             raise ReleaseError(f"helm status {deployed}, the Deployment's image {container['image']} (pushed {pushed})")
+        unlike = runs_as_the_container(container)
+        if unlike:
+            raise ReleaseError("the pulled image did not run as the installed Deployment runs it: " + "; ".join(unlike))
         for replica in replicas:
             for probe in ("/healthz", "/readyz"):
                 answer = requests.get(replica.health_url + probe, timeout=5)

@@ -13,6 +13,7 @@ import yaml
 
 from devcluster.build import find_optional
 from devplacer import release
+from devplacer.chart import template
 from devplacer.version import CHART_REPOSITORY, IMAGE_REPOSITORY, PUBLISHED_IMAGE, VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,3 +60,16 @@ def test_arm64_is_built_only_with_an_aarch64_binfmt_handler(tmp_path: Path, monk
     assert "binfmt_misc has no aarch64 handler" in (release.arm64_note() or "")
     handler.write_text("enabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\n")
     assert release.arm64_note() is None
+
+
+def test_the_dry_run_checks_it_runs_the_image_as_the_chart_s_deployment() -> None:
+    """make release-dry-run runs the pulled image with devplacer.image.ControllerContainer; the chart's default
+    Deployment container must be what that runs, and a difference is named."""
+    bin_dir = find_optional("helm")
+    if bin_dir is None:
+        pytest.skip("helm is not built yet (python -m devcluster build --with helm, part of make cluster-build)")
+    (deployment,) = [d for d in template(bin_dir / "helm") if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert release.runs_as_the_container(container) == []
+    container["securityContext"]["readOnlyRootFilesystem"] = False
+    assert release.runs_as_the_container(container) == ["readOnlyRootFilesystem: the Deployment's False, the container's True"]
