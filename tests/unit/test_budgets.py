@@ -296,3 +296,33 @@ def test_egress_address_needs_one_of_label_and_annotation() -> None:
         EgressAddress()
     with pytest.raises(ValueError, match="exactly one"):
         EgressAddress(label="a", annotation="b")
+
+
+def test_a_policy_with_destinations_loads_and_its_errors_name_the_line_and_field() -> None:
+    from controller.core.policy import PolicyError, load_policy
+
+    text = """\
+apiVersion: egress-placer.io/v1alpha1
+kind: PlacementPolicy
+pools:
+  - name: overseas
+    nodes: [egress-1]
+    egressAddress: {label: egress-placer.io/egress-address}
+    destinations:
+      - name: dockerhub-pulls
+        match: {images: ["docker.io/*"]}
+        maxStartsPerWindowPerAddress: 100
+        windowSeconds: 21600
+      - name: cdn-uploads
+        match: {images: ["*/cdn-*"]}
+        maxConcurrentPerAddress: 2
+        mode: ReportOnly
+"""
+    policy = load_policy(text, "p.yaml")
+    pool_ = policy.pools[0]
+    assert [d.name for d in pool_.destinations] == ["dockerhub-pulls", "cdn-uploads"]
+    assert pool_.egress_address == EgressAddress(label="egress-placer.io/egress-address")
+    with pytest.raises(PolicyError, match=r"p.yaml:8: pools\[0\].destinations\[0\]: .*go together"):
+        load_policy(text.replace("        windowSeconds: 21600\n", ""), "p.yaml")
+    with pytest.raises(PolicyError, match=r"pools\[0\].destinations: .*already used by destinations\[0\]"):
+        load_policy(text.replace("cdn-uploads", "dockerhub-pulls"), "p.yaml")
