@@ -520,3 +520,18 @@ def trusted_use(key: str, record: Record | None, run_pod: bool, pool: str, bound
         return None
     names = frozenset(record.destinations) & frozenset(known)
     return Use(key, bound_node or record.node, names) if names else None
+
+
+BUDGET_FIELDS = ("max_concurrent_per_address", "max_concurrent_per_pool", "max_starts_per_window_per_address", "window_seconds")
+
+
+def explained(destinations: Sequence[Destination], facts: RunFacts) -> list[dict[str, Any]]:
+    """What `explain` shows of the budgets a run would touch: each destination, what matched, its mode
+    and budgets (as the policy spells them)."""
+    by_name = {d.name: d for d in destinations}
+    out = []
+    for touch in match(destinations, facts):
+        d = by_name[touch.destination]
+        limits = {Destination.model_fields[f].alias or f: getattr(d, f) for f in BUDGET_FIELDS if getattr(d, f) is not None}
+        out.append({"destination": d.name, "matched": touch.why, "mode": d.mode, **limits})
+    return out
