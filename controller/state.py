@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from loguru import logger
 
+from controller.budgets.view import BudgetsView, budgeted
 from controller.core.model import DaemonSetState, NamespaceState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
 from controller.load.view import LoadView
@@ -62,7 +63,8 @@ class ClusterState:
             "Pod": Store(lambda o: run_key("Pod", o)[1:], _kept_pod, {"node": lambda pod: pod.node_name or None,
                                                                     "TaskRun": bound_taskrun,
                                                                     "run": run_of,
-                                                                    "gated": gated}),
+                                                                    "gated": gated,
+                                                                    "budgeted": budgeted}),
             "DaemonSet": Store(lambda o: o["metadata"].get("uid") or "", DaemonSetState.from_daemonset),
             **{kind: Store(partial(run_key, kind), partial(RunRecord.of, kind),
                            {"queued": RunRecord.queued, "pipelinerun": RunRecord.claimed_uid}) for kind in RUN_KINDS},
@@ -79,6 +81,7 @@ class ClusterState:
         self._subscribers: list[Callable[[str], None]] = []
         self.load = LoadView(self._policy, lambda: self.nodes, clock, assumption_ttl, balance, lambda name: self.namespace(name))
         self.queue = QueueView(self.stores, self.load, lambda: self._policy)
+        self.budgets = BudgetsView(self.stores, self.load, self.queue, lambda: self._policy)
         self.missed_runs = MissedRuns(self.stores)
         self.tekton = TektonView(self._notify)
 
