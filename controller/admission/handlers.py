@@ -46,6 +46,7 @@ from controller.admission.review import (
     value_at,
     with_namespace,
 )
+from controller.budgets.core import BUDGETS_ANNOTATION, RunFacts, full_nodes, match, narrow, record_annotation, verdict
 from controller.core.agents import agent_tolerations
 from controller.core.decide import decide
 from controller.core.images import WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
@@ -86,6 +87,7 @@ from controller.settings import Settings
 from controller.state import ClusterState
 
 AFFINITY_ASSISTANT_ANNOTATION = "pipeline.tekton.dev/affinity-assistant"
+TASK_LABEL = "tekton.dev/task"  # on a run's pod: its Task's name (the TaskRun creator's to write)
 COMPONENT_LABEL, AFFINITY_ASSISTANT_COMPONENT = "app.kubernetes.io/component", "affinity-assistant"
 MAX_IMAGES_IN_ANNOTATION = 20
 # Tekton's `coschedule` feature flag (feature-flags ConfigMap).
@@ -449,14 +451,51 @@ class Admission:
             if taskrun:
                 self.state.load.forget(ledger_key("taskrun", request.namespace, taskrun))
             self.state.load.withdraw(key)
-        placement = self._place(current, decision.pool, policy, key, request.name, request.dry_run)
+        budget = self._budget(request, decision, policy)
+        allowed = frozenset(budget[1].nodes) if budget is not None and not budget[1].hold else None
+        placement = self._place(current, decision.pool, policy, key, request.name, request.dry_run, allowed=allowed)
         self._count(request.kind, decision, placement)
-        patch = json_patch(current, placement.template, "/spec")
+        template = placement.template
         # The review's uid replaces the TaskRun's, which Tekton copied into the pod with its annotations.
         annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid, **protection(placement.pool)}
+        recorded = budget is not None and placement.node is not None and placement.pool == decision.pool
+        if recorded:
+            assert budget is not None and placement.pool is not None and placement.node is not None
+            touched, seen, full = budget
+            template = narrow(template, full)
+            annotations[BUDGETS_ANNOTATION] = record_annotation(placement.pool, touched, placement.node, self.wall())
+            self._budget_events(request, seen)
+        patch = json_patch(current, template, "/spec")
+        if not recorded and BUDGETS_ANNOTATION in request.annotations:  # a record admission did not write now
+            patch.append({"op": "remove", "path": pointer(("metadata", "annotations", BUDGETS_ANNOTATION))})
         if placement.pool or decision.reason in WARNING_REASONS:
             self._emit(request, decision, placement)
         return patch + self._gate(request, placement.capped, policy, run) + annotation_ops(request.object, annotations)
+
+    def _budget(self, request: Request, decision: Decision, policy: PlacementPolicy) -> tuple[tuple[str, ...], Any, tuple[str, ...]] | None:
+        """The destinations a run's pod touches in its pool (budgets.core.match: its images, its Task's
+        name from the `tekton.dev/task` label: the tenant's to choose), the verdict on them now and the
+        pool's nodes without room; None when the pod touches none."""
+        pool = policy.pool(decision.pool) if decision.pool else None
+        if pool is None or not pool.destinations:
+            return None
+        task = request.labels.get(TASK_LABEL)
+        touched = tuple(t.destination for t in match(pool.destinations, RunFacts(decision.images, (task,) if task else ())))
+        budgets = self.state.budgets.pool_budgets(pool) if touched else None
+        if budgets is None:
+            return None
+        now = self.wall()
+        return touched, verdict(budgets, touched, now), full_nodes(budgets, touched, now)
+
+    def _budget_events(self, request: Request, seen: Any) -> None:
+        """Events on the pod: what ReportOnly budgets would have held, and an Enforce budget that had no
+        room on any node (the run was not held before its pod: docs/budgets.md, "What is built")."""
+        if request.dry_run:
+            return
+        for note in seen.reported:
+            self._send(request, "Normal", "BudgetReport", note)
+        if seen.hold:
+            self._send(request, "Warning", "BudgetExceeded", f"placed although {seen.reason.removeprefix('waiting for ')} had no room")
 
     def _gate(self, request: Request, pool_name: str | None, policy: PlacementPolicy, run: RunRecord) -> Patch:
         """A run's pod placed on a queued pool whose run our queue does not hold (its owner, tekton-kueue
@@ -527,6 +566,7 @@ class Admission:
         salt: str,
         dry_run: bool,
         default: Mapping[str, Any] | None = None,
+        allowed: frozenset[str] | None = None,
     ) -> Placement:
         """Send the template to `pool_name` and its least-loaded node (assumed under `key`), or, with no
         pool (or a pool without a ready node), strip any pool placement; a provisioned pool without a
@@ -536,7 +576,10 @@ class Admission:
         if pool is None:
             return Placement(self._template(template, policy, default, None, None))
         # A dry run has no side effects: nothing is assumed.
-        choice = self.state.load.choose(pool, salt) if dry_run else self.state.load.choose_and_assume(pool, key, salt)
+        if dry_run:
+            choice = self.state.load.choose(pool, salt, allowed=allowed)
+        else:
+            choice = self.state.load.choose_and_assume(pool, key, salt, allowed=allowed)
         if choice.node is None:
             if pool.provisioning is not None:
                 # Sent to the pool with no node named: the pod waits Pending, Unschedulable, which is the

@@ -535,3 +535,32 @@ def explained(destinations: Sequence[Destination], facts: RunFacts) -> list[dict
         limits = {Destination.model_fields[f].alias or f: getattr(d, f) for f in BUDGET_FIELDS if getattr(d, f) is not None}
         out.append({"destination": d.name, "matched": touch.why, "mode": d.mode, **limits})
     return out
+
+
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+MAX_NARROWED_NODES = 256  # nodes named in a pod's required affinity; past it, the node choice alone keeps to the budget
+
+
+def full_nodes(budgets: PoolBudgets, touched: Iterable[str], now: float) -> tuple[str, ...]:
+    """The pool's nodes whose address has no room for a new run touching `touched` (Enforce budgets)."""
+    room = set(nodes_with_room(budgets, touched, now))
+    return tuple(sorted(n for n in budgets.addresses if n not in room))
+
+
+def narrow(template: Mapping[str, Any], full: Sequence[str]) -> dict[str, Any]:
+    """`template` whose REQUIRED node affinity keeps off `full` (each term ANDed with `metadata.name NotIn
+    [node]` per node: the API server allows one value per field requirement). A preferred node alone
+    would let the scheduler put the pod on a full address. Idempotent; unchanged past MAX_NARROWED_NODES."""
+    out = json.loads(json.dumps(dict(template)))
+    if not full or len(full) > MAX_NARROWED_NODES:
+        return out
+    affinity = out.setdefault("affinity", {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    selector = node_affinity.setdefault(REQUIRED, {})
+    terms = selector.get("nodeSelectorTerms") or [{}]
+    wanted = [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in full]
+    for term in terms:
+        fields = term.setdefault("matchFields", [])
+        fields += [w for w in wanted if w not in fields]
+    selector["nodeSelectorTerms"] = terms
+    return out

@@ -326,3 +326,22 @@ pools:
         load_policy(text.replace("        windowSeconds: 21600\n", ""), "p.yaml")
     with pytest.raises(PolicyError, match=r"pools\[0\].destinations: .*already used by destinations\[0\]"):
         load_policy(text.replace("cdn-uploads", "dockerhub-pulls"), "p.yaml")
+
+
+def test_narrow_keeps_every_required_term_off_the_full_nodes_once() -> None:
+    from controller.budgets.core import full_nodes, narrow
+
+    d = dest(maxConcurrentPerAddress=1)
+    budgets = pool(d, uses=(Use("p1", "egress-1", frozenset({d.name})),))
+    full = full_nodes(budgets, [d.name], NOW)
+    assert full == ("egress-1", "egress-2")
+    term = {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["overseas"]}]}
+    template = {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term, dict(term)]}}}}
+    narrowed = narrow(template, full)
+    terms = narrowed["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    not_in = [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in full]
+    assert terms == [{**term, "matchFields": not_in}] * 2
+    assert narrow(narrowed, full) == narrowed  # idempotent (the webhook may be called again)
+    assert narrow({}, ["n"])["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n"]}]}]}
+    assert narrow(template, []) == template
