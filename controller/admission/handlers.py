@@ -46,7 +46,7 @@ from controller.admission.review import (
     value_at,
     with_namespace,
 )
-from controller.budgets.core import BUDGETS_ANNOTATION, RunFacts, full_nodes, match, narrow, record_annotation, verdict
+from controller.budgets.core import BUDGETS_ANNOTATION, RunFacts, full_nodes, match, narrow, record_annotation, taskrun_facts, verdict
 from controller.core.agents import agent_tolerations
 from controller.core.decide import decide
 from controller.core.images import WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
@@ -244,18 +244,20 @@ class Admission:
         decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request))
         template = value_at(request.object, ("spec", "podTemplate"))
         default = self.state.tekton.default_pod_template
+        budgets: tuple[str, ...] = ()  # a coscheduled run follows its PipelineRun: never held for budgets here
         if AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
             why = "coscheduled: its PipelineRun places the whole run"
             placement = _keep_if_allowed(template, policy, namespace, why, default)
         else:
             key = ledger_key("taskrun", request.namespace, request.key_name)
             # A queued run's pod comes when it is released: nothing to assume now (the pod is placed again).
-            assume = not self._queues(request, decision.pool)
+            budgets = self._run_budgets(request, decision, policy)
+            assume = not self._queues(request, decision.pool, budgets)
             placement = self._place(template, decision.pool, policy, key, request.name, request.dry_run or not assume, default)
         self._count(request.kind, decision, placement)
         patch = ops_at(request.object, ("spec", "podTemplate"), placement.template)
         annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
-        queued = self._enqueue(request, placement.capped, patch, annotations)
+        queued = self._enqueue(request, placement.capped, patch, annotations, budgets)
         patch += annotation_ops(request.object, annotations)
         if decision.reason == Reason.UNKNOWN_POOL:
             warnings.append(f"egress-placer: {decision.message}")
@@ -517,13 +519,25 @@ class Admission:
 
     # -- the queue ----------------------------------------------------------------------------------
 
-    def _queues(self, request: Request, pool_name: str | None) -> bool:
-        """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting and the
-        user did not set spec.status (pending, cancelled) themselves."""
+    def _queues(self, request: Request, pool_name: str | None, budgets: tuple[str, ...] = ()) -> bool:
+        """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting (or the run
+        touches one of its Enforce egress budgets: `budgets`) and the user did not set spec.status
+        (pending, cancelled) themselves."""
         pool = self.state.policy.pool(pool_name) if pool_name else None
-        return pool is not None and pool.queue is not None and not value_at(request.object, ("spec", "status"))
+        return pool is not None and (pool.queue is not None or bool(budgets)) and not value_at(request.object, ("spec", "status"))
 
-    def _enqueue(self, request: Request, pool_name: str | None, patch: Patch, annotations: dict[str, str]) -> str:
+    def _run_budgets(self, request: Request, decision: Decision, policy: PlacementPolicy) -> tuple[str, ...]:
+        """The Enforce destinations of its pool a TaskRun touches (docs/budgets.md: its images, Task name,
+        params; the tenant's to choose): it waits, pending, until each has room."""
+        pool = policy.pool(decision.pool) if decision.pool else None
+        if pool is None or not pool.destinations:
+            return ()
+        enforced = {d.name for d in pool.destinations if d.enforced}
+        touched = match(pool.destinations, taskrun_facts(request.object, decision.images))
+        return tuple(t.destination for t in touched if t.destination in enforced)
+
+    def _enqueue(self, request: Request, pool_name: str | None, patch: Patch, annotations: dict[str, str],
+                 budgets: tuple[str, ...] = ()) -> str:
         """Queue the run when its pool queues (`patch` and `annotations` get the pending status and the
         entry); the Event's note, "" when not queued.
 
@@ -531,7 +545,7 @@ class Admission:
         copied one) is removed from a run not queued, whatever it says; the run guard (core.run_guard)
         refuses one added later by UPDATE. Kept: a PipelineRun's entry that Tekton copied onto one of its
         TaskRuns, which the queue never reads as the TaskRun's (`read_entry` by kind)."""
-        if not self._queues(request, pool_name):
+        if not self._queues(request, pool_name, budgets):
             value = request.annotations.get(QUEUE_ANNOTATION)
             copied = request.kind == "TaskRun" and read_entry(value, "PipelineRun") is not None
             if value is not None and not copied:
@@ -540,10 +554,21 @@ class Admission:
         assert pool_name is not None
         now = self.wall()
         patch += ops_at(request.object, ("spec", "status"), PENDING[request.kind])
-        annotations[QUEUE_ANNOTATION] = entry_annotation(pool_name, request.kind, now)
+        annotations[QUEUE_ANNOTATION] = entry_annotation(pool_name, request.kind, now, budgets)
         if not request.dry_run:
             self.metrics.queue_admitted.labels(pool=pool_name).inc()
+        pool = self.state.policy.pool(pool_name)
+        if pool is not None and pool.queue is None:
+            return self._budget_note(pool, budgets, now)
         return self.state.queue.queued_note(pool_name, request.namespace, now, join=not request.dry_run)
+
+    def _budget_note(self, pool: Pool, budgets: tuple[str, ...], now: float) -> str:
+        """The Event's note for a run held for egress budgets: "waiting for budget X on A: ..." now."""
+        picture = self.state.budgets.pool_budgets(pool)
+        seen = verdict(picture, budgets, now) if picture is not None else None
+        if seen is not None and seen.hold:
+            return f"held for egress budgets of pool {pool.name}: {seen.reason}"
+        return f"held for egress budgets of pool {pool.name} ({', '.join(budgets)}): room now, released shortly"
 
     def _waited_too_long(self, request: Request, pool_name: str | None, policy: PlacementPolicy) -> str:
         """Why a Tekton pod of a run released past its preferred pool's wait goes to ordinary nodes ("": it does not)."""

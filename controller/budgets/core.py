@@ -564,3 +564,25 @@ def narrow(template: Mapping[str, Any], full: Sequence[str]) -> dict[str, Any]:
         fields += [w for w in wanted if w not in fields]
     selector["nodeSelectorTerms"] = terms
     return out
+
+
+def release_within(budgets: PoolBudgets, waiting: Sequence[tuple[Any, Sequence[str]]], in_flight: Iterable[Sequence[str]],
+                   now: float) -> list[Any]:
+    """The keys of the waiting runs (in release order, each with the destinations it touches) that fit
+    the budgets now, each counted as a use (and a start) on a node with room as it is taken; the runs
+    released whose pod has not come yet (`in_flight`) are counted first, so that passes made before
+    their pods appear never release twice into one room. A run that does not fit stays waiting; later
+    runs touching other destinations may still go."""
+    picture = budgets
+    for i, touched in enumerate(in_flight):
+        nodes = nodes_with_room(picture, touched, now) or tuple(sorted(picture.addresses))
+        if nodes:
+            picture = admit(picture, f"in-flight-{i}", nodes[0], touched, now)
+    out = []
+    for key, touched in waiting:
+        nodes = nodes_with_room(picture, touched, now)
+        if not nodes:
+            continue
+        picture = admit(picture, f"waiting-{len(out)}", nodes[0], touched, now)
+        out.append(key)
+    return out

@@ -11,7 +11,7 @@ built yet: docs/budgets.md, "What is built, what is next").
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from controller.budgets.core import (
     BUDGETS_ANNOTATION,
@@ -22,6 +22,7 @@ from controller.budgets.core import (
     describe,
     figures,
     read_record,
+    release_within,
     trusted_use,
 )
 from controller.core.model import PodState
@@ -65,6 +66,15 @@ class BudgetsView:
             address = where.get(use.node) or address_of(use.node, node.labels if node else {}, {}, pool.egress_address)
             starts += [Start(name, address, record.started) for name in sorted(use.destinations)]
         return PoolBudgets(pool.name, pool.destinations, where, tuple(uses), tuple(starts))
+
+    def releasable(self, pool: Pool, line: Sequence[tuple[Hashable, Sequence[str]]], flying: Sequence[Sequence[str]], now: float) -> set[Hashable]:
+        """Which of the waiting runs (`line`: key and the destinations each waits for, in release order) fit
+        the pool's budgets now, with the runs released and not yet on a node (`flying`) counted. Every key
+        when the pool has no destinations."""
+        budgets = self.pool_budgets(pool)
+        if budgets is None:
+            return {key for key, _ in line}
+        return set(release_within(budgets, line, flying, now))
 
     def status_lines(self, now: float) -> list[str]:
         """Each budget's use per pool, destination and address (`egress-placer status`)."""

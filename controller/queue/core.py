@@ -97,8 +97,13 @@ def parse_time(text: str) -> float | None:
     return moment.timestamp()
 
 
-def entry_annotation(pool: str, kind: str, queued_at: float) -> str:
-    return json.dumps({"pool": pool, "kind": kind, "time": format_time(queued_at)}, separators=(",", ":"))
+def entry_annotation(pool: str, kind: str, queued_at: float, budgets: Sequence[str] = ()) -> str:
+    """`budgets`: the Enforce destinations of the pool the run touches (egress budgets, docs/budgets.md):
+    the leader releases it only when each has room."""
+    data: dict[str, Any] = {"pool": pool, "kind": kind, "time": format_time(queued_at)}
+    if budgets:
+        data["budgets"] = list(budgets)
+    return json.dumps(data, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,7 @@ class EntryMark:
     pool: str
     kind: str
     queued_at: float
+    budgets: tuple[str, ...] = ()
 
 
 def read_entry(value: Any, kind: str) -> EntryMark | None:
@@ -125,7 +131,9 @@ def read_entry(value: Any, kind: str) -> EntryMark | None:
     if not isinstance(pool, str) or not pool or written_on != kind or not isinstance(when, str):
         return None
     queued_at = parse_time(when)
-    return None if queued_at is None else EntryMark(pool, written_on, queued_at)
+    names = data.get("budgets")
+    budgets = tuple(n for n in names if isinstance(n, str))[:64] if isinstance(names, list) else ()
+    return None if queued_at is None else EntryMark(pool, written_on, queued_at, budgets)
 
 
 MAX_DECISION_CHARS = 256 * 1024  # admission's record is a few KiB; a longer value is none of ours
@@ -226,6 +234,7 @@ class QueueEntry:
     done: bool = False  # finished or cancelled
     has_pod: bool = False  # a pod of the run is bound to a node
     uid: str = ""
+    budgets: tuple[str, ...] = ()  # the Enforce destinations it waits for (egress budgets, docs/budgets.md)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -240,6 +249,7 @@ class ReleaseReason(str, Enum):
     SLOT = "slot"  # a slot is free
     TIMEOUT = "timeout"  # waited past maxQueueSeconds on a preferred pool: to ordinary nodes
     UNQUEUED = "unqueued"  # the pool no longer queues (setting removed, pool gone)
+    BUDGET = "budget"  # every egress budget it touches has room (a pool without a queue: docs/budgets.md)
 
     def __str__(self) -> str:
         return self.value
@@ -500,4 +510,4 @@ class RunFacts:
             return None
         pending = self.spec_status == PENDING.get(self.kind)
         done = self.done or self.spec_status in CANCELLED
-        return QueueEntry(self.kind, self.namespace, self.name, mark.pool, mark.queued_at, pending, done, has_pod, self.uid)
+        return QueueEntry(self.kind, self.namespace, self.name, mark.pool, mark.queued_at, pending, done, has_pod, self.uid, mark.budgets)

@@ -345,3 +345,29 @@ def test_narrow_keeps_every_required_term_off_the_full_nodes_once() -> None:
     assert narrow({}, ["n"])["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
         "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["n"]}]}]}
     assert narrow(template, []) == template
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["dockerhub-pulls", "cdn"]), max_size=12), st.integers(0, 4), st.integers(1, 3))
+def test_releases_never_overfill_a_budget_counting_the_runs_in_flight(touching: list, flying: int, n: int) -> None:
+    """Releasing `release_within` then placing each on a node with room never puts more than N behind
+    an address, the runs released before (in flight) counted."""
+    from controller.budgets.core import release_within
+
+    a, b = dest(maxConcurrentPerAddress=n), dest(name="cdn", match={"tasks": ["t"]}, maxConcurrentPerPool=n)
+    budgets = pool(a, b)
+    in_flight = [("dockerhub-pulls",)] * flying
+    keys = release_within(budgets, list(enumerate((t,) for t in touching)), in_flight, NOW)
+    picture = budgets
+    for i, touched in enumerate([*in_flight, *[(touching[k],) for k in keys]]):
+        nodes = nodes_with_room(picture, touched, NOW)
+        if i >= flying:
+            assert nodes  # every run released finds room
+        if nodes:
+            picture = admit(picture, f"p{i}", nodes[0], touched, NOW)
+    counts = {}
+    for u in picture.uses:
+        if "dockerhub-pulls" in u.destinations:
+            counts[ADDRESSES[u.node]] = counts.get(ADDRESSES[u.node], 0) + 1
+    assert all(c <= n for c in counts.values()) or flying > 2 * n  # the runs in flight alone may already overfill
+    assert sum(1 for k in keys if touching[k] == "cdn") <= n
