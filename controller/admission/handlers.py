@@ -46,7 +46,18 @@ from controller.admission.review import (
     value_at,
     with_namespace,
 )
-from controller.budgets.core import BUDGETS_ANNOTATION, RunFacts, full_nodes, match, narrow, record_annotation, taskrun_facts, verdict
+from controller.budgets.core import (
+    BUDGETS_ANNOTATION,
+    REPORT_ONLY,
+    RunFacts,
+    full_nodes,
+    holding,
+    match,
+    narrow,
+    record_annotation,
+    taskrun_facts,
+    verdict,
+)
 from controller.core.agents import agent_tolerations
 from controller.core.decide import decide
 from controller.core.images import WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
@@ -463,10 +474,10 @@ class Admission:
         recorded = budget is not None and placement.node is not None and placement.pool == decision.pool
         if recorded:
             assert budget is not None and placement.pool is not None and placement.node is not None
-            touched, seen, full = budget
+            touched, seen, full, would = budget
             template = narrow(template, full)
             annotations[BUDGETS_ANNOTATION] = record_annotation(placement.pool, touched, placement.node, self.wall())
-            self._budget_events(request, seen)
+            self._budget_events(request, seen, would, placement.pool)
         patch = json_patch(current, template, "/spec")
         if not recorded and BUDGETS_ANNOTATION in request.annotations:  # a record admission did not write now
             patch.append({"op": "remove", "path": pointer(("metadata", "annotations", BUDGETS_ANNOTATION))})
@@ -474,10 +485,10 @@ class Admission:
             self._emit(request, decision, placement)
         return patch + self._gate(request, placement.capped, policy, run) + annotation_ops(request.object, annotations)
 
-    def _budget(self, request: Request, decision: Decision, policy: PlacementPolicy) -> tuple[tuple[str, ...], Any, tuple[str, ...]] | None:
+    def _budget(self, request: Request, decision: Decision, policy: PlacementPolicy) -> tuple[tuple[str, ...], Any, tuple[str, ...], list[str]] | None:
         """The destinations a run's pod touches in its pool (budgets.core.match: its images, its Task's
         name from the `tekton.dev/task` label: the tenant's to choose), the verdict on them now and the
-        pool's nodes without room; None when the pod touches none."""
+        pool's nodes without room, the ReportOnly ones that would have held it; None when the pod touches none."""
         pool = policy.pool(decision.pool) if decision.pool else None
         if pool is None or not pool.destinations:
             return None
@@ -487,15 +498,17 @@ class Admission:
         if budgets is None:
             return None
         now = self.wall()
-        return touched, verdict(budgets, touched, now), full_nodes(budgets, touched, now)
+        return touched, verdict(budgets, touched, now), full_nodes(budgets, touched, now), holding(budgets, touched, now, REPORT_ONLY)
 
-    def _budget_events(self, request: Request, seen: Any) -> None:
-        """Events on the pod: what ReportOnly budgets would have held, and an Enforce budget that had no
-        room on any node (the run was not held before its pod: docs/budgets.md, "What is built")."""
+    def _budget_events(self, request: Request, seen: Any, would: list[str], pool: str) -> None:
+        """Events on the pod: what ReportOnly budgets would have held (`would`: those destinations), and an
+        Enforce budget that had no room on any node (placed anyway: the hold is before the pod)."""
         if request.dry_run:
             return
         for note in seen.reported:
             self._send(request, "Normal", "BudgetReport", note)
+        for name in would:
+            self.metrics.budget_waits.labels(pool=pool, destination=name, mode=REPORT_ONLY).inc()
         if seen.hold:
             self._send(request, "Warning", "BudgetExceeded", f"placed although {seen.reason.removeprefix('waiting for ')} had no room")
 
@@ -566,7 +579,9 @@ class Admission:
         """The Event's note for a run held for egress budgets: "waiting for budget X on A: ..." now."""
         picture = self.state.budgets.pool_budgets(pool)
         seen = verdict(picture, budgets, now) if picture is not None else None
-        if seen is not None and seen.hold:
+        if picture is not None and seen is not None and seen.hold:
+            for name in holding(picture, budgets, now):
+                self.metrics.budget_waits.labels(pool=pool.name, destination=name, mode="Enforce").inc()
             return f"held for egress budgets of pool {pool.name}: {seen.reason}"
         return f"held for egress budgets of pool {pool.name} ({', '.join(budgets)}): room now, released shortly"
 

@@ -586,3 +586,10 @@ def release_within(budgets: PoolBudgets, waiting: Sequence[tuple[Any, Sequence[s
         picture = admit(picture, f"waiting-{len(out)}", nodes[0], touched, now)
         out.append(key)
     return out
+
+
+def holding(budgets: PoolBudgets, touched: Iterable[str], now: float, mode: str = ENFORCE) -> list[str]:
+    """The destinations among `touched` (of `mode`) with no room behind any address now (for the count of
+    runs each held, or would have held)."""
+    return [t for t in dict.fromkeys(touched) if budgets.addresses
+            and all(blocking(budgets, [t], a, now, mode) for a in addresses(budgets))]

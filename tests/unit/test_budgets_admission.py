@@ -185,3 +185,14 @@ def _pod_of(env: Env, name: str) -> dict[str, Any]:
     pod = tekton_pod(name=f"{name}-pod", taskrun_name=name)
     pod["metadata"]["uid"] = f"pod-{name}"
     return pod
+
+
+def test_held_runs_are_counted_by_destination_and_mode() -> None:
+    env = env_with_budgets()
+    env.admission.wall = lambda: env.now
+    for name, node in (("a", "egress-1"), ("b", "egress-2"), ("d", "egress-3")):
+        running(env, name, node)
+    env.review(taskrun(name="held-1"))
+    assert env.metrics.budget_waits.labels(pool="egress", destination="kaniko-pulls", mode="Enforce")._value.get() == 1  # noqa: SLF001
+    [queued] = [e for e in env.events.sent if e["reason"] == "Queued"]
+    assert queued["note"].startswith("held for egress budgets of pool egress: waiting for budget kaniko-pulls on egress-")

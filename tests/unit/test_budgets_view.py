@@ -111,3 +111,18 @@ def test_status_lines_show_each_budgets_use() -> None:
 def test_a_pool_without_destinations_has_no_budgets() -> None:
     s = ClusterState(load_policy(POLICY.split("    egressAddress")[0]), clock=lambda: NOW)
     assert s.budgets.pool_budgets(s.policy.pools[0]) is None and s.budgets.status_lines(NOW) == []
+
+
+def test_the_leaders_pass_sets_each_budgets_figures_with_labels_from_policy_and_nodes() -> None:
+    from controller.budgets.reconcile import BudgetMetrics
+    from controller.metrics import Metrics
+
+    s, metrics = state(), Metrics()
+    for name, where in (("a", "egress-1"), ("b", "egress-2")):
+        run(s, name)
+        pod(s, name, where, rec(where, names=("dockerhub-pulls", "made-up")))
+    BudgetMetrics(s, metrics, clock=lambda: NOW)()
+    in_use = {tuple(x.labels.values()): x.value for f in metrics.budget_in_use.collect() for x in f.samples}
+    starts = {tuple(x.labels.values()): x.value for f in metrics.budget_window_starts.collect() for x in f.samples}
+    assert in_use == {("overseas", "dockerhub-pulls", "203.0.113.7"): 2, ("overseas", "dockerhub-pulls", "egress-3"): 0}
+    assert starts == {("overseas", "dockerhub-pulls", "203.0.113.7"): 2, ("overseas", "dockerhub-pulls", "egress-3"): 0}
