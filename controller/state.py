@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from loguru import logger
 
+from controller.budgets.core import BUDGETS_ANNOTATION
 from controller.budgets.view import BudgetsView, budgeted
 from controller.core.model import DaemonSetState, NamespaceState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
@@ -143,6 +144,7 @@ class ClusterState:
             self.load.runs_replaced(kind, objs)
         if kind == "Pod":  # only this informer's thread writes pods: the counts can be compared off to the side
             counts = self.load.count_pods(snapshot.items.values(), objs)
+            self.budgets.pods_listed(PodState.from_pod(o) for o in objs if BUDGETS_ANNOTATION in ((o.get("metadata") or {}).get("annotations") or {}))
         elif kind == "Node":  # ... and nodes: the nodes that changed, compared off to the side
             moved = _changed_items(store.snapshot.items, snapshot.items)
         with self._lock:
@@ -177,6 +179,8 @@ class ClusterState:
         """Record one pod; True when it is (or was) on a pool node, or waits for a pool slot (gated), so
         reconcilers should look."""
         self.load.pod_changed(obj, deleted, old, new)
+        if old is not None and new is None:  # finished or deleted: its budget starts outlive it (budgets.view)
+            self.budgets.pod_ended(old)
         if any(p is not None and gated(p) for p in (old, new)):
             return True
         nodes = [old.node_name if old is not None else None] + ([] if deleted else [(obj.get("spec") or {}).get("nodeName")])

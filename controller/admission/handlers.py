@@ -494,10 +494,10 @@ class Admission:
             return None
         task = request.labels.get(TASK_LABEL)
         touched = tuple(t.destination for t in match(pool.destinations, RunFacts(decision.images, (task,) if task else ())))
-        budgets = self.state.budgets.pool_budgets(pool) if touched else None
+        now = self.wall()
+        budgets = self.state.budgets.pool_budgets(pool, now) if touched else None
         if budgets is None:
             return None
-        now = self.wall()
         return touched, verdict(budgets, touched, now), full_nodes(budgets, touched, now), holding(budgets, touched, now, REPORT_ONLY)
 
     def _budget_events(self, request: Request, seen: Any, would: list[str], pool: str) -> None:
@@ -577,7 +577,7 @@ class Admission:
 
     def _budget_note(self, pool: Pool, budgets: tuple[str, ...], now: float) -> str:
         """The Event's note for a run held for egress budgets: "waiting for budget X on A: ..." now."""
-        picture = self.state.budgets.pool_budgets(pool)
+        picture = self.state.budgets.pool_budgets(pool, now)
         seen = verdict(picture, budgets, now) if picture is not None else None
         if picture is not None and seen is not None and seen.hold:
             for name in holding(picture, budgets, now):

@@ -31,7 +31,7 @@ class BudgetMetrics:
         in_use: dict[tuple[str, ...], float] = {}
         starts: dict[tuple[str, ...], float] = {}
         for pool in self.state.policy.pools:
-            budgets = self.state.budgets.pool_budgets(pool)
+            budgets = self.state.budgets.pool_budgets(pool, now)
             if budgets is None:
                 continue
             for d in pool.destinations:

@@ -64,7 +64,7 @@ def test_two_nodes_behind_one_address_share_it_the_third_is_its_own() -> None:
     for name, where in (("a", "egress-1"), ("b", "egress-2")):
         run(s, name)
         pod(s, name, where, rec(where))
-    budgets = s.budgets.pool_budgets(pool)
+    budgets = s.budgets.pool_budgets(pool, NOW)
     assert budgets is not None and len(budgets.uses) == 2
     assert verdict(budgets, ["dockerhub-pulls"], NOW).nodes == ("egress-3",)
 
@@ -82,7 +82,7 @@ def test_only_a_runs_pod_counts_and_on_the_node_it_is_bound_to() -> None:
     pod(s, "undecided", "egress-1", rec("egress-1"))
     run(s, "elsewhere")
     pod(s, "elsewhere", "egress-1", rec("egress-1", pool="other-pool"))
-    budgets = s.budgets.pool_budgets(pool)
+    budgets = s.budgets.pool_budgets(pool, NOW)
     assert budgets is not None
     assert [(u.key, u.node) for u in budgets.uses] == [("pod-real", "egress-1")]
     assert [(st.address, st.destination) for st in budgets.starts] == [("203.0.113.7", "dockerhub-pulls")]
@@ -92,7 +92,7 @@ def test_an_unbound_pod_counts_on_the_node_admission_chose() -> None:
     s = state()
     run(s, "a")
     pod(s, "a", None, rec("egress-2"), phase="Pending")
-    budgets = s.budgets.pool_budgets(s.policy.pools[0])
+    budgets = s.budgets.pool_budgets(s.policy.pools[0], NOW)
     assert budgets is not None and [u.node for u in budgets.uses] == ["egress-2"]
 
 
@@ -110,7 +110,7 @@ def test_status_lines_show_each_budgets_use() -> None:
 
 def test_a_pool_without_destinations_has_no_budgets() -> None:
     s = ClusterState(load_policy(POLICY.split("    egressAddress")[0]), clock=lambda: NOW)
-    assert s.budgets.pool_budgets(s.policy.pools[0]) is None and s.budgets.status_lines(NOW) == []
+    assert s.budgets.pool_budgets(s.policy.pools[0], NOW) is None and s.budgets.status_lines(NOW) == []
 
 
 def test_the_leaders_pass_sets_each_budgets_figures_with_labels_from_policy_and_nodes() -> None:
@@ -126,3 +126,33 @@ def test_the_leaders_pass_sets_each_budgets_figures_with_labels_from_policy_and_
     starts = {tuple(x.labels.values()): x.value for f in metrics.budget_window_starts.collect() for x in f.samples}
     assert in_use == {("overseas", "dockerhub-pulls", "203.0.113.7"): 2, ("overseas", "dockerhub-pulls", "egress-3"): 0}
     assert starts == {("overseas", "dockerhub-pulls", "203.0.113.7"): 2, ("overseas", "dockerhub-pulls", "egress-3"): 0}
+
+
+def test_a_finished_pods_start_stays_in_the_window_even_if_its_run_was_deleted_first() -> None:
+    """Counted while running (its TaskRun in the cache), its start outlives the pod and the TaskRun (a
+    tenant deleting its run frees no window); a forged record on a pod never counted is not kept."""
+    s = state()
+    pool = s.policy.pools[0]
+    run(s, "a")
+    pod(s, "a", "egress-1", rec("egress-1"))
+    assert s.budgets.pool_budgets(pool, NOW) is not None  # counted now: verified
+    s.apply("TaskRun", "DELETED", {"metadata": {"namespace": "team-ci", "name": "a", "uid": "uid-a"}})
+    pod(s, "a", "egress-1", rec("egress-1"), phase="Succeeded")
+    pod(s, "forged", "egress-1", rec("egress-1"), owner_uid="made-up")
+    pod(s, "forged", "egress-1", rec("egress-1"), owner_uid="made-up", phase="Succeeded")
+    budgets = s.budgets.pool_budgets(pool, NOW)
+    assert budgets is not None and budgets.uses == ()
+    assert [(st.address, st.time) for st in budgets.starts] == [("203.0.113.7", NOW - 10)]
+    assert s.budgets.pool_budgets(pool, NOW + 61).starts == ()  # out of the 60 s window
+
+
+def test_a_relist_keeps_the_starts_of_the_finished_run_pods_the_api_server_lists() -> None:
+    s = state()
+    run(s, "a")
+    finished = {"metadata": {"namespace": "team-ci", "name": "a-pod", "uid": "pod-a",
+                             "annotations": {BUDGETS_ANNOTATION: rec("egress-3")},
+                             "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": "a", "uid": "uid-a", "controller": True}]},
+                "spec": {"nodeName": "egress-3"}, "status": {"phase": "Succeeded"}}
+    s.replace("Pod", [finished])
+    budgets = s.budgets.pool_budgets(s.policy.pools[0], NOW)
+    assert budgets is not None and [(st.address, st.destination) for st in budgets.starts] == [("egress-3", "dockerhub-pulls")]
