@@ -8,8 +8,9 @@ egress address is the node's own (label, or the node's name). A pod the cache no
 no longer counts at once, but its starts stay in the window: `pod_ended` keeps them (checked a run's pod
 while the cache still had it) for the longest window of its pool, in memory of every replica, and a
 relist keeps those of the finished pods the API server still lists (Tekton keeps a TaskRun's pod until
-the TaskRun is deleted). A pod deleted while no replica watched loses its start: the controller-owned
-start record that closes this is not built yet (docs/budgets.md).
+the TaskRun is deleted). A pod deleted while no replica watched would lose its start: the leader keeps
+the window's starts in a ConfigMap of the controller's namespace (`budgets.reconcile.BudgetStartsKeeper`:
+`window_starts` out, `restore` in, at every replica's start and when a replica starts leading).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from controller.budgets.core import (
     BUDGETS_ANNOTATION,
     MAX_WINDOW_SECONDS,
     PoolBudgets,
+    Kept,
     Start,
     address_of,
     addresses,
@@ -28,6 +30,7 @@ from controller.budgets.core import (
     figures,
     read_record,
     release_within,
+    Use,
     trusted_use,
 )
 from controller.core.model import PodState
@@ -70,8 +73,7 @@ class BudgetsView:
         use = trusted_use(pod.uid, record, run_pod, pool.name, pod.node_name, [d.name for d in pool.destinations])
         if use is None:
             return
-        node = self._stores["Node"].items.get(use.node)
-        address = address_of(use.node, node.labels if node else {}, {}, pool.egress_address)
+        address = self._address(use.node, pool)
         with self._ended_lock:
             self._ended[pod.uid] = (pool.name, tuple(Start(n, address, record.started) for n in sorted(use.destinations)))
             while len(self._ended) > MAX_ENDED:
@@ -82,6 +84,31 @@ class BudgetsView:
         for pod in pods:
             if pod.finished and BUDGETS_ANNOTATION in pod.annotations:
                 self.pod_ended(pod)
+
+    def restore(self, kept: Kept) -> int:
+        """The starts of the leader's record (`budgets.reconcile.BudgetStartsKeeper`): kept as those of ended
+        pods, unless this replica already keeps the pod's (ended, or live: a live pod's record counts, and
+        `_ended_starts` leaves out the uids of live pods). The number taken."""
+        taken = 0
+        with self._ended_lock:
+            for uid, (pool, starts) in kept.items():
+                if uid not in self._ended and len(self._ended) < MAX_ENDED:
+                    self._ended[uid] = (pool, tuple(starts))
+                    taken += 1
+        return taken
+
+    def window_starts(self, now: float) -> dict[str, tuple[str, tuple[Start, ...]]]:
+        """Every start this replica counts, by pod uid (live run pods' records and the ended pods' kept):
+        what the leader's record keeps (`budgets.core.starts_to_keep` bounds it)."""
+        out: dict[str, tuple[str, tuple[Start, ...]]] = {}
+        for pool in self._policy().pools:
+            if pool.destinations:
+                for use, starts in self._live(pool):
+                    out[use.key] = (pool.name, starts)
+        with self._ended_lock:
+            for uid, (pool_name, starts) in self._ended.items():
+                out.setdefault(uid, (pool_name, starts))
+        return out
 
     def _ended_starts(self, pool: Pool, now: float, live: set[str]) -> list[Start]:
         window = max((d.window_seconds or 0 for d in pool.destinations), default=0) or MAX_WINDOW_SECONDS
@@ -97,31 +124,38 @@ class BudgetsView:
     def addresses(self, pool: Pool) -> dict[str, str]:
         """node -> egress address, for the pool's eligible nodes (members, Ready, not cordoned)."""
         nodes = self._stores["Node"].items
-        return {n: address_of(n, nodes[n].labels, {}, pool.egress_address) for n in self._load.pool_names(pool.name) if n in nodes}
+        return {n: self._address(n, pool) for n in self._load.pool_names(pool.name) if n in nodes}
 
     def pool_budgets(self, pool: Pool, now: float) -> PoolBudgets | None:
         """The pool's budgets now; None when it has no destinations. O(pods carrying a record of the pool,
         and ended pods' starts kept)."""
         if not pool.destinations:
             return None
+        live = self._live(pool)
+        uses = [use for use, _ in live]
+        starts = [s for _, mine in live for s in mine] + self._ended_starts(pool, now, {u.key for u in uses})
+        return PoolBudgets(pool.name, pool.destinations, self.addresses(pool), tuple(uses), tuple(starts))
+
+    def _live(self, pool: Pool) -> list[tuple[Use, tuple[Start, ...]]]:
+        """The active run pods' uses of the pool and their starts (from their budget records)."""
         where = self.addresses(pool)
-        nodes = self._stores["Node"].items
         known = [d.name for d in pool.destinations]
-        uses, starts = [], []
+        out = []
         for pod in self._stores["Pod"].snapshot.under("budgeted", pool.name).values():
             record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
             use = trusted_use(pod.uid, record, pod.active and self._queue.is_run_pod(pod.namespace, pod.owners), pool.name, pod.node_name, known)
             if use is None or record is None:
                 continue
-            uses.append(use)
             if pod.uid not in self._verified:
                 with self._ended_lock:
                     self._verified.add(pod.uid)
-            node = nodes.get(use.node)
-            address = where.get(use.node) or address_of(use.node, node.labels if node else {}, {}, pool.egress_address)
-            starts += [Start(name, address, record.started) for name in sorted(use.destinations)]
-        starts += self._ended_starts(pool, now, {u.key for u in uses})
-        return PoolBudgets(pool.name, pool.destinations, where, tuple(uses), tuple(starts))
+            address = where.get(use.node) or self._address(use.node, pool)
+            out.append((use, tuple(Start(name, address, record.started) for name in sorted(use.destinations))))
+        return out
+
+    def _address(self, name: str, pool: Pool) -> str:
+        node = self._stores["Node"].items.get(name)
+        return address_of(name, node.labels if node else {}, node.annotations if node else {}, pool.egress_address)
 
     def releasable(self, pool: Pool, line: Sequence[tuple[Hashable, Sequence[str]]], flying: Sequence[Sequence[str]], now: float) -> set[Hashable]:
         """Which of the waiting runs (`line`: key and the destinations each waits for, in release order) fit

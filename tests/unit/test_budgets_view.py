@@ -156,3 +156,26 @@ def test_a_relist_keeps_the_starts_of_the_finished_run_pods_the_api_server_lists
     s.replace("Pod", [finished])
     budgets = s.budgets.pool_budgets(s.policy.pools[0], NOW)
     assert budgets is not None and [(st.address, st.destination) for st in budgets.starts] == [("egress-3", "dockerhub-pulls")]
+
+
+def test_an_egress_address_from_a_node_annotation_the_cache_keeps_alone() -> None:
+    """`egressAddress.annotation`: the Node cache keeps that one annotation key (no other), and nodes with
+    the same value share the address; a node without it is its own."""
+    from controller.kube.informer import KEPT_ANNOTATIONS, keep_node_annotations, trim_node
+
+    key = "example.com/nat-ip"
+    before = KEPT_ANNOTATIONS["Node"]
+    try:
+        assert keep_node_annotations({key}) is True and keep_node_annotations({key}) is False
+        s = ClusterState(load_policy(POLICY.replace("{label: egress-placer.io/egress-address}", "{annotation: " + key + "}")), clock=lambda: NOW)
+        for name, address in (("egress-1", "203.0.113.7"), ("egress-2", " 203.0.113.7 "), ("egress-3", None)):
+            raw = node(name, None)
+            raw["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": "x" * 10_000, "other": "y",
+                                              **({key: address} if address else {})}
+            trimmed = trim_node(raw)
+            assert set(trimmed["metadata"].get("annotations", {})) <= {key}
+            s.apply("Node", "ADDED", trimmed)
+        assert s.budgets.addresses(s.policy.pools[0]) == {"egress-1": "203.0.113.7", "egress-2": "203.0.113.7", "egress-3": "egress-3"}
+        assert keep_node_annotations(()) is False and "annotations" not in trim_node({"metadata": {"name": "n", "annotations": {key: "a"}}})["metadata"]
+    finally:
+        KEPT_ANNOTATIONS["Node"] = before
