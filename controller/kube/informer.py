@@ -508,15 +508,15 @@ class Informer:
         with self._response_lock:
             self._response = response
         try:
-            if stop.is_set():
+            if stop.is_set() or self._relist.is_set():  # a relist asked before this watch could be shut
                 return
             for line in iter_resp_lines(response):
-                if stop.is_set():
+                if stop.is_set() or self._relist.is_set():
                     return
                 if line:
                     self._handle(decode(line))
         except Exception:
-            if stop.is_set():
+            if stop.is_set() or self._relist.is_set():
                 return  # the connection was shut down on purpose
             raise
         finally:
