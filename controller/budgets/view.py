@@ -55,9 +55,11 @@ class BudgetsView:
         self._stores, self._load, self._queue, self._policy = stores, load, queue, policy
         self._ended: dict[str, tuple[str, tuple[Start, ...]]] = {}  # pod uid -> (pool, its starts): pods gone from the cache
         self._ended_lock = threading.Lock()  # the pod informer writes, admission and the leader read
-        # Pods counted as a run's use while their TaskRun was in the cache: their starts stay once the
-        # pod ends, even if its TaskRun was deleted first (a tenant deleting its run frees no window).
-        self._verified: set[str] = set()
+        # Pods counted as a run's use while their TaskRun was in the cache, with their starts: these stay once
+        # the pod ends, even if its TaskRun was deleted first (a tenant deleting its run frees no window), and
+        # count from here while the pod is gone from the cache but `pod_ended` has not run yet (the store
+        # publishes first, then tells the state) or while it is being deleted (no longer active).
+        self._verified: dict[str, tuple[str, tuple[Start, ...]]] = {}
 
     def pod_ended(self, pod: PodState) -> None:
         """A pod left the cache (finished or deleted): keep its starts when it was a run's pod with a record
@@ -67,8 +69,7 @@ class BudgetsView:
         if record is None or pool is None or not pool.destinations or not pod.uid:
             return
         with self._ended_lock:
-            verified = pod.uid in self._verified
-            self._verified.discard(pod.uid)
+            verified = self._verified.pop(pod.uid, None) is not None
         run_pod = verified or self._queue.is_run_pod(pod.namespace, pod.owners)
         use = trusted_use(pod.uid, record, run_pod, pool.name, pod.node_name, [d.name for d in pool.destinations])
         if use is None:
@@ -106,7 +107,7 @@ class BudgetsView:
                 for use, starts in self._live(pool):
                     out[use.key] = (pool.name, starts)
         with self._ended_lock:
-            for uid, (pool_name, starts) in self._ended.items():
+            for uid, (pool_name, starts) in [*self._ended.items(), *self._verified.items()]:
                 out.setdefault(uid, (pool_name, starts))
         return out
 
@@ -119,6 +120,9 @@ class BudgetsView:
                     del self._ended[uid]  # out of every window of its pool
                 elif name == pool.name and uid not in live:
                     out += starts
+            for uid, (name, starts) in self._verified.items():  # gone from the cache, not yet told
+                if name == pool.name and uid not in live and uid not in self._ended:
+                    out += [s for s in starts if now - s.time <= max(window, 1)]
         return out
 
     def addresses(self, pool: Pool) -> dict[str, str]:
@@ -146,11 +150,12 @@ class BudgetsView:
             use = trusted_use(pod.uid, record, pod.active and self._queue.is_run_pod(pod.namespace, pod.owners), pool.name, pod.node_name, known)
             if use is None or record is None:
                 continue
-            if pod.uid not in self._verified:
-                with self._ended_lock:
-                    self._verified.add(pod.uid)
             address = where.get(use.node) or self._address(use.node, pool)
-            out.append((use, tuple(Start(name, address, record.started) for name in sorted(use.destinations))))
+            starts = tuple(Start(name, address, record.started) for name in sorted(use.destinations))
+            if self._verified.get(pod.uid) != (pool.name, starts):
+                with self._ended_lock:
+                    self._verified[pod.uid] = (pool.name, starts)
+            out.append((use, starts))
         return out
 
     def _address(self, name: str, pool: Pool) -> str:

@@ -179,3 +179,16 @@ def test_an_egress_address_from_a_node_annotation_the_cache_keeps_alone() -> Non
         assert keep_node_annotations(()) is False and "annotations" not in trim_node({"metadata": {"name": "n", "annotations": {key: "a"}}})["metadata"]
     finally:
         KEPT_ANNOTATIONS["Node"] = before
+
+
+def test_a_start_counts_between_its_pod_leaving_the_cache_and_the_state_being_told() -> None:
+    """The pod store publishes the snapshot without the finished pod first, then tells the state
+    (`pod_ended`): a release pass in between must still count the start of a pod it counted before."""
+    s = state()
+    pool = s.policy.pools[0]
+    run(s, "a")
+    pod(s, "a", "egress-1", rec("egress-1"))
+    assert len(s.budgets.pool_budgets(pool, NOW).starts) == 1  # counted once: verified
+    s.stores["Pod"].apply({"metadata": {"namespace": "team-ci", "name": "a-pod", "uid": "pod-a"}}, True)  # the store alone
+    assert [(st.address, st.time) for st in s.budgets.pool_budgets(pool, NOW).starts] == [("203.0.113.7", NOW - 10)]
+    assert s.budgets.pool_budgets(pool, NOW + 61).starts == ()  # out of the window
