@@ -429,7 +429,9 @@ class Admission:
                 record = read.record
             elif self._read_taskrun is not None:
                 raise OwnerReadNeeded(request.namespace, owner.name)
-        return record if is_run_pod(owner, record.uid if record else None, record.decided if record else False) else None
+        if record is None or not is_run_pod(owner, record.uid, record.decided, request.name, record.pod_name):
+            return None
+        return record
 
     def _tekton_pod(
         self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy, run: RunRecord
