@@ -246,7 +246,7 @@ class LoadView:
         also: tuple[str, ...] = ()
         if meta.get("generateName") and (review := annotations.get(REVIEW_ANNOTATION)):
             # admitted before it had a name: this replica assumed it under generateName + the review's uid (read
-            # from every version, held ones too: the first object seen naming that key is the one that settles it)
+            # from every version, held ones too: a held run settles admission's assumption of it as well)
             also = (ledger_key(key.split("/", 1)[0], namespace, f"{meta['generateName']}{review}"),)
         if not active or self.claims.knows(key, uid, self._clock()):  # nothing to read: the book keeps what it read
             return Seen(key, uid, -math.inf, None, active, runs, also)

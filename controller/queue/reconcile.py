@@ -15,7 +15,7 @@ once per run and leadership for a run of a required pool past its maxQueueSecond
 once per pod and leadership for a run's pod bound to a queued pool beyond its slots (`queue.core.over_cap`:
 made while the webhook did not answer, or the pool lost nodes). Such a pod is reported, not evicted: it is
 a run's upload under way, and the queue releases nothing into that pool until the pods are back under
-its cap (docs/security.md, "The webhook down").
+its cap (docs/security.md, "Tenants and runs", "What is left").
 Metrics: queue_length, queue_slots and queue_over_cap_pods per pool, queue_releases_total by reason,
 queue_wait_seconds (pool "": a pool no longer in the policy).
 """
