@@ -86,6 +86,22 @@ def test_a_pod_claiming_a_run_whose_status_names_another_pod_gets_no_pool() -> N
     assert _placed(patched)
 
 
+@pytest.mark.parametrize("status, placed", [({}, True), ({"podName": "build-1-pod"}, False)],
+                         ids=["a-retry-the-cache-lags-behind", "another-pod-named-in-the-read-too"])
+def test_a_cache_naming_another_pod_is_read_again(status: dict, placed: bool) -> None:
+    """Tekton clears status.podName before a retry's pod: a cache still naming the old pod is read again
+    (bounded, as for an uncached TaskRun), so a real retry's pod keeps its placement and a squat gets none."""
+    env = Env()
+    env.add_taskrun("team-ci", "build-1", "uid-build-1", pod_name="build-1-pod")
+    reads = _reading(env, {**copy.deepcopy(TASKRUN), "status": status})
+    retry = tekton_pod(name="build-1-pod-retry1")
+    with pytest.raises(OwnerReadNeeded):
+        env.review(retry)
+    owner = env.admission.read_owner("team-ci", "build-1")
+    assert reads == [("team-ci", "build-1")]
+    assert _placed(_apply(copy.deepcopy(retry), env.admission.review(_review_body(retry), owner))) is placed
+
+
 def _placed(patched: dict) -> bool:
     return EGRESS_TOLERATION in (patched["spec"].get("tolerations") or [])
 
