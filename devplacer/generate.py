@@ -5,8 +5,8 @@ nothing and names the files that differ from what it would write (exit status 1)
 |---|---|
 | `k8s/crds/*.yaml` | `controller/core/pools.py` (`custom_resource_definitions`), rendered by `devplacer/crds.py` |
 | `charts/egress-placer/templates/crds.yaml` | the same, as a Helm template (`crds.install`, `crds.keep`) |
-| `k8s/pool-guard.yaml` | `controller/core/guard.py`: the policy, and the binding for the default exempt and agent namespaces |
-| `charts/egress-placer/templates/pool-guard-policy.yaml` | `controller/core/guard.py`: the policy, as a Helm template |
+| `k8s/pool-guard.yaml` | `controller/pool_guard/core.py`: the policy, and the binding for the default exempt and agent namespaces |
+| `charts/egress-placer/templates/pool-guard-policy.yaml` | `controller/pool_guard/core.py`: the policy, as a Helm template |
 | `k8s/controller-rights.yaml` | `controller/core/rights.py`: the policies bounding the controller's own writes, their bindings |
 | `charts/egress-placer/templates/controller-rights.yaml` | the same, as a Helm template (`controllerRights` values) |
 | `k8s/run-guard.yaml` | `controller/core/run_guard.py`: the run guard's policy and its binding (Deny) |
@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from controller.core.guard import GUARD_NAME, policy_binding, validating_admission_policy
+from controller.pool_guard.core import GUARD_NAME, policy_binding, validating_admission_policy
 from controller.core.rights import controller_rights
 from controller.core.pools import custom_resource_definitions
 from controller.core import run_guard
@@ -64,13 +64,13 @@ POOL_GUARD_HEADER = f"""\
 # node. See k8s/README.md, "The pool guard". The binding is static; the leader keeps the params
 # (ConfigMap egress-placer-pool-guard: the namespaces left out, the pools, their nodes) current.
 #
-# GENERATED from controller/core/guard.py by `{COMMAND}`; do not edit.
+# GENERATED from controller/pool_guard/core.py by `{COMMAND}`; do not edit.
 """
 CHART_POOL_GUARD_HEADER = f"""\
 # The pool guard's ValidatingAdmissionPolicy (k8s/pool-guard.yaml; k8s/README.md, "The pool guard"), the
 # same for every policy; its binding is pool-guard.yaml's.
 #
-# GENERATED from controller/core/guard.py by `{COMMAND}`; do not edit.
+# GENERATED from controller/pool_guard/core.py by `{COMMAND}`; do not edit.
 """
 RUN_GUARD_HEADER = f"""\
 # The run guard: a ValidatingAdmissionPolicy that refuses, inside the API server (fail-closed), a tenant's

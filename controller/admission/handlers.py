@@ -46,12 +46,12 @@ from controller.admission.review import (
     value_at,
     with_namespace,
 )
-from controller.core.agents import agent_tolerations
+from controller.agents.core import agent_tolerations
 from controller.core.decide import decide
 from controller.core.images import WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
 from controller.admission.events import EventsOnCreation
 from controller.admission.memo import Memo, json_key
-from controller.core.intruders import Agent, daemonset_agent, is_mirror_pod, refused_pool
+from controller.intruders.core import Agent, daemonset_agent, is_mirror_pod, refused_pool
 from controller.core.model import (
     DECISION_ANNOTATION,
     PLACEMENT_ANNOTATION,
@@ -67,6 +67,7 @@ from controller.core.patches import json_patch, over_default, place, protection,
 from controller.core.policy import PlacementPolicy, Pool
 from controller.load.core import ledger_key
 from controller.queue.core import (
+    GOVERNED_BY_KUEUE,
     PENDING,
     POOL_SLOT_GATE,
     claimed_taskrun,
@@ -371,7 +372,7 @@ class Admission:
             return []
         owners = owner_refs(request.metadata)
         node_name = text(spec.get("nodeName"))
-        # The same trust as the intruder check (core.intruders), on the facts the tenant cannot forge:
+        # The same trust as the intruder check (intruders.core), on the facts the tenant cannot forge:
         # a mirror pod's Node owner must carry its node's uid; a DaemonSet owner must resolve by uid to a
         # real DaemonSet of this (the request's) namespace, and that namespace must be an agent namespace.
         if is_mirror_pod(request.annotations, owners, node_name, self.state.node(node_name) if node_name else None):
@@ -482,10 +483,12 @@ class Admission:
     # -- the queue ----------------------------------------------------------------------------------
 
     def _queues(self, request: Request, pool_name: str | None) -> bool:
-        """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting and the
-        user did not set spec.status (pending, cancelled) themselves."""
+        """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting our queue
+        governs (`governedBy: kueue`: Kueue holds the runs, we create none pending) and the user did not set
+        spec.status (pending, cancelled) themselves."""
         pool = self.state.policy.pool(pool_name) if pool_name else None
-        return pool is not None and pool.queue is not None and not value_at(request.object, ("spec", "status"))
+        return (pool is not None and pool.queue is not None and pool.queue.governed_by != GOVERNED_BY_KUEUE
+                and not value_at(request.object, ("spec", "status")))
 
     def _enqueue(self, request: Request, pool_name: str | None, patch: Patch, annotations: dict[str, str]) -> str:
         """Queue the run when its pool queues (`patch` and `annotations` get the pending status and the

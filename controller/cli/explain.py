@@ -25,12 +25,12 @@ from controller.core import cluster_resolver
 from controller.core.decide import decide
 from controller.core.images import (
     WHOLE_RUN,
-    TektonObjects,
     is_tekton_pod,
     pipelinerun_images,
     pod_images,
     taskrun_images,
 )
+from controller.tekton.core import TektonObjects
 from controller.core.model import Decision, ImageSet, NamespaceState
 from controller.core.policy import PlacementPolicy, PolicyError, yaml_problem
 from controller.core.pools import load_any_policy

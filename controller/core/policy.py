@@ -450,7 +450,7 @@ class PlacementPolicy(PolicyModel):
         "API server's pool guard leaves them out. Default: the exemptNamespaces.",
     )
     # Agent namespaces whose EXISTING DaemonSets the leader may change to add the pool tolerations
-    # (which restarts their pods); elsewhere it only reports them (core.agents).
+    # (which restarts their pods); elsewhere it only reports them (agents.core).
     patch_existing_agents: tuple[NamespaceName, ...] = Field(
         default=(),
         max_length=MAX_NAMESPACES,

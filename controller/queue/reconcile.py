@@ -10,6 +10,13 @@ Nothing is kept that the cluster does not hold, except the runs this replica rel
 the informers have not shown yet (so the next pass does not count their slot as free again). A new
 leader rebuilds the queue from the cluster: the pending runs carrying a queue entry.
 
+Kueue (tekton-kueue) holds PipelineRuns by the same `spec.status`. Before planning, a pass looks once at
+the Workloads of each namespace with a pending PipelineRun entry (`RunReleaser.kueue_workloads`; only such
+runs can be Kueue's) and marks the entries Kueue holds (`queue.core.held_by_kueue`): they wait in no line
+and take no slot. `_release`, which every release goes through, asks the same question again and releases
+no run Kueue holds. While one is held, passes come at least every KUEUE_LOOK_SECONDS (an admission by Kueue
+changes no run we watch).
+
 Events (the one sink): Released (Normal) with the wait and the reason; QueueWaitExceeded (Warning)
 once per run and leadership for a run of a required pool past its maxQueueSeconds; QueueOverCap (Warning)
 once per pod and leadership for a run's pod bound to a queued pool beyond its slots (`queue.core.over_cap`:
@@ -33,6 +40,7 @@ from controller.core.policy import PlacementPolicy
 from controller.queue.core import (
     PENDING,
     POOL_SLOT_GATE,
+    Workloads,
     GatedPod,
     Plan,
     PoolPod,
@@ -40,6 +48,8 @@ from controller.queue.core import (
     QueueEntry,
     Release,
     ReleaseReason,
+    held_by_kueue,
+    kueue_may_hold,
     over_cap,
     plan,
     release_all,
@@ -50,6 +60,7 @@ from controller.metrics import GaugeSnapshot, Metrics
 from controller.queue.view import QueueView
 
 RELEASE_MEMORY_SECONDS = 60.0  # how long a release this replica made counts while the informers lag
+KUEUE_LOOK_SECONDS = 2.0  # the longest between passes while Kueue holds a queued run
 
 
 class QueueState(Protocol):
@@ -65,6 +76,8 @@ class RunReleaser(Protocol):
     def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool: ...
 
     def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...], gate: str) -> bool: ...
+
+    def kueue_workloads(self, namespace: str) -> Workloads | None: ...
 
 
 class QueueReconciler:
@@ -86,6 +99,7 @@ class QueueReconciler:
         self._ungated: dict[tuple[str, str], tuple[float, GatedPod]] = {}  # let in by us, not yet seen bound
         self._warned: set[tuple[str, str, str]] = set()
         self._over_reported: set[str] = set()  # uids of the pods over a cap reported (those still over)
+        self._workloads: dict[str, Workloads | None] = {}  # namespace -> this pass's look at its Workloads
         self._length = GaugeSnapshot(metrics.queue_length)
         self._slots = GaugeSnapshot(metrics.queue_slots)
         self._over = GaugeSnapshot(metrics.queue_over_cap_pods)
@@ -96,13 +110,16 @@ class QueueReconciler:
         if not self.state.policy_in_force:  # no policy yet: every pool would look unqueued
             return None
         now = self.clock()
-        entries = self._as_seen(self.state.queue.queue_entries(), now)
+        deadlines: list[float] = []
+        self._workloads = {}
+        entries = [replace(e, kueue_held=self._held_by_kueue(e)) for e in self._as_seen(self.state.queue.queue_entries(), now)]
+        if any(e.kueue_held for e in entries):
+            deadlines.append(now + KUEUE_LOOK_SECONDS)
         by_pool: dict[str, list[QueueEntry]] = defaultdict(list)
         for entry in entries:
             by_pool[entry.pool].append(entry)
         length: dict[tuple[str, ...], float] = {}
         slots: dict[tuple[str, ...], float] = {}
-        deadlines: list[float] = []
         plans: dict[str, Plan] = {}
         free: dict[str, int] = {}
         over: dict[str, tuple[PoolPod, ...]] = {}
@@ -149,6 +166,14 @@ class QueueReconciler:
             del self._released[key]
         return out
 
+    def _held_by_kueue(self, entry: QueueEntry) -> bool:
+        """`queue.core.held_by_kueue`, on one look per pass at the Workloads of the entry's namespace."""
+        if not kueue_may_hold(entry):
+            return False
+        if entry.namespace not in self._workloads:
+            self._workloads[entry.namespace] = self.client.kueue_workloads(entry.namespace)
+        return held_by_kueue(entry, self._workloads[entry.namespace])
+
     def _let_in(self, free: dict[str, int], now: float) -> None:
         """Remove the gate of the gated pods that fit in the pools' free slots (`queue.core.ungate`). A pod
         let in by this replica counts in its pools until the informers show it bound (then the pool's
@@ -184,7 +209,11 @@ class QueueReconciler:
         self._over_reported = still
 
     def _release(self, release: Release, now: float, result: Plan | None) -> None:
+        """Every release goes through here: never one of a run Kueue holds (whoever asks)."""
         entry = release.entry
+        if self._held_by_kueue(entry):
+            logger.bind(kind=entry.kind, namespace=entry.namespace, name=entry.name, pool=entry.pool).info("not released: Kueue holds it")
+            return
         released = self.client.release_run(entry.kind, entry.namespace, entry.name, entry.uid, PENDING[entry.kind])
         self._released[entry.key] = now
         self._warned.discard(entry.key)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Iterable, Mapping
 
-from controller.core.images import TektonObjects
+from controller.tekton.core import TektonObjects
 
 TEKTON_FLAGS = "TektonFeatureFlags"  # the kind passed to subscribers when Tekton's coschedule flag changes
 

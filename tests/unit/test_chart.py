@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from controller.core import run_guard
-from controller.core.guard import GUARD_NAME, policy_binding
+from controller.pool_guard.core import GUARD_NAME, policy_binding
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME, controller_rights
 from controller.core.run_guard import RUN_GUARD_NAME
 from controller.core.policy import load_policy
