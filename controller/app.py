@@ -53,6 +53,7 @@ from controller.missed_runs.reconcile import report_missed_runs
 from controller.pool_guard.reconcile import PoolGuardReconciler
 from controller.pool_status.metrics import PoolMetrics
 from controller.queue.reconcile import QueueReconciler
+from controller.budgets.reconcile import BudgetMetrics
 from controller.placement_log.view import PlacementLog
 from controller.pool_status.reconcile import PoolErrors, PoolStatusWriter
 from controller.taints.reconcile import TaintReconciler
@@ -303,6 +304,7 @@ class Controller:
                 self.last_good,
                 PoolMetrics(self.state, self.metrics),
                 queue,
+                BudgetMetrics(self.state, self.metrics),
                 *statuses,
             ],
             is_leader=self.is_leader,

@@ -278,8 +278,8 @@ def read_cluster(settings: Settings) -> tuple[ClusterState, str | None]:
         state.replace("Namespace", _items(api, "/api/v1/namespaces"))
         state.replace("Pod", _items(api, "/api/v1/pods"))
         state.replace("DaemonSet", _items(api, "/apis/apps/v1/daemonsets"))
-        if any(pool.queue is not None for pool in state.policy.pools):
-            _read_runs(api, state)
+        if any(pool.queue is not None or pool.destinations for pool in state.policy.pools):
+            _read_runs(api, state)  # a budget counts a run's pods only: their TaskRuns say which they are
     except CommandError:
         raise
     except Exception as e:  # no API server, a refused request
@@ -309,6 +309,11 @@ def run_status(
         if queues:
             print("\nQueues (release order):", file=out)
             for line in queues:
+                print(line, file=out)
+        budgets = state.budgets.status_lines(time.time())
+        if budgets:
+            print("\nEgress budgets (docs/budgets.md):", file=out)
+            for line in budgets:
                 print(line, file=out)
     if problem is not None:
         return Exit.USAGE

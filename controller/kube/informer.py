@@ -35,6 +35,7 @@ from controller.core import cluster_resolver
 from controller.core.images import TASKRUN_LABEL, image_fields
 from controller.intruders.core import MIRROR_POD_ANNOTATION
 from controller.core.json_wire import decode
+from controller.budgets.core import BUDGETS_ANNOTATION
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
 from controller.queue.core import KUEUE_QUEUE_LABEL, PIPELINERUN_LABEL, POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
 from controller.core.patches import InvalidDefault, default_pod_template
@@ -83,7 +84,8 @@ KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
     "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),  # Pool.allows
     # intruders.core.is_mirror_pod (its presence); admission.events: the review token of a held Event
     # ... and the load picture: the pool and node admission chose (every replica counts it, load.view)
-    "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION, DECISION_ANNOTATION}),
+    # ... and the egress budgets: the budget record admission writes (budgets.core.read_record)
+    "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION, DECISION_ANNOTATION, BUDGETS_ANNOTATION}),
     # missed runs: admitted without a decision (its presence); admission.events: the review token
     # ... and the queue: the entry written at admission (queue.core)
     "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, QUEUE_ANNOTATION}),

@@ -111,8 +111,13 @@ def parse_time(text: str) -> float | None:
     return moment.timestamp()
 
 
-def entry_annotation(pool: str, kind: str, queued_at: float) -> str:
-    return json.dumps({"pool": pool, "kind": kind, "time": format_time(queued_at)}, separators=(",", ":"))
+def entry_annotation(pool: str, kind: str, queued_at: float, budgets: Sequence[str] = ()) -> str:
+    """`budgets`: the Enforce destinations of the pool the run touches (egress budgets, docs/budgets.md):
+    the leader releases it only when each has room."""
+    data: dict[str, Any] = {"pool": pool, "kind": kind, "time": format_time(queued_at)}
+    if budgets:
+        data["budgets"] = list(budgets)
+    return json.dumps(data, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,7 @@ class EntryMark:
     pool: str
     kind: str
     queued_at: float
+    budgets: tuple[str, ...] = ()
 
 
 def read_entry(value: Any, kind: str) -> EntryMark | None:
@@ -139,7 +145,9 @@ def read_entry(value: Any, kind: str) -> EntryMark | None:
     if not isinstance(pool, str) or not pool or written_on != kind or not isinstance(when, str):
         return None
     queued_at = parse_time(when)
-    return None if queued_at is None else EntryMark(pool, written_on, queued_at)
+    names = data.get("budgets")
+    budgets = tuple(n for n in names if isinstance(n, str))[:64] if isinstance(names, list) else ()
+    return None if queued_at is None else EntryMark(pool, written_on, queued_at, budgets)
 
 
 MAX_DECISION_CHARS = 256 * 1024  # admission's record is a few KiB; a longer value is none of ours
@@ -250,6 +258,7 @@ class QueueEntry:
     uid: str = ""
     kueue_label: bool = False  # carries tekton-kueue's LocalQueue label (KUEUE_QUEUE_LABEL)
     kueue_held: bool = False  # `held_by_kueue`: by its label alone, until a pass looks at its Workload
+    budgets: tuple[str, ...] = ()  # the Enforce destinations it waits for (egress budgets, docs/budgets.md)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -265,6 +274,7 @@ class ReleaseReason(str, Enum):
     SLOT = "slot"  # a slot is free
     TIMEOUT = "timeout"  # waited past maxQueueSeconds on a preferred pool: to ordinary nodes
     UNQUEUED = "unqueued"  # the pool no longer queues (setting removed, pool gone)
+    BUDGET = "budget"  # every egress budget it touches has room (a pool without a queue: docs/budgets.md)
 
     def __str__(self) -> str:
         return self.value
@@ -603,4 +613,4 @@ class RunFacts:
         # Held by Kueue as far as the run itself tells (its label): what admission's line summary counts on; the
         # leader's pass decides with the run's Workload (`held_by_kueue`).
         return QueueEntry(self.kind, self.namespace, self.name, mark.pool, mark.queued_at, pending, done, has_pod, self.uid,
-                          kueue_label=labelled, kueue_held=labelled and pending and not done)
+                          kueue_label=labelled, kueue_held=labelled and pending and not done, budgets=mark.budgets)

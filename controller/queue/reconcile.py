@@ -36,7 +36,8 @@ from typing import Callable, Protocol
 
 from loguru import logger
 
-from controller.core.policy import PlacementPolicy
+from controller.budgets.view import BudgetsView
+from controller.core.policy import PlacementPolicy, Pool
 from controller.queue.core import (
     PENDING,
     POOL_SLOT_GATE,
@@ -53,6 +54,7 @@ from controller.queue.core import (
     over_cap,
     plan,
     release_all,
+    release_order,
     ungate,
 )
 from controller.event_sink import EventSink
@@ -61,6 +63,7 @@ from controller.queue.view import QueueView
 
 RELEASE_MEMORY_SECONDS = 60.0  # how long a release this replica made counts while the informers lag
 KUEUE_LOOK_SECONDS = 2.0  # the longest between passes while Kueue holds a queued run
+BUDGET_RECHECK_SECONDS = 1.0  # while runs wait for an egress budget (a window frees with time alone)
 
 
 class QueueState(Protocol):
@@ -70,6 +73,8 @@ class QueueState(Protocol):
     policy_in_force: bool
 
     queue: QueueView
+
+    budgets: BudgetsView
 
 
 class RunReleaser(Protocol):
@@ -126,9 +131,12 @@ class QueueReconciler:
         for pool in self.state.policy.pools:
             picture = self.state.queue.pool_queue(pool)
             if picture is None:
+                if pool.destinations and self._budget_pass(pool, by_pool.pop(pool.name, []), now):
+                    deadlines.append(now + BUDGET_RECHECK_SECONDS)  # a window frees with time, not with a change
                 continue
             over[pool.name] = over_cap(self.state.queue.pool_pods(pool), picture.slots)
-            result = plan(picture, by_pool.pop(pool.name, []), now)
+            mine = by_pool.pop(pool.name, [])
+            result = self._within_budgets(pool, plan(picture, mine, now), mine, now)
             plans[pool.name] = result
             for release in result.releases:
                 self._release(release, now, result)
@@ -149,6 +157,28 @@ class QueueReconciler:
         self._slots.set(slots)
         self._over.set({(pool,): float(len(pods)) for pool, pods in over.items()})
         return max(0.5, min(deadlines) - self.clock()) if deadlines else None
+
+    def _within_budgets(self, pool: Pool, result: Plan, entries: list[QueueEntry], now: float) -> Plan:
+        """A queued pool's plan whose slot releases also fit its egress budgets (docs/budgets.md); those
+        that do not stay first in the line."""
+        slot = [r.entry for r in result.releases if r.reason is ReleaseReason.SLOT]
+        if not pool.destinations or not slot:
+            return result
+        flying = [e.budgets for e in entries if not e.pending and not e.done and not e.has_pod]
+        fits = self.state.budgets.releasable(pool, [(e.key, e.budgets) for e in slot], flying, now)
+        kept = tuple(r for r in result.releases if r.reason is not ReleaseReason.SLOT or r.entry.key in fits)
+        return replace(result, releases=kept, line=tuple(e for e in slot if e.key not in fits) + result.line)
+
+    def _budget_pass(self, pool: Pool, entries: list[QueueEntry], now: float) -> bool:
+        """A pool without a queue whose runs wait for its egress budgets: release, in the queue's order,
+        those whose every budget has room on some pool node (the same release path: `_release`)."""
+        line = release_order([e for e in entries if e.waiting], lambda namespace: 0, {})
+        flying = [e.budgets for e in entries if not e.pending and not e.done and not e.has_pod]
+        fits = self.state.budgets.releasable(pool, [(e.key, e.budgets) for e in line], flying, now)
+        for entry in line:
+            if entry.key in fits:
+                self._release(Release(entry, ReleaseReason.BUDGET), now, None)
+        return len(fits) < len(line)  # some still wait
 
     def _as_seen(self, entries: list[QueueEntry], now: float) -> list[QueueEntry]:
         """Entries with the runs this replica released, and the informers still show pending, as released."""
@@ -227,6 +257,8 @@ class QueueReconciler:
         self.metrics.queue_wait_seconds.labels(pool=label).observe(waited)
         if release.reason is ReleaseReason.TIMEOUT:
             note = f"released from pool {entry.pool}'s queue after {waited:.0f}s, past its longest wait: it runs on ordinary nodes"
+        elif release.reason is ReleaseReason.BUDGET:
+            note = f"released: every egress budget it waited for in pool {entry.pool} has room (waited {waited:.0f}s)"
         elif release.reason is ReleaseReason.UNQUEUED:
             note = f"released: pool {entry.pool} no longer queues (waited {waited:.0f}s)"
         else:

@@ -28,6 +28,7 @@ from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from controller.last_good_policy.reconcile import store_name
 from controller.settings import Settings
 from devcluster.build import find_artifacts
+from devplacer.version import PUBLISHED_IMAGE
 from devplacer.local_placer import kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -457,7 +458,7 @@ def test_pod_match_condition_sends_only_the_pods_that_matter(case: str, obj: dic
 # -- the Deployment ---------------------------------------------------------------------------
 def test_deployment_runs_two_replicas_of_the_controller() -> None:
     assert DEPLOYMENT["spec"]["replicas"] == 2
-    assert CONTAINER["image"] == "egress-placer:0.1.0"
+    assert CONTAINER["image"] == PUBLISHED_IMAGE  # what the release publishes (devplacer/version.py, make generate)
     assert [*CONTAINER.get("command", []), *CONTAINER.get("args", [])] == ["egress-placer", "run"]
     assert POD_SPEC["serviceAccountName"] == SERVICE_ACCOUNT
     assert "priorityClassName" not in POD_SPEC

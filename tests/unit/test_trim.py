@@ -152,7 +152,7 @@ def test_the_allow_lists_name_only_what_a_reader_reads():
     }
     assert KEPT_ANNOTATIONS == {
         "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),
-        "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION, DECISION_ANNOTATION}),
+        "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION, DECISION_ANNOTATION, "egress-placer.io/budgets"}),  # budgets.view
         "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, "egress-placer.io/queue"}),
         "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, "egress-placer.io/queue"}),
         "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),
