@@ -66,7 +66,7 @@ class BudgetsView:
         with self._ended_lock:
             verified = pod.uid in self._verified
             self._verified.discard(pod.uid)
-        run_pod = verified or self._queue.is_run_pod(pod.namespace, pod.owners)
+        run_pod = verified or self._queue.is_run_pod(pod.namespace, pod.owners, pod.name)
         use = trusted_use(pod.uid, record, run_pod, pool.name, pod.node_name, [d.name for d in pool.destinations])
         if use is None:
             return
@@ -110,7 +110,7 @@ class BudgetsView:
         uses, starts = [], []
         for pod in self._stores["Pod"].snapshot.under("budgeted", pool.name).values():
             record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
-            use = trusted_use(pod.uid, record, pod.active and self._queue.is_run_pod(pod.namespace, pod.owners), pool.name, pod.node_name, known)
+            use = trusted_use(pod.uid, record, pod.active and self._queue.is_run_pod(pod.namespace, pod.owners, pod.name), pool.name, pod.node_name, known)
             if use is None or record is None:
                 continue
             uses.append(use)

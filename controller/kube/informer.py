@@ -221,8 +221,8 @@ def trimmer(api_version: str, kind: str, keep: Sequence[str] = ()) -> Trim:
 
 
 def run_trimmer(api_version: str, kind: str) -> Trim:
-    """A TaskRun or PipelineRun: metadata, `spec.status` (pending, cancelled) and whether it is done
-    (its Succeeded condition's status), for the queue (queue.core)."""
+    """A TaskRun or PipelineRun: metadata, `spec.status` (pending, cancelled), whether it is done
+    (its Succeeded condition's status) and, of a TaskRun, `status.podName`, for the queue (queue.core)."""
 
     def trim(obj: Mapping[str, Any]) -> Obj:
         out = _head(obj, api_version, kind)
@@ -235,8 +235,12 @@ def run_trimmer(api_version: str, kind: str) -> Trim:
             for c in (conditions if isinstance(conditions, list) else [])
             if isinstance(c, Mapping) and c.get("type") == "Succeeded"
         ]
-        if succeeded:
-            out["status"] = {"conditions": succeeded[:1]}
+        kept: dict[str, Any] = {"conditions": succeeded[:1]} if succeeded else {}
+        pod_name = (obj.get("status") or {}).get("podName")
+        if kind == "TaskRun" and isinstance(pod_name, str) and pod_name:
+            kept["podName"] = pod_name[:253]  # the pod Tekton made for it (queue.core.is_run_pod)
+        if kept:
+            out["status"] = kept
         return out
 
     return trim
