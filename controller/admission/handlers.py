@@ -479,9 +479,12 @@ class Admission:
     # -- the queue ----------------------------------------------------------------------------------
 
     def _queues(self, request: Request, pool_name: str | None) -> bool:
-        """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting and the
-        user did not set spec.status (pending, cancelled) themselves."""
+        """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting, the
+        user did not set spec.status (pending, cancelled) themselves, and, for a TaskRun, this Tekton can hold
+        one (`TaskRunPending`, controller.compat)."""
         pool = self.state.policy.pool(pool_name) if pool_name else None
+        if request.kind == "TaskRun" and not self.state.tekton.support.taskrun_pending:
+            return False  # this Tekton cannot hold a TaskRun (controller.compat): its pod waits at the pool's slot gate
         return pool is not None and pool.queue is not None and not value_at(request.object, ("spec", "status"))
 
     def _enqueue(self, request: Request, pool_name: str | None, patch: Patch, annotations: dict[str, str]) -> str:
