@@ -33,6 +33,7 @@ pytestmark = [
     pytest.mark.cluster,
     pytest.mark.e2e,
     pytest.mark.skipif(os.environ.get("EGRESS_PLACER_MATRIX") != "1", reason="the matrix's differential (~15 min): EGRESS_PLACER_MATRIX=1 runs it"),
+    pytest.mark.timeout(2400),  # creating the examples twice and waiting up to DEADLINE_SECONDS: past the suite's 900 s
 ]
 
 POLICY = Path(__file__).resolve().parents[1] / "data" / "e2e" / "policy-everything.yaml"
