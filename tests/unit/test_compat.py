@@ -109,3 +109,25 @@ def test_a_pipelinerun_is_queued_whatever_the_tekton() -> None:
     env.state.tekton.set_tekton_version("v1.9.2")
     _, patched, _ = env.review(kaniko_pipelinerun())
     assert patched["spec"]["status"] == "PipelineRunPending"
+
+
+def test_the_informer_reads_tekton_s_version_and_an_unreadable_one_turns_taskrun_queueing_off() -> None:
+    from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+    from controller.kube.informer import cluster_informers  # noqa: PLC0415
+    from controller.metrics import Metrics  # noqa: PLC0415
+    from controller.settings import Settings  # noqa: PLC0415
+    from tests.unit.test_cluster_resolver import Sink  # noqa: PLC0415
+
+    sink = Sink()
+    informers = {i.resource.name: i for i in cluster_informers(None, sink, Settings(), Metrics())}  # type: ignore[arg-type]
+    info = informers["configmap tekton-pipelines/pipelines-info"]
+    assert not info.required and sink.tekton.support.taskrun_pending  # not read yet: nothing off
+    info.on_error(ApiException(status=403, reason="Forbidden"))
+    assert "pipelines-info unreadable: HTTP 403 Forbidden" in sink.tekton.support.problem()
+    info.on_replace([{"data": {"version": "v1.15.0"}}])
+    assert sink.tekton.support.problem() is None
+    info.on_event("MODIFIED", {"data": {"version": "v1.10.2"}})
+    assert not sink.tekton.support.taskrun_pending
+    info.on_event("DELETED", {"data": {}})
+    assert "absent or without a version" in sink.tekton.support.problem()
