@@ -225,7 +225,8 @@ def served(module: str) -> Callable[[str], bool]:
 
 
 def run_cell(cell: Cell, log: Callable[[str], None] = print, extra: Sequence[str] = ()) -> dict:
-    """Build the pair, run `CELL_TESTS` on it, and return its row."""
+    """Build the pair, run `CELL_TESTS` on it, and return its row (the commit checked out when the cell started)."""
+    at = commit()
     env = {**os.environ, build.TEKTON_VERSION_ENV: cell.tekton, build.KUBERNETES_VERSION_ENV: cell.kubernetes, "PYTHONPATH": str(REPO),
            "EGRESS_PLACER_MATRIX": "1"}
     env.pop("EGRESS_PLACER_DEVCLUSTER", None)  # a cluster of this pair, not a running one
@@ -245,7 +246,7 @@ def run_cell(cell: Cell, log: Callable[[str], None] = print, extra: Sequence[str
         failed += 1  # the pair does not build: the cell fails
     log(f"[matrix] {cell.name}: {passed} passed, {failed} failed in {time.monotonic() - started:.0f} s")
     return {"tekton": cell.tekton, "kubernetes": cell.kubernetes, "passed": passed, "failed": failed,
-            "date": datetime.now(timezone.utc).date().isoformat(), "commit": commit()}
+            "date": datetime.now(timezone.utc).date().isoformat(), "commit": at}
 
 
 def ensure_variants(cell: Cell, log: Callable[[str], None]) -> None:
