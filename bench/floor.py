@@ -28,7 +28,8 @@ from typing import Any, Callable
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.core.images import TektonObjects, taskrun_images
+from controller.core.images import taskrun_images
+from controller.tekton.core import TektonObjects
 from controller.core.model import PLACEMENT_ANNOTATION
 from devcluster import build
 from devcluster.cluster import Cluster, ClusterError

@@ -69,11 +69,11 @@ def reconcile_loop(state: Any, leading: threading.Event) -> Any:
     """The leader's loop over every reconciler that reads each pool node; `leading` set: it passes."""
     from controller.metrics import Metrics
     from controller.queue.reconcile import QueueReconciler
-    from controller.reconcile.agents import AgentReconciler
-    from controller.reconcile.intruders import IntruderReconciler
-    from controller.reconcile.loop import ReconcileLoop
-    from controller.reconcile.pool_metrics import PoolMetrics
-    from controller.reconcile.taints import TaintReconciler
+    from controller.agents.reconcile import AgentReconciler
+    from controller.intruders.reconcile import IntruderReconciler
+    from controller.reconcile_loop import ReconcileLoop
+    from controller.pool_status.metrics import PoolMetrics
+    from controller.taints.reconcile import TaintReconciler
 
     metrics, nowhere = Metrics(), NoWrites()
     return ReconcileLoop(state, [
@@ -136,7 +136,7 @@ def lock_holds(nodes: int, pods: int, passes: int = LOCK_PASSES) -> dict[str, An
     shared machine a hold also counts the time the thread waited for a core. And a full collection of
     the state, before and after gc.freeze() (ms, median of 3)."""
     from controller.metrics import Metrics
-    from controller.reconcile.pool_metrics import PoolMetrics
+    from controller.pool_status.metrics import PoolMetrics
 
     state, _ = build_state(nodes, pods)
     unfrozen = full_collection_ms()

@@ -24,7 +24,8 @@ import jsonpatch
 import yaml
 
 from bench.corpus import task_corpus_dir
-from controller.core.images import TektonObjects, taskrun_images
+from controller.core.images import taskrun_images
+from controller.tekton.core import TektonObjects
 from controller.core.model import DECISION_ANNOTATION
 from controller.core.policy import PlacementPolicy, load_policy
 

@@ -6,7 +6,7 @@ health/metrics server; one runner (controller.runner) owns the background tasks.
 stops it in reverse order: stop accepting, finish in-flight reviews, release the lease, write the Events.
 
 A policy problem is never fatal. An invalid or missing policy at start: the last good policy the
-leader stored (controller/reconcile/last_good_policy.py) is validated and kept in force; with none
+leader stored (controller/last_good_policy/reconcile.py) is validated and kept in force; with none
 stored, no policy is in force: the webhook places nothing and strips pool tolerations as for a run
 without a pool, the intruder reconciler sees no pool, and the taint reconciler leaves the taints as
 they are (they keep everyone off the pools). Later, an invalid policy leaves the one in force.
@@ -46,17 +46,18 @@ from controller.kube.reader import KubeReader
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.retry import OWNER_READS
-from controller.reconcile.agents import AgentReconciler
-from controller.reconcile.intruders import IntruderReconciler
-from controller.reconcile.last_good_policy import POLICY_KEY, LastGoodPolicyKeeper, store_name
-from controller.reconcile.loop import ReconcileLoop
+from controller.agents.reconcile import AgentReconciler
+from controller.intruders.reconcile import IntruderReconciler
+from controller.last_good_policy.reconcile import POLICY_KEY, LastGoodPolicyKeeper, store_name
+from controller.reconcile_loop import ReconcileLoop
 from controller.missed_runs.reconcile import report_missed_runs
-from controller.reconcile.pool_guard import PoolGuardReconciler
-from controller.reconcile.pool_metrics import PoolMetrics
+from controller.pool_guard.reconcile import PoolGuardReconciler
+from controller.pool_status.metrics import PoolMetrics
 from controller.queue.reconcile import QueueReconciler
+from controller.budgets.reconcile import BudgetMetrics
 from controller.placement_log.view import PlacementLog
-from controller.reconcile.pool_status import PoolErrors, PoolStatusWriter
-from controller.reconcile.taints import TaintReconciler
+from controller.pool_status.reconcile import PoolErrors, PoolStatusWriter
+from controller.taints.reconcile import TaintReconciler
 from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -308,6 +309,7 @@ class Controller:
                 self.last_good,
                 PoolMetrics(self.state, self.metrics),
                 queue,
+                BudgetMetrics(self.state, self.metrics),
                 *statuses,
             ],
             is_leader=self.is_leader,

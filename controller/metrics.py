@@ -44,7 +44,7 @@ UNKNOWN_KIND = "unknown"  # the kind label of a review whose body could not be r
 # The attributes of Metrics that only the leader's reconcile pass sets.
 LEADER_SERIES = (
     "pool_node_load", "pool_node_capacity", "pool_ready_nodes", "intruders", "taint_drift_nodes", "agents_missing",
-    "queue_length", "queue_slots",
+    "queue_length", "queue_slots", "budget_in_use", "budget_window_starts",
 )
 QUEUE_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 
@@ -56,6 +56,7 @@ class Metrics:
         self._admission()
         self._pool()
         self._queue()
+        self._budgets()
         self._adapters()
 
     def _counter(self, name: str, help: str, labels: Sequence[str] = ()) -> Counter:
@@ -196,6 +197,28 @@ class Metrics:
         )
         self._queue_overdue = _QueueOverdue()
         self.registry.register(self._queue_overdue)
+
+    def _budgets(self) -> None:
+        """Egress budgets (docs/budgets.md). Label values only from the policy (pool, destination) and from
+        nodes (address: a node label's value or a node's name), never from a run."""
+        self.budget_in_use = self._gauge(
+            "budget_in_use",
+            "Runs at once of a destination behind an egress address (run pods on the pool's nodes, bound or "
+            "chosen), as the leader's last pass saw them.",
+            ["pool", "destination", "address"],
+        )
+        self.budget_window_starts = self._gauge(
+            "budget_window_starts",
+            "Starts of a destination's runs behind an egress address in its window (destinations with "
+            "maxStartsPerWindowPerAddress), as the leader's last pass saw them.",
+            ["pool", "destination", "address"],
+        )
+        self.budget_waits = self._counter(
+            "budget_waits_total",
+            "Runs a destination's budget held at admission (mode Enforce), or would have held (ReportOnly: "
+            "counted at Pod CREATE), by pool, destination and mode.",
+            ["pool", "destination", "mode"],
+        )
 
     def _adapters(self) -> None:
         self.watch_restarts = self._counter(

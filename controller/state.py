@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from loguru import logger
 
+from controller.budgets.core import BUDGETS_ANNOTATION
+from controller.budgets.view import BudgetsView, budgeted
 from controller.core.model import DaemonSetState, NamespaceState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
 from controller.load.view import LoadView
@@ -62,7 +64,8 @@ class ClusterState:
             "Pod": Store(lambda o: run_key("Pod", o)[1:], _kept_pod, {"node": lambda pod: pod.node_name or None,
                                                                     "TaskRun": bound_taskrun,
                                                                     "run": run_of,
-                                                                    "gated": gated}),
+                                                                    "gated": gated,
+                                                                    "budgeted": budgeted}),
             "DaemonSet": Store(lambda o: o["metadata"].get("uid") or "", DaemonSetState.from_daemonset),
             **{kind: Store(partial(run_key, kind), partial(RunRecord.of, kind),
                            {"queued": RunRecord.queued, "pipelinerun": RunRecord.claimed_uid}) for kind in RUN_KINDS},
@@ -79,6 +82,7 @@ class ClusterState:
         self._subscribers: list[Callable[[str], None]] = []
         self.load = LoadView(self._policy, lambda: self.nodes, clock, assumption_ttl, balance, lambda name: self.namespace(name))
         self.queue = QueueView(self.stores, self.load, lambda: self._policy)
+        self.budgets = BudgetsView(self.stores, self.load, self.queue, lambda: self._policy)
         self.missed_runs = MissedRuns(self.stores)
         self.tekton = TektonView(self._notify)
 
@@ -140,6 +144,7 @@ class ClusterState:
             self.load.runs_replaced(kind, objs)
         if kind == "Pod":  # only this informer's thread writes pods: the counts can be compared off to the side
             counts = self.load.count_pods(snapshot.items.values(), objs)
+            self.budgets.pods_listed(PodState.from_pod(o) for o in objs if BUDGETS_ANNOTATION in ((o.get("metadata") or {}).get("annotations") or {}))
         elif kind == "Node":  # ... and nodes: the nodes that changed, compared off to the side
             moved = _changed_items(store.snapshot.items, snapshot.items)
         with self._lock:
@@ -174,6 +179,8 @@ class ClusterState:
         """Record one pod; True when it is (or was) on a pool node, or waits for a pool slot (gated), so
         reconcilers should look."""
         self.load.pod_changed(obj, deleted, old, new)
+        if old is not None and new is None:  # finished or deleted: its budget starts outlive it (budgets.view)
+            self.budgets.pod_ended(old)
         if any(p is not None and gated(p) for p in (old, new)):
             return True
         nodes = [old.node_name if old is not None else None] + ([] if deleted else [(obj.get("spec") or {}).get("nodeName")])

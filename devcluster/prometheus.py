@@ -2,7 +2,7 @@
 
 `start_prometheus(cluster, {node: url})` builds Prometheus on demand (`build.ensure_optional`, its
 own cache key: `up` never waits for it), writes a config with one static scrape job per target
-labelled `node: <node name>`, starts it on 127.0.0.1 (so `python -m devcluster down` stops it
+labelled `node: <node name>` (a series' own `node` label is kept: honor_labels), starts it on 127.0.0.1 (so `python -m devcluster down` stops it
 too) and returns its URL once it is ready and has scraped every target. Data lives in
 `DIR/prometheus/data` (kept across restarts of the same cluster, removed with the directory).
 """
@@ -38,6 +38,9 @@ def scrape_config(targets: Mapping[str, str], scrape_interval: str) -> dict[str,
                 "job_name": f"egress-{node}",
                 "scheme": parts.scheme,
                 "metrics_path": parts.path or "/metrics",
+                # A target's own labels win (an exporter of pods' series names their node itself); the
+                # job's `node` label names the target's node for those that do not.
+                "honor_labels": True,
                 "static_configs": [{"targets": [parts.netloc], "labels": {NODE_LABEL: node}}],
             }
         )

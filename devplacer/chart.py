@@ -125,12 +125,17 @@ class Release:
     def install(self, webhook_url: str) -> None:
         """`helm install`, the webhooks pointed at `webhook_url` by the post-renderer; this chart into its
         namespace made by Helm and labelled (docs/helm.md), another chart as it is."""
+        self.install_from(webhook_url, (str(self.chart),))
+
+    def install_from(self, webhook_url: str, source: Sequence[str]) -> None:
+        """`install`, the chart named by `source` (helm's arguments: a directory, or `oci://… --version V
+        --plain-http`, devplacer/release.py), this chart's namespace handling unless `chart` is another."""
         self.webhook_url = webhook_url
         ours = self.chart == CHART_DIR
         values = {**self.values, "createNamespace": False} if ours else self.values
         with tempfile.TemporaryDirectory(prefix="egress-placer-values-") as tmp:
             self._helm(
-                "install", RELEASE, str(self.chart), "--namespace", self.namespace, *(["--create-namespace"] if ours else []),
+                "install", RELEASE, *source, "--namespace", self.namespace, *(["--create-namespace"] if ours else []),
                 *_values_args(values, tmp), *self._post_renderer(),
             )
         if ours:

@@ -5,13 +5,15 @@ nothing and names the files that differ from what it would write (exit status 1)
 |---|---|
 | `k8s/crds/*.yaml` | `controller/core/pools.py` (`custom_resource_definitions`), rendered by `devplacer/crds.py` |
 | `charts/egress-placer/templates/crds.yaml` | the same, as a Helm template (`crds.install`, `crds.keep`) |
-| `k8s/pool-guard.yaml` | `controller/core/guard.py`: the policy, and the binding for the default exempt and agent namespaces |
-| `charts/egress-placer/templates/pool-guard-policy.yaml` | `controller/core/guard.py`: the policy, as a Helm template |
+| `k8s/pool-guard.yaml` | `controller/pool_guard/core.py`: the policy, and the binding for the default exempt and agent namespaces |
+| `charts/egress-placer/templates/pool-guard-policy.yaml` | `controller/pool_guard/core.py`: the policy, as a Helm template |
 | `k8s/controller-rights.yaml` | `controller/core/rights.py`: the policies bounding the controller's own writes, their bindings |
 | `charts/egress-placer/templates/controller-rights.yaml` | the same, as a Helm template (`controllerRights` values) |
 | `k8s/run-guard.yaml` | `controller/core/run_guard.py`: the run guard's policy and its binding (Deny) |
 | `charts/egress-placer/templates/run-guard.yaml` | the same, as a Helm template (`runGuard.enabled`, `runGuard.warnOnly`) |
 | `charts/egress-placer/README.md` | the chart's values.yaml (`# --` comments) and README.md.gotmpl, by helm-docs |
+| `charts/egress-placer/Chart.yaml` | its `version` and `appVersion` lines: pyproject.toml's version (devplacer/version.py); the rest as written |
+| `k8s/deployment.yaml` | its `image:` line: the published image at that version (devplacer/version.py); the rest as written |
 
 The chart's README needs helm-docs, an optional component of the local cluster's build
 (`python -m devcluster build --with helm-docs`, part of `make cluster-build`). Without it (a bare
@@ -30,14 +32,17 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+import re
+
 import yaml
 
-from controller.core.guard import GUARD_NAME, policy_binding, validating_admission_policy
+from controller.pool_guard.core import GUARD_NAME, policy_binding, validating_admission_policy
 from controller.core.rights import controller_rights
 from controller.core.pools import custom_resource_definitions
 from controller.core import run_guard
 from devcluster.build import find_optional
 from devplacer import crds
+from devplacer import version as versions
 
 REPO = Path(__file__).resolve().parents[1]
 COMMAND = "make generate"
@@ -50,6 +55,8 @@ RUN_GUARD = Path("k8s/run-guard.yaml")
 CHART_RUN_GUARD = CHART_DIR / "templates" / "run-guard.yaml"
 CHART_CRDS = CHART_DIR / "templates" / "crds.yaml"
 CHART_README = CHART_DIR / "README.md"
+CHART_YAML = CHART_DIR / "Chart.yaml"
+DEPLOYMENT = Path("k8s/deployment.yaml")
 HELM_DOCS_MISSING = (
     f"{CHART_README}: not generated, helm-docs is not built "
     "(python -m devcluster build --with helm-docs, part of make cluster-build)"
@@ -64,13 +71,13 @@ POOL_GUARD_HEADER = f"""\
 # node. See k8s/README.md, "The pool guard". The binding is static; the leader keeps the params
 # (ConfigMap egress-placer-pool-guard: the namespaces left out, the pools, their nodes) current.
 #
-# GENERATED from controller/core/guard.py by `{COMMAND}`; do not edit.
+# GENERATED from controller/pool_guard/core.py by `{COMMAND}`; do not edit.
 """
 CHART_POOL_GUARD_HEADER = f"""\
 # The pool guard's ValidatingAdmissionPolicy (k8s/pool-guard.yaml; k8s/README.md, "The pool guard"), the
 # same for every policy; its binding is pool-guard.yaml's.
 #
-# GENERATED from controller/core/guard.py by `{COMMAND}`; do not edit.
+# GENERATED from controller/pool_guard/core.py by `{COMMAND}`; do not edit.
 """
 RUN_GUARD_HEADER = f"""\
 # The run guard: a ValidatingAdmissionPolicy that refuses, inside the API server (fail-closed), a tenant's
@@ -230,6 +237,33 @@ def chart_crds_template() -> str:
     return out + "{{- end }}\n"
 
 
+def _set_line(text: str, pattern: str, line: str, where: Path) -> str:
+    """`text` with the one line matching `pattern` (a full-line regex) replaced by `line`."""
+    new, count = re.subn(pattern, line.replace("\\", "\\\\"), text, flags=re.MULTILINE)
+    if count != 1:
+        raise ValueError(f"{where}: {count} lines match {pattern!r}, one was expected")
+    return new
+
+
+def release_version() -> str:
+    """pyproject.toml's version, checked to be one Helm (SemVer 2) and pip (PEP 440) both read the same way."""
+    version = versions.version(REPO / "pyproject.toml")
+    if not re.fullmatch(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)", version):
+        raise ValueError(f"pyproject.toml: version {version!r} is not MAJOR.MINOR.PATCH (docs/releasing.md)")
+    return version
+
+
+def chart_yaml(text: str, version: str) -> str:
+    """Chart.yaml with `version` and `appVersion` set to the project's version (lockstep, docs/releasing.md)."""
+    text = _set_line(text, r"^version: .*$", f"version: {version}", CHART_YAML)
+    return _set_line(text, r"^appVersion: .*$", f'appVersion: "{version}"', CHART_YAML)
+
+
+def deployment_yaml(text: str, version: str) -> str:
+    """k8s/deployment.yaml with the controller's image the one the release publishes at `version`."""
+    return _set_line(text, r"^          image: .*$", f"          image: {versions.IMAGE_REPOSITORY}:{version}", DEPLOYMENT)
+
+
 def chart_readme(helm_docs: Path) -> str:
     """charts/egress-placer/README.md: helm-docs over the chart (its README.md.gotmpl), values in file order."""
     result = subprocess.run(
@@ -262,6 +296,9 @@ def outputs() -> dict[Path, str]:
     out[CHART_CONTROLLER_RIGHTS] = chart_controller_rights_template()
     out[RUN_GUARD] = run_guard_manifest()
     out[CHART_RUN_GUARD] = chart_run_guard_template()
+    version = release_version()
+    out[CHART_YAML] = chart_yaml((REPO / CHART_YAML).read_text(), version)
+    out[DEPLOYMENT] = deployment_yaml((REPO / DEPLOYMENT).read_text(), version)
     binary = helm_docs()
     if binary is not None:
         out[CHART_README] = chart_readme(binary)

@@ -3,7 +3,7 @@
 The DaemonSet controller makes no pod on a node whose NoSchedule taint the template does not
 tolerate, so a toleration added at Pod CREATE comes too late: the template must carry it. A DaemonSet
 of an agent namespace (`agentNamespaces`, by default the exempt ones) gets one `Exists` toleration per
-pool taint key and effect it does not tolerate yet (core.agents), and the annotation
+pool taint key and effect it does not tolerate yet (agents.core), and the annotation
 `egress-placer.io/pool-tolerations-added` says which. The fact relied on: the request's namespace,
 which only those who may write DaemonSets there (cluster admins) choose; a tenant's DaemonSet is
 left as it is (the pool guard and the pod webhook keep its pods off pools).
@@ -13,7 +13,7 @@ left as it is (the pool guard and the pod webhook keep its pods off pools).
   `kubectl apply` of a new image, or of a manifest without our toleration: it is put back, and the
   template ends as it was). An update that leaves the template alone (labels, annotations, scale of
   nothing) is not turned into a restart of every pod: existing templates are the leader's business,
-  reported, and changed only where their owner opted in (reconcile.agents).
+  reported, and changed only where their owner opted in (agents.reconcile).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from controller.admission.review import Patch, Request, annotation_ops, ops_at, value_at
-from controller.core.agents import TOLERATIONS_ADDED_ANNOTATION, added_record, agent_tolerations, missing_tolerations, show_toleration
+from controller.agents.core import TOLERATIONS_ADDED_ANNOTATION, added_record, agent_tolerations, missing_tolerations, show_toleration
 from controller.core.model import REVIEW_ANNOTATION
 from controller.core.policy import PlacementPolicy, is_agent_namespace
 

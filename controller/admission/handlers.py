@@ -46,12 +46,24 @@ from controller.admission.review import (
     value_at,
     with_namespace,
 )
-from controller.core.agents import agent_tolerations
+from controller.agents.core import agent_tolerations
+from controller.budgets.core import (
+    BUDGETS_ANNOTATION,
+    REPORT_ONLY,
+    RunFacts,
+    full_nodes,
+    holding,
+    match,
+    narrow,
+    record_annotation,
+    taskrun_facts,
+    verdict,
+)
 from controller.core.decide import decide
 from controller.core.images import WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
 from controller.admission.events import EventsOnCreation
 from controller.admission.memo import Memo, json_key
-from controller.core.intruders import Agent, daemonset_agent, is_mirror_pod, refused_pool
+from controller.intruders.core import Agent, daemonset_agent, is_mirror_pod, refused_pool
 from controller.core.model import (
     DECISION_ANNOTATION,
     PLACEMENT_ANNOTATION,
@@ -67,6 +79,7 @@ from controller.core.patches import json_patch, over_default, place, protection,
 from controller.core.policy import PlacementPolicy, Pool
 from controller.load.core import ledger_key
 from controller.queue.core import (
+    GOVERNED_BY_KUEUE,
     PENDING,
     POOL_SLOT_GATE,
     claimed_taskrun,
@@ -86,6 +99,7 @@ from controller.settings import Settings
 from controller.state import ClusterState
 
 AFFINITY_ASSISTANT_ANNOTATION = "pipeline.tekton.dev/affinity-assistant"
+TASK_LABEL = "tekton.dev/task"  # on a run's pod: its Task's name (the TaskRun creator's to write)
 COMPONENT_LABEL, AFFINITY_ASSISTANT_COMPONENT = "app.kubernetes.io/component", "affinity-assistant"
 MAX_IMAGES_IN_ANNOTATION = 20
 # Tekton's `coschedule` feature flag (feature-flags ConfigMap).
@@ -242,18 +256,20 @@ class Admission:
         decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request))
         template = value_at(request.object, ("spec", "podTemplate"))
         default = self.state.tekton.default_pod_template
+        budgets: tuple[str, ...] = ()  # a coscheduled run follows its PipelineRun: never held for budgets here
         if AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
             why = "coscheduled: its PipelineRun places the whole run"
             placement = _keep_if_allowed(template, policy, namespace, why, default)
         else:
             key = ledger_key("taskrun", request.namespace, request.key_name)
             # A queued run's pod comes when it is released: nothing to assume now (the pod is placed again).
-            assume = not self._queues(request, decision.pool)
+            budgets = self._run_budgets(request, decision, policy)
+            assume = not self._queues(request, decision.pool, budgets)
             placement = self._place(template, decision.pool, policy, key, request.name, request.dry_run or not assume, default)
         self._count(request.kind, decision, placement)
         patch = ops_at(request.object, ("spec", "podTemplate"), placement.template)
         annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
-        queued = self._enqueue(request, placement.capped, patch, annotations)
+        queued = self._enqueue(request, placement.capped, patch, annotations, budgets)
         patch += annotation_ops(request.object, annotations)
         if decision.reason == Reason.UNKNOWN_POOL:
             warnings.append(f"egress-placer: {decision.message}")
@@ -371,7 +387,7 @@ class Admission:
             return []
         owners = owner_refs(request.metadata)
         node_name = text(spec.get("nodeName"))
-        # The same trust as the intruder check (core.intruders), on the facts the tenant cannot forge:
+        # The same trust as the intruder check (intruders.core), on the facts the tenant cannot forge:
         # a mirror pod's Node owner must carry its node's uid; a DaemonSet owner must resolve by uid to a
         # real DaemonSet of this (the request's) namespace, and that namespace must be an agent namespace.
         if is_mirror_pod(request.annotations, owners, node_name, self.state.node(node_name) if node_name else None):
@@ -449,14 +465,53 @@ class Admission:
             if taskrun:
                 self.state.load.forget(ledger_key("taskrun", request.namespace, taskrun))
             self.state.load.withdraw(key)
-        placement = self._place(current, decision.pool, policy, key, request.name, request.dry_run)
+        budget = self._budget(request, decision, policy)
+        allowed = frozenset(budget[1].nodes) if budget is not None and not budget[1].hold else None
+        placement = self._place(current, decision.pool, policy, key, request.name, request.dry_run, allowed=allowed)
         self._count(request.kind, decision, placement)
-        patch = json_patch(current, placement.template, "/spec")
+        template = placement.template
         # The review's uid replaces the TaskRun's, which Tekton copied into the pod with its annotations.
         annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid, **protection(placement.pool)}
+        recorded = budget is not None and placement.node is not None and placement.pool == decision.pool
+        if recorded:
+            assert budget is not None and placement.pool is not None and placement.node is not None
+            touched, seen, full, would = budget
+            template = narrow(template, full)
+            annotations[BUDGETS_ANNOTATION] = record_annotation(placement.pool, touched, placement.node, self.wall())
+            self._budget_events(request, seen, would, placement.pool)
+        patch = json_patch(current, template, "/spec")
+        if not recorded and BUDGETS_ANNOTATION in request.annotations:  # a record admission did not write now
+            patch.append({"op": "remove", "path": pointer(("metadata", "annotations", BUDGETS_ANNOTATION))})
         if placement.pool or decision.reason in WARNING_REASONS:
             self._emit(request, decision, placement)
         return patch + self._gate(request, placement.capped, policy, run) + annotation_ops(request.object, annotations)
+
+    def _budget(self, request: Request, decision: Decision, policy: PlacementPolicy) -> tuple[tuple[str, ...], Any, tuple[str, ...], list[str]] | None:
+        """The destinations a run's pod touches in its pool (budgets.core.match: its images, its Task's
+        name from the `tekton.dev/task` label: the tenant's to choose), the verdict on them now and the
+        pool's nodes without room, the ReportOnly ones that would have held it; None when the pod touches none."""
+        pool = policy.pool(decision.pool) if decision.pool else None
+        if pool is None or not pool.destinations:
+            return None
+        task = request.labels.get(TASK_LABEL)
+        touched = tuple(t.destination for t in match(pool.destinations, RunFacts(decision.images, (task,) if task else ())))
+        now = self.wall()
+        budgets = self.state.budgets.pool_budgets(pool, now) if touched else None
+        if budgets is None:
+            return None
+        return touched, verdict(budgets, touched, now), full_nodes(budgets, touched, now), holding(budgets, touched, now, REPORT_ONLY)
+
+    def _budget_events(self, request: Request, seen: Any, would: list[str], pool: str) -> None:
+        """Events on the pod: what ReportOnly budgets would have held (`would`: those destinations), and an
+        Enforce budget that had no room on any node (placed anyway: the hold is before the pod)."""
+        if request.dry_run:
+            return
+        for note in seen.reported:
+            self._send(request, "Normal", "BudgetReport", note)
+        for name in would:
+            self.metrics.budget_waits.labels(pool=pool, destination=name, mode=REPORT_ONLY).inc()
+        if seen.hold:
+            self._send(request, "Warning", "BudgetExceeded", f"placed although {seen.reason.removeprefix('waiting for ')} had no room")
 
     def _gate(self, request: Request, pool_name: str | None, policy: PlacementPolicy, run: RunRecord) -> Patch:
         """A run's pod placed on a queued pool whose run our queue does not hold (its owner, tekton-kueue
@@ -478,16 +533,30 @@ class Admission:
 
     # -- the queue ----------------------------------------------------------------------------------
 
-    def _queues(self, request: Request, pool_name: str | None) -> bool:
-        """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting, the
-        user did not set spec.status (pending, cancelled) themselves, and, for a TaskRun, this Tekton can hold
-        one (`TaskRunPending`, controller.compat)."""
+    def _queues(self, request: Request, pool_name: str | None, budgets: tuple[str, ...] = ()) -> bool:
+        """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting our queue
+        governs (`governedBy: kueue`: Kueue holds the runs, we create none pending), or the run touches one
+        of its Enforce egress budgets (`budgets`), and the user did not set spec.status (pending, cancelled)
+        themselves; and, for a TaskRun, this Tekton can hold one (`TaskRunPending`, controller.compat)."""
         pool = self.state.policy.pool(pool_name) if pool_name else None
+        if pool is None or value_at(request.object, ("spec", "status")):
+            return False
         if request.kind == "TaskRun" and not self.state.tekton.support.taskrun_pending:
             return False  # this Tekton cannot hold a TaskRun (controller.compat): its pod waits at the pool's slot gate
-        return pool is not None and pool.queue is not None and not value_at(request.object, ("spec", "status"))
+        return (pool.queue is not None and pool.queue.governed_by != GOVERNED_BY_KUEUE) or bool(budgets)
 
-    def _enqueue(self, request: Request, pool_name: str | None, patch: Patch, annotations: dict[str, str]) -> str:
+    def _run_budgets(self, request: Request, decision: Decision, policy: PlacementPolicy) -> tuple[str, ...]:
+        """The Enforce destinations of its pool a TaskRun touches (docs/budgets.md: its images, Task name,
+        params; the tenant's to choose): it waits, pending, until each has room."""
+        pool = policy.pool(decision.pool) if decision.pool else None
+        if pool is None or not pool.destinations:
+            return ()
+        enforced = {d.name for d in pool.destinations if d.enforced}
+        touched = match(pool.destinations, taskrun_facts(request.object, decision.images))
+        return tuple(t.destination for t in touched if t.destination in enforced)
+
+    def _enqueue(self, request: Request, pool_name: str | None, patch: Patch, annotations: dict[str, str],
+                 budgets: tuple[str, ...] = ()) -> str:
         """Queue the run when its pool queues (`patch` and `annotations` get the pending status and the
         entry); the Event's note, "" when not queued.
 
@@ -495,7 +564,7 @@ class Admission:
         copied one) is removed from a run not queued, whatever it says; the run guard (core.run_guard)
         refuses one added later by UPDATE. Kept: a PipelineRun's entry that Tekton copied onto one of its
         TaskRuns, which the queue never reads as the TaskRun's (`read_entry` by kind)."""
-        if not self._queues(request, pool_name):
+        if not self._queues(request, pool_name, budgets):
             value = request.annotations.get(QUEUE_ANNOTATION)
             copied = request.kind == "TaskRun" and read_entry(value, "PipelineRun") is not None
             if value is not None and not copied:
@@ -504,10 +573,23 @@ class Admission:
         assert pool_name is not None
         now = self.wall()
         patch += ops_at(request.object, ("spec", "status"), PENDING[request.kind])
-        annotations[QUEUE_ANNOTATION] = entry_annotation(pool_name, request.kind, now)
+        annotations[QUEUE_ANNOTATION] = entry_annotation(pool_name, request.kind, now, budgets)
         if not request.dry_run:
             self.metrics.queue_admitted.labels(pool=pool_name).inc()
+        pool = self.state.policy.pool(pool_name)
+        if pool is not None and pool.queue is None:
+            return self._budget_note(pool, budgets, now)
         return self.state.queue.queued_note(pool_name, request.namespace, now, join=not request.dry_run)
+
+    def _budget_note(self, pool: Pool, budgets: tuple[str, ...], now: float) -> str:
+        """The Event's note for a run held for egress budgets: "waiting for budget X on A: ..." now."""
+        picture = self.state.budgets.pool_budgets(pool, now)
+        seen = verdict(picture, budgets, now) if picture is not None else None
+        if picture is not None and seen is not None and seen.hold:
+            for name in holding(picture, budgets, now):
+                self.metrics.budget_waits.labels(pool=pool.name, destination=name, mode="Enforce").inc()
+            return f"held for egress budgets of pool {pool.name}: {seen.reason}"
+        return f"held for egress budgets of pool {pool.name} ({', '.join(budgets)}): room now, released shortly"
 
     def _waited_too_long(self, request: Request, pool_name: str | None, policy: PlacementPolicy) -> str:
         """Why a Tekton pod of a run released past its preferred pool's wait goes to ordinary nodes ("": it does not)."""
@@ -530,6 +612,7 @@ class Admission:
         salt: str,
         dry_run: bool,
         default: Mapping[str, Any] | None = None,
+        allowed: frozenset[str] | None = None,
     ) -> Placement:
         """Send the template to `pool_name` and its least-loaded node (assumed under `key`), or, with no
         pool (or a pool without a ready node), strip any pool placement; a provisioned pool without a
@@ -539,7 +622,10 @@ class Admission:
         if pool is None:
             return Placement(self._template(template, policy, default, None, None))
         # A dry run has no side effects: nothing is assumed.
-        choice = self.state.load.choose(pool, salt) if dry_run else self.state.load.choose_and_assume(pool, key, salt)
+        if dry_run:
+            choice = self.state.load.choose(pool, salt, allowed=allowed)
+        else:
+            choice = self.state.load.choose_and_assume(pool, key, salt, allowed=allowed)
         if choice.node is None:
             if pool.provisioning is not None:
                 # Sent to the pool with no node named: the pod waits Pending, Unschedulable, which is the

@@ -170,6 +170,64 @@ def _run_uninstall(args: argparse.Namespace) -> int:
     )
 
 
+def _configure_suggest(parser: argparse.ArgumentParser) -> None:
+    _configure_cluster(parser)
+    parser.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus' base URL, e.g. http://prometheus.monitoring:9090")
+    parser.add_argument("--window", default="7d", metavar="DURATION", help="how far back to look (default 7d)")
+    parser.add_argument("--step", default="1m", metavar="DURATION", help="resolution of the run durations (default 1m)")
+    parser.add_argument(
+        "-o", "--output", choices=["table", "yaml", "json"], default="table", metavar="table|yaml|json",
+        help="a table (default); yaml: the complete EgressPool objects the proposals change, for "
+        "`kubectl apply --server-side -f -`; json: the whole report",
+    )
+    parser.add_argument(
+        "--explain", action="store_true",
+        help="replay the window's runs still in the cluster with the proposal applied; say how many would move and how many were pruned",
+    )
+    parser.add_argument("--heavy-bytes", default="1Gi", metavar="SIZE", help="a run that sent at least this is heavy (default 1Gi)")
+    parser.add_argument("--quiet-bytes", default="50Mi", metavar="SIZE", help="a run that sent less than this is quiet (default 50Mi)")
+    parser.add_argument("--min-runs", type=int, default=3, metavar="N", help="fewer runs than this prove nothing (default 3)")
+    parser.add_argument(
+        "--bytes-query", metavar="PROMQL",
+        help="bytes each pod sent to the internet in the window, one series per namespace and pod (a flow "
+        "exporter's external-destination series); default: every byte the pod sent (cAdvisor), an upper bound",
+    )
+    _file(parser.add_argument("--prometheus-token-file", metavar="PATH", help="a bearer token for Prometheus, read from this file"))
+    parser.add_argument("--prometheus-username", metavar="NAME", help="basic auth user for Prometheus")
+    _file(parser.add_argument("--prometheus-password-file", metavar="PATH", help="basic auth password, read from this file"))
+    _file(parser.add_argument("--prometheus-ca-file", metavar="PATH", help="CA bundle that signed Prometheus' TLS certificate"))
+
+
+def _run_suggest(args: argparse.Namespace) -> int:
+    from controller.cli.suggest import parse_bytes, run_suggest
+    from controller.prometheus.history import PrometheusAuth, check_duration, check_url, client
+    from controller.suggest.core import Thresholds
+
+    def secret(path: str | None, what: str) -> str | None:
+        if not path:
+            return None
+        try:
+            return open(path, encoding="utf-8").read().strip()
+        except OSError as e:
+            raise CommandError(f"{what}: cannot read {path}: {e.strerror}") from None
+
+    try:
+        url, window, step = check_url(args.prometheus), check_duration(args.window, "--window"), check_duration(args.step, "--step")
+        thresholds = Thresholds(parse_bytes(args.heavy_bytes), parse_bytes(args.quiet_bytes), args.min_runs)
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+    auth = PrometheusAuth(
+        bearer_token=secret(args.prometheus_token_file, "--prometheus-token-file"),
+        username=args.prometheus_username,
+        password=secret(args.prometheus_password_file, "--prometheus-password-file"),
+        ca_file=args.prometheus_ca_file,
+    )
+    return run_suggest(
+        _settings(args), client(url, auth), url, window, step, thresholds,
+        out=sys.stdout, err=sys.stderr, output=args.output, explain=args.explain, bytes_query=args.bytes_query,
+    )
+
+
 SHELLS = ("bash", "zsh", "tcsh")
 
 
@@ -212,6 +270,12 @@ COMMANDS: Mapping[str, Command] = {
         help="print the EgressPool and EgressPlacerConfig objects that make the policy of a PlacementPolicy file",
         configure=_configure_migrate,
         run=_run_migrate,
+    ),
+    "suggest": Command(
+        help="read what Tekton runs sent from Prometheus and propose which images the pools should take or drop, "
+        "with the evidence (docs/suggest.md); changes nothing",
+        configure=_configure_suggest,
+        run=_run_suggest,
     ),
     "completion": Command(
         help="print a shell completion script: `source <(egress-placer completion bash)`, or write it where the "

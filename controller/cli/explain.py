@@ -21,16 +21,19 @@ from typing import Any, Iterator, Mapping, Sequence, TextIO
 
 import yaml
 
+from controller.budgets.core import RunFacts, explained, string_params, taskrun_facts
 from controller.core import cluster_resolver
 from controller.core.decide import decide
 from controller.core.images import (
     WHOLE_RUN,
-    TektonObjects,
     is_tekton_pod,
+    pipeline_spec,
     pipelinerun_images,
     pod_images,
+    resolve,
     taskrun_images,
 )
+from controller.tekton.core import TektonObjects
 from controller.core.model import Decision, ImageSet, NamespaceState
 from controller.core.policy import PlacementPolicy, PolicyError, yaml_problem
 from controller.core.pools import load_any_policy
@@ -137,7 +140,7 @@ def explain_documents(policy: PlacementPolicy, documents: Sequence[Document]) ->
 
         def line(task: str | None, images: ImageSet) -> dict[str, Any]:
             decision: Decision = decide(policy, ns, annotations, images)
-            return {
+            out = {
                 "kind": kind,
                 "namespace": namespace,
                 "name": name,
@@ -146,6 +149,10 @@ def explain_documents(policy: PlacementPolicy, documents: Sequence[Document]) ->
                 "reason": decision.reason.value,
                 "images": list(decision.images),
             }
+            pool = policy.pool(decision.pool) if decision.pool else None
+            if pool is not None and pool.destinations:  # the key only where the pool has destinations
+                out["budgets"] = explained(pool.destinations, _facts(doc.obj, task, decision.images, objects))
+            return out
 
         if kind == "TaskRun":
             results.append(line(None, taskrun_images(doc.obj, objects)))
@@ -155,6 +162,38 @@ def explain_documents(policy: PlacementPolicy, documents: Sequence[Document]) ->
         elif kind == "Pod" and is_tekton_pod(doc.obj):
             results.append(line(None, pod_images(doc.obj)))
     return results
+
+
+TASK_LABEL = "tekton.dev/task"  # on a Tekton pod: its Task's name (Tekton copies it from the TaskRun)
+
+
+def _facts(obj: Mapping[str, Any], task: str | None, images: Sequence[str], objects: TektonObjects) -> RunFacts:
+    """What a run shows for matching destinations (budgets.core.match): a TaskRun's Task name and params;
+    a pipeline task's Task name and params (its `$(params.x)` resolved from the run's params and the
+    Pipeline's defaults); a pod's Task label."""
+    kind, meta = obj.get("kind"), obj.get("metadata") or {}
+    if kind == "TaskRun":
+        return taskrun_facts(obj, images)
+    if kind == "Pod":
+        labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
+        name = labels.get(TASK_LABEL)
+        return RunFacts(tuple(images), (name,) if isinstance(name, str) and name else ())
+    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    run_params = string_params(spec.get("params"))
+    if isinstance(spec.get("pipelineSpec"), Mapping):
+        pipeline = pipeline_spec(spec["pipelineSpec"])
+    else:
+        ref = spec.get("pipelineRef") if isinstance(spec.get("pipelineRef"), Mapping) else {}
+        namespace = str(meta.get("namespace") or "default")
+        pipeline = objects.pipeline(namespace, str(ref.get("name") or "")) if isinstance(ref.get("name"), str) else None
+    found = next((t for t in (*pipeline.tasks, *pipeline.finally_tasks) if t.name == task), None) if pipeline else None
+    if pipeline is None or found is None:
+        return RunFacts(tuple(images), (), run_params)
+    scope: dict[str, Any] = {p.name: p.default for p in pipeline.params if p.default is not None}
+    scope.update(run_params)
+    params = {k: v for k, raw in found.params.items() if isinstance(v := resolve(raw, scope), str)}
+    tasks = (found.ref.name,) if found.ref is not None and found.ref.name else ()
+    return RunFacts(tuple(images), tasks, params)
 
 
 def run_explain(

@@ -7,7 +7,7 @@ the load the balancer would see (without admission-time assumptions, which live 
 controller's memory).
 
 When the policy is invalid or missing, the table is that of the policy the controller keeps in
-force (the last good copy the leader stored, controller/reconcile/last_good_policy.py; none: no
+force (the last good copy the leader stored, controller/last_good_policy/reconcile.py; none: no
 pools) and a line `policy: ...` (on stderr with --json) says what is wrong, in the controller's own
 words (`PolicyTracker.problem`).
 
@@ -28,12 +28,12 @@ from typing import Any, Callable, Sequence, TextIO
 import yaml
 
 from controller.app import PolicyTracker
-from controller.core.agents import AgentGap
+from controller.agents.core import AgentGap
 from controller.cli.errors import ClusterUnreachable, CommandError, Exit
-from controller.core.intruders import find_intruders
+from controller.intruders.core import find_intruders
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.queue.core import plan
-from controller.core.taints import desired_taints
+from controller.taints.core import desired_taints
 from controller.prometheus.egress_source import EgressPoller, PrometheusClient
 from controller.kube.client import (
     ClusterConfigError,
@@ -44,8 +44,8 @@ from controller.kube.client import (
     status_of,
 )
 from controller.kube.policy_source import read_pools_policy
-from controller.reconcile.agents import find_gaps
-from controller.reconcile.last_good_policy import POLICY_KEY, store_name
+from controller.agents.reconcile import find_gaps
+from controller.last_good_policy.reconcile import POLICY_KEY, store_name
 from controller.settings import Settings
 from controller.state import ClusterState
 
@@ -278,8 +278,8 @@ def read_cluster(settings: Settings) -> tuple[ClusterState, str | None]:
         state.replace("Namespace", _items(api, "/api/v1/namespaces"))
         state.replace("Pod", _items(api, "/api/v1/pods"))
         state.replace("DaemonSet", _items(api, "/apis/apps/v1/daemonsets"))
-        if any(pool.queue is not None for pool in state.policy.pools):
-            _read_runs(api, state)
+        if any(pool.queue is not None or pool.destinations for pool in state.policy.pools):
+            _read_runs(api, state)  # a budget counts a run's pods only: their TaskRuns say which they are
     except CommandError:
         raise
     except Exception as e:  # no API server, a refused request
@@ -309,6 +309,11 @@ def run_status(
         if queues:
             print("\nQueues (release order):", file=out)
             for line in queues:
+                print(line, file=out)
+        budgets = state.budgets.status_lines(time.time())
+        if budgets:
+            print("\nEgress budgets (docs/budgets.md):", file=out)
+            for line in budgets:
                 print(line, file=out)
     if problem is not None:
         return Exit.USAGE

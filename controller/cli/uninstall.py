@@ -38,8 +38,8 @@ from typing import Any, Callable, TextIO
 import yaml
 
 from controller.cli.errors import ClusterUnreachable, CommandError, Exit
-from controller.core.agents import TOLERATIONS_ADDED_ANNOTATION
-from controller.core.guard import GUARD_NAME
+from controller.agents.core import TOLERATIONS_ADDED_ANNOTATION
+from controller.pool_guard.core import GUARD_NAME
 from controller.core.model import TAINT_KEY, Taint
 from controller.core.pools import custom_resource_definitions
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME

@@ -1,5 +1,5 @@
 """The skeleton of egress-placer's ValidatingAdmissionPolicies and their bindings, shared by the pool guard
-(core.guard), the run guard (core.run_guard) and the controller's own rights (core.rights): each of those
+(pool_guard.core), the run guard (core.run_guard) and the controller's own rights (core.rights): each of those
 says what it matches and checks; this module says how a policy and a binding are written. Pure: dicts in
 the key order the generated manifests keep (devplacer/generate.py dumps them unsorted).
 

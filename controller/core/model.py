@@ -153,7 +153,7 @@ class Decision:
 @dataclass(frozen=True)
 class OwnerRef:
     """One ownerReference of an object, as written: the tenant's to write, so it proves nothing until
-    it is resolved against what the API server made (see core.intruders)."""
+    it is resolved against what the API server made (see intruders.core)."""
 
     api_version: str
     kind: str
@@ -212,7 +212,7 @@ class AgentTemplate:
 class DaemonSetState:
     """A DaemonSet as the API server has it, trimmed to who it is (what a pod's DaemonSet owner must
     resolve to before the pod is trusted as a node agent) and where its pods go (the pool nodes a node
-    agent misses, core.agents)."""
+    agent misses, agents.core)."""
 
     namespace: str
     name: str

@@ -25,6 +25,7 @@ from pydantic import (
 
 from controller.core.egress import EgressLoad
 from controller.queue.core import QueueSetting
+from controller.budgets.core import MAX_DESTINATIONS, Destination, EgressAddress, unique_destinations
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION, TAINT_KEY, NamespaceState, NodeState, Taint
 from controller.core.schema import NOT_BLANK, OpenAPI, PolicyModel, Rule
 
@@ -353,6 +354,21 @@ class Pool(PolicyModel):
         "by namespace priority, then round-robin between namespaces, then first come first served "
         "(docs/queue.md). Without it runs start at once, as capacity is only a load figure.",
     )
+    egress_address: EgressAddress | None = Field(
+        default=None,
+        description="Optional: where a node's egress address is read (a node label or annotation, e.g. the "
+        "public address of the NAT it leaves through). Nodes with the same address share its destinations' "
+        "per-address budgets. Default: each node is its own address (docs/budgets.md).",
+    )
+    destinations: Annotated[
+        tuple[Destination, ...], Field(max_length=MAX_DESTINATIONS), AfterValidator(unique_destinations)
+    ] = Field(
+        default=(),
+        description="Optional: the services the pool's runs call (matched by image, Task name or a URL "
+        "param's host) and their budgets: runs at once per egress address, runs at once per pool, starts "
+        "per window per egress address. A run waits, pending, until every budget it touches has room "
+        "(mode Enforce), or is only counted and reported (ReportOnly) (docs/budgets.md).",
+    )
     provisioning: Provisioning | None = Field(
         default=None,
         description="Optional: the pool's nodes are provisioned on demand (Karpenter). With no Ready node, "
@@ -374,6 +390,12 @@ class Pool(PolicyModel):
                 PROVISIONING_NEEDS_SELECTOR,
                 field_path=".provisioning",
                 reason="FieldValueForbidden",
+            ),
+            Rule(
+                "!has(self.destinations) || self.destinations.all(d, self.destinations.exists_one(e, e.name == d.name))",
+                "every destination's name must be unique in the pool",
+                field_path=".destinations",
+                reason="FieldValueDuplicate",
             ),
         )
     )
@@ -450,7 +472,7 @@ class PlacementPolicy(PolicyModel):
         "API server's pool guard leaves them out. Default: the exemptNamespaces.",
     )
     # Agent namespaces whose EXISTING DaemonSets the leader may change to add the pool tolerations
-    # (which restarts their pods); elsewhere it only reports them (core.agents).
+    # (which restarts their pods); elsewhere it only reports them (agents.core).
     patch_existing_agents: tuple[NamespaceName, ...] = Field(
         default=(),
         max_length=MAX_NAMESPACES,

@@ -15,7 +15,7 @@ no more than the controller does. Rendered here; the CEL text lives in this modu
   - a Pod: only the schedulingGate `POOL_SLOT_GATE` may be removed (the queue lets in a pod that
     waited for a pool slot); the other gates, every other field of `spec`, the labels, annotations,
     owners and finalizers stay.
-- `POD_DELETES_NAME` (params: the pool guard's ConfigMap, controller/core/guard.py): a pod DELETE
+- `POD_DELETES_NAME` (params: the pool guard's ConfigMap, controller/pool_guard/core.py): a pod DELETE
   only of a pod whose `oldObject.spec.nodeName` is a pool node of the params (a node name is a key
   there). Params missing: refused (`parameterNotFoundAction: Deny`).
 
@@ -43,7 +43,7 @@ from controller.core.admission_policy import (
     service_account_user,
     validation,
 )
-from controller.core.guard import GUARD_NAME
+from controller.pool_guard.core import GUARD_NAME
 from controller.core.model import POOL_SLOT_GATE, TAINT_KEY
 
 RIGHTS_NAME = "egress-placer-controller-rights"

@@ -19,7 +19,9 @@ controller's ServiceAccount (`request.userInfo.username`, which the API server s
   our queue holds, queue.core.gates_pod) keeps that gate: `edit` may patch pods, and the API server lets
   any updater remove a gate, which would start the pod at once on a full pool. The controller removes it
   when a slot frees. Other pod UPDATEs are not judged (a match condition leaves them at once), nor other
-  gates.
+  gates;
+- a pod carrying admission's egress budget record (`egress-placer.io/budgets`, docs/budgets.md) keeps it
+  unchanged: removing it would free the room its pod takes.
 
 The facts relied on: the request's user (API server), `oldObject` (what is stored: admission's own decision
 at CREATE, see `controller/admission/handlers.py`, `_enqueue`, which strips a forged entry then).
@@ -34,6 +36,7 @@ from typing import Any
 
 from controller.core.admission_policy import DENY, WARN_ONLY, admission_policy, resource_rule, service_account_user, validation
 from controller.core.admission_policy import policy_binding as binding
+from controller.budgets.core import BUDGETS_ANNOTATION
 from controller.core.model import DECISION_ANNOTATION, POOL_SLOT_GATE, REVIEW_ANNOTATION
 from controller.queue.core import QUEUE_ANNOTATION
 
@@ -72,9 +75,10 @@ def validating_admission_policy(namespace: str = "egress-placer", service_accoun
         [resource_rule(["tekton.dev"], ["UPDATE"], ["taskruns", "pipelineruns"]), resource_rule([""], ["UPDATE"], ["pods"], versions=["v1"])],
         [
             ("not-egress-placer", f"request.userInfo.username != '{user}'"),
-            # Of pods, only those waiting for a pool slot: every other pod UPDATE is left at once.
+            # Of pods, only those waiting for a pool slot or carrying a budget record: every other pod UPDATE is left at once.
             ("a-run-or-a-gated-pod", "request.resource.resource != 'pods' || (has(oldObject.spec.schedulingGates)"
-                                     f" && oldObject.spec.schedulingGates.exists(g, g.name == '{POOL_SLOT_GATE}'))"),
+                                     f" && oldObject.spec.schedulingGates.exists(g, g.name == '{POOL_SLOT_GATE}'))"
+                                     f" || {_has('oldObject', BUDGETS_ANNOTATION)}"),
         ],
         [
             validation(
@@ -93,7 +97,12 @@ def validating_admission_policy(namespace: str = "egress-placer", service_accoun
                 f"only egress-placer adds a queue entry ({QUEUE_ANNOTATION}), when it admits the run",
             ),
             validation(
-                f"!variables.pod || '{POOL_SLOT_GATE}' in variables.gates",
+                f"!variables.pod || {_kept(BUDGETS_ANNOTATION)}",
+                f"this pod's egress budget record ({BUDGETS_ANNOTATION}) is egress-placer's: it counts the pod's use of a "
+                "destination's budget (docs/budgets.md)",
+            ),
+            validation(
+                f"!variables.pod || !variables.gated || '{POOL_SLOT_GATE}' in variables.gates",
                 f"this pod waits for a slot of an egress-placer pool queue: only egress-placer removes its schedulingGate "
                 f"{POOL_SLOT_GATE}, when a slot frees",
             ),
@@ -101,6 +110,7 @@ def validating_admission_policy(namespace: str = "egress-placer", service_accoun
         variables=[
             ("pod", "request.resource.resource == 'pods'"),
             ("gates", "has(object.spec.schedulingGates) ? object.spec.schedulingGates.map(g, g.name) : []"),
+            ("gated", f"has(oldObject.spec.schedulingGates) && oldObject.spec.schedulingGates.exists(g, g.name == '{POOL_SLOT_GATE}')"),
             ("held", f"has(oldObject.metadata.annotations) && '{QUEUE_ANNOTATION}' in oldObject.metadata.annotations"),
             ("entryAdded", f"has(object.metadata.annotations) && '{QUEUE_ANNOTATION}' in object.metadata.annotations"),
             ("oldStatus", "has(oldObject.spec.status) ? string(oldObject.spec.status) : ''"),

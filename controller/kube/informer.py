@@ -30,20 +30,22 @@ import tenacity
 from kubernetes.watch.watch import iter_resp_lines
 from loguru import logger
 
-from controller.core.agents import POOL_TOLERATIONS_ANNOTATION
+from controller.agents.core import POOL_TOLERATIONS_ANNOTATION
 from controller.compat import core as compat
 from controller.core import cluster_resolver
-from controller.core.images import TASKRUN_LABEL, TektonObjects, image_fields
-from controller.core.intruders import MIRROR_POD_ANNOTATION
+from controller.core.images import TASKRUN_LABEL, image_fields
+from controller.intruders.core import MIRROR_POD_ANNOTATION
 from controller.core.json_wire import decode
+from controller.budgets.core import BUDGETS_ANNOTATION
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
-from controller.queue.core import PIPELINERUN_LABEL, POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
+from controller.queue.core import KUEUE_QUEUE_LABEL, PIPELINERUN_LABEL, POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
 from controller.core.patches import InvalidDefault, default_pod_template
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.retry import WATCHES, RetryPolicy, retrying
 from controller.metrics import Metrics
 from controller.runner import Runner, Task
 from controller.settings import Settings
+from controller.tekton.core import TektonObjects
 from controller.tekton.view import TektonView
 
 Obj = dict[str, Any]
@@ -75,17 +77,21 @@ KEPT_LABELS: dict[str, frozenset[str] | None] = {  # None: every label
     # The load picture: a bound pod settles its TaskRun's (or PipelineRun's) assumed placement. The queue
     # reads no label: a run's pods are found by their owner's uid.
     "Pod": frozenset({TASKRUN_LABEL, PIPELINERUN_LABEL}),
+    # tekton-kueue's LocalQueue label: the queue leaves such a run to Kueue until its Workload says otherwise
+    # (queue.core.held_by_kueue). A tenant's label only keeps its own run waiting.
+    "PipelineRun": frozenset({KUEUE_QUEUE_LABEL}),
 }
 KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
     "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),  # Pool.allows
-    # core.intruders.is_mirror_pod (its presence); admission.events: the review token of a held Event
+    # intruders.core.is_mirror_pod (its presence); admission.events: the review token of a held Event
     # ... and the load picture: the pool and node admission chose (every replica counts it, load.view)
-    "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION, DECISION_ANNOTATION}),
+    # ... and the egress budgets: the budget record admission writes (budgets.core.read_record)
+    "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION, DECISION_ANNOTATION, BUDGETS_ANNOTATION}),
     # missed runs: admitted without a decision (its presence); admission.events: the review token
     # ... and the queue: the entry written at admission (queue.core)
     "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, QUEUE_ANNOTATION}),
     "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, QUEUE_ANNOTATION}),
-    "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),  # core.agents: the pools a node agent opts into
+    "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),  # agents.core: the pools a node agent opts into
 }
 # A kept annotation value longer than this is kept empty (the key is there, its value is not read):
 # presence is what a pod's and a run's annotations tell; an empty pools annotation gives no pool (never

@@ -8,7 +8,7 @@ A valid new policy goes to `state.set_policy`. An invalid one is refused: its er
 `policy_reloads{result="refused"}` with `policy_valid` 0; the last good policy stays in force.
 A ConfigMap or file that disappears also leaves the last good policy in force (and says so, also
 to `on_refused`). `loaded_text` is the text of the last policy loaded (the leader stores it:
-controller/reconcile/last_good_policy.py).
+controller/last_good_policy/reconcile.py).
 
 Pools API: every change of the objects' specs rebuilds the policy from all of them
 (`core.pools.policy_from_objects`, the loader's validation); no object is the empty policy, which
@@ -30,7 +30,7 @@ from typing import Any, Callable, Protocol, Sequence
 from loguru import logger
 
 from controller.core.policy import API_VERSION, PlacementPolicy, PolicyError, dump_policy, load_policy
-from controller.core.pool_status import PoolObject
+from controller.pool_status.core import PoolObject
 from controller.core.pools import CONFIG_PLURAL, GROUP, KINDS, PLURALS, POOL_KIND, POOL_PLURAL, policy_from_objects
 from controller.event_sink import EventSink
 from controller.kube.client import KubeApi, describe_error, status_of

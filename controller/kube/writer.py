@@ -22,6 +22,7 @@ from controller.core.model import Taint
 from controller.core.policy import API_VERSION as POOLS_API_VERSION
 from controller.kube.client import JSON, JSON_PATCH, MERGE_PATCH, ApiError, Outcome
 from controller.kube.reader import KubeReader
+from controller.queue.core import KUEUE_WORKLOADS, Workloads, workload_of
 from controller.metrics import Metrics
 
 REPORTING_CONTROLLER = "egress-placer.io/controller"
@@ -276,6 +277,17 @@ class KubeClient(KubeReader):
             {"op": "test", "path": "/spec/status", "value": pending},
             {"op": "remove", "path": "/spec/status"},
         ])
+
+    def kueue_workloads(self, namespace: str) -> Workloads | None:
+        """The PipelineRuns of `namespace` Kueue has a Workload for (queue.core.workload_of): uid -> admitted.
+        Empty when Kueue is not installed (404); None when the look failed (the queue then releases none of
+        the namespace's PipelineRuns this pass)."""
+        try:
+            listed = self.get("list-workloads", KUEUE_WORKLOADS.format(namespace=namespace))
+        except ApiError as e:
+            logger.bind(namespace=namespace).warning(f"cannot read Kueue's Workloads: {e}")
+            return None
+        return dict(filter(None, map(workload_of, (listed or {}).get("items") or [])))
 
     def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...], gate: str) -> bool:
         """Remove `gate` from a pod's spec.schedulingGates (the scheduler then places it), and nothing

@@ -146,9 +146,16 @@ class PoolLoads:
             heapq.heappush(self._expiry, entry)
 
     # -- choice ---------------------------------------------------------------------------------
-    def choose(self, salt: str) -> str | None:
+    def choose(self, salt: str, allowed: frozenset[str] | None = None) -> str | None:
         """The least loaded node (None when the pool has none); among equals the one at
-        `spread_index(salt, count)` in name order."""
+        `spread_index(salt, count)` in name order. `allowed`: only among these (egress budgets: the
+        nodes whose address has room; O(n) then)."""
+        if allowed is not None:
+            keys = [key for key in self._order if key[4] in allowed]
+            if not keys:
+                return None
+            tied = [key for key in keys if key[:4] == keys[0][:4]]
+            return tied[0][4] if len(tied) == 1 else tied[spread_index(salt, len(tied))][4]
         if not self._order:
             return None
         first = self._order[0]

@@ -1,3 +1,3 @@
 """A feature: the runs' pods placed on a pool node within the last hour (each EgressPool's status counts
-them). view.py records them as the pod informer sees them; the pool status reconciler
-(reconcile.pool_status) reads them; the rule that counts them is core.pool_status."""
+them). core.py is the rule (the window, pure); view.py records them as the pod informer sees them; the
+pool status reconciler (pool_status.reconcile) reads them."""

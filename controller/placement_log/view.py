@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Protocol
 from controller.core.images import TASKRUN_LABEL
 from controller.core.model import NodeState
 from controller.core.policy import PlacementPolicy
-from controller.core.pool_status import PLACEMENT_WINDOW_SECONDS, Placed, parse_rfc3339
+from controller.placement_log.core import PLACEMENT_WINDOW_SECONDS, Placed, parse_rfc3339
 
 MAX_PLACEMENTS = 100_000  # runs' pods remembered at most (the oldest are forgotten first)
 

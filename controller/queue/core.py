@@ -17,7 +17,10 @@ runs to release and why.
   come, first served.
 - Wait bound (`maxQueueSeconds`): a `preferred` pool releases the run at once (its pod is then sent
   to ordinary nodes, `timed_out`), a `required` pool keeps it waiting with a Warning.
-- An entry whose pool no longer queues (setting removed, pool gone) is released.
+- An entry whose pool no longer queues (setting removed, pool gone, or `governedBy: kueue`) is released.
+- Kueue (tekton-kueue, TEP-0164) holds PipelineRuns by the same `spec.status`: a run Kueue holds
+  (`held_by_kueue`) is never released by us, waits in no line of ours and takes no slot; once Kueue
+  admits it, it is ours to release like any other (docs/coexistence.md, "Kueue").
 """
 
 from __future__ import annotations
@@ -27,12 +30,12 @@ from fnmatch import fnmatchcase
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import Enum
-from typing import Annotated, Any, Callable, Iterable, Mapping, Sequence
+from typing import Annotated, Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from pydantic import Field, PositiveInt
 
 from controller.core.egress import parse_duration
-from controller.core.model import POOL_SLOT_GATE, OwnerRef
+from controller.core.model import POOL_SLOT_GATE, OwnerRef, owner_refs
 from controller.core.schema import PolicyModel
 
 QUEUE_ANNOTATION = "egress-placer.io/queue"
@@ -43,6 +46,11 @@ PIPELINERUN_LABEL = "tekton.dev/pipelineRun"
 PENDING = {"TaskRun": "TaskRunPending", "PipelineRun": "PipelineRunPending"}
 CANCELLED = frozenset({"TaskRunCancelled", "Cancelled", "CancelledRunFinally", "StoppedRunFinally"})
 MAX_PRIORITY_ENTRIES = 64
+# tekton-kueue's webhook labels every PipelineRun it holds with its LocalQueue; its controller makes a Workload
+# (kueue.x-k8s.io) whose controller ownerReference is the run, and clears spec.status when Kueue admits it.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_WORKLOADS = "/apis/kueue.x-k8s.io/v1beta1/namespaces/{namespace}/workloads"
+GOVERNED_BY_KUEUE = "kueue"
 
 
 class NamespacePriority(PolicyModel):
@@ -72,6 +80,12 @@ class QueueSetting(PolicyModel):
         description="Release priority per namespace (the first entry whose globs match wins). Then "
         "round-robin between namespaces, then first come, first served.",
     )
+    governed_by: Literal["egress-placer", "kueue"] = Field(
+        default="egress-placer",
+        description="Who queues the pool's runs. egress-placer (default): runs are created pending and released "
+        "by egress-placer. kueue: Kueue with tekton-kueue does (docs/coexistence.md): egress-placer creates no run "
+        "pending and releases none; the pool's pods still wait for a free slot (runsPerNode per node) when it is full.",
+    )
 
     def priority_of(self, namespace: str) -> int:
         for entry in self.priorities:
@@ -97,8 +111,13 @@ def parse_time(text: str) -> float | None:
     return moment.timestamp()
 
 
-def entry_annotation(pool: str, kind: str, queued_at: float) -> str:
-    return json.dumps({"pool": pool, "kind": kind, "time": format_time(queued_at)}, separators=(",", ":"))
+def entry_annotation(pool: str, kind: str, queued_at: float, budgets: Sequence[str] = ()) -> str:
+    """`budgets`: the Enforce destinations of the pool the run touches (egress budgets, docs/budgets.md):
+    the leader releases it only when each has room."""
+    data: dict[str, Any] = {"pool": pool, "kind": kind, "time": format_time(queued_at)}
+    if budgets:
+        data["budgets"] = list(budgets)
+    return json.dumps(data, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -108,6 +127,7 @@ class EntryMark:
     pool: str
     kind: str
     queued_at: float
+    budgets: tuple[str, ...] = ()
 
 
 def read_entry(value: Any, kind: str) -> EntryMark | None:
@@ -125,7 +145,9 @@ def read_entry(value: Any, kind: str) -> EntryMark | None:
     if not isinstance(pool, str) or not pool or written_on != kind or not isinstance(when, str):
         return None
     queued_at = parse_time(when)
-    return None if queued_at is None else EntryMark(pool, written_on, queued_at)
+    names = data.get("budgets")
+    budgets = tuple(n for n in names if isinstance(n, str))[:64] if isinstance(names, list) else ()
+    return None if queued_at is None else EntryMark(pool, written_on, queued_at, budgets)
 
 
 MAX_DECISION_CHARS = 256 * 1024  # admission's record is a few KiB; a longer value is none of ours
@@ -226,6 +248,9 @@ class QueueEntry:
     done: bool = False  # finished or cancelled
     has_pod: bool = False  # a pod of the run is bound to a node
     uid: str = ""
+    kueue_label: bool = False  # carries tekton-kueue's LocalQueue label (KUEUE_QUEUE_LABEL)
+    kueue_held: bool = False  # `held_by_kueue`: by its label alone, until a pass looks at its Workload
+    budgets: tuple[str, ...] = ()  # the Enforce destinations it waits for (egress budgets, docs/budgets.md)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -233,13 +258,15 @@ class QueueEntry:
 
     @property
     def waiting(self) -> bool:
-        return self.pending and not self.done
+        """Waiting in our line: pending, not done, and not held by Kueue (which releases it, not us)."""
+        return self.pending and not self.done and not self.kueue_held
 
 
 class ReleaseReason(str, Enum):
     SLOT = "slot"  # a slot is free
     TIMEOUT = "timeout"  # waited past maxQueueSeconds on a preferred pool: to ordinary nodes
     UNQUEUED = "unqueued"  # the pool no longer queues (setting removed, pool gone)
+    BUDGET = "budget"  # every egress budget it touches has room (a pool without a queue: docs/budgets.md)
 
     def __str__(self) -> str:
         return self.value
@@ -280,6 +307,55 @@ class Plan:
     slots: int = 0
 
 
+# -- Kueue ---------------------------------------------------------------------------------------------
+
+# What one look at a namespace's Workloads found: the uid of the PipelineRun each is owned by -> admitted.
+Workloads = Mapping[str, bool]
+
+
+def workload_of(obj: Mapping[str, Any]) -> tuple[str, bool] | None:
+    """(the PipelineRun's uid, admitted) of a Workload tekton-kueue made for a PipelineRun: its controller
+    ownerReference names a `tekton.dev/*` PipelineRun by uid; admitted: its Admitted condition is True.
+    None for any other Workload. Only Kueue's controllers write Workloads: its roles aggregate to its own
+    `batch-user`/`batch-admin` labels, not to `edit`, so no tenant forges one."""
+    claim = claimed_pipelinerun(owner_refs(obj.get("metadata")))
+    if claim is None:
+        return None
+    status = obj.get("status")
+    conditions = (status.get("conditions") if isinstance(status, Mapping) else None) or []
+    admitted = any(isinstance(c, Mapping) and c.get("type") == "Admitted" and c.get("status") == "True" for c in conditions)
+    return claim.uid, admitted
+
+
+def held_by_kueue(entry: QueueEntry, workloads: Workloads | None) -> bool:
+    """Does Kueue hold this run, so that we must not clear its `spec.status` (tekton-kueue stops a run
+    released without an admitted Workload: docs/coexistence-design.md, fact 2)?
+
+    Only a pending PipelineRun can be held (TEP-0164 queues no TaskRun). Then, by the Workload owned by its
+    uid (`workloads`: one look at its namespace's, None when that look failed):
+    - a Workload, not admitted: held, whatever the run's labels say (a tenant removing the LocalQueue label
+      from its run does not make us release it);
+    - a Workload, admitted: not held; Kueue let it go, and it waits for one of our slots like any other;
+    - no Workload: held while the run carries tekton-kueue's LocalQueue label (its controller makes the
+      Workload a moment after CREATE); not held without it;
+    - the look failed: held (never release on doubt; the next pass looks again).
+    A tenant's own label only keeps its own run waiting: a held run waits in no line and takes no slot,
+    so it neither gains a slot nor stops the runs behind it."""
+    if not kueue_may_hold(entry):
+        return False
+    if workloads is None:
+        return True
+    admitted = workloads.get(entry.uid) if entry.uid else None
+    if admitted is not None:
+        return not admitted
+    return entry.kueue_label
+
+
+def kueue_may_hold(entry: QueueEntry) -> bool:
+    """Is it worth looking at the Workloads of the entry's namespace: a pending, unfinished PipelineRun."""
+    return entry.kind == "PipelineRun" and entry.pending and not entry.done
+
+
 def slots(runs_per_node: int, nodes: int) -> int:
     return max(0, runs_per_node) * max(0, nodes)
 
@@ -313,10 +389,13 @@ def release_order(waiting: Sequence[QueueEntry], priority: Callable[[str], int],
 
 
 def plan(queue: PoolQueue, entries: Iterable[QueueEntry], now: float) -> Plan:
-    """The releases for one queued pool now. `entries`: this pool's entries (waiting and released)."""
+    """The releases for one queued pool now. `entries`: this pool's entries (waiting and released). A pool
+    Kueue governs steps aside: what still waits in our line (queued before the setting) is let go."""
     entries = list(entries)
     flying = [e for e in entries if in_flight(e, queue, now)]
     occupied = queue.pool_pods + len(flying)
+    if queue.setting.governed_by == GOVERNED_BY_KUEUE:
+        return Plan(release_all(entries), (), (), occupied, queue.slots)
     turns: dict[str, int] = dict(queue.pods_by_namespace)
     for e in flying:
         turns[e.namespace] = turns.get(e.namespace, 0) + 1
@@ -493,6 +572,7 @@ class RunFacts:
     spec_status: str = ""
     done: bool = False  # Succeeded condition True or False
     decision: str | None = None  # admission's decision record (its pool must be the entry's)
+    kueue_label: bool = False  # tekton-kueue's LocalQueue label (KUEUE_QUEUE_LABEL) is on the run
 
     def queue_entry(self, has_pod: bool) -> QueueEntry | None:
         mark = read_entry(self.entry, self.kind)
@@ -500,4 +580,8 @@ class RunFacts:
             return None
         pending = self.spec_status == PENDING.get(self.kind)
         done = self.done or self.spec_status in CANCELLED
-        return QueueEntry(self.kind, self.namespace, self.name, mark.pool, mark.queued_at, pending, done, has_pod, self.uid)
+        labelled = self.kind == "PipelineRun" and self.kueue_label
+        # Held by Kueue as far as the run itself tells (its label): what admission's line summary counts on; the
+        # leader's pass decides with the run's Workload (`held_by_kueue`).
+        return QueueEntry(self.kind, self.namespace, self.name, mark.pool, mark.queued_at, pending, done, has_pod, self.uid,
+                          kueue_label=labelled, kueue_held=labelled and pending and not done, budgets=mark.budgets)

@@ -10,6 +10,13 @@ Nothing is kept that the cluster does not hold, except the runs this replica rel
 the informers have not shown yet (so the next pass does not count their slot as free again). A new
 leader rebuilds the queue from the cluster: the pending runs carrying a queue entry.
 
+Kueue (tekton-kueue) holds PipelineRuns by the same `spec.status`. Before planning, a pass looks once at
+the Workloads of each namespace with a pending PipelineRun entry (`RunReleaser.kueue_workloads`; only such
+runs can be Kueue's) and marks the entries Kueue holds (`queue.core.held_by_kueue`): they wait in no line
+and take no slot. `_release`, which every release goes through, asks the same question again and releases
+no run Kueue holds. While one is held, passes come at least every KUEUE_LOOK_SECONDS (an admission by Kueue
+changes no run we watch).
+
 Events (the one sink): Released (Normal) with the wait and the reason; QueueWaitExceeded (Warning)
 once per run and leadership for a run of a required pool past its maxQueueSeconds.
 Metrics: queue_length and queue_slots per pool, queue_releases_total by reason, queue_wait_seconds
@@ -25,18 +32,23 @@ from typing import Callable, Protocol
 
 from loguru import logger
 
-from controller.core.policy import PlacementPolicy
+from controller.budgets.view import BudgetsView
+from controller.core.policy import PlacementPolicy, Pool
 from controller.queue.core import (
     PENDING,
     POOL_SLOT_GATE,
+    Workloads,
     GatedPod,
     Plan,
     PoolQueue,
     QueueEntry,
     Release,
     ReleaseReason,
+    held_by_kueue,
+    kueue_may_hold,
     plan,
     release_all,
+    release_order,
     ungate,
 )
 from controller.event_sink import EventSink
@@ -44,6 +56,8 @@ from controller.metrics import GaugeSnapshot, Metrics
 from controller.queue.view import QueueView
 
 RELEASE_MEMORY_SECONDS = 60.0  # how long a release this replica made counts while the informers lag
+KUEUE_LOOK_SECONDS = 2.0  # the longest between passes while Kueue holds a queued run
+BUDGET_RECHECK_SECONDS = 1.0  # while runs wait for an egress budget (a window frees with time alone)
 
 
 class QueueState(Protocol):
@@ -54,11 +68,15 @@ class QueueState(Protocol):
 
     queue: QueueView
 
+    budgets: BudgetsView
+
 
 class RunReleaser(Protocol):
     def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool: ...
 
     def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...], gate: str) -> bool: ...
+
+    def kueue_workloads(self, namespace: str) -> Workloads | None: ...
 
 
 class QueueReconciler:
@@ -79,6 +97,7 @@ class QueueReconciler:
         self._released: dict[tuple[str, str, str], float] = {}  # released by us, not yet seen so
         self._ungated: dict[tuple[str, str], tuple[float, GatedPod]] = {}  # let in by us, not yet seen bound
         self._warned: set[tuple[str, str, str]] = set()
+        self._workloads: dict[str, Workloads | None] = {}  # namespace -> this pass's look at its Workloads
         self._length = GaugeSnapshot(metrics.queue_length)
         self._slots = GaugeSnapshot(metrics.queue_slots)
 
@@ -88,20 +107,26 @@ class QueueReconciler:
         if not self.state.policy_in_force:  # no policy yet: every pool would look unqueued
             return None
         now = self.clock()
-        entries = self._as_seen(self.state.queue.queue_entries(), now)
+        deadlines: list[float] = []
+        self._workloads = {}
+        entries = [replace(e, kueue_held=self._held_by_kueue(e)) for e in self._as_seen(self.state.queue.queue_entries(), now)]
+        if any(e.kueue_held for e in entries):
+            deadlines.append(now + KUEUE_LOOK_SECONDS)
         by_pool: dict[str, list[QueueEntry]] = defaultdict(list)
         for entry in entries:
             by_pool[entry.pool].append(entry)
         length: dict[tuple[str, ...], float] = {}
         slots: dict[tuple[str, ...], float] = {}
-        deadlines: list[float] = []
         plans: dict[str, Plan] = {}
         free: dict[str, int] = {}
         for pool in self.state.policy.pools:
             picture = self.state.queue.pool_queue(pool)
             if picture is None:
+                if pool.destinations and self._budget_pass(pool, by_pool.pop(pool.name, []), now):
+                    deadlines.append(now + BUDGET_RECHECK_SECONDS)  # a window frees with time, not with a change
                 continue
-            result = plan(picture, by_pool.pop(pool.name, []), now)
+            mine = by_pool.pop(pool.name, [])
+            result = self._within_budgets(pool, plan(picture, mine, now), mine, now)
             plans[pool.name] = result
             for release in result.releases:
                 self._release(release, now, result)
@@ -121,6 +146,28 @@ class QueueReconciler:
         self._slots.set(slots)
         return max(0.5, min(deadlines) - self.clock()) if deadlines else None
 
+    def _within_budgets(self, pool: Pool, result: Plan, entries: list[QueueEntry], now: float) -> Plan:
+        """A queued pool's plan whose slot releases also fit its egress budgets (docs/budgets.md); those
+        that do not stay first in the line."""
+        slot = [r.entry for r in result.releases if r.reason is ReleaseReason.SLOT]
+        if not pool.destinations or not slot:
+            return result
+        flying = [e.budgets for e in entries if not e.pending and not e.done and not e.has_pod]
+        fits = self.state.budgets.releasable(pool, [(e.key, e.budgets) for e in slot], flying, now)
+        kept = tuple(r for r in result.releases if r.reason is not ReleaseReason.SLOT or r.entry.key in fits)
+        return replace(result, releases=kept, line=tuple(e for e in slot if e.key not in fits) + result.line)
+
+    def _budget_pass(self, pool: Pool, entries: list[QueueEntry], now: float) -> bool:
+        """A pool without a queue whose runs wait for its egress budgets: release, in the queue's order,
+        those whose every budget has room on some pool node (the same release path: `_release`)."""
+        line = release_order([e for e in entries if e.waiting], lambda namespace: 0, {})
+        flying = [e.budgets for e in entries if not e.pending and not e.done and not e.has_pod]
+        fits = self.state.budgets.releasable(pool, [(e.key, e.budgets) for e in line], flying, now)
+        for entry in line:
+            if entry.key in fits:
+                self._release(Release(entry, ReleaseReason.BUDGET), now, None)
+        return len(fits) < len(line)  # some still wait
+
     def _as_seen(self, entries: list[QueueEntry], now: float) -> list[QueueEntry]:
         """Entries with the runs this replica released, and the informers still show pending, as released."""
         for key, when in list(self._released.items()):
@@ -136,6 +183,14 @@ class QueueReconciler:
         for key in set(self._released) - shown_pending:  # the informers caught up (or it is gone)
             del self._released[key]
         return out
+
+    def _held_by_kueue(self, entry: QueueEntry) -> bool:
+        """`queue.core.held_by_kueue`, on one look per pass at the Workloads of the entry's namespace."""
+        if not kueue_may_hold(entry):
+            return False
+        if entry.namespace not in self._workloads:
+            self._workloads[entry.namespace] = self.client.kueue_workloads(entry.namespace)
+        return held_by_kueue(entry, self._workloads[entry.namespace])
 
     def _let_in(self, free: dict[str, int], now: float) -> None:
         """Remove the gate of the gated pods that fit in the pools' free slots (`queue.core.ungate`). A pod
@@ -155,7 +210,11 @@ class QueueReconciler:
                 logger.bind(namespace=pod.namespace, name=pod.name, pools=list(pod.pools)).info("a pool slot is free: pod let in")
 
     def _release(self, release: Release, now: float, result: Plan | None) -> None:
+        """Every release goes through here: never one of a run Kueue holds (whoever asks)."""
         entry = release.entry
+        if self._held_by_kueue(entry):
+            logger.bind(kind=entry.kind, namespace=entry.namespace, name=entry.name, pool=entry.pool).info("not released: Kueue holds it")
+            return
         released = self.client.release_run(entry.kind, entry.namespace, entry.name, entry.uid, PENDING[entry.kind])
         self._released[entry.key] = now
         self._warned.discard(entry.key)
@@ -169,6 +228,8 @@ class QueueReconciler:
         self.metrics.queue_wait_seconds.labels(pool=label).observe(waited)
         if release.reason is ReleaseReason.TIMEOUT:
             note = f"released from pool {entry.pool}'s queue after {waited:.0f}s, past its longest wait: it runs on ordinary nodes"
+        elif release.reason is ReleaseReason.BUDGET:
+            note = f"released: every egress budget it waited for in pool {entry.pool} has room (waited {waited:.0f}s)"
         elif release.reason is ReleaseReason.UNQUEUED:
             note = f"released: pool {entry.pool} no longer queues (waited {waited:.0f}s)"
         else:

@@ -19,6 +19,7 @@ from controller.core.policy import PlacementPolicy, Pool
 from controller.load.view import LoadView
 from controller.queue.core import (
     POOL_SLOT_GATE,
+    KUEUE_QUEUE_LABEL,
     QUEUE_ANNOTATION,
     GatedPod,
     LineSummary,
@@ -62,7 +63,7 @@ class RunRecord:
         done = any(c.get("type") == "Succeeded" and c.get("status") in ("True", "False") for c in conditions if isinstance(c, Mapping))
         key = run_key(kind, obj)
         facts = RunFacts(kind, key[1], key[2], meta.get("uid") or "", value, str((obj.get("spec") or {}).get("status") or ""), done,
-                         annotations.get(DECISION_ANNOTATION))
+                         annotations.get(DECISION_ANNOTATION), KUEUE_QUEUE_LABEL in (meta.get("labels") or {}))
         entry = facts.queue_entry(has_pod=False) if value is not None else None
         claim = claimed_pipelinerun(owner_refs(meta)) if kind == "TaskRun" else None
         return cls(DECISION_ANNOTATION in annotations, meta.get("uid") or "", entry, claim)

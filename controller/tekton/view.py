@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, Iterable, Mapping
 
 from controller.compat.core import UNREAD, Limitation, Support, assess
-from controller.core.images import TektonObjects
+from controller.tekton.core import TektonObjects
 
 TEKTON_FLAGS = "TektonFeatureFlags"  # the kind passed to subscribers when Tekton's coschedule flag changes
 

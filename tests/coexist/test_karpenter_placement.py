@@ -31,11 +31,12 @@ DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
 RUNS = 10
 
 
-def _policy(path: Path, tenant: str, node_pool: str) -> Path:
+def _policy(path: Path, tenant: str, node_pool: str, more: str = "") -> Path:
+    """Pool POOL of the NodePool's nodes for `tenant`'s runs; `more`: further lines of the pool (e.g. its queue)."""
     path.write_text(
         "apiVersion: egress-placer.io/v1alpha1\nkind: PlacementPolicy\npools:\n"
         f"  - name: {POOL}\n    nodeSelector: {{{POOL_LABEL}: {POOL}}}\n    images: ['*/cdn-*']\n"
-        f"    namespaces: [{tenant}]\n    provisioning: {{karpenter: {{nodePool: {node_pool}}}}}\n"
+        f"    namespaces: [{tenant}]\n    provisioning: {{karpenter: {{nodePool: {node_pool}}}}}\n{more}"
     )
     return path
 

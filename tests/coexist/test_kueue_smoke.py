@@ -31,11 +31,11 @@ def pipelinerun(name: str) -> dict[str, Any]:
     }
 
 
-def _queues(api: Api, ns: str, quota: int) -> str:
-    """The ResourceFlavor (shared), a ClusterQueue `cq-NS` taking `quota` PipelineRuns at a time and the default
-    LocalQueue in `ns`; the ClusterQueue's name."""
+def _queues(api: Api, ns: str, quota: int, **more: int) -> str:
+    """The ResourceFlavor (shared), a ClusterQueue `cq-NS` taking `quota` PipelineRuns at a time (and `more`
+    of other resources: name -> nominal quota) and the default LocalQueue in `ns`; the ClusterQueue's name."""
     cluster_queue = f"cq-{ns}"
-    for doc in kueue.queue_manifests(cluster_queue, ns, quota={kueue.PIPELINERUN_RESOURCE: quota}):
+    for doc in kueue.queue_manifests(cluster_queue, ns, quota={kueue.PIPELINERUN_RESOURCE: quota, **more}):
         plural = doc["kind"].lower() + "s"
         path = namespaced(ns, plural, group=KUEUE) if doc["kind"] == "LocalQueue" else f"{KUEUE}/{plural}"
         if api.get(f"{path}/{doc['metadata']['name']}") is None:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from controller.core.guard import GUARD_NAME
+from controller.pool_guard.core import GUARD_NAME
 from devcluster import kyverno
 from devcluster.cluster import Cluster
 from devcluster.pytest_plugin import brought_up, reporter

@@ -32,7 +32,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from controller.compat import core as compat
-from controller.core.guard import GUARD_NAME
+from controller.pool_guard.core import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from controller.core.run_guard import RUN_GUARD_NAME

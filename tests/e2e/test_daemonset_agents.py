@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import pytest
 
 from controller.cli.status import run_status
-from controller.core.agents import POOL_TOLERATIONS_ANNOTATION, TOLERATIONS_ADDED_ANNOTATION
+from controller.agents.core import POOL_TOLERATIONS_ANNOTATION, TOLERATIONS_ADDED_ANNOTATION
 from controller.core.model import TAINT_KEY
 from controller.settings import Settings
 from devcluster.cluster import Cluster

@@ -38,6 +38,7 @@ from tests.waiting import wait_for
 
 DOCS = [REPO / "README.md", *sorted((REPO / "config").glob("*.md")), REPO / "k8s" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
+RELEASED = "needs the published release on ghcr.io, out of reach here (tests/e2e/test_release_oci.py and make release-dry-run: the same from a registry on 127.0.0.1)"
 SKIPPED = {
     "kubectl label crd egresspools.egress-placer.io egressplacerconfigs.egress-placer.io app.kubernetes.io/managed-by=Helm": (
         "needs a release of the 0.1.0 chart: tests/e2e/test_helm_upgrade.py installs one and runs this command"
@@ -54,6 +55,16 @@ SKIPPED = {
     ),
     "docker push registry.example.com/egress-placer:0.1.0": "needs a registry",
     "kubectl -n NAMESPACE edit daemonset NAME": "interactive (opens an editor)",
+    'egress-placer suggest --prometheus "$PROM" -o yaml | kubectl apply --server-side --force-conflicts -f -': (
+        "needs a Prometheus holding Tekton pods' history: tests/e2e/test_suggest.py applies suggest's -o yaml so"
+    ),
+    # docs/releasing.md: the published release; make release-dry-run runs the same against a registry on 127.0.0.1
+    "helm install egress-placer oci://ghcr.io/egress-placer/charts/egress-placer --version X.Y.Z --namespace egress-placer"
+    " --create-namespace --set createNamespace=false": RELEASED,
+    "cosign verify ghcr.io/egress-placer/egress-placer:X.Y.Z --certificate-identity https://github.com/egress-placer/egress-placer/.github/workflows/release.yaml@refs/tags/vX.Y.Z --certificate-oidc-issuer https://token.actions.githubusercontent.com": RELEASED,
+    "cosign verify-attestation --type spdxjson ghcr.io/egress-placer/egress-placer:X.Y.Z --certificate-identity https://github.com/egress-placer/egress-placer/.github/workflows/release.yaml@refs/tags/vX.Y.Z --certificate-oidc-issuer https://token.actions.githubusercontent.com": RELEASED,
+    "helm pull oci://ghcr.io/egress-placer/charts/egress-placer --version X.Y.Z": RELEASED,
+    "cosign verify ghcr.io/egress-placer/charts/egress-placer@DIGEST --certificate-identity https://github.com/egress-placer/egress-placer/.github/workflows/release.yaml@refs/tags/vX.Y.Z --certificate-oidc-issuer https://token.actions.githubusercontent.com": RELEASED,
 }
 PLACEHOLDERS = {"NODES PODS TASKRUNS": "10 40 40"}
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"

@@ -30,7 +30,7 @@ import yaml
 from devcluster.build import PROMETHEUS_OPERATOR_CRDS, ensure_optional, optional_file
 from devcluster.cluster import Cluster
 from devplacer.chart import CHART_DIR, Release, helm_binary, policy_values, settings_env, template
-from controller.core.guard import GUARD_NAME
+from controller.pool_guard.core import GUARD_NAME
 from controller.core.pools import custom_resource_definitions
 from controller.core.rights import rights_bindings
 from controller.core.run_guard import RUN_GUARD_NAME

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from controller.reconcile.last_good_policy import POLICY_KEY, store_name
+from controller.last_good_policy.reconcile import POLICY_KEY, store_name
 from devcluster.cluster import Cluster
 from devplacer.local_placer import (
     NAMESPACE,

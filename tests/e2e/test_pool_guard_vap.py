@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from controller.core.guard import GUARD_NAME, left_out, policy_binding
+from controller.pool_guard.core import GUARD_NAME, left_out, policy_binding
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION
 from controller.core.policy import load_policy
 from controller.kube.client import JSON_PATCH

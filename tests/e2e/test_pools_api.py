@@ -35,7 +35,7 @@ from controller.core.policy import Pool
 from controller.core.pools import CONFIG_PLURAL, GROUP, POOL_PLURAL, VERSION
 from devcluster.cluster import Cluster
 from controller.core.policy import load_policy
-from controller.reconcile.last_good_policy import POLICY_KEY, store_name
+from controller.last_good_policy.reconcile import POLICY_KEY, store_name
 from controller.settings import Settings
 from devplacer.local_placer import NAMESPACE, POOLS_WEBHOOK_CONFIG, start_controller, stop_controller
 from tests.e2e.harness import POLICY_FILE, VALIDATING_WEBHOOK_CONFIGS, Placer, make_plain, pool_taints

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from controller.cli.errors import Exit
-from controller.core.agents import TOLERATIONS_ADDED_ANNOTATION
-from controller.core.guard import GUARD_NAME
+from controller.agents.core import TOLERATIONS_ADDED_ANNOTATION
+from controller.pool_guard.core import GUARD_NAME
 from controller.core.model import TAINT_KEY
-from controller.reconcile.last_good_policy import store_name
+from controller.last_good_policy.reconcile import store_name
 from devplacer.local_placer import NAMESPACE, POLICY_CONFIGMAP, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG, start_controller, stop_controller
 from tests.e2e.harness import (
     ADMISSION,

@@ -20,7 +20,7 @@ from controller.retry import RetryPolicy
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
 from controller.placement_log.view import PlacementLog
-from controller.reconcile.pool_status import PoolErrors, PoolStatusWriter
+from controller.pool_status.reconcile import PoolErrors, PoolStatusWriter
 from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState

@@ -22,9 +22,9 @@ from controller.kube.informer import cluster_informers, start_informers
 from controller.retry import RetryPolicy
 from controller.kube.writer import EventRecorder, KubeClient
 from controller.metrics import Metrics
-from controller.reconcile.intruders import IntruderReconciler
-from controller.reconcile.loop import ReconcileLoop
-from controller.reconcile.taints import TaintReconciler
+from controller.intruders.reconcile import IntruderReconciler
+from controller.reconcile_loop import ReconcileLoop
+from controller.taints.reconcile import TaintReconciler
 from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState

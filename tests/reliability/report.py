@@ -52,7 +52,7 @@ NOTES = """\
   (`agentNamespaces`, by default the exempt namespaces). A tenant with the `edit` role may create a real
   DaemonSet in its own namespace, or claim any owner (an `extensions/v1beta1` DaemonSet with a made-up uid,
   which the garbage collector cannot resolve and so never deletes): neither makes a node agent. The same
-  functions (`controller/core/intruders.py`) decide at admission and in the intruder check. What puts node
+  functions (`controller/intruders/core.py`) decide at admission and in the intruder check. What puts node
   agents on pool nodes is the toleration in their DaemonSet's pod template, added at admission for agent
   namespaces only (the DaemonSet controller makes no pod on a node its template does not tolerate;
   kube-system's pods do not reach the pod webhook at all): [docs/node-agents.md](node-agents.md).

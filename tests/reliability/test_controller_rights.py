@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from controller.core.guard import GUARD_NAME
+from controller.pool_guard.core import GUARD_NAME
 from controller.core.model import POOL_SLOT_GATE, TAINT_KEY
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from devcluster import tekton_webhook

@@ -15,7 +15,7 @@ import jsonpatch
 import pytest
 
 from controller.admission.handlers import Admission
-from controller.core.agents import TOLERATIONS_ADDED_ANNOTATION
+from controller.agents.core import TOLERATIONS_ADDED_ANNOTATION
 from controller.core.policy import load_policy
 from controller.metrics import Metrics
 from controller.settings import Settings

@@ -4,7 +4,8 @@ wrote on its own (tests/unit/test_generated.py), so the key order is part of the
 
 from __future__ import annotations
 
-from controller.core import guard, rights, run_guard
+from controller.core import rights, run_guard
+from controller.pool_guard import core as guard
 from controller.core.admission_policy import DENY, WARN_ONLY, admission_policy, param_ref, policy_binding, resource_rule, validation
 
 

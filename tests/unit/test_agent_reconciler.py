@@ -1,4 +1,4 @@
-"""Checks the agent reconciler (controller/reconcile/agents.py) against a ClusterState and recording
+"""Checks the agent reconciler (controller/agents/reconcile.py) against a ClusterState and recording
 fakes: a node agent kept off pool nodes by an untolerated pool taint is reported (Warning Event on the
 DaemonSet, once until what is missing changes or the report is due again, and the gauge), never
 patched unless its owner opted in; an opted-in one is patched once (tolerations rebased on the fresh
@@ -13,10 +13,10 @@ import json
 from typing import Any, Callable, Mapping
 
 from controller.cli.status import pool_rows, print_rows
-from controller.core.agents import POOL_TOLERATIONS_ANNOTATION, TOLERATIONS_ADDED_ANNOTATION
+from controller.agents.core import POOL_TOLERATIONS_ANNOTATION, TOLERATIONS_ADDED_ANNOTATION
 from controller.core.policy import load_policy
 from controller.metrics import Metrics
-from controller.reconcile.agents import AgentReconciler, find_gaps
+from controller.agents.reconcile import AgentReconciler, find_gaps
 from controller.state import ClusterState
 
 POLICY_TEXT = """

@@ -1,4 +1,4 @@
-"""Checks the node agents' core (controller/core/agents.py): which pool tolerations a DaemonSet's pod
+"""Checks the node agents' core (controller/agents/core.py): which pool tolerations a DaemonSet's pod
 template gains (one `Exists` per pool taint key and effect, none twice, the owner's kept), which nodes a
 template targets (node selector, required node affinity as the DaemonSet controller reads them), which
 pool nodes a pool taint alone keeps an agent off, and the plan: only agent namespaces, pods counted
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.core.agents import (
+from controller.agents.core import (
     POOL_TOLERATIONS_ANNOTATION,
     AgentGap,
     agent_tolerations,

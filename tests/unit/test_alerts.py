@@ -4,7 +4,7 @@
 from the same Prometheus module and pin as the local cluster's Prometheus: `python -m devcluster build
 --with prometheus`, part of `make cluster-build`; skipped, saying so, before that build). Every alert has a
 case where it fires and one where it does not (every severity of it fires somewhere); every series an
-alert reads is in the metrics contract; every alert has its section in docs/alerts.md.
+alert reads is in the metrics contract; every alert has its section in docs/troubleshooting.md (its runbook_url).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "charts" / "egress-placer" / "files" / "prometheus-rules.yaml"
 RULE_TESTS = ROOT / "tests" / "data" / "alerts" / "rules.test.yaml"
 ALERTS_DOC = ROOT / "docs" / "alerts.md"
-RUNBOOK_BASE = "https://github.com/egress-placer/egress-placer/blob/main/docs/alerts.md"  # the published docs/alerts.md: prometheusRule.runbookBaseURL's default
+RUNBOOK_DOC = ROOT / "docs" / "troubleshooting.md"  # a section per alert: the runbook_url anchors
+RUNBOOK_BASE = "https://github.com/egress-placer/egress-placer/blob/main/docs/troubleshooting.md"  # the published docs/troubleshooting.md: prometheusRule.runbookBaseURL's default
 
 
 def alerting_rules() -> list[dict[str, Any]]:
@@ -118,15 +119,26 @@ def test_every_alert_reads_series_of_the_contract(rule: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("rule", alerting_rules(), ids=lambda r: f"{r['alert']}-{r['labels']['severity']}")
-def test_every_alert_is_explained_in_docs_alerts_md(rule: dict[str, Any]) -> None:
+def test_every_alert_has_its_runbook_section_in_docs_troubleshooting_md(rule: dict[str, Any]) -> None:
     assert rule["labels"]["severity"] in ("warning", "critical")
     assert {"summary", "description", "runbook_url"} <= set(rule["annotations"])
     assert "runbook" not in rule["annotations"]  # the annotation Alertmanager, Grafana and PagerDuty read is runbook_url
     base, anchor = rule["annotations"]["runbook_url"].split("#")
     assert base == RUNBOOK_BASE and anchor == rule["alert"].lower()
-    headings = re.findall(r"^### (\w+)$", ALERTS_DOC.read_text(), re.M)
-    assert anchor in {h.lower() for h in headings}, anchor
+    headings = re.findall(r"^### (\w+)$", RUNBOOK_DOC.read_text(), re.M)
+    assert anchor in {h.lower() for h in headings}, anchor  # GitHub's anchor of `### EgressPlacerNoLeader`
     assert rule["alert"] in headings
+    assert f"[`{rule['alert']}`](troubleshooting.md#{anchor})" in ALERTS_DOC.read_text()  # the table links its runbook
+
+
+def test_every_link_to_a_troubleshooting_section_names_one_that_exists() -> None:
+    """The docs link troubleshooting.md's sections by GitHub's anchors (lower case, punctuation dropped, spaces as -)."""
+    text = RUNBOOK_DOC.read_text()
+    anchors = {re.sub(r"[^a-z0-9 _-]", "", h.lower()).replace(" ", "-") for h in re.findall(r"^#+ (.+)$", text, re.M)}
+    linked = set(re.findall(r"\]\(#([^)]+)\)", text))
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        linked |= set(re.findall(r"\]\(troubleshooting\.md#([^)\s]+)\)", doc.read_text()))
+    assert linked and linked <= anchors, sorted(linked - anchors)
 
 
 # -- the series reader the alert and dashboard checks share ---------------------------------------------

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from bench.corpus import catalog_absent_reason, catalog_dir
-from controller.core.images import WHOLE_RUN, TektonObjects, pipelinerun_images, taskrun_images
+from controller.core.images import WHOLE_RUN, pipelinerun_images, taskrun_images
+from controller.tekton.core import TektonObjects
 from controller.core.model import ImageSet
 
 # The catalog sits in shared/ beside the repository on the project's machines and in CI; a user's

@@ -34,13 +34,14 @@ import pytest
 import yaml
 
 from controller.core import run_guard
-from controller.core.guard import GUARD_NAME, policy_binding
+from controller.pool_guard.core import GUARD_NAME, policy_binding
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME, controller_rights
 from controller.core.run_guard import RUN_GUARD_NAME
 from controller.core.policy import load_policy
 from devcluster.build import find_artifacts, find_optional
 from devcluster.cluster import ClusterError
 from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, RELEASE_NAMESPACE, policy_values, post_render, run_helm, settings_env, template
+from devplacer.version import IMAGE_REPOSITORY, PUBLISHED_IMAGE
 from devplacer.local_placer import K8S_DIR, kustomize
 
 HELM_ANNOTATIONS = frozenset({"helm.sh/resource-policy"})  # crds.keep: Helm's own, an instruction to Helm
@@ -204,6 +205,8 @@ def test_helm_lint_passes_strictly(helm: Path, tmp_path: Path, values: dict[str,
         ({"certificate": {"mode": "vault"}}, "'/certificate/mode'"),
         ({"replicas": 0}, "'/replicas'"),
         ({"image": {"repository": ""}}, "'/image/repository'"),
+        ({"image": {"repository": "egress-placer"}}, "'/image/repository'"),  # the 0.1.0 placeholder: no registry
+        ({"image": {"repository": "ghcr.io/Egress/placer"}}, "'/image/repository'"),  # repositories are lower case
         ({"intruderMdoe": "report"}, "'intruderMdoe' not allowed"),  # a misspelt key is refused, not ignored
         ({"extraEnv": {"RESYNC_SECONDS": "60"}}, "'RESYNC_SECONDS'"),  # settings are EGRESS_PLACER_* variables
         ({"controllerRights": {"validationActions": ["Refuse"]}}, "'/controllerRights/validationActions/0'"),
@@ -252,9 +255,10 @@ def test_image_replicas_and_resources(helm: Path) -> None:
     assert container(docs)["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "512Mi"}}
 
 
-def test_the_image_tag_defaults_to_the_app_version(default_render: list[dict[str, Any]]) -> None:
+def test_the_default_image_is_the_published_one_at_the_app_version(default_render: list[dict[str, Any]]) -> None:
+    """Issue 28: the default is what the release workflow pushes (docs/releasing.md), not a placeholder."""
     app_version = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
-    assert container(default_render)["image"] == f"egress-placer:{app_version}"
+    assert container(default_render)["image"] == f"{IMAGE_REPOSITORY}:{app_version}" == PUBLISHED_IMAGE
 
 
 def test_one_replica_has_no_disruption_budget(helm: Path, default_render: list[dict[str, Any]]) -> None:
@@ -620,7 +624,7 @@ def test_namespace_override_replaces_the_release_namespace(helm: Path) -> None:
 
 
 def test_the_runbook_base_is_a_value(helm: Path) -> None:
-    """Issue 28: runbook_url on a base of the user's choosing (their own copy of docs/alerts.md)."""
+    """Issue 28: runbook_url on a base of the user's choosing (their own copy of docs/troubleshooting.md)."""
     base = "https://wiki.example.com/egress-placer/alerts"
     rule = the(template(helm, {"prometheusRule": {"enabled": True, "runbookBaseURL": base}}), "PrometheusRule")
     alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]

@@ -39,7 +39,7 @@ CLUSTER_COMMANDS = {"run", "status", "uninstall"}
 
 
 def test_every_command_is_covered_here() -> None:
-    assert set(COMMANDS) == CLUSTER_COMMANDS | {"explain", "migrate-policy", "completion"}
+    assert set(COMMANDS) == CLUSTER_COMMANDS | {"explain", "migrate-policy", "completion", "suggest"}
 
 
 # -- an unreachable cluster: 3, one line, no DEBUG, at once -------------------------------------------

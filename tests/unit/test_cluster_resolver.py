@@ -18,7 +18,8 @@ from controller.core.cluster_resolver import (
     namespace_refusal,
     target,
 )
-from controller.core.images import TektonObjects, pipelinerun_images, taskrun_images
+from controller.core.images import pipelinerun_images, taskrun_images
+from controller.tekton.core import TektonObjects
 from controller.core.model import ImageSet
 from controller.tekton.view import TektonView
 

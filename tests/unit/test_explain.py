@@ -4,6 +4,7 @@ or an invalid policy (the message names the file, the document and the line)."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -256,3 +257,30 @@ def test_an_invalid_policy_is_not_migrated(tmp_path: Path) -> None:
     done = migrate_cli(write(tmp_path, "policy.yaml", POLICY.replace("nodes: [lab-1]", "nodes: [Lab-1]")))
     assert (done.returncode, done.stdout) == (2, "")
     assert "policy.yaml:11: pools[1].nodes[0]: 'Lab-1' is not a valid node name" in done.stderr
+
+
+# -- egress budgets (docs/budgets.md): explain shows the budgets a run would touch ------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+
+
+def test_explain_shows_the_budgets_of_the_worked_example() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    code = explain.run_explain(str(EXAMPLES / "budgets-policy.yaml"), [str(EXAMPLES / "budgets-runs.yaml")], out, err)
+    assert (code, err.getvalue()) == (0, "")
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(r["name"], r["task"], [(b["destination"], b["matched"], b["mode"]) for b in r["budgets"]]) for r in lines] == [
+        ("build-image", None, [("dockerhub-pulls", "param base-registry (host registry-1.docker.io)", "Enforce")]),
+        ("publish-assets", None, [("cdn-uploads", "image registry.example.com/cdn-uploader:1.2", "ReportOnly")]),
+        ("release-7", "build", [("dockerhub-pulls", "param base-registry (host docker.io)", "Enforce")]),
+        ("release-7", "publish", [("cdn-uploads", "image registry.example.com/cdn-uploader:1.2", "ReportOnly")]),
+    ]
+    assert lines[1]["budgets"][0] | {} == {"destination": "cdn-uploads", "matched": "image registry.example.com/cdn-uploader:1.2",
+                                            "mode": "ReportOnly", "maxConcurrentPerAddress": 2, "maxConcurrentPerPool": 5}
+
+
+def test_a_line_has_budgets_only_where_its_pool_has_destinations(tmp_path: Path) -> None:
+    """The format of pools without destinations is unchanged (the exact lines above)."""
+    out = io.StringIO()
+    explain.run_explain(str(EXAMPLES / "budgets-policy.yaml"), [write(tmp_path, "r.yaml", RUNS)], out, io.StringIO())
+    assert all(("budgets" in json.loads(line)) is (json.loads(line)["pool"] == "overseas") for line in out.getvalue().splitlines())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import runpy
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import yaml
 
 from devplacer import generate
 from devplacer.generate import OWNED_DIRS, differences, main, outputs
+from devplacer.version import IMAGE_REPOSITORY
 
 
 def test_every_committed_generated_file_is_what_make_generate_writes() -> None:
@@ -87,3 +89,29 @@ def test_without_helm_docs_generate_leaves_the_chart_readme_alone_and_says_so(
     assert generate.CHART_README not in files(tmp_path)
     assert main(["--check"], root=tmp_path) == 0
     assert capsys.readouterr().err.count(generate.HELM_DOCS_MISSING) == 2
+
+
+def test_one_version_source_the_chart_and_k8s_carry_pyproject_s_version() -> None:
+    """Issue 28: pyproject.toml's version is the one source; `make generate` writes it into Chart.yaml
+    (version and appVersion in lockstep) and k8s/'s image, so a bump by hand anywhere else is drift."""
+    version = tomllib.loads((generate.REPO / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((generate.REPO / generate.CHART_YAML).read_text())
+    assert (chart["version"], chart["appVersion"]) == (version, version)
+    deployment = yaml.safe_load((generate.REPO / generate.DEPLOYMENT).read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"{IMAGE_REPOSITORY}:{version}"
+
+
+@pytest.mark.parametrize("bad", ["0.2", "0.2.0rc1", "0.2.0.dev0", "v0.2.0", "00.2.0"])
+def test_a_version_helm_and_pip_would_read_differently_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
+    (tmp_path / "pyproject.toml").write_text(f'[project]\nversion = "{bad}"\n')
+    monkeypatch.setattr(generate, "REPO", tmp_path)
+    with pytest.raises(ValueError, match="MAJOR.MINOR.PATCH"):
+        generate.release_version()
+
+
+def test_a_version_bump_rewrites_only_the_version_lines() -> None:
+    text = (generate.REPO / generate.CHART_YAML).read_text()
+    bumped = generate.chart_yaml(text, "9.8.7")
+    changed = [(a, b) for a, b in zip(text.splitlines(), bumped.splitlines()) if a != b]
+    assert [b for _, b in changed] == ["version: 9.8.7", 'appVersion: "9.8.7"'] and len(bumped) - len(text) < 10

@@ -18,7 +18,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.core.guard import (
+from controller.pool_guard.core import (
     GUARD_NAME,
     MAX_POOLS,
     PYTHON_SPACE,

@@ -8,10 +8,10 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Mapping
 
-from controller.core.guard import GUARD_NAME, guard_params
+from controller.pool_guard.core import GUARD_NAME, guard_params
 from controller.core.model import NodeState
 from controller.core.policy import load_policy
-from controller.reconcile.pool_guard import PARAMS_LABELS, PoolGuardReconciler
+from controller.pool_guard.reconcile import PARAMS_LABELS, PoolGuardReconciler
 from controller.state import ClusterState
 
 NAMESPACE = "egress-placer"

@@ -13,7 +13,6 @@ from controller.core.cluster_resolver import TEKTON_DEFAULTS
 from controller.core.images import (
     WHOLE_RUN,
     Fanout,
-    TektonObjects,
     Unknown,
     is_tekton_pod,
     pipelinerun_images,
@@ -21,6 +20,7 @@ from controller.core.images import (
     substitute,
     taskrun_images,
 )
+from controller.tekton.core import TektonObjects
 from controller.core.model import ImageSet
 
 

@@ -30,13 +30,13 @@ from controller.core.images import (
     WHOLE_RUN,
     Budget,
     Fanout,
-    TektonObjects,
     Unknown,
     pipelinerun_images,
     pod_images,
     substitute,
     taskrun_images,
 )
+from controller.tekton.core import TektonObjects
 from controller.core.model import ImageSet
 
 # A cause names what failed and quotes at most CLIP_CHARS of the tenant's text (twice at most).

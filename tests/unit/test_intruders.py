@@ -1,4 +1,4 @@
-"""Checks the pool guard's pure tests (controller/core/intruders.py) from the attacker's side: which
+"""Checks the pool guard's pure tests (controller/intruders/core.py) from the attacker's side: which
 DaemonSet owner claims make a node agent (only a uid that resolves to a real apps/v1 DaemonSet of the
 same namespace and name, in an agent namespace), which mirror pods are a kubelet's (the annotation AND
 the node's own Node owner, uid included), which nodes a namespace may not use, and which pods are
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.core.intruders import (
+from controller.intruders.core import (
     Agent,
     Intruder,
     check_pod,

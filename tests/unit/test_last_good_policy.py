@@ -1,4 +1,4 @@
-"""The stored last good policy (controller/reconcile/last_good_policy.py) against a recording store:
+"""The stored last good policy (controller/last_good_policy/reconcile.py) against a recording store:
 written when the loaded text differs from the stored one (created, or replaced as read), never before
 a policy loaded, and read again after each write."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from controller.reconcile.last_good_policy import LABELS, POLICY_KEY, LastGoodPolicyKeeper, store_name
+from controller.last_good_policy.reconcile import LABELS, POLICY_KEY, LastGoodPolicyKeeper, store_name
 
 NAME = "egress-placer-policy-last-good"
 

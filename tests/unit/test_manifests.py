@@ -21,13 +21,14 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.core.guard import GUARD_NAME
+from controller.pool_guard.core import GUARD_NAME
 from controller.core.model import TAINT_KEY, NamespaceState
 from controller.core.policy import load_policy
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
-from controller.reconcile.last_good_policy import store_name
+from controller.last_good_policy.reconcile import store_name
 from controller.settings import Settings
 from devcluster.build import find_artifacts
+from devplacer.version import PUBLISHED_IMAGE
 from devplacer.local_placer import kustomize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,6 +71,7 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
         for v in ("get", "list", "watch")
     },
     *{("cluster", "tekton.dev", r, "patch", ANY) for r in ("taskruns", "pipelineruns")},  # the queue's release
+    ("cluster", "kueue.x-k8s.io", "workloads", "list", ANY),  # the queue releases no PipelineRun Kueue holds
     *{("cluster", "events.k8s.io", "events", v, ANY) for v in ("create", "patch")},
     *{
         ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", v, default("webhook_config_name"))
@@ -456,7 +458,7 @@ def test_pod_match_condition_sends_only_the_pods_that_matter(case: str, obj: dic
 # -- the Deployment ---------------------------------------------------------------------------
 def test_deployment_runs_two_replicas_of_the_controller() -> None:
     assert DEPLOYMENT["spec"]["replicas"] == 2
-    assert CONTAINER["image"] == "egress-placer:0.1.0"
+    assert CONTAINER["image"] == PUBLISHED_IMAGE  # what the release publishes (devplacer/version.py, make generate)
     assert [*CONTAINER.get("command", []), *CONTAINER.get("args", [])] == ["egress-placer", "run"]
     assert POD_SPEC["serviceAccountName"] == SERVICE_ACCOUNT
     assert "priorityClassName" not in POD_SPEC

@@ -19,7 +19,7 @@ import pytest
 from controller.app import Controller, StartupError, wait_for_first_sync
 from controller.core.policy import load_policy
 from controller.metrics import Metrics
-from controller.reconcile.pool_metrics import CHUNK, PoolMetrics, pool_loads
+from controller.pool_status.metrics import CHUNK, PoolMetrics, pool_loads
 from controller.state import ClusterState
 from tests.unit.test_metrics import POLICY, node, pod, samples
 

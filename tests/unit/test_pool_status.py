@@ -1,4 +1,4 @@
-"""Checks what an EgressPool's status says (controller/core/pool_status.py), from data given: the Ready
+"""Checks what an EgressPool's status says (controller/pool_status/core.py), from data given: the Ready
 condition's status, reason and message for each case (tables), its observedGeneration and
 lastTransitionTime, the counts and the load (totals, busy and full nodes, the 5 most loaded), the runs
 placed in the last hour, the last error (newest of a refusal, an error seen and the one stored), and
@@ -16,19 +16,17 @@ from hypothesis import strategies as st
 
 from controller.core.model import NodeLoad, NodeState, Taint
 from controller.core.policy import PlacementPolicy
-from controller.core.pool_status import (
-    Placed,
+from controller.pool_status.core import (
     PoolObject,
     SeenError,
     load_status,
     members_by_pool,
-    parse_rfc3339,
     pool_status,
     ready_condition,
     refusal_about,
-    rfc3339,
 )
 from controller.core.pools import PoolStatus, policy_from_objects
+from controller.placement_log.core import Placed, parse_rfc3339, rfc3339
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 HOUR = 3600.0

@@ -1,4 +1,4 @@
-"""The leader's pool status writer (controller/reconcile/pool_status.py) against a ClusterState and a
+"""The leader's pool status writer (controller/pool_status/reconcile.py) against a ClusterState and a
 recording writer (no cluster): it writes a pool's status when it differs from the stored one and not
 again when it is the same; a pass within `min_interval` of the last is skipped and asks the loop back
 in time; it removes keys it no longer writes; a failed write is tried next pass. The placement log
@@ -11,12 +11,13 @@ from typing import Any, Mapping, Sequence
 
 from controller.core.images import TASKRUN_LABEL
 from controller.core.model import Taint
-from controller.core.pool_status import PoolObject, rfc3339
+from controller.pool_status.core import PoolObject
 from controller.core.pools import policy_from_objects
 from controller.metrics import Metrics
+from controller.placement_log.core import rfc3339
 from controller.placement_log.view import PlacementLog
-from controller.reconcile.pool_status import PoolErrors, PoolStatusWriter
-from controller.reconcile.taints import TaintReconciler
+from controller.pool_status.reconcile import PoolErrors, PoolStatusWriter
+from controller.taints.reconcile import TaintReconciler
 from controller.state import ClusterState
 
 NOW = 1_800_000_000.0

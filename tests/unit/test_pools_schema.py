@@ -311,3 +311,36 @@ def test_the_name_rules_refuse_the_reserved_names() -> None:
 def test_marks_on_a_model_apply_only_where_its_fields_are_rendered() -> None:
     assert rules(openapi_schema(PlacementPolicy, only=("exempt_namespaces",))) == []
     assert OpenAPI().rules == ()
+
+
+# -- egress budgets (docs/budgets.md) -------------------------------------------------------------------
+
+DESTINATION_TABLE = [
+    {"name": "d", "match": {"images": ["x"]}, "maxConcurrentPerAddress": 1},
+    {"name": "d", "match": {}, "maxConcurrentPerAddress": 1},
+    {"name": "d", "match": {"images": [], "tasks": [], "urlParams": []}, "maxConcurrentPerAddress": 1},
+    {"name": "d", "match": {"tasks": ["t"]}},
+    {"name": "d", "match": {"tasks": ["t"]}, "maxStartsPerWindowPerAddress": 5},
+    {"name": "d", "match": {"tasks": ["t"]}, "windowSeconds": 5},
+    {"name": "d", "match": {"tasks": ["t"]}, "maxStartsPerWindowPerAddress": 5, "windowSeconds": 60},
+    {"name": "d", "match": {"urlParams": [{"param": "u", "hosts": ["h"]}]}, "maxConcurrentPerPool": 3, "mode": "ReportOnly"},
+]
+
+
+@pytest.mark.parametrize("destination", DESTINATION_TABLE)
+def test_the_destination_rules_refuse_what_the_loader_refuses(destination: dict[str, Any]) -> None:
+    schema = SPEC["properties"]["destinations"]["items"]
+    allowed = cel_allows(rules(schema), destination) and cel_allows(rules(schema["properties"]["match"]), destination["match"])
+    assert allowed is accepts(lambda d: Pool.model_validate(pool_with(destinations=[d])), destination)
+
+
+@pytest.mark.parametrize("address", [{}, {"label": "a"}, {"annotation": "a"}, {"label": "a", "annotation": "b"}])
+def test_the_egress_address_rule_refuses_what_the_loader_refuses(address: dict[str, Any]) -> None:
+    schema = SPEC["properties"]["egressAddress"]
+    assert cel_allows(rules(schema), address) is accepts(lambda a: Pool.model_validate(pool_with(egressAddress=a)), address)
+
+
+@pytest.mark.parametrize("names", [["a"], ["a", "b"], ["a", "a"], ["a", "b", "a"]])
+def test_the_unique_destination_rule_refuses_what_the_loader_refuses(names: list[str]) -> None:
+    spec = {"nodes": ["n"], "destinations": [{"name": n, "match": {"tasks": ["t"]}, "maxConcurrentPerPool": 1} for n in names]}
+    assert cel_allows(rules(SPEC), spec) is accepts(lambda s: Pool.model_validate({"name": "p", **s}), spec)

@@ -148,6 +148,10 @@ class FakeReleaser:
         self.env = env
         self.calls: list[tuple[str, str, str]] = []
         self.show = True  # apply the change to the state at once (the informers caught up)
+        self.workloads: dict[str, dict[str, bool]] | None = {}  # Kueue's: namespace -> run uid -> admitted (None: unreadable)
+
+    def kueue_workloads(self, namespace: str) -> dict[str, bool] | None:
+        return self.workloads.get(namespace, {}) if self.workloads is not None else None
 
     def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
         self.calls.append((kind, namespace, name))
@@ -280,7 +284,7 @@ def test_status_lists_each_queue_in_release_order() -> None:
 
 
 def test_the_pool_status_carries_the_queue() -> None:
-    from controller.core.pool_status import PoolObject, pool_status
+    from controller.pool_status.core import PoolObject, pool_status
     from controller.core.pools import QueueStatus
 
     env = queued_env()

@@ -16,9 +16,9 @@ from pydantic import ValidationError
 from controller.core.model import Taint
 from controller.core.policy import load_policy
 from controller.metrics import Metrics
-from controller.reconcile.intruders import IntruderReconciler
-from controller.reconcile.loop import ReconcileLoop
-from controller.reconcile.taints import TaintReconciler
+from controller.intruders.reconcile import IntruderReconciler
+from controller.reconcile_loop import ReconcileLoop
+from controller.taints.reconcile import TaintReconciler
 from controller.runner import Runner
 from controller.settings import Settings
 from controller.state import ClusterState

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.core.guard import GUARD_NAME
+from controller.pool_guard.core import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from controller.core.rights import (
     POD_DELETES_NAME,

@@ -92,3 +92,31 @@ def test_a_held_run_still_may_not_be_started_by_its_owner(entry: bool, refused: 
     old = {"metadata": {"annotations": annotations}, "spec": {"status": PENDING["TaskRun"]}}
     new = {"metadata": {"annotations": annotations}, "spec": {}}
     assert bool(_judged("taskruns", old, new)) is refused
+
+
+# -- egress budgets (docs/budgets.md): a pod's budget record is egress-placer's -------------------------
+
+RECORD = '{"pool":"overseas","destinations":["dockerhub-pulls"],"node":"egress-1","time":1}'
+
+
+def _recorded(value: str | None, *gates: str) -> dict[str, Any]:
+    annotations = {"egress-placer.io/budgets": value} if value is not None else {}
+    return {"metadata": {"name": "p", "annotations": annotations}, "spec": {"schedulingGates": [{"name": g} for g in gates]} if gates else {}}
+
+
+@pytest.mark.parametrize(
+    "old, new, outcome",
+    [
+        pytest.param(_recorded(RECORD), _recorded(None), "refused", id="record-removed: frees room"),
+        pytest.param(_recorded(RECORD), _recorded(RECORD.replace("egress-1", "egress-9")), "refused", id="record-changed"),
+        pytest.param(_recorded(RECORD), _recorded(RECORD), "admitted", id="record-kept"),
+        pytest.param(_recorded(None), _recorded(RECORD), "not-judged", id="record-added: its own run touches a budget"),
+        pytest.param(_recorded(RECORD, POOL_SLOT_GATE), _recorded(RECORD), "refused", id="gated-and-recorded: gate removed"),
+    ],
+)
+def test_a_pods_budget_record_is_kept(old: dict[str, Any], new: dict[str, Any], outcome: str) -> None:
+    refused = _judged("pods", old, new)
+    if outcome == "not-judged":
+        assert refused is None
+    else:
+        assert refused is not None and bool(refused) is (outcome == "refused"), refused

@@ -14,7 +14,7 @@ from loguru import logger
 
 from controller.load.core import ledger_key
 from controller.core.model import DECISION_ANNOTATION, AgentTemplate, DaemonSetState
-from controller.core.agents import POOL_TOLERATIONS_ANNOTATION
+from controller.agents.core import POOL_TOLERATIONS_ANNOTATION
 from controller.kube.informer import trim_daemonset
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -205,7 +205,7 @@ def test_daemonsets_are_kept_by_uid_and_wake_subscribers_only_when_they_come_or_
 
 
 def test_a_daemonsets_template_change_wakes_subscribers_and_its_trimmed_form_is_what_is_kept(state):
-    """The informer keeps who the DaemonSet is, the annotation core.agents reads and where its template
+    """The informer keeps who the DaemonSet is, the annotation agents.core reads and where its template
     sends pods."""
     seen: list[str] = []
     state.subscribe(seen.append)

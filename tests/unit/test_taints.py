@@ -1,4 +1,4 @@
-"""Checks the taint plan (controller/core/taints.py): which owned taints each node gains or loses so
+"""Checks the taint plan (controller/taints/core.py): which owned taints each node gains or loses so
 that exactly the members of a pool carry that pool's taint. Properties: foreign taints are never
 touched, applying the plan then planning again gives nothing, a member ends with exactly its
 pool's taint and a non-member with no owned taint."""
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from controller.core.model import NodeState, Taint
 from controller.core.policy import load_policy
-from controller.core.taints import TaintChange, desired_taints, plan_taints
+from controller.taints.core import TaintChange, desired_taints, plan_taints
 
 POLICY = load_policy(
     """

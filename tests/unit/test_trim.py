@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.corpus import tekton_examples_dir
-from controller.core.agents import POOL_TOLERATIONS_ANNOTATION
+from controller.agents.core import POOL_TOLERATIONS_ANNOTATION
 from controller.core.images import (
     TASKRUN_LABEL,
     image_fields,
@@ -24,7 +24,7 @@ from controller.core.images import (
     step_action_spec,
     task_spec,
 )
-from controller.core.intruders import MIRROR_POD_ANNOTATION, controller_owner, is_mirror_pod
+from controller.intruders.core import MIRROR_POD_ANNOTATION, controller_owner, is_mirror_pod
 from controller.core.model import (
     DECISION_ANNOTATION,
     NAMESPACE_POOLS_ANNOTATION,
@@ -81,6 +81,8 @@ def meta(**fields: Any) -> dict[str, Any]:
             None, {DECISION_ANNOTATION: '{"pool":"overseas"}'}, id="taskrun-decided",
         ),
         pytest.param("PipelineRun", {"a": "b"}, {LAST_APPLIED: HUGE}, None, None, id="pipelinerun-undecided"),
+        pytest.param("PipelineRun", {"a": "b", "kueue.x-k8s.io/queue-name": "pipelines-queue"}, {}, {"kueue.x-k8s.io/queue-name": "pipelines-queue"},
+                     None, id="pipelinerun-kueue-label"),
         pytest.param("TaskRun", {}, {LAST_APPLIED: HUGE, "egress-placer.io/queue": '{"pool":"p"}'},
                      None, {"egress-placer.io/queue": '{"pool":"p"}'}, id="taskrun-queued"),
         pytest.param("DaemonSet", {"app": "agent"}, {LAST_APPLIED: HUGE, POOL_TOLERATIONS_ANNOTATION: "patch"},
@@ -143,10 +145,13 @@ def test_a_runs_decision_keeps_its_pool_however_long(kind: str, value: str, kept
 
 def test_the_allow_lists_name_only_what_a_reader_reads():
     """The one place others extend: a new key needs a reader (and a row above)."""
-    assert {k: v for k, v in KEPT_LABELS.items() if v is not None} == {"Pod": frozenset({TASKRUN_LABEL, "tekton.dev/pipelineRun"})}
+    assert {k: v for k, v in KEPT_LABELS.items() if v is not None} == {
+        "Pod": frozenset({TASKRUN_LABEL, "tekton.dev/pipelineRun"}),
+        "PipelineRun": frozenset({"kueue.x-k8s.io/queue-name"}),  # queue.core.held_by_kueue
+    }
     assert KEPT_ANNOTATIONS == {
         "Namespace": frozenset({NAMESPACE_POOLS_ANNOTATION}),
-        "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION, DECISION_ANNOTATION}),
+        "Pod": frozenset({MIRROR_POD_ANNOTATION, REVIEW_ANNOTATION, DECISION_ANNOTATION, "egress-placer.io/budgets"}),  # budgets.view
         "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, "egress-placer.io/queue"}),
         "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, "egress-placer.io/queue"}),
         "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),
@@ -223,7 +228,7 @@ def test_node_keeps_taints_readiness_and_allocatable_pods_only():
 
 @pytest.mark.parametrize("kind", ["Pod", "TaskRun", "PipelineRun", "Node", "Namespace"])
 def test_only_pods_and_runs_keep_their_creation_time(kind):
-    """The pool status counts the runs' pods created in the last hour (controller/reconcile/pool_status.py);
+    """The pool status counts the runs' pods created in the last hour (controller/pool_status/reconcile.py);
     a decision record counts for a while after its object's creation (load.view). PodState does not keep
     it, so the cache does not grow with it."""
     out = trim_metadata(meta(creationTimestamp="2026-07-01T12:00:00Z", generateName="x-"), kind)
@@ -351,7 +356,7 @@ def pods(draw) -> dict[str, Any]:
 
 def pod_answers(pod: PodState) -> tuple[Any, ...]:
     """What each reader of a PodState reads: ClusterState (taskRun label, DaemonSet owners, phase),
-    core.intruders (controller owner, mirror annotation, grace, uid, deletion)."""
+    intruders.core (controller owner, mirror annotation, grace, uid, deletion)."""
     return (
         pod.namespace, pod.name, pod.uid, pod.node_name, pod.phase, pod.active, pod.on_node, pod.finished,
         pod.deleting, pod.grace_seconds, pod.labels.get(TASKRUN_LABEL) or None,

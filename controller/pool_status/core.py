@@ -1,6 +1,6 @@
 """What an EgressPool's `status` says: computed from data given (the objects, the policy in force, the
 nodes, the loads, the runs placed, the errors seen, the time), with no I/O and no clock of its own.
-The leader writes it (controller/reconcile/pool_status.py); docs/pools-api.md, "Status".
+The leader writes it (controller/pool_status/reconcile.py); docs/pools-api.md, "Status".
 
 - `Ready` (a condition, with `observedGeneration`): the pool's spec is in force, it has members, every
   member carries the pool's taint, and at least one member takes runs. Otherwise False, and the
@@ -10,7 +10,8 @@ The leader writes it (controller/reconcile/pool_status.py); docs/pools-api.md, "
 - Counts, not lists: member nodes, ready ones, tainted ones; the load over the ready nodes as totals,
   busy and full node counts, and only the `MOST_LOADED_NODES` most loaded nodes. At 10,000 members a
   status stays about 1 KiB (etcd refuses objects above 1.5 MiB).
-- `runsPlacedLastHour`: the runs' pods bound to a member node, created within `PLACEMENT_WINDOW_SECONDS`.
+- `runsPlacedLastHour`: the runs' pods bound to a member node, created within the placement log's window
+  (`placement_log.core`).
 - `lastError`: the newest of a refusal naming the object, an error the leader saw about the pool
   (a taint it could not write), and the one the status holds already (a new leader keeps it).
 
@@ -23,7 +24,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from controller.core.model import NodeLoad, NodeState
@@ -38,9 +38,9 @@ from controller.core.pools import (
     PoolStatus,
     QueueStatus,
 )
+from controller.placement_log.core import Placed, parse_rfc3339, placed_within, rfc3339
 
 READY = "Ready"
-PLACEMENT_WINDOW_SECONDS = 3600.0
 MAX_MESSAGE = 4096  # a condition's or an error's message is cut here (the schema allows 32768)
 
 
@@ -59,29 +59,6 @@ class SeenError:
 
     message: str
     at: float
-
-
-@dataclass(frozen=True)
-class Placed:
-    """A run's pod bound to `node`, created at `at` (epoch seconds)."""
-
-    node: str
-    at: float
-
-
-def rfc3339(ts: float) -> str:
-    """A metav1.Time: seconds, UTC (2026-07-01T12:00:00Z)."""
-    return datetime.fromtimestamp(int(ts), tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_rfc3339(text: Any) -> float | None:
-    """Epoch seconds of a metav1.Time, None when it is not one."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def members_by_pool(policy: PlacementPolicy, nodes: Iterable[NodeState]) -> dict[str, list[NodeState]]:
@@ -221,7 +198,6 @@ def pool_status(
     ready_nodes = sum(1 for n in members if n.ready and not n.unschedulable)
     status, reason, message = ready_condition(obj.name, pool, members, ready_nodes, refusal)
     names = {n.name for n in members}
-    since = now - PLACEMENT_WINDOW_SECONDS
     seen = list(errors)
     about = refusal_about(refusal, obj.name) if refusal else ""
     kept = obj.status.get("lastError")
@@ -234,7 +210,7 @@ def pool_status(
         ready_nodes=ready_nodes,
         tainted_nodes=sum(1 for n in members if taint in n.taints),
         load=load_status(loads),
-        runs_placed_last_hour=sum(1 for p in placed if p.node in names and since < p.at <= now),
+        runs_placed_last_hour=placed_within(placed, names, now),
         last_error=_last_error(obj.status, seen),
         queue=queue if pool is not None and pool.queue is not None else None,
     )

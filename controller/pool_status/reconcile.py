@@ -2,7 +2,7 @@
 
 Level-based, one of the leader's reconcilers: each pass computes every pool's status from the
 objects as the policy source holds them, the policy in force, the cached nodes and loads, the runs
-placed and the errors seen (`core.pool_status.pool_status`, pure), compares it with the status the
+placed and the errors seen (`pool_status.core.pool_status`, pure), compares it with the status the
 object has, and writes the difference (a merge patch of the status subresource, through the
 writer's one retry policy). Rate-limited: a pass computes at most every `min_interval` seconds (so a
 pool's status is written at most that often, and the load of 10,000 nodes is not counted on every
@@ -27,7 +27,7 @@ from loguru import logger
 from controller.core.model import NodeState
 from controller.core.policy import PlacementPolicy
 from controller.core.pools import QueueStatus
-from controller.core.pool_status import (
+from controller.pool_status.core import (
     READY,
     PoolObject,
     SeenError,
@@ -37,7 +37,7 @@ from controller.core.pool_status import (
 from controller.load.view import LoadView
 from controller.placement_log.view import PlacementLog
 from controller.queue.view import QueueView
-from controller.reconcile.pool_metrics import pool_loads
+from controller.pool_status.metrics import pool_loads
 
 
 class PoolState(Protocol):

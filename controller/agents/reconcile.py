@@ -13,7 +13,7 @@ leader's: changing its template restarts every pod of it, so by default it is on
   fresh object, resourceVersion as precondition), recorded in the annotation
   `egress-placer.io/pool-tolerations-added` and a Normal Event `PoolTolerationsAdded`.
 
-Level-based: the plan comes from the caches each pass (core.agents.plan_agents); a patched template
+Level-based: the plan comes from the caches each pass (agents.core.plan_agents); a patched template
 drops out of the plan once the cache has it (until then, for `in_flight_seconds`, it is not patched
 again).
 """
@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from loguru import logger
 
-from controller.core.agents import (
+from controller.agents.core import (
     TOLERATIONS_ADDED_ANNOTATION,
     POOL_TOLERATIONS_ANNOTATION,
     AgentGap,

@@ -19,7 +19,7 @@ from loguru import logger
 
 from controller.core.model import NodeState, Taint
 from controller.core.policy import PlacementPolicy
-from controller.core.taints import TaintChange, plan_taints
+from controller.taints.core import TaintChange, plan_taints
 from controller.metrics import GaugeSnapshot, Metrics
 
 

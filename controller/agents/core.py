@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.core.intruders import controller_owner
+from controller.intruders.core import controller_owner
 from controller.core.model import AgentTemplate, DaemonSetState, NodeState, PodState, Taint
 from controller.core.patches import tolerates
 from controller.core.policy import PlacementPolicy, is_agent_namespace

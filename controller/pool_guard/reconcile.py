@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from loguru import logger
 
-from controller.core.guard import GUARD_NAME, GuardError, guard_params
+from controller.pool_guard.core import GUARD_NAME, GuardError, guard_params
 from controller.core.model import NodeState
 from controller.core.policy import PlacementPolicy
 

@@ -34,7 +34,7 @@ from typing import Any, Callable, Literal, Protocol
 
 from loguru import logger
 
-from controller.core.intruders import Intruder, eviction_grace, find_intruders
+from controller.intruders.core import Intruder, eviction_grace, find_intruders
 from controller.core.model import DaemonSetState, NamespaceState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
 from controller.event_sink import EventSink

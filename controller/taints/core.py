@@ -5,7 +5,7 @@ without a pool, or with no pools at all, removes that pool's taints. Foreign tai
 are never touched.
 
 Only a valid policy is planned for: with none in force (none ever loaded, none stored) the caller
-plans nothing and the taints stay (controller/reconcile/taints.py).
+plans nothing and the taints stay (controller/taints/reconcile.py).
 
 Level-based: plan from the nodes as they are, apply, plan again: nothing left to do.
 """

@@ -1,0 +1,149 @@
+"""Egress budgets as the stores show them (docs/budgets.md): one pool's `PoolBudgets` now, and the lines
+`egress-placer status` prints.
+
+Counts come only from controller-trusted facts: the pod store's "budgeted" index (pods carrying a
+budget record, by the pool it names: `budgets.core.read_record`), each pod a run's pod by uid
+(`QueueView.is_run_pod`), counted on the node it is bound to (else the node admission chose), whose
+egress address is the node's own (label, or the node's name). A pod the cache no longer keeps (finished)
+no longer counts at once, but its starts stay in the window: `pod_ended` keeps them (checked a run's pod
+while the cache still had it) for the longest window of its pool, in memory of every replica, and a
+relist keeps those of the finished pods the API server still lists (Tekton keeps a TaskRun's pod until
+the TaskRun is deleted). A pod deleted while no replica watched loses its start: the controller-owned
+start record that closes this is not built yet (docs/budgets.md).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+
+from controller.budgets.core import (
+    BUDGETS_ANNOTATION,
+    MAX_WINDOW_SECONDS,
+    PoolBudgets,
+    Start,
+    address_of,
+    addresses,
+    describe,
+    figures,
+    read_record,
+    release_within,
+    trusted_use,
+)
+from controller.core.model import PodState
+from controller.core.policy import PlacementPolicy, Pool
+from controller.load.view import LoadView
+from controller.queue.view import QueueView
+from controller.store import Store
+
+
+def budgeted(pod: PodState) -> str | None:
+    """The pod store's "budgeted" index: the pool a pod's budget record names (a claim until the view
+    checks it is a run's pod)."""
+    record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
+    return record.pool if record is not None else None
+
+
+MAX_ENDED = 100_000  # starts of ended pods kept (per replica), oldest dropped first
+
+
+class BudgetsView:
+    def __init__(self, stores: Mapping[str, Store[Any, Any]], load: LoadView, queue: QueueView, policy: Callable[[], PlacementPolicy]) -> None:
+        self._stores, self._load, self._queue, self._policy = stores, load, queue, policy
+        self._ended: dict[str, tuple[str, tuple[Start, ...]]] = {}  # pod uid -> (pool, its starts): pods gone from the cache
+        self._ended_lock = threading.Lock()  # the pod informer writes, admission and the leader read
+        # Pods counted as a run's use while their TaskRun was in the cache: their starts stay once the
+        # pod ends, even if its TaskRun was deleted first (a tenant deleting its run frees no window).
+        self._verified: set[str] = set()
+
+    def pod_ended(self, pod: PodState) -> None:
+        """A pod left the cache (finished or deleted): keep its starts when it was a run's pod with a record
+        of a pool with destinations (their window outlives the pod)."""
+        record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
+        pool = self._policy().pool(record.pool) if record is not None else None
+        if record is None or pool is None or not pool.destinations or not pod.uid:
+            return
+        with self._ended_lock:
+            verified = pod.uid in self._verified
+            self._verified.discard(pod.uid)
+        run_pod = verified or self._queue.is_run_pod(pod.namespace, pod.owners)
+        use = trusted_use(pod.uid, record, run_pod, pool.name, pod.node_name, [d.name for d in pool.destinations])
+        if use is None:
+            return
+        node = self._stores["Node"].items.get(use.node)
+        address = address_of(use.node, node.labels if node else {}, {}, pool.egress_address)
+        with self._ended_lock:
+            self._ended[pod.uid] = (pool.name, tuple(Start(n, address, record.started) for n in sorted(use.destinations)))
+            while len(self._ended) > MAX_ENDED:
+                del self._ended[next(iter(self._ended))]
+
+    def pods_listed(self, pods: Iterable[PodState]) -> None:
+        """A relist: the finished pods the API server still lists (the cache keeps none)."""
+        for pod in pods:
+            if pod.finished and BUDGETS_ANNOTATION in pod.annotations:
+                self.pod_ended(pod)
+
+    def _ended_starts(self, pool: Pool, now: float, live: set[str]) -> list[Start]:
+        window = max((d.window_seconds or 0 for d in pool.destinations), default=0) or MAX_WINDOW_SECONDS
+        out = []
+        with self._ended_lock:
+            for uid, (name, starts) in list(self._ended.items()):
+                if starts and now - starts[0].time > max(window, 1) and name == pool.name:
+                    del self._ended[uid]  # out of every window of its pool
+                elif name == pool.name and uid not in live:
+                    out += starts
+        return out
+
+    def addresses(self, pool: Pool) -> dict[str, str]:
+        """node -> egress address, for the pool's eligible nodes (members, Ready, not cordoned)."""
+        nodes = self._stores["Node"].items
+        return {n: address_of(n, nodes[n].labels, {}, pool.egress_address) for n in self._load.pool_names(pool.name) if n in nodes}
+
+    def pool_budgets(self, pool: Pool, now: float) -> PoolBudgets | None:
+        """The pool's budgets now; None when it has no destinations. O(pods carrying a record of the pool,
+        and ended pods' starts kept)."""
+        if not pool.destinations:
+            return None
+        where = self.addresses(pool)
+        nodes = self._stores["Node"].items
+        known = [d.name for d in pool.destinations]
+        uses, starts = [], []
+        for pod in self._stores["Pod"].snapshot.under("budgeted", pool.name).values():
+            record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
+            use = trusted_use(pod.uid, record, pod.active and self._queue.is_run_pod(pod.namespace, pod.owners), pool.name, pod.node_name, known)
+            if use is None or record is None:
+                continue
+            uses.append(use)
+            if pod.uid not in self._verified:
+                with self._ended_lock:
+                    self._verified.add(pod.uid)
+            node = nodes.get(use.node)
+            address = where.get(use.node) or address_of(use.node, node.labels if node else {}, {}, pool.egress_address)
+            starts += [Start(name, address, record.started) for name in sorted(use.destinations)]
+        starts += self._ended_starts(pool, now, {u.key for u in uses})
+        return PoolBudgets(pool.name, pool.destinations, where, tuple(uses), tuple(starts))
+
+    def releasable(self, pool: Pool, line: Sequence[tuple[Hashable, Sequence[str]]], flying: Sequence[Sequence[str]], now: float) -> set[Hashable]:
+        """Which of the waiting runs (`line`: key and the destinations each waits for, in release order) fit
+        the pool's budgets now, with the runs released and not yet on a node (`flying`) counted. Every key
+        when the pool has no destinations."""
+        budgets = self.pool_budgets(pool, now)
+        if budgets is None:
+            return {key for key, _ in line}
+        return set(release_within(budgets, line, flying, now))
+
+    def status_lines(self, now: float) -> list[str]:
+        """Each budget's use per pool, destination and address (`egress-placer status`)."""
+        lines: list[str] = []
+        for pool in self._policy().pools:
+            budgets = self.pool_budgets(pool, now)
+            if budgets is None:
+                continue
+            lines.append(f"pool {pool.name}: {len(budgets.addresses)} nodes behind {len(addresses(budgets))} egress addresses")
+            for d in pool.destinations:
+                shown = figures(budgets, d, None, now) + [f for a in addresses(budgets) for f in figures(budgets, d, a, now)]
+                for f in shown:
+                    mark = " (full)" if f.full else ""
+                    mode = "" if d.enforced else f" [{d.mode}]"
+                    lines.append(f"  {describe(f, pool.name).removeprefix('budget ')}{mark}{mode}")
+        return lines

@@ -1,0 +1,458 @@
+"""`egress-placer suggest`'s rule: from what past runs sent, which images a pool should take, and which
+of its globs took only quiet runs. Pure: history and policy in, a report with its evidence out.
+
+One `PodHistory` per Tekton pod of the window (bytes it sent, how long it ran, the node it ran on and
+the labels Tekton gave it). Pods are grouped (`group_key`):
+
+- by Task (`tekton.dev/task`) when the run references one;
+- else by Pipeline and PipelineTask (an inline `taskSpec` in a Pipeline);
+- else by the set of its images (an inline TaskRun);
+
+always within its namespace: a Task name means nothing across namespaces, and a tenant that names its
+Task like another namespace's heavy one only ever lands in its own group.
+
+A run is heavy when it sent at least `Thresholds.heavy_bytes`, quiet below `quiet_bytes`. A group of
+at least `min_runs` runs is heavy when its median run is heavy, occasional when only its p90 is. For each
+heavy group not placed yet, the proposal is its own images (`image_glob`: the repository, any tag or
+digest) that no other non-heavy group of the window uses: an image shared with quiet runs (a base image)
+is never proposed, the group is named for an opt-in instead. A glob of a pool whose matched runs (at
+least `min_runs`) were all quiet is proposed for removal. Every proposal carries its evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+from fnmatch import fnmatchcase
+from typing import Any, Iterable, Mapping, Sequence
+
+from controller.core.model import NamespaceState
+from controller.core.policy import PlacementPolicy, Pool
+
+GIB = 1024**3
+MIB = 1024**2
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    heavy_bytes: float = 1 * GIB  # a run that sent at least this is heavy
+    quiet_bytes: float = 50 * MIB  # a run that sent less than this is quiet
+    min_runs: int = 3  # fewer runs than this in a group (or under a glob) prove nothing
+    # A heavy group is proposed only when runs on ordinary nodes do not beat runs on the pool by more
+    # than this factor (where both exist): pool runs much slower say the pool does not help it.
+    slower_on_pool_factor: float = 1.5
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.quiet_bytes <= self.heavy_bytes) or not math.isfinite(self.heavy_bytes):
+            raise ValueError("thresholds: need 0 <= quiet bytes <= heavy bytes (finite)")
+        if self.min_runs < 1:
+            raise ValueError("thresholds: min runs must be at least 1")
+
+
+@dataclass(frozen=True)
+class PodHistory:
+    """One Tekton pod of the window, as Prometheus and the cluster remember it."""
+
+    namespace: str
+    pod: str
+    task_run: str
+    bytes_sent: float
+    task: str | None = None  # tekton.dev/task: absent for an inline taskSpec
+    pipeline: str | None = None
+    pipeline_task: str | None = None
+    pipeline_run: str | None = None
+    images: tuple[str, ...] = ()
+    node: str | None = None
+    duration: float | None = None  # seconds the pod was seen, at the query's step
+
+
+class GroupKind(StrEnum):
+    TASK = "Task"
+    PIPELINE_TASK = "PipelineTask"
+    IMAGES = "Images"
+
+
+@dataclass(frozen=True, order=True)
+class GroupKey:
+    namespace: str
+    kind: GroupKind
+    name: str  # the Task, "pipeline/pipelineTask", or the images joined with ","
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.kind.value}:{self.name}"
+
+
+def group_key(pod: PodHistory) -> GroupKey:
+    if pod.task:
+        return GroupKey(pod.namespace, GroupKind.TASK, pod.task)
+    if pod.pipeline and pod.pipeline_task:
+        return GroupKey(pod.namespace, GroupKind.PIPELINE_TASK, f"{pod.pipeline}/{pod.pipeline_task}")
+    return GroupKey(pod.namespace, GroupKind.IMAGES, ",".join(sorted(set(pod.images))) or "(no image known)")
+
+
+class Verdict(StrEnum):
+    HEAVY = "heavy"  # the median run is heavy
+    OCCASIONAL = "occasional"  # only some runs are heavy (p90)
+    QUIET = "quiet"  # every run is quiet
+    BETWEEN = "between"  # neither
+    FEW_RUNS = "few-runs"  # fewer than min_runs
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default); `values` not empty."""
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return quantile(values, 0.5) if values else None
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    key: GroupKey
+    runs: int
+    images: tuple[str, ...]
+    bytes_median: float
+    bytes_p90: float
+    bytes_max: float
+    heavy_runs: int
+    quiet_runs: int
+    pool_runs: int  # runs on pool nodes
+    ordinary_runs: int  # runs on other known nodes
+    pool_duration_median: float | None
+    ordinary_duration_median: float | None
+    pools: tuple[str, ...]  # the pools its runs ran on
+    task_runs: tuple[str, ...]  # its TaskRuns, "namespace/name"
+    verdict: Verdict
+
+    @property
+    def time_saved(self) -> float | None:
+        """Seconds its ordinary-node runs would have saved on the pool (median against median), where
+        both exist."""
+        if self.pool_duration_median is None or self.ordinary_duration_median is None:
+            return None
+        return max(0.0, self.ordinary_duration_median - self.pool_duration_median) * self.ordinary_runs
+
+    @property
+    def speedup(self) -> float | None:
+        if not self.pool_duration_median or self.ordinary_duration_median is None:
+            return None
+        return self.ordinary_duration_median / self.pool_duration_median
+
+
+def group_stats(
+    key: GroupKey, pods: Sequence[PodHistory], pool_of_node: Mapping[str, str], thresholds: Thresholds
+) -> GroupStats:
+    sent = [max(0.0, p.bytes_sent) for p in pods]
+    on_pool = [p for p in pods if p.node is not None and p.node in pool_of_node]
+    ordinary = [p for p in pods if p.node is not None and p.node not in pool_of_node]
+    heavy = sum(1 for b in sent if b >= thresholds.heavy_bytes)
+    quiet = sum(1 for b in sent if b < thresholds.quiet_bytes)
+    median, p90 = quantile(sent, 0.5), quantile(sent, 0.9)
+    if len(pods) < thresholds.min_runs:
+        verdict = Verdict.FEW_RUNS
+    elif median >= thresholds.heavy_bytes:
+        verdict = Verdict.HEAVY
+    elif heavy:  # some runs are heavy, not most
+        verdict = Verdict.OCCASIONAL
+    elif quiet == len(pods):
+        verdict = Verdict.QUIET
+    else:
+        verdict = Verdict.BETWEEN
+    return GroupStats(
+        key=key,
+        runs=len(pods),
+        images=tuple(sorted({i for p in pods for i in p.images})),
+        bytes_median=median,
+        bytes_p90=p90,
+        bytes_max=max(sent),
+        heavy_runs=heavy,
+        quiet_runs=quiet,
+        pool_runs=len(on_pool),
+        ordinary_runs=len(ordinary),
+        pool_duration_median=_median([p.duration for p in on_pool if p.duration is not None]),
+        ordinary_duration_median=_median([p.duration for p in ordinary if p.duration is not None]),
+        pools=tuple(sorted({pool_of_node[p.node] for p in on_pool if p.node is not None})),
+        task_runs=tuple(sorted({f"{p.namespace}/{p.task_run}" for p in pods})),
+        verdict=verdict,
+    )
+
+
+def image_glob(image: str) -> str:
+    """The glob proposed for an image: its repository with any tag or digest (`repo[:@]*`), so the next
+    build's tag matches too; an image with neither is proposed as written."""
+    name, at, _digest = image.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    if at or ":" in last:
+        repository = name[: len(name) - len(last)] + last.split(":", 1)[0]
+        return f"{_escape(repository)}[:@]*"
+    return _escape(image)
+
+
+def _escape(text: str) -> str:
+    """`text` as a glob that matches only itself (fnmatch has no escape character but brackets)."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+class Action(StrEnum):
+    ADD_IMAGE = "add-image"  # add the glob to the pool's images
+    REMOVE_IMAGE = "remove-image"  # remove the glob from the pool's images
+    OPT_IN = "opt-in"  # heavy, but no image of its own: its runs should opt in
+    FLAG = "flag"  # heavy only sometimes: nothing changes, a person looks
+
+
+@dataclass(frozen=True)
+class Evidence:
+    runs: int
+    bytes_median: float
+    bytes_p90: float
+    bytes_max: float
+    heavy_runs: int
+    pool_runs: int
+    ordinary_runs: int
+    pool_duration_median: float | None
+    ordinary_duration_median: float | None
+    time_saved_seconds: float | None
+    groups: tuple[str, ...]
+    namespaces: tuple[str, ...]
+    queries: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    action: Action
+    pool: str | None
+    glob: str | None
+    reason: str
+    evidence: Evidence
+
+
+@dataclass(frozen=True)
+class Report:
+    enough_history: bool
+    missing: tuple[str, ...]  # what history is missing, when not enough
+    groups: tuple[GroupStats, ...]
+    proposals: tuple[Proposal, ...]
+    thresholds: Thresholds
+    queries: tuple[str, ...] = field(default=())
+
+
+def _evidence(stats: Sequence[GroupStats], pods: Sequence[PodHistory], pool_of_node: Mapping[str, str], queries: tuple[str, ...]) -> Evidence:
+    sent = [max(0.0, p.bytes_sent) for p in pods] or [0.0]
+    saved = [s.time_saved for s in stats if s.time_saved is not None]
+    durations_pool = [p.duration for p in pods if p.duration is not None and p.node in pool_of_node]
+    durations_ordinary = [p.duration for p in pods if p.duration is not None and p.node is not None and p.node not in pool_of_node]
+    return Evidence(
+        runs=len(pods),
+        bytes_median=quantile(sent, 0.5),
+        bytes_p90=quantile(sent, 0.9),
+        bytes_max=max(sent),
+        heavy_runs=sum(s.heavy_runs for s in stats),
+        pool_runs=sum(s.pool_runs for s in stats),
+        ordinary_runs=sum(s.ordinary_runs for s in stats),
+        pool_duration_median=_median(durations_pool),
+        ordinary_duration_median=_median(durations_ordinary),
+        time_saved_seconds=sum(saved) if saved else None,
+        groups=tuple(str(s.key) for s in stats),
+        namespaces=tuple(sorted({p.namespace for p in pods})),
+        queries=queries,
+    )
+
+
+def _first_pool(policy: PlacementPolicy, namespace: str, namespaces: Mapping[str, NamespaceState]) -> Pool | None:
+    """The pool a run of `namespace` would go to by image: the first of the policy it may use."""
+    ns = namespaces.get(namespace) or NamespaceState(name=namespace)
+    return next((p for p in policy.pools if p.allows(ns)), None)
+
+
+def suggest(
+    history: Iterable[PodHistory],
+    policy: PlacementPolicy,
+    pool_of_node: Mapping[str, str],
+    namespaces: Mapping[str, NamespaceState] | None = None,
+    thresholds: Thresholds = Thresholds(),
+    queries: Sequence[str] = (),
+    missing: Sequence[str] = (),
+) -> Report:
+    """The report for the window. `pool_of_node`: the pool of each pool node (a node not in it is an
+    ordinary one); `missing`: what the history source lacks (the adapter says); `queries`: those it ran."""
+    pods = list(history)
+    namespaces = namespaces or {}
+    queries = tuple(queries)
+    by_group: dict[GroupKey, list[PodHistory]] = {}
+    for pod in pods:
+        by_group.setdefault(group_key(pod), []).append(pod)
+    stats = {key: group_stats(key, members, pool_of_node, thresholds) for key, members in sorted(by_group.items())}
+    gaps = list(missing)
+    if not pods and not gaps:
+        gaps.append("no Tekton pod sent anything in the window")
+    elif pods and all(s.verdict is Verdict.FEW_RUNS for s in stats.values()):
+        gaps.append(f"no Task, Pipeline task or image set has {thresholds.min_runs} runs in the window")
+    if gaps:
+        return Report(False, tuple(gaps), tuple(stats.values()), (), thresholds, queries)
+
+    proposals = [
+        *_additions(stats, by_group, policy, pool_of_node, namespaces, thresholds, queries),
+        *_flags(stats, by_group, pool_of_node, queries),
+        *_removals(pods, policy, pool_of_node, thresholds, queries),
+    ]
+    return Report(True, (), tuple(stats.values()), tuple(proposals), thresholds, queries)
+
+
+def _placed_by_policy(policy: PlacementPolicy, images: Iterable[str]) -> Pool | None:
+    return next((p for p in policy.pools for i in images if p.matches_image(i)), None)
+
+
+def _additions(
+    stats: Mapping[GroupKey, GroupStats],
+    by_group: Mapping[GroupKey, Sequence[PodHistory]],
+    policy: PlacementPolicy,
+    pool_of_node: Mapping[str, str],
+    namespaces: Mapping[str, NamespaceState],
+    thresholds: Thresholds,
+    queries: tuple[str, ...],
+) -> list[Proposal]:
+    heavy = [s for s in stats.values() if s.verdict is Verdict.HEAVY]
+    others = {i for s in stats.values() if s.verdict is not Verdict.HEAVY for i in s.images}
+    wanted: dict[tuple[str, str], list[GroupStats]] = {}
+    opt_ins: list[Proposal] = []
+    for s in heavy:
+        if _placed_by_policy(policy, s.images) is not None:
+            continue  # its images already send it to a pool
+        if s.speedup is not None and s.speedup * thresholds.slower_on_pool_factor < 1:
+            continue  # its runs were much slower on the pool: the pool does not help it
+        pool = _first_pool(policy, s.key.namespace, namespaces)
+        own = [g for g in sorted({image_glob(i) for i in s.images}) if not any(fnmatchcase(o, g) for o in others)]
+        if pool is not None and own:
+            for glob in own:
+                wanted.setdefault((pool.name, glob), []).append(s)
+            continue
+        why = (
+            f"namespace {s.key.namespace} may use no pool"
+            if pool is None
+            else f"every image of it is used by runs that are not heavy too ({', '.join(s.images) or 'none known'})"
+        )
+        opt_ins.append(
+            Proposal(
+                Action.OPT_IN, pool.name if pool else None, None,
+                f"{s.key} sent {_size(s.bytes_median)} per run (median) but {why}: annotate its runs "
+                "egress-placer.io/placement: <pool> instead",
+                _evidence([s], by_group[s.key], pool_of_node, queries),
+            )
+        )
+    additions = []
+    for (pool_name, glob), groups in sorted(wanted.items()):
+        members = [p for s in groups for p in by_group[s.key]]
+        names = ", ".join(str(s.key) for s in groups)
+        additions.append(
+            Proposal(
+                Action.ADD_IMAGE, pool_name, glob,
+                f"{names}: median run sent {_size(quantile([p.bytes_sent for p in members], 0.5))}; "
+                f"no run that is not heavy uses an image {glob} matches",
+                _evidence(groups, members, pool_of_node, queries),
+            ),
+        )
+    return additions + opt_ins
+
+
+def _flags(
+    stats: Mapping[GroupKey, GroupStats],
+    by_group: Mapping[GroupKey, Sequence[PodHistory]],
+    pool_of_node: Mapping[str, str],
+    queries: tuple[str, ...],
+) -> list[Proposal]:
+    return [
+        Proposal(
+            Action.FLAG, None, None,
+            f"{s.key}: {s.heavy_runs} of {s.runs} runs sent at least the heavy threshold (p90 {_size(s.bytes_p90)}, "
+            f"median {_size(s.bytes_median)}); too few to send every run to a pool",
+            _evidence([s], by_group[s.key], pool_of_node, queries),
+        )
+        for s in stats.values()
+        if s.verdict is Verdict.OCCASIONAL
+    ]
+
+
+def _removals(
+    pods: Sequence[PodHistory],
+    policy: PlacementPolicy,
+    pool_of_node: Mapping[str, str],
+    thresholds: Thresholds,
+    queries: tuple[str, ...],
+) -> list[Proposal]:
+    out = []
+    for pool in policy.pools:
+        for glob in pool.images:
+            matched = [p for p in pods if any(fnmatchcase(i, glob) for i in p.images)]
+            if len(matched) < thresholds.min_runs or any(p.bytes_sent >= thresholds.quiet_bytes for p in matched):
+                continue
+            keys = sorted({group_key(p) for p in matched})
+            stats = [group_stats(k, [p for p in matched if group_key(p) == k], pool_of_node, thresholds) for k in keys]
+            out.append(
+                Proposal(
+                    Action.REMOVE_IMAGE, pool.name, glob,
+                    f"all {len(matched)} runs it matched sent less than {_size(thresholds.quiet_bytes)} "
+                    f"(most: {_size(max(p.bytes_sent for p in matched))})",
+                    _evidence(stats, matched, pool_of_node, queries),
+                )
+            )
+    return out
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def proposed_policy(policy: PlacementPolicy, proposals: Iterable[Proposal]) -> PlacementPolicy:
+    """The policy with the image proposals applied (additions after the pool's own globs)."""
+    images = {pool.name: list(pool.images) for pool in policy.pools}
+    for p in proposals:
+        if p.pool is None or p.glob is None or p.pool not in images:
+            continue
+        if p.action is Action.ADD_IMAGE and p.glob not in images[p.pool]:
+            images[p.pool].append(p.glob)
+        elif p.action is Action.REMOVE_IMAGE and p.glob in images[p.pool]:
+            images[p.pool].remove(p.glob)
+    pools = [Pool.model_validate({**pool.model_dump(), "images": tuple(images[pool.name])}) for pool in policy.pools]
+    return PlacementPolicy.model_validate({**policy.model_dump(), "pools": pools})
+
+
+def proposed_objects(objects: Sequence[Mapping[str, Any]], proposals: Iterable[Proposal]) -> list[dict[str, Any]]:
+    """Complete EgressPool objects, changed by the proposals, for `kubectl apply --server-side`: apply
+    replaces a custom resource's list whole, so each object carries its full spec with the whole new
+    `images` list. Only the pools a proposal changes; status and server-set metadata left out."""
+    changes: dict[str, list[Proposal]] = {}
+    for p in proposals:
+        if p.pool is not None and p.glob is not None and p.action in (Action.ADD_IMAGE, Action.REMOVE_IMAGE):
+            changes.setdefault(p.pool, []).append(p)
+    out = []
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name") or "")
+        if obj.get("kind") != "EgressPool" or name not in changes:
+            continue
+        spec = dict(obj.get("spec") or {})
+        images = list(spec.get("images") or [])
+        for p in changes[name]:
+            if p.action is Action.ADD_IMAGE and p.glob not in images:
+                images.append(p.glob)
+            elif p.action is Action.REMOVE_IMAGE and p.glob in images:
+                images.remove(p.glob)
+        spec["images"] = images
+        kept = {k: meta[k] for k in ("name", "labels", "annotations") if meta.get(k)}
+        annotations = {
+            k: v for k, v in (kept.get("annotations") or {}).items() if k != "kubectl.kubernetes.io/last-applied-configuration"
+        }
+        kept.pop("annotations", None)
+        if annotations:
+            kept["annotations"] = annotations
+        out.append({"apiVersion": obj.get("apiVersion"), "kind": "EgressPool", "metadata": kept, "spec": spec})
+    return out

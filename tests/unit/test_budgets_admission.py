@@ -1,0 +1,198 @@
+"""Egress budgets at Pod CREATE (controller/admission/handlers.py, docs/budgets.md): a run's pod touching
+a destination goes to a node whose egress address has room, its REQUIRED affinity keeps off the full
+nodes, and the use is recorded; a record the tenant brings is not kept."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from controller.budgets.core import BUDGETS_ANNOTATION, read_record, record_annotation
+from controller.core.policy import load_policy
+from tests.unit.test_admission_handlers import Env, tekton_pod
+
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+POLICY = """\
+apiVersion: egress-placer.io/v1alpha1
+kind: PlacementPolicy
+pools:
+  - name: egress
+    nodeSelector: {egress-placer.io/egress: "fast"}
+    images: ["gcr.io/kaniko-project/*"]
+    namespaces: ["team-ci", "team-web"]
+    destinations:
+      - name: kaniko-pulls
+        match: {images: ["gcr.io/kaniko-project/*"]}
+        maxConcurrentPerAddress: 1
+"""
+
+
+def env_with_budgets() -> Env:
+    env = Env()
+    env.state.set_policy(load_policy(POLICY))
+    return env
+
+
+def running(env: Env, name: str, node: str, run_cached: bool = False) -> None:
+    """A run's pod of the pool, bound to `node`, with admission's record (`run_cached`: its TaskRun is in
+    the cache already)."""
+    if not run_cached:
+        env.add_taskrun("team-ci", name, f"uid-{name}")
+    pod = tekton_pod(name=f"{name}-pod", taskrun_name=name, annotations={BUDGETS_ANNOTATION: record_annotation("egress", ["kaniko-pulls"], node, env.now)})
+    pod["metadata"]["uid"] = f"pod-{name}"
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {"phase": "Running"}
+    env.state.apply("Pod", "ADDED", pod)
+
+
+def node_of(patched: dict[str, Any]) -> str:
+    record = read_record(patched["metadata"]["annotations"][BUDGETS_ANNOTATION])
+    assert record is not None
+    return record.node
+
+
+def test_a_pod_goes_where_the_address_has_room_and_its_use_is_recorded() -> None:
+    env = env_with_budgets()
+    running(env, "a", "egress-1")
+    running(env, "b", "egress-2")
+    _, patched, _ = env.review(tekton_pod(name="c-pod", taskrun_name="c"))
+    assert node_of(patched) == "egress-3"
+    terms = patched["spec"]["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]
+    for term in terms:  # a preferred node alone would let the scheduler put it on a full node
+        assert {"key": "metadata.name", "operator": "NotIn", "values": ["egress-1"]} in term["matchFields"]
+        assert {"key": "metadata.name", "operator": "NotIn", "values": ["egress-2"]} in term["matchFields"]
+    assert json.loads(patched["metadata"]["annotations"][BUDGETS_ANNOTATION])["destinations"] == ["kaniko-pulls"]
+
+
+def test_a_record_a_tenant_brings_on_a_pod_that_touches_nothing_is_removed() -> None:
+    env = env_with_budgets()
+    forged = record_annotation("egress", ["kaniko-pulls"], "egress-1", env.now)
+    _, patched, _ = env.review(tekton_pod(image="docker.io/library/golang:1.22", annotations={BUDGETS_ANNOTATION: forged}))
+    assert BUDGETS_ANNOTATION not in (patched["metadata"].get("annotations") or {})
+
+
+def test_a_forged_record_is_replaced_by_admissions_own() -> None:
+    env = env_with_budgets()
+    forged = record_annotation("egress", ["made-up"], "egress-9", 1.0)
+    _, patched, _ = env.review(tekton_pod(annotations={BUDGETS_ANNOTATION: forged}))
+    record = read_record(patched["metadata"]["annotations"][BUDGETS_ANNOTATION])
+    assert record is not None and record.destinations == ("kaniko-pulls",) and record.node.startswith("egress-") and record.node != "egress-9"
+
+
+def test_with_no_room_anywhere_the_pod_is_placed_and_a_warning_says_so() -> None:
+    """The hold belongs before the pod (TaskRun CREATE, the queue's release: not built yet): the pod is
+    still placed on its pool, counted, and a Warning names the budget."""
+    env = env_with_budgets()
+    for name, node in (("a", "egress-1"), ("b", "egress-2"), ("d", "egress-3")):
+        running(env, name, node)
+    _, patched, _ = env.review(tekton_pod(name="c-pod", taskrun_name="c"))
+    assert node_of(patched).startswith("egress-")
+    [warning] = [e for e in env.events.sent if e["reason"] == "BudgetExceeded"]
+    assert warning["type"] == "Warning"
+    assert warning["note"].startswith("placed although budget kaniko-pulls on egress-")
+    assert warning["note"].endswith(": 1 of 1 at once had no room")
+
+
+def test_report_only_never_narrows_and_says_what_would_have_waited() -> None:
+    env = Env()
+    env.state.set_policy(load_policy(POLICY + "        mode: ReportOnly\n"))
+    for name, node in (("a", "egress-1"), ("b", "egress-2"), ("d", "egress-3")):
+        running(env, name, node)
+    _, patched, _ = env.review(tekton_pod(name="c-pod", taskrun_name="c"))
+    terms = patched["spec"]["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]
+    assert not any("matchFields" in term for term in terms)
+    [report] = [e for e in env.events.sent if e["reason"] == "BudgetReport"]
+    assert report["note"].startswith("would have waited for budget kaniko-pulls on egress-")
+
+
+# -- the hold before the pod: TaskRun CREATE, and the leader's release pass ------------------------------
+
+from controller.queue.core import QUEUE_ANNOTATION, read_entry  # noqa: E402
+from controller.queue.reconcile import QueueReconciler  # noqa: E402
+from tests.unit.test_admission_handlers import RecordingSink, taskrun  # noqa: E402
+
+
+def test_a_run_touching_an_enforced_budget_is_held_also_on_a_pool_without_a_queue() -> None:
+    env = env_with_budgets()
+    env.admission.wall = lambda: env.now
+    _, patched, _ = env.review(taskrun())
+    assert patched["spec"]["status"] == "TaskRunPending"
+    mark = read_entry(patched["metadata"]["annotations"][QUEUE_ANNOTATION], "TaskRun")
+    assert mark is not None and mark.pool == "egress" and mark.budgets == ("kaniko-pulls",)
+    [queued] = [e for e in env.events.sent if e["reason"] == "Queued"]
+    assert queued["note"] == "held for egress budgets of pool egress (kaniko-pulls): room now, released shortly"
+
+
+def test_report_only_and_untouched_runs_are_not_held() -> None:
+    env = Env()
+    env.state.set_policy(load_policy(POLICY + "        mode: ReportOnly\n"))
+    _, patched, _ = env.review(taskrun())
+    assert "status" not in patched["spec"] and QUEUE_ANNOTATION not in patched["metadata"]["annotations"]
+    env = env_with_budgets()
+    _, patched, _ = env.review(taskrun(task="golang-build"))  # no kaniko image: touches nothing
+    assert "status" not in patched["spec"]
+
+
+class Releaser:
+    """Applies each release to the state at once, the entry kept as admission wrote it."""
+
+    def __init__(self, env: Env) -> None:
+        self.env, self.released = env, []
+
+    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
+        self.released.append(name)
+        self.env.state.apply(kind, "MODIFIED", self.env.runs[name] | {"spec": {}})
+        return True
+
+    def ungate_pod(self, *args: Any) -> bool:
+        return False
+
+
+def held(env: Env, names: list[str]) -> None:
+    env.runs = {}
+    for name in names:
+        _, patched, _ = env.review(taskrun(name=name))
+        patched["metadata"]["uid"] = f"uid-{name}"
+        env.runs[name] = patched
+        env.state.apply("TaskRun", "ADDED", patched)
+
+
+def test_the_leader_releases_only_what_the_budgets_have_room_for() -> None:
+    """Three nodes, each its own address, one run at once per address: 3 of 5 go; the next goes when a
+    pod ends; the runs released but without a pod yet keep their room across passes."""
+    env = env_with_budgets()
+    env.admission.wall = lambda: env.now
+    held(env, [f"r{i}" for i in range(5)])
+    releaser = Releaser(env)
+    reconciler = QueueReconciler(env.state, releaser, RecordingSink(), env.metrics, clock=lambda: env.now)
+    assert reconciler() == 1.0  # runs still wait for a budget: looked at again in a second
+    assert releaser.released == ["r0", "r1", "r2"]
+    reconciler()
+    assert releaser.released == ["r0", "r1", "r2"]  # in flight: no second release into the same room
+    for name, node in (("r0", "egress-1"), ("r1", "egress-2"), ("r2", "egress-3")):
+        running(env, name, node, run_cached=True)  # their pods came, bound
+    reconciler()
+    assert releaser.released == ["r0", "r1", "r2"]
+    env.state.apply("Pod", "MODIFIED", {**_pod_of(env, "r0"), "status": {"phase": "Succeeded"}})
+    reconciler()
+    assert releaser.released == ["r0", "r1", "r2"]  # its pod ended, its run not yet: counted until it is done
+    env.state.apply("TaskRun", "MODIFIED", env.runs["r0"] | {"spec": {}, "status": {"conditions": [{"type": "Succeeded", "status": "True"}]}})
+    reconciler()
+    assert releaser.released == ["r0", "r1", "r2", "r3"]
+
+
+def _pod_of(env: Env, name: str) -> dict[str, Any]:
+    pod = tekton_pod(name=f"{name}-pod", taskrun_name=name)
+    pod["metadata"]["uid"] = f"pod-{name}"
+    return pod
+
+
+def test_held_runs_are_counted_by_destination_and_mode() -> None:
+    env = env_with_budgets()
+    env.admission.wall = lambda: env.now
+    for name, node in (("a", "egress-1"), ("b", "egress-2"), ("d", "egress-3")):
+        running(env, name, node)
+    env.review(taskrun(name="held-1"))
+    assert env.metrics.budget_waits.labels(pool="egress", destination="kaniko-pulls", mode="Enforce")._value.get() == 1  # noqa: SLF001
+    [queued] = [e for e in env.events.sent if e["reason"] == "Queued"]
+    assert queued["note"].startswith("held for egress budgets of pool egress: waiting for budget kaniko-pulls on egress-")
