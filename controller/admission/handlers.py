@@ -540,10 +540,12 @@ class Admission:
         """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting our queue
         governs (`governedBy: kueue`: Kueue holds the runs, we create none pending), or the run touches one
         of its Enforce egress budgets (`budgets`), and the user did not set spec.status (pending, cancelled)
-        themselves."""
+        themselves; and, for a TaskRun, this Tekton can hold one (`TaskRunPending`, controller.compat)."""
         pool = self.state.policy.pool(pool_name) if pool_name else None
         if pool is None or value_at(request.object, ("spec", "status")):
             return False
+        if request.kind == "TaskRun" and not self.state.tekton.support.taskrun_pending:
+            return False  # this Tekton cannot hold a TaskRun (controller.compat): its pod waits at the pool's slot gate
         return (pool.queue is not None and pool.queue.governed_by != GOVERNED_BY_KUEUE) or bool(budgets)
 
     def _run_budgets(self, request: Request, decision: Decision, policy: PlacementPolicy) -> tuple[str, ...]:
