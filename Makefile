@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 # Build (or find in the cache) the local cluster's binaries: minutes the first time, nothing after.
 cluster-build: $(STAMP)
-	$(PY) -m devcluster build --with prometheus --with tekton-webhook --with tekton-resolvers --with helm --with helm-docs --with prometheus-operator-crds --with floor-webhook
+	$(PY) -m devcluster build --with prometheus --with tekton-webhook --with tekton-resolvers --with helm --with helm-docs --with prometheus-operator-crds --with floor-webhook --with actionlint --with oci-registry
 
 # The main job: a local cluster, Tekton, the controller under its k8s/ identity, a mix of runs, and where they went.
 demo: cluster-build
