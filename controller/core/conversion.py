@@ -148,3 +148,15 @@ def convert_review(review: Mapping[str, Any]) -> dict[str, Any]:
         response["convertedObjects"] = []
         response["result"] = {"status": "Failure", "message": str(e)}
     return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview", "response": response}
+
+
+def path_in(kind: str, version: str, loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """`loc`, a field's place in the v1alpha1 object, as its place in an object of `version` (a list
+    index matches a "[]" step): what a message names, so that each version names its own field."""
+    if version != V1BETA1:
+        return loc
+    out = list(loc)
+    for alpha, beta in RENAMES.get(kind, ()):
+        if len(out) >= len(alpha) and all(s == "[]" and isinstance(p, int) or s == p for s, p in zip(alpha, out)):
+            out[len(alpha) - 1] = beta[-1]
+    return tuple(out)

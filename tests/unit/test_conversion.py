@@ -19,8 +19,8 @@ from controller.core.conversion import (
     convert_review,
     to_version,
 )
-from controller.core.policy import PlacementPolicy
-from controller.core.pools import objects_from_policy, policy_from_objects
+from controller.core.policy import PlacementPolicy, PolicyError
+from controller.core.pools import load_any_policy, objects_from_policy, policy_from_objects
 from tests.unit.test_pools import NAMES, policies
 
 
@@ -216,3 +216,64 @@ def test_a_review_whose_objects_are_not_objects_fails(objects: Any) -> None:
     body = review(V1BETA1)
     body["request"]["objects"] = objects
     assert convert_review(body)["response"]["result"]["status"] == "Failure"
+
+
+# -- the objects of either version make the same policy; each names its own fields -------------------------
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(alpha_objects())
+def test_the_v1beta1_objects_make_the_policy_of_the_v1alpha1_ones(objects: list[dict[str, Any]]) -> None:
+    beta = [to_version(o, V1BETA1) for o in objects]
+    assert policy_from_objects(beta) == policy_from_objects(objects)
+    mixed = [o if i % 2 else b for i, (o, b) in enumerate(zip(objects, beta))]  # mid-migration: some of each
+    assert policy_from_objects(mixed) == policy_from_objects(objects)
+
+
+@pytest.mark.parametrize(
+    ("alpha", "beta", "alpha_message", "beta_message"),
+    [
+        ({"capacity": 0}, {"loadCapacityPerNode": 0}, "spec.capacity: Input should be greater than 0",
+         "spec.loadCapacityPerNode: Input should be greater than 0"),
+        ({"queue": {"runsPerNode": 0}}, {"queue": {"maxRunsPerNode": 0}}, "spec.queue.runsPerNode: Input should be greater than 0",
+         "spec.queue.maxRunsPerNode: Input should be greater than 0"),
+        ({"priority": -1}, {"priority": -1}, "spec.priority: Input should be greater than or equal to 0",
+         "spec.priority: Input should be greater than or equal to 0"),
+        ({"priority": MAX_PRIORITY + 1}, {"priority": MAX_PRIORITY + 1}, "spec.priority: Input should be less than or equal to 1000000",
+         "spec.priority: Input should be less than or equal to 1000000"),
+        ({"namespaces": ["a"] * 257}, {"namespaces": ["a"] * 257}, "spec.namespaces: Tuple should have at most 256 items",
+         "spec.namespaces: Tuple should have at most 256 items"),
+    ],
+)
+def test_both_versions_refuse_by_the_same_rules_each_naming_its_own_field(
+    alpha: dict[str, Any], beta: dict[str, Any], alpha_message: str, beta_message: str
+) -> None:
+    with pytest.raises(PolicyError) as refused:
+        policy_from_objects([alpha_pool(nodes=["n"], **alpha)])
+    assert f"EgressPool overseas: {alpha_message}" in str(refused.value)
+    with pytest.raises(PolicyError) as refused:
+        policy_from_objects([{**alpha_pool(nodes=["n"], **beta), "apiVersion": V1BETA1}])
+    assert f"EgressPool overseas: {beta_message}" in str(refused.value)
+
+
+def test_a_v1beta1_file_is_read_with_its_lines_and_its_own_fields() -> None:
+    text = """apiVersion: egress-placer.io/v1beta1
+kind: EgressPool
+metadata: {name: overseas}
+spec:
+  priority: 5
+  nodes: [egress-1]
+  loadCapacityPerNode: 0
+"""
+    with pytest.raises(PolicyError, match=r"^pools\.yaml:7: EgressPool overseas: spec\.loadCapacityPerNode: Input should be greater than 0$"):
+        load_any_policy(text, "pools.yaml")
+    (pool,) = load_any_policy(text.replace("0\n", "3\n"), "pools.yaml").pools
+    assert pool.capacity == 3
+
+
+def test_the_higher_v1beta1_priority_takes_the_node_two_pools_claim() -> None:
+    def beta_pool(name: str, priority: int) -> dict[str, Any]:
+        return {"apiVersion": V1BETA1, "kind": "EgressPool", "metadata": {"name": name}, "spec": {"priority": priority, "nodes": ["n"]}}
+
+    policy = policy_from_objects([beta_pool("low", 1), beta_pool("high", 2)])
+    assert [p.name for p in policy.pools] == ["high", "low"]
