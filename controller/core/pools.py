@@ -8,7 +8,9 @@ and `EgressPlacerConfig` (the singleton `cluster`: exempt and agent namespaces),
 - `policy_from_objects(objects)`: the PlacementPolicy the objects make, through the policy loader's
   own validation (`validate_policy`): a node claimed by two pools belongs to the one of lower
   `spec.priority`, ties by name, as list order did in the file form. Errors name the object and the
-  field (`EgressPool overseas: spec.images[0]: a glob must not be empty`).
+  field (`EgressPool overseas: spec.images[0]: a glob must not be empty`). Objects of `v1beta1`
+  are read too (core.conversion turns them into `v1alpha1` first; their problems name `v1beta1`'s
+  fields: docs/pools-api.md, "v1beta1").
 - `objects_from_policy(policy)`: the other way, for the migration of a policy file
   (`egress-placer migrate-policy`): priorities 10, 20, 30... in list order.
 - `load_any_policy(text, source)`: a policy file in either form (a PlacementPolicy document, or the
