@@ -21,6 +21,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from controller.cli.migrate_storage import migrate_storage
 from controller.core.pools import custom_resource_definitions, dump_objects
 from controller.core.pools_v1beta1 import serving_v1beta1
 from devcluster.cluster import Cluster
@@ -51,17 +52,21 @@ def get(cluster: Cluster, resource: str, name: str) -> dict[str, Any]:
     return yaml.safe_load(read.stdout)
 
 
-@pytest.fixture
-def two_versions(devcluster: Cluster, api: Api, controller: Placer) -> Iterator[None]:
+def install_two_versions(devcluster: Cluster, api: Api) -> None:
     """The CRDs serving both versions, converted by the running controller's /convert (local form:
-    the URL and CA of the pools webhook); afterwards the one-version CRDs of k8s/crds/ again."""
+    the URL and CA of the pools webhook)."""
     hook = api.get(POOLS_WEBHOOK)["webhooks"][0]["clientConfig"]
     crds = serving_v1beta1(custom_resource_definitions(), NAMESPACE, "unused")
     for crd in crds:
         crd["spec"]["conversion"]["webhook"]["clientConfig"] = {"url": hook["url"].removesuffix("/validate") + "/convert", "caBundle": hook["caBundle"]}
+    applied = kubectl(devcluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=dump_objects(crds))
+    assert applied.returncode == 0, applied.stderr
+
+
+@pytest.fixture
+def one_version_after(devcluster: Cluster, api: Api, controller: Placer) -> Iterator[None]:
+    """Afterwards the one-version CRDs of k8s/crds/ again, serving."""
     try:
-        applied = kubectl(devcluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=dump_objects(crds))
-        assert applied.returncode == 0, applied.stderr
         yield
     finally:
         kubectl(devcluster, "delete", "egresspools,egressplacerconfigs", "--all")
@@ -69,6 +74,11 @@ def two_versions(devcluster: Cluster, api: Api, controller: Placer) -> Iterator[
         restored = kubectl(devcluster, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "k8s" / "crds"))
         assert restored.returncode == 0, restored.stderr
         wait_for("the one-version CRDs to serve again", lambda: _serves(api), timeout=30)
+
+
+@pytest.fixture
+def two_versions(devcluster: Cluster, api: Api, one_version_after: None) -> None:
+    install_two_versions(devcluster, api)
 
 
 def _serves(api: Api) -> bool:
@@ -126,3 +136,17 @@ def test_both_versions_refuse_by_the_same_rules_each_naming_its_field(devcluster
     text = f"apiVersion: egress-placer.io/{version}\nkind: EgressPool\nmetadata: {{name: bad}}\nspec:\n  nodes: [egress-1]\n  {spec}\n"
     applied = kubectl(devcluster, "apply", "-f", "-", stdin=text)
     assert applied.returncode != 0 and field in applied.stderr, applied.stderr
+
+
+def test_objects_stored_as_v1alpha1_are_migrated_and_stored_versions_pruned(devcluster: Cluster, api: Api, one_version_after: None) -> None:
+    applied = kubectl(devcluster, "apply", "-f", "-", stdin=OLD_POOL)  # stored as v1alpha1: the one-version CRDs
+    assert applied.returncode == 0, applied.stderr
+    install_two_versions(devcluster, api)
+    crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/egresspools.egress-placer.io"
+    assert api.get(crd)["status"]["storedVersions"] == ["v1alpha1", "v1beta1"]
+    done = migrate_storage(api)
+    assert "egresspools/overseas: stored as v1beta1" in done
+    assert api.get(crd)["status"]["storedVersions"] == ["v1beta1"]
+    assert get(devcluster, "egresspools.v1beta1.egress-placer.io", "overseas")["spec"]["priority"] == 999_990
+    assert get(devcluster, "egresspools.v1alpha1.egress-placer.io", "overseas")["spec"]["priority"] == 10
+    assert migrate_storage(api) == ["egresspools/overseas: stored as v1beta1"]  # again: nothing left to prune
