@@ -527,3 +527,21 @@ def test_connections_are_recycled_as_the_settings_say(running: Running) -> None:
     assert (running.server.limits.max_requests, running.server.limits.max_seconds) == (
         settings.webhook_connection_max_requests, settings.webhook_connection_max_seconds) == (200, 3.0)
     assert running.server.limits.max_body == MAX_REVIEW_BYTES
+
+
+def test_convert_answers_a_conversion_review_before_the_caches_have_synced(running: Running) -> None:
+    """/convert needs no cache: with every replica down and objects stored as v1alpha1, the informers'
+    first list of v1beta1 goes through it (docs/pools-api.md, "v1beta1")."""
+    assert requests.get(running.health + "/readyz", timeout=10).status_code == 503  # not synced
+    pool = {"apiVersion": "egress-placer.io/v1alpha1", "kind": "EgressPool", "metadata": {"name": "overseas"},
+            "spec": {"priority": 10, "capacity": 2, "nodes": ["egress-1"]}}
+    body = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+            "request": {"uid": "c-1", "desiredAPIVersion": "egress-placer.io/v1beta1", "objects": [pool]}}
+    answer = requests.post(running.webhook + "/convert", json=body, verify=running.ca_file, timeout=10)
+    assert answer.status_code == 200
+    response = answer.json()["response"]
+    assert (response["uid"], response["result"]) == ("c-1", {"status": "Success"})
+    assert response["convertedObjects"] == [{**pool, "apiVersion": "egress-placer.io/v1beta1",
+                                             "spec": {"priority": 999_990, "loadCapacityPerNode": 2, "nodes": ["egress-1"]}}]
+    assert requests.post(running.webhook + "/convert", json={"kind": "ConversionReview"}, verify=running.ca_file, timeout=10).status_code == 400
+    assert requests.get(running.webhook + "/convert", verify=running.ca_file, timeout=10).status_code == 405
