@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test unit generate reliability cluster-build coexist image bench bench-quick clean
+.PHONY: demo test unit generate reliability cluster-build coexist matrix image bench bench-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 
 # Build (or find in the cache) the local cluster's binaries: minutes the first time, nothing after.
 cluster-build: $(STAMP)
-	$(PY) -m devcluster build --with prometheus --with tekton-webhook --with tekton-resolvers --with helm --with helm-docs --with prometheus-operator-crds --with floor-webhook
+	$(PY) -m devcluster build --with prometheus --with tekton-webhook --with tekton-resolvers --with helm --with helm-docs --with prometheus-operator-crds --with floor-webhook --with actionlint --with oci-registry
 
 # The main job: a local cluster, Tekton, the controller under its k8s/ identity, a mix of runs, and where they went.
 demo: cluster-build
@@ -30,6 +30,13 @@ test: cluster-build
 coexist: $(STAMP)
 	$(PY) -m devcluster build --with karpenter --with kueue --with tekton-kueue --with kyverno
 	$(PY) -m pytest -m coexist
+
+# The compatibility matrix (issue #29, docs/compatibility.md): every supported Tekton LTS and the newest on the newest
+# Kubernetes, the newest Tekton on the three newest Kubernetes minors; each cell builds its pair (cached per pair) and runs
+# the placement, guard, queue and defaults e2e tests and Tekton's examples with and without placement. Outside CI (hours
+# cold); resumable: a cell with a row for this commit in docs/compatibility.json is skipped.
+matrix: $(STAMP)
+	$(PY) -m devplacer.matrix
 
 # Only the tests that need no cluster (seconds); the duplicate-code check (tests/unit/test_duplicates.py) is one of them.
 unit: $(STAMP)

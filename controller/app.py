@@ -35,6 +35,7 @@ from controller.admission.events import CreationEvents, QuietEvents
 from controller.admission.handlers import Admission
 from controller.admission.pools import PoolValidation
 from controller.admission.server import AdmissionServer, run_event_loop
+from controller.compat import core as compat
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.prometheus.egress_source import EgressPollers
 from controller.kube.client import ClusterConfigError, KubeApi, make_api_client
@@ -177,6 +178,9 @@ def wait_for_first_sync(informers: list[Informer], timeout: float, freeze: Calla
     freeze()
 
 
+TEKTON_VERSION_WAIT = 10.0  # seconds after the first sync for Tekton's version, before leading reports what is off
+
+
 class Controller:
     """All the parts of one replica, built from settings; `serve()` runs it until stopped. `freeze`:
     called once after the first sync (gc.freeze; injected in tests)."""
@@ -222,6 +226,7 @@ class Controller:
             observers=[self.creation_events, *([self.placements] if self.pool_status else [])],
         )
         self._missed_runs_reported = threading.Event()
+        self._support_reported = threading.Event()
         # Set when this replica starts leading: the webhook's caBundle is now its to keep, check it soon.
         self._certs_need_leader = False
         self.leader = self._leader_elector()
@@ -322,6 +327,7 @@ class Controller:
         self._certs_need_leader = True
         self.budget_starts.leading()
         self._report_missed_runs()
+        self._report_support()
 
     def _report_missed_runs(self) -> None:
         """Once per process, as leader, caches synced: the runs created while no webhook answered."""
@@ -330,8 +336,30 @@ class Controller:
             report_missed_runs(self.state.missed_runs, self.events)
 
     def degraded_because(self) -> str | None:
-        """A policy problem, a background task that died: both in /readyz's body, neither unready."""
-        return "; ".join(p for p in (self.policy.problem(), self.runner.problem()) if p) or None
+        """A policy problem, a background task that died, a feature this Tekton or API server cannot carry
+        (controller.compat): each in /readyz's body, none unready."""
+        problems = (self.policy.problem(), self.runner.problem(), self.state.tekton.support.problem())
+        return "; ".join(p for p in problems if p) or None
+
+    def _discover_kubernetes(self) -> None:
+        """What the API server serves that a feature needs (controller.compat.core.kubernetes_limitations)."""
+        try:
+            served = compat.served_resources(KubeReader(self.api, self.metrics).get("discovery", "/apis/admissionregistration.k8s.io/v1"))
+        except Exception as e:  # noqa: BLE001 - discovery unreadable: nothing assumed missing, said in the log
+            logger.bind(error=str(e)).warning("API discovery unreadable: no feature turned off for the API server")
+            return
+        self.state.tekton.set_kubernetes_limitations(compat.kubernetes_limitations(served))
+
+    def _report_support(self) -> None:
+        """Once per process, as leader, caches synced: a Warning Event and a log line per feature turned off."""
+        if self._support_reported.is_set():
+            return
+        self._support_reported.set()
+        support = self.state.tekton.support
+        regarding = {"apiVersion": "v1", "kind": "ConfigMap", "namespace": self.settings.tekton_namespace, "name": compat.PIPELINES_INFO}
+        for limitation in support.limitations:
+            logger.bind(feature=limitation.feature, tekton=support.tekton_version).warning("feature off: {}", limitation.reason)
+            self.events.emit(regarding, "Warning", "FeatureUnsupported", str(limitation), action="Degrade")
 
     def not_ready_because(self) -> str | None:
         """Caches not synced. A policy problem does not count (see the module docstring)."""
@@ -352,14 +380,18 @@ class Controller:
             self.policy.refused(f"no answer from the policy source ({self.policy_source.source}) in {STARTUP_TIMEOUT:.0f}s")
         if not self.policy.loaded.is_set():
             self._adopt_stored_policy()
+        self._discover_kubernetes()
         start_informers(self.runner, self.informers)
         wait_for_first_sync(self.informers, STARTUP_TIMEOUT, self.freeze)
+        if not self.state.tekton.version_read.wait(TEKTON_VERSION_WAIT):  # not required: bounded, said in the log
+            logger.warning("Tekton's version (ConfigMap {}) not read yet: nothing turned off until it is", compat.PIPELINES_INFO)
         logger.bind(nodes=len(self.state.nodes), pods=len(self.state.pods)).info("caches synced")
         self._restore_budget_starts()
         if self.settings.leader_election:
             self.runner.start("leader election", self.leader.run)
         else:
             self._report_missed_runs()
+            self._report_support()
         self.runner.start("reconcile loop", self.reconcile_loop.run, on_stop=self.reconcile_loop.wake)
 
     def _policy_changed(self, policy: PlacementPolicy) -> None:

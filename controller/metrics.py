@@ -44,7 +44,7 @@ UNKNOWN_KIND = "unknown"  # the kind label of a review whose body could not be r
 # The attributes of Metrics that only the leader's reconcile pass sets.
 LEADER_SERIES = (
     "pool_node_load", "pool_node_capacity", "pool_ready_nodes", "intruders", "taint_drift_nodes", "agents_missing",
-    "queue_length", "queue_slots", "budget_in_use", "budget_window_starts",
+    "queue_length", "queue_slots", "queue_over_cap_pods", "budget_in_use", "budget_window_starts",
 )
 QUEUE_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200)
 
@@ -181,6 +181,12 @@ class Metrics:
             "A queued pool's slots, by state: total (runsPerNode on each Ready, tainted node) and occupied "
             "(pool pods plus released runs whose pod is not bound yet), as the leader's last pass saw them.",
             ["pool", "state"],
+        )
+        self.queue_over_cap_pods = self._gauge(
+            "queue_over_cap_pods",
+            "Runs' pods bound to a queued pool beyond its slots, as the leader's last pass saw them, by pool: made "
+            "while the webhook did not answer (not gated), or the pool lost nodes. Each gets a Warning Event QueueOverCap.",
+            ["pool"],
         )
         self.queue_releases = self._counter(
             "queue_releases_total",

@@ -80,7 +80,9 @@ class ClusterState:
         }
         self._node_versions: dict[str, str] = {}
         self._subscribers: list[Callable[[str], None]] = []
-        self.load = LoadView(self._policy, lambda: self.nodes, clock, assumption_ttl, balance, lambda name: self.namespace(name))
+        self.load = LoadView(self._policy, lambda: self.nodes, clock, assumption_ttl, balance, lambda name: self.namespace(name),
+                             lambda kind, namespace, name: self.stores[kind].items.get((kind, namespace, name)),
+                             lambda *run: self.queue.has_run_pod(*run))
         self.queue = QueueView(self.stores, self.load, lambda: self._policy)
         self.budgets = BudgetsView(self.stores, self.load, self.queue, lambda: self._policy)
         self.missed_runs = MissedRuns(self.stores)

@@ -3,17 +3,44 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Mapping
 
-from devcluster.build import OPTIONAL_COMPONENTS, BuildError, ensure_built, ensure_optional, with_implied
+from devcluster.build import (
+    KUBERNETES_VERSION_ENV,
+    OPTIONAL_COMPONENTS,
+    TEKTON_VERSION_ENV,
+    BuildError,
+    ensure_built,
+    ensure_optional,
+    with_implied,
+)
 from devcluster.cluster import DEFAULT_POD_SECONDS, POD_SECONDS_ENV, UP_OPTIONAL, Cluster, ClusterError
 from devcluster.commands import Command, load_commands
 
 
 def _log(message: str) -> None:
     print(message, flush=True)
+
+
+# Every command takes the version choices; each sets its variable for this process and what it starts.
+VERSION_OPTIONS = {"--tekton-version": TEKTON_VERSION_ENV, "--kubernetes-version": KUBERNETES_VERSION_ENV}
+
+
+def add_version_options(cmd: argparse.ArgumentParser) -> None:
+    """`--tekton-version` and `--kubernetes-version` (default: the variables, else the pinned, newest pair)."""
+    for option, variable in VERSION_OPTIONS.items():
+        cmd.add_argument(option, metavar="vX.Y.Z", help=f"build and run this version (env {variable}; default: the pinned one)")
+
+
+def apply_version_options(args: argparse.Namespace) -> None:
+    """Put the chosen versions into the environment, where `build` reads them (and child processes inherit them)."""
+    for option, variable in VERSION_OPTIONS.items():
+        value = getattr(args, option.lstrip("-").replace("-", "_"), None)
+        if value:
+            os.environ[variable] = value
 
 
 def parser(commands: Mapping[str, Command] | None = None) -> argparse.ArgumentParser:
@@ -63,12 +90,15 @@ def parser(commands: Mapping[str, Command] | None = None) -> argparse.ArgumentPa
     kc.add_argument("--out", type=Path, help="where to write it (default DIR/users/USER.kubeconfig)")
     for name, command in commands.items():  # what runs on the cluster adds these (`devcluster.commands`)
         command.configure(sub.add_parser(name, help=command.help))
+    for cmd in sub.choices.values():
+        add_version_options(cmd)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     commands = load_commands()
     args = parser(commands).parse_args(argv)
+    apply_version_options(args)
     try:
         if args.command in commands:
             return commands[args.command].run(args, _log)

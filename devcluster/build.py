@@ -20,13 +20,26 @@ import shutil
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable
 
 TOOLS_DIR = Path(__file__).resolve().parent / "tools"
 RECIPE_VERSION = "1"  # bump when the build commands below change in a way the key does not see
 TEKTON_MODULE = "github.com/tektoncd/pipeline"
+
+# Version choices (`--tekton-version`, `--kubernetes-version` of every command, or these variables): a tool module
+# that follows one is built from `tools/_versions/<module>/<version>/` laid over `tools/<module>/` (`module_dir`) when
+# the chosen version is not the one `tools/<module>/go.mod` pins; the pins name the cache key, so pairs stay apart.
+TEKTON_VERSION_ENV = "EGRESS_PLACER_TEKTON_VERSION"
+KUBERNETES_VERSION_ENV = "EGRESS_PLACER_KUBERNETES_VERSION"
+VERSIONS_DIR = TOOLS_DIR / "_versions"
+VERSIONED_MODULES: dict[str, str] = {
+    "kubernetes": KUBERNETES_VERSION_ENV,
+    "tekton": TEKTON_VERSION_ENV,
+    "tekton-webhook": TEKTON_VERSION_ENV,
+    "tekton-resolvers": TEKTON_VERSION_ENV,
+}
 
 Log = Callable[[str], None]
 
@@ -60,6 +73,8 @@ class Component:
     # The Go toolchain this build needs when it is newer than the local one (`GOTOOLCHAIN` for this build only,
     # downloaded by `go` from the module proxy); it also names the cache key instead of the local Go version.
     toolchain: str | None = None
+    # The version of a variant (`tools/_versions/<module>/<variant>/` over `tools/<module>/`), None: the module as pinned.
+    variant: str | None = None
 
 
 COMPONENTS: tuple[Component, ...] = (
@@ -300,6 +315,9 @@ COSIGN = Component(
     version_variable="sigs.k8s.io/release-utils/version.gitVersion",
 )
 
+# The upstream module each versioned tool module pins (for `available_versions`).
+_DEFAULT_PINS = {c.module: c.pin for c in (*COMPONENTS, TEKTON_WEBHOOK, TEKTON_RESOLVERS)}
+
 # Built only when a test or benchmark asks for them (`ensure_optional`), each into its own cache key.
 OPTIONAL_COMPONENTS: dict[str, Component] = {
     "prometheus": PROMETHEUS,
@@ -330,9 +348,79 @@ def with_implied(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
+VERSION_PATTERN = re.compile(r"v\d+\.\d+\.\d+")
+
+
+def chosen_version(variable: str) -> str | None:
+    """The version `variable` (`TEKTON_VERSION_ENV` or `KUBERNETES_VERSION_ENV`) chooses, None when unset or empty."""
+    value = os.environ.get(variable, "").strip()
+    if not value:
+        return None
+    if not VERSION_PATTERN.fullmatch(value):
+        raise BuildError(f"{variable}={value!r} is not a version like v1.15.0")
+    return value
+
+
+def available_versions(module: str) -> list[str]:
+    """The versions `module` can be built at: its pin and every variant under `tools/_versions/<module>/`."""
+    variants = [d.name for d in (VERSIONS_DIR / module).glob("v*") if (d / "go.mod").is_file()]
+    pinned = required_version(Component(module, "", {}, ""), _DEFAULT_PINS.get(module, ""))
+    return sorted({pinned, *variants}, key=lambda v: tuple(int(part) for part in v[1:].split(".")))
+
+
+def with_version(component: Component) -> Component:
+    """`component` at the version chosen for its module (`VERSIONED_MODULES`): itself when nothing is chosen or the
+    choice is its pin, else its variant; a version without a variant is a `BuildError` naming those there are."""
+    variable = VERSIONED_MODULES.get(component.module)
+    version = chosen_version(variable) if variable else None
+    if version is None or version == pinned_version(component):
+        return component
+    if not (VERSIONS_DIR / component.module / version / "go.mod").is_file():
+        raise BuildError(
+            f"{component.module} cannot be built at {version} ({variable}): no tools/_versions/{component.module}/"
+            f"{version}/go.mod; available: {', '.join(available_versions(component.module))}"
+        )
+    return replace(component, variant=version)
+
+
+def core_components() -> tuple[Component, ...]:
+    """`COMPONENTS` at the chosen versions."""
+    return tuple(with_version(c) for c in COMPONENTS)
+
+
+def module_files(component: Component) -> dict[str, Path]:
+    """The tool module's go.mod, go.sum and Go files by path inside it, its variant's files (any kind) over them."""
+    module = TOOLS_DIR / component.module
+    files = {str(p.relative_to(module)): p for p in [module / "go.mod", module / "go.sum", *module.rglob("*.go")]}
+    if component.variant is not None:
+        variant = VERSIONS_DIR / component.module / component.variant
+        files.update({str(p.relative_to(variant)): p for p in variant.rglob("*") if p.is_file()})
+    return files
+
+
+def source_dir(component: Component) -> Path:
+    """Where Go builds the component: `tools/<module>/`, or for a variant a copy of its `module_files` under the
+    cache (`sources/<module>-<version>_<digest>/`, written once, renamed into place)."""
+    if component.variant is None:
+        return TOOLS_DIR / component.module
+    final = cache_root() / "sources" / f"{component.module}-{component.variant}_{tools_digest((component,))}"
+    if final.is_dir():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".copying-", dir=final.parent))
+    for relative, path in module_files(component).items():
+        (staging / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, staging / relative)
+    try:
+        os.rename(staging, final)
+    except OSError:  # another process copied it first
+        shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
 def required_version(component: Component, module: str) -> str:
     """The version of `module` required in the tool module's go.mod."""
-    text = (TOOLS_DIR / component.module / "go.mod").read_text()
+    text = (module_files(component)["go.mod"]).read_text()
     match = re.search(rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)", text, re.MULTILINE)
     if match is None:
         raise BuildError(f"{module} is not required in tools/{component.module}/go.mod")
@@ -381,14 +469,15 @@ def go_version() -> str | None:
     return subprocess.run(["go", "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
 
 
-def tools_digest(components: tuple[Component, ...] = COMPONENTS) -> str:
-    """Hash of the recipe, the link flags, the build tags and the tool modules' go.mod, go.sum and Go files."""
+def tools_digest(components: tuple[Component, ...] | None = None) -> str:
+    """Hash of the recipe, the link flags, the build tags and the tool modules' go.mod, go.sum and Go files
+    (a variant's files laid over its module's: the default pair's key is the same as before versions were choices)."""
     digest = hashlib.sha256(RECIPE_VERSION.encode())
-    for component in components:
-        module = TOOLS_DIR / component.module
-        for path in sorted([module / "go.mod", module / "go.sum", *module.rglob("*.go")]):
-            digest.update(f"{path.relative_to(TOOLS_DIR)}\0".encode())
-            digest.update(path.read_bytes())
+    for component in core_components() if components is None else components:
+        files = module_files(component)
+        for relative in sorted(files, key=lambda name: Path(component.module) / name):
+            digest.update(f"{Path(component.module) / relative}\0".encode())
+            digest.update(files[relative].read_bytes())
         digest.update(ldflags(component).encode())
         if component.tags:  # only optional components have tags: the default key stays as it was
             digest.update(f"\0tags={','.join(component.tags)}".encode())
@@ -397,7 +486,7 @@ def tools_digest(components: tuple[Component, ...] = COMPONENTS) -> str:
 
 def key_prefix() -> str:
     """The part of the cache key that does not depend on the Go toolchain."""
-    k8s, etcd, kwok, tekton = (pinned_version(c) for c in COMPONENTS)
+    k8s, etcd, kwok, tekton = (pinned_version(c) for c in core_components())
     return f"k8s-{k8s}_etcd-{etcd}_kwok-{kwok}_tekton-{tekton}_{tools_digest()}"
 
 
@@ -417,6 +506,12 @@ class Artifacts:
 
     def binary(self, name: str) -> Path:
         return self.bin_dir / name
+
+    @property
+    def versions(self) -> dict[str, str]:
+        """The pair the key names: {"kubernetes": "v1.37.2", "tekton": "v1.15.0"}."""
+        match = re.match(r"k8s-(v[^_]+)_.*_tekton-(v[^_]+)_", self.root.name)
+        return {"kubernetes": match.group(1), "tekton": match.group(2)} if match else {}
 
     def complete(self) -> bool:
         names = [name for c in COMPONENTS for name in c.binaries]
@@ -449,7 +544,7 @@ def ensure_built(log: Log = print) -> Artifacts:
     staging = Artifacts(Path(tempfile.mkdtemp(prefix=".building-", dir=final.parent)))
     try:
         staging.bin_dir.mkdir()
-        for component in COMPONENTS:
+        for component in core_components():
             _build_component(component, staging.bin_dir, log)
         _copy_tekton_config(staging.tekton_config)
         os.rename(staging.root, final)
@@ -468,7 +563,7 @@ def optional_key(component: Component) -> str:
 
 def _optional_component(name: str) -> Component:
     try:
-        return OPTIONAL_COMPONENTS[name]
+        return with_version(OPTIONAL_COMPONENTS[name])
     except KeyError:
         raise BuildError(f"no optional component {name!r}; known: {', '.join(OPTIONAL_COMPONENTS)}") from None
 
@@ -543,7 +638,7 @@ def _patched_modfile(component: Component, work_dir: Path) -> list[str]:
     """
     if not component.patches:
         return []
-    module_dir = TOOLS_DIR / component.module
+    module_dir = source_dir(component)
     modfile = work_dir / "go.mod"
     shutil.copyfile(module_dir / "go.mod", modfile)
     shutil.copyfile(module_dir / "go.sum", work_dir / "go.sum")
@@ -585,7 +680,7 @@ def _build_component(component: Component, bin_dir: Path, log: Log) -> None:
     modfile = _patched_modfile(component, patch_dir)
     argv = ["go", "build", "-trimpath", *tags, *modfile, "-ldflags", ldflags(component), "-o", f"{out_dir}/", *packages]
     with tempfile.TemporaryFile(mode="w+") as output:
-        proc = subprocess.Popen(argv, cwd=TOOLS_DIR / component.module, env=_go_env(component), stdout=output, stderr=output)
+        proc = subprocess.Popen(argv, cwd=source_dir(component), env=_go_env(component), stdout=output, stderr=output)
         while True:
             try:
                 proc.wait(timeout=60)
@@ -608,10 +703,11 @@ def _build_component(component: Component, bin_dir: Path, log: Log) -> None:
 
 
 def tekton_module_dir() -> Path:
-    """Where the pinned Tekton module lives in the Go module cache (downloaded when missing)."""
+    """Where the chosen Tekton module lives in the Go module cache (downloaded when missing)."""
+    tekton = source_dir(core_components()[3])
     out = subprocess.run(
         ["go", "list", "-m", "-json", TEKTON_MODULE],
-        cwd=TOOLS_DIR / "tekton",
+        cwd=tekton,
         env=_go_env(),
         capture_output=True,
         text=True,
@@ -619,7 +715,7 @@ def tekton_module_dir() -> Path:
     ).stdout
     module_dir = json.loads(out).get("Dir")
     if not module_dir:
-        subprocess.run(["go", "mod", "download", TEKTON_MODULE], cwd=TOOLS_DIR / "tekton", env=_go_env(), check=True)
+        subprocess.run(["go", "mod", "download", TEKTON_MODULE], cwd=tekton, env=_go_env(), check=True)
         return tekton_module_dir()
     return Path(module_dir)
 
@@ -630,7 +726,7 @@ def _copy_module_files(component: Component, dest: Path) -> None:
         return
     listed = subprocess.run(
         ["go", "mod", "download", "-json", component.pin],
-        cwd=TOOLS_DIR / component.module,
+        cwd=source_dir(component),
         env=_go_env(component),
         capture_output=True,
         text=True,

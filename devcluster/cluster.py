@@ -61,8 +61,10 @@ _OPTIONAL_PORTS = {
 # The launcher's own entries of DIR/cluster.json (`up` writes them); tools keep theirs with `Cluster.record`.
 _LAUNCHER_KEYS = frozenset({
     "dir", "api_url", "kubeconfig", "ca_file", "bin_dir", "tekton_config", "optional", "ports", "nodes",
-    "egress_nodes", "pod_seconds", "owner", "processes",
+    "egress_nodes", "pod_seconds", "owner", "processes", "versions",
 })
+# Tekton's version ConfigMap: its source says "devel", a release stamps the version (`install_tekton_config` does).
+PIPELINES_INFO = "config-info.yaml"
 # Stop order: clients of the API server first, then the API server, then etcd.
 _CONTROL_PLANE = ("kube-apiserver", "etcd")
 _CONTROLLERS = (
@@ -614,6 +616,7 @@ class Cluster:
             "ca_file": str(self.ca_file),
             "bin_dir": str(artifacts.bin_dir),
             "tekton_config": str(artifacts.tekton_config),
+            "versions": artifacts.versions,  # the Kubernetes and Tekton versions it runs
             "optional": dict(optional),  # optional component -> its bin/ directory
             "ports": ports,
             "nodes": self.nodes,
@@ -864,6 +867,11 @@ class Cluster:
         crd_file = self.dir / "tekton-crds.yaml"
         crd_file.write_text(yaml.safe_dump_all(crds, sort_keys=False))
         files = [*sorted((config / "100-namespace").glob("*.yaml")), crd_file, *sorted(config.glob("config-*.yaml"))]
+        tekton_version = state.get("versions", {}).get("tekton")
+        if tekton_version and (config / PIPELINES_INFO).is_file():  # as a release is: pipelines-info says its version
+            info = self.dir / "tekton-pipelines-info.yaml"
+            info.write_text(re.sub(r'(?m)^(\s*version:\s*)"?devel"?', rf'\g<1>"{tekton_version}"', (config / PIPELINES_INFO).read_text()))
+            files[files.index(config / PIPELINES_INFO)] = info
         files += build.tekton_aggregate_roles(config)  # as a release installs them: `edit` users write runs
         resolvers_bin = state.get("optional", {}).get(tekton_resolvers.NAME)
         if resolvers_bin:

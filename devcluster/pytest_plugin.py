@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from devcluster import tekton_resolvers, tekton_webhook
+from devcluster import build, tekton_resolvers, tekton_webhook
 from devcluster.cluster import Cluster, ClusterError
 
 EXISTING_CLUSTER_ENV = "EGRESS_PLACER_DEVCLUSTER"
@@ -95,6 +95,24 @@ def reporter(config: pytest.Config) -> Callable[[str], None]:
             terminal.write_line(message)
 
     return log
+
+
+VERSION_OPTIONS = {"--tekton-version": build.TEKTON_VERSION_ENV, "--kubernetes-version": build.KUBERNETES_VERSION_ENV}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """`--tekton-version`/`--kubernetes-version`: the session cluster's versions (as `python -m devcluster up` takes
+    them; default: the variables EGRESS_PLACER_TEKTON_VERSION/EGRESS_PLACER_KUBERNETES_VERSION, else the pinned pair)."""
+    group = parser.getgroup("devcluster")
+    for option, variable in VERSION_OPTIONS.items():
+        group.addoption(option, metavar="vX.Y.Z", default=None, help=f"the session cluster's version (env {variable})")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for option, variable in VERSION_OPTIONS.items():
+        value = config.getoption(option.lstrip("-").replace("-", "_"), default=None)
+        if value:
+            os.environ[variable] = value
 
 
 @pytest.fixture(scope="session")

@@ -434,18 +434,21 @@ class Admission:
     def _run_pod(self, request: Request, read: ReadOwner | None) -> RunRecord | None:
         """The record of the pod's TaskRun when the pod is a run's pod (`queue.core.is_run_pod`), by the
         cache or by the TaskRun read for this review; None: no run's pod. A claimed TaskRun the cache lacks
-        (or knows with another uid) raises OwnerReadNeeded, once: a tenant's forged claim costs one
-        bounded read, and the pod is still no run's pod."""
+        (or knows with another uid, or naming another pod in its status: a retry's pod comes right after
+        Tekton clears it) raises OwnerReadNeeded, once: a tenant's forged claim costs one bounded read, and
+        the pod is still no run's pod."""
         owner = claimed_taskrun(owner_refs(request.metadata))
         if owner is None:
             return None
         record = self.state.queue.taskrun(request.namespace, owner.name)
-        if record is None or record.uid != owner.uid:
+        if record is None or record.uid != owner.uid or (record.pod_name and record.pod_name != request.name):
             if read is not None and (read.namespace, read.name) == (request.namespace, owner.name):
                 record = read.record
             elif self._read_taskrun is not None:
                 raise OwnerReadNeeded(request.namespace, owner.name)
-        return record if is_run_pod(owner, record.uid if record else None, record.decided if record else False) else None
+        if record is None or not is_run_pod(owner, record.uid, record.decided, request.name, record.pod_name):
+            return None
+        return record
 
     def _tekton_pod(
         self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy, run: RunRecord
@@ -537,10 +540,12 @@ class Admission:
         """Is this run to be created pending in `pool_name`'s queue? The pool has a queue setting our queue
         governs (`governedBy: kueue`: Kueue holds the runs, we create none pending), or the run touches one
         of its Enforce egress budgets (`budgets`), and the user did not set spec.status (pending, cancelled)
-        themselves."""
+        themselves; and, for a TaskRun, this Tekton can hold one (`TaskRunPending`, controller.compat)."""
         pool = self.state.policy.pool(pool_name) if pool_name else None
         if pool is None or value_at(request.object, ("spec", "status")):
             return False
+        if request.kind == "TaskRun" and not self.state.tekton.support.taskrun_pending:
+            return False  # this Tekton cannot hold a TaskRun (controller.compat): its pod waits at the pool's slot gate
         return (pool.queue is not None and pool.queue.governed_by != GOVERNED_BY_KUEUE) or bool(budgets)
 
     def _run_budgets(self, request: Request, decision: Decision, policy: PlacementPolicy) -> tuple[str, ...]:

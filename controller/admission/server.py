@@ -51,6 +51,7 @@ from controller.admission import wire
 from controller.admission.certs import ServingTLS
 from controller.admission.handlers import Admission, MalformedReview, OwnerReadNeeded, ReadOwner
 from controller.admission.review import decode, encode
+from controller.admission.conversion import PoolConversion
 from controller.metrics import Metrics
 from controller.settings import Settings
 
@@ -163,6 +164,7 @@ class AdmissionServer:
         self.settings = settings
         self.admission = admission
         self.validation = validation
+        self.conversion = PoolConversion(metrics)
         self.metrics = metrics
         self.tls = tls
         self.readiness = readiness
@@ -195,6 +197,8 @@ class AdmissionServer:
     def _reviewer(self, path: bytes) -> Reviewer | None:
         if path == b"/mutate" or path.startswith(b"/mutate/"):
             return self.admission
+        if path == b"/convert":  # answered from the request alone, ready or not (admission.conversion)
+            return self.conversion
         if self.validation is not None and (path == b"/validate" or path.startswith(b"/validate/")):
             return self.validation
         return None

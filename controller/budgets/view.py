@@ -70,7 +70,7 @@ class BudgetsView:
             return
         with self._ended_lock:
             verified = self._verified.pop(pod.uid, None) is not None
-        run_pod = verified or self._queue.is_run_pod(pod.namespace, pod.owners)
+        run_pod = verified or self._queue.is_run_pod(pod.namespace, pod.owners, pod.name)
         use = trusted_use(pod.uid, record, run_pod, pool.name, pod.node_name, [d.name for d in pool.destinations])
         if use is None:
             return
@@ -147,7 +147,7 @@ class BudgetsView:
         out = []
         for pod in self._stores["Pod"].snapshot.under("budgeted", pool.name).values():
             record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
-            use = trusted_use(pod.uid, record, pod.active and self._queue.is_run_pod(pod.namespace, pod.owners), pool.name, pod.node_name, known)
+            use = trusted_use(pod.uid, record, pod.active and self._queue.is_run_pod(pod.namespace, pod.owners, pod.name), pool.name, pod.node_name, known)
             if use is None or record is None:
                 continue
             address = where.get(use.node) or self._address(use.node, pool)

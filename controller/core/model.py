@@ -260,9 +260,11 @@ class PodState:
     # terminationGracePeriodSeconds (the tenant's to choose: a day, with a process that ignores SIGTERM).
     grace_seconds: int = DEFAULT_GRACE_SECONDS
     # Only for a pod waiting for a pool slot (POOL_SLOT_GATE, queue.core.GatedPod): spec.schedulingGates'
-    # names, its tolerations and creationTimestamp (which pools it waits for, in what order).
+    # names and its tolerations (which pools it waits for).
     gates: tuple[str, ...] = ()
     tolerated: tuple[tuple[str, str, str], ...] = ()  # (key, operator, value)
+    # creationTimestamp: the order gated pods go in (GatedPod), and which run pods came in past a queued
+    # pool's cap (queue.core.over_cap)
     created: str = ""
 
     @property
@@ -301,6 +303,7 @@ class PodState:
             deleting=bool(meta.get("deletionTimestamp")),
             uid=meta.get("uid") or "",
             grace_seconds=_grace(meta.get("deletionGracePeriodSeconds"), spec.get("terminationGracePeriodSeconds")),
+            created=_text(meta.get("creationTimestamp")),
             **_gated(meta, spec),
         )
 
@@ -311,7 +314,7 @@ def _gated(meta: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     tolerations = [t for t in spec.get("tolerations") or [] if isinstance(t, Mapping)]
     tolerated = tuple((_text(t.get("key")), _text(t.get("operator")) or "Equal", _text(t.get("value"))) for t in tolerations)
-    return {"gates": gates, "tolerated": tolerated, "created": _text(meta.get("creationTimestamp"))}
+    return {"gates": gates, "tolerated": tolerated}
 
 
 def _text(value: Any) -> str:

@@ -319,6 +319,7 @@ class Pool(PolicyModel):
     )
     namespaces: tuple[Glob, ...] = Field(
         default=(),
+        max_length=MAX_NAMESPACES,
         description="Who may use the pool: namespaces whose name matches one of these globs (also: "
         "namespaceSelector, or the Namespace annotation egress-placer.io/pools naming the pool).",
     )
@@ -457,7 +458,7 @@ class Pool(PolicyModel):
 class PlacementPolicy(PolicyModel):
     api_version: Literal["egress-placer.io/v1alpha1"] = Field(description="egress-placer.io/v1alpha1")
     kind: Literal["PlacementPolicy"] = Field(description="PlacementPolicy")
-    exempt_namespaces: tuple[Annotated[str, Field(max_length=63)], ...] = Field(
+    exempt_namespaces: tuple[NamespaceName, ...] = Field(
         default=DEFAULT_EXEMPT_NAMESPACES,
         max_length=MAX_NAMESPACES,
         description="Pods of these namespaces (exact names) are never intruders on pool nodes. Default: "

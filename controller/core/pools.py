@@ -8,7 +8,9 @@ and `EgressPlacerConfig` (the singleton `cluster`: exempt and agent namespaces),
 - `policy_from_objects(objects)`: the PlacementPolicy the objects make, through the policy loader's
   own validation (`validate_policy`): a node claimed by two pools belongs to the one of lower
   `spec.priority`, ties by name, as list order did in the file form. Errors name the object and the
-  field (`EgressPool overseas: spec.images[0]: a glob must not be empty`).
+  field (`EgressPool overseas: spec.images[0]: a glob must not be empty`). Objects of `v1beta1`
+  are read too (core.conversion turns them into `v1alpha1` first; their problems name `v1beta1`'s
+  fields: docs/pools-api.md, "v1beta1").
 - `objects_from_policy(policy)`: the other way, for the migration of a policy file
   (`egress-placer migrate-policy`): priorities 10, 20, 30... in list order.
 - `load_any_policy(text, source)`: a policy file in either form (a PlacementPolicy document, or the
@@ -39,6 +41,7 @@ from controller.core.policy import (
     whole,
 )
 from controller.core.schema import OpenAPI, PolicyModel, openapi_schema
+from controller.core.conversion import V1ALPHA1, V1BETA1, ConversionError, path_in, to_version
 
 GROUP = "egress-placer.io"
 VERSION = "v1alpha1"
@@ -306,8 +309,14 @@ def policy_from_objects(objects: Sequence[Any], locate: Locate = _nowhere) -> Pl
     apiVersion, kind, metadata.name and spec are read); PolicyError naming each problem's object and
     field. No object: the empty policy (no pools; the defaults)."""
     problems: list[str] = []
+    versions: dict[int, str] = {}  # the objects given as v1beta1 (converted to v1alpha1 here): paths named in theirs
+
+    def own(index: int, loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+        obj = objects[index]
+        return path_in(str(obj.get("kind")), versions[index], loc) if index in versions and isinstance(obj, Mapping) else loc
 
     def problem(index: int, loc: tuple[str | int, ...], message: str) -> None:
+        loc = own(index, loc)
         problems.append(f"{locate(index, loc)}{_title(objects[index])}: {field_path(loc) or '(object)'}: {message}")
 
     pools: list[tuple[int, str, int, dict[str, Any]]] = []  # priority, name, index, the pool's data
@@ -321,9 +330,19 @@ def policy_from_objects(objects: Sequence[Any], locate: Locate = _nowhere) -> Pl
         if obj.get("kind") not in KINDS:
             problem(index, ("kind",), f"expected {POOL_KIND} or {CONFIG_KIND}, got {obj.get('kind')!r}")
             continue
-        if obj.get("apiVersion") != API_VERSION:
-            problem(index, ("apiVersion",), f"expected {API_VERSION}, got {obj.get('apiVersion')!r}")
+        if obj.get("apiVersion") not in (V1ALPHA1, V1BETA1):
+            problem(index, ("apiVersion",), f"expected {V1ALPHA1} or {V1BETA1}, got {obj.get('apiVersion')!r}")
             continue
+        if obj["apiVersion"] == V1BETA1:
+            given = obj.get("spec")
+            priority = given.get("priority", 0) if isinstance(given, Mapping) and obj["kind"] == POOL_KIND else 0
+            try:  # checked in v1beta1's terms before it is turned over (v1beta1 -1 is not v1alpha1 1,000,001)
+                PoolOrder.model_validate({"priority": priority})
+                obj = to_version(obj, V1ALPHA1)
+            except (ValidationError, ConversionError) as e:
+                problem(index, ("spec", "priority"), e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e))
+                continue
+            versions[index] = V1BETA1
         meta = obj.get("metadata")
         name = meta.get("name") if isinstance(meta, Mapping) else None
         if not isinstance(name, str) or not name:
@@ -374,6 +393,7 @@ def policy_from_objects(objects: Sequence[Any], locate: Locate = _nowhere) -> Pl
             index, inner = config[0], ("spec", *loc)
         else:
             return f"{KIND} (top level): {field_path(loc)}"
+        inner = own(index, inner)
         return f"{locate(index, inner)}{_title(objects[index])}: {field_path(inner)}"
 
     return validate_policy(data, where)

@@ -31,6 +31,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from loguru import logger
 
 from controller.agents.core import POOL_TOLERATIONS_ANNOTATION
+from controller.compat import core as compat
 from controller.core import cluster_resolver
 from controller.core.images import TASKRUN_LABEL, image_fields
 from controller.intruders.core import MIRROR_POD_ANNOTATION
@@ -233,8 +234,8 @@ def trimmer(api_version: str, kind: str, keep: Sequence[str] = ()) -> Trim:
 
 
 def run_trimmer(api_version: str, kind: str) -> Trim:
-    """A TaskRun or PipelineRun: metadata, `spec.status` (pending, cancelled) and whether it is done
-    (its Succeeded condition's status), for the queue (queue.core)."""
+    """A TaskRun or PipelineRun: metadata, `spec.status` (pending, cancelled), whether it is done
+    (its Succeeded condition's status) and, of a TaskRun, `status.podName`, for the queue (queue.core)."""
 
     def trim(obj: Mapping[str, Any]) -> Obj:
         out = _head(obj, api_version, kind)
@@ -247,8 +248,12 @@ def run_trimmer(api_version: str, kind: str) -> Trim:
             for c in (conditions if isinstance(conditions, list) else [])
             if isinstance(c, Mapping) and c.get("type") == "Succeeded"
         ]
-        if succeeded:
-            out["status"] = {"conditions": succeeded[:1]}
+        kept: dict[str, Any] = {"conditions": succeeded[:1]} if succeeded else {}
+        pod_name = (obj.get("status") or {}).get("podName")
+        if kind == "TaskRun" and isinstance(pod_name, str) and pod_name:
+            kept["podName"] = pod_name[:253]  # the pod Tekton made for it (queue.core.is_run_pod)
+        if kept:
+            out["status"] = kept
         return out
 
     return trim
@@ -676,6 +681,17 @@ def cluster_informers(
 
     out.append(tekton_config(TEKTON_FEATURE_FLAGS, coschedule_of, sink.tekton.set_coschedule))
     out.append(tekton_config(TEKTON_CONFIG_DEFAULTS, default_pod_template_of, sink.tekton.set_default_pod_template))
+
+    # Tekton's version (controller.compat): not required; unreadable, it turns off what needs a known version.
+    info = tekton_config(compat.PIPELINES_INFO, compat.version_of, sink.tekton.set_tekton_version)
+    info.required = False
+
+    def info_unreadable(error: BaseException | None) -> None:
+        if error is not None and not info.synced.is_set():
+            sink.tekton.set_tekton_version(None, f"ConfigMap {compat.PIPELINES_INFO} unreadable: {describe_error(error)}")
+
+    info.on_error = info_unreadable
+    out.append(info)
 
     # Tekton's cluster resolver rules: until both are read, no `resolver: cluster` reference is followed.
     # Two informers' threads replace the one value: each change under a lock, so neither is lost.

@@ -12,21 +12,42 @@ import math
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 from controller.core.egress import Measurement
-from controller.core.images import TASKRUN_LABEL
-from controller.core.model import DECISION_ANNOTATION, REVIEW_ANNOTATION, NamespaceState, NodeState, NodeLoad, PodState
+from controller.core.model import DECISION_ANNOTATION, REVIEW_ANNOTATION, NamespaceState, NodeState, NodeLoad, OwnerRef, PodState
 from controller.core.policy import PlacementPolicy, Pool
 from controller.load.core import ClaimBook, LoadLedger, Seen, ledger_key
 from controller.load.index import PoolLoads
-from controller.queue.core import PIPELINERUN_LABEL, QUEUE_ANNOTATION, claimed_taskrun, decided_placement, parse_time
+from controller.queue.core import QUEUE_ANNOTATION, claimed_taskrun, decided_placement, is_run_pod, parse_time
 
 HOLD_CHUNK = 256  # pool nodes a pass over the pool handles per hold of the lock (~15 µs, under a review's time)
 LOADS_SHOWN = 10  # nodes whose load a choice reports: the chosen one and the least loaded others
 # a relist's counts: placed per node, nodes moved, and each pod as the claim book reads it
 PodCounts = tuple[Counter[str], set[str], list["PodSeen"]]
 PodSeen = tuple[str, Seen | None]  # (ledger key, the version; None: gone, finished)
+
+
+class KnownRun(Protocol):
+    """What the run stores keep of a TaskRun or PipelineRun (queue.view.RunRecord)."""
+
+    @property
+    def decided(self) -> bool: ...
+
+    @property
+    def uid(self) -> str: ...
+
+    @property
+    def pod_name(self) -> str: ...
+
+    @property
+    def pipelinerun(self) -> OwnerRef | None: ...
+
+
+# (kind, namespace, name) -> the run as cached, None when it is not (yet)
+RunLookup = Callable[[str, str, str], "KnownRun | None"]
+# (kind, namespace, name, uid, status.podName) -> has the run a pod of its own in the cache (queue.view.QueueView.has_run_pod)
+PodLookup = Callable[[str, str, str, str, str], bool]
 
 
 @dataclass(frozen=True)
@@ -54,10 +75,13 @@ class LoadView:
 
     def __init__(self, policy: PlacementPolicy, nodes: Callable[[], Mapping[str, NodeState]],
                  clock: Callable[[], float], assumption_ttl: float, balance: str,
-                 namespace: Callable[[str], NamespaceState] | None = None) -> None:
+                 namespace: Callable[[str], NamespaceState] | None = None, run: RunLookup | None = None,
+                 run_pod: PodLookup | None = None) -> None:
         self._lock = threading.RLock()
         self._nodes, self._clock, self.assumption_ttl, self.balance = nodes, clock, assumption_ttl, balance
         self._namespace = namespace or (lambda name: NamespaceState(name=name))
+        self._run: RunLookup = run or (lambda kind, namespace, name: None)
+        self._run_pod: PodLookup = run_pod or (lambda kind, namespace, name, uid, pod_name: False)
         self.ledger = LoadLedger(on_change=self._assumed_changed)
         self.claims = ClaimBook(self.ledger, assumption_ttl)
         self._egress: dict[str, Mapping[str, Measurement]] = {}  # pool -> measured egress, as last polled
@@ -174,9 +198,12 @@ class LoadView:
             self.claims.seen(version, now)
 
     def _pod_seen(self, obj: Mapping[str, Any], pod: PodState | None) -> PodSeen:
-        """The pod as the claim book reads it (None: deleted). Its runs: the TaskRun its
-        label names (with the uid of its controller owner when that is the same TaskRun), and the
-        PipelineRun its label names: from now on the pod counts, not them."""
+        """The pod as the claim book reads it (None: deleted). Its runs, from now on counted by the pod, not
+        by themselves: the TaskRun it is the pod of (`queue.core.is_run_pod`: its controller owner resolves
+        by uid to a cached, decided TaskRun whose status.podName, once set, is this pod), and the
+        PipelineRun that TaskRun's controller owner resolves to by uid. No label is read: the
+        `tekton.dev/*` labels are the TaskRun creator's to write (a pod labelled with another run's name
+        settles nothing). A run not cached yet is settled by a later version of the pod, or by its own."""
         meta = obj["metadata"]
         namespace = meta.get("namespace") or "default"
         key = ledger_key("pod", namespace, meta["name"])
@@ -185,12 +212,15 @@ class LoadView:
         runs = []
         created = parse_time(meta.get("creationTimestamp") or "")
         # Its runs were created before it: when it is older than the ttl, their records count no more anyway.
-        if created is None or self._clock() - created <= self.assumption_ttl:
-            if taskrun := pod.labels.get(TASKRUN_LABEL):
-                owner = claimed_taskrun(pod.owners)
-                runs.append((ledger_key("taskrun", namespace, taskrun), owner.uid if owner is not None and owner.name == taskrun else ""))
-            if pipelinerun := pod.labels.get(PIPELINERUN_LABEL):
-                runs.append((ledger_key("pipelinerun", namespace, pipelinerun), ""))
+        owner = claimed_taskrun(pod.owners)
+        if owner is not None and (created is None or self._clock() - created <= self.assumption_ttl):
+            taskrun = self._run("TaskRun", namespace, owner.name)
+            if taskrun is not None and is_run_pod(owner, taskrun.uid, taskrun.decided, meta["name"], taskrun.pod_name):
+                runs.append((ledger_key("taskrun", namespace, owner.name), owner.uid))
+                whole = taskrun.pipelinerun
+                cached = self._run("PipelineRun", namespace, whole.name) if whole is not None else None
+                if whole is not None and cached is not None and cached.uid == whole.uid:
+                    runs.append((ledger_key("pipelinerun", namespace, whole.name), whole.uid))
         active = pod.active and not pod.node_name
         return key, self._seen(key, meta, namespace, active, tuple(runs))
 
@@ -205,18 +235,22 @@ class LoadView:
         done = any(isinstance(c, Mapping) and c.get("type") == "Succeeded" and c.get("status") in ("True", "False") for c in conditions)
         held = bool((obj.get("spec") or {}).get("status")) or QUEUE_ANNOTATION in annotations
         active = not (done or held or meta.get("deletionTimestamp"))
-        return key, self._seen(key, meta, namespace, active, ())
+        # A pod of its own seen before it (informers of two kinds, a relist of pods first): the pod counts, not it.
+        uid, pod_name = meta.get("uid") or "", (obj.get("status") or {}).get("podName")
+        mine = active and bool(uid) and self._run_pod(kind, namespace, meta["name"], uid, pod_name if isinstance(pod_name, str) else "")
+        return key, self._seen(key, meta, namespace, active, ((key, uid),) if mine else ())
 
     def _seen(self, key: str, meta: Mapping[str, Any], namespace: str, active: bool, runs: tuple[tuple[str, str], ...]) -> Seen:
         uid = meta.get("uid") or ""
-        if not active or self.claims.knows(key, uid, self._clock()):  # nothing to read: the book keeps what it read
-            return Seen(key, uid, -math.inf, None, active, runs)
-        created = parse_time(meta.get("creationTimestamp") or "")
         annotations = meta.get("annotations") or {}
-        also = ()
+        also: tuple[str, ...] = ()
         if meta.get("generateName") and (review := annotations.get(REVIEW_ANNOTATION)):
-            # admitted before it had a name: this replica assumed it under generateName + the review's uid
+            # admitted before it had a name: this replica assumed it under generateName + the review's uid (read
+            # from every version, held ones too: a held run settles admission's assumption of it as well)
             also = (ledger_key(key.split("/", 1)[0], namespace, f"{meta['generateName']}{review}"),)
+        if not active or self.claims.knows(key, uid, self._clock()):  # nothing to read: the book keeps what it read
+            return Seen(key, uid, -math.inf, None, active, runs, also)
+        created = parse_time(meta.get("creationTimestamp") or "")
         claim = self._trusted_claim(namespace, annotations.get(DECISION_ANNOTATION))
         return Seen(key, uid, created if created is not None else self._clock(), claim, active, runs, also)
 

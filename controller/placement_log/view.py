@@ -1,6 +1,11 @@
 """The placement log: the pods of TaskRuns bound to a pool node, created within the last hour (uid,
 node, creation time). An informer observer on pods: every replica keeps it, so a new leader counts as
-the old one did; a replica that restarts counts only the pods that still exist (it lists them)."""
+the old one did; a replica that restarts counts only the pods that still exist (it lists them).
+
+A pod counts only when it is a run's pod (`queue.core.is_run_pod`: its controller owner resolves by uid to
+a cached TaskRun carrying our decision, whose status.podName, once set, names it), never by its
+`tekton.dev/taskRun` label, which its creator writes: a tenant's labelled pods do not inflate
+`runsPlacedLastHour`. A pod seen before its TaskRun is cached is looked at again on its next event."""
 
 from __future__ import annotations
 
@@ -9,8 +14,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, Mapping, Protocol
 
-from controller.core.images import TASKRUN_LABEL
-from controller.core.model import NodeState
+from controller.core.model import NodeState, OwnerRef, owner_refs
 from controller.core.policy import PlacementPolicy
 from controller.placement_log.core import PLACEMENT_WINDOW_SECONDS, Placed, parse_rfc3339
 
@@ -24,6 +28,15 @@ class PlacementState(Protocol):
     def policy(self) -> PlacementPolicy: ...
 
     def node(self, name: str) -> NodeState | None: ...
+
+    @property
+    def queue(self) -> "RunPods": ...
+
+
+class RunPods(Protocol):
+    """Which pods are runs' pods (queue.view.QueueView)."""
+
+    def is_run_pod(self, namespace: str, owners: tuple[OwnerRef, ...], name: str) -> bool: ...
 
 
 class PlacementLog:
@@ -52,12 +65,14 @@ class PlacementLog:
         node = (pod.get("spec") or {}).get("nodeName")
         meta = pod.get("metadata") or {}
         uid = meta.get("uid")
-        if not node or not uid or TASKRUN_LABEL not in (meta.get("labels") or {}) or uid in self._placed:
+        if not node or not uid or uid in self._placed:
             return
         created = parse_rfc3339(meta.get("creationTimestamp"))
         if created is None or self.clock() - created > self.window:
             return
         if self.state.policy.pool_of(self.state.node(node) or NodeState(name=node)) is None:
+            return
+        if not self.state.queue.is_run_pod(meta.get("namespace") or "default", owner_refs(meta), meta.get("name") or ""):
             return
         with self._lock:
             self._placed[uid] = Placed(node, created)

@@ -10,8 +10,8 @@ The leader writes it (controller/pool_status/reconcile.py); docs/pools-api.md, "
 - Counts, not lists: member nodes, ready ones, tainted ones; the load over the ready nodes as totals,
   busy and full node counts, and only the `MOST_LOADED_NODES` most loaded nodes. At 10,000 members a
   status stays about 1 KiB (etcd refuses objects above 1.5 MiB).
-- `runsPlacedLastHour`: the runs' pods bound to a member node, created within the placement log's window
-  (`placement_log.core`).
+- `runsPlacedLastHour`: the runs' pods (`queue.core.is_run_pod`, never a label: placement_log.view) bound
+  to a member node, created within the placement log's window (`placement_log.core`).
 - `lastError`: the newest of a refusal naming the object, an error the leader saw about the pool
   (a taint it could not write), and the one the status holds already (a new leader keeps it).
 

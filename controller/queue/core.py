@@ -40,8 +40,8 @@ from controller.core.schema import PolicyModel
 
 QUEUE_ANNOTATION = "egress-placer.io/queue"
 # On the pods of a PipelineRun's TaskRuns (Tekton copies a TaskRun's labels onto its pod). The TaskRun's creator
-# writes it and it names no uid: only the load picture reads it (which assumption a bound pod settles); no
-# decision of the queue or of admission does (`claimed_pipelinerun`, `held_by_queue`).
+# writes it and it names no uid: no decision of the queue, of admission or of the load picture reads it
+# (`claimed_pipelinerun`, `held_by_queue`; the load picture settles a PipelineRun through owners, by uid).
 PIPELINERUN_LABEL = "tekton.dev/pipelineRun"
 PENDING = {"TaskRun": "TaskRunPending", "PipelineRun": "PipelineRunPending"}
 CANCELLED = frozenset({"TaskRunCancelled", "Cancelled", "CancelledRunFinally", "StoppedRunFinally"})
@@ -224,12 +224,20 @@ def claimed_pipelinerun(owners: Iterable[OwnerRef]) -> OwnerRef | None:
     return _claimed(owners, "PipelineRun")
 
 
-def is_run_pod(owner: OwnerRef | None, run_uid: str | None, run_decided: bool) -> bool:
+def is_run_pod(owner: OwnerRef | None, run_uid: str | None, run_decided: bool, pod_name: str = "", run_pod_name: str = "") -> bool:
     """Is a pod a run's pod: its claimed TaskRun (`claimed_taskrun`), looked up by name in the pod's own
     namespace, exists with the uid the claim names (uids are the API server's: a made-up or copied one
-    does not match) and carries admission's decision (written at CREATE; the run guard keeps tenants
-    from adding it later). `run_uid` None: no such TaskRun (not in the cache, not found by a read)."""
-    return owner is not None and bool(run_uid) and run_uid == owner.uid and run_decided
+    does not match), carries admission's decision (written at CREATE; the run guard keeps tenants
+    from adding it later), and, once Tekton has named the run's pod (`status.podName`, `run_pod_name`), is
+    that pod (`pod_name`). `run_uid` None: no such TaskRun (not in the cache, not found by a read).
+
+    `status` is a subresource of Tekton's run CRDs: a CREATE drops it, and `edit` (with Tekton's
+    `tekton-aggregate-edit`, which grants `taskruns`, not `taskruns/status`) cannot write it; Tekton's
+    controller alone does. Before it names the pod (the pod's own CREATE; a retry clears it first, and a
+    pod Tekton makes again after a deletion takes the same name) the uid and the decision decide."""
+    if owner is None or not run_uid or run_uid != owner.uid or not run_decided:
+        return False
+    return not run_pod_name or run_pod_name == pod_name
 
 
 # -- the picture the leader sees ---------------------------------------------------------------------
@@ -480,6 +488,27 @@ def ungate(free: Mapping[str, int], gated: Iterable[GatedPod]) -> tuple[GatedPod
                 left[pool] -= 1
             out.append(pod)
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class PoolPod:
+    """A run's pod (`is_run_pod`) bound to a node of a queued pool: it takes one of the pool's slots."""
+
+    namespace: str
+    name: str
+    uid: str
+    created: str  # creationTimestamp (RFC 3339: sorts as text)
+
+
+def over_cap(pods: Iterable[PoolPod], slots: int) -> tuple[PoolPod, ...]:
+    """The runs' pods bound to a queued pool beyond its slots, newest first (creationTimestamp, then name):
+    the ones that came in past the cap. The queue releases into free slots only and admission gates the
+    others, so a pod gets here when it was made while the webhook did not answer (failurePolicy Ignore:
+    the pod of a run its owner released then was not gated, and its TaskRun's pod template already
+    tolerates the pool), or when the pool lost nodes (fewer slots than running pods). Nothing a tenant
+    writes puts one here while the webhook answers."""
+    ordered = sorted(pods, key=lambda p: (p.created, p.namespace, p.name), reverse=True)
+    return tuple(ordered[: max(0, len(ordered) - max(0, slots))])
 
 
 def release_all(entries: Iterable[QueueEntry]) -> tuple[Release, ...]:

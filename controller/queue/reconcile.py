@@ -18,9 +18,13 @@ no run Kueue holds. While one is held, passes come at least every KUEUE_LOOK_SEC
 changes no run we watch).
 
 Events (the one sink): Released (Normal) with the wait and the reason; QueueWaitExceeded (Warning)
-once per run and leadership for a run of a required pool past its maxQueueSeconds.
-Metrics: queue_length and queue_slots per pool, queue_releases_total by reason, queue_wait_seconds
-(pool "": a pool no longer in the policy).
+once per run and leadership for a run of a required pool past its maxQueueSeconds; QueueOverCap (Warning)
+once per pod and leadership for a run's pod bound to a queued pool beyond its slots (`queue.core.over_cap`:
+made while the webhook did not answer, or the pool lost nodes). Such a pod is reported, not evicted: it is
+a run's upload under way, and the queue releases nothing into that pool until the pods are back under
+its cap (docs/security.md, "Tenants and runs", "What is left").
+Metrics: queue_length, queue_slots and queue_over_cap_pods per pool, queue_releases_total by reason,
+queue_wait_seconds (pool "": a pool no longer in the policy).
 """
 
 from __future__ import annotations
@@ -40,12 +44,14 @@ from controller.queue.core import (
     Workloads,
     GatedPod,
     Plan,
+    PoolPod,
     PoolQueue,
     QueueEntry,
     Release,
     ReleaseReason,
     held_by_kueue,
     kueue_may_hold,
+    over_cap,
     plan,
     release_all,
     release_order,
@@ -97,9 +103,11 @@ class QueueReconciler:
         self._released: dict[tuple[str, str, str], float] = {}  # released by us, not yet seen so
         self._ungated: dict[tuple[str, str], tuple[float, GatedPod]] = {}  # let in by us, not yet seen bound
         self._warned: set[tuple[str, str, str]] = set()
+        self._over_reported: set[str] = set()  # uids of the pods over a cap reported (those still over)
         self._workloads: dict[str, Workloads | None] = {}  # namespace -> this pass's look at its Workloads
         self._length = GaugeSnapshot(metrics.queue_length)
         self._slots = GaugeSnapshot(metrics.queue_slots)
+        self._over = GaugeSnapshot(metrics.queue_over_cap_pods)
 
     def __call__(self) -> float | None:
         """One pass; its requeue-after: the seconds to the earliest wait bound (a preferred pool's run to
@@ -119,12 +127,14 @@ class QueueReconciler:
         slots: dict[tuple[str, ...], float] = {}
         plans: dict[str, Plan] = {}
         free: dict[str, int] = {}
+        over: dict[str, tuple[PoolPod, ...]] = {}
         for pool in self.state.policy.pools:
             picture = self.state.queue.pool_queue(pool)
             if picture is None:
                 if pool.destinations and self._budget_pass(pool, by_pool.pop(pool.name, []), now):
                     deadlines.append(now + BUDGET_RECHECK_SECONDS)  # a window frees with time, not with a change
                 continue
+            over[pool.name] = over_cap(self.state.queue.pool_pods(pool), picture.slots)
             mine = by_pool.pop(pool.name, [])
             result = self._within_budgets(pool, plan(picture, mine, now), mine, now)
             plans[pool.name] = result
@@ -141,9 +151,11 @@ class QueueReconciler:
             for release in release_all(leftover):
                 self._release(release, now, None)
         self._let_in(free, now)
+        self._report_over(over, slots)
         self.plans = plans
         self._length.set(length)
         self._slots.set(slots)
+        self._over.set({(pool,): float(len(pods)) for pool, pods in over.items()})
         return max(0.5, min(deadlines) - self.clock()) if deadlines else None
 
     def _within_budgets(self, pool: Pool, result: Plan, entries: list[QueueEntry], now: float) -> Plan:
@@ -208,6 +220,23 @@ class QueueReconciler:
             self._ungated[pod.key] = (now, pod)
             if self.client.ungate_pod(pod.namespace, pod.name, pod.uid, pod.gates, POOL_SLOT_GATE):
                 logger.bind(namespace=pod.namespace, name=pod.name, pools=list(pod.pools)).info("a pool slot is free: pod let in")
+
+    def _report_over(self, over: dict[str, tuple[PoolPod, ...]], slots: dict[tuple[str, ...], float]) -> None:
+        """A Warning Event, once per pod and leadership, on each run's pod over a queued pool's cap."""
+        still = set()
+        for pool, pods in over.items():
+            total = int(slots.get((pool, "total"), 0))
+            for pod in pods:
+                still.add(pod.uid)
+                if pod.uid in self._over_reported:
+                    continue
+                note = (f"pool {pool}'s queue has {len(pods)} run pod(s) beyond its {total} slot(s), this one among them: "
+                        "it was made while egress-placer's webhook did not answer (so it was not gated), or the pool "
+                        "lost nodes; it is left to finish, and the queue releases nothing into the pool until it is back under its cap")
+                logger.bind(namespace=pod.namespace, name=pod.name, pool=pool).warning(note)
+                self.events.emit({"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid},
+                                 "Warning", "QueueOverCap", note, action="Queue")
+        self._over_reported = still
 
     def _release(self, release: Release, now: float, result: Plan | None) -> None:
         """Every release goes through here: never one of a run Kueue holds (whoever asks)."""

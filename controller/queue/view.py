@@ -23,6 +23,7 @@ from controller.queue.core import (
     QUEUE_ANNOTATION,
     GatedPod,
     LineSummary,
+    PoolPod,
     PoolQueue,
     QueueEntry,
     RunFacts,
@@ -52,6 +53,7 @@ class RunRecord:
     uid: str
     entry: QueueEntry | None
     pipelinerun: OwnerRef | None = None
+    pod_name: str = ""  # status.podName: the pod Tekton made for it (Tekton's controller alone writes status)
 
     @classmethod
     def of(cls, kind: str, obj: Mapping[str, Any]) -> "RunRecord":
@@ -66,7 +68,8 @@ class RunRecord:
                          annotations.get(DECISION_ANNOTATION), KUEUE_QUEUE_LABEL in (meta.get("labels") or {}))
         entry = facts.queue_entry(has_pod=False) if value is not None else None
         claim = claimed_pipelinerun(owner_refs(meta)) if kind == "TaskRun" else None
-        return cls(DECISION_ANNOTATION in annotations, meta.get("uid") or "", entry, claim)
+        pod_name = (obj.get("status") or {}).get("podName") if kind == "TaskRun" else ""
+        return cls(DECISION_ANNOTATION in annotations, meta.get("uid") or "", entry, claim, pod_name if isinstance(pod_name, str) else "")
 
     def queued(self) -> bool | None:
         """The run store's "queued" index."""
@@ -147,12 +150,26 @@ class QueueView:
         pods = self._stores["Pod"].snapshot.under("run", (namespace, owner.name, owner.uid))
         return any(pod_name != name for _, pod_name in pods)
 
-    def is_run_pod(self, namespace: str, owners: tuple[OwnerRef, ...]) -> bool:
-        """A pod of `namespace` is a run's pod by the cache: its controller owner resolves by uid to a
-        TaskRun of that namespace carrying our decision (queue.core.is_run_pod)."""
+    def has_run_pod(self, kind: str, namespace: str, name: str, uid: str, pod_name: str = "") -> bool:
+        """Has the run (`kind`, by name and uid; a TaskRun's status.podName `pod_name`) an active pod of its
+        own in the cache: a pod whose controller owner is the TaskRun by uid, the one its status names once
+        it names one; a PipelineRun's, a pod so of one of its decided TaskRuns (their controller owner is
+        the PipelineRun, by uid). For the load picture: from then on the pod counts, not the run."""
+        if kind == "PipelineRun":
+            children = self._stores["TaskRun"].snapshot.under("pipelinerun", uid)
+            return any(child_namespace == namespace and record.decided
+                       and self.has_run_pod("TaskRun", namespace, child, record.uid, record.pod_name)
+                       for (_, child_namespace, child), record in children.items())
+        pods = self._stores["Pod"].snapshot.under("run", (namespace, name, uid))
+        return any(not pod_name or found == pod_name for _, found in pods)
+
+    def is_run_pod(self, namespace: str, owners: tuple[OwnerRef, ...], name: str) -> bool:
+        """A pod `name` of `namespace` is a run's pod by the cache: its controller owner resolves by uid to
+        a TaskRun of that namespace carrying our decision, whose status.podName, once set, is `name`
+        (queue.core.is_run_pod)."""
         owner = claimed_taskrun(owners)
         record = self.taskrun(namespace, owner.name) if owner is not None else None
-        return is_run_pod(owner, record.uid if record else None, record.decided if record else False)
+        return record is not None and is_run_pod(owner, record.uid, record.decided, name, record.pod_name)
 
     def pool_queue(self, pool: Pool) -> PoolQueue | None:
         """The queued pool's slots (runsPerNode on each eligible node carrying its taint) and the active
@@ -161,15 +178,18 @@ class QueueView:
         if pool.queue is None:
             return None
         names = self._load.pool_names(pool.name)
-        nodes, pods_by_node = self._stores["Node"].items, self._stores["Pod"].snapshot
+        nodes = self._stores["Node"].items
         taint = pool.taint_for()
         tainted = [n for n in names if n in nodes and any(t.key == taint.key and t.value == taint.value for t in nodes[n].taints)]
-        pods: Counter[str] = Counter()
-        for node in names:
-            for pod in pods_by_node.under("node", node).values():
-                if pod.active and self.is_run_pod(pod.namespace, pod.owners):
-                    pods[pod.namespace] += 1
+        pods = Counter(pod.namespace for pod in self.pool_pods(pool))
         return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
+
+    def pool_pods(self, pool: Pool) -> list[PoolPod]:
+        """The active pods of runs (`is_run_pod`) bound to the pool's eligible nodes: its slots' occupants."""
+        pods_by_node = self._stores["Pod"].snapshot
+        return [PoolPod(pod.namespace, pod.name, pod.uid, pod.created)
+                for node in self._load.pool_names(pool.name) for pod in pods_by_node.under("node", node).values()
+                if pod.active and self.is_run_pod(pod.namespace, pod.owners, pod.name)]
 
     def gated_pods(self) -> list[GatedPod]:
         """The runs' pods waiting for a pool slot (admission gates only those: `is_run_pod`; another pod
@@ -177,7 +197,7 @@ class QueueView:
         O(gated pods)."""
         queued = [p for p in self._policy().pools if p.queue is not None]
         return [GatedPod(pod.namespace, pod.name, pod.uid, pod.created, tuple(p.name for p in queued if tolerates(pod, p)), pod.gates)
-                for pod in self._stores["Pod"].snapshot.under("gated", True).values() if self.is_run_pod(pod.namespace, pod.owners)]
+                for pod in self._stores["Pod"].snapshot.under("gated", True).values() if self.is_run_pod(pod.namespace, pod.owners, pod.name)]
 
     def pod(self, namespace: str, name: str) -> PodState | None:
         pod: PodState | None = self._stores["Pod"].items.get((namespace, name))

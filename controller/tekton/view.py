@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Iterable, Mapping
 
+from controller.compat.core import UNREAD, Limitation, Support, assess
 from controller.tekton.core import TektonObjects
 
 TEKTON_FLAGS = "TektonFeatureFlags"  # the kind passed to subscribers when Tekton's coschedule flag changes
@@ -28,6 +29,11 @@ class TektonView(TektonObjects):
         self.coschedule: str | None = None  # Tekton's feature-flags `coschedule` (None: unknown)
         # The placement fields of Tekton's config-defaults `default-pod-template` (None: none, or unreadable).
         self.default_pod_template: dict[str, Any] | None = None
+        # What this Tekton and API server support (controller.compat): replaced whole, read with no lock.
+        self.support: Support = UNREAD
+        self._pipelines_info: tuple[str | None, str | None] | None = None  # (version, why unreadable) once read
+        self._kubernetes: tuple[Limitation, ...] = ()
+        self.version_read = threading.Event()  # set once pipelines-info was read (or found unreadable)
 
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         """One watch event of a Task, StepAction or Pipeline."""
@@ -49,6 +55,25 @@ class TektonView(TektonObjects):
             self.coschedule = value
         if changed:
             self._notify(TEKTON_FLAGS)
+
+    def set_tekton_version(self, version: str | None, unreadable: str | None = None) -> None:
+        """Tekton's version from its pipelines-info ConfigMap (None: absent; `unreadable`: why it cannot be read)."""
+        with self._write:
+            self._pipelines_info = (version, unreadable)
+            self._assess()
+        self.version_read.set()
+
+    def set_kubernetes_limitations(self, limitations: Iterable[Limitation]) -> None:
+        """What the API server's discovery showed missing (controller.compat.core.kubernetes_limitations)."""
+        with self._write:
+            self._kubernetes = tuple(limitations)
+            self._assess()
+
+    def _assess(self) -> None:
+        if self._pipelines_info is None:  # not read yet: nothing of Tekton's turned off
+            self.support = Support(self._kubernetes)
+        else:
+            self.support = assess(*self._pipelines_info, kubernetes=self._kubernetes)
 
     def set_default_pod_template(self, template: dict[str, Any] | None) -> None:
         """Admission reads it whole (it is replaced, never changed in place)."""

@@ -53,15 +53,17 @@ def test_the_scan_sees_every_way_of_importing(tmp_path: Path) -> None:
     assert _imported_modules(source) == {"devplacer.demo", "controller.core", "importlib", "bench.floor", "tests.kube"}
 
 
-# The command-line contract (scripts outside the repository call these): every option of each command.
+# The command-line contract (scripts outside the repository call these): every option of each command; every
+# command also takes the version choices (issue #29).
+VERSIONS = {"--tekton-version", "--kubernetes-version"}
 CONTRACT = {
-    "build": {"--with"},
-    "up": {"--dir", "--nodes", "--egress-nodes", "--pod-seconds", "--with"},
-    "down": {"--dir"},
-    "status": {"--dir"},
-    "kubeconfig": {"--dir", "--user", "--group", "--out"},
-    "controller": {"--dir", "--policy", "--pools", "--replicas", "--pool-guard"},
-    "demo": {"--dir", "--keep"},
+    "build": {"--with", *VERSIONS},
+    "up": {"--dir", "--nodes", "--egress-nodes", "--pod-seconds", "--with", *VERSIONS},
+    "down": {"--dir", *VERSIONS},
+    "status": {"--dir", *VERSIONS},
+    "kubeconfig": {"--dir", "--user", "--group", "--out", *VERSIONS},
+    "controller": {"--dir", "--policy", "--pools", "--replicas", "--pool-guard", *VERSIONS},
+    "demo": {"--dir", "--keep", *VERSIONS},
 }
 
 

@@ -31,10 +31,12 @@ import requests
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from controller.compat import core as compat
 from controller.pool_guard.core import GUARD_NAME
 from controller.core.model import TAINT_KEY
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from controller.core.run_guard import RUN_GUARD_NAME
+from devcluster import build
 from devcluster.cluster import Cluster
 from devplacer.local_placer import (
     NAMESPACE,
@@ -159,6 +161,16 @@ class Placer:
         record = self.cluster.process(name)
         assert record is not None and record.alive(), f"{name} is not running"
         return record.pid
+
+
+def tekton_version(cluster: Cluster) -> str:
+    """The Tekton version the cluster runs (cluster.json `versions`; a cluster brought up before it was recorded: the pin)."""
+    return (cluster.state().get("versions") or {}).get("tekton") or build.pinned_version(build.COMPONENTS[3])
+
+
+def tekton_holds_taskruns(cluster: Cluster) -> bool:
+    """Has the cluster's Tekton `TaskRunPending` (controller.compat.core.TASKRUN_PENDING_SINCE)?"""
+    return compat.assess(tekton_version(cluster), None).taskrun_pending
 
 
 @dataclass(frozen=True)

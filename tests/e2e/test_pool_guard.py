@@ -6,7 +6,6 @@ when removed by hand."""
 
 from __future__ import annotations
 
-import time
 from typing import Iterator
 
 import pytest
@@ -79,14 +78,13 @@ def test_a_pod_put_on_a_pool_node_by_a_namespace_that_may_not_use_it_is_evicted(
     landed = wait_for(f"pod {TEAM_OTHER}/{name} scheduled onto egress-1",
                       lambda: (p := runs.api.get(pods(TEAM_OTHER, name))) is None or node_of(p) == "egress-1", timeout=20)
     assert landed
-    bound = time.monotonic()
 
     def evicted() -> bool:
         pod = runs.api.get(pods(TEAM_OTHER, name))
         return pod is None or "deletionTimestamp" in pod["metadata"]
 
+    # The stated bound (docs/reliability.md: evicted within 10 s) is the wait's limit; how soon is the report's figure.
     wait_for(f"pod {TEAM_OTHER}/{name} to be evicted", evicted, timeout=EVICTION_SECONDS)
-    assert time.monotonic() - bound <= EVICTION_SECONDS
     wait_for(
         "an IntruderEvicted Event regarding the pod",
         lambda: [e for e in runs.events(TEAM_OTHER, "IntruderEvicted") if e["regarding"]["name"] == name],

@@ -24,8 +24,12 @@ owned by it, uid and all, as Tekton writes it), released onto the full pool: its
 the gate (Tekton copies a TaskRun's labels onto its pod: the label proves nothing; a held PipelineRun
 has no TaskRuns yet). (i) The tenant removes egress-placer's schedulingGate from its own gated pod
 (`edit` may patch pods): refused by the run guard. (j) Bare pods whose controller ownerReference names,
-uid and all, a run of ours (a uid is no secret to its namespace): one still held, or one already running
-on the pool: each such pod is gated (a held run has no pod yet; a TaskRun has one pod at a time).
+uid and all, a run of ours (a uid is no secret to its namespace): one still held (each such pod gated: a held
+run has no pod yet), or one already running on the pool (no pool placement at all: its status, which `edit`
+cannot write, names the pod Tekton made). (k) The fail-open window: the tenant's own pending run released
+while the webhook does not answer starts ungated on the full pool; the leader reports it (Event
+QueueOverCap, egress_placer_queue_over_cap_pods). (l) A review uid and generateName copied from the
+tenant's stored run onto a TaskRun and bare pods move no assumed placement.
 """
 
 from __future__ import annotations
@@ -40,10 +44,11 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from controller.queue.core import PENDING, POOL_SLOT_GATE, QUEUE_ANNOTATION, entry_annotation, format_time, read_entry
+from controller.core.model import REVIEW_ANNOTATION
 from controller.core.run_guard import RUN_GUARD_NAME
 from devcluster.cluster import Cluster
 from tests.e2e.harness import ControllerSpec, Placer, editor, service_account_user
-from tests.e2e.tekton_runs import MATCHING_IMAGE, OTHER_IMAGE, POOL_NODES, TEST_LABEL, Runs, node_of, step, succeeded, taskrun
+from tests.e2e.tekton_runs import MATCHING_IMAGE, OTHER_IMAGE, POOL_NODES, TEST_LABEL, Runs, decision_of, node_of, step, succeeded, taskrun
 from tests.kube import TEKTON, Api, namespaced, pods
 from tests.reliability.suite import TEAM_CDN, TEAM_OTHER
 from tests.reliability.test_webhook_unreachable import dead_webhook_url  # noqa: F401 - a fixture used below
@@ -386,5 +391,86 @@ def test_j_bare_pods_claiming_a_run_of_ours(api: Api, runs: Runs, tenant: Api, f
             "spec": {"containers": [{"name": "step-main", "image": MATCHING_IMAGE}]},
         }
         made.append(runs.create_pod(TEAM_CDN, body, api=tenant))
-    assert all({"name": POOL_SLOT_GATE} in (m["spec"].get("schedulingGates") or []) for m in made), [m["spec"] for m in made]
+    if claimed == "a-running-run":
+        # Its status names the pod Tekton made (status is a subresource: `edit` cannot write it): no other
+        # pod is its pod, so these get no pool placement at all (stripped like any pod) and take no slot.
+        assert run["status"].get("podName") and all(m["metadata"]["name"] != run["status"]["podName"] for m in made)
+        assert not [m["spec"] for m in made if m["spec"].get("schedulingGates") or decision_of(m)], [m["spec"] for m in made]
+        def nodes() -> list[str | None] | None:
+            found = [node_of(api.call("GET", f"{pods(TEAM_CDN)}/{m['metadata']['name']}")) for m in made]
+            return found if all(found) else None
+        bound = wait_for("the bare pods bound", nodes, timeout=60)
+        assert not set(bound) & set(POOL_NODES), bound
+    else:  # a held run has no pod yet: each waits for a slot
+        assert all({"name": POOL_SLOT_GATE} in (m["spec"].get("schedulingGates") or []) for m in made), [m["spec"] for m in made]
     holds_for(f"at most {SLOTS} pool pods", lambda: len(pool_pods(api)) <= SLOTS, seconds=HOLD_SECONDS)
+
+
+# -- the webhook away, and a copied review uid ----------------------------------------------------------
+
+
+@pytest.fixture
+def own_pending_run(runs: Runs, tenant: Api, full_pool: list[str]) -> Iterator[str]:
+    """A run the tenant created pending itself (not ours: no entry), admitted while the webhook answers: its
+    pod template tolerates the pool. Deleted, pod and all, afterwards (the later tests count pool pods)."""
+    name = runs.name("k-own-pending")
+    body = taskrun(name, MATCHING_IMAGE, annotations=LONG_RUN)
+    body["spec"]["status"] = PENDING["TaskRun"]
+    made = runs.create(TEAM_CDN, "taskruns", body, api=tenant)
+    assert decision_of(made).get("pool") == "overseas" and QUEUE_ANNOTATION not in made["metadata"]["annotations"]
+    yield name
+    runs.api.delete(run_path(TEAM_CDN, name))
+    runs.api.delete(pods(TEAM_CDN), labelSelector=f"tekton.dev/taskRun={name}", gracePeriodSeconds=0)
+    wait_for(f"the pod of {name} gone", lambda: name not in runs.pods_by_taskrun(TEAM_CDN), timeout=60)
+
+
+def test_k_a_released_runs_pod_made_while_the_webhook_is_unreachable(
+    api: Api, runs: Runs, tenant: Api, egress_placer: Placer, full_pool: list[str], own_pending_run: str, dead_webhook_url: str
+) -> None:
+    """The fail-open window: the tenant releases its own pending run while the webhook does not answer
+    (failurePolicy Ignore). Tekton's pod of it is not gated, and its TaskRun's pod template (admission's, at
+    CREATE) already tolerates the pool: it starts on the full pool, a 4th pod on 3 slots. No admission
+    policy can tell it from a run the queue released (a policy sees no webhook's answer), so the leader
+    reports it: a Warning Event QueueOverCap on the pod, and egress_placer_queue_over_cap_pods{pool} 1.
+    Before: nothing showed it (the pod ran unseen)."""
+    name = own_pending_run
+    tenant.json_patch(run_path(TEAM_CDN, name), [{"op": "remove", "path": "/spec/status"}])  # allowed: no entry of ours
+
+    def escaped() -> dict[str, Any] | None:
+        pod = runs.pods_by_taskrun(TEAM_CDN).get(name)
+        return pod if node_of(pod) in POOL_NODES else None
+    pod = wait_for(f"the pod of {name} on the pool", escaped, timeout=60)
+    assert not pod["spec"].get("schedulingGates"), pod["spec"]  # no webhook answered: not gated
+    pod_name = pod["metadata"]["name"]
+    reported = wait_for(f"a QueueOverCap Event on {pod_name}", lambda: [
+        e for e in runs.events(TEAM_CDN, "QueueOverCap") if (e.get("regarding") or {}).get("name") == pod_name] or None, timeout=30)
+    assert reported[0]["type"] == "Warning" and "beyond its 3 slot(s)" in reported[0]["note"], reported[0]
+    wait_for("queue_over_cap_pods 1", lambda: egress_placer.metric("egress_placer_queue_over_cap_pods", {"pool": "overseas"}) == 1,
+             timeout=30)
+
+
+def test_l_a_copied_review_uid_and_generate_name(api: Api, runs: Runs, tenant: Api, egress_placer: Placer, full_pool: list[str]) -> None:
+    """Admission assumes a run created with generateName under generateName + its review's uid (no name yet);
+    the stored run naming that uid settles it. The tenant copies the uid and the generateName of its own
+    stored run onto a TaskRun (admission writes its own review uid over it) and onto bare pods (stored as
+    forged): the pool's assumed placements stay where they were. The copy comes after the real run in every
+    watch (the uid shows only once the run is stored), so it finds nothing left to settle; this held before
+    the #23 changes too (tests/unit/test_shared_load.py has the replica's view of it)."""
+    prefix = runs.name("l-gen") + "-"
+    body = taskrun("unused", MATCHING_IMAGE)
+    body["metadata"].pop("name")
+    body["metadata"]["generateName"] = prefix
+    real = runs.create(TEAM_CDN, "taskruns", body, api=tenant)
+    review = real["metadata"]["annotations"][REVIEW_ANNOTATION]
+    before = egress_placer.metric("egress_placer_pool_node_load", {"pool": "overseas", "state": "assumed"})
+    copy = json.loads(json.dumps(body))
+    copy["metadata"]["annotations"] = {REVIEW_ANNOTATION: review}
+    stored = runs.create(TEAM_CDN, "taskruns", copy, api=tenant)
+    assert stored["metadata"]["annotations"][REVIEW_ANNOTATION] != review  # admission's own uid, not the copy
+    for _ in range(2):
+        made = runs.create_pod(TEAM_CDN, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": prefix, "annotations": {REVIEW_ANNOTATION: review, **LONG_RUN}},
+            "spec": {"containers": [{"name": "main", "image": OTHER_IMAGE}]}}, api=tenant)
+        assert made["metadata"]["annotations"][REVIEW_ANNOTATION] == review  # a bare pod keeps it
+    holds_for("the pool's assumed placements unchanged", lambda: egress_placer.metric(
+        "egress_placer_pool_node_load", {"pool": "overseas", "state": "assumed"}) == before, seconds=HOLD_SECONDS)

@@ -74,7 +74,7 @@ OWN_NAMESPACE = (
     | rules([""], ["configmaps"], ["create"])
 )
 # k8s/rbac-tekton.yaml: Tekton's feature flags (the affinity assistant's coschedule mode) and defaults.
-TEKTON = rules([""], ["configmaps"], READ, ["feature-flags", "config-defaults"])
+TEKTON = rules([""], ["configmaps"], READ, ["feature-flags", "config-defaults", "pipelines-info"])
 # k8s/rbac-tekton.yaml: Tekton's cluster resolver rules (which namespaces `resolver: cluster` may read).
 RESOLVERS = rules([""], ["configmaps"], READ, ["cluster-resolver-config", "resolvers-feature-flags"])
 # k8s/rbac-agents.yaml: patch node agents' templates, where their owner opted in, in kube-system only.

@@ -94,11 +94,13 @@ class Env:
             "status": {"phase": "Running"},
         })
 
-    def add_taskrun(self, namespace: str, name: str, uid: str, *, decided: bool = True) -> None:
-        """A TaskRun in the cache (admitted with our decision, unless `decided` is False)."""
+    def add_taskrun(self, namespace: str, name: str, uid: str, *, decided: bool = True, pod_name: str = "") -> None:
+        """A TaskRun in the cache (admitted with our decision, unless `decided` is False; `pod_name`: the
+        status.podName Tekton wrote, "" for none yet)."""
         annotations = {DECISION_ANNOTATION: "{}"} if decided else {}
+        status = {"status": {"podName": pod_name}} if pod_name else {}
         self.state.apply("TaskRun", "ADDED", {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": {
-            "namespace": namespace, "name": name, "uid": uid, "annotations": annotations}})
+            "namespace": namespace, "name": name, "uid": uid, "annotations": annotations}, **status})
 
     def review(self, obj: dict, *, operation: str = "CREATE", dry_run: bool = False, owner_cached: bool = True) -> tuple[dict, dict, list[dict]]:
         """(response, patched object, patch) for admitting `obj`. A Tekton pod's TaskRun owner is put in

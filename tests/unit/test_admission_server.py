@@ -4,8 +4,10 @@ and EgressPools to /validate;
 bad JSON, wrong shapes and oversized bodies are refused; /healthz, /readyz (503 until ready, with the
 reason) and /metrics answer on the plain port; a certificate rotation by the keeper is presented on
 the next handshake without restarting the server; stop() closes both ports; the worst reviews a tenant
-can send (bench/hostile.py) are answered unresolved within the webhook timeout, and while large reviews
-are in flight /healthz and ordinary reviews are answered faster than any of them."""
+can send (bench/hostile.py) are answered unresolved (the caps stopped the work), and while large reviews
+are in flight /healthz and ordinary reviews are answered. Nothing here asserts a duration: what the
+answers cost is bench.hostile's and bench.admission's figure; these tests check the order of events
+(answered while a large review is still held, refused before any slot holder's read times out)."""
 
 from __future__ import annotations
 
@@ -317,8 +319,9 @@ def _der(pem: bytes) -> bytes:
 
 # -- the worst reviews a tenant can send -------------------------------------------------------------
 
-WEBHOOK_TIMEOUT_SECONDS = 3.0  # the webhook's timeoutSeconds (k8s/webhook.yaml): a later answer is lost
-PROBE_TIMEOUT_SECONDS = 2.0  # the probes' timeoutSeconds (k8s/deployment.yaml)
+# The most any API server waits for a webhook (timeoutSeconds' maximum): an answer later than this is lost
+# whatever the webhook's configuration. Only a hang guard: how fast the answers come is bench.hostile's figure.
+API_SERVER_MAX_WAIT_SECONDS = 30
 
 
 def hostile_reviews() -> dict[str, bytes]:
@@ -345,26 +348,58 @@ def decisions(answer: requests.Response) -> list[dict[str, Any]]:
     return records
 
 
-def test_the_worst_reviews_are_answered_unresolved_within_the_webhook_timeout(running: Running) -> None:
+def test_the_worst_reviews_are_answered_unresolved(running: Running) -> None:
+    """Each is answered (allowed, never a 500 or a stall) and the caps stopped discovery ("unresolved").
+    The work each cap bounds is checked in tests/unit/test_images_bounds.py; the seconds and memory an
+    answer costs are bench.hostile's figures."""
     for name, body in hostile_reviews().items():
-        started = time.monotonic()
         answer = requests.post(running.webhook + "/mutate", data=body, headers={"Content-Type": "application/json"},
-                               verify=running.ca_file, timeout=30)
-        seconds = time.monotonic() - started
+                               verify=running.ca_file, timeout=API_SERVER_MAX_WAIT_SECONDS)
         assert answer.status_code == 200 and answer.json()["response"]["allowed"] is True, name
         [record] = decisions(answer)
         reasons = {task["reason"] for task in record["tasks"].values()} if "tasks" in record else {record["reason"]}
         assert "unresolved" in reasons, (name, record)  # past a cap: placed at Pod CREATE instead
-        assert seconds < WEBHOOK_TIMEOUT_SECONDS, (name, seconds)
+
+
+def test_health_and_ordinary_reviews_are_answered_while_a_large_review_is_held(running: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large review is held where it is answered (until the test lets it go): meanwhile /healthz and an
+    ordinary review are answered, so neither waits for it. Were large reviews answered on the event loop,
+    the held one would stop the loop and neither would be answered."""
+    entered, let_go = threading.Event(), threading.Event()
+    answer_body = running.server._answer
+
+    def held(raw: bytes | bytearray, *args: Any) -> Any:
+        if len(raw) > server_module.INLINE_REVIEW_BYTES:
+            entered.set()
+            let_go.wait(API_SERVER_MAX_WAIT_SECONDS)
+        return answer_body(raw, *args)
+
+    monkeypatch.setattr(running.server, "_answer", held)
+    large: list[requests.Response] = []
+    body = json.dumps(review(copy.deepcopy(KANIKO_RUN) | {"x": "y" * 100_000})).encode()
+    sender = threading.Thread(target=lambda: large.append(requests.post(
+        running.webhook + "/mutate", data=body, verify=running.ca_file, timeout=API_SERVER_MAX_WAIT_SECONDS)))
+    sender.start()
+    try:
+        assert entered.wait(API_SERVER_MAX_WAIT_SECONDS), "the large review never reached its answering"
+        assert requests.get(running.health + "/healthz", timeout=10).status_code == 200
+        answer = requests.post(running.webhook + "/mutate", json=review(copy.deepcopy(KANIKO_RUN)), verify=running.ca_file, timeout=10)
+        assert answer.status_code == 200 and decisions(answer)[0]["reason"] == "image-match"
+        assert not large and not let_go.is_set()  # the large review was in flight all along
+    finally:
+        let_go.set()
+        sender.join()
+    assert large[0].status_code == 200
 
 
 def test_health_and_ordinary_reviews_are_not_queued_behind_large_reviews(running: Running) -> None:
     """Large reviews in flight all along (three clients, each sending the largest bodies in turn);
-    meanwhile /healthz and ordinary reviews are answered, and faster than any large review."""
+    meanwhile /healthz and ordinary reviews are answered, many of them inside a large review's span.
+    Order of events only (the client's clock orders the spans); their latency is bench.admission's figure."""
     bodies = [body for name, body in hostile_reviews().items() if name in hostile.LARGEST]
     large: list[tuple[float, float]] = []  # (start, end) of each large review
     ordinary: list[tuple[float, float]] = []
-    health: list[float] = []
+    health: list[tuple[float, float]] = []
 
     def send_large() -> None:
         with requests.Session() as session:
@@ -382,7 +417,7 @@ def test_health_and_ordinary_reviews_are_not_queued_behind_large_reviews(running
         while any(sender.is_alive() for sender in senders):
             started = time.monotonic()
             assert session.get(running.health + "/healthz", timeout=10).status_code == 200
-            health.append(time.monotonic() - started)
+            health.append((started, time.monotonic()))
             started = time.monotonic()
             answer = session.post(running.webhook + "/mutate", json=review(copy.deepcopy(KANIKO_RUN)), verify=running.ca_file, timeout=10)
             assert answer.status_code == 200 and decisions(answer)[0]["reason"] == "image-match"
@@ -392,10 +427,9 @@ def test_health_and_ordinary_reviews_are_not_queued_behind_large_reviews(running
     assert len(large) == 3 * len(bodies) * 2
     # Not queued: ordinary reviews began AND ended while a large review was in flight. Answered inline,
     # each would wait for the large one to finish first, so none could end inside its span.
-    during = [(s, e) for s, e in ordinary if any(ls < s and e < le for ls, le in large)]
-    assert len(during) >= 5, (len(during), len(ordinary))
-    slowest_ordinary = max(e - s for s, e in ordinary)
-    assert slowest_ordinary < WEBHOOK_TIMEOUT_SECONDS and max(health) < PROBE_TIMEOUT_SECONDS
+    for what, spans in (("ordinary", ordinary), ("health", health)):
+        during = [(s, e) for s, e in spans if any(ls < s and e < le for ls, le in large)]
+        assert len(during) >= 5, (what, len(during), len(spans))
 
 
 # -- admission slots: a flood costs a bounded amount, and is turned away unread ----------------------
@@ -447,24 +481,32 @@ def test_ordinary_reviews_past_their_slots_are_turned_away_unread(running: Runni
             conn.close()
 
 
-def test_large_reviews_past_their_slots_and_queue_are_turned_away(running: Running) -> None:
-    """LARGE_SLOTS stalled large bodies hold every large slot; LARGE_QUEUE more wait; the next is refused at
-    once (large-busy); the holders get 408 after LARGE_WAIT_SECONDS and the waiters 503 (large-waited) after
-    the same time. Meanwhile ordinary reviews and /healthz are answered at once."""
+def test_large_reviews_past_their_slots_and_queue_are_turned_away(running: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LARGE_SLOTS stalled large bodies hold every large slot; LARGE_QUEUE more wait; the next is refused
+    (large-busy) before any holder's read times out, and ordinary reviews and /healthz are answered before
+    then too; the holders get 408 after LARGE_WAIT_SECONDS and the waiters 503 (large-waited) after the
+    same time. The wait is lengthened here so that a loaded machine cannot reorder these events: the
+    order is the contract, how fast the refusal comes is bench.admission's figure."""
+    monkeypatch.setattr(server_module, "LARGE_WAIT_SECONDS", 5.0)
     length = 1024 * 1024
     holders = [stalled(running, length) for _ in range(server_module.LARGE_SLOTS)]
     wait_for("every large slot taken", lambda: running.server._large.full, timeout=10, interval=0.01)
     waiters = [stalled(running, length) for _ in range(server_module.LARGE_QUEUE)]
+
+    def nothing_timed_out_yet() -> bool:
+        """No holder's read has timed out (its slot would have gone to a waiter, leaving the queue) nor any wait."""
+        return (running.server._large.in_use, running.server._large.waiting, turned_away(running, server_module.LARGE_WAITED)) == (
+            server_module.LARGE_SLOTS, server_module.LARGE_QUEUE, 0)
+
     try:
         wait_for("the large queue full", lambda: running.server._large.waiting == server_module.LARGE_QUEUE, timeout=10, interval=0.01)
-        started = time.monotonic()
         over = stalled(running, length)
-        assert status_of(over) == 503 and time.monotonic() - started < 1.0
+        assert status_of(over) == 503 and turned_away(running, server_module.LARGE_BUSY) == 1
         over.close()
-        started = time.monotonic()
+        assert nothing_timed_out_yet()  # refused outright, not queued until a wait ran out
         answer = requests.post(running.webhook + "/mutate", json=review(copy.deepcopy(KANIKO_RUN)), verify=running.ca_file, timeout=10)
-        assert answer.status_code == 200 and requests.get(running.health + "/healthz", timeout=2).status_code == 200
-        assert time.monotonic() - started < 1.0
+        assert answer.status_code == 200 and requests.get(running.health + "/healthz", timeout=10).status_code == 200
+        assert nothing_timed_out_yet()  # answered while every large slot and the whole queue were still taken
         assert [status_of(conn) for conn in holders] == [408] * server_module.LARGE_SLOTS
         # The holders' slots free when their read times out, as the first waiters' wait nears its end: those
         # few may take a slot (and time out reading, 408); the others are turned away.
@@ -485,3 +527,21 @@ def test_connections_are_recycled_as_the_settings_say(running: Running) -> None:
     assert (running.server.limits.max_requests, running.server.limits.max_seconds) == (
         settings.webhook_connection_max_requests, settings.webhook_connection_max_seconds) == (200, 3.0)
     assert running.server.limits.max_body == MAX_REVIEW_BYTES
+
+
+def test_convert_answers_a_conversion_review_before_the_caches_have_synced(running: Running) -> None:
+    """/convert needs no cache: with every replica down and objects stored as v1alpha1, the informers'
+    first list of v1beta1 goes through it (docs/pools-api.md, "v1beta1")."""
+    assert requests.get(running.health + "/readyz", timeout=10).status_code == 503  # not synced
+    pool = {"apiVersion": "egress-placer.io/v1alpha1", "kind": "EgressPool", "metadata": {"name": "overseas"},
+            "spec": {"priority": 10, "capacity": 2, "nodes": ["egress-1"]}}
+    body = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "ConversionReview",
+            "request": {"uid": "c-1", "desiredAPIVersion": "egress-placer.io/v1beta1", "objects": [pool]}}
+    answer = requests.post(running.webhook + "/convert", json=body, verify=running.ca_file, timeout=10)
+    assert answer.status_code == 200
+    response = answer.json()["response"]
+    assert (response["uid"], response["result"]) == ("c-1", {"status": "Success"})
+    assert response["convertedObjects"] == [{**pool, "apiVersion": "egress-placer.io/v1beta1",
+                                             "spec": {"priority": 999_990, "loadCapacityPerNode": 2, "nodes": ["egress-1"]}}]
+    assert requests.post(running.webhook + "/convert", json={"kind": "ConversionReview"}, verify=running.ca_file, timeout=10).status_code == 400
+    assert requests.get(running.webhook + "/convert", verify=running.ca_file, timeout=10).status_code == 405

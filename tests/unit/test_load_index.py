@@ -27,7 +27,7 @@ from bench.oracles import choose_node, eligible_nodes
 from controller.load.core import load_rank, spread_index
 from controller.core.egress import EgressLoad, Measurement, egress_ratio, measured_ratio
 from controller.load.index import PoolLoads
-from controller.core.model import NodeLoad, NodeState
+from controller.core.model import DECISION_ANNOTATION, NodeLoad, NodeState
 from controller.core.policy import load_policy
 from controller.load.view import LOADS_SHOWN
 from controller.state import ClusterState
@@ -345,10 +345,11 @@ class Model:
 
     def seen(self, pod: dict[str, Any]) -> None:
         """A pod seen replaces its own assumption (it has no decision record: it counts only once bound)
-        and its TaskRun's."""
+        and, when it is the TaskRun's pod (owned by it, by uid), its TaskRun's."""
         key = f"pod/ci/pod-{pod['name']}"
         self.assumed.pop(key, None)
-        self.assumed.pop(f"taskrun/ci/run-{pod['run']}", None)
+        if not pod["daemonset"]:
+            self.assumed.pop(f"taskrun/ci/run-{pod['run']}", None)
         if pod["node"] or pod["deleting"] or pod["phase"] not in ("Pending", "Running"):
             self.stored.pop(key, None)
         elif key not in self.stored or self.now - self.stored[key] > TTL:
@@ -372,6 +373,9 @@ def pod_object(pod: dict[str, Any]) -> dict[str, Any]:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     if pod["daemonset"]:
         meta["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "u-1"}]
+    else:  # a TaskRun's pod: owned by it, by uid (its label alone settles nothing)
+        meta["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": f"run-{pod['run']}",
+                                    "uid": f"uid-run-{pod['run']}", "controller": True}]
     return {"metadata": meta, "spec": {"nodeName": pod["node"]} if pod["node"] else {}, "status": {"phase": pod["phase"]}}
 
 
@@ -391,6 +395,10 @@ def test_the_index_chooses_what_a_full_scan_of_the_same_facts_chooses(capacity, 
     )
     first = [{"op": "node", "name": n, "in_pool": True, "ready": True, "cordoned": False, "pods": pods}
              for n, pods in zip(NODES, allocatable, strict=True)]
+    for run in range(8):  # the TaskRuns the pods belong to, in the cache (finished: their own records count nothing)
+        state.apply("TaskRun", "ADDED", {"metadata": {"namespace": "ci", "name": f"run-{run}", "uid": f"uid-run-{run}",
+                                                      "annotations": {DECISION_ANNOTATION: "{}"}},
+                                         "status": {"conditions": [{"type": "Succeeded", "status": "True"}]}})
     for number, step in enumerate(first + steps):
         op = step["op"]
         if op == "node":

@@ -92,7 +92,7 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     # controller/budgets/reconcile.py: the egress budgets' window starts (the leader writes, every replica reads at start)
     *{(NAMESPACE, "", "configmaps", v, STARTS_CONFIGMAP) for v in ("get", "update")},
     (NAMESPACE, "", "configmaps", "create", ANY),
-    *{(TEKTON_NS, "", "configmaps", v, n) for v in ("get", "list", "watch") for n in ("feature-flags", "config-defaults")},
+    *{(TEKTON_NS, "", "configmaps", v, n) for v in ("get", "list", "watch") for n in ("feature-flags", "config-defaults", "pipelines-info")},
     # Tekton's cluster resolver rules (docs/security.md, "Cluster resolver rules")
     *{(RESOLVERS_NS, "", "configmaps", v, n) for v in ("get", "list", "watch")
       for n in ("cluster-resolver-config", "resolvers-feature-flags")},

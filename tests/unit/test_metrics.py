@@ -47,6 +47,7 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...]]] = {
     "egress_placer_queue_admitted_total": ("counter", ("pool",)),
     "egress_placer_queue_length": ("gauge", ("pool",)),
     "egress_placer_queue_slots": ("gauge", ("pool", "state")),
+    "egress_placer_queue_over_cap_pods": ("gauge", ("pool",)),
     "egress_placer_queue_releases_total": ("counter", ("pool", "reason")),
     "egress_placer_queue_wait_seconds": ("histogram", ("pool",)),
     "egress_placer_queue_overdue_runs": ("gauge", ("pool",)),

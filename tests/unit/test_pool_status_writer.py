@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from controller.core.images import TASKRUN_LABEL
-from controller.core.model import Taint
+from controller.core.model import DECISION_ANNOTATION, Taint
 from controller.pool_status.core import PoolObject
 from controller.core.pools import policy_from_objects
 from controller.metrics import Metrics
@@ -43,18 +43,21 @@ def node(name: str, pool: bool = True, taints: Sequence[Taint] = ()) -> dict[str
     }
 
 
-def run_pod(name: str, node_name: str | None, created: float, *, taskrun: bool = True) -> dict[str, Any]:
-    return {
-        "metadata": {
-            "namespace": "team-cdn",
-            "name": name,
-            "uid": f"uid-{name}",
-            "creationTimestamp": rfc3339(created),
-            "labels": {TASKRUN_LABEL: name} if taskrun else {},
-        },
-        "spec": {"nodeName": node_name},
-        "status": {"phase": "Running"},
-    }
+def run_pod(name: str, node_name: str | None, created: float, *, taskrun: bool = True, owner: str | None = None) -> dict[str, Any]:
+    """A pod labelled as a TaskRun's; `taskrun`: owned by it too, by uid (`owner`: the uid it claims)."""
+    meta: dict[str, Any] = {"namespace": "team-cdn", "name": name, "uid": f"uid-{name}", "creationTimestamp": rfc3339(created),
+                            "labels": {TASKRUN_LABEL: name}}
+    if taskrun:
+        meta["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": name, "uid": owner or f"run-uid-{name}",
+                                    "controller": True}]
+    return {"metadata": meta, "spec": {"nodeName": node_name}, "status": {"phase": "Running"}}
+
+
+def cached_taskrun(state: ClusterState, name: str, *, pod_name: str = "") -> None:
+    """The TaskRun `name` as the informer has it: admitted with our decision (status.podName `pod_name`)."""
+    state.apply("TaskRun", "ADDED", {"kind": "TaskRun", "metadata": {"namespace": "team-cdn", "name": name, "uid": f"run-uid-{name}",
+                                                                    "annotations": {DECISION_ANNOTATION: "{}"}},
+                                     "status": {"podName": pod_name} if pod_name else {}})
 
 
 class Objects:
@@ -153,12 +156,17 @@ def test_a_refused_set_shows_in_every_pool():
 
 def test_the_runs_placed_are_counted_once_from_list_and_watch():
     clock, state, writer, placements, _, reconcile = setup(PoolObject("overseas", 1, {}), nodes=[node("e1"), node("plain", pool=False)])
+    for name in ("a", "old", "b", "c", "d", "forged", "squat"):
+        cached_taskrun(state, name, pod_name="the-real-pod" if name == "squat" else "")
     placements.replace("Pod", [run_pod("a", "e1", NOW - 100), run_pod("old", "e1", NOW - 4000)])
     placements.apply("Pod", "ADDED", run_pod("b", None, NOW - 5))  # not bound yet
     placements.apply("Pod", "MODIFIED", run_pod("b", "e1", NOW - 5))
     placements.apply("Pod", "MODIFIED", run_pod("b", "e1", NOW - 5))  # seen again: once
     placements.apply("Pod", "ADDED", run_pod("c", "plain", NOW - 5))  # not a pool node
-    placements.apply("Pod", "ADDED", run_pod("d", "e1", NOW - 5, taskrun=False))  # not a run's
+    placements.apply("Pod", "ADDED", run_pod("d", "e1", NOW - 5, taskrun=False))  # labelled, owned by nothing: not a run's
+    placements.apply("Pod", "ADDED", run_pod("forged", "e1", NOW - 5, owner="made-up"))  # a made-up owner uid: not a run's
+    placements.apply("Pod", "ADDED", run_pod("squat", "e1", NOW - 5))  # its run's status names another pod: not its
+    placements.apply("Pod", "ADDED", run_pod("unknown", "e1", NOW - 5))  # no such TaskRun: not a run's
     placements.apply("Pod", "DELETED", run_pod("a", "e1", NOW - 100))  # deleted: it was placed all the same
     reconcile()
     assert writer.writes[-1][1]["runsPlacedLastHour"] == 2

@@ -110,7 +110,7 @@ BAD_OBJECTS = [
     ([config(), config()], "EgressPlacerConfig cluster: metadata.name: EgressPlacerConfig cluster is given twice"),
     ([config(pools=[])], "EgressPlacerConfig cluster: spec.pools: Extra inputs are not permitted"),
     ([config(patchExistingAgents=["monitoring"])], "EgressPlacerConfig cluster: spec.patchExistingAgents[0]: 'monitoring' is not an agent namespace"),
-    ([{**pool("a"), "apiVersion": "v1"}], "EgressPool a: apiVersion: expected egress-placer.io/v1alpha1, got 'v1'"),
+    ([{**pool("a"), "apiVersion": "v1"}], "EgressPool a: apiVersion: expected egress-placer.io/v1alpha1 or egress-placer.io/v1beta1, got 'v1'"),
     ([{**pool("a"), "kind": "PlacementPolicy"}], "PlacementPolicy a: kind: expected EgressPool or EgressPlacerConfig"),
     ([{**pool("a"), "metadata": {}}], "EgressPool (no name): metadata.name: Field required"),
     ([{**pool("a"), "spec": ["x"]}], "EgressPool a: spec: expected a mapping, got list"),

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from controller.core.policy import load_policy
 from controller.queue.core import (
+    PoolPod,
+    over_cap,
     QUEUE_ANNOTATION,
     GatedPod,
     PoolQueue,
@@ -290,3 +292,21 @@ def _gated(name: str, created: str, *pools: str) -> GatedPod:
 )
 def test_ungate(free: dict[str, int], pods: list[tuple[str, str, tuple[str, ...]]], expected: list[str]) -> None:
     assert [p.name for p in ungate(free, [_gated(n, c, *ps) for n, c, ps in pods])] == expected
+
+
+def _pool_pod(name: str, created: str) -> PoolPod:
+    return PoolPod("team-ci", name, f"uid-{name}", created)
+
+
+@pytest.mark.parametrize(
+    "pods, slots, expected",
+    [
+        pytest.param([("a", "t1"), ("b", "t2")], 3, [], id="under-the-cap"),
+        pytest.param([("a", "t1"), ("b", "t2"), ("c", "t3")], 3, [], id="at-the-cap"),
+        pytest.param([("a", "t1"), ("late", "t9"), ("b", "t2"), ("c", "t3")], 3, ["late"], id="one-came-in-past-the-cap"),
+        pytest.param([("a", "t1"), ("b", "t2")], 0, ["b", "a"], id="the-pool-lost-its-nodes"),
+        pytest.param([("b", "t1"), ("a", "t1")], 1, ["b"], id="same-time-by-name"),
+    ],
+)
+def test_run_pods_over_the_cap_are_the_newest(pods: list[tuple[str, str]], slots: int, expected: list[str]) -> None:
+    assert [p.name for p in over_cap([_pool_pod(*p) for p in pods], slots)] == expected

@@ -464,3 +464,32 @@ def test_a_gated_pod_of_no_run_is_left_alone() -> None:
                                       "spec": {"schedulingGates": [{"name": POOL_SLOT_GATE}]}, "status": {"phase": "Pending"}})
     QueueReconciler(env.state, gates, RecordingSink(), env.metrics, clock=lambda: env.now)()
     assert gates.ungated == []
+
+
+def test_run_pods_over_a_pools_cap_are_reported_once_each() -> None:
+    """The fail-open window (#23): while the webhook does not answer, the pod of a run its owner released is
+    not gated, and its TaskRun's pod template already tolerates the pool: it starts on a full pool. The
+    leader sees the pool's run pods beyond its slots: a Warning Event on each (once), and a gauge."""
+    env = queued_env()
+    sink = RecordingSink()
+    reconciler = QueueReconciler(env.state, FakeGates(env), sink, env.metrics, clock=lambda: env.now)
+    for i, node in enumerate(["egress-1", "egress-2", "egress-3"]):
+        run_pod(env, f"slot-{i}", node=node)
+    reconciler()
+    assert [s for s in sink.sent if s[2] == "QueueOverCap"] == []
+    env.state.apply("Pod", "ADDED", {
+        "metadata": {"namespace": "team-ci", "name": "escaped", "uid": "uid-escaped", "creationTimestamp": "2026-01-01T00:01:00Z",
+                     "ownerReferences": [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": "tr-escaped",
+                                          "uid": "uid-tr-escaped", "controller": True}]},
+        "spec": {"nodeName": "egress-1"}, "status": {"phase": "Running"}})
+    reconciler()  # its TaskRun not cached yet: no run's pod (the next pass sees it)
+    env.add_taskrun("team-ci", "tr-escaped", "uid-tr-escaped")
+    reconciler()
+    reconciler()
+    over = [(s[0]["kind"], s[0]["name"]) for s in sink.sent if s[2] == "QueueOverCap"]
+    assert over == [("Pod", "escaped")]
+    text = generate_latest(env.metrics.registry).decode()
+    assert 'egress_placer_queue_over_cap_pods{pool="egress"} 1.0' in text
+    env.state.apply("Pod", "DELETED", {"metadata": {"namespace": "team-ci", "name": "escaped"}, "spec": {"nodeName": "egress-1"}})
+    reconciler()
+    assert 'egress_placer_queue_over_cap_pods{pool="egress"} 0.0' in generate_latest(env.metrics.registry).decode()

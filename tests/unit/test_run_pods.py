@@ -53,18 +53,53 @@ def test_the_taskrun_a_pod_claims(owners: tuple[OwnerRef, ...], claimed: OwnerRe
 
 
 @pytest.mark.parametrize(
-    "owner, uid, decided, expected",
+    "owner, uid, decided, pod_name, run_pod_name, expected",
     [
-        pytest.param(TEKTON, "uid-build-1", True, True, id="resolved-and-decided"),
-        pytest.param(TEKTON, "uid-build-1", False, False, id="admitted-without-our-decision"),
-        pytest.param(TEKTON, "uid-other", True, False, id="a-made-up-or-copied-uid"),
-        pytest.param(TEKTON, None, True, False, id="no-such-taskrun"),
-        pytest.param(TEKTON, "", True, False, id="no-uid-known"),
-        pytest.param(None, "uid-build-1", True, False, id="no-claim"),
+        pytest.param(TEKTON, "uid-build-1", True, "build-1-pod", "", True, id="resolved-and-decided-pod-not-named-yet"),
+        pytest.param(TEKTON, "uid-build-1", True, "build-1-pod", "build-1-pod", True, id="the-pod-its-status-names"),
+        pytest.param(TEKTON, "uid-build-1", True, "build-1-pod-retry1", "build-1-pod-retry1", True, id="a-retry's-pod"),
+        pytest.param(TEKTON, "uid-build-1", True, "squat", "build-1-pod", False, id="another-pod-claiming-a-run-with-its-pod"),
+        pytest.param(TEKTON, "uid-build-1", True, "", "build-1-pod", False, id="a-generated-name-claiming-a-run-with-its-pod"),
+        pytest.param(TEKTON, "uid-build-1", False, "build-1-pod", "", False, id="admitted-without-our-decision"),
+        pytest.param(TEKTON, "uid-other", True, "build-1-pod", "build-1-pod", False, id="a-made-up-or-copied-uid"),
+        pytest.param(TEKTON, None, True, "build-1-pod", "", False, id="no-such-taskrun"),
+        pytest.param(TEKTON, "", True, "build-1-pod", "", False, id="no-uid-known"),
+        pytest.param(None, "uid-build-1", True, "build-1-pod", "build-1-pod", False, id="no-claim"),
     ],
 )
-def test_a_pod_is_a_runs_pod_only_when_its_claim_resolves(owner: OwnerRef | None, uid: str | None, decided: bool, expected: bool) -> None:
-    assert is_run_pod(owner, uid, decided) is expected
+def test_a_pod_is_a_runs_pod_only_when_its_claim_resolves(
+    owner: OwnerRef | None, uid: str | None, decided: bool, pod_name: str, run_pod_name: str, expected: bool
+) -> None:
+    """Owner uid, our decision, and the name Tekton's controller wrote in the run's status (a subresource
+    `edit` cannot write, dropped at CREATE) once it wrote one."""
+    assert is_run_pod(owner, uid, decided, pod_name, run_pod_name) is expected
+
+
+def test_a_pod_claiming_a_run_whose_status_names_another_pod_gets_no_pool() -> None:
+    env = Env()
+    env.add_taskrun("team-ci", "build-1", "uid-build-1", pod_name="build-1-pod")
+    squat = tekton_pod(name="build-1-squat")
+    squat["spec"]["tolerations"] = [EGRESS_TOLERATION]
+    _, patched, _ = env.review(squat)
+    assert not _placed(patched) and DECISION_ANNOTATION not in (patched["metadata"].get("annotations") or {})
+    _, patched, _ = env.review(tekton_pod())  # the pod Tekton made again, named as before
+    assert _placed(patched)
+
+
+@pytest.mark.parametrize("status, placed", [({}, True), ({"podName": "build-1-pod"}, False)],
+                         ids=["a-retry-the-cache-lags-behind", "another-pod-named-in-the-read-too"])
+def test_a_cache_naming_another_pod_is_read_again(status: dict, placed: bool) -> None:
+    """Tekton clears status.podName before a retry's pod: a cache still naming the old pod is read again
+    (bounded, as for an uncached TaskRun), so a real retry's pod keeps its placement and a squat gets none."""
+    env = Env()
+    env.add_taskrun("team-ci", "build-1", "uid-build-1", pod_name="build-1-pod")
+    reads = _reading(env, {**copy.deepcopy(TASKRUN), "status": status})
+    retry = tekton_pod(name="build-1-pod-retry1")
+    with pytest.raises(OwnerReadNeeded):
+        env.review(retry)
+    owner = env.admission.read_owner("team-ci", "build-1")
+    assert reads == [("team-ci", "build-1")]
+    assert _placed(_apply(copy.deepcopy(retry), env.admission.review(_review_body(retry), owner))) is placed
 
 
 def _placed(patched: dict) -> bool:
@@ -181,13 +216,15 @@ def test_pool_slots_count_only_runs_pods() -> None:
         "forged-uid": ("build-1", "made-up"),
         "no-owner": None,
     }
-    env.add_taskrun("team-ci", "build-1", "uid-build-1")
+    env.add_taskrun("team-ci", "build-1", "uid-build-1", pod_name="real")
+    pods["a-second-pod-with-the-uid"] = ("build-1", "uid-build-1")
     for name, owner in pods.items():
         meta: dict[str, Any] = {"namespace": "team-ci", "name": name, "labels": {"tekton.dev/taskRun": "build-1"}}
         if owner:
             meta["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": owner[0], "uid": owner[1], "controller": True}]
         env.state.apply("Pod", "ADDED", {"metadata": meta, "spec": {"nodeName": node}, "status": {"phase": "Running"}})
-    assert env.state.queue.is_run_pod("team-ci", (TEKTON,))
+    assert env.state.queue.is_run_pod("team-ci", (TEKTON,), "real")
+    assert not env.state.queue.is_run_pod("team-ci", (TEKTON,), "a-second-pod-with-the-uid")
     queued = pool.model_copy(update={"queue": QueueSetting(runs_per_node=1)})
     picture = env.state.queue.pool_queue(queued)
     assert picture is not None and dict(picture.pods_by_namespace) == {"team-ci": 1}

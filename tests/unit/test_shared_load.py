@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.core.model import DECISION_ANNOTATION
+from controller.core.model import DECISION_ANNOTATION, REVIEW_ANNOTATION
 from controller.core.policy import load_policy
 from controller.load.core import ClaimBook, LoadLedger, Seen, ledger_key
 from controller.queue.core import QUEUE_ANNOTATION, format_time
@@ -241,3 +241,30 @@ def test_a_run_counts_at_most_once(versions, own):
     assert len(ledger) <= len({k for k, _ in own} | {v.key for v in versions})
     replaced = {run[0] for v in versions for run in v.runs}
     assert not any(key in ledger for key in replaced)
+
+
+
+def test_a_copied_review_uid_settles_nothing_the_real_run_does_not():
+    """Admission assumes a run created with generateName under generateName + the review's uid (it has no
+    name nor uid yet); the stored run naming that review uid settles it. The uid is an annotation: a tenant
+    may copy it, with the generateName, onto an object of its own (#23; admission overwrites the review uid
+    of the runs and runs' pods it answers for, so while the webhook is away, or on a bare pod). But the
+    uid is known to no one before the real run is stored, and one watch brings a kind's objects in the
+    order stored: the real run settles the assumption first, and the copy finds nothing left to settle.
+    The review uid of an admission whose object was never stored is shown nowhere."""
+    clock = Clock()
+    state = cluster(clock)
+    state.load.claims.assume(ledger_key("taskrun", "team-a", "build-U"), "overseas", "pool-0", NOW)  # admission's own
+    real = taskrun("build-x1", "pool-0", annotations={REVIEW_ANNOTATION: "U"})
+    real["metadata"]["generateName"] = "build-"
+    state.apply("TaskRun", "ADDED", real)
+    assert assumed(state) == {"pool-0": 1} and len(state.load.ledger) == 1  # the stored run replaced the assumption
+    copy = taskrun("build-x2", "pool-1", annotations={REVIEW_ANNOTATION: "U"})  # its own record counts, as any run's
+    copy["metadata"]["generateName"] = "build-"
+    state.apply("TaskRun", "ADDED", copy)
+    assert assumed(state) == {"pool-0": 1, "pool-1": 1}
+    held = taskrun("build-x3", "pool-2", spec={"status": "TaskRunPending"}, annotations={REVIEW_ANNOTATION: "V"})
+    held["metadata"]["generateName"] = "build-"
+    state.load.claims.assume(ledger_key("taskrun", "team-a", "build-V"), "overseas", "pool-2", NOW)
+    state.apply("TaskRun", "ADDED", held)  # held: it counts nothing, nor does admission's assumption of it
+    assert assumed(state) == {"pool-0": 1, "pool-1": 1}

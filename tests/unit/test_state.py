@@ -54,7 +54,10 @@ def pod(ns: str, name: str, node_name: str | None = None, phase: str = "Running"
 
 def run(kind: str, ns: str, name: str, decided: bool) -> dict[str, Any]:
     annotations = {DECISION_ANNOTATION: "{}"} if decided else {}
-    return {"kind": kind, "metadata": {"namespace": ns, "name": name, "annotations": annotations}}
+    return {"kind": kind, "metadata": {"namespace": ns, "name": name, "uid": f"uid-{name}", "annotations": annotations}}
+
+
+OWNER = {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "name": "build", "uid": "uid-build", "controller": True}
 
 
 @pytest.fixture
@@ -113,7 +116,11 @@ def test_binding_a_pod_settles_its_pod_and_taskrun_assumptions(state):
     placed = {DECISION_ANNOTATION: '{"pool":"overseas","node":"pool-1"}'}
     state.apply("Pod", "ADDED", pod("team-a", "p", annotations=placed))  # not bound yet: still counted, once
     assert len(state.load.ledger) == 2 and state.load.ledger.assumed_on("pool-1") == 2
-    state.apply("Pod", "ADDED", pod("team-a", "build-pod", "pool-1", labels={"tekton.dev/taskRun": "build"}))
+    state.apply("Pod", "ADDED", pod("team-a", "squat", "pool-1", labels={"tekton.dev/taskRun": "build"}))  # a label proves nothing
+    assert ledger_key("taskrun", "team-a", "build") in state.load.ledger
+    state.apply("TaskRun", "ADDED", {**run("TaskRun", "team-a", "build", True), "status": {"podName": "build-pod"}})
+    state.load.claims.assume(ledger_key("taskrun", "team-a", "build"), "overseas", "pool-1", 1000.0)  # admitted again here
+    state.apply("Pod", "ADDED", pod("team-a", "build-pod", "pool-1", labels={"tekton.dev/taskRun": "build"}, ownerReferences=[OWNER]))
     assert ledger_key("taskrun", "team-a", "build") not in state.load.ledger
     state.apply("Pod", "MODIFIED", pod("team-a", "p", "pool-1"))
     assert len(state.load.ledger) == 0
@@ -125,7 +132,10 @@ def test_finished_pods_leave_the_cache_and_settle_their_assumptions(state):
     state.load.ledger.assume(ledger_key("taskrun", "team-a", "quick"), "overseas", "pool-1", 1000.0)
     seen: list[str] = []
     state.subscribe(seen.append)
-    state.apply("Pod", "ADDED", pod("team-a", "quick-pod", "pool-1", "Succeeded", labels={"tekton.dev/taskRun": "quick"}))
+    state.apply("TaskRun", "ADDED", run("TaskRun", "team-a", "quick", True))
+    state.load.ledger.assume(ledger_key("taskrun", "team-a", "quick"), "overseas", "pool-1", 1000.0)
+    state.apply("Pod", "ADDED", pod("team-a", "quick-pod", "pool-1", "Succeeded", labels={"tekton.dev/taskRun": "quick"},
+                                    ownerReferences=[{**OWNER, "name": "quick", "uid": "uid-quick"}]))
     assert len(state.load.ledger) == 0 and dict(state.pods) == {} and state.pods_on("pool-1") == []
     state.apply("Pod", "ADDED", pod("team-a", "p", "pool-1"))
     state.apply("Pod", "MODIFIED", pod("team-a", "p", "pool-1", "Failed"))

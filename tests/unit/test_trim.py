@@ -38,6 +38,7 @@ from controller.kube.informer import (
     KEPT_LABELS,
     MAX_KEPT_VALUE_CHARS,
     pools_api,
+    run_trimmer,
     tekton,
     trim_metadata,
     trim_node,
@@ -442,3 +443,11 @@ JSONISH = st.recursive(
 @given(st.sampled_from(sorted(PARSE)), JSONISH)
 def test_image_discovery_reads_the_same_from_any_trimmed_spec(kind, spec):
     assert PARSE[kind](image_fields(kind, spec)) == PARSE[kind](spec)
+
+
+@pytest.mark.parametrize(("kind", "kept"), [("TaskRun", {"podName": "build-1-pod"}), ("PipelineRun", None)])
+def test_a_taskrun_keeps_the_pod_name_tekton_wrote(kind: str, kept: dict | None) -> None:
+    """A pod is a run's pod only when it is the one the TaskRun's status names (queue.core.is_run_pod):
+    status is Tekton's controller's to write (a subresource), so the informer keeps that name, and only it."""
+    run = {"metadata": meta(), "status": {"podName": "build-1-pod", "steps": [{"name": "x" * 1000}] * 100}}
+    assert run_trimmer("tekton.dev/v1", kind)(run).get("status") == kept

@@ -1,0 +1,44 @@
+"""The migration of the pools API's stored objects to `v1beta1` (docs/pools-api.md, "Serving, storing,
+converting"): every EgressPool and the EgressPlacerConfig written back unchanged (the API server stores
+each anew in the storage version, as kube-storage-version-migrator does), then, only when each write
+succeeded, the CRDs' `status.storedVersions` set to `[v1beta1]`. Idempotent; a crash leaves nothing
+half done (storedVersions is pruned last). `api`: anything with the API client's `call`.
+
+Not yet a subcommand nor run by the leader (docs/pools-api.md, "Where it stands"); the cluster test runs it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from controller.cli.errors import CommandError
+from controller.core.conversion import V1BETA1
+from controller.core.pools import CONFIG_PLURAL, GROUP, POOL_PLURAL
+
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+STORED = V1BETA1.rpartition("/")[2]
+
+
+class Caller(Protocol):
+    def call(self, method: str, path: str, *, body: Any = None) -> dict[str, Any]: ...
+
+
+def migrate_storage(api: Caller) -> list[str]:
+    """What was done, one line each; CommandError when the CRDs do not store v1beta1."""
+    done: list[str] = []
+    for plural in (POOL_PLURAL, CONFIG_PLURAL):
+        crd = api.call("GET", f"{CRDS}/{plural}.{GROUP}")
+        storage = [v["name"] for v in crd["spec"]["versions"] if v.get("storage")]
+        if storage != [STORED]:
+            raise CommandError(f"{plural}.{GROUP} stores {', '.join(storage)}, not {STORED}: install the CRDs that serve {STORED} first")
+        path = f"/apis/{V1BETA1}/{plural}"
+        for obj in api.call("GET", path).get("items") or []:
+            name = obj["metadata"]["name"]
+            api.call("PUT", f"{path}/{name}", body={**obj, "apiVersion": V1BETA1, "kind": crd["spec"]["names"]["kind"]})
+            done.append(f"{plural}/{name}: stored as {STORED}")
+        crd = api.call("GET", f"{CRDS}/{plural}.{GROUP}")
+        if crd.get("status", {}).get("storedVersions") != [STORED]:
+            crd["status"]["storedVersions"] = [STORED]
+            api.call("PUT", f"{CRDS}/{plural}.{GROUP}/status", body=crd)
+            done.append(f"{plural}.{GROUP}: storedVersions [{STORED}]")
+    return done
