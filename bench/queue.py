@@ -9,6 +9,10 @@
   the pods records, per node, how many pods Run at each moment (the plot: against the capacity), the
   most at once, and the release latency: from a pool pod finishing (a slot frees) to the next pod
   being created, paired in order once the pool is full (p50, p99).
+- Runs that touch no destination are not slowed (docs/budgets.md, issue #26): the same burst, rounds
+  alternating between the queue policy and the same policy with egress budgets whose destinations none
+  of the uploads touches; the release latencies of each side pooled over its rounds, the no-budget
+  side's median with its 95% bootstrap interval, and whether the budgeted side's median lies within it.
 
 `run(sizes, log, cluster_dir)` returns the `queue` part of latest.json; `chart(results, out)` draws
 queue_concurrency.png.
@@ -46,13 +50,25 @@ RUN_SECONDS = 3
 BURSTS = {"tiny": 6, "quick": 30, "full": 60}
 WAITING = (0, 100, 1000)
 REPEATS = 3
+UNTOUCHED_ROUNDS = {"tiny": 1, "quick": 2, "full": 4}  # rounds of each side (bench `budgets_untouched`)
 
 
-def policy(queue: bool = True, nodes: tuple[str, ...] = NODES) -> str:
+# Budgets on the pool that the uploads never touch (bench `budgets_untouched`): a registry by image, a
+# Task by name, a URL param by host; one of each budget.
+UNTOUCHED = [
+    {"name": "registry-pulls", "match": {"images": ["docker.io/*"], "urlParams": [{"param": "registry", "hosts": ["*.docker.io"]}]},
+     "maxStartsPerWindowPerAddress": 100, "windowSeconds": 3600},
+    {"name": "cdn-publish", "match": {"tasks": ["publish-*"]}, "maxConcurrentPerAddress": 1, "maxConcurrentPerPool": 2},
+]
+
+
+def policy(queue: bool = True, nodes: tuple[str, ...] = NODES, budgets: bool = False) -> str:
     pool: dict[str, Any] = {"name": POOL, "nodes": list(nodes), "images": ["*uploader*"], "namespaces": ["bench-*", "team-*"],
                             "capacity": RUNS_PER_NODE}
     if queue:
         pool["queue"] = {"runsPerNode": RUNS_PER_NODE}
+    if budgets:
+        pool["destinations"] = UNTOUCHED
     return yaml.safe_dump({"apiVersion": "egress-placer.io/v1alpha1", "kind": "PlacementPolicy", "pools": [pool]}, sort_keys=False)
 
 
@@ -171,6 +187,7 @@ async def _burst(cluster: Cluster, burst: int, log: Log) -> dict[str, Any]:
             "samples": len(latencies),
         },
         "timeline": [(round(t, 3), p) for t, p in timeline],
+        "latencies_ms": latencies,
     }
 
 
@@ -182,8 +199,55 @@ def _succeeded(run: dict[str, Any]) -> str | None:
     return None
 
 
+def _latencies(burst: dict[str, Any]) -> list[float]:
+    return list(burst.get("latencies_ms") or [])
+
+
+def median_interval(values: list[float], resamples: int = 4000, level: float = 0.95, seed: int = 26) -> tuple[float, float, float] | None:
+    """The median of `values` and its percentile bootstrap interval at `level` (seeded: the same values give
+    the same interval); None when empty."""
+    import random
+
+    if not values:
+        return None
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    tail = (1.0 - level) / 2.0
+    return statistics.median(values), medians[int(tail * resamples)], medians[min(resamples - 1, int((1.0 - tail) * resamples))]
+
+
+def _side(values: list[float]) -> dict[str, Any]:
+    interval = median_interval(values)
+    p99 = sorted(values)[min(len(values) - 1, int(0.99 * len(values)))] if values else None
+    return {"p50": round(interval[0], 1) if interval else None, "p99": round(p99, 1) if p99 is not None else None,
+            "samples": len(values), "ci_low": round(interval[1], 1) if interval else None,
+            "ci_high": round(interval[2], 1) if interval else None}
+
+
+def untouched(cluster: Cluster, burst: int, rounds: int, log: Log) -> dict[str, Any]:
+    """Rounds alternating without and with budgets the uploads do not touch (UNTOUCHED): the release
+    latencies of each side pooled, the no-budget median's 95% interval, and the budgeted median within it."""
+    sides: dict[str, list[float]] = {"without": [], "with": []}
+    for r in range(rounds):
+        for side in ("without", "with") if r % 2 == 0 else ("with", "without"):  # ABBA: drift hits both sides
+            policy_file = cluster.dir / f"bench-queue-{side}-budgets.yaml"
+            policy_file.write_text(policy(budgets=side == "with"))
+            start_controller(cluster, policy_file)
+            try:
+                sides[side] += _latencies(asyncio.run(_burst(cluster, burst, log)))
+            finally:
+                stop_controller(cluster)
+    out = {"burst": burst, "rounds": rounds, "without": _side(sides["without"]), "with": _side(sides["with"])}
+    low, high, median = out["without"]["ci_low"], out["without"]["ci_high"], out["with"]["p50"]
+    out["within_interval"] = None if None in (low, high, median) else bool(low <= median <= high)
+    log(f"queue: runs touching no destination, release latency without budgets {out['without']}, with {out['with']}: "
+        f"within the interval {out['within_interval']}")
+    return out
+
+
 def run(sizes: Sizes, log: Log, cluster_dir: Path | None) -> dict[str, Any]:
-    """The admission cost, then (with a cluster) the burst with the controller started on the queue policy."""
+    """The admission cost, then (with a cluster) the burst with the controller started on the queue policy,
+    then the rounds with and without budgets the uploads do not touch."""
     out: dict[str, Any] = {"admission_us": admission_cost(200 if sizes.name == "tiny" else 2000, log)}
     if cluster_dir is None:
         return out
@@ -195,6 +259,8 @@ def run(sizes: Sizes, log: Log, cluster_dir: Path | None) -> dict[str, Any]:
         out.update(asyncio.run(_burst(cluster, BURSTS.get(sizes.name, 30), log)))
     finally:
         stop_controller(cluster)
+    out.pop("latencies_ms", None)
+    out["budgets_untouched"] = untouched(cluster, BURSTS.get(sizes.name, 30), UNTOUCHED_ROUNDS.get(sizes.name, 2), log)
     log(f"queue: burst {out.get('burst')}: max running {out.get('max_running')} of {out.get('slots')} slots, "
         f"release latency {out.get('release_latency_ms')}")
     return out
@@ -241,6 +307,16 @@ def markdown_part(queue: dict[str, Any], images: list[str]) -> list[str]:
             f"{queue['succeeded']} Succeeded in {queue['seconds']} s; most Running at once {queue['max_running']} "
             f"(per node {queue['max_running_per_node']}, runsPerNode {queue['capacity_per_node']}); release latency "
             f"(slot free to next pod created) p50 {latency['p50']} ms, p99 {latency['p99']} ms over {latency['samples']}.",
+            "",
+        ]
+    untouched_part = queue.get("budgets_untouched") or {}
+    if (untouched_part.get("without") or {}).get("p50") is not None:
+        a, b = untouched_part["without"], untouched_part["with"]
+        out += [
+            f"Runs touching no destination (docs/budgets.md), release latency over {untouched_part['rounds']} rounds of "
+            f"{untouched_part['burst']} each side: without budgets p50 {a['p50']} ms (95% interval {a['ci_low']}..{a['ci_high']}, "
+            f"{a['samples']} samples), with budgets on the pool p50 {b['p50']} ms ({b['ci_low']}..{b['ci_high']}, {b['samples']}): "
+            f"within the no-budget interval: {untouched_part['within_interval']}.",
             "",
         ]
     if "queue_concurrency.png" in images:

@@ -146,6 +146,12 @@ TEMPLATE: dict[str, Any] = {
         "max_running": None, "max_running_per_node": {}, "capacity_per_node": None,
         "release_latency_ms": {"p50": None, "p99": None, "samples": None},
         "timeline": [],
+        # bench/queue.py:untouched: runs touching no destination, without and with egress budgets on the pool.
+        "budgets_untouched": {
+            "burst": None, "rounds": None, "within_interval": None,
+            "without": {"p50": None, "p99": None, "samples": None, "ci_low": None, "ci_high": None},
+            "with": {"p50": None, "p99": None, "samples": None, "ci_low": None, "ci_high": None},
+        },
     },
     "targets": [],
     "errors": [],

@@ -39,7 +39,7 @@ from controller.compat import core as compat
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.prometheus.egress_source import EgressPollers
 from controller.kube.client import ClusterConfigError, KubeApi, make_api_client
-from controller.kube.informer import Informer, cluster_informers, start_informers
+from controller.kube.informer import Informer, cluster_informers, keep_node_annotations, start_informers
 from controller.kube.leader import LeaderElector
 from controller.kube.policy_source import PolicySource
 from controller.kube.reader import KubeReader
@@ -54,7 +54,7 @@ from controller.missed_runs.reconcile import report_missed_runs
 from controller.pool_guard.reconcile import PoolGuardReconciler
 from controller.pool_status.metrics import PoolMetrics
 from controller.queue.reconcile import QueueReconciler
-from controller.budgets.reconcile import BudgetMetrics
+from controller.budgets.reconcile import BudgetMetrics, BudgetStartsKeeper
 from controller.placement_log.view import PlacementLog
 from controller.pool_status.reconcile import PoolErrors, PoolStatusWriter
 from controller.taints.reconcile import TaintReconciler
@@ -202,13 +202,14 @@ class Controller:
         self.client = KubeClient(self.api, self.metrics)
         self.events = EventRecorder(self.client, self.metrics, settings.identity)
         self.egress = EgressPollers(self.state.load, clock, self.runner, registry=self.metrics.registry)
-        self.policy = PolicyTracker(self.state, on_policy=self.egress.sync)
+        self.policy = PolicyTracker(self.state, on_policy=self._policy_changed)
         self.policy_source = PolicySource(
             settings, self.policy, self.metrics, self.events, api=self.api, on_refused=self._policy_refused
         )
         self.last_good = LastGoodPolicyKeeper(
             self.client, settings.namespace, store_name(settings.policy_configmap), lambda: self.policy_source.loaded_text
         )
+        self.budget_starts = BudgetStartsKeeper(self.state, self.client, settings.namespace)
         # Admission's Events wait for their object to exist (CreationEvents: the informers tell it), then
         # until admission is quiet (QuietEvents: written at once, they slow the run they describe).
         self.admission_events = QuietEvents(self.events)
@@ -310,6 +311,7 @@ class Controller:
                 PoolMetrics(self.state, self.metrics),
                 queue,
                 BudgetMetrics(self.state, self.metrics),
+                self.budget_starts,
                 *statuses,
             ],
             is_leader=self.is_leader,
@@ -323,6 +325,7 @@ class Controller:
         logger.info("leading: taints, evictions and the webhook certificate are this replica's now")
         self.reconcile_loop.wake()
         self._certs_need_leader = True
+        self.budget_starts.leading()
         self._report_missed_runs()
         self._report_support()
 
@@ -383,12 +386,30 @@ class Controller:
         if not self.state.tekton.version_read.wait(TEKTON_VERSION_WAIT):  # not required: bounded, said in the log
             logger.warning("Tekton's version (ConfigMap {}) not read yet: nothing turned off until it is", compat.PIPELINES_INFO)
         logger.bind(nodes=len(self.state.nodes), pods=len(self.state.pods)).info("caches synced")
+        self._restore_budget_starts()
         if self.settings.leader_election:
             self.runner.start("leader election", self.leader.run)
         else:
             self._report_missed_runs()
             self._report_support()
         self.runner.start("reconcile loop", self.reconcile_loop.run, on_stop=self.reconcile_loop.wake)
+
+    def _policy_changed(self, policy: PlacementPolicy) -> None:
+        """A policy in force: the egress pollers follow it; the Node cache keeps the annotations its pools
+        name as egress addresses (relisting the nodes when one is new)."""
+        self.egress.sync(policy)
+        keys = {p.egress_address.annotation for p in policy.pools if p.egress_address is not None and p.egress_address.annotation}
+        if keep_node_annotations(keys):
+            for informer in getattr(self, "informers", ()):
+                if informer.resource.kind == "Node":
+                    informer.relist()
+
+    def _restore_budget_starts(self) -> None:
+        """At start, caches synced: the windows' starts the leader recorded (budgets.reconcile)."""
+        try:
+            self.budget_starts.restore()
+        except Exception as e:  # noqa: BLE001 - unreadable now: the new leader reads it again on its first pass
+            logger.bind(error=str(e)).warning("the budget window starts could not be read at start")
 
     def _adopt_stored_policy(self) -> None:
         """At start, when the source gave no valid policy: the stored last good one, validated again."""

@@ -593,3 +593,71 @@ def holding(budgets: PoolBudgets, touched: Iterable[str], now: float, mode: str 
     runs each held, or would have held)."""
     return [t for t in dict.fromkeys(touched) if budgets.addresses
             and all(blocking(budgets, [t], a, now, mode) for a in addresses(budgets))]
+
+
+# -- the start record the leader keeps (a ConfigMap in the controller's namespace) ------------------
+
+STARTS_CONFIGMAP = "egress-placer-budget-starts"
+STARTS_KEY = "starts.json"
+MAX_KEPT_STARTS = 5000  # rows in the record (~100 bytes each: far under a ConfigMap's 1 MiB)
+
+Kept = Mapping[str, tuple[str, tuple[Start, ...]]]  # pod uid -> (pool, its starts)
+
+
+def window_budgets(pools: Iterable[Any]) -> dict[tuple[str, str], tuple[int, int]]:
+    """(pool, destination) -> (window seconds, starts allowed) of the window budgets in the policy."""
+    return {(p.name, d.name): (d.window_seconds, d.max_starts_per_window_per_address)
+            for p in pools for d in p.destinations
+            if d.window_seconds is not None and d.max_starts_per_window_per_address is not None}
+
+
+def starts_to_keep(starts: Kept, windows: Mapping[tuple[str, str], tuple[int, int]], now: float) -> dict[str, tuple[str, tuple[Start, ...]]]:
+    """What the record keeps of `starts` (the trusted starts the view counts, by pod uid): only starts of a
+    window budget still in its window, and per (pool, destination, address) only the latest as many as
+    the budget allows (enough to tell full, and when the next slot frees); at most MAX_KEPT_STARTS."""
+    rows = sorted(((s.time, uid, pool, s) for uid, (pool, mine) in starts.items() for s in mine
+                   if (pool, s.destination) in windows and in_window(s, windows[(pool, s.destination)][0], now)),
+                  key=lambda r: (-r[0], r[1], r[3].destination))
+    per: dict[tuple[str, str, str], int] = {}
+    out: dict[str, tuple[str, tuple[Start, ...]]] = {}
+    kept = 0
+    for _, uid, pool, s in rows:
+        group = (pool, s.destination, s.address)
+        if per.get(group, 0) >= windows[(pool, s.destination)][1] or kept >= MAX_KEPT_STARTS:
+            continue
+        per[group] = per.get(group, 0) + 1
+        kept += 1
+        out[uid] = (pool, out.get(uid, (pool, ()))[1] + (s,))
+    return {uid: (pool, tuple(sorted(mine, key=lambda s: s.destination))) for uid, (pool, mine) in sorted(out.items())}
+
+
+def encode_starts(kept: Kept) -> str:
+    """The record's text: one row [uid, pool, destination, address, time] per start, in a stable order."""
+    rows = [[uid, pool, s.destination, s.address, round(s.time, 3)] for uid, (pool, mine) in sorted(kept.items()) for s in mine]
+    return json.dumps({"starts": rows}, separators=(",", ":"))
+
+
+def decode_starts(text: Any) -> dict[str, tuple[str, tuple[Start, ...]]]:
+    """The record's starts; a row that is not [uid, pool, destination, address, finite time] is left out,
+    a text that is no record gives nothing (never raises)."""
+    if not isinstance(text, str) or len(text) > 2 * 1024 * 1024:
+        return {}
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        return {}
+    rows = data.get("starts") if isinstance(data, dict) else None
+    out: dict[str, tuple[str, tuple[Start, ...]]] = {}
+    for row in rows if isinstance(rows, list) else []:
+        if not (isinstance(row, list) and len(row) == 5 and all(isinstance(v, str) and v for v in row[:4])):
+            continue
+        when = row[4]
+        if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+            continue
+        uid, pool, destination, address = row[:4]
+        if uid in out and out[uid][0] != pool:
+            continue
+        out[uid] = (pool, out.get(uid, (pool, ()))[1] + (Start(destination, address, float(when)),))
+        if len(out) > MAX_KEPT_STARTS:
+            break
+    return out

@@ -8,8 +8,9 @@ egress address is the node's own (label, or the node's name). A pod the cache no
 no longer counts at once, but its starts stay in the window: `pod_ended` keeps them (checked a run's pod
 while the cache still had it) for the longest window of its pool, in memory of every replica, and a
 relist keeps those of the finished pods the API server still lists (Tekton keeps a TaskRun's pod until
-the TaskRun is deleted). A pod deleted while no replica watched loses its start: the controller-owned
-start record that closes this is not built yet (docs/budgets.md).
+the TaskRun is deleted). A pod deleted while no replica watched would lose its start: the leader keeps
+the window's starts in a ConfigMap of the controller's namespace (`budgets.reconcile.BudgetStartsKeeper`:
+`window_starts` out, `restore` in, at every replica's start and when a replica starts leading).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from controller.budgets.core import (
     BUDGETS_ANNOTATION,
     MAX_WINDOW_SECONDS,
     PoolBudgets,
+    Kept,
     Start,
     address_of,
     addresses,
@@ -28,6 +30,7 @@ from controller.budgets.core import (
     figures,
     read_record,
     release_within,
+    Use,
     trusted_use,
 )
 from controller.core.model import PodState
@@ -52,9 +55,11 @@ class BudgetsView:
         self._stores, self._load, self._queue, self._policy = stores, load, queue, policy
         self._ended: dict[str, tuple[str, tuple[Start, ...]]] = {}  # pod uid -> (pool, its starts): pods gone from the cache
         self._ended_lock = threading.Lock()  # the pod informer writes, admission and the leader read
-        # Pods counted as a run's use while their TaskRun was in the cache: their starts stay once the
-        # pod ends, even if its TaskRun was deleted first (a tenant deleting its run frees no window).
-        self._verified: set[str] = set()
+        # Pods counted as a run's use while their TaskRun was in the cache, with their starts: these stay once
+        # the pod ends, even if its TaskRun was deleted first (a tenant deleting its run frees no window), and
+        # count from here while the pod is gone from the cache but `pod_ended` has not run yet (the store
+        # publishes first, then tells the state) or while it is being deleted (no longer active).
+        self._verified: dict[str, tuple[str, tuple[Start, ...]]] = {}
 
     def pod_ended(self, pod: PodState) -> None:
         """A pod left the cache (finished or deleted): keep its starts when it was a run's pod with a record
@@ -64,14 +69,12 @@ class BudgetsView:
         if record is None or pool is None or not pool.destinations or not pod.uid:
             return
         with self._ended_lock:
-            verified = pod.uid in self._verified
-            self._verified.discard(pod.uid)
+            verified = self._verified.pop(pod.uid, None) is not None
         run_pod = verified or self._queue.is_run_pod(pod.namespace, pod.owners, pod.name)
         use = trusted_use(pod.uid, record, run_pod, pool.name, pod.node_name, [d.name for d in pool.destinations])
         if use is None:
             return
-        node = self._stores["Node"].items.get(use.node)
-        address = address_of(use.node, node.labels if node else {}, {}, pool.egress_address)
+        address = self._address(use.node, pool)
         with self._ended_lock:
             self._ended[pod.uid] = (pool.name, tuple(Start(n, address, record.started) for n in sorted(use.destinations)))
             while len(self._ended) > MAX_ENDED:
@@ -83,6 +86,31 @@ class BudgetsView:
             if pod.finished and BUDGETS_ANNOTATION in pod.annotations:
                 self.pod_ended(pod)
 
+    def restore(self, kept: Kept) -> int:
+        """The starts of the leader's record (`budgets.reconcile.BudgetStartsKeeper`): kept as those of ended
+        pods, unless this replica already keeps the pod's (ended, or live: a live pod's record counts, and
+        `_ended_starts` leaves out the uids of live pods). The number taken."""
+        taken = 0
+        with self._ended_lock:
+            for uid, (pool, starts) in kept.items():
+                if uid not in self._ended and len(self._ended) < MAX_ENDED:
+                    self._ended[uid] = (pool, tuple(starts))
+                    taken += 1
+        return taken
+
+    def window_starts(self, now: float) -> dict[str, tuple[str, tuple[Start, ...]]]:
+        """Every start this replica counts, by pod uid (live run pods' records and the ended pods' kept):
+        what the leader's record keeps (`budgets.core.starts_to_keep` bounds it)."""
+        out: dict[str, tuple[str, tuple[Start, ...]]] = {}
+        for pool in self._policy().pools:
+            if pool.destinations:
+                for use, starts in self._live(pool):
+                    out[use.key] = (pool.name, starts)
+        with self._ended_lock:
+            for uid, (pool_name, starts) in [*self._ended.items(), *self._verified.items()]:
+                out.setdefault(uid, (pool_name, starts))
+        return out
+
     def _ended_starts(self, pool: Pool, now: float, live: set[str]) -> list[Start]:
         window = max((d.window_seconds or 0 for d in pool.destinations), default=0) or MAX_WINDOW_SECONDS
         out = []
@@ -92,36 +120,47 @@ class BudgetsView:
                     del self._ended[uid]  # out of every window of its pool
                 elif name == pool.name and uid not in live:
                     out += starts
+            for uid, (name, starts) in self._verified.items():  # gone from the cache, not yet told
+                if name == pool.name and uid not in live and uid not in self._ended:
+                    out += [s for s in starts if now - s.time <= max(window, 1)]
         return out
 
     def addresses(self, pool: Pool) -> dict[str, str]:
         """node -> egress address, for the pool's eligible nodes (members, Ready, not cordoned)."""
         nodes = self._stores["Node"].items
-        return {n: address_of(n, nodes[n].labels, {}, pool.egress_address) for n in self._load.pool_names(pool.name) if n in nodes}
+        return {n: self._address(n, pool) for n in self._load.pool_names(pool.name) if n in nodes}
 
     def pool_budgets(self, pool: Pool, now: float) -> PoolBudgets | None:
         """The pool's budgets now; None when it has no destinations. O(pods carrying a record of the pool,
         and ended pods' starts kept)."""
         if not pool.destinations:
             return None
+        live = self._live(pool)
+        uses = [use for use, _ in live]
+        starts = [s for _, mine in live for s in mine] + self._ended_starts(pool, now, {u.key for u in uses})
+        return PoolBudgets(pool.name, pool.destinations, self.addresses(pool), tuple(uses), tuple(starts))
+
+    def _live(self, pool: Pool) -> list[tuple[Use, tuple[Start, ...]]]:
+        """The active run pods' uses of the pool and their starts (from their budget records)."""
         where = self.addresses(pool)
-        nodes = self._stores["Node"].items
         known = [d.name for d in pool.destinations]
-        uses, starts = [], []
+        out = []
         for pod in self._stores["Pod"].snapshot.under("budgeted", pool.name).values():
             record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
             use = trusted_use(pod.uid, record, pod.active and self._queue.is_run_pod(pod.namespace, pod.owners, pod.name), pool.name, pod.node_name, known)
             if use is None or record is None:
                 continue
-            uses.append(use)
-            if pod.uid not in self._verified:
+            address = where.get(use.node) or self._address(use.node, pool)
+            starts = tuple(Start(name, address, record.started) for name in sorted(use.destinations))
+            if self._verified.get(pod.uid) != (pool.name, starts):
                 with self._ended_lock:
-                    self._verified.add(pod.uid)
-            node = nodes.get(use.node)
-            address = where.get(use.node) or address_of(use.node, node.labels if node else {}, {}, pool.egress_address)
-            starts += [Start(name, address, record.started) for name in sorted(use.destinations)]
-        starts += self._ended_starts(pool, now, {u.key for u in uses})
-        return PoolBudgets(pool.name, pool.destinations, where, tuple(uses), tuple(starts))
+                    self._verified[pod.uid] = (pool.name, starts)
+            out.append((use, starts))
+        return out
+
+    def _address(self, name: str, pool: Pool) -> str:
+        node = self._stores["Node"].items.get(name)
+        return address_of(name, node.labels if node else {}, node.annotations if node else {}, pool.egress_address)
 
     def releasable(self, pool: Pool, line: Sequence[tuple[Hashable, Sequence[str]]], flying: Sequence[Sequence[str]], now: float) -> set[Hashable]:
         """Which of the waiting runs (`line`: key and the destinations each waits for, in release order) fit

@@ -69,6 +69,7 @@ class NodeState:
     unschedulable: bool = False
     allocatable_pods: int = 110
     uid: str = ""  # set by the API server: what a mirror pod's Node owner must name
+    annotations: Mapping[str, str] = field(default_factory=dict)  # only those the informer keeps (egress address)
 
     @classmethod
     def from_node(cls, node: Mapping[str, Any]) -> "NodeState":
@@ -90,6 +91,7 @@ class NodeState:
             unschedulable=bool(spec.get("unschedulable")),
             allocatable_pods=pods,
             uid=_text(meta.get("uid")),
+            annotations=dict(meta.get("annotations") or {}),
         )
 
 

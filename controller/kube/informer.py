@@ -24,7 +24,7 @@ import ctypes
 import socket
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
 
 import tenacity
 from kubernetes.watch.watch import iter_resp_lines
@@ -92,7 +92,19 @@ KEPT_ANNOTATIONS: dict[str, frozenset[str]] = {
     "TaskRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, QUEUE_ANNOTATION}),
     "PipelineRun": frozenset({DECISION_ANNOTATION, REVIEW_ANNOTATION, QUEUE_ANNOTATION}),
     "DaemonSet": frozenset({POOL_TOLERATIONS_ANNOTATION}),  # agents.core: the pools a node agent opts into
+    # The administrator's (tenants cannot write Nodes): only the keys the policy names as a pool's egress
+    # address (`egressAddress.annotation`, budgets.core.address_of), set by `keep_node_annotations`.
+    "Node": frozenset(),
 }
+
+
+def keep_node_annotations(keys: Iterable[str]) -> bool:
+    """The Node annotation keys the cache keeps from now on (the policy's `egressAddress.annotation`s);
+    True when a key is new: the Node informer must relist (`Informer.relist`) to see it on the nodes it has."""
+    wanted = frozenset(keys)
+    new = bool(wanted - KEPT_ANNOTATIONS["Node"])
+    KEPT_ANNOTATIONS["Node"] = wanted
+    return new
 # A kept annotation value longer than this is kept empty (the key is there, its value is not read):
 # presence is what a pod's and a run's annotations tell; an empty pools annotation gives no pool (never
 # more rights). Label values are kept as they are (see _kept_labels).
@@ -385,7 +397,14 @@ class Informer:
         self.backoff = backoff
         self._response_lock = threading.Lock()
         self._response: Any = None
+        self._relist = threading.Event()
         self._log = logger.bind(resource=resource.name)
+
+    def relist(self) -> None:
+        """List again (what it keeps of each object changed, e.g. `keep_node_annotations`): the open watch
+        is shut and the next session lists."""
+        self._relist.set()
+        self.interrupt()
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -407,6 +426,9 @@ class Informer:
     def _session(self, stop: threading.Event) -> None:
         if stop.is_set():
             return
+        if self._relist.is_set():
+            self._relist.clear()
+            self.resource_version = None
         if self.resource_version is None:
             self._list(stop)
         try:
@@ -491,15 +513,15 @@ class Informer:
         with self._response_lock:
             self._response = response
         try:
-            if stop.is_set():
+            if stop.is_set() or self._relist.is_set():  # a relist asked before this watch could be shut
                 return
             for line in iter_resp_lines(response):
-                if stop.is_set():
+                if stop.is_set() or self._relist.is_set():
                     return
                 if line:
                     self._handle(decode(line))
         except Exception:
-            if stop.is_set():
+            if stop.is_set() or self._relist.is_set():
                 return  # the connection was shut down on purpose
             raise
         finally:

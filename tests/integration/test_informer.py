@@ -159,6 +159,21 @@ def test_a_watch_from_a_too_old_version_relists(api, namespace, started):
     wait_for("the event of Task after", lambda: any(o["metadata"]["name"] == "after" for _, o in rec.events), timeout=10)
 
 
+def test_a_relist_on_request_lists_again_then_watches(api, namespace, started):
+    """`Informer.relist` (what it keeps changed, e.g. the Node annotations a policy names): the open watch
+    is shut, the collection listed again, and events flow after it."""
+    path = f"/api/v1/namespaces/{namespace}/configmaps"
+    api.call("POST", path, body=configmap("before", n="1"))
+    rec = Recorder()
+    inf = started(Informer(api, configmaps(namespace), rec.on_replace, rec.on_event, Metrics(), backoff=FAST))
+    assert inf.synced.wait(10)
+    inf.relist()
+    wait_for("a second list", lambda: len(rec.replaced) >= 2, timeout=10)
+    assert [o["metadata"]["name"] for o in rec.replaced[-1]] == ["before"]
+    api.call("POST", path, body=configmap("after", n="2"))
+    wait_for("the event of ConfigMap after", lambda: any(o["metadata"]["name"] == "after" for _, o in rec.events), timeout=10)
+
+
 def test_errors_back_off_and_are_counted_until_the_resource_exists(api, started, runner):
     rec, metrics = Recorder(), Metrics()
     missing = Resource(

@@ -61,7 +61,7 @@ CLUSTER_WIDE = (
     | rules(["egress-placer.io"], ["egresspools/status"], ["update", "patch"])
     | rules(["admissionregistration.k8s.io"], ["validatingwebhookconfigurations"], ["get", "update"], ["egress-placer-pools"])
 )
-# k8s/rbac-namespace.yaml: the leader Lease, the webhook's TLS Secret, the policy ConfigMap, the pool guard's params, the stored last good policy.
+# k8s/rbac-namespace.yaml: the leader Lease, the webhook's TLS Secret, the policy ConfigMap, the pool guard's params, the stored last good policy, the budgets' window starts.
 OWN_NAMESPACE = (
     rules(["coordination.k8s.io"], ["leases"], ["get", "update"], ["egress-placer-leader"])
     | rules(["coordination.k8s.io"], ["leases"], ["create"])
@@ -70,6 +70,7 @@ OWN_NAMESPACE = (
     | rules([""], ["configmaps"], READ, ["egress-placer-policy"])
     | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-pool-guard"])
     | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-policy-last-good"])
+    | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-budget-starts"])
     | rules([""], ["configmaps"], ["create"])
 )
 # k8s/rbac-tekton.yaml: Tekton's feature flags (the affinity assistant's coschedule mode) and defaults.

@@ -156,3 +156,39 @@ def test_a_relist_keeps_the_starts_of_the_finished_run_pods_the_api_server_lists
     s.replace("Pod", [finished])
     budgets = s.budgets.pool_budgets(s.policy.pools[0], NOW)
     assert budgets is not None and [(st.address, st.destination) for st in budgets.starts] == [("egress-3", "dockerhub-pulls")]
+
+
+def test_an_egress_address_from_a_node_annotation_the_cache_keeps_alone() -> None:
+    """`egressAddress.annotation`: the Node cache keeps that one annotation key (no other), and nodes with
+    the same value share the address; a node without it is its own."""
+    from controller.kube.informer import KEPT_ANNOTATIONS, keep_node_annotations, trim_node
+
+    key = "example.com/nat-ip"
+    before = KEPT_ANNOTATIONS["Node"]
+    try:
+        assert keep_node_annotations({key}) is True and keep_node_annotations({key}) is False
+        s = ClusterState(load_policy(POLICY.replace("{label: egress-placer.io/egress-address}", "{annotation: " + key + "}")), clock=lambda: NOW)
+        for name, address in (("egress-1", "203.0.113.7"), ("egress-2", " 203.0.113.7 "), ("egress-3", None)):
+            raw = node(name, None)
+            raw["metadata"]["annotations"] = {"kubectl.kubernetes.io/last-applied-configuration": "x" * 10_000, "other": "y",
+                                              **({key: address} if address else {})}
+            trimmed = trim_node(raw)
+            assert set(trimmed["metadata"].get("annotations", {})) <= {key}
+            s.apply("Node", "ADDED", trimmed)
+        assert s.budgets.addresses(s.policy.pools[0]) == {"egress-1": "203.0.113.7", "egress-2": "203.0.113.7", "egress-3": "egress-3"}
+        assert keep_node_annotations(()) is False and "annotations" not in trim_node({"metadata": {"name": "n", "annotations": {key: "a"}}})["metadata"]
+    finally:
+        KEPT_ANNOTATIONS["Node"] = before
+
+
+def test_a_start_counts_between_its_pod_leaving_the_cache_and_the_state_being_told() -> None:
+    """The pod store publishes the snapshot without the finished pod first, then tells the state
+    (`pod_ended`): a release pass in between must still count the start of a pod it counted before."""
+    s = state()
+    pool = s.policy.pools[0]
+    run(s, "a")
+    pod(s, "a", "egress-1", rec("egress-1"))
+    assert len(s.budgets.pool_budgets(pool, NOW).starts) == 1  # counted once: verified
+    s.stores["Pod"].apply({"metadata": {"namespace": "team-ci", "name": "a-pod", "uid": "pod-a"}}, True)  # the store alone
+    assert [(st.address, st.time) for st in s.budgets.pool_budgets(pool, NOW).starts] == [("203.0.113.7", NOW - 10)]
+    assert s.budgets.pool_budgets(pool, NOW + 61).starts == ()  # out of the window

@@ -25,6 +25,7 @@ from controller.pool_guard.core import GUARD_NAME
 from controller.core.model import TAINT_KEY, NamespaceState
 from controller.core.policy import load_policy
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
+from controller.budgets.core import STARTS_CONFIGMAP
 from controller.last_good_policy.reconcile import store_name
 from controller.settings import Settings
 from devcluster.build import find_artifacts
@@ -88,6 +89,8 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     *{(NAMESPACE, "", "configmaps", v, default("policy_configmap")) for v in ("get", "list", "watch")},
     *{(NAMESPACE, "", "configmaps", v, GUARD_NAME) for v in ("get", "update")},
     *{(NAMESPACE, "", "configmaps", v, store_name(default("policy_configmap"))) for v in ("get", "update")},
+    # controller/budgets/reconcile.py: the egress budgets' window starts (the leader writes, every replica reads at start)
+    *{(NAMESPACE, "", "configmaps", v, STARTS_CONFIGMAP) for v in ("get", "update")},
     (NAMESPACE, "", "configmaps", "create", ANY),
     *{(TEKTON_NS, "", "configmaps", v, n) for v in ("get", "list", "watch") for n in ("feature-flags", "config-defaults", "pipelines-info")},
     # Tekton's cluster resolver rules (docs/security.md, "Cluster resolver rules")
