@@ -480,7 +480,11 @@ class Admission:
             assert budget is not None and placement.pool is not None and placement.node is not None
             touched, seen, full, would = budget
             template = narrow(template, full)
-            annotations[BUDGETS_ANNOTATION] = record_annotation(placement.pool, touched, placement.node, self.wall())
+            now = self.wall()
+            annotations[BUDGETS_ANNOTATION] = record_annotation(placement.pool, touched, placement.node, now)
+            pool = policy.pool(placement.pool)
+            if not request.dry_run and pool is not None:  # counted at once: the next pod may come before this one is stored
+                self.state.budgets.placed(request.namespace, request.name, pool, placement.node, touched, annotations[BUDGETS_ANNOTATION], now)
             self._budget_events(request, seen, would, placement.pool)
         patch = json_patch(current, template, "/spec")
         if not recorded and BUDGETS_ANNOTATION in request.annotations:  # a record admission did not write now

@@ -48,6 +48,7 @@ def budgeted(pod: PodState) -> str | None:
 
 
 MAX_ENDED = 100_000  # starts of ended pods kept (per replica), oldest dropped first
+PLACING_SECONDS = 30.0  # how long a pod admission placed counts before the pod store shows it
 
 
 class BudgetsView:
@@ -60,6 +61,35 @@ class BudgetsView:
         # count from here while the pod is gone from the cache but `pod_ended` has not run yet (the store
         # publishes first, then tells the state) or while it is being deleted (no longer active).
         self._verified: dict[str, tuple[str, tuple[Start, ...]]] = {}
+        # Pods this replica's admission just placed, by (namespace, name): counted until the pod store shows
+        # the pod with that record (or PLACING_SECONDS passed: its CREATE failed). Without it, pods made
+        # within milliseconds of each other (runs released in one pass) each see the same room.
+        self._placing: dict[tuple[str, str], tuple[float, str, str, Use, tuple[Start, ...]]] = {}
+
+    def placed(self, namespace: str, name: str, pool: Pool, node: str, touched: Iterable[str], record: str, now: float) -> None:
+        """Admission placed a run's pod `name` touching `touched` on `node` with the budget record `record`
+        (the annotation's text): it counts (a use, its starts) from now, not from when the store shows it."""
+        known = {d.name for d in pool.destinations}
+        names = frozenset(t for t in touched if t in known)
+        if not name or not names:
+            return
+        address = self._address(node, pool)
+        use = Use(f"placing/{namespace}/{name}", node, names)
+        with self._ended_lock:
+            self._placing[(namespace, name)] = (now, record, pool.name, use, tuple(Start(n, address, now) for n in sorted(names)))
+
+    def _placing_uses(self, pool: Pool, now: float) -> list[tuple[Use, tuple[Start, ...]]]:
+        """The pods admission placed that the pod store does not show yet (with their record)."""
+        pods = self._stores["Pod"].items
+        out = []
+        with self._ended_lock:
+            for key, (when, record, name, use, starts) in list(self._placing.items()):
+                pod = pods.get(key)
+                if now - when > PLACING_SECONDS or (pod is not None and pod.annotations.get(BUDGETS_ANNOTATION) == record):
+                    del self._placing[key]
+                elif name == pool.name:
+                    out.append((use, starts))
+        return out
 
     def pod_ended(self, pod: PodState) -> None:
         """A pod left the cache (finished or deleted): keep its starts when it was a run's pod with a record
@@ -138,6 +168,9 @@ class BudgetsView:
         live = self._live(pool)
         uses = [use for use, _ in live]
         starts = [s for _, mine in live for s in mine] + self._ended_starts(pool, now, {u.key for u in uses})
+        for use, mine in self._placing_uses(pool, now):
+            uses.append(use)
+            starts += mine
         return PoolBudgets(pool.name, pool.destinations, self.addresses(pool), tuple(uses), tuple(starts))
 
     def _live(self, pool: Pool) -> list[tuple[Use, tuple[Start, ...]]]:

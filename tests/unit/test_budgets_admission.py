@@ -196,3 +196,30 @@ def test_held_runs_are_counted_by_destination_and_mode() -> None:
     assert env.metrics.budget_waits.labels(pool="egress", destination="kaniko-pulls", mode="Enforce")._value.get() == 1  # noqa: SLF001
     [queued] = [e for e in env.events.sent if e["reason"] == "Queued"]
     assert queued["note"].startswith("held for egress budgets of pool egress: waiting for budget kaniko-pulls on egress-")
+
+
+def test_pods_admitted_before_the_store_shows_them_count_at_once() -> None:
+    """Issue #26, the cluster's 20 runs: the leader releases several runs in one pass and Tekton makes their
+    pods within milliseconds; each Pod CREATE must count the pods admission has just placed (not yet in
+    the pod store), or the second sees the same room and goes behind the same, now full, address."""
+    env = env_with_budgets()
+    first = node_of(env.review(tekton_pod(name="a-pod", taskrun_name="a"))[1])
+    second = node_of(env.review(tekton_pod(name="b-pod", taskrun_name="b"))[1])
+    third = node_of(env.review(tekton_pod(name="c-pod", taskrun_name="c"))[1])
+    assert len({first, second, third}) == 3  # 1 at once per address, one node per address
+    env.review(tekton_pod(name="d-pod", taskrun_name="d"))
+    assert [e["reason"] for e in env.events.sent].count("BudgetExceeded") == 1  # the fourth had no room
+
+
+def test_a_placed_pod_counts_once_when_the_store_shows_it() -> None:
+    env = env_with_budgets()
+    _, patched, _ = env.review(tekton_pod(name="a-pod", taskrun_name="a"))
+    node = node_of(patched)
+    pool = env.state.policy.pool("egress")
+    assert pool is not None
+    assert len(env.state.budgets.pool_budgets(pool, env.now).uses) == 1
+    patched["metadata"]["uid"] = "pod-a"
+    patched["spec"]["nodeName"] = node
+    patched["status"] = {"phase": "Running"}
+    env.state.apply("Pod", "ADDED", patched)
+    assert [u.key for u in env.state.budgets.pool_budgets(pool, env.now).uses] == ["pod-a"]
