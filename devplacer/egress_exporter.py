@@ -60,30 +60,24 @@ class TransmitCounter:
         yield family
 
 
-class EgressExporter:
-    """One pool node's exporter: `start()` returns its /metrics URL; `stop()` ends it."""
+class LoopbackExporter:
+    """A /metrics endpoint on 127.0.0.1 serving `registry`: `start()` returns its URL; `stop()` ends it."""
 
-    def __init__(self, node: str, bytes_per_second: float = 0.0) -> None:
-        self.node = node
-        self.counter = TransmitCounter(bytes_per_second)
+    def __init__(self) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(self.counter)
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         if self._server is None:
-            raise RuntimeError(f"the exporter of {self.node} is not started")
+            raise RuntimeError(f"{self} is not started")
         return f"http://127.0.0.1:{self._server.server_port}/metrics"
 
     def start(self) -> str:
         if self._server is None:
             self._server, self._thread = start_http_server(0, addr="127.0.0.1", registry=self._registry)
         return self.url
-
-    def set_rate(self, bytes_per_second: float) -> None:
-        self.counter.set_rate(bytes_per_second)
 
     def stop(self) -> None:
         if self._server is not None:
@@ -92,6 +86,22 @@ class EgressExporter:
             if self._thread is not None:
                 self._thread.join(timeout=5)
             self._server = self._thread = None
+
+
+class EgressExporter(LoopbackExporter):
+    """One pool node's exporter: `start()` returns its /metrics URL; `stop()` ends it."""
+
+    def __init__(self, node: str, bytes_per_second: float = 0.0) -> None:
+        super().__init__()
+        self.node = node
+        self.counter = TransmitCounter(bytes_per_second)
+        self._registry.register(self.counter)
+
+    def __str__(self) -> str:
+        return f"the exporter of {self.node}"
+
+    def set_rate(self, bytes_per_second: float) -> None:
+        self.counter.set_rate(bytes_per_second)
 
 
 def start_exporters(rates: Mapping[str, float]) -> dict[str, EgressExporter]:

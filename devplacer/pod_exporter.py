@@ -28,10 +28,10 @@ import time
 from datetime import datetime
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from controller.prometheus.history import TEKTON_LABELS
+from devplacer.egress_exporter import LoopbackExporter
 
 RATE_ANNOTATION = "devcluster.egress-placer.io/transmit-bytes-per-second"
 DURATION_ANNOTATION = "devcluster.egress-placer.io/run-duration"  # KWOK's stage reads it (devcluster/kwok-stages.yaml)
@@ -132,7 +132,7 @@ def pod_families(
     return [transmit, labels, info, containers]
 
 
-class PodExporter:
+class PodExporter(LoopbackExporter):
     """Serves `pod_families` of the pods `list_pods()` returns (read at most once per `cache_seconds`)."""
 
     def __init__(
@@ -141,6 +141,7 @@ class PodExporter:
         clock: Callable[[], float] = time.time,
         cache_seconds: float = 0.5,
     ) -> None:
+        super().__init__()
         self._list_pods = list_pods
         self._clock = clock
         self._cache_seconds = cache_seconds
@@ -148,10 +149,7 @@ class PodExporter:
         self._pods: list[Mapping[str, Any]] = []
         self._read_at = float("-inf")
         self._highest: dict[tuple[str, str], float] = {}
-        self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(self)
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
 
     def collect(self) -> Iterator[Metric]:
         now = self._clock()
@@ -159,16 +157,3 @@ class PodExporter:
             if now - self._read_at >= self._cache_seconds:
                 self._pods, self._read_at = list(self._list_pods()), now
             yield from pod_families(self._pods, now, highest=self._highest)
-
-    def start(self) -> str:
-        if self._server is None:
-            self._server, self._thread = start_http_server(0, addr="127.0.0.1", registry=self._registry)
-        return f"http://127.0.0.1:{self._server.server_port}/metrics"
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            if self._thread is not None:
-                self._thread.join(timeout=5)
-            self._server = self._thread = None
