@@ -32,7 +32,7 @@ from controller.agents.core import AgentGap
 from controller.cli.errors import ClusterUnreachable, CommandError, Exit
 from controller.intruders.core import find_intruders
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
-from controller.queue.core import plan
+from controller.queue.core import KUEUE_QUEUE_LABEL, KUEUE_WORKLOAD_WAIT_SECONDS, plan
 from controller.taints.core import desired_taints
 from controller.prometheus.egress_source import EgressPoller, PrometheusClient
 from controller.kube.client import (
@@ -237,6 +237,22 @@ def queue_lines(state: ClusterState, now: float, shown: int = QUEUE_LINES_SHOWN)
             lines.append(f"  {i + 1:>3}. {entry.kind} {entry.namespace}/{entry.name}, waiting {now - entry.queued_at:.0f}s{late}")
         if len(waiting) > shown:
             lines.append(f"  ... and {len(waiting) - shown} more")
+        lines += _kueue_lines(state.queue.queue_entries(pool.name), now, shown)
+    return lines
+
+
+def _kueue_lines(entries: Sequence[Any], now: float, shown: int) -> list[str]:
+    """The pool's runs Kueue holds by tekton-kueue's label (no line of ours; the leader reads their Workloads,
+    which this command does not): how long each has been held, and where to look when it is long."""
+    held = sorted((e for e in entries if e.kueue_held), key=lambda e: (e.queued_at, e.key))
+    lines = [f"  held for Kueue ({KUEUE_QUEUE_LABEL}), not released by egress-placer: {len(held)}"] if held else []
+    for entry in held[:shown]:
+        waited = now - entry.queued_at
+        late = (f" (over {KUEUE_WORKLOAD_WAIT_SECONDS:.0f}s: see its Workload, kubectl get workloads -n {entry.namespace}; "
+                "a KueueWorkloadMissing Event means it has none)") if waited >= KUEUE_WORKLOAD_WAIT_SECONDS else ""
+        lines.append(f"      {entry.kind} {entry.namespace}/{entry.name}, held {waited:.0f}s{late}")
+    if len(held) > shown:
+        lines.append(f"      ... and {len(held) - shown} more")
     return lines
 
 
