@@ -70,6 +70,7 @@ from controller.core.model import (
     REVIEW_ANNOTATION,
     Decision,
     ImageSet,
+    MeasuredMatch,
     NamespaceState,
     NodeLoad,
     Reason,
@@ -94,6 +95,7 @@ from controller.queue.core import (
     timed_out,
 )
 from controller.queue.view import RunRecord
+from controller.suggest.core import GroupKey, run_key
 from controller.metrics import ERROR, MUTATED, UNCHANGED, Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -253,7 +255,8 @@ class Admission:
     def _taskrun(self, request: Request, warnings: list[str]) -> Patch:
         policy = self.state.policy
         namespace = self.state.namespace(request.namespace)
-        decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request))
+        measured = self.state.history.matches(policy, _taskrun_key(request))
+        decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request), measured)
         template = value_at(request.object, ("spec", "podTemplate"))
         default = self.state.tekton.default_pod_template
         budgets: tuple[str, ...] = ()  # a coscheduled run follows its PipelineRun: never held for budgets here
@@ -453,7 +456,8 @@ class Admission:
     def _tekton_pod(
         self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy, run: RunRecord
     ) -> Patch:
-        decision = self._decide(policy, namespace, request.annotations, pod_images(request.object))
+        measured = self.state.history.matches(policy, _pod_key(request))
+        decision = self._decide(policy, namespace, request.annotations, pod_images(request.object), measured)
         overdue = self._waited_too_long(request, decision.pool, policy)
         if overdue:
             decision = replace(decision, pool=None, message=f"{decision.message}; {overdue}")
@@ -667,15 +671,19 @@ class Admission:
         key = json_key([request.namespace, spec.get("taskRef"), spec.get("taskSpec"), spec.get("params")])
         return self._images.get(key, lambda: taskrun_images(with_namespace(request), tekton), (tekton, tekton.generation))
 
-    def _decide(self, policy: PlacementPolicy, namespace: NamespaceState, annotations: Mapping[str, str], images: ImageSet) -> Decision:
+    def _decide(
+        self, policy: PlacementPolicy, namespace: NamespaceState, annotations: Mapping[str, str], images: ImageSet,
+        measured: tuple[MeasuredMatch, ...] = (),
+    ) -> Decision:
         """`decide`: it reads the policy, the namespace (the state's object, replaced on every change; a
-        namespace the state lacks is its name alone), the placement annotation and the images."""
+        namespace the state lacks is its name alone), the placement annotation, the images and the run's
+        matches in the pools' measured sets (`state.history`, read from memory)."""
         known = self.state.namespaces.get(namespace.name)
         if known is not None and known is not namespace:
-            return decide(policy, namespace, annotations, images)
-        key = (namespace.name, id(known), annotations.get(PLACEMENT_ANNOTATION), images)
+            return decide(policy, namespace, annotations, images, measured)
+        key = (namespace.name, id(known), annotations.get(PLACEMENT_ANNOTATION), images, measured)
         # The answer holds the namespace object: its id is not reused while the entry lives.
-        return self._decisions.get(key, lambda: (known, decide(policy, namespace, annotations, images)), (policy,))[1]
+        return self._decisions.get(key, lambda: (known, decide(policy, namespace, annotations, images, measured)), (policy,))[1]
 
     def _series(self, metric: Any, *values: str) -> Any:
         """`metric.labels(*values)` (values in the metric's label order), looked up once: the few series
@@ -713,6 +721,27 @@ class Admission:
 
 
 # --- helpers --------------------------------------------------------------------------------------
+
+
+PIPELINE_LABEL, PIPELINE_TASK_LABEL = "tekton.dev/pipeline", "tekton.dev/pipelineTask"
+
+
+def _taskrun_key(request: Request) -> GroupKey | None:
+    """The history group of a TaskRun being created: its `spec.taskRef.name` (a Task of its namespace, no
+    resolver), else the Task, Pipeline and PipelineTask labels Tekton (or its creator) wrote. All are the
+    creator's to choose, and all are looked up in the request's namespace only (suggest.core.run_key)."""
+    ref = value_at(request.object, ("spec", "taskRef"))
+    task = None
+    if isinstance(ref, Mapping) and not ref.get("resolver") and ref.get("kind") in (None, "Task"):
+        task = ref.get("name") if isinstance(ref.get("name"), str) else None
+    labels = request.labels
+    return run_key(request.namespace, task or labels.get(TASK_LABEL), labels.get(PIPELINE_LABEL), labels.get(PIPELINE_TASK_LABEL))
+
+
+def _pod_key(request: Request) -> GroupKey | None:
+    """The history group of a run's pod: Tekton's labels on it (what the history grouped it by)."""
+    labels = request.labels
+    return run_key(request.namespace, labels.get(TASK_LABEL), labels.get(PIPELINE_LABEL), labels.get(PIPELINE_TASK_LABEL))
 
 
 def _placed_pool(template: Any, policy: PlacementPolicy) -> Pool | None:
