@@ -95,7 +95,7 @@ from controller.queue.core import (
     timed_out,
 )
 from controller.queue.view import RunRecord
-from controller.suggest.core import GroupKey, run_key
+from controller.suggest.core import pod_group, taskrun_group
 from controller.metrics import ERROR, MUTATED, UNCHANGED, Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -255,7 +255,7 @@ class Admission:
     def _taskrun(self, request: Request, warnings: list[str]) -> Patch:
         policy = self.state.policy
         namespace = self.state.namespace(request.namespace)
-        measured = self.state.history.matches(policy, _taskrun_key(request))
+        measured = self.state.history.matches(policy, taskrun_group(request.namespace, request.object))
         decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request), measured)
         template = value_at(request.object, ("spec", "podTemplate"))
         default = self.state.tekton.default_pod_template
@@ -456,7 +456,7 @@ class Admission:
     def _tekton_pod(
         self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy, run: RunRecord
     ) -> Patch:
-        measured = self.state.history.matches(policy, _pod_key(request))
+        measured = self.state.history.matches(policy, pod_group(request.namespace, request.labels))
         decision = self._decide(policy, namespace, request.annotations, pod_images(request.object), measured)
         overdue = self._waited_too_long(request, decision.pool, policy)
         if overdue:
@@ -721,27 +721,6 @@ class Admission:
 
 
 # --- helpers --------------------------------------------------------------------------------------
-
-
-PIPELINE_LABEL, PIPELINE_TASK_LABEL = "tekton.dev/pipeline", "tekton.dev/pipelineTask"
-
-
-def _taskrun_key(request: Request) -> GroupKey | None:
-    """The history group of a TaskRun being created: its `spec.taskRef.name` (a Task of its namespace, no
-    resolver), else the Task, Pipeline and PipelineTask labels Tekton (or its creator) wrote. All are the
-    creator's to choose, and all are looked up in the request's namespace only (suggest.core.run_key)."""
-    ref = value_at(request.object, ("spec", "taskRef"))
-    task = None
-    if isinstance(ref, Mapping) and not ref.get("resolver") and ref.get("kind") in (None, "Task"):
-        task = ref.get("name") if isinstance(ref.get("name"), str) else None
-    labels = request.labels
-    return run_key(request.namespace, task or labels.get(TASK_LABEL), labels.get(PIPELINE_LABEL), labels.get(PIPELINE_TASK_LABEL))
-
-
-def _pod_key(request: Request) -> GroupKey | None:
-    """The history group of a run's pod: Tekton's labels on it (what the history grouped it by)."""
-    labels = request.labels
-    return run_key(request.namespace, labels.get(TASK_LABEL), labels.get(PIPELINE_LABEL), labels.get(PIPELINE_TASK_LABEL))
 
 
 def _placed_pool(template: Any, policy: PlacementPolicy) -> Pool | None:

@@ -489,6 +489,7 @@ class MeasuredSet:
     groups: Mapping[GroupKey, Measured]
     runs_read: int  # Tekton pods of the window the history had
     dropped: int = 0
+    read_at: float | None = None  # when it was read (the reader's clock)
 
 
 def measured_set(pods: Iterable[PodHistory], p90_bytes_at_least: float, min_runs: int, cap: int = MAX_MEASURED) -> MeasuredSet:
@@ -522,6 +523,31 @@ def run_key(namespace: str, task: str | None, pipeline: str | None, pipeline_tas
     return key if key.kind in MEASURED_KINDS else None
 
 
+TASK_LABEL, PIPELINE_LABEL, PIPELINE_TASK_LABEL = "tekton.dev/task", "tekton.dev/pipeline", "tekton.dev/pipelineTask"
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def taskrun_group(namespace: str, run: Mapping[str, Any]) -> GroupKey | None:
+    """The history group of a TaskRun being created (`run_key`): its `spec.taskRef.name` (a Task of its
+    namespace, no resolver), else the Task, Pipeline and PipelineTask labels Tekton (or its creator) wrote.
+    All are the creator's to choose; `namespace` must be the admission request's (or the manifest's), so a
+    run only ever matches its own namespace's history."""
+    meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
+    spec = run.get("spec") if isinstance(run.get("spec"), Mapping) else {}
+    ref = spec.get("taskRef") if isinstance(spec.get("taskRef"), Mapping) else {}
+    task = _text(ref.get("name")) if not ref.get("resolver") and ref.get("kind") in (None, "Task") else None
+    labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
+    return run_key(namespace, task or _text(labels.get(TASK_LABEL)), _text(labels.get(PIPELINE_LABEL)), _text(labels.get(PIPELINE_TASK_LABEL)))
+
+
+def pod_group(namespace: str, labels: Mapping[str, Any]) -> GroupKey | None:
+    """The history group of a run's pod: Tekton's labels on it (what the history grouped it by)."""
+    return run_key(namespace, _text(labels.get(TASK_LABEL)), _text(labels.get(PIPELINE_LABEL)), _text(labels.get(PIPELINE_TASK_LABEL)))
+
+
 def measured_matches(
     policy: PlacementPolicy, key: GroupKey | None, sets: Mapping[str, MeasuredSet]
 ) -> tuple[MeasuredMatch, ...]:
@@ -545,3 +571,26 @@ def set_change(old: MeasuredSet | None, new: MeasuredSet) -> tuple[tuple[str, ..
     before = set(old.groups) if old is not None else set()
     after = set(new.groups)
     return tuple(str(k) for k in sorted(after - before)), tuple(str(k) for k in sorted(before - after))
+
+
+def sets_from_status(objects: Iterable[Any]) -> dict[str, MeasuredSet]:
+    """The measured sets EgressPool objects carry in `status.history.measured` (what the controller wrote;
+    `kubectl get egresspools -o yaml` gives them), for `explain`. Entries it cannot read are skipped."""
+    out: dict[str, MeasuredSet] = {}
+    for obj in objects:
+        if not isinstance(obj, Mapping) or obj.get("kind") != "EgressPool":
+            continue
+        name = (obj.get("metadata") or {}).get("name") if isinstance(obj.get("metadata"), Mapping) else None
+        status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
+        history = status.get("history") if isinstance(status.get("history"), Mapping) else None
+        if not isinstance(name, str) or history is None:
+            continue
+        groups = {}
+        for entry in history.get("measured") or ():
+            try:
+                key = GroupKey(str(entry["namespace"]), GroupKind(entry["kind"]), str(entry["name"]))
+                groups[key] = Measured(key, int(entry["runs"]), float(entry["p90Bytes"]), float(entry.get("medianBytes", 0)), 0)
+            except (KeyError, TypeError, ValueError):
+                continue
+        out[name] = MeasuredSet(groups, 0)
+    return out

@@ -12,6 +12,7 @@ it is); a changed or removed rule drops the set at once (nothing is placed by a 
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
 from loguru import logger
@@ -38,13 +39,14 @@ class HistoryReader:
         rule: MeasuredHistory,
         client: InstantQuery,
         publish: Callable[["HistoryReader", MeasuredSet], tuple[bool, MeasuredSet | None]],
+        on_error: Callable[["HistoryReader", str], None],
         metrics: Metrics,
         events: EventSink,
         is_leader: Callable[[], bool],
         clock: Callable[[], float],
         regarding: Callable[[str], dict[str, Any]],
     ) -> None:
-        self.pool, self.rule, self._client, self._publish = pool, rule, client, publish
+        self.pool, self.rule, self._client, self._publish, self._on_error = pool, rule, client, publish, on_error
         self._metrics, self._events, self._is_leader, self._clock, self._regarding = metrics, events, is_leader, clock, regarding
         self.last_error: str | None = None
         self._log = logger.bind(pool=pool)
@@ -56,7 +58,7 @@ class HistoryReader:
         except PrometheusError as e:
             self._failed("unavailable" if isinstance(e, PrometheusUnavailable) else "bad-answer", e)
             return None
-        measured = measured_set(history.pods, self.rule.p90_bytes_at_least, self.rule.min_runs)
+        measured = replace(measured_set(history.pods, self.rule.p90_bytes_at_least, self.rule.min_runs), read_at=self._clock())
         current, old = self._publish(self, measured)
         if not current:  # this reader was stopped or replaced during its read: its set is not the rule's
             return None
@@ -91,6 +93,7 @@ class HistoryReader:
         if self.last_error is None:
             self._log.warning("history read failed, the measured set in force stays: {}", error)
         self.last_error = str(error)
+        self._on_error(self, self.last_error)
 
     def run(self, stop: threading.Event) -> None:
         """Read every `interval` until `stop`. Never raises: an unexpected error is counted and logged."""
@@ -136,7 +139,7 @@ class HistoryReaders:
                     self._metrics.history_groups.labels(name).set(0)
             for name, rule in wanted.items():
                 if name not in self._running:
-                    reader = HistoryReader(name, rule, self._client(rule), self._put, self._metrics, self._events,
+                    reader = HistoryReader(name, rule, self._client(rule), self._put, self._error, self._metrics, self._events,
                                            self._is_leader, self._clock, self._regarding)
                     self._running[name] = (rule, reader, self._runner.start(f"history {name}", reader.run, wait=False))
 
@@ -147,6 +150,12 @@ class HistoryReaders:
             if running is None or running[1] is not reader:
                 return False, None
             return True, self._view.publish(reader.pool, measured)
+
+    def _error(self, reader: HistoryReader, error: str) -> None:
+        with self._lock:
+            running = self._running.get(reader.pool)
+            if running is not None and running[1] is reader:
+                self._view.failed(reader.pool, error[:1000])
 
     def readers(self) -> dict[str, HistoryReader]:
         with self._lock:

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 
 from controller.core.model import MeasuredMatch
 from controller.core.policy import PlacementPolicy
+from controller.core.pools import MEASURED_SHOWN, HistoryStatus, MeasuredGroupStatus
+from controller.placement_log.core import rfc3339
 from controller.suggest.core import GroupKey, MeasuredSet, measured_matches
 
 
@@ -18,6 +20,7 @@ class MeasuredView:
     def __init__(self) -> None:
         self._sets: Mapping[str, MeasuredSet] = {}  # replaced whole: readers take no lock
         self._lock = threading.Lock()  # orders the writers
+        self._errors: dict[str, str] = {}  # why a pool's last read failed
 
     def publish(self, pool: str, measured: MeasuredSet | None) -> MeasuredSet | None:
         """Put `measured` in force for `pool` (None: forget it); the set it replaces."""
@@ -27,7 +30,16 @@ class MeasuredView:
             if measured is not None:
                 sets[pool] = measured
             self._sets = sets
+            self._errors.pop(pool, None)
         return old
+
+    def failed(self, pool: str, error: str) -> None:
+        """A read of `pool`'s history failed: the set in force stays, the error is shown in its status."""
+        with self._lock:
+            self._errors[pool] = error
+
+    def error(self, pool: str) -> str | None:
+        return self._errors.get(pool)
 
     def get(self, pool: str) -> MeasuredSet | None:
         return self._sets.get(pool)
@@ -40,3 +52,19 @@ class MeasuredView:
         if key is None or not self._sets:
             return ()
         return measured_matches(policy, key, self._sets)
+
+    def status(self, pool: str) -> HistoryStatus:
+        """The pool's `status.history`: the set in force (largest p90 first, `MEASURED_SHOWN` at most), when it
+        was read, and why the last read failed."""
+        found = self._sets.get(pool)
+        groups = sorted(found.groups.values(), key=lambda m: (-m.bytes_p90, m.key)) if found is not None else []
+        return HistoryStatus(
+            groups=len(groups),
+            read_at=rfc3339(found.read_at) if found is not None and found.read_at is not None else None,
+            last_error=self._errors.get(pool),
+            measured=tuple(
+                MeasuredGroupStatus(namespace=m.key.namespace, kind=m.key.kind.value, name=m.key.name, runs=m.runs,
+                                    p90_bytes=int(m.bytes_p90), median_bytes=int(m.bytes_median))
+                for m in groups[:MEASURED_SHOWN]
+            ),
+        )
