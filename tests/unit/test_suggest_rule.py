@@ -10,13 +10,16 @@ namespace only; the pool's namespace allow-list is checked at every decision."""
 
 from __future__ import annotations
 
-import threading
+import io
+import json
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from controller.cli.explain import run_explain
 from controller.core.decide import decide
 from controller.core.model import PLACEMENT_ANNOTATION, ImageSet, MeasuredMatch, NamespaceState, Reason
 from controller.core.policy import PlacementPolicy, load_policy
@@ -346,3 +349,45 @@ def test_readers_follow_the_policy_and_a_changed_rule_drops_its_set_at_once() ->
         assert readers.readers() == {} and view.get("egress") is None
     finally:
         readers._runner.stop()  # noqa: SLF001
+
+
+# -- what users see: status.history and explain -----------------------------------------------------------
+
+
+def test_status_history_lists_the_set_largest_p90_first_and_the_last_error() -> None:
+    view = MeasuredView()
+    history = pods("team-ci", "curl", [3 * GIB] * 5) + pods("team-ci", "mirror", [2 * GIB] * 4)
+    view.publish("egress", MeasuredSet(measured_set(history, GIB, 3).groups, 9, read_at=0.0))
+    view.failed("egress", "connection refused")
+    status = view.status("egress").model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert status == {
+        "groups": 2, "readAt": "1970-01-01T00:00:00Z", "lastError": "connection refused",
+        "measured": [
+            {"namespace": "team-ci", "kind": "Task", "name": "curl", "runs": 5, "p90Bytes": 3 * GIB, "medianBytes": 3 * GIB},
+            {"namespace": "team-ci", "kind": "Task", "name": "mirror", "runs": 4, "p90Bytes": 2 * GIB, "medianBytes": 2 * GIB},
+        ],
+    }
+    assert view.status("lab").model_dump(by_alias=True, exclude_none=True) == {"groups": 0, "measured": ()}
+
+
+def test_explain_decides_by_the_sets_the_egresspools_carry_in_their_status(tmp_path: Any) -> None:
+    pool = {
+        "apiVersion": "egress-placer.io/v1alpha1", "kind": "EgressPool", "metadata": {"name": "egress"},
+        "spec": {"nodeSelector": {"egress-placer.io/egress": "fast"}, "namespaces": ["team-ci", "team-web"],
+                 "history": {"p90BytesAtLeast": GIB, "prometheus": {"url": "http://prometheus:9090"}}},
+        "status": {"history": {"groups": 1, "measured": [{"namespace": "team-ci", "kind": "Task", "name": "upload", "runs": 4,
+                                                          "p90Bytes": 3 * GIB, "medianBytes": 3 * GIB}, {"bad": "entry"}]}},
+    }
+    (tmp_path / "pools.yaml").write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [pool]}))
+    runs = [
+        {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": {"name": n, "namespace": ns},
+         "spec": {"taskRef": {"name": "upload"}}}
+        for n, ns in (("a", "team-ci"), ("b", "team-web"))
+    ]
+    (tmp_path / "runs.yaml").write_text(yaml.safe_dump_all(runs))
+    out, err = io.StringIO(), io.StringIO()
+    assert run_explain(str(tmp_path / "pools.yaml"), [str(tmp_path / "runs.yaml")], out, err, output="json") == 0, err.getvalue()
+    lines = {r["name"]: r for r in json.loads(out.getvalue())}
+    assert lines["a"]["pool"] == "egress" and lines["a"]["reason"] == "measured-history"
+    assert "team-ci/Task:upload sent 3.0 GiB at p90 over its 4 runs of the last 7d" in lines["a"]["message"]
+    assert lines["b"]["pool"] is None and lines["b"]["reason"] == "unresolved"  # another namespace's Task name: no match

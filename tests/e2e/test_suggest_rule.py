@@ -1,0 +1,123 @@
+"""A pool's opt-in `history` rule on the local cluster (issue 27, "the same signal in the controller"): the
+real Prometheus the `suggest` e2e uses scrapes the devcluster's pod exporter (cAdvisor's transmit counters
+and kube-state-metrics' pod series, driven by the run annotation); egress-placer runs with pool `overseas`
+taking by measured history the Tasks whose p90 sent at least 1 GiB over the window.
+
+History first: 3 heavy runs of Task `upload` in team-cdn (may use the pool) and in team-other (may not), 3
+quiet runs of Task `lint` in team-cdn, none of them matching a glob. Then, once the controller's reader has
+the set (its metric, and the MeasuredSetChanged Event): a new team-cdn `upload` run is placed on the pool
+with reason measured-history and its evidence in its decision and Event; a `lint` run is not; team-other's
+`upload` run, heavy in its own history, is not (the namespace allow-list still applies); a team-other run
+naming and labelling itself like team-cdn's Task is not either."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import yaml
+
+from devcluster.cluster import Cluster
+from devcluster.prometheus import start_prometheus, stop_prometheus
+from devplacer.pod_exporter import DURATION_ANNOTATION, RATE_ANNOTATION, PodExporter
+from tests.e2e.harness import POLICY_FILE, Placer, running_placer
+from tests.e2e.tekton_runs import POOL, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, decision_of, step
+from tests.kube import Api, api_for, namespaced
+from tests.waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+
+GIB = 1024**3
+IMAGE = "docker.io/library/alpine:3.20"  # matches no glob of the e2e policy
+HEAVY = {RATE_ANNOTATION: repr(3 * GIB / 2), DURATION_ANNOTATION: "2s"}  # 3 GiB in 2 s
+QUIET = {RATE_ANNOTATION: "1000", DURATION_ANNOTATION: "2s"}
+EVENTS = "/apis/events.k8s.io/v1/events"
+
+
+def history_policy(url: str) -> str:
+    policy = yaml.safe_load(POLICY_FILE.read_text())
+    (pool,) = [p for p in policy["pools"] if p["name"] == POOL]
+    pool["history"] = {"p90BytesAtLeast": GIB, "window": "30m", "minRuns": 3, "prometheus": {"url": url, "interval": "2s", "timeout": "5s"}}
+    return yaml.safe_dump(policy, sort_keys=False)
+
+
+@pytest.fixture(scope="module")
+def prometheus(devcluster: Cluster, tenants: tuple[str, ...]) -> Iterator[str]:
+    reader = api_for(devcluster.kubeconfig)  # the exporter's own client: it reads from its server's thread
+    exporter = PodExporter(lambda: [p for ns in (TEAM_CDN, TEAM_OTHER) for p in reader.items(namespaced(ns, "pods"))])
+    try:
+        yield start_prometheus(devcluster, {"pods": exporter.start()})
+    finally:
+        stop_prometheus(devcluster)
+        exporter.stop()
+        reader.api_client.close()
+
+
+@pytest.fixture(scope="module")
+def egress_placer(devcluster: Cluster, api: Api, tenants: tuple[str, ...], prometheus: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Placer]:
+    """egress-placer with the history rule on pool overseas (overrides the e2e fixture)."""
+    policy: Path = tmp_path_factory.mktemp("history") / "policy.yaml"
+    policy.write_text(history_policy(prometheus))
+    with running_placer(devcluster, api, policy) as placer:
+        yield placer
+
+
+def task(name: str) -> dict[str, Any]:
+    return {"apiVersion": "tekton.dev/v1", "kind": "Task", "metadata": {"name": name}, "spec": {"steps": [step(IMAGE)]}}
+
+
+def run(name: str, task_name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": {"name": name, "annotations": annotations},
+            "spec": {"taskRef": {"name": task_name}}}
+
+
+def test_a_pool_takes_runs_by_measured_history_only_for_namespaces_it_allows(api: Api, runs: Runs, egress_placer: Placer) -> None:
+    for namespace, name in ((TEAM_CDN, "upload"), (TEAM_CDN, "lint"), (TEAM_OTHER, "upload")):
+        runs.create(namespace, "tasks", task(name))
+    history = [(TEAM_CDN, "upload", HEAVY), (TEAM_CDN, "lint", QUIET), (TEAM_OTHER, "upload", HEAVY)]
+    made: dict[str, list[str]] = {TEAM_CDN: [], TEAM_OTHER: []}
+    for namespace, name, annotations in history:
+        for i in range(3):
+            made[namespace].append(runs.name(f"{name}-h{i}"))
+            runs.create(namespace, "taskruns", run(made[namespace][-1], name, annotations))
+    for namespace, names in made.items():
+        runs.wait_succeeded(namespace, "taskruns", names, timeout=180)
+    before = {n: decision_of(r).get("reason") for ns in made for n, r in runs.listed(ns, "taskruns").items()}
+    assert set(before.values()) == {"no-match"}  # no glob matches, no set yet
+
+    # The reader's set: team-cdn's upload and team-other's upload (measured), not lint (quiet).
+    wait_for("the controller's measured set", lambda: egress_placer.metric("egress_placer_history_groups", {"pool": POOL}) == 2,
+             timeout=120, interval=1)
+    assert egress_placer.metric("egress_placer_history_reads_total", {"pool": POOL, "result": "success"}) >= 1
+    changed = wait_for("the MeasuredSetChanged Event", lambda: [e for e in api.items(EVENTS) if e.get("reason") == "MeasuredSetChanged"],
+                       timeout=60, interval=1)
+    assert f"now takes {TEAM_CDN}/Task:upload, {TEAM_OTHER}/Task:upload" in changed[-1]["note"]
+
+    placed, quiet, refused = runs.name("upload-new"), runs.name("lint-new"), runs.name("other-new")
+    runs.create(TEAM_CDN, "taskruns", run(placed, "upload", QUIET))
+    runs.create(TEAM_CDN, "taskruns", run(quiet, "lint", QUIET))
+    runs.create(TEAM_OTHER, "taskruns", run(refused, "upload", QUIET))
+    # team-other labels an inline run like team-cdn's measured Task (and its own): still its own namespace's, not allowed
+    forged = runs.name("other-forged")
+    body = {**run(forged, "upload", QUIET), "spec": {"taskSpec": {"steps": [step(IMAGE)]}}}
+    body["metadata"]["labels"] = {"tekton.dev/task": "upload"}
+    runs.create(TEAM_OTHER, "taskruns", body)
+
+    decided = {**runs.listed(TEAM_CDN, "taskruns"), **runs.listed(TEAM_OTHER, "taskruns")}
+    assert decision_of(decided[placed])["reason"] == "measured-history"
+    assert decision_of(decided[placed])["pool"] == POOL
+    assert f"{TEAM_CDN}/Task:upload sent 3.0 GiB at p90 over its 3 runs" in decision_of(decided[placed])["message"]
+    assert decision_of(decided[quiet])["reason"] == "no-match" and decision_of(decided[quiet]).get("pool") is None
+    for name in (refused, forged):
+        assert decision_of(decided[name])["reason"] == "no-match" and decision_of(decided[name]).get("pool") is None
+
+    nodes = wait_for("the new runs' pods bound", lambda: (lambda n: n if all(n.values()) else None)(
+        {**runs.nodes_of(TEAM_CDN, [placed, quiet]), **runs.nodes_of(TEAM_OTHER, [refused, forged])}), timeout=90, interval=0.5)
+    assert nodes[placed] in POOL_NODES, nodes
+    assert not {nodes[quiet], nodes[refused], nodes[forged]} & POOL_NODES, nodes
+    pod = runs.pods_by_taskrun(TEAM_CDN)[placed]
+    assert decision_of(pod)["reason"] == "measured-history"
+    note = wait_for("the run's Placed Event", lambda: [e["note"] for e in runs.events(TEAM_CDN, "Placed") if e["regarding"].get("name") == placed],
+                    timeout=60, interval=1)
+    assert "by measured history" in note[0]
