@@ -255,7 +255,8 @@ class Admission:
     def _taskrun(self, request: Request, warnings: list[str]) -> Patch:
         policy = self.state.policy
         namespace = self.state.namespace(request.namespace)
-        measured = self.state.history.matches(policy, taskrun_group(request.namespace, request.object))
+        history = self.state.history
+        measured = history.matches(policy, taskrun_group(request.namespace, request.object)) if history.active else ()
         decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request), measured)
         template = value_at(request.object, ("spec", "podTemplate"))
         default = self.state.tekton.default_pod_template
@@ -456,7 +457,8 @@ class Admission:
     def _tekton_pod(
         self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy, run: RunRecord
     ) -> Patch:
-        measured = self.state.history.matches(policy, pod_group(request.namespace, request.labels))
+        history = self.state.history
+        measured = history.matches(policy, pod_group(request.namespace, request.labels)) if history.active else ()
         decision = self._decide(policy, namespace, request.annotations, pod_images(request.object), measured)
         overdue = self._waited_too_long(request, decision.pool, policy)
         if overdue:

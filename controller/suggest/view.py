@@ -41,6 +41,11 @@ class MeasuredView:
     def error(self, pool: str) -> str | None:
         return self._errors.get(pool)
 
+    @property
+    def active(self) -> bool:
+        """Some pool has a set in force (admission looks nothing up otherwise)."""
+        return bool(self._sets)
+
     def get(self, pool: str) -> MeasuredSet | None:
         return self._sets.get(pool)
 
