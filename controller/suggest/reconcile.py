@@ -136,7 +136,12 @@ class HistoryReaders:
                     self._runner.cancel(task)
                     del self._running[name]
                     self._view.publish(name, None)  # a rule changed or gone: its old set places nothing
-                    self._metrics.history_groups.labels(name).set(0)
+                    self._view.failed(name, "")
+                    for gauge in (self._metrics.history_groups, self._metrics.history_read_timestamp):
+                        try:
+                            gauge.remove(name)
+                        except KeyError:  # never read
+                            pass
             for name, rule in wanted.items():
                 if name not in self._running:
                     reader = HistoryReader(name, rule, self._client(rule), self._put, self._error, self._metrics, self._events,

@@ -34,9 +34,12 @@ class MeasuredView:
         return old
 
     def failed(self, pool: str, error: str) -> None:
-        """A read of `pool`'s history failed: the set in force stays, the error is shown in its status."""
+        """A read of `pool`'s history failed: the set in force stays, the error is shown in its status ("": forget it)."""
         with self._lock:
-            self._errors[pool] = error
+            if error:
+                self._errors[pool] = error
+            else:
+                self._errors.pop(pool, None)
 
     def error(self, pool: str) -> str | None:
         return self._errors.get(pool)

@@ -1,18 +1,19 @@
 """A pool's opt-in `history` rule on the local cluster (issue 27, "the same signal in the controller"): the
 real Prometheus the `suggest` e2e uses scrapes the devcluster's pod exporter (cAdvisor's transmit counters
-and kube-state-metrics' pod series, driven by the run annotation); egress-placer runs with pool `overseas`
-taking by measured history the Tasks whose p90 sent at least 1 GiB over the window.
+and kube-state-metrics' pod series, driven by the run annotation); egress-placer reads the pools API, and its
+EgressPool `overseas` takes by measured history the Tasks whose p90 sent at least 1 GiB over the window.
 
 History first: 3 heavy runs of Task `upload` in team-cdn (may use the pool) and in team-other (may not), 3
 quiet runs of Task `lint` in team-cdn, none of them matching a glob. Then, once the controller's reader has
 the set (its metric, and the MeasuredSetChanged Event): a new team-cdn `upload` run is placed on the pool
 with reason measured-history and its evidence in its decision and Event; a `lint` run is not; team-other's
 `upload` run, heavy in its own history, is not (the namespace allow-list still applies); a team-other run
-naming and labelling itself like team-cdn's Task is not either."""
+labelled like team-cdn's Task is not either. What users see: the pool's `status.history` (kubectl), and
+`egress-placer explain` given `kubectl get egresspools -o yaml` deciding a next run as admission would."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
 from typing import Any, Iterator
 
 import pytest
@@ -21,7 +22,9 @@ import yaml
 from devcluster.cluster import Cluster
 from devcluster.prometheus import start_prometheus, stop_prometheus
 from devplacer.pod_exporter import DURATION_ANNOTATION, RATE_ANNOTATION, PodExporter
-from tests.e2e.harness import POLICY_FILE, Placer, running_placer
+from controller.core.pools import API_VERSION, POOL_PLURAL
+from devplacer.local_placer import start_controller
+from tests.e2e.harness import POLICY_FILE, Placer, as_an_administrator, egress_placer_command, make_plain
 from tests.e2e.tekton_runs import POOL, POOL_NODES, TEAM_CDN, TEAM_OTHER, Runs, decision_of, step
 from tests.kube import Api, api_for, namespaced
 from tests.waiting import wait_for
@@ -33,13 +36,20 @@ IMAGE = "docker.io/library/alpine:3.20"  # matches no glob of the e2e policy
 HEAVY = {RATE_ANNOTATION: repr(3 * GIB / 2), DURATION_ANNOTATION: "2s"}  # 3 GiB in 2 s
 QUIET = {RATE_ANNOTATION: "1000", DURATION_ANNOTATION: "2s"}
 EVENTS = "/apis/events.k8s.io/v1/events"
+POOLS = f"/apis/{API_VERSION}/{POOL_PLURAL}"
 
 
-def history_policy(url: str) -> str:
-    policy = yaml.safe_load(POLICY_FILE.read_text())
-    (pool,) = [p for p in policy["pools"] if p["name"] == POOL]
-    pool["history"] = {"p90BytesAtLeast": GIB, "window": "30m", "minRuns": 3, "prometheus": {"url": url, "interval": "2s", "timeout": "5s"}}
-    return yaml.safe_dump(policy, sort_keys=False)
+def history_pool(url: str) -> dict[str, Any]:
+    """The e2e policy's pool `overseas` as an EgressPool, with the history rule."""
+    (pool,) = [p for p in yaml.safe_load(POLICY_FILE.read_text())["pools"] if p["name"] == POOL]
+    spec = {k: v for k, v in pool.items() if k != "name"}
+    spec["history"] = {"p90BytesAtLeast": GIB, "window": "30m", "minRuns": 3, "prometheus": {"url": url, "interval": "2s", "timeout": "5s"}}
+    return {"apiVersion": API_VERSION, "kind": "EgressPool", "metadata": {"name": POOL}, "spec": spec}
+
+
+def delete_pools(api: Api) -> None:
+    for obj in api.items(POOLS):
+        api.delete(f"{POOLS}/{obj['metadata']['name']}")
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +65,19 @@ def prometheus(devcluster: Cluster, tenants: tuple[str, ...]) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def egress_placer(devcluster: Cluster, api: Api, tenants: tuple[str, ...], prometheus: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Placer]:
-    """egress-placer with the history rule on pool overseas (overrides the e2e fixture)."""
-    policy: Path = tmp_path_factory.mktemp("history") / "policy.yaml"
-    policy.write_text(history_policy(prometheus))
-    with running_placer(devcluster, api, policy) as placer:
+def egress_placer(devcluster: Cluster, api: Api, tenants: tuple[str, ...], prometheus: str) -> Iterator[Placer]:
+    """egress-placer reading the pools API (overrides the e2e fixture), pool overseas with the history rule."""
+    try:
+        start_controller(devcluster, POLICY_FILE, env={"EGRESS_PLACER_POLICY_SOURCE": "pools"})
+        placer = Placer(devcluster)
+        delete_pools(api)
+        api.create(POOLS, history_pool(prometheus))
+        wait_for("the controller's first read of the pool's history",
+                 lambda: placer.metric("egress_placer_history_reads_total", {"pool": POOL, "result": "success"}) >= 1, timeout=60, interval=0.5)
         yield placer
+    finally:
+        delete_pools(api)
+        make_plain(api, devcluster)
 
 
 def task(name: str) -> dict[str, Any]:
@@ -93,6 +110,7 @@ def test_a_pool_takes_runs_by_measured_history_only_for_namespaces_it_allows(api
     changed = wait_for("the MeasuredSetChanged Event", lambda: [e for e in api.items(EVENTS) if e.get("reason") == "MeasuredSetChanged"],
                        timeout=60, interval=1)
     assert f"now takes {TEAM_CDN}/Task:upload, {TEAM_OTHER}/Task:upload" in changed[-1]["note"]
+    assert changed[-1]["regarding"]["kind"] == "EgressPool" and changed[-1]["regarding"]["name"] == POOL
 
     placed, quiet, refused = runs.name("upload-new"), runs.name("lint-new"), runs.name("other-new")
     runs.create(TEAM_CDN, "taskruns", run(placed, "upload", QUIET))
@@ -121,3 +139,24 @@ def test_a_pool_takes_runs_by_measured_history_only_for_namespaces_it_allows(api
     note = wait_for("the run's Placed Event", lambda: [e["note"] for e in runs.events(TEAM_CDN, "Placed") if e["regarding"].get("name") == placed],
                     timeout=60, interval=1)
     assert "by measured history" in note[0]
+
+    # What users see: the pool's status.history (kubectl), and explain reading it back from `kubectl get -o yaml`.
+    status = wait_for("status.history", lambda: (lambda h: h if h and h.get("groups") == 2 else None)(
+        ((api.get(f"{POOLS}/{POOL}") or {}).get("status") or {}).get("history")), timeout=60, interval=1)
+    assert {(g["namespace"], g["name"], g["runs"]) for g in status["measured"]} == {(TEAM_CDN, "upload", 3), (TEAM_OTHER, "upload", 3)}
+    assert status["readAt"] and "lastError" not in status
+    listed = as_an_administrator(egress_placer.cluster, str(egress_placer.cluster.binary("kubectl")), "get", "egresspools", "-o", "yaml")
+    assert listed.returncode == 0, listed.stderr
+    pools_file = egress_placer.cluster.dir / "history-pools.yaml"
+    pools_file.write_text(listed.stdout)
+    manifest = egress_placer.cluster.dir / "history-runs.yaml"
+    manifest.write_text(yaml.safe_dump_all([
+        {**run("next-upload", "upload", {}), "metadata": {"name": "next-upload", "namespace": TEAM_CDN}},
+        {**run("next-other", "upload", {}), "metadata": {"name": "next-other", "namespace": TEAM_OTHER}},
+    ]))
+    explained = egress_placer_command(egress_placer.cluster, "explain", "--policy", str(pools_file), str(manifest), "-o", "json")
+    assert explained.returncode == 0, explained.stderr
+    lines = {line["name"]: line for line in json.loads(explained.stdout)}
+    assert lines["next-upload"]["reason"] == "measured-history" and lines["next-upload"]["pool"] == POOL
+    assert "by measured history" in lines["next-upload"]["message"]
+    assert lines["next-other"]["pool"] is None

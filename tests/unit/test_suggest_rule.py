@@ -347,6 +347,7 @@ def test_readers_follow_the_policy_and_a_changed_rule_drops_its_set_at_once() ->
         assert reader.read_once() is None  # the replaced reader's late read is not put in force
         readers.sync(PlacementPolicy.empty())
         assert readers.readers() == {} and view.get("egress") is None
+        assert [s for f in metrics.history_groups.collect() for s in f.samples] == []  # no series left for a pool without the rule
     finally:
         readers._runner.stop()  # noqa: SLF001
 
