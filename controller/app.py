@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from loguru import logger
 
@@ -37,6 +37,7 @@ from controller.admission.pools import PoolValidation
 from controller.admission.server import AdmissionServer, run_event_loop
 from controller.compat import core as compat
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
+from controller.core.pools import GROUP, POOL_KIND, VERSION
 from controller.prometheus.egress_source import EgressPollers
 from controller.kube.client import ClusterConfigError, KubeApi, make_api_client
 from controller.kube.informer import Informer, cluster_informers, keep_node_annotations, start_informers
@@ -59,6 +60,7 @@ from controller.placement_log.view import PlacementLog
 from controller.pool_status.reconcile import PoolErrors, PoolStatusWriter
 from controller.taints.reconcile import TaintReconciler
 from controller.runner import Runner
+from controller.suggest.reconcile import HistoryReaders
 from controller.settings import Settings
 from controller.state import ClusterState
 
@@ -202,6 +204,9 @@ class Controller:
         self.client = KubeClient(self.api, self.metrics)
         self.events = EventRecorder(self.client, self.metrics, settings.identity)
         self.egress = EgressPollers(self.state.load, clock, self.runner, registry=self.metrics.registry)
+        # Pools with a `history` rule: their measured sets, read in the background (suggest.reconcile).
+        self.history = HistoryReaders(self.state.history, self.runner, self.metrics, self.events, lambda: self.is_leader(), clock,
+                                      self._pool_regarding)
         self.policy = PolicyTracker(self.state, on_policy=self._policy_changed)
         self.policy_source = PolicySource(
             settings, self.policy, self.metrics, self.events, api=self.api, on_refused=self._policy_refused
@@ -398,11 +403,20 @@ class Controller:
         """A policy in force: the egress pollers follow it; the Node cache keeps the annotations its pools
         name as egress addresses (relisting the nodes when one is new)."""
         self.egress.sync(policy)
+        self.history.sync(policy)
         keys = {p.egress_address.annotation for p in policy.pools if p.egress_address is not None and p.egress_address.annotation}
         if keep_node_annotations(keys):
             for informer in getattr(self, "informers", ()):
                 if informer.resource.kind == "Node":
                     informer.relist()
+
+    def _pool_regarding(self, pool: str) -> dict[str, Any]:
+        """What a pool's Event is about: its EgressPool (pools API), else the policy's ConfigMap."""
+        if not self.pool_status:
+            return {"apiVersion": "v1", "kind": "ConfigMap", "namespace": self.settings.namespace, "name": self.settings.policy_configmap}
+        found = next((o for o in self.policy_source.cached_objects() or () if o.get("kind") == POOL_KIND and o["metadata"].get("name") == pool), None)
+        uid = found["metadata"].get("uid", "") if found is not None else ""
+        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": POOL_KIND, "name": pool, **({"uid": uid} if uid else {})}
 
     def _restore_budget_starts(self) -> None:
         """At start, caches synced: the windows' starts the leader recorded (budgets.reconcile)."""

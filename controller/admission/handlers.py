@@ -70,6 +70,7 @@ from controller.core.model import (
     REVIEW_ANNOTATION,
     Decision,
     ImageSet,
+    MeasuredMatch,
     NamespaceState,
     NodeLoad,
     Reason,
@@ -94,6 +95,7 @@ from controller.queue.core import (
     timed_out,
 )
 from controller.queue.view import RunRecord
+from controller.suggest.core import pod_group, taskrun_group
 from controller.metrics import ERROR, MUTATED, UNCHANGED, Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -256,7 +258,9 @@ class Admission:
     def _taskrun(self, request: Request, warnings: list[str]) -> Patch:
         policy = self.state.policy
         namespace = self.state.namespace(request.namespace)
-        decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request))
+        history = self.state.history
+        measured = history.matches(policy, taskrun_group(request.namespace, request.object)) if history.active else ()
+        decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request), measured)
         template = value_at(request.object, ("spec", "podTemplate"))
         default = self.state.tekton.default_pod_template
         budgets: tuple[str, ...] = ()  # a coscheduled run follows its PipelineRun: never held for budgets here
@@ -457,7 +461,9 @@ class Admission:
     def _tekton_pod(
         self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy, run: RunRecord
     ) -> Patch:
-        decision = self._decide(policy, namespace, request.annotations, pod_images(request.object))
+        history = self.state.history
+        measured = history.matches(policy, pod_group(request.namespace, request.labels)) if history.active else ()
+        decision = self._decide(policy, namespace, request.annotations, pod_images(request.object), measured)
         overdue = self._waited_too_long(request, decision.pool, policy)
         if overdue:
             decision = replace(decision, pool=None, message=f"{decision.message}; {overdue}")
@@ -672,15 +678,19 @@ class Admission:
         key = json_key([request.namespace, spec.get("taskRef"), spec.get("taskSpec"), spec.get("params")])
         return self._images.get(key, lambda: taskrun_images(with_namespace(request), tekton), (tekton, tekton.generation))
 
-    def _decide(self, policy: PlacementPolicy, namespace: NamespaceState, annotations: Mapping[str, str], images: ImageSet) -> Decision:
+    def _decide(
+        self, policy: PlacementPolicy, namespace: NamespaceState, annotations: Mapping[str, str], images: ImageSet,
+        measured: tuple[MeasuredMatch, ...] = (),
+    ) -> Decision:
         """`decide`: it reads the policy, the namespace (the state's object, replaced on every change; a
-        namespace the state lacks is its name alone), the placement annotation and the images."""
+        namespace the state lacks is its name alone), the placement annotation, the images and the run's
+        matches in the pools' measured sets (`state.history`, read from memory)."""
         known = self.state.namespaces.get(namespace.name)
         if known is not None and known is not namespace:
-            return decide(policy, namespace, annotations, images)
-        key = (namespace.name, id(known), annotations.get(PLACEMENT_ANNOTATION), images)
+            return decide(policy, namespace, annotations, images, measured)
+        key = (namespace.name, id(known), annotations.get(PLACEMENT_ANNOTATION), images, measured)
         # The answer holds the namespace object: its id is not reused while the entry lives.
-        return self._decisions.get(key, lambda: (known, decide(policy, namespace, annotations, images)), (policy,))[1]
+        return self._decisions.get(key, lambda: (known, decide(policy, namespace, annotations, images, measured)), (policy,))[1]
 
     def _series(self, metric: Any, *values: str) -> Any:
         """`metric.labels(*values)` (values in the metric's label order), looked up once: the few series

@@ -38,6 +38,7 @@ from controller.load.view import LoadView
 from controller.placement_log.view import PlacementLog
 from controller.queue.view import QueueView
 from controller.pool_status.metrics import pool_loads
+from controller.suggest.view import MeasuredView
 
 
 class PoolState(Protocol):
@@ -53,6 +54,7 @@ class PoolState(Protocol):
 
     load: LoadView
     queue: QueueView
+    history: MeasuredView
 
 
 class PoolObjects(Protocol):
@@ -130,8 +132,9 @@ class PoolStatusWriter:
             loads = pool_loads(self.state.load, pool, self.state.nodes) if pool is not None else {}
             counts = self.state.queue.queue_counts(pool, now) if pool is not None else None
             queue = QueueStatus(waiting=counts[0], slots=counts[1], occupied=counts[2]) if counts is not None else None
+            history = self.state.history.status(pool.name) if pool is not None and pool.history is not None else None
             desired = pool_status(
-                obj, policy, members.get(obj.name, []), loads, placed, refusal, self.errors.of(obj.name), now, queue
+                obj, policy, members.get(obj.name, []), loads, placed, refusal, self.errors.of(obj.name), now, queue, history
             )
             if desired == dict(obj.status):
                 continue
