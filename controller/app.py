@@ -97,11 +97,13 @@ def _json_line(record: "loguru.Record") -> str:
 
 
 # How a replica shares the interpreter between the event loop and the informers' threads (bench
-# admission.under_relist: a 20,000-pod relist beside reviews at 200 req/s). Young collections over
-# larger batches (what a list builds is frozen after it: controller.store.release; Python's own: 700,
-# 10, 10), and a thread switch every millisecond instead of every 5: the loop waits for the interpreter
-# at most that long while a relist runs, several times per review.
-COLLECTOR_THRESHOLDS = (10_000, 50, 10)
+# admission.under_relist: a 20,000-pod relist beside reviews at 200 req/s). Young collections of 2,500
+# objects: each holds the interpreter, so the loop, ~0.1 ms (10,000: 1-5 ms, 23 of them per relist; #22),
+# with a middle collection every 500,000 objects as before (200 young ones; Python's own: 700, 10, 10):
+# none during a relist, whose objects are frozen after it (controller.store.release). And a thread
+# switch every millisecond instead of every 5: the loop waits for the interpreter at most that long
+# while a relist runs, several times per review.
+COLLECTOR_THRESHOLDS = (2_500, 200, 10)
 SWITCH_INTERVAL_SECONDS = 0.001
 
 

@@ -163,6 +163,8 @@ class ClusterState:
             elif kind == "Pod":
                 self.load.pods_replaced(counts)
         self._notify(kind)
+        if kind == "Pod":
+            release(counts[2], freeze=False)  # each listed pod's claim, as read
         release(retired)
 
     def _node_changed(self, obj: Mapping[str, Any], deleted: bool, old: NodeState | None, new: NodeState | None) -> bool:
