@@ -16,6 +16,7 @@ the window's starts in a ConfigMap of the controller's namespace (`budgets.recon
 from __future__ import annotations
 
 import threading
+from functools import lru_cache
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 from controller.budgets.core import (
@@ -23,6 +24,7 @@ from controller.budgets.core import (
     MAX_WINDOW_SECONDS,
     PoolBudgets,
     Kept,
+    Record,
     Start,
     address_of,
     addresses,
@@ -40,10 +42,27 @@ from controller.queue.view import QueueView
 from controller.store import Store
 
 
+RECORDS_KEPT = 32_768  # budget records kept parsed (by their text), the least recently read dropped first
+
+
+@lru_cache(maxsize=RECORDS_KEPT)
+def _parsed(text: str) -> Record | None:
+    return read_record(text)
+
+
+def record_of(pod: PodState) -> Record | None:
+    """The pod's budget record, parsed once: when the pod is stored (the "budgeted" index below reads it
+    first), then answered by its text from a bounded table (a pure function of the text: a copy of
+    another pod's text gets the same record, which proves nothing until the view checks the pod is a
+    run's pod). Keeping it by text, not on the stored pod, leaves the pod store's values as they are."""
+    text = pod.annotations.get(BUDGETS_ANNOTATION)
+    return _parsed(text) if isinstance(text, str) else None
+
+
 def budgeted(pod: PodState) -> str | None:
     """The pod store's "budgeted" index: the pool a pod's budget record names (a claim until the view
     checks it is a run's pod)."""
-    record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
+    record = record_of(pod)
     return record.pool if record is not None else None
 
 
@@ -94,7 +113,7 @@ class BudgetsView:
     def pod_ended(self, pod: PodState) -> None:
         """A pod left the cache (finished or deleted): keep its starts when it was a run's pod with a record
         of a pool with destinations (their window outlives the pod)."""
-        record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
+        record = record_of(pod)
         pool = self._policy().pool(record.pool) if record is not None else None
         if record is None or pool is None or not pool.destinations or not pod.uid:
             return
@@ -179,7 +198,7 @@ class BudgetsView:
         known = [d.name for d in pool.destinations]
         out = []
         for pod in self._stores["Pod"].snapshot.under("budgeted", pool.name).values():
-            record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
+            record = record_of(pod)
             use = trusted_use(pod.uid, record, pod.active and self._queue.is_run_pod(pod.namespace, pod.owners, pod.name), pool.name, pod.node_name, known)
             if use is None or record is None:
                 continue
