@@ -386,7 +386,6 @@ class Controller:
         if not self.state.tekton.version_read.wait(TEKTON_VERSION_WAIT):  # not required: bounded, said in the log
             logger.warning("Tekton's version (ConfigMap {}) not read yet: nothing turned off until it is", compat.PIPELINES_INFO)
         logger.bind(nodes=len(self.state.nodes), pods=len(self.state.pods)).info("caches synced")
-        self._restore_budget_starts()
         if self.settings.leader_election:
             self.runner.start("leader election", self.leader.run)
         else:
@@ -403,13 +402,6 @@ class Controller:
             for informer in getattr(self, "informers", ()):
                 if informer.resource.kind == "Node":
                     informer.relist()
-
-    def _restore_budget_starts(self) -> None:
-        """At start, caches synced: the windows' starts the leader recorded (budgets.reconcile)."""
-        try:
-            self.budget_starts.restore()
-        except Exception as e:  # noqa: BLE001 - unreadable now: the new leader reads it again on its first pass
-            logger.bind(error=str(e)).warning("the budget window starts could not be read at start")
 
     def _adopt_stored_policy(self) -> None:
         """At start, when the source gave no valid policy: the stored last good one, validated again."""

@@ -19,15 +19,19 @@ import threading
 from functools import lru_cache
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
+from loguru import logger
+
 from controller.budgets.core import (
     BUDGETS_ANNOTATION,
     MAX_WINDOW_SECONDS,
+    STARTS_KEY,
     PoolBudgets,
     Kept,
     Record,
     Start,
     address_of,
     addresses,
+    decode_starts,
     describe,
     figures,
     read_record,
@@ -145,6 +149,16 @@ class BudgetsView:
                 if uid not in self._ended and len(self._ended) < MAX_ENDED:
                     self._ended[uid] = (pool, tuple(starts))
                     taken += 1
+        return taken
+
+    def record_seen(self, configmap: Mapping[str, Any] | None) -> int:
+        """The leader's record of starts as this replica's informer shows it (kube.informer: every replica
+        follows the ConfigMap, from its first list on, so a follower counts the starts of pods it never saw
+        and has them when it starts leading). Additive: a row only adds a pod's starts this replica lacks;
+        rows leave by their window alone. The number taken."""
+        taken = self.restore(decode_starts(((configmap or {}).get("data") or {}).get(STARTS_KEY)))
+        if taken:
+            logger.bind(runs=taken).debug("budget window starts taken from the leader's record")
         return taken
 
     def window_starts(self, now: float) -> dict[str, tuple[str, tuple[Start, ...]]]:
