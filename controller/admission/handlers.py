@@ -481,6 +481,8 @@ class Admission:
             self.state.load.withdraw(key)
         budget = self._budget(request, decision, policy)
         allowed = frozenset(budget[1].nodes) if budget is not None and not budget[1].hold else None
+        if allowed and decision.pool:
+            allowed = self._released_to(request, run, policy, decision.pool, allowed)
         placement = self._place(current, decision.pool, policy, key, request.name, request.dry_run, allowed=allowed)
         self._count(request.kind, decision, placement)
         template = placement.template
@@ -503,6 +505,21 @@ class Admission:
         if placement.pool or decision.reason in WARNING_REASONS:
             self._emit(request, decision, placement)
         return patch + self._gate(request, placement.capped, policy, run) + annotation_ops(request.object, annotations)
+
+    def _released_to(self, request: Request, run: RunRecord, policy: PlacementPolicy, pool_name: str, allowed: frozenset[str]) -> frozenset[str]:
+        """The nodes with room behind the egress address the leader released the run to (its entry, written
+        with the release: the run's as cached, else the copy Tekton put on the pod), when some have room
+        there; else every node with room. Replicas admitting pods at once each follow the one leader's
+        count instead of all taking the same address's last room (docs/budgets.md); an address a tenant
+        wrote on a pod only steers its own pod among nodes with room."""
+        copied = read_entry(request.annotations.get(QUEUE_ANNOTATION), "TaskRun")
+        address = (run.entry.address if run.entry is not None else "") or (copied.address if copied is not None else "")
+        pool = policy.pool(pool_name)
+        if not address or pool is None:
+            return allowed
+        where = self.state.budgets.addresses(pool)
+        behind = frozenset(n for n in allowed if where.get(n) == address)
+        return behind or allowed
 
     def _held_whole(self, request: Request) -> bool:
         """Is a coscheduled TaskRun's PipelineRun (its controller owner, by uid, in the cache) held whole by

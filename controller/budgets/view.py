@@ -35,7 +35,7 @@ from controller.budgets.core import (
     describe,
     figures,
     read_record,
-    release_within,
+    release_to,
     Use,
     trusted_use,
 )
@@ -228,14 +228,16 @@ class BudgetsView:
         node = self._stores["Node"].items.get(name)
         return address_of(name, node.labels if node else {}, node.annotations if node else {}, pool.egress_address)
 
-    def releasable(self, pool: Pool, line: Sequence[tuple[Hashable, Sequence[str]]], flying: Sequence[Sequence[str]], now: float) -> set[Hashable]:
+    def releasable(self, pool: Pool, line: Sequence[tuple[Hashable, Sequence[str]]], flying: Sequence[tuple[Sequence[str], str]],
+                   now: float) -> dict[Hashable, str]:
         """Which of the waiting runs (`line`: key and the destinations each waits for, in release order) fit
-        the pool's budgets now, with the runs released and not yet on a node (`flying`) counted. Every key
-        when the pool has no destinations."""
+        the pool's budgets now, each with the egress address it is released to, with the runs released and
+        not yet on a node (`flying`: destinations and the address each was released to) counted. Every key
+        (no address) when the pool has no destinations."""
         budgets = self.pool_budgets(pool, now)
         if budgets is None:
-            return {key for key, _ in line}
-        return set(release_within(budgets, line, flying, now))
+            return {key: "" for key, _ in line}
+        return release_to(budgets, line, flying, now)
 
     def status_lines(self, now: float) -> list[str]:
         """Each budget's use per pool, destination and address (`egress-placer status`)."""

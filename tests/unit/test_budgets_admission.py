@@ -138,10 +138,16 @@ class Releaser:
 
     def __init__(self, env: Env) -> None:
         self.env, self.released = env, []
+        self.entries: dict[str, str | None] = {}
 
-    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
+    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str, entry: str | None = None) -> bool:
         self.released.append(name)
-        self.env.state.apply(kind, "MODIFIED", self.env.runs[name] | {"spec": {}})
+        self.entries[name] = entry
+        run = self.env.runs[name] | {"spec": {}}
+        if entry is not None:
+            run = run | {"metadata": {**run["metadata"], "annotations": {**run["metadata"]["annotations"], QUEUE_ANNOTATION: entry}}}
+        self.env.runs[name] = run
+        self.env.state.apply(kind, "MODIFIED", run)
         return True
 
     def ungate_pod(self, *args: Any) -> bool:
@@ -334,3 +340,68 @@ def test_a_coscheduled_run_of_a_pipelinerun_held_whole_by_the_queue_is_not_held_
     for name, owner, uid in (("t2", "whole", "made-up"), ("t3", "plain", "uid-plain")):
         _, held_run, _ = env.review(coscheduled_run(name, owner, uid))
         assert held_run["spec"]["status"] == "TaskRunPending", name
+
+
+# -- two replicas admitting pods at once (the leader's release names the address) ------------------------
+
+
+def replica(env: Env) -> Env:
+    """Another replica: its own state, shown the same runs and pods (not the pods the first admits)."""
+    other = env_with_budgets()
+    other.admission.wall = lambda: env.now
+    for run in env.runs.values():
+        other.state.apply("TaskRun", "ADDED", run)
+    for key, pod in env.state.pods.items():
+        other.state.apply("Pod", "ADDED", {"metadata": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid, "annotations": dict(pod.annotations),
+                                                         "ownerReferences": [{"apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid,
+                                                                              "controller": o.controller} for o in pod.owners]},
+                                            "spec": {"nodeName": pod.node_name}, "status": {"phase": pod.phase}})
+    return other
+
+
+def test_two_replicas_admitting_the_last_rooms_at_once_follow_the_leaders_release() -> None:
+    """One run at once per address (each node its own), egress-1 busy: the leader releases r1 and r2, one
+    into each address left, and writes each address into the run's entry with the release. Their pods come
+    at the same moment to two replicas, neither seeing the other's: each goes behind the address its run
+    was released to. Without the address both replicas see the same room and pick the same node."""
+    env = env_with_budgets()
+    env.admission.wall = lambda: env.now
+    running(env, "a", "egress-1")
+    held(env, ["r1", "r2"])
+    releaser = Releaser(env)
+    QueueReconciler(env.state, releaser, RecordingSink(), env.metrics, clock=lambda: env.now)()
+    assert releaser.released == ["r1", "r2"]
+    to = {name: read_entry(entry, "TaskRun").address for name, entry in releaser.entries.items()}  # type: ignore[union-attr]
+    assert sorted(to.values()) == ["egress-2", "egress-3"]
+    other = replica(env)
+    first = node_of(env.review(tekton_pod(name="r1-pod", taskrun_name="r1"))[1])
+    second = node_of(other.review(tekton_pod(name="r2-pod", taskrun_name="r2"))[1])
+    assert (first, second) == (to["r1"], to["r2"])
+    # the same moment without the leader's address: both replicas take the same room
+    for run in env.runs.values():
+        run["metadata"]["annotations"][QUEUE_ANNOTATION] = entry_annotation_without_address(run)
+    blind, blind_other = replica(env), replica(env)
+    same = {node_of(blind.review(tekton_pod(name="r1-pod", taskrun_name="r1"))[1]), node_of(blind_other.review(tekton_pod(name="r2-pod", taskrun_name="r2"))[1])}
+    assert len(same) == 1, same
+
+
+def entry_annotation_without_address(run: dict[str, Any]) -> str:
+    from controller.queue.core import entry_annotation
+
+    mark = read_entry(run["metadata"]["annotations"][QUEUE_ANNOTATION], "TaskRun")
+    assert mark is not None
+    return entry_annotation(mark.pool, mark.kind, mark.queued_at, mark.budgets)
+
+
+def test_an_address_a_tenant_writes_on_its_pod_only_steers_it_among_nodes_with_room() -> None:
+    """The entry Tekton copies onto the pod is the pod creator's to write: naming a full address gets the
+    pod no room there (it goes where there is room); the run's own entry is the run guard's to keep."""
+    from controller.queue.core import entry_annotation
+
+    env = env_with_budgets()
+    running(env, "a", "egress-1")
+    forged = entry_annotation("egress", "TaskRun", env.now, ("kaniko-pulls",), "egress-1")
+    patched = env.review(tekton_pod(name="c-pod", taskrun_name="c", annotations={QUEUE_ANNOTATION: forged}))[1]
+    assert node_of(patched) in ("egress-2", "egress-3")
+    steered = entry_annotation("egress", "TaskRun", env.now, ("kaniko-pulls",), "egress-3")
+    assert node_of(env.review(tekton_pod(name="d-pod", taskrun_name="d", annotations={QUEUE_ANNOTATION: steered}))[1]) in ("egress-2", "egress-3")
