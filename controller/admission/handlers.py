@@ -479,6 +479,7 @@ class Admission:
             if taskrun:
                 self.state.load.forget(ledger_key("taskrun", request.namespace, taskrun))
             self.state.load.withdraw(key)
+            self.state.budgets.withdraw(request.namespace, request.name)  # nor its own budget use (the same)
         budget = self._budget(request, decision, policy)
         allowed = frozenset(budget[1].nodes) if budget is not None and not budget[1].hold else None
         if allowed and decision.pool:
@@ -492,7 +493,8 @@ class Admission:
         if recorded:
             assert budget is not None and placement.pool is not None and placement.node is not None
             touched, seen, full, would = budget
-            template = narrow(template, full)
+            if not seen.hold:  # no room anywhere: placed anyway (the Warning), never kept off every node
+                template = narrow(template, [n for n in full if n != placement.node])
             now = self.wall()
             annotations[BUDGETS_ANNOTATION] = record_annotation(placement.pool, touched, placement.node, now)
             pool = policy.pool(placement.pool)

@@ -101,6 +101,12 @@ class BudgetsView:
         with self._ended_lock:
             self._placing[(namespace, name)] = (now, record, pool.name, use, tuple(Start(n, address, now) for n in sorted(names)))
 
+    def withdraw(self, namespace: str, name: str) -> None:
+        """The API server calls admission again for the pod `name` (reinvocation): its use from the first
+        call must not count against itself (the same pod is placed again)."""
+        with self._ended_lock:
+            self._placing.pop((namespace, name), None)
+
     def _placing_uses(self, pool: Pool, now: float) -> list[tuple[Use, tuple[Start, ...]]]:
         """The pods admission placed that the pod store does not show yet (with their record)."""
         pods = self._stores["Pod"].items

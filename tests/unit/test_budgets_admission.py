@@ -405,3 +405,28 @@ def test_an_address_a_tenant_writes_on_its_pod_only_steers_it_among_nodes_with_r
     assert node_of(patched) in ("egress-2", "egress-3")
     steered = entry_annotation("egress", "TaskRun", env.now, ("kaniko-pulls",), "egress-3")
     assert node_of(env.review(tekton_pod(name="d-pod", taskrun_name="d", annotations={QUEUE_ANNOTATION: steered}))[1]) in ("egress-2", "egress-3")
+
+
+def test_the_api_server_calling_again_for_the_same_pod_does_not_count_it_against_itself() -> None:
+    """Reinvocation (or a retried call): the pod's own use from the first call is not room taken from it;
+    it is placed on the same node, whose address the narrowing never keeps it off (found on the local
+    cluster: a pod kept off every pool node, Pending for good)."""
+    env = env_with_budgets()
+    env.admission.wall = lambda: env.now
+    running(env, "a", "egress-1")
+    running(env, "b", "egress-3")
+    _, first, _ = env.review(tekton_pod(name="c-pod", taskrun_name="c"))
+    assert node_of(first) == "egress-2"
+    _, again, _ = env.review(first)
+    assert node_of(again) == "egress-2" and not [e for e in env.events.sent if e["reason"] == "BudgetExceeded"]
+    for term in again["spec"]["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]:
+        assert {"key": "metadata.name", "operator": "NotIn", "values": ["egress-2"]} not in term.get("matchFields", [])
+
+
+def test_with_no_room_anywhere_the_pod_is_kept_off_no_node() -> None:
+    env = env_with_budgets()
+    for name, node in (("a", "egress-1"), ("b", "egress-2"), ("d", "egress-3")):
+        running(env, name, node)
+    _, patched, _ = env.review(tekton_pod(name="c-pod", taskrun_name="c"))
+    terms = patched["spec"]["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]
+    assert not any("matchFields" in term for term in terms)
