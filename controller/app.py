@@ -298,7 +298,7 @@ class Controller:
             if self.pool_status
             else []
         )
-        queue = QueueReconciler(self.state, self.client, self.events, self.metrics)
+        queue = QueueReconciler(self.state, self.client, self.events, self.metrics, kueue_wait=s.kueue_workload_wait_seconds)
         self.metrics.track_queue_overdue(lambda: {pool: len(p.overdue) for pool, p in queue.plans.items()}, self.is_leader)
         return ReconcileLoop(
             self.state,

@@ -120,14 +120,17 @@ class Placement:
     loads: Mapping[str, NodeLoad] = field(default_factory=dict)
     note: str = ""  # why the decision's pool was not (or not wholly) applied
     more_nodes: int = 0  # eligible nodes of the pool not in `loads`
-    # Sent to a provisioned pool that has no ready node (no node named): not queued nor gated, since the
-    # queue's slots count Ready nodes only and the demand must reach the provisioner.
+    # Sent to a provisioned pool that has no ready node (no node named): its pod is the demand the provisioner
+    # brings a node up for. Queued and gated all the same when the pool queues (`queued`): its queue counts
+    # the nodes being launched, and one node's runs while there are none (queue.core.provisioned_nodes).
     provisioned: bool = False
+    queued: bool = False
 
     @property
     def capped(self) -> str | None:
-        """The pool whose queue or slot gate applies: one with a node chosen (None: none)."""
-        return self.pool if self.node else None
+        """The pool whose queue or slot gate applies: one with a node chosen, or a queued pool being
+        provisioned (None: none)."""
+        return self.pool if self.node or (self.provisioned and self.queued) else None
 
 
 
@@ -264,9 +267,10 @@ class Admission:
             placement = _keep_if_allowed(template, policy, namespace, why, default)
             # The annotation is anyone's to write: it frees no budget. A run its template sends to a pool
             # waits for that pool's Enforce budgets like any run (docs/budgets.md, coscheduled runs).
-            if placement.pool and not self._held_whole(request):
-                budgets = self._run_budgets(request, replace(decision, pool=placement.pool), policy)
-                held_in = placement.pool if budgets else None
+            kept = policy.pool(placement.pool) if placement.pool else None
+            if kept is not None and self.state.budgets.addresses(kept) and not self._held_whole(request):
+                budgets = self._run_budgets(request, replace(decision, pool=kept.name), policy)
+                held_in = kept.name if budgets else None
         else:
             key = ledger_key("taskrun", request.namespace, request.key_name)
             # A queued run's pod comes when it is released: nothing to assume now (the pod is placed again).
@@ -276,7 +280,9 @@ class Admission:
         self._count(request.kind, decision, placement)
         patch = ops_at(request.object, ("spec", "podTemplate"), placement.template)
         annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
-        queued = self._enqueue(request, placement.capped or held_in, patch, annotations, budgets)
+        # No node yet (a provisioned pool): no budget can be weighed against a node, and none is held for
+        # (a coscheduled run is held in the pool its template names only while that pool has nodes: held_in).
+        queued = self._enqueue(request, placement.capped or held_in, patch, annotations, budgets if placement.node or held_in else ())
         patch += annotation_ops(request.object, annotations)
         if decision.reason == Reason.UNKNOWN_POOL:
             warnings.append(f"egress-placer: {decision.message}")
@@ -705,7 +711,8 @@ class Admission:
                 # Sent to the pool with no node named: the pod waits Pending, Unschedulable, which is the
                 # demand the pool's provisioner (Karpenter's NodePool) brings a node up for.
                 note = f"pool {pool.name} has no ready node: left to NodePool {pool.provisioning.karpenter.node_pool} to provision"
-                return Placement(self._template(template, policy, default, pool, None), pool.name, note=note, provisioned=True)
+                return Placement(self._template(template, policy, default, pool, None), pool.name, note=note, provisioned=True,
+                                 queued=pool.queue is not None)
             return Placement(self._template(template, policy, default, None, None), note=f"pool {pool.name} has no ready node")
         new = self._template(template, policy, default, pool, choice.node)
         return Placement(new, pool.name, choice.node, choice.loads, more_nodes=choice.more_nodes)

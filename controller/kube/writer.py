@@ -22,7 +22,7 @@ from controller.core.model import Taint
 from controller.core.policy import API_VERSION as POOLS_API_VERSION
 from controller.kube.client import JSON, JSON_PATCH, MERGE_PATCH, ApiError, Outcome
 from controller.kube.reader import KubeReader
-from controller.queue.core import KUEUE_WORKLOADS, QUEUE_ANNOTATION, Workloads, workload_of
+from controller.queue.core import KUEUE_WORKLOADS, NODECLAIMS, NODEPOOL_LABEL, QUEUE_ANNOTATION, Workloads, workload_of
 from controller.metrics import Metrics
 
 REPORTING_CONTROLLER = "egress-placer.io/controller"
@@ -291,6 +291,21 @@ class KubeClient(KubeReader):
             logger.bind(namespace=namespace).warning(f"cannot read Kueue's Workloads: {e}")
             return None
         return dict(filter(None, map(workload_of, (listed or {}).get("items") or [])))
+
+    def node_claims(self, node_pool: str) -> list[dict[str, Any]] | None:
+        """The NodeClaims of Karpenter's NodePool `node_pool` (label karpenter.sh/nodepool), for the queue of a
+        provisioned pool (queue.core.launching). Empty when Karpenter is not installed (404); None when the
+        look failed."""
+        query = {"labelSelector": f"{NODEPOOL_LABEL}={node_pool}"}
+        try:
+            listed = self.call("list-nodeclaims", lambda: self.api.call("GET", NODECLAIMS, query=query))
+        except ApiError as e:
+            if e.outcome is Outcome.NOT_FOUND:
+                return []
+            logger.bind(node_pool=node_pool).warning(f"cannot read Karpenter's NodeClaims: {e}")
+            return None
+        items = (listed or {}).get("items") or []
+        return [item for item in items if isinstance(item, dict)]
 
     def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...], gate: str) -> bool:
         """Remove `gate` from a pod's spec.schedulingGates (the scheduler then places it), and nothing

@@ -73,6 +73,7 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     },
     *{("cluster", "tekton.dev", r, "patch", ANY) for r in ("taskruns", "pipelineruns")},  # the queue's release
     ("cluster", "kueue.x-k8s.io", "workloads", "list", ANY),  # the queue releases no PipelineRun Kueue holds
+    ("cluster", "karpenter.sh", "nodeclaims", "list", ANY),  # a provisioned pool's queue counts the launching nodes
     *{("cluster", "events.k8s.io", "events", v, ANY) for v in ("create", "patch")},
     *{
         ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", v, default("webhook_config_name"))
