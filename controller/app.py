@@ -393,7 +393,6 @@ class Controller:
         if not self.state.tekton.version_read.wait(TEKTON_VERSION_WAIT):  # not required: bounded, said in the log
             logger.warning("Tekton's version (ConfigMap {}) not read yet: nothing turned off until it is", compat.PIPELINES_INFO)
         logger.bind(nodes=len(self.state.nodes), pods=len(self.state.pods)).info("caches synced")
-        self._restore_budget_starts()
         if self.settings.leader_election:
             self.runner.start("leader election", self.leader.run)
         else:
@@ -419,13 +418,6 @@ class Controller:
         found = next((o for o in self.policy_source.cached_objects() or () if o.get("kind") == POOL_KIND and o["metadata"].get("name") == pool), None)
         uid = found["metadata"].get("uid", "") if found is not None else ""
         return {"apiVersion": f"{GROUP}/{VERSION}", "kind": POOL_KIND, "name": pool, **({"uid": uid} if uid else {})}
-
-    def _restore_budget_starts(self) -> None:
-        """At start, caches synced: the windows' starts the leader recorded (budgets.reconcile)."""
-        try:
-            self.budget_starts.restore()
-        except Exception as e:  # noqa: BLE001 - unreadable now: the new leader reads it again on its first pass
-            logger.bind(error=str(e)).warning("the budget window starts could not be read at start")
 
     def _adopt_stored_policy(self) -> None:
         """At start, when the source gave no valid policy: the stored last good one, validated again."""

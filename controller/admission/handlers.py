@@ -83,6 +83,7 @@ from controller.queue.core import (
     GOVERNED_BY_KUEUE,
     PENDING,
     POOL_SLOT_GATE,
+    claimed_pipelinerun,
     claimed_taskrun,
     gates_pod,
     held_by_queue,
@@ -263,10 +264,17 @@ class Admission:
         decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request), measured)
         template = value_at(request.object, ("spec", "podTemplate"))
         default = self.state.tekton.default_pod_template
-        budgets: tuple[str, ...] = ()  # a coscheduled run follows its PipelineRun: never held for budgets here
+        budgets: tuple[str, ...] = ()
+        held_in: str | None = None  # the pool a coscheduled run is held in for its budgets
         if AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
             why = "coscheduled: its PipelineRun places the whole run"
             placement = _keep_if_allowed(template, policy, namespace, why, default)
+            # The annotation is anyone's to write: it frees no budget. A run its template sends to a pool
+            # waits for that pool's Enforce budgets like any run (docs/budgets.md, coscheduled runs).
+            kept = policy.pool(placement.pool) if placement.pool else None
+            if kept is not None and self.state.budgets.addresses(kept) and not self._held_whole(request):
+                budgets = self._run_budgets(request, replace(decision, pool=kept.name), policy)
+                held_in = kept.name if budgets else None
         else:
             key = ledger_key("taskrun", request.namespace, request.key_name)
             # A queued run's pod comes when it is released: nothing to assume now (the pod is placed again).
@@ -276,8 +284,9 @@ class Admission:
         self._count(request.kind, decision, placement)
         patch = ops_at(request.object, ("spec", "podTemplate"), placement.template)
         annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
-        # No node yet (a provisioned pool): no budget can be weighed against a node, and none is held for.
-        queued = self._enqueue(request, placement.capped, patch, annotations, budgets if placement.node else ())
+        # No node yet (a provisioned pool): no budget can be weighed against a node, and none is held for
+        # (a coscheduled run is held in the pool its template names only while that pool has nodes: held_in).
+        queued = self._enqueue(request, placement.capped or held_in, patch, annotations, budgets if placement.node or held_in else ())
         patch += annotation_ops(request.object, annotations)
         if decision.reason == Reason.UNKNOWN_POOL:
             warnings.append(f"egress-placer: {decision.message}")
@@ -431,7 +440,11 @@ class Admission:
         labels = request.labels
         if labels.get(COMPONENT_LABEL) == AFFINITY_ASSISTANT_COMPONENT or AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
             placement = _keep_if_allowed(current, policy, namespace, "coscheduled")
-            return json_patch(current, placement.template, "/spec")
+            # The label and the annotation are the pod creator's to write: a run's pod (by its TaskRun's
+            # uid) is counted against its budgets all the same (the assistant itself is no run's pod).
+            run = self._run_pod(request, owner)
+            budget = self._coscheduled_budget(request, namespace, policy, placement) if run is not None else []
+            return json_patch(current, placement.template, "/spec") + budget
         run = self._run_pod(request, owner) if is_tekton_pod(request.object) else None
         if run is not None:
             return self._tekton_pod(request, current, namespace, policy, run)
@@ -478,8 +491,11 @@ class Admission:
             if taskrun:
                 self.state.load.forget(ledger_key("taskrun", request.namespace, taskrun))
             self.state.load.withdraw(key)
+            self.state.budgets.withdraw(request.namespace, request.name)  # nor its own budget use (the same)
         budget = self._budget(request, decision, policy)
         allowed = frozenset(budget[1].nodes) if budget is not None and not budget[1].hold else None
+        if allowed and decision.pool:
+            allowed = self._released_to(request, run, policy, decision.pool, allowed)
         placement = self._place(current, decision.pool, policy, key, request.name, request.dry_run, allowed=allowed)
         self._count(request.kind, decision, placement)
         template = placement.template
@@ -489,7 +505,8 @@ class Admission:
         if recorded:
             assert budget is not None and placement.pool is not None and placement.node is not None
             touched, seen, full, would = budget
-            template = narrow(template, full)
+            if not seen.hold:  # no room anywhere: placed anyway (the Warning), never kept off every node
+                template = narrow(template, [n for n in full if n != placement.node])
             now = self.wall()
             annotations[BUDGETS_ANNOTATION] = record_annotation(placement.pool, touched, placement.node, now)
             pool = policy.pool(placement.pool)
@@ -502,6 +519,58 @@ class Admission:
         if placement.pool or decision.reason in WARNING_REASONS:
             self._emit(request, decision, placement)
         return patch + self._gate(request, placement.capped, policy, run) + annotation_ops(request.object, annotations)
+
+    def _released_to(self, request: Request, run: RunRecord, policy: PlacementPolicy, pool_name: str, allowed: frozenset[str]) -> frozenset[str]:
+        """The nodes with room behind the egress address the leader released the run to (its entry, written
+        with the release: the run's as cached, else the copy Tekton put on the pod), when some have room
+        there; else every node with room. Replicas admitting pods at once each follow the one leader's
+        count instead of all taking the same address's last room (docs/budgets.md); an address a tenant
+        wrote on a pod only steers its own pod among nodes with room."""
+        copied = read_entry(request.annotations.get(QUEUE_ANNOTATION), "TaskRun")
+        address = (run.entry.address if run.entry is not None else "") or (copied.address if copied is not None else "")
+        pool = policy.pool(pool_name)
+        if not address or pool is None:
+            return allowed
+        where = self.state.budgets.addresses(pool)
+        behind = frozenset(n for n in allowed if where.get(n) == address)
+        return behind or allowed
+
+    def _held_whole(self, request: Request) -> bool:
+        """Is a coscheduled TaskRun's PipelineRun (its controller owner, by uid, in the cache) held whole by
+        our queue (its entry)? Then the TaskRun is not held again: it would wait for a slot its
+        PipelineRun keeps taken while it has no pod bound (queue.core.in_flight)."""
+        claim = claimed_pipelinerun(owner_refs(request.metadata))
+        whole = self.state.queue.taskrun(request.namespace, claim.name, "PipelineRun") if claim is not None else None
+        return whole is not None and claim is not None and whole.uid == claim.uid and whole.entry is not None
+
+    def _coscheduled_budget(self, request: Request, namespace: NamespaceState, policy: PlacementPolicy, placement: Placement) -> Patch:
+        """A coscheduled run's pod on a pool follows its affinity assistant (required pod affinity): never
+        moved nor narrowed, but recorded and counted as any run's pod, on the node it is bound to, else its
+        assistant's (pod `<annotation>-0` in the cache), else none yet (the bound node counts once bound).
+        A Warning when that node's address has no room (the release waited for room on some pool node)."""
+        decision = self._decide(policy, namespace, request.annotations, pod_images(request.object))
+        budget = self._budget(request, replace(decision, pool=placement.pool), policy) if placement.pool else None
+        pool = policy.pool(placement.pool) if placement.pool else None
+        if budget is None or pool is None:
+            present = BUDGETS_ANNOTATION in request.annotations
+            return [{"op": "remove", "path": pointer(("metadata", "annotations", BUDGETS_ANNOTATION))}] if present else []
+        touched, seen, full, would = budget
+        node = text((request.object.get("spec") or {}).get("nodeName")) or self._assistant_node(request)
+        now = self.wall()
+        record = record_annotation(pool.name, touched, node, now)
+        if not request.dry_run:
+            self.state.budgets.placed(request.namespace, request.name, pool, node, touched, record, now)
+        self._budget_events(request, seen, would, pool.name)
+        if node in full and not seen.hold and not request.dry_run:
+            self._send(request, "Warning", "BudgetExceeded",
+                       f"placed on its affinity assistant's node {node}, whose egress address has no room for budget {', '.join(touched)}")
+        return annotation_ops(request.object, {BUDGETS_ANNOTATION: record})
+
+    def _assistant_node(self, request: Request) -> str:
+        """The node of the pod's affinity assistant (Tekton's StatefulSet `<annotation>-0`), "" unknown."""
+        name = request.annotations.get(AFFINITY_ASSISTANT_ANNOTATION)
+        found = self.state.pods.get((request.namespace, f"{name}-0")) if isinstance(name, str) and name else None
+        return (found.node_name or "") if found is not None else ""
 
     def _budget(self, request: Request, decision: Decision, policy: PlacementPolicy) -> tuple[tuple[str, ...], Any, tuple[str, ...], list[str]] | None:
         """The destinations a run's pod touches in its pool (budgets.core.match: its images, its Task's

@@ -112,12 +112,15 @@ def parse_time(text: str) -> float | None:
     return moment.timestamp()
 
 
-def entry_annotation(pool: str, kind: str, queued_at: float, budgets: Sequence[str] = ()) -> str:
+def entry_annotation(pool: str, kind: str, queued_at: float, budgets: Sequence[str] = (), address: str = "") -> str:
     """`budgets`: the Enforce destinations of the pool the run touches (egress budgets, docs/budgets.md):
-    the leader releases it only when each has room."""
+    the leader releases it only when each has room. `address`: the egress address the leader released it
+    to (written with the release): its pod goes behind it when it still has room there."""
     data: dict[str, Any] = {"pool": pool, "kind": kind, "time": format_time(queued_at)}
     if budgets:
         data["budgets"] = list(budgets)
+    if address:
+        data["address"] = address
     return json.dumps(data, separators=(",", ":"))
 
 
@@ -129,6 +132,10 @@ class EntryMark:
     kind: str
     queued_at: float
     budgets: tuple[str, ...] = ()
+    address: str = ""  # the egress address the leader released it to (egress budgets)
+
+
+MAX_ADDRESS_CHARS = 253
 
 
 def read_entry(value: Any, kind: str) -> EntryMark | None:
@@ -148,7 +155,9 @@ def read_entry(value: Any, kind: str) -> EntryMark | None:
     queued_at = parse_time(when)
     names = data.get("budgets")
     budgets = tuple(n for n in names if isinstance(n, str))[:64] if isinstance(names, list) else ()
-    return None if queued_at is None else EntryMark(pool, written_on, queued_at, budgets)
+    address = data.get("address")
+    address = address if isinstance(address, str) and len(address) <= MAX_ADDRESS_CHARS else ""
+    return None if queued_at is None else EntryMark(pool, written_on, queued_at, budgets, address)
 
 
 MAX_DECISION_CHARS = 256 * 1024  # admission's record is a few KiB; a longer value is none of ours
@@ -260,6 +269,7 @@ class QueueEntry:
     kueue_label: bool = False  # carries tekton-kueue's LocalQueue label (KUEUE_QUEUE_LABEL)
     kueue_held: bool = False  # `held_by_kueue`: by its label alone, until a pass looks at its Workload
     budgets: tuple[str, ...] = ()  # the Enforce destinations it waits for (egress budgets, docs/budgets.md)
+    address: str = ""  # the egress address the leader released it to ("": none)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -657,4 +667,5 @@ class RunFacts:
         # Held by Kueue as far as the run itself tells (its label): what admission's line summary counts on; the
         # leader's pass decides with the run's Workload (`held_by_kueue`).
         return QueueEntry(self.kind, self.namespace, self.name, mark.pool, mark.queued_at, pending, done, has_pod, self.uid,
-                          kueue_label=labelled, kueue_held=labelled and pending and not done, budgets=mark.budgets)
+                          kueue_label=labelled, kueue_held=labelled and pending and not done, budgets=mark.budgets,
+                          address=mark.address)

@@ -53,6 +53,7 @@ from controller.queue.core import (
     QueueEntry,
     Release,
     ReleaseReason,
+    entry_annotation,
     held_by_kueue,
     kueue_may_hold,
     kueue_workload_missing,
@@ -86,7 +87,7 @@ class QueueState(Protocol):
 
 
 class RunReleaser(Protocol):
-    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool: ...
+    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str, entry: str | None = None) -> bool: ...
 
     def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...], gate: str) -> bool: ...
 
@@ -114,6 +115,9 @@ class QueueReconciler:
         self._no_workload: set[tuple[str, str, str]] = set()  # runs told KueueWorkloadMissing (still without one)
         self.plans: dict[str, Plan] = {}  # pool -> the last pass's plan (tests, logs)
         self._released: dict[tuple[str, str, str], float] = {}  # released by us, not yet seen so
+        # the egress address each run is released to (egress budgets: `budgets.core.release_to`), this pass's,
+        # and of the runs released by us not yet seen so (their entry then still has none)
+        self._release_to: dict[tuple[str, str, str], str] = {}
         self._ungated: dict[tuple[str, str], tuple[float, GatedPod]] = {}  # let in by us, not yet seen bound
         self._warned: set[tuple[str, str, str]] = set()
         self._over_reported: set[str] = set()  # uids of the pods over a cap reported (those still over)
@@ -180,8 +184,9 @@ class QueueReconciler:
         slot = [r.entry for r in result.releases if r.reason is ReleaseReason.SLOT]
         if not pool.destinations or not slot:
             return result
-        flying = [e.budgets for e in entries if not e.pending and not e.done and not e.has_pod]
+        flying = [(e.budgets, e.address) for e in entries if not e.pending and not e.done and not e.has_pod]
         fits = self.state.budgets.releasable(pool, [(e.key, e.budgets) for e in slot], flying, now)
+        self._release_to.update(fits)
         kept = tuple(r for r in result.releases if r.reason is not ReleaseReason.SLOT or r.entry.key in fits)
         return replace(result, releases=kept, line=tuple(e for e in slot if e.key not in fits) + result.line)
 
@@ -189,8 +194,9 @@ class QueueReconciler:
         """A pool without a queue whose runs wait for its egress budgets: release, in the queue's order,
         those whose every budget has room on some pool node (the same release path: `_release`)."""
         line = release_order([e for e in entries if e.waiting], lambda namespace: 0, {})
-        flying = [e.budgets for e in entries if not e.pending and not e.done and not e.has_pod]
+        flying = [(e.budgets, e.address) for e in entries if not e.pending and not e.done and not e.has_pod]
         fits = self.state.budgets.releasable(pool, [(e.key, e.budgets) for e in line], flying, now)
+        self._release_to.update(fits)
         for entry in line:
             if entry.key in fits:
                 self._release(Release(entry, ReleaseReason.BUDGET), now, None)
@@ -206,10 +212,12 @@ class QueueReconciler:
         for entry in entries:
             if entry.key in self._released and entry.pending:
                 shown_pending.add(entry.key)
-                entry = replace(entry, pending=False)
+                entry = replace(entry, pending=False, address=self._release_to.get(entry.key, entry.address))
             out.append(entry)
         for key in set(self._released) - shown_pending:  # the informers caught up (or it is gone)
             del self._released[key]
+        for key in set(self._release_to) - set(self._released):
+            del self._release_to[key]
         return out
 
     def _launching(self, pool: Pool) -> int:
@@ -284,7 +292,12 @@ class QueueReconciler:
         if self._held_by_kueue(entry):
             logger.bind(kind=entry.kind, namespace=entry.namespace, name=entry.name, pool=entry.pool).info("not released: Kueue holds it")
             return
-        released = self.client.release_run(entry.kind, entry.namespace, entry.name, entry.uid, PENDING[entry.kind])
+        address = self._release_to.get(entry.key, "")
+        if address:  # the egress address it was counted behind goes on the run with the release (its entry)
+            text = entry_annotation(entry.pool, entry.kind, entry.queued_at, entry.budgets, address)
+            released = self.client.release_run(entry.kind, entry.namespace, entry.name, entry.uid, PENDING[entry.kind], text)
+        else:
+            released = self.client.release_run(entry.kind, entry.namespace, entry.name, entry.uid, PENDING[entry.kind])
         self._released[entry.key] = now
         self._warned.discard(entry.key)
         if not released:

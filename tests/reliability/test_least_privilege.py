@@ -71,7 +71,7 @@ OWN_NAMESPACE = (
     | rules([""], ["configmaps"], READ, ["egress-placer-policy"])
     | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-pool-guard"])
     | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-policy-last-good"])
-    | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-budget-starts"])
+    | rules([""], ["configmaps"], ["get", "list", "watch", "update"], ["egress-placer-budget-starts"])
     | rules([""], ["configmaps"], ["create"])
 )
 # k8s/rbac-tekton.yaml: Tekton's feature flags (the affinity assistant's coschedule mode) and defaults.
