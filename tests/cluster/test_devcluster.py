@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import os
 import signal
 import socket
@@ -111,8 +112,9 @@ def test_pipelinerun_runs_its_second_task_after_the_first_and_succeeds(
 
 
 @contextlib.contextmanager
-def _egress_nodes_tainted(api: Api, tainted: bool) -> Iterator[list[str]]:
-    """Put the pool taint on every egress node for the duration (removed afterwards)."""
+def _egress_nodes_tainted(api: Api, namespace: str, tainted: bool) -> Iterator[list[str]]:
+    """Put the pool taint on every egress node for the duration (removed afterwards), once the scheduler
+    has seen it on each of them (its cache follows the API server by a watch, late on a loaded machine)."""
     names = [n["metadata"]["name"] for n in api.items(node(), labelSelector=f"{EGRESS_POOL_LABEL}={EGRESS_POOL}")]
     assert names, "the cluster has no egress nodes"
     if not tainted:
@@ -121,10 +123,34 @@ def _egress_nodes_tainted(api: Api, tainted: bool) -> Iterator[list[str]]:
     for name in names:
         api.merge_patch(node(name), {"spec": {"taints": [TAINT]}})
     try:
+        for name in names:
+            _scheduler_sees_the_taint(api, namespace, name)
         yield names
     finally:
         for name in names:
             api.merge_patch(node(name), {"spec": {"taints": None}})
+
+
+def _scheduler_sees_the_taint(api: Api, namespace: str, node_name: str) -> None:
+    """Wait until the scheduler refuses a pod pinned to `node_name` without the toleration: it has seen the
+    taint. A sentinel it binds instead (its cache was behind) is deleted and another one tried."""
+    attempts = itertools.count()
+    sentinel: list[str] = []
+
+    def refused() -> bool:
+        if not sentinel:
+            sentinel.append(f"sentinel-{node_name}-{next(attempts)}")
+            body = _pod(sentinel[0], selector=False, toleration=False)
+            body["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node_name}
+            api.create(pods(namespace), body)
+            return False
+        outcome = _scheduling_outcome(api, namespace, sentinel[0])
+        if outcome is None:
+            return False
+        api.delete(pods(namespace, sentinel.pop()))
+        return outcome == "unschedulable"
+
+    wait_for(f"the scheduler to see the pool taint on {node_name}", refused, timeout=60)
 
 
 def _pod(name: str, selector: bool, toleration: bool) -> dict[str, Any]:
@@ -213,7 +239,7 @@ def test_scheduler_enforces_selector_and_taint(
     toleration: bool,
     expected: str,
 ) -> None:
-    with _egress_nodes_tainted(api, tainted) as egress_nodes:
+    with _egress_nodes_tainted(api, namespace, tainted) as egress_nodes:
         names = [f"pod-{i}" for i in range(PODS_PER_CASE)]
         for name in names:
             api.create(pods(namespace), _pod(name, selector, toleration))
