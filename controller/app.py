@@ -431,13 +431,19 @@ class Controller:
             log.error("no valid policy at start and none stored: nothing is placed on a pool, the pool taints stay")
 
     async def serve(self, stop: asyncio.Event) -> None:
+        # The HTTPS server first: the informers list the pools API as v1beta1, which objects stored as
+        # v1alpha1 need this replica's own /convert for when every replica was down (docs/pools-api.md,
+        # "Serving, storing, converting"). Admission waits for the caches (server.admitting).
+        self.server.admitting = False
+        await self._ensure_certs()
+        await self.server.start()
         try:
             await asyncio.to_thread(self.start_watching)
         except StartupError:
             await self.shutdown()  # the threads it started: the informers still retrying
             raise
-        await self._ensure_certs()
-        await self.server.start()
+        self.server.admitting = True
+        await self._ensure_certs()  # leading may have begun meanwhile: the caBundles are its to keep
         logger.info("egress-placer running as {}", self.settings.identity)
         # A tick, not one long wait: leadership can arrive (on the leader thread) just after a wait of
         # CERT_CHECK_SECONDS began, and a new leader must write the webhook's caBundle at once.

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 from loguru import logger
 
 from controller.core.model import Taint
-from controller.core.policy import API_VERSION as POOLS_API_VERSION
+from controller.core.conversion import V1BETA1 as POOLS_API_VERSION
 from controller.kube.client import JSON, JSON_PATCH, MERGE_PATCH, ApiError, Outcome
 from controller.kube.reader import KubeReader
 from controller.queue.core import KUEUE_WORKLOADS, Workloads, workload_of
@@ -236,6 +236,27 @@ class KubeClient(KubeReader):
 
         path = f"/apis/admissionregistration.k8s.io/v1/{kind}webhookconfigurations/{config_name}"
         return bool(self.update("set-webhook-ca-bundle", path, change, read_as="read-webhook-config"))
+
+    def set_crd_conversion_ca_bundle(self, crd_name: str, ca_pem: bytes) -> bool:
+        """Give the CustomResourceDefinition `crd_name`'s conversion webhook this CA bundle (a merge patch
+        of spec.conversion.webhook.clientConfig.caBundle alone, the resourceVersion as precondition).
+        True when something changed; False when it had it, converts no other way than None, or does
+        not exist."""
+        wanted = _b64(ca_pem)
+
+        def change(current: dict[str, Any]) -> Write | None:
+            conversion = (current.get("spec") or {}).get("conversion") or {}
+            config = (conversion.get("webhook") or {}).get("clientConfig") or {}
+            if conversion.get("strategy") != "Webhook" or config.get("caBundle") == wanted:
+                return None
+            patch = {
+                "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                "spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": wanted}}}},
+            }
+            return "PATCH", patch, MERGE_PATCH, True
+
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd_name}"
+        return bool(self.update("set-crd-ca-bundle", path, change, read_as="read-crd"))
 
     # -- ConfigMaps the leader keeps (the pool guard's params, the last good policy) --
     def create_configmap(self, namespace: str, name: str, data: Mapping[str, str], labels: Mapping[str, str]) -> None:

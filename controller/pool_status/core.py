@@ -7,6 +7,8 @@ The leader writes it (controller/pool_status/reconcile.py); docs/pools-api.md, "
   reason says which of these fails first, in that order: `SpecRefused` (the loader refused this
   object), `PolicyRefused` (it refused another: the objects are taken as a whole), `NotInForce`,
   `NoMembers`, `TaintsPending`, `NoReadyNodes`. True: `NodesTainted`.
+- `PolicyAccepted` (True: `InForce`; False: the first three reasons) and `NodesReady` (True: `NodesTainted`;
+  False: the last three; a pool not in force: `NoMembers`), whose first False is Ready's.
 - Counts, not lists: member nodes, ready ones, tainted ones; the load over the ready nodes as totals,
   busy and full node counts, and only the `MOST_LOADED_NODES` most loaded nodes. At 10,000 members a
   status stays about 1 KiB (etcd refuses objects above 1.5 MiB).
@@ -41,6 +43,8 @@ from controller.core.pools import (
 from controller.placement_log.core import Placed, parse_rfc3339, placed_within, rfc3339
 
 READY = "Ready"
+POLICY_ACCEPTED = "PolicyAccepted"  # v1beta1's conditions beside Ready (docs/pools-api.md, "v1beta1")
+NODES_READY = "NodesReady"
 MAX_MESSAGE = 4096  # a condition's or an error's message is cut here (the schema allows 32768)
 
 
@@ -106,7 +110,14 @@ def ready_condition(
     ready_nodes: int,
     refusal: str | None,
 ) -> tuple[str, str, str]:
-    """(status, reason, message) of the Ready condition; see the module docstring for the order."""
+    """(status, reason, message) of the Ready condition; see the module docstring for the order: the
+    first False of PolicyAccepted and NodesReady, else NodesReady's True."""
+    accepted = accepted_condition(name, pool, refusal)
+    return accepted if accepted[0] == "False" else nodes_condition(pool, members, ready_nodes)
+
+
+def accepted_condition(name: str, pool: Pool | None, refusal: str | None) -> tuple[str, str, str]:
+    """(status, reason, message) of PolicyAccepted: the loader took this object's spec into the policy in force."""
     if refusal:
         about = refusal_about(refusal, name)
         if about:
@@ -118,9 +129,14 @@ def ready_condition(
         )
     if pool is None:
         return "False", "NotInForce", "the pool is not in the policy in force yet"
-    if not members:
+    return "True", "InForce", "the pool's spec is in the policy in force"
+
+
+def nodes_condition(pool: Pool | None, members: Sequence[NodeState], ready_nodes: int) -> tuple[str, str, str]:
+    """(status, reason, message) of NodesReady: members, each with its taint, one at least taking runs."""
+    if pool is None or not members:
         return "False", "NoMembers", (
-            "no node is a member: none matches nodeSelector or nodes, or each is claimed by a pool of lower priority"
+            "no node is a member: none matches nodeSelector or nodes, or each is claimed by a pool that comes first by priority"
         )
     taint = pool.taint_for()
     tainted = sum(1 for n in members if taint in n.taints)
@@ -138,19 +154,20 @@ def ready_condition(
 
 
 def _condition(
-    stored: Mapping[str, Any], status: str, reason: str, message: str, generation: int | None, now: float
+    stored: Mapping[str, Any], status: str, reason: str, message: str, generation: int | None, now: float,
+    kind: str = READY,
 ) -> Condition:
     before = next(
-        (c for c in stored.get("conditions") or () if isinstance(c, Mapping) and c.get("type") == READY), None
+        (c for c in stored.get("conditions") or () if isinstance(c, Mapping) and c.get("type") == kind), None
     )
     since = before.get("lastTransitionTime") if before is not None and before.get("status") == status else None
     return Condition(
-        type=READY,
+        type=kind,
         status=status,  # type: ignore[arg-type]  # one of True, False (see ready_condition)
         reason=reason,
         message=message[:MAX_MESSAGE],
         last_transition_time=since if parse_rfc3339(since) is not None else rfc3339(now),
-        observed_generation=generation,
+        observed_generation=generation if generation is not None else 0,  # required in v1beta1
     )
 
 
@@ -197,6 +214,10 @@ def pool_status(
     loads = loads if pool is not None else {}
     ready_nodes = sum(1 for n in members if n.ready and not n.unschedulable)
     status, reason, message = ready_condition(obj.name, pool, members, ready_nodes, refusal)
+    others = (
+        (POLICY_ACCEPTED, accepted_condition(obj.name, pool, refusal)),
+        (NODES_READY, nodes_condition(pool, members, ready_nodes)),
+    )
     names = {n.name for n in members}
     seen = list(errors)
     about = refusal_about(refusal, obj.name) if refusal else ""
@@ -205,7 +226,10 @@ def pool_status(
         seen.append(SeenError(about, now))
     taint = pool.taint_for() if pool is not None else None
     out = PoolStatus(
-        conditions=(_condition(obj.status, status, reason, message, obj.generation, now),),
+        conditions=(
+            _condition(obj.status, status, reason, message, obj.generation, now),
+            *(_condition(obj.status, *c, obj.generation, now, kind=kind) for kind, c in others),
+        ),
         nodes=len(members),
         ready_nodes=ready_nodes,
         tainted_nodes=sum(1 for n in members if taint in n.taints),

@@ -26,6 +26,7 @@ from loguru import logger
 
 from controller.core.model import NodeState
 from controller.core.policy import PlacementPolicy
+from controller.core.conversion import POOL_KIND, V1BETA1, status_in
 from controller.core.pools import QueueStatus
 from controller.pool_status.core import (
     READY,
@@ -130,9 +131,9 @@ class PoolStatusWriter:
             loads = pool_loads(self.state.load, pool, self.state.nodes) if pool is not None else {}
             counts = self.state.queue.queue_counts(pool, now) if pool is not None else None
             queue = QueueStatus(waiting=counts[0], slots=counts[1], occupied=counts[2]) if counts is not None else None
-            desired = pool_status(
+            desired = status_in(POOL_KIND, V1BETA1, pool_status(
                 obj, policy, members.get(obj.name, []), loads, placed, refusal, self.errors.of(obj.name), now, queue
-            )
+            ))  # the objects are read and written as v1beta1 (its load field names)
             if desired == dict(obj.status):
                 continue
             log = logger.bind(kind="EgressPool", name=obj.name)

@@ -109,7 +109,7 @@ def test_it_writes_a_changed_status_once_and_again_only_after_a_change():
     clock, state, writer, _, _, reconcile = setup(PoolObject("overseas", 1, {}), nodes=[node("e1", taints=[TAINT])])
     assert reconcile() == ["overseas"]
     name, status, removed = writer.writes[0]
-    assert (status["nodes"], status["taintedNodes"], status["load"]["capacity"], removed) == (1, 1, 3, [])
+    assert (status["nodes"], status["taintedNodes"], status["load"]["loadCapacity"], removed) == (1, 1, 3, [])  # v1beta1's names
     assert status["conditions"][0]["status"] == "True"
     clock.now += 10
     assert reconcile() == []  # the same: nothing written
