@@ -41,6 +41,7 @@ from controller.prometheus.egress_source import EgressPollers
 from controller.kube.client import ClusterConfigError, KubeApi, make_api_client
 from controller.kube.informer import Informer, cluster_informers, keep_node_annotations, start_informers
 from controller.kube.leader import LeaderElector
+from controller.kube.storage_migration import StorageMigration
 from controller.kube.policy_source import PolicySource
 from controller.kube.reader import KubeReader
 from controller.kube.writer import EventRecorder, KubeClient
@@ -313,6 +314,7 @@ class Controller:
                 BudgetMetrics(self.state, self.metrics),
                 self.budget_starts,
                 *statuses,
+                *([StorageMigration(self.api)] if self.pool_status else []),
             ],
             is_leader=self.is_leader,
             resync_seconds=s.resync_seconds,

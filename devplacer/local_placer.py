@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import requests
 import yaml
 
+from controller.core.conversion import V1BETA1, to_version
 from controller.core.pools import load_any_policy, objects_from_policy
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from controller.core.run_guard import RUN_GUARD_NAME
@@ -172,8 +173,9 @@ def kubectl(cluster: Cluster, *args: str, stdin: str | None = None, kubeconfig: 
 
 def pool_objects(policy_text: str, source: str = "<policy>") -> list[dict[str, Any]]:
     """The pools API's objects of a policy file in either form (a PlacementPolicy document, or the
-    objects themselves), as the loader reads it: `egress-placer migrate-policy`'s objects."""
-    return objects_from_policy(load_any_policy(policy_text, source))
+    objects themselves), as the loader reads it: `egress-placer migrate-policy --api-version v1beta1`'s
+    objects (the storage version: written with no conversion, so also while no controller answers)."""
+    return [to_version(o, V1BETA1) for o in objects_from_policy(load_any_policy(policy_text, source))]
 
 
 def install_pools(cluster: Cluster, objects: Sequence[Mapping[str, Any]], timeout: float = 30.0) -> None:

@@ -4,7 +4,9 @@ ready for `kubectl apply -f -` (docs/pools-api.md, "Migrating from the policy fi
 priorities 10, 20, 30... in the file's order, so that a node two pools claim keeps its pool. Reads
 either form (objects come out renumbered). Exit status 2, with nothing on stdout, when the policy
 is invalid. `-` reads the policy from standard input; `-o json` prints the objects as one JSON list,
-`-o yaml` the same documents as the default."""
+`-o yaml` the same documents as the default. `--api-version v1beta1` prints them in `v1beta1`
+(core.conversion: priorities turned over, the renamed fields); the default stays `v1alpha1`, which
+applies also to clusters whose CRDs do not serve `v1beta1` yet (docs/pools-api.md, "v1beta1")."""
 
 from __future__ import annotations
 
@@ -14,11 +16,14 @@ from pathlib import Path
 from typing import TextIO
 
 from controller.cli.errors import CommandError
+from controller.core.conversion import GROUP, to_version
 from controller.core.policy import PolicyError
 from controller.core.pools import dump_objects, load_any_policy, objects_from_policy, policy_from_objects
 
 
-def run_migrate(policy_path: str, out: TextIO, output: str | None = None, stdin: TextIO | None = None) -> int:
+def run_migrate(
+    policy_path: str, out: TextIO, output: str | None = None, stdin: TextIO | None = None, api_version: str = "v1alpha1"
+) -> int:
     try:
         if policy_path == "-":
             policy_path, text = "(stdin)", (stdin if stdin is not None else sys.stdin).read()
@@ -33,6 +38,9 @@ def run_migrate(policy_path: str, out: TextIO, output: str | None = None, stdin:
     objects = objects_from_policy(policy)
     if policy_from_objects(objects) != policy:  # never expected: the conversion is tested both ways
         raise CommandError(f"{policy_path}: the objects would not make the same policy; nothing printed")
+    objects = [to_version(o, f"{GROUP}/{api_version}") for o in objects]
+    if policy_from_objects(objects) != policy:  # the same check, in the version printed
+        raise CommandError(f"{policy_path}: the {api_version} objects would not make the same policy; nothing printed")
     if output == "json":
         print(json.dumps([dict(o) for o in objects], indent=2), file=out)
         return 0
