@@ -32,7 +32,7 @@ from loguru import logger
 from controller.core.conversion import V1BETA1
 from controller.core.policy import PlacementPolicy, PolicyError, dump_policy, load_policy
 from controller.pool_status.core import PoolObject
-from controller.core.pools import CONFIG_PLURAL, GROUP, KINDS, PLURALS, POOL_KIND, POOL_PLURAL, policy_from_objects
+from controller.core.pools import CONFIG_KIND, CONFIG_PLURAL, GROUP, KINDS, PLURALS, POOL_KIND, POOL_PLURAL, policy_from_objects
 from controller.event_sink import EventSink
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.kube.informer import Informer, Obj, config_map, pools_api, start_informers
@@ -267,6 +267,18 @@ class PolicySource:
                 for name, o in sorted(self._objects[POOL_KIND].items())
             ]
             return pools, self._refusal
+
+    def config_object(self) -> PoolObject | None:
+        """The EgressPlacerConfig as stored (name, generation, status); None when there is none or before
+        every kind is listed."""
+        with self._objects_lock:
+            if self._listed != set(KINDS):
+                return None
+            found = sorted(self._objects[CONFIG_KIND].items())
+            if not found:
+                return None
+            name, o = found[0]
+            return PoolObject(name, o["metadata"].get("generation"), o.get("status") or {})
 
     def _offer_objects(self) -> None:
         """Once every kind is listed: the policy of all the objects (under the lock)."""

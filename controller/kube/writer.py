@@ -285,6 +285,12 @@ class KubeClient(KubeReader):
         path = f"/apis/{POOLS_API_VERSION}/egresspools/{name}/status"
         self._call_or_done("set-pool-status", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH), Outcome.NOT_FOUND)
 
+    def set_config_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str] = ()) -> None:
+        """The EgressPlacerConfig's status, as `set_pool_status` writes a pool's."""
+        body = {"status": {**{key: None for key in removed}, **dict(status)}}
+        path = f"/apis/{POOLS_API_VERSION}/egressplacerconfigs/{name}/status"
+        self._call_or_done("set-config-status", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH), Outcome.NOT_FOUND)
+
     # -- the queue: releasing a pending run (the leader's) -----------------------------------------------
     def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
         """Clear `spec.status` of a queued TaskRun or PipelineRun (Tekton then starts it), and nothing

@@ -31,6 +31,7 @@ from typing import Any
 from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import PlacementPolicy, Pool
 from controller.core.pools import (
+    CONFIG_KIND,
     MOST_LOADED_NODES,
     POOL_KIND,
     Condition,
@@ -75,9 +76,9 @@ def members_by_pool(policy: PlacementPolicy, nodes: Iterable[NodeState]) -> dict
     return out
 
 
-def refusal_about(refusal: str, name: str) -> str:
-    """The lines of a refusal that name EgressPool `name` ("" when none does)."""
-    prefix = f"{POOL_KIND} {name}:"
+def refusal_about(refusal: str, name: str, kind: str = POOL_KIND) -> str:
+    """The lines of a refusal that name the object `kind` `name` ("" when none does)."""
+    prefix = f"{kind} {name}:"
     return "\n".join(line for line in refusal.splitlines() if line.startswith(prefix))
 
 
@@ -239,3 +240,36 @@ def pool_status(
         queue=queue if pool is not None and pool.queue is not None else None,
     )
     return out.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def config_status(obj: PoolObject, pools_in_force: int, refusal: str | None, now: float) -> dict[str, Any]:
+    """The EgressPlacerConfig's status (v1beta1; docs/pools-api.md): `PolicyAccepted` (the loader took
+    its settings: `InForce`; else `SpecRefused` naming the field, or `PolicyRefused`), `Ready` (the
+    objects' policy is in force: `PolicyInForce`; else `LastGoodPolicy`), `poolsInForce`, `lastError`."""
+    about = refusal_about(refusal, obj.name, CONFIG_KIND) if refusal else ""
+    if about:
+        accepted = ("False", "SpecRefused", f"{about}\nThe policy in force stays the last good one.")
+    elif refusal:
+        accepted = ("False", "PolicyRefused", f"another object is refused ({refusal.splitlines()[0]})")
+    else:
+        accepted = ("True", "InForce", "the settings are in the policy in force")
+    ready = (
+        ("False", "LastGoodPolicy", f"an object is refused ({refusal.splitlines()[0]}); the last good policy stays in force")
+        if refusal
+        else ("True", "PolicyInForce", f"the policy of the objects is in force: {pools_in_force} pools")
+    )
+    kept = obj.status.get("lastError")
+    seen = [SeenError(about, now)] if about and not (isinstance(kept, Mapping) and kept.get("message") == about[:MAX_MESSAGE]) else []
+    last_error = _last_error(obj.status, seen)
+    out: dict[str, Any] = {
+        "conditions": [
+            _condition(obj.status, *ready, obj.generation, now).model_dump(mode="json", by_alias=True, exclude_none=True),
+            _condition(obj.status, *accepted, obj.generation, now, kind=POLICY_ACCEPTED).model_dump(
+                mode="json", by_alias=True, exclude_none=True
+            ),
+        ],
+        "poolsInForce": pools_in_force,
+    }
+    if last_error is not None:
+        out["lastError"] = last_error.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return out

@@ -32,6 +32,7 @@ from controller.pool_status.core import (
     READY,
     PoolObject,
     SeenError,
+    config_status,
     members_by_pool,
     pool_status,
 )
@@ -61,9 +62,15 @@ class PoolObjects(Protocol):
         """The EgressPools as stored, and why the loader refuses them (None: they are in force)."""
         ...
 
+    def config_object(self) -> PoolObject | None:
+        """The EgressPlacerConfig as stored (None: there is none, or not every kind is listed yet)."""
+        ...
+
 
 class StatusWriter(Protocol):
     def set_pool_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None: ...
+
+    def set_config_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None: ...
 
 
 class PoolErrors:
@@ -120,12 +127,13 @@ class PoolStatusWriter:
         self._skipped = False
         self._next_pass = now + self.min_interval
         objects, refusal = self.objects.pool_objects()
+        config = self.objects.config_object()
+        written = self._config(config, refusal, now) if config is not None else []
         if not objects:
-            return []
+            return written
         policy = self.state.policy
         members = members_by_pool(policy, self.state.node_list())
         placed = self.placements.placed()
-        written = []
         for obj in objects:
             pool = policy.pool(obj.name)
             loads = pool_loads(self.state.load, pool, self.state.nodes) if pool is not None else {}
@@ -147,6 +155,19 @@ class PoolStatusWriter:
             if ready != before:
                 log.bind(status=ready[0], reason=ready[1]).info("pool {}: Ready {} ({})", obj.name, ready[0], ready[1])
         return written
+
+
+    def _config(self, config: PoolObject, refusal: str | None, now: float) -> list[str]:
+        """The EgressPlacerConfig's status, written when it changed; [its name] when written."""
+        desired = config_status(config, len(self.state.policy.pools), refusal, now)
+        if desired == dict(config.status):
+            return []
+        try:
+            self.writer.set_config_status(config.name, desired, [k for k in config.status if k not in desired])
+        except Exception as e:
+            logger.bind(kind="EgressPlacerConfig", name=config.name).warning("config status not written: {}", e)
+            return []
+        return [config.name]
 
 
 def _ready(status: Mapping[str, Any]) -> tuple[str, str]:

@@ -6,7 +6,7 @@ controller's /convert, whose caBundle the leader writes):
 - an object of the old docs applied as `v1alpha1` reads back (`kubectl get -o yaml`) as `v1beta1` with the
   same meaning (priority turned over, the renamed fields), and as `v1alpha1` as it was written; the
   controller keeps it in force (its status, written by the leader, reads Ready, with PolicyAccepted and
-  NodesReady, as v1beta1); `kubectl get epool` works;
+  NodesReady, as v1beta1); `kubectl get epool` works; the EgressPlacerConfig gets a status too;
 - every v1alpha1 example of docs/pools-api.md applies and reads back as v1beta1 objects that make the same
   policy; two pools that claim the same run place it in the same pool whether written as v1alpha1 or as
   v1beta1 (the flipped priority);
@@ -110,6 +110,18 @@ def test_a_v1alpha1_object_reads_back_as_v1beta1_with_the_same_meaning(devcluste
     assert "loadCapacity" in get(devcluster, "egresspools", "overseas")["status"]["load"]
     short = kubectl(devcluster, "get", "epool", "overseas", "-o", "name")
     assert short.returncode == 0 and short.stdout.strip() == "egresspool.egress-placer.io/overseas", short.stderr
+
+
+def test_the_config_gets_a_status_read_in_either_version(devcluster: Cluster, clean: None) -> None:
+    applied(devcluster, "apiVersion: egress-placer.io/v1alpha1\nkind: EgressPlacerConfig\nmetadata: {name: cluster}\nspec: {agentNamespaces: [kube-system]}\n")
+
+    def conditions(resource: str) -> dict[str, str]:
+        status = get(devcluster, resource, "cluster").get("status") or {}
+        return {c["type"]: c["reason"] for c in status.get("conditions") or []}
+
+    wait_for("the leader to write the config's status", lambda: conditions("egressplacerconfigs") == {"Ready": "PolicyInForce", "PolicyAccepted": "InForce"}, timeout=30)
+    assert conditions("egressplacerconfigs.v1alpha1.egress-placer.io") == {"Ready": "PolicyInForce", "PolicyAccepted": "InForce"}
+    assert get(devcluster, "epc", "cluster")["status"]["poolsInForce"] >= 0
 
 
 def test_every_v1alpha1_example_of_the_docs_reads_back_as_v1beta1_making_the_same_policy(devcluster: Cluster, clean: None) -> None:

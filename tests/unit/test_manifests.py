@@ -98,7 +98,7 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
       for n in ("cluster-resolver-config", "resolvers-feature-flags")},
     # The pools API (k8s/crds/): read and watched; the leader writes each pool's status.
     *{("cluster", "egress-placer.io", r, v, ANY) for r in ("egresspools", "egressplacerconfigs") for v in ("get", "list", "watch")},
-    *{("cluster", "egress-placer.io", "egresspools/status", v, ANY) for v in ("update", "patch")},
+    *{("cluster", "egress-placer.io", r, v, ANY) for r in ("egresspools/status", "egressplacerconfigs/status") for v in ("update", "patch")},
     # The pools API's storage migration (controller/kube/storage_migration.py) and the CRDs' conversion caBundle.
     *{("cluster", "egress-placer.io", r, "update", ANY) for r in ("egresspools", "egressplacerconfigs")},
     *{("cluster", "apiextensions.k8s.io", r, v, n) for n in ("egresspools.egress-placer.io", "egressplacerconfigs.egress-placer.io")
