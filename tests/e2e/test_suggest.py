@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import pytest
 import yaml
 
-from controller.core.pools import API_VERSION
+from controller.core.conversion import V1BETA1 as API_VERSION  # the storage version: no controller runs to convert
 from controller.prometheus.history import client, queries
 from devcluster.cluster import Cluster
 from devcluster.prometheus import start_prometheus, stop_prometheus
@@ -68,7 +68,7 @@ def taskrun(name: str, i: int) -> dict:
 def pool() -> dict:
     return {
         "apiVersion": API_VERSION, "kind": "EgressPool", "metadata": {"name": "overseas"},
-        "spec": {"priority": 10, "nodeSelector": {"egress-placer.io/pool": "overseas"},
+        "spec": {"priority": 999_990, "nodeSelector": {"egress-placer.io/pool": "overseas"},
                  "namespaces": [NAMESPACE], "images": [LINT_GLOB, "ghcr.io/acme/never-ran:*"]},
     }
 
