@@ -97,9 +97,9 @@ def _configure_migrate(parser: argparse.ArgumentParser) -> None:
     _file(parser.add_argument("policy", metavar="POLICY.yaml", help="the PlacementPolicy file ('-': standard input)"))
     _configure_output(parser, "YAML documents ready for kubectl apply -f -")
     parser.add_argument(
-        "--api-version", choices=("v1alpha1", "v1beta1"), default="v1alpha1",
-        help="the objects' version (default v1alpha1: it applies also where the CRDs do not serve v1beta1 yet; "
-        "v1beta1 turns the priorities over: 999990, 999980, ...)",
+        "--api-version", choices=("v1beta1", "v1alpha1"), default="v1beta1",
+        help="the objects' version (default v1beta1, the stored one: it applies with no controller running to "
+        "convert; priorities 999990, 999980, ... higher first); v1alpha1: deprecated, priorities 10, 20, ... lower first",
     )
 
 

@@ -1,12 +1,13 @@
 """`egress-placer migrate-policy POLICY.yaml`: the EgressPool objects (and the EgressPlacerConfig
 `cluster`, when a policy-wide field is not its default) that make the same policy, as YAML on stdout,
 ready for `kubectl apply -f -` (docs/pools-api.md, "Migrating from the policy file"). Pools get the
-priorities 10, 20, 30... in the file's order, so that a node two pools claim keeps its pool. Reads
+priorities 10, 20, 30... in the file's order (v1alpha1's lower first), so that a node two pools claim keeps its pool. Reads
 either form (objects come out renumbered). Exit status 2, with nothing on stdout, when the policy
 is invalid. `-` reads the policy from standard input; `-o json` prints the objects as one JSON list,
-`-o yaml` the same documents as the default. `--api-version v1beta1` prints them in `v1beta1`
-(core.conversion: priorities turned over, the renamed fields); the default stays `v1alpha1`, which
-applies also to clusters whose CRDs do not serve `v1beta1` yet (docs/pools-api.md, "v1beta1")."""
+`-o yaml` the same documents as the default. The objects are `v1beta1` (core.conversion: priorities
+turned over, 999990, 999980..., the renamed fields), the version the API server stores: they apply with
+no controller running to convert them (the upgrade from the ConfigMap applies them before the new
+controller starts). `--api-version v1alpha1` prints the deprecated form (docs/pools-api.md, "v1beta1")."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from controller.core.pools import dump_objects, load_any_policy, objects_from_po
 
 
 def run_migrate(
-    policy_path: str, out: TextIO, output: str | None = None, stdin: TextIO | None = None, api_version: str = "v1alpha1"
+    policy_path: str, out: TextIO, output: str | None = None, stdin: TextIO | None = None, api_version: str = "v1beta1"
 ) -> int:
     try:
         if policy_path == "-":

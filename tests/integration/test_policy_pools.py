@@ -32,8 +32,7 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.cluster
 
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
-# Read and written as v1beta1, the storage version the controller reads: no conversion is ever needed, so
-# the CRDs are installed without their webhook (no controller serves /convert here).
+# Read and written as v1beta1, the storage version the controller reads: no conversion is ever needed.
 VERSION = "v1beta1"
 POOLS = f"/apis/{GROUP}/{VERSION}/{POOL_PLURAL}"
 CONFIGS = f"/apis/{GROUP}/{VERSION}/{CONFIG_PLURAL}"
@@ -41,10 +40,9 @@ APPLY = "application/apply-patch+yaml"
 
 
 def install_crds(api: Api) -> None:
-    """Apply the CRDs of k8s/crds/ (the render; conversion None: nothing here reads another version) and
-    wait until the API server serves them."""
+    """Apply the CRDs of k8s/crds/ (the render) and wait until the API server serves them. Nothing here
+    reads or writes v1alpha1, so nothing calls their conversion webhook (no controller serves it here)."""
     for crd in served_crds():
-        crd["spec"]["conversion"] = {"strategy": "None"}
         name = crd["metadata"]["name"]
         api.call("PATCH", f"{CRDS}/{name}", body=crd, content_type=APPLY, query={"fieldManager": "tests", "force": "true"})
 
