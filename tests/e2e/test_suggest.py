@@ -77,7 +77,7 @@ def pool() -> dict:
 def rig(devcluster: Cluster, api: Api, make_namespace: Callable[[str], str]) -> Iterator[str]:
     """The namespace with its Tasks, the pool object, the pod exporter and Prometheus scraping it; its URL."""
     wait_for(f"namespace {NAMESPACE} of an earlier run to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=90)
-    crds = as_an_administrator(devcluster, str(devcluster.binary("kubectl")), "apply", "--server-side", "-f", str(REPO / "k8s" / "crds"))
+    crds = as_an_administrator(devcluster, str(devcluster.binary("kubectl")), "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "k8s" / "crds"))
     assert crds.returncode == 0, crds.stderr
     make_namespace(NAMESPACE)
     reader = api_for(devcluster.kubeconfig)  # the exporter's own client: it reads from its server's thread
