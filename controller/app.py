@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from loguru import logger
 
@@ -37,6 +37,7 @@ from controller.admission.pools import PoolValidation
 from controller.admission.server import AdmissionServer, run_event_loop
 from controller.compat import core as compat
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
+from controller.core.pools import GROUP, POOL_KIND, VERSION
 from controller.prometheus.egress_source import EgressPollers
 from controller.kube.client import ClusterConfigError, KubeApi, make_api_client
 from controller.kube.informer import Informer, cluster_informers, keep_node_annotations, start_informers
@@ -60,6 +61,7 @@ from controller.placement_log.view import PlacementLog
 from controller.pool_status.reconcile import PoolErrors, PoolStatusWriter
 from controller.taints.reconcile import TaintReconciler
 from controller.runner import Runner
+from controller.suggest.reconcile import HistoryReaders
 from controller.settings import Settings
 from controller.state import ClusterState
 
@@ -96,11 +98,13 @@ def _json_line(record: "loguru.Record") -> str:
 
 
 # How a replica shares the interpreter between the event loop and the informers' threads (bench
-# admission.under_relist: a 20,000-pod relist beside reviews at 200 req/s). Young collections over
-# larger batches (what a list builds is frozen after it: controller.store.release; Python's own: 700,
-# 10, 10), and a thread switch every millisecond instead of every 5: the loop waits for the interpreter
-# at most that long while a relist runs, several times per review.
-COLLECTOR_THRESHOLDS = (10_000, 50, 10)
+# admission.under_relist: a 20,000-pod relist beside reviews at 200 req/s). Young collections of 2,500
+# objects: each holds the interpreter, so the loop, ~0.1 ms (10,000: 1-5 ms, 23 of them per relist; #22),
+# with a middle collection every 500,000 objects as before (200 young ones; Python's own: 700, 10, 10):
+# none during a relist, whose objects are frozen after it (controller.store.release). And a thread
+# switch every millisecond instead of every 5: the loop waits for the interpreter at most that long
+# while a relist runs, several times per review.
+COLLECTOR_THRESHOLDS = (2_500, 200, 10)
 SWITCH_INTERVAL_SECONDS = 0.001
 
 
@@ -203,6 +207,9 @@ class Controller:
         self.client = KubeClient(self.api, self.metrics)
         self.events = EventRecorder(self.client, self.metrics, settings.identity)
         self.egress = EgressPollers(self.state.load, clock, self.runner, registry=self.metrics.registry)
+        # Pools with a `history` rule: their measured sets, read in the background (suggest.reconcile).
+        self.history = HistoryReaders(self.state.history, self.runner, self.metrics, self.events, lambda: self.is_leader(), clock,
+                                      self._pool_regarding)
         self.policy = PolicyTracker(self.state, on_policy=self._policy_changed)
         self.policy_source = PolicySource(
             settings, self.policy, self.metrics, self.events, api=self.api, on_refused=self._policy_refused
@@ -299,7 +306,7 @@ class Controller:
             if self.pool_status
             else []
         )
-        queue = QueueReconciler(self.state, self.client, self.events, self.metrics)
+        queue = QueueReconciler(self.state, self.client, self.events, self.metrics, kueue_wait=s.kueue_workload_wait_seconds)
         self.metrics.track_queue_overdue(lambda: {pool: len(p.overdue) for pool, p in queue.plans.items()}, self.is_leader)
         return ReconcileLoop(
             self.state,
@@ -388,7 +395,6 @@ class Controller:
         if not self.state.tekton.version_read.wait(TEKTON_VERSION_WAIT):  # not required: bounded, said in the log
             logger.warning("Tekton's version (ConfigMap {}) not read yet: nothing turned off until it is", compat.PIPELINES_INFO)
         logger.bind(nodes=len(self.state.nodes), pods=len(self.state.pods)).info("caches synced")
-        self._restore_budget_starts()
         if self.settings.leader_election:
             self.runner.start("leader election", self.leader.run)
         else:
@@ -400,18 +406,20 @@ class Controller:
         """A policy in force: the egress pollers follow it; the Node cache keeps the annotations its pools
         name as egress addresses (relisting the nodes when one is new)."""
         self.egress.sync(policy)
+        self.history.sync(policy)
         keys = {p.egress_address.annotation for p in policy.pools if p.egress_address is not None and p.egress_address.annotation}
         if keep_node_annotations(keys):
             for informer in getattr(self, "informers", ()):
                 if informer.resource.kind == "Node":
                     informer.relist()
 
-    def _restore_budget_starts(self) -> None:
-        """At start, caches synced: the windows' starts the leader recorded (budgets.reconcile)."""
-        try:
-            self.budget_starts.restore()
-        except Exception as e:  # noqa: BLE001 - unreadable now: the new leader reads it again on its first pass
-            logger.bind(error=str(e)).warning("the budget window starts could not be read at start")
+    def _pool_regarding(self, pool: str) -> dict[str, Any]:
+        """What a pool's Event is about: its EgressPool (pools API), else the policy's ConfigMap."""
+        if not self.pool_status:
+            return {"apiVersion": "v1", "kind": "ConfigMap", "namespace": self.settings.namespace, "name": self.settings.policy_configmap}
+        found = next((o for o in self.policy_source.cached_objects() or () if o.get("kind") == POOL_KIND and o["metadata"].get("name") == pool), None)
+        uid = found["metadata"].get("uid", "") if found is not None else ""
+        return {"apiVersion": f"{GROUP}/{VERSION}", "kind": POOL_KIND, "name": pool, **({"uid": uid} if uid else {})}
 
     def _adopt_stored_policy(self) -> None:
         """At start, when the source gave no valid policy: the stored last good one, validated again."""

@@ -57,6 +57,7 @@ class Metrics:
         self._pool()
         self._queue()
         self._budgets()
+        self._history()
         self._adapters()
 
     def _counter(self, name: str, help: str, labels: Sequence[str] = ()) -> Counter:
@@ -224,6 +225,22 @@ class Metrics:
             "Runs a destination's budget held at admission (mode Enforce), or would have held (ReportOnly: "
             "counted at Pod CREATE), by pool, destination and mode.",
             ["pool", "destination", "mode"],
+        )
+
+    def _history(self) -> None:
+        """A pool's `history` rule (docs/suggest.md): label values from the policy only (pool), never from a run."""
+        self.history_groups = self._gauge(
+            "history_groups",
+            "Tasks and Pipeline tasks in a pool's measured set (pools with history): their runs go to the pool.",
+            ["pool"],
+        )
+        self.history_reads = self._counter(
+            "history_reads_total", "Reads of a pool's history from Prometheus, by result.", ["pool", "result"]
+        )
+        self.history_read_timestamp = self._gauge(
+            "history_last_read_timestamp_seconds",
+            "When a pool's measured set was last computed from a successful read (Unix seconds).",
+            ["pool"],
         )
 
     def _adapters(self) -> None:

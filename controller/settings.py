@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     # resolvers-feature-flags), which `resolver: cluster` references admission follows obey.
     tekton_resolvers_namespace: str = "tekton-pipelines-resolvers"
 
+    # A queued PipelineRun carrying tekton-kueue's LocalQueue label with no Kueue Workload this long after it
+    # was queued gets a Warning Event, KueueWorkloadMissing (docs/coexistence.md).
+    kueue_workload_wait_seconds: float = Field(default=60.0, gt=0)
+
     # Level-based reconcile: a full pass at least this often, whatever the events.
     resync_seconds: float = 30.0
     # API client: per-request timeout and the watch's server-side timeout.

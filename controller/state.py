@@ -29,6 +29,7 @@ from controller.load.view import LoadView
 from controller.missed_runs.view import MissedRuns
 from controller.queue.view import RUN_KINDS, QueueView, RunRecord, bound_taskrun, gated, run_key, run_of
 from controller.store import Store, release
+from controller.suggest.view import MeasuredView
 from controller.tekton.view import TEKTON_FLAGS, TektonView
 
 POLICY = "Policy"  # the kind passed to subscribers when the policy changes (TEKTON_FLAGS: Tekton's coschedule flag)
@@ -87,6 +88,7 @@ class ClusterState:
         self.budgets = BudgetsView(self.stores, self.load, self.queue, lambda: self._policy)
         self.missed_runs = MissedRuns(self.stores)
         self.tekton = TektonView(self._notify)
+        self.history = MeasuredView()  # the pools' measured sets (a pool's `history` rule)
 
     # Each store's items now (a snapshot: read with no lock). DaemonSets by uid: what a pod's owner must resolve to.
     nodes = property(lambda self: self.stores["Node"].items)
@@ -161,6 +163,8 @@ class ClusterState:
             elif kind == "Pod":
                 self.load.pods_replaced(counts)
         self._notify(kind)
+        if kind == "Pod":
+            release(counts[2], freeze=False)  # each listed pod's claim, as read
         release(retired)
 
     def _node_changed(self, obj: Mapping[str, Any], deleted: bool, old: NodeState | None, new: NodeState | None) -> bool:

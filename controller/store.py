@@ -92,9 +92,10 @@ def _map(pairs: Iterable[tuple[Any, Any]]) -> Map[Any, Any]:
         return building.finish()
 
 
-def release(retired: list[Any]) -> None:
+def release(retired: list[Any], freeze: bool = True) -> None:
     """Free the items of a replaced snapshot a step at a time (20,000 pods freed at once hold the
-    interpreter ~20 ms; between steps the event loop answers reviews), then move what the relist
+    interpreter ~20 ms; between steps the event loop answers reviews; so too a relist's listed objects
+    and its claims once read: `freeze` False), then move what the relist
     built out of the collector's generations (gc.freeze): a young collection that scans the new
     snapshot's 300,000 objects holds the interpreter ~50 ms. Frozen objects are still freed by
     reference counting when the next relist replaces them; cyclic garbage that other threads left in
@@ -102,4 +103,5 @@ def release(retired: list[Any]) -> None:
     generation's threshold, controller.app.tune_interpreter)."""
     while retired:
         del retired[-RELEASE_STEP:]
-    gc.freeze()
+    if freeze:
+        gc.freeze()

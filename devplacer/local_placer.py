@@ -171,6 +171,14 @@ def kubectl(cluster: Cluster, *args: str, stdin: str | None = None, kubeconfig: 
     return out.stdout
 
 
+def await_namespace_deleted(cluster: Cluster, name: str, timeout: float = 300.0) -> None:
+    """A namespace being deleted refuses new content ("unable to create new content in namespace ... because
+    it is being terminated"): if `name` is terminating (an uninstall just before), wait until it is gone."""
+    deleting = kubectl(cluster, "get", "namespace", name, "--ignore-not-found", "-o", "jsonpath={.metadata.deletionTimestamp}").strip()
+    if deleting:
+        kubectl(cluster, "wait", "--for=delete", f"namespace/{name}", f"--timeout={int(timeout)}s")
+
+
 def pool_objects(policy_text: str, source: str = "<policy>") -> list[dict[str, Any]]:
     """The pools API's objects of a policy file in either form (a PlacementPolicy document, or the
     objects themselves), as the loader reads it: `egress-placer migrate-policy --api-version v1beta1`'s
@@ -256,7 +264,8 @@ def start_controller(
     see the module docstring. `env` may still set EGRESS_PLACER_POLICY_SOURCE itself. `ready_timeout`:
     how long the replicas may take to report ready (their first list of the cluster's objects).
     `namespace`: the controller's, where `install` put it (e.g. the chart's release namespace); the replicas
-    run as the ServiceAccount egress-placer there.
+    run as the ServiceAccount egress-placer there. If it is still terminating (an uninstall just before), this
+    waits until it is gone first: a terminating namespace refuses new content.
     """
     if policy_source not in ("configmap", "pools"):
         raise ValueError(f"policy_source is configmap or pools, not {policy_source!r}")
@@ -278,6 +287,7 @@ def start_controller(
             {"PYTHONPATH": str(REPO)},
             port=proxy_port,
         )
+    await_namespace_deleted(cluster, namespace)
     if install is not None:
         install(webhook_url)
     else:

@@ -83,3 +83,17 @@ def node(name: str = "") -> str:
 
 def namespace(name: str = "") -> str:
     return "/api/v1/namespaces" + (f"/{name}" if name else "")
+
+
+def namespaces_left(api: Api, *names: str) -> list[str]:
+    """Of `names`, the namespaces still there, each with what it waits on (its deletion time and the
+    conditions the namespace controller set: content or finalizers remaining, discovery failures...)."""
+    left = []
+    for name in names:
+        found = api.get(namespace(name))
+        if found is None:
+            continue
+        deleting = found["metadata"].get("deletionTimestamp")
+        conditions = [f"{c['type']}: {c.get('message', '')}" for c in (found.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+        left.append(f"namespace {name} " + (f"terminating since {deleting} {conditions}" if deleting else "present"))
+    return left

@@ -6,6 +6,10 @@
 naming what was awaited and the probe's last answer. A test that records an outcome instead of failing
 (the reliability suite's attempts) catches `WaitTimeout`, whose `.last` is that answer.
 
+`wait_gone`: `probe()` answers what is still there (a list; empty once it is all gone); it is called
+until the answer is empty. On timeout the `WaitTimeout` shows what was left, not just `False` (e.g. a
+namespace still terminating, with its conditions).
+
 `holds_for`: a test that must show something did NOT happen for a while (a documented grace, an
 outage that lasts N seconds) polls what must stay true for that long instead of sleeping: `probe()` is
 called until `seconds` have passed, the last call at or after that moment, and must answer something
@@ -65,6 +69,14 @@ def wait_for(what: str, probe: Callable[[], T], *, timeout: float = 60.0, interv
     if not met:
         raise WaitTimeout(what, timeout, last)
     return last
+
+
+def wait_gone(what: str, probe: Callable[[], list[T]], *, timeout: float = 60.0, interval: float = 0.25) -> None:
+    """Poll `probe` (what is left) every `interval` s until it answers an empty list; raise `WaitTimeout`
+    with what was left once `timeout` s have passed."""
+    last, met, _ = _poll(probe, timeout, interval, lambda left: not left)
+    if not met:
+        raise WaitTimeout(what, timeout, last)
 
 
 def holds_for(what: str, probe: Callable[[], T], *, seconds: float, interval: float = 0.25) -> T:

@@ -70,6 +70,7 @@ from controller.core.model import (
     REVIEW_ANNOTATION,
     Decision,
     ImageSet,
+    MeasuredMatch,
     NamespaceState,
     NodeLoad,
     Reason,
@@ -82,6 +83,7 @@ from controller.queue.core import (
     GOVERNED_BY_KUEUE,
     PENDING,
     POOL_SLOT_GATE,
+    claimed_pipelinerun,
     claimed_taskrun,
     gates_pod,
     held_by_queue,
@@ -94,6 +96,7 @@ from controller.queue.core import (
     timed_out,
 )
 from controller.queue.view import RunRecord
+from controller.suggest.core import pod_group, taskrun_group
 from controller.metrics import ERROR, MUTATED, UNCHANGED, Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -119,14 +122,17 @@ class Placement:
     loads: Mapping[str, NodeLoad] = field(default_factory=dict)
     note: str = ""  # why the decision's pool was not (or not wholly) applied
     more_nodes: int = 0  # eligible nodes of the pool not in `loads`
-    # Sent to a provisioned pool that has no ready node (no node named): not queued nor gated, since the
-    # queue's slots count Ready nodes only and the demand must reach the provisioner.
+    # Sent to a provisioned pool that has no ready node (no node named): its pod is the demand the provisioner
+    # brings a node up for. Queued and gated all the same when the pool queues (`queued`): its queue counts
+    # the nodes being launched, and one node's runs while there are none (queue.core.provisioned_nodes).
     provisioned: bool = False
+    queued: bool = False
 
     @property
     def capped(self) -> str | None:
-        """The pool whose queue or slot gate applies: one with a node chosen (None: none)."""
-        return self.pool if self.node else None
+        """The pool whose queue or slot gate applies: one with a node chosen, or a queued pool being
+        provisioned (None: none)."""
+        return self.pool if self.node or (self.provisioned and self.queued) else None
 
 
 
@@ -253,13 +259,22 @@ class Admission:
     def _taskrun(self, request: Request, warnings: list[str]) -> Patch:
         policy = self.state.policy
         namespace = self.state.namespace(request.namespace)
-        decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request))
+        history = self.state.history
+        measured = history.matches(policy, taskrun_group(request.namespace, request.object)) if history.active else ()
+        decision = self._decide(policy, namespace, request.annotations, self._taskrun_images(request), measured)
         template = value_at(request.object, ("spec", "podTemplate"))
         default = self.state.tekton.default_pod_template
-        budgets: tuple[str, ...] = ()  # a coscheduled run follows its PipelineRun: never held for budgets here
+        budgets: tuple[str, ...] = ()
+        held_in: str | None = None  # the pool a coscheduled run is held in for its budgets
         if AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
             why = "coscheduled: its PipelineRun places the whole run"
             placement = _keep_if_allowed(template, policy, namespace, why, default)
+            # The annotation is anyone's to write: it frees no budget. A run its template sends to a pool
+            # waits for that pool's Enforce budgets like any run (docs/budgets.md, coscheduled runs).
+            kept = policy.pool(placement.pool) if placement.pool else None
+            if kept is not None and self.state.budgets.addresses(kept) and not self._held_whole(request):
+                budgets = self._run_budgets(request, replace(decision, pool=kept.name), policy)
+                held_in = kept.name if budgets else None
         else:
             key = ledger_key("taskrun", request.namespace, request.key_name)
             # A queued run's pod comes when it is released: nothing to assume now (the pod is placed again).
@@ -269,7 +284,9 @@ class Admission:
         self._count(request.kind, decision, placement)
         patch = ops_at(request.object, ("spec", "podTemplate"), placement.template)
         annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
-        queued = self._enqueue(request, placement.capped, patch, annotations, budgets)
+        # No node yet (a provisioned pool): no budget can be weighed against a node, and none is held for
+        # (a coscheduled run is held in the pool its template names only while that pool has nodes: held_in).
+        queued = self._enqueue(request, placement.capped or held_in, patch, annotations, budgets if placement.node or held_in else ())
         patch += annotation_ops(request.object, annotations)
         if decision.reason == Reason.UNKNOWN_POOL:
             warnings.append(f"egress-placer: {decision.message}")
@@ -423,7 +440,11 @@ class Admission:
         labels = request.labels
         if labels.get(COMPONENT_LABEL) == AFFINITY_ASSISTANT_COMPONENT or AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
             placement = _keep_if_allowed(current, policy, namespace, "coscheduled")
-            return json_patch(current, placement.template, "/spec")
+            # The label and the annotation are the pod creator's to write: a run's pod (by its TaskRun's
+            # uid) is counted against its budgets all the same (the assistant itself is no run's pod).
+            run = self._run_pod(request, owner)
+            budget = self._coscheduled_budget(request, namespace, policy, placement) if run is not None else []
+            return json_patch(current, placement.template, "/spec") + budget
         run = self._run_pod(request, owner) if is_tekton_pod(request.object) else None
         if run is not None:
             return self._tekton_pod(request, current, namespace, policy, run)
@@ -453,7 +474,9 @@ class Admission:
     def _tekton_pod(
         self, request: Request, current: dict[str, Any], namespace: NamespaceState, policy: PlacementPolicy, run: RunRecord
     ) -> Patch:
-        decision = self._decide(policy, namespace, request.annotations, pod_images(request.object))
+        history = self.state.history
+        measured = history.matches(policy, pod_group(request.namespace, request.labels)) if history.active else ()
+        decision = self._decide(policy, namespace, request.annotations, pod_images(request.object), measured)
         overdue = self._waited_too_long(request, decision.pool, policy)
         if overdue:
             decision = replace(decision, pool=None, message=f"{decision.message}; {overdue}")
@@ -468,8 +491,11 @@ class Admission:
             if taskrun:
                 self.state.load.forget(ledger_key("taskrun", request.namespace, taskrun))
             self.state.load.withdraw(key)
+            self.state.budgets.withdraw(request.namespace, request.name)  # nor its own budget use (the same)
         budget = self._budget(request, decision, policy)
         allowed = frozenset(budget[1].nodes) if budget is not None and not budget[1].hold else None
+        if allowed and decision.pool:
+            allowed = self._released_to(request, run, policy, decision.pool, allowed)
         placement = self._place(current, decision.pool, policy, key, request.name, request.dry_run, allowed=allowed)
         self._count(request.kind, decision, placement)
         template = placement.template
@@ -479,7 +505,8 @@ class Admission:
         if recorded:
             assert budget is not None and placement.pool is not None and placement.node is not None
             touched, seen, full, would = budget
-            template = narrow(template, full)
+            if not seen.hold:  # no room anywhere: placed anyway (the Warning), never kept off every node
+                template = narrow(template, [n for n in full if n != placement.node])
             now = self.wall()
             annotations[BUDGETS_ANNOTATION] = record_annotation(placement.pool, touched, placement.node, now)
             pool = policy.pool(placement.pool)
@@ -492,6 +519,58 @@ class Admission:
         if placement.pool or decision.reason in WARNING_REASONS:
             self._emit(request, decision, placement)
         return patch + self._gate(request, placement.capped, policy, run) + annotation_ops(request.object, annotations)
+
+    def _released_to(self, request: Request, run: RunRecord, policy: PlacementPolicy, pool_name: str, allowed: frozenset[str]) -> frozenset[str]:
+        """The nodes with room behind the egress address the leader released the run to (its entry, written
+        with the release: the run's as cached, else the copy Tekton put on the pod), when some have room
+        there; else every node with room. Replicas admitting pods at once each follow the one leader's
+        count instead of all taking the same address's last room (docs/budgets.md); an address a tenant
+        wrote on a pod only steers its own pod among nodes with room."""
+        copied = read_entry(request.annotations.get(QUEUE_ANNOTATION), "TaskRun")
+        address = (run.entry.address if run.entry is not None else "") or (copied.address if copied is not None else "")
+        pool = policy.pool(pool_name)
+        if not address or pool is None:
+            return allowed
+        where = self.state.budgets.addresses(pool)
+        behind = frozenset(n for n in allowed if where.get(n) == address)
+        return behind or allowed
+
+    def _held_whole(self, request: Request) -> bool:
+        """Is a coscheduled TaskRun's PipelineRun (its controller owner, by uid, in the cache) held whole by
+        our queue (its entry)? Then the TaskRun is not held again: it would wait for a slot its
+        PipelineRun keeps taken while it has no pod bound (queue.core.in_flight)."""
+        claim = claimed_pipelinerun(owner_refs(request.metadata))
+        whole = self.state.queue.taskrun(request.namespace, claim.name, "PipelineRun") if claim is not None else None
+        return whole is not None and claim is not None and whole.uid == claim.uid and whole.entry is not None
+
+    def _coscheduled_budget(self, request: Request, namespace: NamespaceState, policy: PlacementPolicy, placement: Placement) -> Patch:
+        """A coscheduled run's pod on a pool follows its affinity assistant (required pod affinity): never
+        moved nor narrowed, but recorded and counted as any run's pod, on the node it is bound to, else its
+        assistant's (pod `<annotation>-0` in the cache), else none yet (the bound node counts once bound).
+        A Warning when that node's address has no room (the release waited for room on some pool node)."""
+        decision = self._decide(policy, namespace, request.annotations, pod_images(request.object))
+        budget = self._budget(request, replace(decision, pool=placement.pool), policy) if placement.pool else None
+        pool = policy.pool(placement.pool) if placement.pool else None
+        if budget is None or pool is None:
+            present = BUDGETS_ANNOTATION in request.annotations
+            return [{"op": "remove", "path": pointer(("metadata", "annotations", BUDGETS_ANNOTATION))}] if present else []
+        touched, seen, full, would = budget
+        node = text((request.object.get("spec") or {}).get("nodeName")) or self._assistant_node(request)
+        now = self.wall()
+        record = record_annotation(pool.name, touched, node, now)
+        if not request.dry_run:
+            self.state.budgets.placed(request.namespace, request.name, pool, node, touched, record, now)
+        self._budget_events(request, seen, would, pool.name)
+        if node in full and not seen.hold and not request.dry_run:
+            self._send(request, "Warning", "BudgetExceeded",
+                       f"placed on its affinity assistant's node {node}, whose egress address has no room for budget {', '.join(touched)}")
+        return annotation_ops(request.object, {BUDGETS_ANNOTATION: record})
+
+    def _assistant_node(self, request: Request) -> str:
+        """The node of the pod's affinity assistant (Tekton's StatefulSet `<annotation>-0`), "" unknown."""
+        name = request.annotations.get(AFFINITY_ASSISTANT_ANNOTATION)
+        found = self.state.pods.get((request.namespace, f"{name}-0")) if isinstance(name, str) and name else None
+        return (found.node_name or "") if found is not None else ""
 
     def _budget(self, request: Request, decision: Decision, policy: PlacementPolicy) -> tuple[tuple[str, ...], Any, tuple[str, ...], list[str]] | None:
         """The destinations a run's pod touches in its pool (budgets.core.match: its images, its Task's
@@ -638,7 +717,8 @@ class Admission:
                 # Sent to the pool with no node named: the pod waits Pending, Unschedulable, which is the
                 # demand the pool's provisioner (Karpenter's NodePool) brings a node up for.
                 note = f"pool {pool.name} has no ready node: left to NodePool {pool.provisioning.karpenter.node_pool} to provision"
-                return Placement(self._template(template, policy, default, pool, None), pool.name, note=note, provisioned=True)
+                return Placement(self._template(template, policy, default, pool, None), pool.name, note=note, provisioned=True,
+                                 queued=pool.queue is not None)
             return Placement(self._template(template, policy, default, None, None), note=f"pool {pool.name} has no ready node")
         new = self._template(template, policy, default, pool, choice.node)
         return Placement(new, pool.name, choice.node, choice.loads, more_nodes=choice.more_nodes)
@@ -667,15 +747,19 @@ class Admission:
         key = json_key([request.namespace, spec.get("taskRef"), spec.get("taskSpec"), spec.get("params")])
         return self._images.get(key, lambda: taskrun_images(with_namespace(request), tekton), (tekton, tekton.generation))
 
-    def _decide(self, policy: PlacementPolicy, namespace: NamespaceState, annotations: Mapping[str, str], images: ImageSet) -> Decision:
+    def _decide(
+        self, policy: PlacementPolicy, namespace: NamespaceState, annotations: Mapping[str, str], images: ImageSet,
+        measured: tuple[MeasuredMatch, ...] = (),
+    ) -> Decision:
         """`decide`: it reads the policy, the namespace (the state's object, replaced on every change; a
-        namespace the state lacks is its name alone), the placement annotation and the images."""
+        namespace the state lacks is its name alone), the placement annotation, the images and the run's
+        matches in the pools' measured sets (`state.history`, read from memory)."""
         known = self.state.namespaces.get(namespace.name)
         if known is not None and known is not namespace:
-            return decide(policy, namespace, annotations, images)
-        key = (namespace.name, id(known), annotations.get(PLACEMENT_ANNOTATION), images)
+            return decide(policy, namespace, annotations, images, measured)
+        key = (namespace.name, id(known), annotations.get(PLACEMENT_ANNOTATION), images, measured)
         # The answer holds the namespace object: its id is not reused while the entry lives.
-        return self._decisions.get(key, lambda: (known, decide(policy, namespace, annotations, images)), (policy,))[1]
+        return self._decisions.get(key, lambda: (known, decide(policy, namespace, annotations, images, measured)), (policy,))[1]
 
     def _series(self, metric: Any, *values: str) -> Any:
         """`metric.labels(*values)` (values in the metric's label order), looked up once: the few series

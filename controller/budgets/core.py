@@ -568,23 +568,36 @@ def narrow(template: Mapping[str, Any], full: Sequence[str]) -> dict[str, Any]:
 
 def release_within(budgets: PoolBudgets, waiting: Sequence[tuple[Any, Sequence[str]]], in_flight: Iterable[Sequence[str]],
                    now: float) -> list[Any]:
+    """The keys `release_to` releases (runs in flight with no address given)."""
+    return list(release_to(budgets, waiting, [(touched, "") for touched in in_flight], now))
+
+
+def release_to(budgets: PoolBudgets, waiting: Sequence[tuple[Any, Sequence[str]]], in_flight: Iterable[tuple[Sequence[str], str]],
+               now: float) -> dict[Any, str]:
     """The keys of the waiting runs (in release order, each with the destinations it touches) that fit
     the budgets now, each counted as a use (and a start) on a node with room as it is taken; the runs
     released whose pod has not come yet (`in_flight`) are counted first, so that passes made before
     their pods appear never release twice into one room. A run that does not fit stays waiting; later
-    runs touching other destinations may still go."""
+    runs touching other destinations may still go.
+
+    Each key released -> the egress address it was counted behind (the release writes it on the run, and
+    the pod goes behind it while it has room there: replicas admitting pods at once then do not all take
+    one address's last room). A run in flight is counted behind the address it was released to, when it
+    has one and it is still a pool address."""
     picture = budgets
-    for i, touched in enumerate(in_flight):
-        nodes = nodes_with_room(picture, touched, now) or tuple(sorted(picture.addresses))
+    for i, (touched, address) in enumerate(in_flight):
+        behind = tuple(sorted(n for n, a in picture.addresses.items() if a == address)) if address else ()
+        nodes = [n for n in nodes_with_room(picture, touched, now) if not behind or n in behind]
+        nodes = nodes or list(behind) or list(nodes_with_room(picture, touched, now)) or sorted(picture.addresses)
         if nodes:
             picture = admit(picture, f"in-flight-{i}", nodes[0], touched, now)
-    out = []
+    out: dict[Any, str] = {}
     for key, touched in waiting:
         nodes = nodes_with_room(picture, touched, now)
         if not nodes:
             continue
         picture = admit(picture, f"waiting-{len(out)}", nodes[0], touched, now)
-        out.append(key)
+        out[key] = picture.addresses.get(nodes[0], nodes[0])
     return out
 
 

@@ -16,20 +16,26 @@ the window's starts in a ConfigMap of the controller's namespace (`budgets.recon
 from __future__ import annotations
 
 import threading
+from functools import lru_cache
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+
+from loguru import logger
 
 from controller.budgets.core import (
     BUDGETS_ANNOTATION,
     MAX_WINDOW_SECONDS,
+    STARTS_KEY,
     PoolBudgets,
     Kept,
+    Record,
     Start,
     address_of,
     addresses,
+    decode_starts,
     describe,
     figures,
     read_record,
-    release_within,
+    release_to,
     Use,
     trusted_use,
 )
@@ -40,10 +46,27 @@ from controller.queue.view import QueueView
 from controller.store import Store
 
 
+RECORDS_KEPT = 32_768  # budget records kept parsed (by their text), the least recently read dropped first
+
+
+@lru_cache(maxsize=RECORDS_KEPT)
+def _parsed(text: str) -> Record | None:
+    return read_record(text)
+
+
+def record_of(pod: PodState) -> Record | None:
+    """The pod's budget record, parsed once: when the pod is stored (the "budgeted" index below reads it
+    first), then answered by its text from a bounded table (a pure function of the text: a copy of
+    another pod's text gets the same record, which proves nothing until the view checks the pod is a
+    run's pod). Keeping it by text, not on the stored pod, leaves the pod store's values as they are."""
+    text = pod.annotations.get(BUDGETS_ANNOTATION)
+    return _parsed(text) if isinstance(text, str) else None
+
+
 def budgeted(pod: PodState) -> str | None:
     """The pod store's "budgeted" index: the pool a pod's budget record names (a claim until the view
     checks it is a run's pod)."""
-    record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
+    record = record_of(pod)
     return record.pool if record is not None else None
 
 
@@ -78,6 +101,12 @@ class BudgetsView:
         with self._ended_lock:
             self._placing[(namespace, name)] = (now, record, pool.name, use, tuple(Start(n, address, now) for n in sorted(names)))
 
+    def withdraw(self, namespace: str, name: str) -> None:
+        """The API server calls admission again for the pod `name` (reinvocation): its use from the first
+        call must not count against itself (the same pod is placed again)."""
+        with self._ended_lock:
+            self._placing.pop((namespace, name), None)
+
     def _placing_uses(self, pool: Pool, now: float) -> list[tuple[Use, tuple[Start, ...]]]:
         """The pods admission placed that the pod store does not show yet (with their record)."""
         pods = self._stores["Pod"].items
@@ -94,7 +123,7 @@ class BudgetsView:
     def pod_ended(self, pod: PodState) -> None:
         """A pod left the cache (finished or deleted): keep its starts when it was a run's pod with a record
         of a pool with destinations (their window outlives the pod)."""
-        record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
+        record = record_of(pod)
         pool = self._policy().pool(record.pool) if record is not None else None
         if record is None or pool is None or not pool.destinations or not pod.uid:
             return
@@ -126,6 +155,16 @@ class BudgetsView:
                 if uid not in self._ended and len(self._ended) < MAX_ENDED:
                     self._ended[uid] = (pool, tuple(starts))
                     taken += 1
+        return taken
+
+    def record_seen(self, configmap: Mapping[str, Any] | None) -> int:
+        """The leader's record of starts as this replica's informer shows it (kube.informer: every replica
+        follows the ConfigMap, from its first list on, so a follower counts the starts of pods it never saw
+        and has them when it starts leading). Additive: a row only adds a pod's starts this replica lacks;
+        rows leave by their window alone. The number taken."""
+        taken = self.restore(decode_starts(((configmap or {}).get("data") or {}).get(STARTS_KEY)))
+        if taken:
+            logger.bind(runs=taken).debug("budget window starts taken from the leader's record")
         return taken
 
     def window_starts(self, now: float) -> dict[str, tuple[str, tuple[Start, ...]]]:
@@ -179,7 +218,7 @@ class BudgetsView:
         known = [d.name for d in pool.destinations]
         out = []
         for pod in self._stores["Pod"].snapshot.under("budgeted", pool.name).values():
-            record = read_record(pod.annotations.get(BUDGETS_ANNOTATION))
+            record = record_of(pod)
             use = trusted_use(pod.uid, record, pod.active and self._queue.is_run_pod(pod.namespace, pod.owners, pod.name), pool.name, pod.node_name, known)
             if use is None or record is None:
                 continue
@@ -195,14 +234,16 @@ class BudgetsView:
         node = self._stores["Node"].items.get(name)
         return address_of(name, node.labels if node else {}, node.annotations if node else {}, pool.egress_address)
 
-    def releasable(self, pool: Pool, line: Sequence[tuple[Hashable, Sequence[str]]], flying: Sequence[Sequence[str]], now: float) -> set[Hashable]:
+    def releasable(self, pool: Pool, line: Sequence[tuple[Hashable, Sequence[str]]], flying: Sequence[tuple[Sequence[str], str]],
+                   now: float) -> dict[Hashable, str]:
         """Which of the waiting runs (`line`: key and the destinations each waits for, in release order) fit
-        the pool's budgets now, with the runs released and not yet on a node (`flying`) counted. Every key
-        when the pool has no destinations."""
+        the pool's budgets now, each with the egress address it is released to, with the runs released and
+        not yet on a node (`flying`: destinations and the address each was released to) counted. Every key
+        (no address) when the pool has no destinations."""
         budgets = self.pool_budgets(pool, now)
         if budgets is None:
-            return {key for key, _ in line}
-        return set(release_within(budgets, line, flying, now))
+            return {key: "" for key, _ in line}
+        return release_to(budgets, line, flying, now)
 
     def status_lines(self, now: float) -> list[str]:
         """Each budget's use per pool, destination and address (`egress-placer status`)."""

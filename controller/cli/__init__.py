@@ -67,7 +67,8 @@ def _configure_explain(parser: argparse.ArgumentParser) -> None:
         "--policy",
         required=True,
         metavar="POLICY.yaml",
-        help="the policy: a PlacementPolicy file, or EgressPool and EgressPlacerConfig objects ('-': standard input)",
+        help="the policy: a PlacementPolicy file, or EgressPool and EgressPlacerConfig objects ('-': standard input); "
+        "EgressPools as `kubectl get egresspools -o yaml` prints them carry their measured sets (status.history)",
     ))
     _file(parser.add_argument(
         "manifests", nargs="+", metavar="MANIFEST.yaml",

@@ -34,7 +34,8 @@ from controller.core.images import (
     taskrun_images,
 )
 from controller.tekton.core import TektonObjects
-from controller.core.model import Decision, ImageSet, NamespaceState
+from controller.core.model import Decision, ImageSet, NamespaceState, Reason
+from controller.suggest.core import MeasuredSet, measured_matches, pod_group, sets_from_status, taskrun_group
 from controller.core.policy import PlacementPolicy, PolicyError, yaml_problem
 from controller.core.pools import load_any_policy
 
@@ -115,8 +116,13 @@ def not_a_run(documents: Sequence[Document]) -> str | None:
     return f"nothing to explain: found {what}; explain reads TaskRuns, PipelineRuns and Tekton pods (and their context)"
 
 
-def explain_documents(policy: PlacementPolicy, documents: Sequence[Document]) -> list[dict[str, Any]]:
-    """One result per TaskRun, pipeline task and Tekton pod, in input order (context read first)."""
+def explain_documents(
+    policy: PlacementPolicy, documents: Sequence[Document], measured: Mapping[str, MeasuredSet] | None = None
+) -> list[dict[str, Any]]:
+    """One result per TaskRun, pipeline task and Tekton pod, in input order (context read first).
+    `measured`: the pools' measured sets (a pool's `history` rule), by pool: a TaskRun or pod whose Task is
+    in one is decided as admission decides it; a PipelineRun's tasks are not (their TaskRuns are)."""
+    measured = measured or {}
     objects = TektonObjects(cluster_resolver.TEKTON_DEFAULTS)
     namespaces: dict[str, NamespaceState] = {}
     for doc in documents:
@@ -139,7 +145,13 @@ def explain_documents(policy: PlacementPolicy, documents: Sequence[Document]) ->
         annotations = meta.get("annotations") if isinstance(meta.get("annotations"), dict) else {}
 
         def line(task: str | None, images: ImageSet) -> dict[str, Any]:
-            decision: Decision = decide(policy, ns, annotations, images)
+            key = None
+            if kind == "TaskRun":
+                key = taskrun_group(namespace, doc.obj)
+            elif kind == "Pod":
+                key = pod_group(namespace, meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {})
+            matches = measured_matches(policy, key, measured) if measured else ()
+            decision: Decision = decide(policy, ns, annotations, images, matches)
             out = {
                 "kind": kind,
                 "namespace": namespace,
@@ -149,6 +161,8 @@ def explain_documents(policy: PlacementPolicy, documents: Sequence[Document]) ->
                 "reason": decision.reason.value,
                 "images": list(decision.images),
             }
+            if decision.reason is Reason.MEASURED:
+                out["message"] = decision.message
             pool = policy.pool(decision.pool) if decision.pool else None
             if pool is not None and pool.destinations:  # the key only where the pool has destinations
                 out["budgets"] = explained(pool.destinations, _facts(doc.obj, task, decision.images, objects))
@@ -162,6 +176,14 @@ def explain_documents(policy: PlacementPolicy, documents: Sequence[Document]) ->
         elif kind == "Pod" and is_tekton_pod(doc.obj):
             results.append(line(None, pod_images(doc.obj)))
     return results
+
+
+def _measured(text: str, source: str) -> dict[str, MeasuredSet]:
+    """The measured sets in the EgressPools' status (objects as `kubectl get egresspools -o yaml` gives them)."""
+    try:
+        return sets_from_status(doc.obj for doc in read_documents(text, source))
+    except ManifestError:  # a policy file in another shape: no status, no set
+        return {}
 
 
 TASK_LABEL = "tekton.dev/task"  # on a Tekton pod: its Task's name (Tekton copies it from the TaskRun)
@@ -210,8 +232,11 @@ def run_explain(
     errors: list[str] = []
     reader = _Reader(stdin if stdin is not None else sys.stdin)
     policy: PlacementPolicy | None = None
+    measured: dict[str, MeasuredSet] = {}
     try:
-        policy = load_any_policy(reader.read(policy_path), source=reader.name(policy_path))
+        policy_text = reader.read(policy_path)
+        policy = load_any_policy(policy_text, source=reader.name(policy_path))
+        measured = _measured(policy_text, reader.name(policy_path))
     except (PolicyError, ManifestError) as e:
         errors.append(str(e))
     documents: list[Document] = []
@@ -226,7 +251,7 @@ def run_explain(
         for error in errors:
             print(f"egress-placer explain: {error}", file=err)
         return 2
-    results = explain_documents(policy, documents)
+    results = explain_documents(policy, documents, measured)
     if output == "json":
         print(json.dumps(results, indent=2), file=out)
     elif output == "yaml":

@@ -32,7 +32,7 @@ from controller.agents.core import AgentGap
 from controller.cli.errors import ClusterUnreachable, CommandError, Exit
 from controller.intruders.core import find_intruders
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
-from controller.queue.core import plan
+from controller.queue.core import KUEUE_QUEUE_LABEL, KUEUE_WORKLOAD_WAIT_SECONDS, plan
 from controller.taints.core import desired_taints
 from controller.prometheus.egress_source import EgressPoller, PrometheusClient
 from controller.kube.client import (
@@ -218,7 +218,7 @@ def _read_runs(api: KubeApi, state: ClusterState) -> None:
                 raise
 
 
-def queue_lines(state: ClusterState, now: float, shown: int = QUEUE_LINES_SHOWN) -> list[str]:
+def queue_lines(state: ClusterState, now: float, shown: int = QUEUE_LINES_SHOWN, kueue_wait: float = KUEUE_WORKLOAD_WAIT_SECONDS) -> list[str]:
     """Each queued pool's slots and its waiting runs in release order (the leader's own plan)."""
     lines: list[str] = []
     for pool in state.policy.pools:
@@ -237,6 +237,22 @@ def queue_lines(state: ClusterState, now: float, shown: int = QUEUE_LINES_SHOWN)
             lines.append(f"  {i + 1:>3}. {entry.kind} {entry.namespace}/{entry.name}, waiting {now - entry.queued_at:.0f}s{late}")
         if len(waiting) > shown:
             lines.append(f"  ... and {len(waiting) - shown} more")
+        lines += _kueue_lines(state.queue.queue_entries(pool.name), now, shown, kueue_wait)
+    return lines
+
+
+def _kueue_lines(entries: Sequence[Any], now: float, shown: int, wait: float) -> list[str]:
+    """The pool's runs Kueue holds by tekton-kueue's label (no line of ours; the leader reads their Workloads,
+    which this command does not): how long each has been held, and where to look when it is long."""
+    held = sorted((e for e in entries if e.kueue_held), key=lambda e: (e.queued_at, e.key))
+    lines = [f"  held for Kueue ({KUEUE_QUEUE_LABEL}), not released by egress-placer: {len(held)}"] if held else []
+    for entry in held[:shown]:
+        waited = now - entry.queued_at
+        late = (f" (over {wait:.0f}s: see its Workload, kubectl get workloads -n {entry.namespace}; "
+                "a KueueWorkloadMissing Event means it has none)") if waited >= wait else ""
+        lines.append(f"      {entry.kind} {entry.namespace}/{entry.name}, held {waited:.0f}s{late}")
+    if len(held) > shown:
+        lines.append(f"      ... and {len(held) - shown} more")
     return lines
 
 
@@ -305,7 +321,7 @@ def run_status(
         print(json.dumps([asdict(r) for r in rows]), file=out)
     else:
         print_rows(rows, out, gaps)
-        queues = queue_lines(state, time.time())
+        queues = queue_lines(state, time.time(), kueue_wait=settings.kueue_workload_wait_seconds)
         if queues:
             print("\nQueues (release order):", file=out)
             for line in queues:

@@ -5,14 +5,17 @@ Order of the rules (the first that applies wins):
 2. `egress-placer.io/placement: <pool>` opts in, if the pool exists and the namespace may use it.
 3. Otherwise (`auto` or absent) the first pool, in file order, whose image globs match one of the
    resolved images and that allows the namespace.
+4. Otherwise the first pool with a `history` rule whose measured set holds the run's Task (or Pipeline
+   task) in the run's own namespace (`measured`, looked up by the caller) and that allows the namespace.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
-from controller.core.model import PLACEMENT_ANNOTATION, Decision, ImageSet, NamespaceState, Reason
+from controller.core.model import PLACEMENT_ANNOTATION, Decision, ImageSet, MeasuredMatch, NamespaceState, Reason
 from controller.core.policy import PlacementPolicy
 
 OPT_OUT_VALUE = "none"
@@ -20,9 +23,15 @@ AUTO_VALUE = "auto"
 
 
 def decide(
-    policy: PlacementPolicy, namespace: NamespaceState, annotations: Mapping[str, Any], images: ImageSet
+    policy: PlacementPolicy,
+    namespace: NamespaceState,
+    annotations: Mapping[str, Any],
+    images: ImageSet,
+    measured: Sequence[MeasuredMatch] = (),
 ) -> Decision:
-    """Decide placement. Total: any odd input gives a Decision, never an exception."""
+    """Decide placement. Total: any odd input gives a Decision, never an exception. `measured`: the
+    run's matches in the pools' measured sets; only a match of a pool that has a `history` rule, for
+    this namespace, and a pool that allows it, places the run."""
     known = tuple(i for i in images.images if isinstance(i, str))
     unknown = tuple(str(u) for u in images.unresolved)
 
@@ -59,6 +68,11 @@ def decide(
                 Reason.IMAGE_MATCH, f"Placed in pool {pool.name!r}: image {image!r} matches its image globs.", pool.name
             )
         refused.append(pool.name)
+    for match in measured:
+        pool = policy.pool(match.pool)
+        if pool is None or pool.history is None or match.namespace != namespace.name or not pool.allows(namespace):
+            continue
+        return answer(Reason.MEASURED, f"Placed in pool {pool.name!r} by measured history: {match.why}.", pool.name)
     if refused:
         names = ", ".join(repr(p) for p in refused)
         return answer(

@@ -106,21 +106,24 @@ Duration = Annotated[
 # -- configuration --------------------------------------------------------------------------------
 
 
+PrometheusUrl = Annotated[
+    HttpUrl,
+    OpenAPI(
+        max_length=2083,
+        rules=(
+            Rule(
+                "isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''",
+                "must be an http or https URL with a host",
+            ),
+        ),
+    ),
+]
+
+
 class PrometheusSource(PolicyModel):
     """Where a pool's per-node outbound throughput (bytes per second) is read from."""
 
-    url: Annotated[
-        HttpUrl,
-        OpenAPI(
-            max_length=2083,
-            rules=(
-                Rule(
-                    "isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''",
-                    "must be an http or https URL with a host",
-                ),
-            ),
-        ),
-    ] = Field(description="Prometheus' base URL, e.g. http://prometheus.monitoring:9090.")
+    url: PrometheusUrl = Field(description="Prometheus' base URL, e.g. http://prometheus.monitoring:9090.")
     query: Annotated[str, OpenAPI(patterns=(NOT_BLANK,))] = Field(
         default=DEFAULT_EGRESS_QUERY,
         description="The PromQL query giving each node's outbound bytes per second, one series per node. "
@@ -190,6 +193,51 @@ class EgressLoad(PolicyModel):
     def bandwidth_of(self, node: str) -> float:
         """Outbound capacity of `node` in bytes per second (its override, else the pool's)."""
         return self.node_bandwidth.get(node, self.bandwidth_bytes_per_second)
+
+
+PROMETHEUS_WINDOW = r"^[1-9][0-9]{0,4}(m|h|d|w)$"  # a Prometheus range: 30m, 12h, 7d, 2w
+
+
+class HistorySource(PolicyModel):
+    """Where a pool's measured history (what past runs sent) is read from: the queries of
+    `egress-placer suggest` (docs/suggest.md)."""
+
+    url: PrometheusUrl = Field(description="Prometheus' base URL, e.g. http://prometheus.monitoring:9090.")
+    interval: Duration = Field(
+        default=300.0, description="How often the history is read again: seconds, or a string like 5m. Default: 5m."
+    )
+    timeout: Duration = Field(default=30.0, description="How long one query may take. Default: 30s.")
+    bytes_query: Annotated[str, OpenAPI(patterns=(NOT_BLANK,))] | None = Field(
+        default=None,
+        description="Optional: PromQL giving one series per namespace and pod with the bytes that pod sent to the "
+        "internet in the window (a flow exporter's external-destination series). Default: cAdvisor's "
+        "container_network_transmit_bytes_total, every byte the pod sent (an upper bound).",
+    )
+
+
+class MeasuredHistory(PolicyModel):
+    """A pool's `history`: it also takes the runs of the Tasks (and Pipeline tasks) whose past runs, in the
+    run's own namespace, sent at least `p90BytesAtLeast` at the 90th percentile over `window`. Opt-in, off
+    without it; only for namespaces the pool allows; after the image globs (docs/suggest.md)."""
+
+    prometheus: HistorySource = Field(description="Where the history is read from.")
+    p90_bytes_at_least: Annotated[int, Field(ge=1)] = Field(
+        description="Bytes: a Task (or Pipeline task) of a namespace whose runs' p90 of bytes sent reaches this "
+        "is taken by the pool."
+    )
+    window: Annotated[str, OpenAPI(patterns=(PROMETHEUS_WINDOW,))] = Field(
+        default="7d", description="How far back the history goes: a Prometheus range like 12h, 7d or 2w. Default: 7d."
+    )
+    min_runs: Annotated[int, Field(ge=1, le=1000)] = Field(
+        default=3, description="Runs a Task needs in the window before its history counts. Default: 3."
+    )
+
+    @field_validator("window")
+    @classmethod
+    def _is_range(cls, window: str) -> str:
+        if not re.fullmatch(PROMETHEUS_WINDOW, window):
+            raise ValueError(f"{window!r} is not a Prometheus range like 12h, 7d or 2w")
+        return window
 
 
 # -- the combination ------------------------------------------------------------------------------

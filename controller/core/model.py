@@ -39,6 +39,19 @@ class Reason(StrEnum):
     NAMESPACE_NOT_ALLOWED = "namespace-not-allowed"
     UNKNOWN_POOL = "unknown-pool"
     UNRESOLVED = "unresolved"
+    MEASURED = "measured-history"  # a pool's `history` rule: the run's Task sent much in the past
+
+
+@dataclass(frozen=True)
+class MeasuredMatch:
+    """A run's Task (or Pipeline task) found in a pool's measured set (suggest.core.measured_matches):
+    `namespace` is the run's own (the set is looked up by it), `group` the history's group, `why` its
+    evidence in one phrase."""
+
+    pool: str
+    namespace: str
+    group: str
+    why: str
 
 
 @dataclass(frozen=True)

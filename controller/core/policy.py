@@ -23,7 +23,7 @@ from pydantic import (
     model_validator,
 )
 
-from controller.core.egress import EgressLoad
+from controller.core.egress import EgressLoad, MeasuredHistory
 from controller.queue.core import QueueSetting
 from controller.budgets.core import MAX_DESTINATIONS, Destination, EgressAddress, unique_destinations
 from controller.core.model import NAMESPACE_POOLS_ANNOTATION, TAINT_KEY, NamespaceState, NodeState, Taint
@@ -347,6 +347,12 @@ class Pool(PolicyModel):
         default=None,
         description="Optional: each node's measured outbound throughput from Prometheus, weighed with its "
         "run count when a node is chosen (docs/egress-load.md).",
+    )
+    history: MeasuredHistory | None = Field(
+        default=None,
+        description="Optional, opt-in: the pool also takes runs by measured history: the Tasks (and Pipeline "
+        "tasks) of a namespace the pool allows whose past runs sent at least p90BytesAtLeast (90th percentile) "
+        "over the window, read from Prometheus in the background; after the image globs (docs/suggest.md).",
     )
     queue: QueueSetting | None = Field(
         default=None,

@@ -137,6 +137,35 @@ class QueueStatus(PolicyModel):
     )
 
 
+MEASURED_SHOWN = 500  # groups of the measured set the status lists (largest p90 first); `groups` counts them all
+
+
+class MeasuredGroupStatus(PolicyModel):
+    """One Task (or Pipeline task) the pool takes by measured history."""
+
+    namespace: str = Field(description="Its namespace: only runs of this namespace match.")
+    kind: Literal["Task", "PipelineTask"] = Field(description="Task (tekton.dev/task), or PipelineTask (pipeline/pipelineTask).")
+    name: str = Field(description="The Task's name, or pipeline/pipelineTask.")
+    runs: Annotated[int, Field(ge=0)] = Field(description="Its runs in the window.")
+    p90_bytes: Annotated[int, Field(ge=0)] = Field(description="The 90th percentile of bytes its runs sent.")
+    median_bytes: Annotated[int, Field(ge=0)] = Field(default=0, description="The median of bytes its runs sent.")
+
+
+class HistoryStatus(PolicyModel):
+    """The pool's measured set (only with its `history` setting), as this replica last read it."""
+
+    groups: Annotated[int, Field(ge=0)] = Field(description="Tasks and Pipeline tasks the pool takes by measured history.")
+    read_at: str | None = Field(
+        default=None, description="When the set was computed from Prometheus, RFC 3339 (none: not read yet)."
+    )
+    last_error: Annotated[str, OpenAPI(max_length=32768)] | None = Field(
+        default=None, description="Why the last read failed (the set stays what the last good read gave)."
+    )
+    measured: Annotated[tuple[MeasuredGroupStatus, ...], OpenAPI(max_items=MEASURED_SHOWN)] = Field(
+        default=(), description=f"The groups, largest p90 first ({MEASURED_SHOWN} at most; groups counts them all)."
+    )
+
+
 class PoolStatus(PolicyModel):
     """What egress-placer sees of the pool; written by the leader."""
 
@@ -157,6 +186,7 @@ class PoolStatus(PolicyModel):
     )
     last_error: LastError | None = Field(default=None, description="The last error about this pool (none: nothing went wrong).")
     queue: QueueStatus | None = Field(default=None, description="The queue, when the pool has the queue setting.")
+    history: HistoryStatus | None = Field(default=None, description="The measured set, when the pool has the history setting.")
 
 
 # -- the CRDs -----------------------------------------------------------------------------------------

@@ -36,7 +36,8 @@ from controller.core import cluster_resolver
 from controller.core.images import TASKRUN_LABEL, image_fields
 from controller.intruders.core import MIRROR_POD_ANNOTATION
 from controller.core.json_wire import decode
-from controller.budgets.core import BUDGETS_ANNOTATION
+from controller.budgets.core import BUDGETS_ANNOTATION, STARTS_CONFIGMAP
+from controller.budgets.view import BudgetsView
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
 from controller.queue.core import KUEUE_QUEUE_LABEL, PIPELINERUN_LABEL, POOL_SLOT_GATE, QUEUE_ANNOTATION, compact_decision
 from controller.core.patches import InvalidDefault, default_pod_template
@@ -45,6 +46,7 @@ from controller.retry import WATCHES, RetryPolicy, retrying
 from controller.metrics import Metrics
 from controller.runner import Runner, Task
 from controller.settings import Settings
+from controller.store import release
 from controller.tekton.core import TektonObjects
 from controller.tekton.view import TektonView
 
@@ -488,7 +490,10 @@ class Informer:
                 break
             if stop.is_set():
                 return
-        self.on_replace(items)
+        # A copy: what the sink keeps is its own. Ours is freed a step at a time once read (20,000 trimmed
+        # pods freed at once would hold the interpreter ~10 ms: every admission answer waits for it).
+        self.on_replace(list(items))
+        release(items, freeze=False)
         self.resource_version = rv
         self.synced.set()
         self._log.bind(count=len(items), resource_version=rv).debug("listed")
@@ -600,6 +605,8 @@ class ObjectSink(ObjectObserver, Protocol):
     # Tekton's definitions and settings (tekton.view.TektonView): its `cluster_resolver` is replaced whole
     # when a resolvers ConfigMap changes
     tekton: TektonView
+    # the egress budgets (budgets.view.BudgetsView): the leader's record of window starts goes to it
+    budgets: BudgetsView
 
 
 def coschedule_of(feature_flags: Mapping[str, Any] | None) -> str | None:
@@ -680,6 +687,9 @@ def cluster_informers(
         )
 
     out.append(tekton_config(TEKTON_FEATURE_FLAGS, coschedule_of, sink.tekton.set_coschedule))
+    # Not Tekton's: the egress budgets' record of window starts in the controller's namespace, written by the
+    # leader, followed by every replica (a follower that leads after a failover has the leader's starts).
+    out.append(tekton_config(STARTS_CONFIGMAP, lambda configmap: configmap, sink.budgets.record_seen, settings.namespace))
     out.append(tekton_config(TEKTON_CONFIG_DEFAULTS, default_pod_template_of, sink.tekton.set_default_pod_template))
 
     # Tekton's version (controller.compat): not required; unreadable, it turns off what needs a known version.

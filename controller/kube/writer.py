@@ -22,7 +22,7 @@ from controller.core.model import Taint
 from controller.core.conversion import V1BETA1 as POOLS_API_VERSION
 from controller.kube.client import JSON, JSON_PATCH, MERGE_PATCH, ApiError, Outcome
 from controller.kube.reader import KubeReader
-from controller.queue.core import KUEUE_WORKLOADS, Workloads, workload_of
+from controller.queue.core import KUEUE_WORKLOADS, NODECLAIMS, NODEPOOL_LABEL, QUEUE_ANNOTATION, Workloads, workload_of
 from controller.metrics import Metrics
 
 REPORTING_CONTROLLER = "egress-placer.io/controller"
@@ -292,17 +292,20 @@ class KubeClient(KubeReader):
         self._call_or_done("set-config-status", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH), Outcome.NOT_FOUND)
 
     # -- the queue: releasing a pending run (the leader's) -----------------------------------------------
-    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
+    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str, entry: str | None = None) -> bool:
         """Clear `spec.status` of a queued TaskRun or PipelineRun (Tekton then starts it), and nothing
-        else: a JSON patch that first tests the run's uid and that spec.status is still `pending`, so a
-        run cancelled meanwhile stays cancelled and a release repeated (a second pass, a new leader) is
-        a no-op. True when this call released it; False when it was already released, cancelled, gone
-        or replaced."""
+        else (but `entry`: our queue entry's new text, in the same patch: the egress address an egress
+        budget released it to): a JSON patch that first tests the run's uid and that spec.status is
+        still `pending`, so a run cancelled meanwhile stays cancelled and a release repeated (a second
+        pass, a new leader) is a no-op. True when this call released it; False when it was already
+        released, cancelled, gone or replaced."""
         plural = {"TaskRun": "taskruns", "PipelineRun": "pipelineruns"}[kind]
         path = f"/apis/tekton.dev/v1/namespaces/{namespace}/{plural}/{name}"
+        written = [{"op": "add", "path": "/metadata/annotations/" + QUEUE_ANNOTATION.replace("~", "~0").replace("/", "~1"), "value": entry}] if entry else []
         return self._patch_as_seen("release-run", path, uid, [
             {"op": "test", "path": "/spec/status", "value": pending},
             {"op": "remove", "path": "/spec/status"},
+            *written,
         ])
 
     def kueue_workloads(self, namespace: str) -> Workloads | None:
@@ -315,6 +318,21 @@ class KubeClient(KubeReader):
             logger.bind(namespace=namespace).warning(f"cannot read Kueue's Workloads: {e}")
             return None
         return dict(filter(None, map(workload_of, (listed or {}).get("items") or [])))
+
+    def node_claims(self, node_pool: str) -> list[dict[str, Any]] | None:
+        """The NodeClaims of Karpenter's NodePool `node_pool` (label karpenter.sh/nodepool), for the queue of a
+        provisioned pool (queue.core.launching). Empty when Karpenter is not installed (404); None when the
+        look failed."""
+        query = {"labelSelector": f"{NODEPOOL_LABEL}={node_pool}"}
+        try:
+            listed = self.call("list-nodeclaims", lambda: self.api.call("GET", NODECLAIMS, query=query))
+        except ApiError as e:
+            if e.outcome is Outcome.NOT_FOUND:
+                return []
+            logger.bind(node_pool=node_pool).warning(f"cannot read Karpenter's NodeClaims: {e}")
+            return None
+        items = (listed or {}).get("items") or []
+        return [item for item in items if isinstance(item, dict)]
 
     def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...], gate: str) -> bool:
         """Remove `gate` from a pod's spec.schedulingGates (the scheduler then places it), and nothing

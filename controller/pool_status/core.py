@@ -39,6 +39,7 @@ from controller.core.pools import (
     NodeLoadStatus,
     PoolLoadStatus,
     PoolStatus,
+    HistoryStatus,
     QueueStatus,
 )
 from controller.placement_log.core import Placed, parse_rfc3339, placed_within, rfc3339
@@ -196,6 +197,7 @@ def pool_status(
     errors: Sequence[SeenError],
     now: float,
     queue: QueueStatus | None = None,
+    history: HistoryStatus | None = None,
 ) -> dict[str, Any]:
     """The status of `obj` (JSON, as written), given:
 
@@ -208,7 +210,8 @@ def pool_status(
     - `errors`: errors seen about this pool (`refusal`'s lines naming it count as one, at `now`, unless
       the status holds that message already);
     - `now`: epoch seconds;
-    - `queue`: the pool's queue, when it has the setting.
+    - `queue`: the pool's queue, when it has the setting;
+    - `history`: the pool's measured set, when it has the history setting.
     """
     pool = policy.pool(obj.name)
     members = members if pool is not None else ()
@@ -238,6 +241,7 @@ def pool_status(
         runs_placed_last_hour=placed_within(placed, names, now),
         last_error=_last_error(obj.status, seen),
         queue=queue if pool is not None and pool.queue is not None else None,
+        history=history if pool is not None and pool.history is not None else None,
     )
     return out.model_dump(mode="json", by_alias=True, exclude_none=True)
 

@@ -40,6 +40,7 @@ from controller.load.view import LoadView
 from controller.placement_log.view import PlacementLog
 from controller.queue.view import QueueView
 from controller.pool_status.metrics import pool_loads
+from controller.suggest.view import MeasuredView
 
 
 class PoolState(Protocol):
@@ -55,6 +56,7 @@ class PoolState(Protocol):
 
     load: LoadView
     queue: QueueView
+    history: MeasuredView
 
 
 class PoolObjects(Protocol):
@@ -139,8 +141,9 @@ class PoolStatusWriter:
             loads = pool_loads(self.state.load, pool, self.state.nodes) if pool is not None else {}
             counts = self.state.queue.queue_counts(pool, now) if pool is not None else None
             queue = QueueStatus(waiting=counts[0], slots=counts[1], occupied=counts[2]) if counts is not None else None
+            history = self.state.history.status(pool.name) if pool is not None and pool.history is not None else None
             desired = status_in(POOL_KIND, V1BETA1, pool_status(
-                obj, policy, members.get(obj.name, []), loads, placed, refusal, self.errors.of(obj.name), now, queue
+                obj, policy, members.get(obj.name, []), loads, placed, refusal, self.errors.of(obj.name), now, queue, history
             ))  # the objects are read and written as v1beta1 (its load field names)
             if desired == dict(obj.status):
                 continue

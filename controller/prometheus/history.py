@@ -166,3 +166,15 @@ def join(answers: Mapping[str, Iterable[Sample]], custom_bytes: bool, asked: tup
     if labels and sent and not pods:
         missing.append(f"none of the {no_bytes} Tekton pods of the window has a transmit series (bytes)")
     return History(tuple(pods), tuple(missing), asked)
+
+
+SENT_QUERIES = ("bytes", "labels")  # what the controller's history rule reads (no nodes, images nor durations)
+
+
+def read_sent(prometheus: InstantQuery, window: str, bytes_query: str | None = None) -> History:
+    """What each Tekton pod of the window sent, with Tekton's labels: the two queries a pool's `history`
+    rule needs (controller.suggest.reconcile). Raises PrometheusError when a query fails."""
+    every = queries(window, "1m", bytes_query)
+    asked = {name: every[name] for name in SENT_QUERIES}
+    answers = {name: prometheus.query(q) for name, q in asked.items()}
+    return join(answers, bytes_query is not None, tuple(asked.values()))

@@ -51,6 +51,7 @@ MAX_PRIORITY_ENTRIES = 64
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_WORKLOADS = "/apis/kueue.x-k8s.io/v1beta1/namespaces/{namespace}/workloads"
 GOVERNED_BY_KUEUE = "kueue"
+KUEUE_WORKLOAD_WAIT_SECONDS = 60.0  # a labelled run with no Workload this long after it was queued: a Warning
 
 
 class NamespacePriority(PolicyModel):
@@ -111,12 +112,15 @@ def parse_time(text: str) -> float | None:
     return moment.timestamp()
 
 
-def entry_annotation(pool: str, kind: str, queued_at: float, budgets: Sequence[str] = ()) -> str:
+def entry_annotation(pool: str, kind: str, queued_at: float, budgets: Sequence[str] = (), address: str = "") -> str:
     """`budgets`: the Enforce destinations of the pool the run touches (egress budgets, docs/budgets.md):
-    the leader releases it only when each has room."""
+    the leader releases it only when each has room. `address`: the egress address the leader released it
+    to (written with the release): its pod goes behind it when it still has room there."""
     data: dict[str, Any] = {"pool": pool, "kind": kind, "time": format_time(queued_at)}
     if budgets:
         data["budgets"] = list(budgets)
+    if address:
+        data["address"] = address
     return json.dumps(data, separators=(",", ":"))
 
 
@@ -128,6 +132,10 @@ class EntryMark:
     kind: str
     queued_at: float
     budgets: tuple[str, ...] = ()
+    address: str = ""  # the egress address the leader released it to (egress budgets)
+
+
+MAX_ADDRESS_CHARS = 253
 
 
 def read_entry(value: Any, kind: str) -> EntryMark | None:
@@ -147,7 +155,9 @@ def read_entry(value: Any, kind: str) -> EntryMark | None:
     queued_at = parse_time(when)
     names = data.get("budgets")
     budgets = tuple(n for n in names if isinstance(n, str))[:64] if isinstance(names, list) else ()
-    return None if queued_at is None else EntryMark(pool, written_on, queued_at, budgets)
+    address = data.get("address")
+    address = address if isinstance(address, str) and len(address) <= MAX_ADDRESS_CHARS else ""
+    return None if queued_at is None else EntryMark(pool, written_on, queued_at, budgets, address)
 
 
 MAX_DECISION_CHARS = 256 * 1024  # admission's record is a few KiB; a longer value is none of ours
@@ -259,6 +269,7 @@ class QueueEntry:
     kueue_label: bool = False  # carries tekton-kueue's LocalQueue label (KUEUE_QUEUE_LABEL)
     kueue_held: bool = False  # `held_by_kueue`: by its label alone, until a pass looks at its Workload
     budgets: tuple[str, ...] = ()  # the Enforce destinations it waits for (egress budgets, docs/budgets.md)
+    address: str = ""  # the egress address the leader released it to ("": none)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -359,6 +370,17 @@ def held_by_kueue(entry: QueueEntry, workloads: Workloads | None) -> bool:
     return entry.kueue_label
 
 
+def kueue_workload_missing(entry: QueueEntry, workloads: Workloads | None, now: float, wait: float) -> bool:
+    """Is the run held by tekton-kueue's label alone (`held_by_kueue`: no Workload owns it) `wait` seconds or
+    more after it was queued? tekton-kueue makes the Workload a moment after CREATE; one that never comes means
+    tekton-kueue is not running, or does not handle the namespace, or the label is the tenant's own: the run
+    would wait unseen for ever (we never release a run Kueue may hold), so the leader says so (a Warning).
+    False when the look failed (`workloads` None): nothing is known."""
+    if workloads is None or not entry.kueue_label or not kueue_may_hold(entry):
+        return False
+    return not (entry.uid and entry.uid in workloads) and now - entry.queued_at >= wait
+
+
 def kueue_may_hold(entry: QueueEntry) -> bool:
     """Is it worth looking at the Workloads of the entry's namespace: a pending, unfinished PipelineRun."""
     return entry.kind == "PipelineRun" and entry.pending and not entry.done
@@ -366,6 +388,38 @@ def kueue_may_hold(entry: QueueEntry) -> bool:
 
 def slots(runs_per_node: int, nodes: int) -> int:
     return max(0, runs_per_node) * max(0, nodes)
+
+
+# -- Karpenter: the nodes a provisioned pool's queue counts ---------------------------------------------
+
+NODECLAIMS = "/apis/karpenter.sh/v1/nodeclaims"
+NODEPOOL_LABEL = "karpenter.sh/nodepool"  # Karpenter's label on a NodePool's NodeClaims and Nodes
+
+
+def launching(claims: Iterable[Mapping[str, Any]], node_selector: Mapping[str, str], counted: int) -> int:
+    """The nodes Karpenter is launching for a provisioned pool: its NodePool's NodeClaims (the caller lists
+    those) that carry every label of the pool's nodeSelector (copied from the NodePool's template: a node made
+    from a template without them is no pool member) and are not being deleted, less the NodePool's nodes the
+    queue already counts (`counted`: Ready, tainted, labelled karpenter.sh/nodepool with it). Not matched by
+    name: a NodeClaim names its Node only once registered, and a Node may be Ready before that (seen with the
+    KWOK provider: counted twice, 4 runs went onto one node of 2 slots). NodeClaims are cluster-scoped and
+    Karpenter's: no tenant writes one."""
+    live = 0
+    for claim in claims:
+        meta = claim.get("metadata") if isinstance(claim, Mapping) else None
+        if not isinstance(meta, Mapping) or meta.get("deletionTimestamp"):
+            continue
+        labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
+        if all(labels.get(k) == v for k, v in node_selector.items()):
+            live += 1
+    return max(0, live - max(0, counted))
+
+
+def provisioned_nodes(ready: int, launching_now: int) -> int:
+    """The nodes a provisioned pool's queue counts slots on: its Ready, tainted nodes plus the ones launching;
+    with none at all, one: the node the first runsPerNode released runs bring up (their pods are the demand
+    Karpenter provisions for; queued runs make no pod, so with 0 slots nothing would ever bring a node up)."""
+    return max(1, max(0, ready) + max(0, launching_now))
 
 
 def timed_out(queued_at: float, setting: QueueSetting, now: float) -> bool:
@@ -613,4 +667,5 @@ class RunFacts:
         # Held by Kueue as far as the run itself tells (its label): what admission's line summary counts on; the
         # leader's pass decides with the run's Workload (`held_by_kueue`).
         return QueueEntry(self.kind, self.namespace, self.name, mark.pool, mark.queued_at, pending, done, has_pod, self.uid,
-                          kueue_label=labelled, kueue_held=labelled and pending and not done, budgets=mark.budgets)
+                          kueue_label=labelled, kueue_held=labelled and pending and not done, budgets=mark.budgets,
+                          address=mark.address)

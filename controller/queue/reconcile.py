@@ -15,7 +15,10 @@ the Workloads of each namespace with a pending PipelineRun entry (`RunReleaser.k
 runs can be Kueue's) and marks the entries Kueue holds (`queue.core.held_by_kueue`): they wait in no line
 and take no slot. `_release`, which every release goes through, asks the same question again and releases
 no run Kueue holds. While one is held, passes come at least every KUEUE_LOOK_SECONDS (an admission by Kueue
-changes no run we watch).
+changes no run we watch). A run held by tekton-kueue's label alone, with no Workload `kueue_wait` seconds
+after it was queued (`queue.core.kueue_workload_missing`: tekton-kueue not running, not handling its
+namespace, or the label the tenant's own), gets a Warning, KueueWorkloadMissing, once per run and leadership:
+it is not released, but not silently stuck either.
 
 Events (the one sink): Released (Normal) with the wait and the reason; QueueWaitExceeded (Warning)
 once per run and leadership for a run of a required pool past its maxQueueSeconds; QueueOverCap (Warning)
@@ -32,13 +35,14 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from collections import defaultdict
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 from loguru import logger
 
 from controller.budgets.view import BudgetsView
 from controller.core.policy import PlacementPolicy, Pool
 from controller.queue.core import (
+    KUEUE_QUEUE_LABEL,
     PENDING,
     POOL_SLOT_GATE,
     Workloads,
@@ -49,8 +53,12 @@ from controller.queue.core import (
     QueueEntry,
     Release,
     ReleaseReason,
+    entry_annotation,
     held_by_kueue,
     kueue_may_hold,
+    kueue_workload_missing,
+    launching,
+    KUEUE_WORKLOAD_WAIT_SECONDS,
     over_cap,
     plan,
     release_all,
@@ -63,6 +71,7 @@ from controller.queue.view import QueueView
 
 RELEASE_MEMORY_SECONDS = 60.0  # how long a release this replica made counts while the informers lag
 KUEUE_LOOK_SECONDS = 2.0  # the longest between passes while Kueue holds a queued run
+PROVISION_LOOK_SECONDS = 2.0  # the longest between passes while runs wait in a provisioned pool's queue
 BUDGET_RECHECK_SECONDS = 1.0  # while runs wait for an egress budget (a window frees with time alone)
 
 
@@ -78,11 +87,13 @@ class QueueState(Protocol):
 
 
 class RunReleaser(Protocol):
-    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool: ...
+    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str, entry: str | None = None) -> bool: ...
 
     def ungate_pod(self, namespace: str, name: str, uid: str, gates: tuple[str, ...], gate: str) -> bool: ...
 
     def kueue_workloads(self, namespace: str) -> Workloads | None: ...
+
+    def node_claims(self, node_pool: str) -> list[dict[str, Any]] | None: ...
 
 
 class QueueReconciler:
@@ -93,14 +104,20 @@ class QueueReconciler:
         events: EventSink,
         metrics: Metrics,
         clock: Callable[[], float] = time.time,
+        kueue_wait: float = KUEUE_WORKLOAD_WAIT_SECONDS,
     ) -> None:
         self.state = state
         self.client = client
         self.events = events
         self.metrics = metrics
         self.clock = clock
+        self.kueue_wait = kueue_wait
+        self._no_workload: set[tuple[str, str, str]] = set()  # runs told KueueWorkloadMissing (still without one)
         self.plans: dict[str, Plan] = {}  # pool -> the last pass's plan (tests, logs)
         self._released: dict[tuple[str, str, str], float] = {}  # released by us, not yet seen so
+        # the egress address each run is released to (egress budgets: `budgets.core.release_to`), this pass's,
+        # and of the runs released by us not yet seen so (their entry then still has none)
+        self._release_to: dict[tuple[str, str, str], str] = {}
         self._ungated: dict[tuple[str, str], tuple[float, GatedPod]] = {}  # let in by us, not yet seen bound
         self._warned: set[tuple[str, str, str]] = set()
         self._over_reported: set[str] = set()  # uids of the pods over a cap reported (those still over)
@@ -120,6 +137,7 @@ class QueueReconciler:
         entries = [replace(e, kueue_held=self._held_by_kueue(e)) for e in self._as_seen(self.state.queue.queue_entries(), now)]
         if any(e.kueue_held for e in entries):
             deadlines.append(now + KUEUE_LOOK_SECONDS)
+        self._report_no_workload(entries, now)
         by_pool: dict[str, list[QueueEntry]] = defaultdict(list)
         for entry in entries:
             by_pool[entry.pool].append(entry)
@@ -129,7 +147,7 @@ class QueueReconciler:
         free: dict[str, int] = {}
         over: dict[str, tuple[PoolPod, ...]] = {}
         for pool in self.state.policy.pools:
-            picture = self.state.queue.pool_queue(pool)
+            picture = self.state.queue.pool_queue(pool, self._launching(pool))
             if picture is None:
                 if pool.destinations and self._budget_pass(pool, by_pool.pop(pool.name, []), now):
                     deadlines.append(now + BUDGET_RECHECK_SECONDS)  # a window frees with time, not with a change
@@ -147,6 +165,8 @@ class QueueReconciler:
             slots[(pool.name, "occupied")] = result.occupied + sum(1 for r in result.releases if r.reason is ReleaseReason.SLOT)
             free[pool.name] = result.slots - slots[(pool.name, "occupied")]
             deadlines += [e.queued_at + picture.setting.max_queue_seconds for e in result.line if e.key not in self._warned]
+            if pool.provisioning is not None and result.line:  # a launching NodeClaim changes nothing we watch
+                deadlines.append(now + PROVISION_LOOK_SECONDS)
         for leftover in by_pool.values():  # pools that no longer queue (setting removed, pool gone)
             for release in release_all(leftover):
                 self._release(release, now, None)
@@ -164,8 +184,9 @@ class QueueReconciler:
         slot = [r.entry for r in result.releases if r.reason is ReleaseReason.SLOT]
         if not pool.destinations or not slot:
             return result
-        flying = [e.budgets for e in entries if not e.pending and not e.done and not e.has_pod]
+        flying = [(e.budgets, e.address) for e in entries if not e.pending and not e.done and not e.has_pod]
         fits = self.state.budgets.releasable(pool, [(e.key, e.budgets) for e in slot], flying, now)
+        self._release_to.update(fits)
         kept = tuple(r for r in result.releases if r.reason is not ReleaseReason.SLOT or r.entry.key in fits)
         return replace(result, releases=kept, line=tuple(e for e in slot if e.key not in fits) + result.line)
 
@@ -173,8 +194,9 @@ class QueueReconciler:
         """A pool without a queue whose runs wait for its egress budgets: release, in the queue's order,
         those whose every budget has room on some pool node (the same release path: `_release`)."""
         line = release_order([e for e in entries if e.waiting], lambda namespace: 0, {})
-        flying = [e.budgets for e in entries if not e.pending and not e.done and not e.has_pod]
+        flying = [(e.budgets, e.address) for e in entries if not e.pending and not e.done and not e.has_pod]
         fits = self.state.budgets.releasable(pool, [(e.key, e.budgets) for e in line], flying, now)
+        self._release_to.update(fits)
         for entry in line:
             if entry.key in fits:
                 self._release(Release(entry, ReleaseReason.BUDGET), now, None)
@@ -190,11 +212,22 @@ class QueueReconciler:
         for entry in entries:
             if entry.key in self._released and entry.pending:
                 shown_pending.add(entry.key)
-                entry = replace(entry, pending=False)
+                entry = replace(entry, pending=False, address=self._release_to.get(entry.key, entry.address))
             out.append(entry)
         for key in set(self._released) - shown_pending:  # the informers caught up (or it is gone)
             del self._released[key]
+        for key in set(self._release_to) - set(self._released):
+            del self._release_to[key]
         return out
+
+    def _launching(self, pool: Pool) -> int:
+        """The nodes Karpenter is launching for a provisioned, queued pool (`queue.core.launching`): one look
+        per pass at its NodePool's NodeClaims; 0 when the look failed (fewer slots, never more)."""
+        if pool.provisioning is None or pool.queue is None:
+            return 0
+        node_pool = pool.provisioning.karpenter.node_pool
+        claims = self.client.node_claims(node_pool)
+        return launching(claims or [], pool.node_selector, self.state.queue.counted_nodes_of(pool, node_pool))
 
     def _held_by_kueue(self, entry: QueueEntry) -> bool:
         """`queue.core.held_by_kueue`, on one look per pass at the Workloads of the entry's namespace."""
@@ -203,6 +236,21 @@ class QueueReconciler:
         if entry.namespace not in self._workloads:
             self._workloads[entry.namespace] = self.client.kueue_workloads(entry.namespace)
         return held_by_kueue(entry, self._workloads[entry.namespace])
+
+    def _report_no_workload(self, entries: list[QueueEntry], now: float) -> None:
+        """A Warning Event, once per run and leadership, on each run held by tekton-kueue's label alone for
+        longer than `kueue_wait` (`kueue_workload_missing`)."""
+        missing = {e.key: e for e in entries if e.kueue_held and kueue_workload_missing(e, self._workloads.get(e.namespace), now, self.kueue_wait)}
+        for key, entry in missing.items():
+            if key in self._no_workload:
+                continue
+            note = (f"held for Kueue by its label {KUEUE_QUEUE_LABEL} for {now - entry.queued_at:.0f}s, but no Kueue Workload "
+                    f"owns it: tekton-kueue is not running or does not handle namespace {entry.namespace}. egress-placer never "
+                    "releases a run Kueue may hold: remove the label to leave it to egress-placer's queue (docs/coexistence.md)")
+            logger.bind(kind=entry.kind, namespace=entry.namespace, name=entry.name, pool=entry.pool).warning(note)
+            self.events.emit(self._regarding(entry), "Warning", "KueueWorkloadMissing", note, action="Queue")
+        labelled = {e.key for e in entries if e.kueue_held and e.kueue_label}
+        self._no_workload = (self._no_workload | set(missing)) & labelled  # a failed look forgets nothing
 
     def _let_in(self, free: dict[str, int], now: float) -> None:
         """Remove the gate of the gated pods that fit in the pools' free slots (`queue.core.ungate`). A pod
@@ -244,7 +292,12 @@ class QueueReconciler:
         if self._held_by_kueue(entry):
             logger.bind(kind=entry.kind, namespace=entry.namespace, name=entry.name, pool=entry.pool).info("not released: Kueue holds it")
             return
-        released = self.client.release_run(entry.kind, entry.namespace, entry.name, entry.uid, PENDING[entry.kind])
+        address = self._release_to.get(entry.key, "")
+        if address:  # the egress address it was counted behind goes on the run with the release (its entry)
+            text = entry_annotation(entry.pool, entry.kind, entry.queued_at, entry.budgets, address)
+            released = self.client.release_run(entry.kind, entry.namespace, entry.name, entry.uid, PENDING[entry.kind], text)
+        else:
+            released = self.client.release_run(entry.kind, entry.namespace, entry.name, entry.uid, PENDING[entry.kind])
         self._released[entry.key] = now
         self._warned.discard(entry.key)
         if not released:

@@ -20,6 +20,7 @@ from controller.load.view import LoadView
 from controller.queue.core import (
     POOL_SLOT_GATE,
     KUEUE_QUEUE_LABEL,
+    NODEPOOL_LABEL,
     QUEUE_ANNOTATION,
     GatedPod,
     LineSummary,
@@ -30,6 +31,7 @@ from controller.queue.core import (
     claimed_pipelinerun,
     claimed_taskrun,
     is_run_pod,
+    provisioned_nodes,
     slots,
 )
 from controller.store import Store
@@ -171,18 +173,30 @@ class QueueView:
         record = self.taskrun(namespace, owner.name) if owner is not None else None
         return record is not None and is_run_pod(owner, record.uid, record.decided, name, record.pod_name)
 
-    def pool_queue(self, pool: Pool) -> PoolQueue | None:
-        """The queued pool's slots (runsPerNode on each eligible node carrying its taint) and the active
-        pods of runs (`is_run_pod`: not every pod that looks like Tekton's) bound to its nodes, per
-        namespace. None when the pool does not queue."""
-        if pool.queue is None:
-            return None
+    def counted_nodes(self, pool: Pool) -> list[str]:
+        """The pool's nodes its queue counts slots on: eligible (Ready, schedulable) and carrying its taint."""
         names = self._load.pool_names(pool.name)
         nodes = self._stores["Node"].items
         taint = pool.taint_for()
-        tainted = [n for n in names if n in nodes and any(t.key == taint.key and t.value == taint.value for t in nodes[n].taints)]
+        return [n for n in names if n in nodes and any(t.key == taint.key and t.value == taint.value for t in nodes[n].taints)]
+
+    def counted_nodes_of(self, pool: Pool, node_pool: str) -> int:
+        """The pool's counted nodes (`counted_nodes`) that Karpenter's NodePool `node_pool` made (its label)."""
+        nodes = self._stores["Node"].items
+        return sum(1 for n in self.counted_nodes(pool) if nodes[n].labels.get(NODEPOOL_LABEL) == node_pool)
+
+    def pool_queue(self, pool: Pool, launching: int = 0) -> PoolQueue | None:
+        """The queued pool's slots (runsPerNode on each eligible node carrying its taint; a provisioned pool's
+        also on the nodes Karpenter is `launching` for it, and with none at all on one: `provisioned_nodes`)
+        and the active pods of runs (`is_run_pod`: not every pod that looks like Tekton's) bound to its nodes,
+        per namespace. None when the pool does not queue."""
+        if pool.queue is None:
+            return None
+        nodes = len(self.counted_nodes(pool))
+        if pool.provisioning is not None:
+            nodes = provisioned_nodes(nodes, launching)
         pods = Counter(pod.namespace for pod in self.pool_pods(pool))
-        return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, len(tainted)), dict(pods))
+        return PoolQueue(pool.name, pool.queue, pool.placement, slots(pool.queue.runs_per_node, nodes), dict(pods))
 
     def pool_pods(self, pool: Pool) -> list[PoolPod]:
         """The active pods of runs (`is_run_pod`) bound to the pool's eligible nodes: its slots' occupants."""

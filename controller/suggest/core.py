@@ -27,7 +27,7 @@ from enum import StrEnum
 from fnmatch import fnmatchcase
 from typing import Any, Iterable, Mapping, Sequence
 
-from controller.core.model import NamespaceState
+from controller.core.model import MeasuredMatch, NamespaceState
 from controller.core.policy import PlacementPolicy, Pool
 
 GIB = 1024**3
@@ -455,4 +455,142 @@ def proposed_objects(objects: Sequence[Mapping[str, Any]], proposals: Iterable[P
         if annotations:
             kept["annotations"] = annotations
         out.append({"apiVersion": obj.get("apiVersion"), "kind": "EgressPool", "metadata": kept, "spec": spec})
+    return out
+
+
+# -- the controller's rule: a pool takes runs by measured history (its opt-in `history` setting) ----------
+
+MAX_MEASURED = 10_000  # Tasks kept in one pool's measured set (largest p90 first): a bound on what tenants can grow
+MEASURED_KINDS = (GroupKind.TASK, GroupKind.PIPELINE_TASK)  # an image set is what the globs are for
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Why a group is in a pool's measured set: its runs and what they sent over the window."""
+
+    key: GroupKey
+    runs: int
+    bytes_p90: float
+    bytes_median: float
+    heavy_runs: int  # runs that sent at least the rule's bytes
+
+    def why(self, window: str, threshold: float) -> str:
+        return (
+            f"{self.key} sent {_size(self.bytes_p90)} at p90 over its {self.runs} runs of the last {window} "
+            f"(at least {_size(threshold)}; median {_size(self.bytes_median)})"
+        )
+
+
+@dataclass(frozen=True)
+class MeasuredSet:
+    """A pool's measured set, as its history was last read: the groups it takes, and how many qualified
+    groups the cap left out (`dropped`)."""
+
+    groups: Mapping[GroupKey, Measured]
+    runs_read: int  # Tekton pods of the window the history had
+    dropped: int = 0
+    read_at: float | None = None  # when it was read (the reader's clock)
+
+
+def measured_set(pods: Iterable[PodHistory], p90_bytes_at_least: float, min_runs: int, cap: int = MAX_MEASURED) -> MeasuredSet:
+    """The groups (Task, or Pipeline task: never an image set) of at least `min_runs` runs whose p90 of
+    bytes sent reaches `p90_bytes_at_least`, each within its own namespace; at most `cap`, largest p90 first
+    (ties by key)."""
+    by_group: dict[GroupKey, list[float]] = {}
+    count = 0
+    for pod in pods:
+        count += 1
+        key = group_key(pod)
+        if key.kind in MEASURED_KINDS:
+            by_group.setdefault(key, []).append(max(0.0, pod.bytes_sent) if math.isfinite(pod.bytes_sent) else 0.0)
+    chosen = []
+    for key, sent in by_group.items():
+        if len(sent) < min_runs:
+            continue
+        p90 = quantile(sent, 0.9)
+        if p90 >= p90_bytes_at_least:
+            heavy = sum(1 for b in sent if b >= p90_bytes_at_least)
+            chosen.append(Measured(key, len(sent), p90, quantile(sent, 0.5), heavy))
+    chosen.sort(key=lambda m: (-m.bytes_p90, m.key))
+    kept = chosen[: max(0, cap)]
+    return MeasuredSet({m.key: m for m in kept}, count, len(chosen) - len(kept))
+
+
+def run_key(namespace: str, task: str | None, pipeline: str | None, pipeline_task: str | None) -> GroupKey | None:
+    """The group a run being admitted belongs to, as `group_key` groups its pod in the history: by Task,
+    else by Pipeline and PipelineTask; None for a run of neither (an image set: not matched)."""
+    key = group_key(PodHistory(namespace, "", "", 0.0, task=task or None, pipeline=pipeline or None, pipeline_task=pipeline_task or None))
+    return key if key.kind in MEASURED_KINDS else None
+
+
+TASK_LABEL, PIPELINE_LABEL, PIPELINE_TASK_LABEL = "tekton.dev/task", "tekton.dev/pipeline", "tekton.dev/pipelineTask"
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def taskrun_group(namespace: str, run: Mapping[str, Any]) -> GroupKey | None:
+    """The history group of a TaskRun being created (`run_key`): its `spec.taskRef.name` (a Task of its
+    namespace, no resolver), else the Task, Pipeline and PipelineTask labels Tekton (or its creator) wrote.
+    All are the creator's to choose; `namespace` must be the admission request's (or the manifest's), so a
+    run only ever matches its own namespace's history."""
+    meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
+    spec = run.get("spec") if isinstance(run.get("spec"), Mapping) else {}
+    ref = spec.get("taskRef") if isinstance(spec.get("taskRef"), Mapping) else {}
+    task = _text(ref.get("name")) if not ref.get("resolver") and ref.get("kind") in (None, "Task") else None
+    labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
+    return run_key(namespace, task or _text(labels.get(TASK_LABEL)), _text(labels.get(PIPELINE_LABEL)), _text(labels.get(PIPELINE_TASK_LABEL)))
+
+
+def pod_group(namespace: str, labels: Mapping[str, Any]) -> GroupKey | None:
+    """The history group of a run's pod: Tekton's labels on it (what the history grouped it by)."""
+    return run_key(namespace, _text(labels.get(TASK_LABEL)), _text(labels.get(PIPELINE_LABEL)), _text(labels.get(PIPELINE_TASK_LABEL)))
+
+
+def measured_matches(
+    policy: PlacementPolicy, key: GroupKey | None, sets: Mapping[str, MeasuredSet]
+) -> tuple[MeasuredMatch, ...]:
+    """The run's matches in the measured sets of the pools that have a `history` rule, in policy order. The
+    sets are keyed by namespace: `key` is built from the run's own namespace (the admission request's), so a
+    run only ever matches its own namespace's history. Whether the pool allows that namespace is `decide`'s."""
+    if key is None:
+        return ()
+    out = []
+    for pool in policy.pools:
+        rule = pool.history
+        found = sets.get(pool.name) if rule is not None else None
+        measured = found.groups.get(key) if found is not None else None
+        if measured is not None and rule is not None:
+            out.append(MeasuredMatch(pool.name, key.namespace, str(key), measured.why(rule.window, rule.p90_bytes_at_least)))
+    return tuple(out)
+
+
+def set_change(old: MeasuredSet | None, new: MeasuredSet) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The groups a new set adds and removes (sorted), for the pool's Event."""
+    before = set(old.groups) if old is not None else set()
+    after = set(new.groups)
+    return tuple(str(k) for k in sorted(after - before)), tuple(str(k) for k in sorted(before - after))
+
+
+def sets_from_status(objects: Iterable[Any]) -> dict[str, MeasuredSet]:
+    """The measured sets EgressPool objects carry in `status.history.measured` (what the controller wrote;
+    `kubectl get egresspools -o yaml` gives them), for `explain`. Entries it cannot read are skipped."""
+    out: dict[str, MeasuredSet] = {}
+    for obj in objects:
+        if not isinstance(obj, Mapping) or obj.get("kind") != "EgressPool":
+            continue
+        name = (obj.get("metadata") or {}).get("name") if isinstance(obj.get("metadata"), Mapping) else None
+        status = obj.get("status") if isinstance(obj.get("status"), Mapping) else {}
+        history = status.get("history") if isinstance(status.get("history"), Mapping) else None
+        if not isinstance(name, str) or history is None:
+            continue
+        groups = {}
+        for entry in history.get("measured") or ():
+            try:
+                key = GroupKey(str(entry["namespace"]), GroupKind(entry["kind"]), str(entry["name"]))
+                groups[key] = Measured(key, int(entry["runs"]), float(entry["p90Bytes"]), float(entry.get("medianBytes", 0)), 0)
+            except (KeyError, TypeError, ValueError):
+                continue
+        out[name] = MeasuredSet(groups, 0)
     return out

@@ -1,9 +1,10 @@
 """egress-placer's queue and Karpenter's consolidation on a pool whose nodes a NodePool provisions (issue #25).
 
-- A queued pool at zero nodes (`provisioning: {karpenter: {nodePool}}`, `queue: {runsPerNode: 2}`): runs are
-  not stuck (with no Ready node they are neither queued nor gated, so their pods are the demand Karpenter
-  provisions for), and once nodes exist the queue caps the pool again: later runs are created pending and
-  at no sampled moment do more than runsPerNode x the NodePool's Ready nodes run there.
+- A queued pool at zero nodes (`provisioning: {karpenter: {nodePool}}`, `queue: {runsPerNode: 2}`), a burst of 8:
+  every run is queued, none is stuck (the queue counts one node while none is Ready or launching, then the
+  NodeClaims Karpenter launches, then the Ready nodes: queue.core.provisioned_nodes), all Succeed on the
+  NodePool's nodes, and at no sampled moment do more than runsPerNode x its Ready nodes run there. Before the
+  change (runs at zero nodes neither queued nor gated) the burst went to the first node uncapped.
 - Consolidation while a run goes: a big run brings up a 32-CPU node, a 1-CPU upload joins it, the big one
   ends; the node is underused (consolidation would replace it) but the upload, placed with
   `karpenter.sh/do-not-disrupt: "true"`, keeps it until it Succeeds. Then Karpenter takes the node away.
@@ -31,7 +32,9 @@ from tests.waiting import WaitTimeout, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.coexist]
 
+NODECLAIMS = "/apis/karpenter.sh/v1/nodeclaims"
 RUNS_PER_NODE = 2
+BURST = 8
 TAINT = {"key": TAINT_KEY, "value": POOL, "effect": "NoSchedule"}
 
 
@@ -60,7 +63,7 @@ def _run(name: str, seconds: int, cpu: str | None = None) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("node_pool", ["10m"], indirect=True)  # nodes stay through the test
-def test_a_queued_pool_at_zero_nodes_lets_demand_through_then_caps_once_nodes_exist(
+def test_a_queued_pool_at_zero_nodes_is_not_stuck_and_caps_a_burst_from_the_first_node(
     karpenter_cluster: Cluster, coexist_api: Api, coexist_namespace: str, node_pool: str, tmp_path: Path
 ) -> None:
     api, tenant = coexist_api, coexist_namespace
@@ -69,18 +72,12 @@ def test_a_queued_pool_at_zero_nodes_lets_demand_through_then_caps_once_nodes_ex
     try:
         assert not _nodes(api, node_pool)
         with running_placer(karpenter_cluster, api, policy):
-            first = [runs.name(f"first-{i}") for i in range(2)]
-            made = [runs.create(tenant, "taskruns", _run(n, 3)) for n in first]
-            # No Ready node, no slot: not queued (the queue would hold them for ever and Karpenter see nothing).
-            assert [m["spec"].get("status") for m in made] == [None, None]
-            assert not any(QUEUE_ANNOTATION in m["metadata"]["annotations"] for m in made)
-            runs.wait_succeeded(tenant, "taskruns", first, timeout=180)
-            assert set(runs.nodes_of(tenant, first).values()) <= set(_nodes(api, node_pool))
-
-            later = [runs.name(f"later-{i}") for i in range(8)]
-            made = [runs.create(tenant, "taskruns", _run(n, 4)) for n in later]
-            # Nodes exist now: the queue holds the pool to runsPerNode on each of them.
-            assert [m["spec"].get("status") for m in made] == ["TaskRunPending"] * len(later)
+            names = [runs.name(f"burst-{i}") for i in range(BURST)]
+            made = [runs.create(tenant, "taskruns", _run(n, 4)) for n in names]
+            # Queued at zero nodes like anywhere else: the queue counts one node while none is Ready or launching,
+            # so runsPerNode of them are released at once and their pods bring the first node up.
+            assert [m["spec"].get("status") for m in made] == ["TaskRunPending"] * BURST
+            assert all(QUEUE_ANNOTATION in m["metadata"]["annotations"] for m in made)
             over: list[tuple[int, int]] = []
             most = 0
 
@@ -94,12 +91,15 @@ def test_a_queued_pool_at_zero_nodes_lets_demand_through_then_caps_once_nodes_ex
                 if len(running) > RUNS_PER_NODE * len(ready):
                     over.append((len(running), len(ready)))
                 listed = runs.listed(tenant, "taskruns")
-                return all(n in listed and succeeded(listed[n]) == "True" for n in later)
+                return all(n in listed and succeeded(listed[n]) == "True" for n in names)
 
-            wait_for(f"{len(later)} queued runs to Succeed on the NodePool's nodes", done, timeout=240, interval=0.25)
-            assert not over, over
+            wait_for(f"{BURST} runs queued at zero nodes to Succeed on the NodePool's nodes", done, timeout=300, interval=0.25)
+            claims = [c["metadata"]["name"] for c in api.items(NODECLAIMS, labelSelector=f"{karpenter.NODEPOOL_LABEL}={node_pool}")]
+            assert not over, f"(running, Ready nodes) over runsPerNode {RUNS_PER_NODE} per node: {over}; nodes {list(_nodes(api, node_pool))}, claims {claims}"
             assert most >= 1
-            assert set(runs.nodes_of(tenant, later).values()) <= set(_nodes(api, node_pool))
+            assert set(runs.nodes_of(tenant, names).values()) <= set(_nodes(api, node_pool))
+            released = runs.events(tenant, "Released")
+            assert len(released) == BURST, len(released)
     finally:
         runs.cleanup()
 

@@ -48,8 +48,8 @@ from devplacer.local_placer import (
     stop_controller,
 )
 from tests.e2e.tekton_runs import ORDINARY_NODES, POOL_NODES, POOL_TAINT, Runs
-from tests.kube import Api, api_for, namespace, namespaced, node
-from tests.waiting import wait_for
+from tests.kube import Api, api_for, namespace, namespaced, namespaces_left, node
+from tests.waiting import wait_for, wait_gone
 
 T = TypeVar("T")
 
@@ -298,13 +298,13 @@ def tenant_namespaces(api: Api, make_namespace: Callable[[str], str], names: Seq
     """The namespaces `names`, each with its `default` ServiceAccount (one left by an earlier run awaited
     gone first); deleted, and awaited gone, afterwards."""
     for name in names:
-        wait_for(f"namespace {name} from an earlier module or run to be gone", lambda: api.get(namespace(name)) is None, timeout=timeout)
+        wait_gone(f"namespace {name} from an earlier module or run to be gone", lambda: namespaces_left(api, name), timeout=timeout)
         make_namespace(name)
     yield tuple(names)
     for name in names:
         api.delete(namespace(name))
     for name in names:
-        wait_for(f"namespace {name} to be deleted", lambda: api.get(namespace(name)) is None, timeout=timeout)
+        wait_gone(f"namespace {name} to be deleted", lambda: namespaces_left(api, name), timeout=timeout)
 
 
 def service_account_user(namespace_name: str, name: str) -> str:

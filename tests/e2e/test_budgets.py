@@ -8,6 +8,8 @@ nodes), egress-1 and egress-2 labelled with one egress address, egress-3 its own
 - Window across a leader kill (two replicas): the issue's 30 runs, the leader killed once some have
   started; behind each address no 58 s holds more than 5
   starts, and all Succeed.
+- Two replicas admitting at once (round-robin proxy): 12 uploads, still at most 2 Running behind each
+  address; every run's entry names the address the leader released it to.
 - The window outlives its runs: 4 runs fill a window of 2 starts per 600 s per address; the leader's
   record (ConfigMap egress-placer-budget-starts) holds their starts; with every replica stopped the runs
   are deleted (their pods with them), the controller started again: a fifth run is held for the full
@@ -137,6 +139,28 @@ def test_the_window_is_kept_across_a_leader_kill(devcluster: Cluster, api: Api, 
         worst = max(sum(1 for u in starts if t <= u < t + 58) for t in starts)
         assert worst <= 5, (address, starts)
     print(f"\nleader kill: starts per address {({a: len(s) for a, s in by_address.items()})}")
+
+
+def test_two_replicas_admitting_at_once_keep_two_at_once_per_address(devcluster: Cluster, api: Api, runs: Runs) -> None:
+    """Two replicas behind the round-robin proxy answer the Pod CREATEs of one burst: each pod goes behind
+    the address the leader released its run to (written in the run's entry), so no address holds more
+    than 2 Running at once though neither replica sees the other's pods at once."""
+    stop_controller(devcluster)
+    start_controller(devcluster, CONTROLLER.policy, replicas=2, proxy=True, run_guard=True)
+    wait_for("a leader", quietly(lambda: lease_holder(api)), timeout=60, interval=0.2)
+    names = [runs.name(f"pair-{i:02d}") for i in range(12)]
+    with AddressSampler(api, TEAM_CDN) as sampler:
+        for name in names:
+            runs.create(TEAM_CDN, "taskruns", taskrun(name, UPLOAD_IMAGE))
+        done = runs.wait_succeeded(TEAM_CDN, "taskruns", names, timeout=600)
+    assert sampler.most.get(SHARED, 0) <= 2 and sampler.most.get("egress-3", 0) <= 2, sampler.most
+    marks = [read_entry(done[n]["metadata"]["annotations"].get(QUEUE_ANNOTATION), "TaskRun") for n in names]
+    released_to = [m.address for m in marks if m is not None]
+    assert set(released_to) <= {SHARED, "egress-3"} and len(released_to) == len(names), released_to
+    nodes = runs.nodes_of(TEAM_CDN, names)
+    behind = sum(1 for n, m in zip(names, marks) if m is not None and (SHARED if nodes[n] in ("egress-1", "egress-2") else nodes[n]) == m.address)
+    print(f"\ntwo replicas: {sampler.samples} samples, most Running at once per address {sampler.most}; "
+          f"{behind} of {len(names)} pods behind the address their run was released to")
 
 
 def test_a_window_outlives_its_runs_deleted_while_no_replica_watched(devcluster: Cluster, api: Api, runs: Runs) -> None:

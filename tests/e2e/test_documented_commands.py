@@ -33,8 +33,8 @@ from devplacer.chart import helm_binary
 from devplacer.local_placer import NAMESPACE, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG
 from tests.e2e.harness import REPO, VALIDATING_WEBHOOK_CONFIGS, WEBHOOK_CONFIGS, remove_pool_taints
 from tests.e2e.tekton_runs import POOL, POOL_NODES
-from tests.kube import Api, namespace, node
-from tests.waiting import wait_for
+from tests.kube import Api, namespace, namespaces_left, node
+from tests.waiting import wait_for, wait_gone
 
 DOCS = [REPO / "README.md", *sorted((REPO / "config").glob("*.md")), REPO / "k8s" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
@@ -197,7 +197,7 @@ def plain_cluster(devcluster: Cluster, api: Api) -> Iterator[Cluster]:
     wait_for("no namespace being deleted", lambda: ((api.get(namespace(NAMESPACE)) or {}).get("status") or {}).get("phase") != "Terminating", timeout=90)
     yield devcluster
     remove_pool_taints(api)
-    wait_for(f"namespace {NAMESPACE} to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=90)
+    wait_gone(f"namespace {NAMESPACE} to be gone", lambda: namespaces_left(api, NAMESPACE), timeout=180)
 
 
 @pytest.mark.cluster

@@ -47,8 +47,8 @@ from tests.e2e.harness import (
     pool_taints,
 )
 from tests.e2e.tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, POOL_TAINT, TEAM_CDN, TEAM_OTHER, Runs, decision_of, taskrun
-from tests.kube import Api, namespace, namespaced, pods
-from tests.waiting import wait_for
+from tests.kube import Api, namespace, namespaced, namespaces_left, pods
+from tests.waiting import wait_for, wait_gone
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -78,9 +78,11 @@ def helm(devcluster: Cluster) -> Path:
     return helm_binary(devcluster.log)
 
 
-def nothing_of_an_earlier_install(api: Api) -> bool:
-    """No namespace egress-placer or ci-system (being deleted or not) and no webhook configuration of another form."""
-    return all(api.get(namespace(ns)) is None for ns in (NAMESPACE, INSTALL_NAMESPACE)) and api.get(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}") is None
+def earlier_install_left(api: Api) -> list[str]:
+    """What is left of an earlier install: namespace egress-placer or ci-system (being deleted or not, with
+    what it waits on) and the webhook configuration of another form. Empty: nothing."""
+    webhook = [f"mutatingwebhookconfiguration {WEBHOOK_CONFIG}"] if api.get(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}") is not None else []
+    return namespaces_left(api, NAMESPACE, INSTALL_NAMESPACE) + webhook
 
 
 VAP_BINDINGS = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
@@ -126,7 +128,7 @@ def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], helm: Path,
     # by Helm as objects it does not own: removed as a user would, with `egress-placer uninstall`.
     done = egress_placer_command(devcluster, "uninstall", "--yes")
     assert done.returncode == 0, done.stdout + done.stderr
-    wait_for("namespace egress-placer of an earlier module to be gone", lambda: nothing_of_an_earlier_install(api), timeout=90)
+    wait_gone("namespace egress-placer of an earlier module to be gone", lambda: earlier_install_left(api), timeout=180)
     release = Release(devcluster, helm, VALUES, namespace=INSTALL_NAMESPACE)
     try:
         start_controller(devcluster, POLICY_FILE, env=settings_env(installed_render(helm)), install=release.install, namespace=INSTALL_NAMESPACE)
@@ -138,7 +140,7 @@ def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], helm: Path,
         for name in CHART_CRDS:  # crds.keep: Helm leaves the CRDs (docs/helm.md)
             api.delete(f"{CRDS}/{name}")
         api.delete(namespace(INSTALL_NAMESPACE))  # made by helm install --create-namespace: not Helm's to delete
-        wait_for(f"namespace {INSTALL_NAMESPACE} to be gone", lambda: api.get(namespace(INSTALL_NAMESPACE)) is None, timeout=90)
+        wait_gone(f"namespace {INSTALL_NAMESPACE} to be gone", lambda: namespaces_left(api, INSTALL_NAMESPACE), timeout=180)
 
 
 @pytest.fixture
@@ -227,5 +229,5 @@ def test_helm_uninstall_then_the_command_leave_nothing(release: Release, api: Ap
                                "uninstall", "--yes")
     assert done.returncode == 0, done.stdout + done.stderr
     assert tainted_nodes(api) == []
-    gone: Callable[[], bool] = lambda: nothing_of_an_earlier_install(api) and not any(api.get(f"{CRDS}/{n}") for n in CHART_CRDS)  # noqa: E731
-    wait_for("the namespace and the pools API's CRDs to be gone", gone, timeout=90)
+    left: Callable[[], list[str]] = lambda: earlier_install_left(api) + [f"crd {n}" for n in CHART_CRDS if api.get(f"{CRDS}/{n}")]  # noqa: E731
+    wait_gone("the namespace and the pools API's CRDs to be gone", left, timeout=180)

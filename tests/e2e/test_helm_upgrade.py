@@ -21,8 +21,8 @@ from devplacer.chart import Release, helm_binary, policy_values, settings_env, t
 from devplacer.local_placer import NAMESPACE, REPO, WEBHOOK_CONFIG, kubectl, start_controller, stop_controller
 from tests.e2e.harness import POLICY_FILE, WEBHOOK_CONFIGS, egress_placer_command, make_plain
 from tests.e2e.tekton_runs import MATCHING_IMAGE, ORDINARY_NODES, POOL, POOL_NODES, TEAM_CDN, Runs, decision_of, taskrun
-from tests.kube import Api, namespace, namespaced
-from tests.waiting import wait_for
+from tests.kube import Api, namespace, namespaced, namespaces_left
+from tests.waiting import wait_for, wait_gone
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -62,7 +62,7 @@ def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], old_chart: 
     """The 0.1.0 chart installed (release in `default`, objects in egress-placer), its controller started."""
     done = egress_placer_command(devcluster, "uninstall", "--yes")  # an earlier module's install
     assert done.returncode == 0, done.stdout + done.stderr
-    wait_for(f"namespace {NAMESPACE} of an earlier module to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=90)
+    wait_gone(f"namespace {NAMESPACE} of an earlier module to be gone", lambda: namespaces_left(api, NAMESPACE), timeout=180)
     helm = helm_binary(devcluster.log)
     release = Release(devcluster, helm, VALUES, namespace=OLD_RELEASE_NAMESPACE, chart=old_chart)
     try:
@@ -74,7 +74,7 @@ def release(devcluster: Cluster, api: Api, tenants: tuple[str, str], old_chart: 
         make_plain(api, devcluster)
         for crd in CHART_CRDS:  # Helm leaves crds/ (0.1.0) and kept CRDs
             api.delete(f"{CRDS}/{crd}")
-        wait_for(f"namespace {NAMESPACE} to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=90)
+        wait_gone(f"namespace {NAMESPACE} to be gone", lambda: namespaces_left(api, NAMESPACE), timeout=180)
 
 
 def test_an_upgrade_from_the_0_1_0_chart_keeps_everything_where_it_is(release: Release, api: Api, devcluster: Cluster) -> None:

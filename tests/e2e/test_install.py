@@ -19,8 +19,8 @@ import pytest
 
 from devcluster.cluster import Cluster
 from devplacer.local_placer import NAMESPACE, kubectl, render_manifests
-from tests.kube import Api, namespace, namespaced, pods
-from tests.waiting import wait_for
+from tests.kube import Api, namespace, namespaced, namespaces_left, pods
+from tests.waiting import wait_for, wait_gone
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -35,7 +35,7 @@ def controller_namespace(devcluster: Cluster, api: Api) -> Iterator[str]:
     yield NAMESPACE
     if not existed:
         api.delete(namespace(NAMESPACE))
-        wait_for(f"namespace {NAMESPACE} to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=60)
+        wait_gone(f"namespace {NAMESPACE} to be gone", lambda: namespaces_left(api, NAMESPACE), timeout=180)
 
 
 def test_the_k8s_base_passes_a_server_side_dry_run(devcluster: Cluster, controller_namespace: str) -> None:

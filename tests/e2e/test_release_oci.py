@@ -21,9 +21,9 @@ from devplacer.local_placer import start_controller, stop_controller
 from devplacer.release import CHART_PATH, REGISTRY_PROCESS, RegistryRelease, cached_registry, push_chart, start_registry
 from devplacer.version import VERSION
 from tests.e2e.harness import POLICY_FILE, egress_placer_command, make_plain
-from tests.e2e.test_helm_install import CHART_CRDS, CRDS, VALUES, admission_left, nothing_of_an_earlier_install
-from tests.kube import Api, namespace
-from tests.waiting import wait_for
+from tests.e2e.test_helm_install import CHART_CRDS, CRDS, VALUES, admission_left, earlier_install_left
+from tests.kube import Api, namespace, namespaces_left
+from tests.waiting import wait_gone
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -46,7 +46,7 @@ def release(devcluster: Cluster, api: Api, registry: str, tmp_path_factory: pyte
     assert reference == f"oci://{registry}/{CHART_PATH}/egress-placer"
     done = egress_placer_command(devcluster, "uninstall", "--yes")  # an earlier module's install
     assert done.returncode == 0, done.stdout + done.stderr
-    wait_for("an earlier module's install to be gone", lambda: nothing_of_an_earlier_install(api), timeout=90)
+    wait_gone("an earlier module's install to be gone", lambda: earlier_install_left(api), timeout=180)
     release = RegistryRelease(devcluster, helm, VALUES, reference=reference)
     try:
         env = settings_env(template(helm, {**VALUES, "createNamespace": False}, namespace=RELEASE_NAMESPACE))
@@ -59,6 +59,7 @@ def release(devcluster: Cluster, api: Api, registry: str, tmp_path_factory: pyte
         for name in CHART_CRDS:
             api.delete(f"{CRDS}/{name}")
         api.delete(namespace(RELEASE_NAMESPACE))
+        wait_gone(f"namespace {RELEASE_NAMESPACE} to be gone", lambda: namespaces_left(api, RELEASE_NAMESPACE), timeout=180)  # the next module installs into it
 
 
 def test_the_registry_serves_the_chart_as_an_oci_artifact(registry: str, release: RegistryRelease) -> None:

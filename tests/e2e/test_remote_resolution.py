@@ -35,8 +35,8 @@ from tests.e2e.tekton_runs import (
     succeeded,
     taskrun,
 )
-from tests.kube import Api, namespace, namespaced
-from tests.waiting import wait_for
+from tests.kube import Api, namespace, namespaced, namespaces_left
+from tests.waiting import wait_for, wait_gone
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -121,7 +121,7 @@ RESOLVER_CONFIG = namespaced(tekton_resolvers.NAMESPACE, "configmaps", cluster_r
 @pytest.fixture
 def shared_task(api: Api, make_namespace: Callable[[str], str]) -> Iterator[str]:
     """Namespace SHARED with the Task cdn-upload (its step's image matches the pool); deleted afterwards."""
-    wait_for(f"namespace {SHARED} from an earlier run to be gone", lambda: api.get(namespace(SHARED)) is None, timeout=90)
+    wait_gone(f"namespace {SHARED} from an earlier run to be gone", lambda: namespaces_left(api, SHARED), timeout=180)
     make_namespace(SHARED)
     api.create(namespaced(SHARED, "tasks", group="/apis/tekton.dev/v1"), SHARED_TASK)
     yield SHARED

@@ -22,8 +22,8 @@ from devcluster.prometheus import start_prometheus, stop_prometheus
 from devplacer.pod_exporter import RATE_ANNOTATION, PodExporter, sent
 from tests.e2e.harness import REPO, as_an_administrator, egress_placer_command
 from tests.e2e.tekton_runs import step
-from tests.kube import Api, api_for, namespace, namespaced
-from tests.waiting import WaitTimeout, wait_for
+from tests.kube import Api, api_for, namespace, namespaced, namespaces_left
+from tests.waiting import WaitTimeout, wait_for, wait_gone
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -76,7 +76,7 @@ def pool() -> dict:
 @pytest.fixture(scope="module")
 def rig(devcluster: Cluster, api: Api, make_namespace: Callable[[str], str]) -> Iterator[str]:
     """The namespace with its Tasks, the pool object, the pod exporter and Prometheus scraping it; its URL."""
-    wait_for(f"namespace {NAMESPACE} of an earlier run to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=90)
+    wait_gone(f"namespace {NAMESPACE} of an earlier run to be gone", lambda: namespaces_left(api, NAMESPACE), timeout=180)
     crds = as_an_administrator(devcluster, str(devcluster.binary("kubectl")), "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "k8s" / "crds"))
     assert crds.returncode == 0, crds.stderr
     make_namespace(NAMESPACE)

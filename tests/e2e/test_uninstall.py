@@ -31,8 +31,8 @@ from tests.e2e.harness import (
     pool_taints,
 )
 from tests.e2e.tekton_runs import POOL_NODES, POOL_TAINT
-from tests.kube import Api, namespace, namespaced, node
-from tests.waiting import wait_for
+from tests.kube import Api, namespace, namespaced, namespaces_left, node
+from tests.waiting import wait_for, wait_gone
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -103,7 +103,7 @@ def test_once_the_controller_stopped_it_removes_everything_but_the_agents_templa
     try:
         done = egress_placer_command(cluster, "uninstall", "--yes")
         assert done.returncode == Exit.OK, done.stdout + done.stderr
-        wait_for("the namespace to be gone", lambda: api.get(namespace(NAMESPACE)) is None, timeout=90)
+        wait_gone("the namespace to be gone", lambda: namespaces_left(api, NAMESPACE), timeout=180)
         assert installed(api) == {what: False for what in installed(api)}
         assert tainted(api) == set()
         kept = api.call("GET", agent)["spec"]["template"]["spec"].get("tolerations") or []

@@ -55,6 +55,7 @@ CLUSTER_WIDE = (
     | rules(["tekton.dev"], ["tasks", "stepactions", "pipelines", "taskruns", "pipelineruns"], READ)
     | rules(["tekton.dev"], ["taskruns", "pipelineruns"], ["patch"])  # the queue: release (spec.status only)
     | rules(["kueue.x-k8s.io"], ["workloads"], ["list"])  # the queue: releases no PipelineRun Kueue holds
+    | rules(["karpenter.sh"], ["nodeclaims"], ["list"])  # the queue: a provisioned pool's launching nodes
     | rules(["events.k8s.io"], ["events"], ["create", "patch"])
     | rules(["admissionregistration.k8s.io"], ["mutatingwebhookconfigurations"], ["get", "update"], ["egress-placer"])
     | rules(["egress-placer.io"], ["egresspools", "egressplacerconfigs"], READ)
@@ -70,7 +71,7 @@ OWN_NAMESPACE = (
     | rules([""], ["configmaps"], READ, ["egress-placer-policy"])
     | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-pool-guard"])
     | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-policy-last-good"])
-    | rules([""], ["configmaps"], ["get", "update"], ["egress-placer-budget-starts"])
+    | rules([""], ["configmaps"], ["get", "list", "watch", "update"], ["egress-placer-budget-starts"])
     | rules([""], ["configmaps"], ["create"])
 )
 # k8s/rbac-tekton.yaml: Tekton's feature flags (the affinity assistant's coschedule mode) and defaults.

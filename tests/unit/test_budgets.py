@@ -371,3 +371,16 @@ def test_releases_never_overfill_a_budget_counting_the_runs_in_flight(touching: 
             counts[ADDRESSES[u.node]] = counts.get(ADDRESSES[u.node], 0) + 1
     assert all(c <= n for c in counts.values()) or flying > 2 * n  # the runs in flight alone may already overfill
     assert sum(1 for k in keys if touching[k] == "cdn") <= n
+
+
+def test_each_release_names_the_address_it_was_counted_behind_and_runs_in_flight_count_behind_theirs() -> None:
+    """`release_to`: 1 at once per address; a run in flight released to egress-3 takes egress-3's room
+    (not the shared address's, the first with room): the one waiting run goes behind 203.0.113.7, and
+    says so. With no address, the run in flight takes the first room, and the waiting run egress-3."""
+    from controller.budgets.core import release_to
+
+    budgets = pool(dest(maxConcurrentPerAddress=1))
+    assert release_to(budgets, [("w", ("dockerhub-pulls",))], [(("dockerhub-pulls",), "egress-3")], NOW) == {"w": "203.0.113.7"}
+    assert release_to(budgets, [("w", ("dockerhub-pulls",))], [(("dockerhub-pulls",), "")], NOW) == {"w": "egress-3"}
+    assert release_to(budgets, [("w", ("dockerhub-pulls",)), ("x", ("dockerhub-pulls",)), ("y", ("dockerhub-pulls",))], [], NOW) == {
+        "w": "203.0.113.7", "x": "egress-3"}

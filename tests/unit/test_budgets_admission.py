@@ -138,10 +138,16 @@ class Releaser:
 
     def __init__(self, env: Env) -> None:
         self.env, self.released = env, []
+        self.entries: dict[str, str | None] = {}
 
-    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
+    def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str, entry: str | None = None) -> bool:
         self.released.append(name)
-        self.env.state.apply(kind, "MODIFIED", self.env.runs[name] | {"spec": {}})
+        self.entries[name] = entry
+        run = self.env.runs[name] | {"spec": {}}
+        if entry is not None:
+            run = run | {"metadata": {**run["metadata"], "annotations": {**run["metadata"]["annotations"], QUEUE_ANNOTATION: entry}}}
+        self.env.runs[name] = run
+        self.env.state.apply(kind, "MODIFIED", run)
         return True
 
     def ungate_pod(self, *args: Any) -> bool:
@@ -223,3 +229,204 @@ def test_a_placed_pod_counts_once_when_the_store_shows_it() -> None:
     patched["status"] = {"phase": "Running"}
     env.state.apply("Pod", "ADDED", patched)
     assert [u.key for u in env.state.budgets.pool_budgets(pool, env.now).uses] == ["pod-a"]
+
+
+# -- coscheduled runs (Tekton's affinity assistant): the annotation and the labels are the tenant's ------
+
+AFFINITY_ASSISTANT = "pipeline.tekton.dev/affinity-assistant"
+
+
+def pool_toleration() -> dict[str, Any]:
+    from tests.unit.test_admission_handlers import EGRESS_TOLERATION
+
+    return dict(EGRESS_TOLERATION)
+
+
+def test_a_tenant_writing_the_affinity_assistant_annotation_on_its_run_is_still_held() -> None:
+    """A tenant's bare TaskRun claiming coscheduling (the annotation) with the pool's toleration in its pod
+    template would go to the pool unheld: it is held for the pool's Enforce budgets like any run. A
+    coscheduled run whose template leaves it off the pool is not held (it does not run there)."""
+    env = env_with_budgets()
+    env.admission.wall = lambda: env.now
+    run = taskrun(annotations={AFFINITY_ASSISTANT: "affinity-assistant-abc"}, pod_template={"tolerations": [pool_toleration()]})
+    _, patched, _ = env.review(run)
+    assert patched["spec"]["status"] == "TaskRunPending"
+    mark = read_entry(patched["metadata"]["annotations"][QUEUE_ANNOTATION], "TaskRun")
+    assert mark is not None and mark.pool == "egress" and mark.budgets == ("kaniko-pulls",)
+    assert patched["spec"]["podTemplate"]["tolerations"] == [pool_toleration()]  # still coscheduled: nothing added
+    _, off_pool, _ = env.review(taskrun(name="build-2", annotations={AFFINITY_ASSISTANT: "affinity-assistant-abc"}))
+    assert "status" not in off_pool["spec"] and QUEUE_ANNOTATION not in off_pool["metadata"]["annotations"]
+
+
+def coscheduled_pod(name: str, forged: str | None = None, label: dict[str, str] | None = None) -> dict[str, Any]:
+    annotations = {AFFINITY_ASSISTANT: "aa-1"} | ({BUDGETS_ANNOTATION: forged} if forged else {})
+    pod = tekton_pod(name=f"{name}-pod", taskrun_name=name, annotations=annotations, spec_extra={"tolerations": [pool_toleration()]})
+    pod["metadata"]["labels"].update(label or {})
+    return pod
+
+
+def test_a_coscheduled_runs_pod_is_counted_and_a_record_it_brings_is_replaced() -> None:
+    """A coscheduled pod follows its assistant (never moved nor narrowed) but counts like any run's pod:
+    admission writes its record, replacing one the tenant brought (a start dated long ago would leave
+    every window at once); the assistant component label on a run's pod changes nothing."""
+    env = env_with_budgets()
+    env.admission.wall = lambda: env.now
+    pool = env.state.policy.pool("egress")
+    assert pool is not None
+    forged = record_annotation("egress", ["kaniko-pulls"], "egress-1", 1.0)
+    for name, label in (("a", None), ("b", {"app.kubernetes.io/component": "affinity-assistant"})):
+        _, patched, _ = env.review(coscheduled_pod(name, forged, label))
+        record = read_record(patched["metadata"]["annotations"][BUDGETS_ANNOTATION])
+        assert record is not None and record.started == env.now and record.destinations == ("kaniko-pulls",)
+        assert "affinity" not in patched["spec"]  # not narrowed: it must follow its assistant
+    assert len(env.state.budgets.pool_budgets(pool, env.now).uses) == 2
+
+
+def test_a_coscheduled_pod_on_its_assistants_full_node_is_recorded_there_with_a_warning() -> None:
+    """The assistant (pod aa-1-0) is bound to egress-1, whose address has no room: the pod is recorded on
+    egress-1 (where it will run) and a Warning says the budget is overrun there."""
+    env = env_with_budgets()
+    env.admission.wall = lambda: env.now
+    running(env, "a", "egress-1")
+    env.state.apply("Pod", "ADDED", {"metadata": {"namespace": "team-ci", "name": "aa-1-0", "uid": "aa-uid",
+                                                  "labels": {"app.kubernetes.io/component": "affinity-assistant"}},
+                                     "spec": {"nodeName": "egress-1"}, "status": {"phase": "Running"}})
+    _, patched, _ = env.review(coscheduled_pod("c"))
+    assert node_of(patched) == "egress-1"
+    [warning] = [e for e in env.events.sent if e["reason"] == "BudgetExceeded"]
+    assert warning["type"] == "Warning" and "affinity assistant's node egress-1" in warning["note"], warning["note"]
+    assert "kaniko-pulls" in warning["note"]
+
+
+def test_a_pod_that_is_no_runs_pod_gets_no_record_from_the_coscheduled_path() -> None:
+    """A bare pod claiming coscheduling, with a forged record, is no run's pod: nothing counted (its record
+    is never read, as on any pod admission did not admit as a run's)."""
+    env = env_with_budgets()
+    pool = env.state.policy.pool("egress")
+    assert pool is not None
+    bare = coscheduled_pod("x", record_annotation("egress", ["kaniko-pulls"], "egress-1", env.now))
+    bare["metadata"]["ownerReferences"] = []
+    _, patched, _ = env.review(bare)
+    patched["metadata"]["uid"] = "pod-x"
+    patched["spec"]["nodeName"] = "egress-1"
+    patched["status"] = {"phase": "Running"}
+    env.state.apply("Pod", "ADDED", patched)
+    assert env.state.budgets.pool_budgets(pool, env.now).uses == ()
+
+
+def test_a_coscheduled_run_of_a_pipelinerun_held_whole_by_the_queue_is_not_held_again() -> None:
+    """On a queued pool our queue holds a coscheduled PipelineRun whole (one slot while it has no pod
+    bound): its TaskRun, held again, would wait for a second slot the PipelineRun keeps taken. Its pod is
+    counted at Pod CREATE. The claim is by uid: a made-up uid, or a PipelineRun without our entry, holds."""
+    from controller.queue.core import entry_annotation
+
+    env = Env()
+    env.admission.wall = lambda: env.now
+    env.state.set_policy(load_policy(POLICY + "    queue: {runsPerNode: 1}\n"))
+    from controller.core.model import DECISION_ANNOTATION
+
+    entry, decided = entry_annotation("egress", "PipelineRun", env.now - 5), json.dumps({"pool": "egress"})
+    for name, annotations in (("whole", {QUEUE_ANNOTATION: entry, DECISION_ANNOTATION: decided}), ("plain", {DECISION_ANNOTATION: decided})):
+        env.state.apply("PipelineRun", "ADDED", {"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "metadata": {
+            "namespace": "team-ci", "name": name, "uid": f"uid-{name}", "annotations": annotations}, "spec": {}})
+
+    def coscheduled_run(name: str, owner: str, uid: str) -> dict[str, Any]:
+        run = taskrun(name=name, annotations={AFFINITY_ASSISTANT: "affinity-assistant-abc"}, pod_template={"tolerations": [pool_toleration()]})
+        run["metadata"]["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "name": owner, "uid": uid, "controller": True}]
+        return run
+
+    _, released_whole, _ = env.review(coscheduled_run("t1", "whole", "uid-whole"))
+    assert "status" not in released_whole["spec"]
+    for name, owner, uid in (("t2", "whole", "made-up"), ("t3", "plain", "uid-plain")):
+        _, held_run, _ = env.review(coscheduled_run(name, owner, uid))
+        assert held_run["spec"]["status"] == "TaskRunPending", name
+
+
+# -- two replicas admitting pods at once (the leader's release names the address) ------------------------
+
+
+def replica(env: Env) -> Env:
+    """Another replica: its own state, shown the same runs and pods (not the pods the first admits)."""
+    other = env_with_budgets()
+    other.admission.wall = lambda: env.now
+    for run in env.runs.values():
+        other.state.apply("TaskRun", "ADDED", run)
+    for key, pod in env.state.pods.items():
+        other.state.apply("Pod", "ADDED", {"metadata": {"namespace": pod.namespace, "name": pod.name, "uid": pod.uid, "annotations": dict(pod.annotations),
+                                                         "ownerReferences": [{"apiVersion": o.api_version, "kind": o.kind, "name": o.name, "uid": o.uid,
+                                                                              "controller": o.controller} for o in pod.owners]},
+                                            "spec": {"nodeName": pod.node_name}, "status": {"phase": pod.phase}})
+    return other
+
+
+def test_two_replicas_admitting_the_last_rooms_at_once_follow_the_leaders_release() -> None:
+    """One run at once per address (each node its own), egress-1 busy: the leader releases r1 and r2, one
+    into each address left, and writes each address into the run's entry with the release. Their pods come
+    at the same moment to two replicas, neither seeing the other's: each goes behind the address its run
+    was released to. Without the address both replicas see the same room and pick the same node."""
+    env = env_with_budgets()
+    env.admission.wall = lambda: env.now
+    running(env, "a", "egress-1")
+    held(env, ["r1", "r2"])
+    releaser = Releaser(env)
+    QueueReconciler(env.state, releaser, RecordingSink(), env.metrics, clock=lambda: env.now)()
+    assert releaser.released == ["r1", "r2"]
+    to = {name: read_entry(entry, "TaskRun").address for name, entry in releaser.entries.items()}  # type: ignore[union-attr]
+    assert sorted(to.values()) == ["egress-2", "egress-3"]
+    other = replica(env)
+    first = node_of(env.review(tekton_pod(name="r1-pod", taskrun_name="r1"))[1])
+    second = node_of(other.review(tekton_pod(name="r2-pod", taskrun_name="r2"))[1])
+    assert (first, second) == (to["r1"], to["r2"])
+    # the same moment without the leader's address: both replicas take the same room
+    for run in env.runs.values():
+        run["metadata"]["annotations"][QUEUE_ANNOTATION] = entry_annotation_without_address(run)
+    blind, blind_other = replica(env), replica(env)
+    same = {node_of(blind.review(tekton_pod(name="r1-pod", taskrun_name="r1"))[1]), node_of(blind_other.review(tekton_pod(name="r2-pod", taskrun_name="r2"))[1])}
+    assert len(same) == 1, same
+
+
+def entry_annotation_without_address(run: dict[str, Any]) -> str:
+    from controller.queue.core import entry_annotation
+
+    mark = read_entry(run["metadata"]["annotations"][QUEUE_ANNOTATION], "TaskRun")
+    assert mark is not None
+    return entry_annotation(mark.pool, mark.kind, mark.queued_at, mark.budgets)
+
+
+def test_an_address_a_tenant_writes_on_its_pod_only_steers_it_among_nodes_with_room() -> None:
+    """The entry Tekton copies onto the pod is the pod creator's to write: naming a full address gets the
+    pod no room there (it goes where there is room); the run's own entry is the run guard's to keep."""
+    from controller.queue.core import entry_annotation
+
+    env = env_with_budgets()
+    running(env, "a", "egress-1")
+    forged = entry_annotation("egress", "TaskRun", env.now, ("kaniko-pulls",), "egress-1")
+    patched = env.review(tekton_pod(name="c-pod", taskrun_name="c", annotations={QUEUE_ANNOTATION: forged}))[1]
+    assert node_of(patched) in ("egress-2", "egress-3")
+    steered = entry_annotation("egress", "TaskRun", env.now, ("kaniko-pulls",), "egress-3")
+    assert node_of(env.review(tekton_pod(name="d-pod", taskrun_name="d", annotations={QUEUE_ANNOTATION: steered}))[1]) in ("egress-2", "egress-3")
+
+
+def test_the_api_server_calling_again_for_the_same_pod_does_not_count_it_against_itself() -> None:
+    """Reinvocation (or a retried call): the pod's own use from the first call is not room taken from it;
+    it is placed on the same node, whose address the narrowing never keeps it off (found on the local
+    cluster: a pod kept off every pool node, Pending for good)."""
+    env = env_with_budgets()
+    env.admission.wall = lambda: env.now
+    running(env, "a", "egress-1")
+    running(env, "b", "egress-3")
+    _, first, _ = env.review(tekton_pod(name="c-pod", taskrun_name="c"))
+    assert node_of(first) == "egress-2"
+    _, again, _ = env.review(first)
+    assert node_of(again) == "egress-2" and not [e for e in env.events.sent if e["reason"] == "BudgetExceeded"]
+    for term in again["spec"]["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]:
+        assert {"key": "metadata.name", "operator": "NotIn", "values": ["egress-2"]} not in term.get("matchFields", [])
+
+
+def test_with_no_room_anywhere_the_pod_is_kept_off_no_node() -> None:
+    env = env_with_budgets()
+    for name, node in (("a", "egress-1"), ("b", "egress-2"), ("d", "egress-3")):
+        running(env, name, node)
+    _, patched, _ = env.review(tekton_pod(name="c-pod", taskrun_name="c"))
+    terms = patched["spec"]["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]
+    assert not any("matchFields" in term for term in terms)

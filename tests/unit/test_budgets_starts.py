@@ -129,6 +129,62 @@ def test_no_window_budget_no_record() -> None:
     assert cms.objects == {}
 
 
+def follower_informer(s: ClusterState) -> Any:
+    """The informer every replica runs on the record (kube.informer.cluster_informers), fed by hand."""
+    from controller.kube.informer import cluster_informers
+    from controller.metrics import Metrics
+    from controller.settings import Settings
+
+    informers = {i.resource.name: i for i in cluster_informers(None, s, Settings(namespace="egress-placer"), Metrics())}  # type: ignore[arg-type]
+    return informers[f"configmap egress-placer/{STARTS_CONFIGMAP}"]
+
+
+def test_a_follower_follows_the_leaders_record_so_a_failover_keeps_the_window() -> None:
+    """The leader (s) records 5 starts behind 203.0.113.7, then its runs and pods are deleted. A follower
+    that started before any of it (an empty record at its first list) gets each write of the record by
+    its watch: its window is full now, and stays full once it leads, though it never saw a pod."""
+    from controller.budgets.core import verdict
+
+    leader, cms = state(), FakeConfigMaps()
+    follower = state()
+    informer = follower_informer(follower)
+    assert informer.required  # a replica answers only once it has read the record
+    informer.on_replace([])  # first list: no record yet
+    assert starts_of(follower, NOW) == []
+    keeper = BudgetStartsKeeper(leader, cms, "egress-placer", clock=lambda: NOW)
+    for i in range(5):
+        run(leader, f"r{i}")
+        pod(leader, f"r{i}", "egress-1", rec("egress-1", started=NOW - 50 + i))
+        keeper()
+        informer.on_event("ADDED" if i == 0 else "MODIFIED", cms.objects[STARTS_CONFIGMAP])
+    assert starts_of(follower, NOW) == [("203.0.113.7", NOW - 50 + i) for i in range(5)]
+    budgets = follower.budgets.pool_budgets(follower.policy.pools[0], NOW)
+    assert budgets is not None and verdict(budgets, ["dockerhub-pulls"], NOW).nodes == ("egress-3",)
+    # the follower leads: its keeper reads the record again and writes nothing that drops a start
+    new_keeper = BudgetStartsKeeper(follower, cms, "egress-placer", clock=lambda: NOW)
+    new_keeper.leading()
+    new_keeper()
+    assert len(decode_starts(cms.objects[STARTS_CONFIGMAP]["data"][STARTS_KEY])) == 5
+    informer.on_event("DELETED", cms.objects[STARTS_CONFIGMAP])  # a deleted record takes nothing away
+    assert len(starts_of(follower, NOW)) == 5 and starts_of(follower, NOW + 11)[0] == ("203.0.113.7", NOW - 49)
+
+
+def test_a_record_the_follower_reads_adds_nothing_it_already_counts_and_bad_text_is_ignored() -> None:
+    """A pod the follower counts live and the record both name counts once; a record that is not ours to
+    read (bad JSON, rows of unknown shape) takes nothing and does not stop the informer."""
+    s = state()
+    run(s, "a")
+    pod(s, "a", "egress-3", rec("egress-3"))
+    informer = follower_informer(s)
+    row = encode_starts({"pod-a": ("overseas", (Start("dockerhub-pulls", "egress-3", NOW - 10),))})
+    informer.on_replace([{"metadata": {"name": STARTS_CONFIGMAP}, "data": {STARTS_KEY: row}}])
+    assert starts_of(s, NOW) == [("egress-3", NOW - 10)]
+    for bad in ("{not json", "[[1, 2]]", json.dumps({"rows": "x"}), ""):
+        informer.on_event("MODIFIED", {"metadata": {"name": STARTS_CONFIGMAP}, "data": {STARTS_KEY: bad}})
+    informer.on_event("MODIFIED", {"metadata": {"name": STARTS_CONFIGMAP}})
+    assert starts_of(s, NOW) == [("egress-3", NOW - 10)]
+
+
 # -- the pure part --------------------------------------------------------------------------------
 
 

@@ -192,3 +192,48 @@ def test_a_start_counts_between_its_pod_leaving_the_cache_and_the_state_being_to
     s.stores["Pod"].apply({"metadata": {"namespace": "team-ci", "name": "a-pod", "uid": "pod-a"}}, True)  # the store alone
     assert [(st.address, st.time) for st in s.budgets.pool_budgets(pool, NOW).starts] == [("203.0.113.7", NOW - 10)]
     assert s.budgets.pool_budgets(pool, NOW + 61).starts == ()  # out of the window
+
+
+def test_a_tenant_copying_a_run_pods_record_onto_its_own_pods_gains_nothing() -> None:
+    """Records are kept parsed by their text: a tenant's bare pod (and a pod of a run without our decision)
+    carrying the exact text of a real run pod's record shares its parsed form, never its standing: only
+    the real run's pod counts, once."""
+    s = state()
+    pool = s.policy.pools[0]
+    run(s, "real")
+    text = rec("egress-1")
+    pod(s, "real", "egress-1", text)
+    pod(s, "copy", "egress-3", text, owner_uid="made-up")
+    run(s, "undecided", decided=False)
+    pod(s, "undecided", "egress-3", text)
+    budgets = s.budgets.pool_budgets(pool, NOW)
+    assert [(u.key, u.node) for u in budgets.uses] == [("pod-real", "egress-1")]
+    assert [st.address for st in budgets.starts] == ["203.0.113.7"]
+
+
+def test_a_pods_record_is_parsed_once_when_it_is_stored_not_per_pass(monkeypatch: Any) -> None:
+    """The hot path (every Pod CREATE and release pass reads `pool_budgets`): a stored pod's record is
+    parsed when the pod store indexes it, never again by the passes; a changed record is parsed anew."""
+    import controller.budgets.view as view
+
+    parsed: list[str] = []
+    real = view.read_record
+
+    def counting(text: Any) -> Any:
+        parsed.append(text)
+        return real(text)
+
+    monkeypatch.setattr(view, "read_record", counting)
+    view._parsed.cache_clear()
+    s = state()
+    pool = s.policy.pools[0]
+    for i in range(20):
+        run(s, f"r{i}")
+        pod(s, f"r{i}", "egress-3", rec("egress-3", NOW - i))
+    assert len(parsed) == 20  # each once, when stored
+    for _ in range(5):
+        assert len(s.budgets.pool_budgets(pool, NOW).uses) == 20
+    s.budgets.status_lines(NOW)
+    assert len(parsed) == 20
+    pod(s, "r0", "egress-3", rec("egress-3", NOW - 1.5))  # the pod's record changed (MODIFIED)
+    assert len(parsed) == 21 and len(s.budgets.pool_budgets(pool, NOW).uses) == 20

@@ -19,6 +19,7 @@ from controller.core.cluster_resolver import (
     target,
 )
 from controller.core.images import pipelinerun_images, taskrun_images
+from controller.state import ClusterState
 from controller.tekton.core import TektonObjects
 from controller.core.model import ImageSet
 from controller.tekton.view import TektonView
@@ -192,6 +193,7 @@ class Sink:
 
     def __init__(self) -> None:
         self.tekton = TektonView()
+        self.budgets = ClusterState(None, clock=lambda: 0.0).budgets
 
     def replace(self, kind: str, objs: list[dict[str, Any]]) -> None: ...
 

@@ -73,6 +73,7 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     },
     *{("cluster", "tekton.dev", r, "patch", ANY) for r in ("taskruns", "pipelineruns")},  # the queue's release
     ("cluster", "kueue.x-k8s.io", "workloads", "list", ANY),  # the queue releases no PipelineRun Kueue holds
+    ("cluster", "karpenter.sh", "nodeclaims", "list", ANY),  # a provisioned pool's queue counts the launching nodes
     *{("cluster", "events.k8s.io", "events", v, ANY) for v in ("create", "patch")},
     *{
         ("cluster", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", v, default("webhook_config_name"))
@@ -90,7 +91,7 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
     *{(NAMESPACE, "", "configmaps", v, GUARD_NAME) for v in ("get", "update")},
     *{(NAMESPACE, "", "configmaps", v, store_name(default("policy_configmap"))) for v in ("get", "update")},
     # controller/budgets/reconcile.py: the egress budgets' window starts (the leader writes, every replica reads at start)
-    *{(NAMESPACE, "", "configmaps", v, STARTS_CONFIGMAP) for v in ("get", "update")},
+    *{(NAMESPACE, "", "configmaps", v, STARTS_CONFIGMAP) for v in ("get", "list", "watch", "update")},
     (NAMESPACE, "", "configmaps", "create", ANY),
     *{(TEKTON_NS, "", "configmaps", v, n) for v in ("get", "list", "watch") for n in ("feature-flags", "config-defaults", "pipelines-info")},
     # Tekton's cluster resolver rules (docs/security.md, "Cluster resolver rules")

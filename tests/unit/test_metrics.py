@@ -69,6 +69,9 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...]]] = {
     "egress_placer_egress_figure_age_seconds": ("gauge", ("node", "pool")),
     "egress_placer_egress_fallback": ("gauge", ("node", "pool")),
     "egress_placer_egress_scrapes_total": ("counter", ("pool", "result")),
+    "egress_placer_history_groups": ("gauge", ("pool",)),
+    "egress_placer_history_reads_total": ("counter", ("pool", "result")),
+    "egress_placer_history_last_read_timestamp_seconds": ("gauge", ("pool",)),
     # prometheus_client's process, platform and garbage-collector collectors
     "process_cpu_seconds_total": ("counter", ()),
     "process_resident_memory_bytes": ("gauge", ()),

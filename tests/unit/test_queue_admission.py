@@ -149,9 +149,15 @@ class FakeReleaser:
         self.calls: list[tuple[str, str, str]] = []
         self.show = True  # apply the change to the state at once (the informers caught up)
         self.workloads: dict[str, dict[str, bool]] | None = {}  # Kueue's: namespace -> run uid -> admitted (None: unreadable)
+        self.claims: list[dict[str, Any]] | None = []  # Karpenter's NodeClaims of the NodePool asked (None: unreadable)
+        self.claims_asked: list[str] = []
 
     def kueue_workloads(self, namespace: str) -> dict[str, bool] | None:
         return self.workloads.get(namespace, {}) if self.workloads is not None else None
+
+    def node_claims(self, node_pool: str) -> list[dict[str, Any]] | None:
+        self.claims_asked.append(node_pool)
+        return self.claims
 
     def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str) -> bool:
         self.calls.append((kind, namespace, name))

@@ -19,6 +19,7 @@ from controller.queue.core import (
     ReleaseReason,
     entry_annotation,
     held_by_kueue,
+    kueue_workload_missing,
     plan,
     workload_of,
 )
@@ -184,3 +185,61 @@ def test_a_labelled_run_kueue_admitted_is_released_into_a_free_slot() -> None:
     pipelinerun(env, "admitted", label=True, queued_at=env.now - 100)
     assert reconciler() is None  # nothing held, nothing waits
     assert [c[2] for c in releaser.calls] == ["admitted"]
+
+
+# -- a labelled run whose Workload never comes -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("run", "workloads", "now", "missing"),
+    [
+        (entry(label=True), {}, 61.0, True),  # queued at 1.0, 60 s later still no Workload
+        (entry(label=True), {}, 60.9, False),  # not yet
+        (entry(label=True), {"uid-r": False}, 500.0, False),  # Kueue has it (held, as it should be)
+        (entry(label=True), None, 500.0, False),  # the look failed: nothing is known
+        (entry(), {}, 500.0, False),  # no label: not held, ours
+        (entry(kind="TaskRun", label=True), {}, 500.0, False),
+        (entry(label=True, pending=False), {}, 500.0, False),
+    ],
+)
+def test_kueue_workload_missing(run: QueueEntry, workloads: dict[str, bool] | None, now: float, missing: bool) -> None:
+    assert kueue_workload_missing(run, workloads, now, wait=60.0) is missing
+
+
+def test_a_labelled_run_without_a_workload_gets_one_warning_after_the_wait_and_is_still_not_released() -> None:
+    env = queued_env()
+    releaser = FakeReleaser(env)
+    sink = RecordingSink()
+    reconciler = QueueReconciler(env.state, releaser, sink, env.metrics, clock=lambda: env.now, kueue_wait=30.0)
+    pipelinerun(env, "orphan", label=True, queued_at=env.now)
+    reconciler()
+    assert not [s for s in sink.sent if s[2] == "KueueWorkloadMissing"]
+    env.now += 30.0
+    releaser.workloads = None  # one failed look: no Warning, nothing forgotten
+    reconciler()
+    assert not [s for s in sink.sent if s[2] == "KueueWorkloadMissing"]
+    releaser.workloads = {}
+    for _ in range(3):
+        env.now += 1.0
+        assert reconciler() is not None  # it keeps looking
+    warned = [s for s in sink.sent if s[2] == "KueueWorkloadMissing"]
+    assert [(r["name"], t) for r, t, _ in warned] == [("orphan", "Warning")]  # once
+    assert releaser.calls == []
+    releaser.workloads = None
+    reconciler()
+    releaser.workloads = {}
+    reconciler()
+    assert len([s for s in sink.sent if s[2] == "KueueWorkloadMissing"]) == 1
+
+
+def test_status_lists_the_runs_held_for_kueue_and_says_where_to_look_when_long() -> None:
+    from controller.cli.status import queue_lines
+
+    env = queued_env()
+    pipelinerun(env, "orphan", label=True, queued_at=env.now - 90)
+    pipelinerun(env, "fresh", label=True, queued_at=env.now - 5)
+    lines = queue_lines(env.state, env.now)
+    assert lines[0].startswith("pool egress: 0/3 slots taken, 0 waiting")
+    assert lines[1] == f"  held for Kueue ({KUEUE_QUEUE_LABEL}), not released by egress-placer: 2"
+    assert lines[2].startswith(f"      PipelineRun {NS}/orphan, held 90s (over 60s: see its Workload, kubectl get workloads -n {NS}")
+    assert lines[3] == f"      PipelineRun {NS}/fresh, held 5s"
