@@ -42,6 +42,7 @@ from controller.prometheus.egress_source import EgressPollers
 from controller.kube.client import ClusterConfigError, KubeApi, make_api_client
 from controller.kube.informer import Informer, cluster_informers, keep_node_annotations, start_informers
 from controller.kube.leader import LeaderElector
+from controller.kube.storage_migration import StorageMigration
 from controller.kube.policy_source import PolicySource
 from controller.kube.reader import KubeReader
 from controller.kube.writer import EventRecorder, KubeClient
@@ -320,6 +321,7 @@ class Controller:
                 BudgetMetrics(self.state, self.metrics),
                 self.budget_starts,
                 *statuses,
+                *([StorageMigration(self.api)] if self.pool_status else []),
             ],
             is_leader=self.is_leader,
             resync_seconds=s.resync_seconds,
@@ -439,13 +441,19 @@ class Controller:
             log.error("no valid policy at start and none stored: nothing is placed on a pool, the pool taints stay")
 
     async def serve(self, stop: asyncio.Event) -> None:
+        # The HTTPS server first: the informers list the pools API as v1beta1, which objects stored as
+        # v1alpha1 need this replica's own /convert for when every replica was down (docs/pools-api.md,
+        # "Serving, storing, converting"). Admission waits for the caches (server.admitting).
+        self.server.admitting = False
+        await self._ensure_certs()
+        await self.server.start()
         try:
             await asyncio.to_thread(self.start_watching)
         except StartupError:
             await self.shutdown()  # the threads it started: the informers still retrying
             raise
-        await self._ensure_certs()
-        await self.server.start()
+        self.server.admitting = True
+        await self._ensure_certs()  # leading may have begun meanwhile: the caBundles are its to keep
         logger.info("egress-placer running as {}", self.settings.identity)
         # A tick, not one long wait: leadership can arrive (on the leader thread) just after a wait of
         # CERT_CHECK_SECONDS began, and a new leader must write the webhook's caBundle at once.

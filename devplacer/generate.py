@@ -3,7 +3,7 @@ nothing and names the files that differ from what it would write (exit status 1)
 
 | file | derived from |
 |---|---|
-| `k8s/crds/*.yaml` | `controller/core/pools.py` (`custom_resource_definitions`), rendered by `devplacer/crds.py` |
+| `k8s/crds/*.yaml` | `controller/core/pools.py` (`custom_resource_definitions`) serving v1alpha1 and v1beta1 (`controller/core/pools_v1beta1.py`, `served_crds`), rendered by `devplacer/crds.py` |
 | `charts/egress-placer/templates/crds.yaml` | the same, as a Helm template (`crds.install`, `crds.keep`) |
 | `k8s/pool-guard.yaml` | `controller/pool_guard/core.py`: the policy, and the binding for the default exempt and agent namespaces |
 | `charts/egress-placer/templates/pool-guard-policy.yaml` | `controller/pool_guard/core.py`: the policy, as a Helm template |
@@ -38,7 +38,7 @@ import yaml
 
 from controller.pool_guard.core import GUARD_NAME, policy_binding, validating_admission_policy
 from controller.core.rights import controller_rights
-from controller.core.pools import custom_resource_definitions
+from controller.core.pools_v1beta1 import served_crds
 from controller.core import run_guard
 from devcluster.build import find_optional
 from devplacer import crds
@@ -211,7 +211,9 @@ def chart_run_guard_template() -> str:
 CHART_CRDS_HEADER = f"""\
 # The pools API's CRDs (k8s/crds/; docs/pools-api.md) as templates, so that `helm upgrade` updates them
 # (docs/helm.md, "The pools API's CRDs"). crds.install: false leaves them out (installed another way);
-# crds.keep (default true): `helm uninstall` leaves them, and with them every EgressPool.
+# crds.keep (default true): `helm uninstall` leaves them, and with them every EgressPool. Both versions are
+# served, v1beta1 stored, converted by the controller's /convert (Service egress-placer-conversion), whose
+# caBundle the leader keeps (with cert-manager, its CA injector).
 #
 # GENERATED from controller/core/pools.py by `{COMMAND}`; do not edit.
 """
@@ -222,13 +224,17 @@ def chart_crds_template() -> str:
     out = (
         "{{- if .Values.crds.install }}\n" + CHART_CRDS_HEADER
         + '{{- $annotations := ternary (dict "helm.sh/resource-policy" "keep") (dict) .Values.crds.keep }}\n'
+        + '{{- if include "egress-placer.certManager" . }}\n'
+        + '{{- $_ := set $annotations "cert-manager.io/inject-ca-from" (printf "%s/egress-placer-webhook" (include "egress-placer.namespace" .)) }}\n'
+        + "{{- end }}\n"
     )
-    for crd in custom_resource_definitions():
+    for crd in served_crds(_NAMESPACE):
         if set(crd["metadata"]) != {"name"}:
             raise ValueError(f"the chart's template sets only the name: the CRD's metadata is {crd['metadata']}")
         spec = yaml.dump({"spec": crd["spec"]}, Dumper=_BlockDumper, sort_keys=False, width=120, allow_unicode=True)
         if "{{" in spec or "}}" in spec:
             raise ValueError("a CRD's spec holds '{{' or '}}', which Helm would read as a template action")
+        spec = spec.replace(_NAMESPACE, '{{ include "egress-placer.namespace" . }}')
         out += (
             f"---\napiVersion: {crd['apiVersion']}\nkind: {crd['kind']}\n"
             + f'{{{{ include "egress-placer.metadata" (dict "root" . "name" "{crd["metadata"]["name"]}" "annotations" $annotations) }}}}\n'
@@ -287,7 +293,7 @@ def outputs() -> dict[Path, str]:
     """Every generated file (relative to the repository) and its text; the chart's README only when
     helm-docs is built (`skipped` says otherwise)."""
     out: dict[Path, str] = {}
-    for crd in custom_resource_definitions():
+    for crd in served_crds():
         out[crds.CRDS_DIR / crds.file_name(crd)] = crds.render(crd)
     out[CHART_CRDS] = chart_crds_template()
     out[POOL_GUARD] = pool_guard_manifest()

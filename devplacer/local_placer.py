@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import requests
 import yaml
 
+from controller.core.conversion import V1BETA1, to_version
 from controller.core.pools import load_any_policy, objects_from_policy
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from controller.core.run_guard import RUN_GUARD_NAME
@@ -48,7 +49,8 @@ SERVICE_ACCOUNT = "egress-placer"
 POLICY_CONFIGMAP = "egress-placer-policy"
 WEBHOOK_CONFIG = "egress-placer"
 POOLS_WEBHOOK_CONFIG = "egress-placer-pools"  # the pools API's validating webhook (k8s/pools-webhook.yaml)
-WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")  # pointed at the local server
+# Pointed at the local server: the webhooks, and the pools API's CRDs' conversion (/convert).
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "CustomResourceDefinition")
 PROXY_NAME = "egress-placer-proxy"
 LOCAL_ONLY_KINDS = {"Deployment", "Service", "PodDisruptionBudget"}  # the controller runs as a local process instead
 # The pool guard (k8s/pool-guard.yaml): applied only with `pool_guard=True`, so suites that measure the
@@ -113,11 +115,23 @@ def render_manifests(cluster: Cluster, components: Sequence[str] = ()) -> list[d
     return kustomize(cluster.binary("kubectl"), components)
 
 
+def convert_url(webhook_url: str) -> str:
+    """The pools API's conversion webhook beside the mutating one (same server, path /convert)."""
+    return webhook_url.removesuffix("/mutate") + "/convert"
+
+
 def webhooks_calling(doc: Mapping[str, Any], webhook_url: str, ca_bundle: bytes | None = None) -> dict[str, Any]:
     """A copy of a MutatingWebhookConfiguration whose webhooks call `webhook_url` instead of the
     Service, or of the pools API's ValidatingWebhookConfiguration whose webhook calls the same server's
-    /validate (with `ca_bundle`, they trust that CA from the start)."""
+    /validate (with `ca_bundle`, they trust that CA from the start), or of a CRD converted by a webhook
+    (the pools API's) whose conversion calls the same server's /convert."""
     doc = json.loads(json.dumps(doc))  # a deep copy
+    if doc.get("kind") == "CustomResourceDefinition":
+        webhook = ((doc.get("spec") or {}).get("conversion") or {}).get("webhook")
+        if webhook is not None:
+            ca = base64.b64encode(ca_bundle).decode() if ca_bundle else (webhook.get("clientConfig") or {}).get("caBundle")
+            webhook["clientConfig"] = {"url": convert_url(webhook_url), **({"caBundle": ca} if ca else {})}
+        return doc
     url = validate_url(webhook_url) if doc.get("kind") == "ValidatingWebhookConfiguration" else webhook_url
     for hook in doc.get("webhooks") or []:
         ca = base64.b64encode(ca_bundle).decode() if ca_bundle else (hook.get("clientConfig") or {}).get("caBundle")
@@ -167,8 +181,9 @@ def await_namespace_deleted(cluster: Cluster, name: str, timeout: float = 300.0)
 
 def pool_objects(policy_text: str, source: str = "<policy>") -> list[dict[str, Any]]:
     """The pools API's objects of a policy file in either form (a PlacementPolicy document, or the
-    objects themselves), as the loader reads it: `egress-placer migrate-policy`'s objects."""
-    return objects_from_policy(load_any_policy(policy_text, source))
+    objects themselves), as the loader reads it: `egress-placer migrate-policy --api-version v1beta1`'s
+    objects (the storage version: written with no conversion, so also while no controller answers)."""
+    return [to_version(o, V1BETA1) for o in objects_from_policy(load_any_policy(policy_text, source))]
 
 
 def install_pools(cluster: Cluster, objects: Sequence[Mapping[str, Any]], timeout: float = 30.0) -> None:
@@ -357,10 +372,19 @@ def wait_ready(cluster: Cluster, replicas: Iterable[ControllerReplica], timeout:
     # Both webhook configurations, the pools API's too: until it has its caBundle, EgressPool writes fail.
     configs = [("mutatingwebhookconfiguration", WEBHOOK_CONFIG), ("validatingwebhookconfiguration", POOLS_WEBHOOK_CONFIG)]
     while time.monotonic() < deadline:
-        if all(_has_ca_bundle(cluster, kind, name) for kind, name in configs):
+        if all(_has_ca_bundle(cluster, kind, name) for kind, name in configs) and _crds_have_ca_bundle(cluster):
             return
         time.sleep(0.3)
-    raise ClusterError(f"the webhook configurations {WEBHOOK_CONFIG}, {POOLS_WEBHOOK_CONFIG} got no caBundle within {timeout:.0f}s")
+    raise ClusterError(
+        f"the webhook configurations {WEBHOOK_CONFIG}, {POOLS_WEBHOOK_CONFIG} or the pools API's CRDs got no caBundle within {timeout:.0f}s"
+    )
+
+
+def _crds_have_ca_bundle(cluster: Cluster) -> bool:
+    """Each pools API CRD that converts by a webhook has its caBundle (True when none is installed)."""
+    listed = json.loads(kubectl(cluster, "get", "crd", "-l", "app.kubernetes.io/part-of=egress-placer", "-o", "json"))["items"]
+    hooks = [((c["spec"].get("conversion") or {}).get("webhook") or {}) for c in listed]
+    return all((h.get("clientConfig") or {}).get("caBundle") for h in hooks if h)
 
 
 def _has_ca_bundle(cluster: Cluster, kind: str, name: str) -> bool:

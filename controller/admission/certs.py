@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from loguru import logger
 
+from controller.core.pools_v1beta1 import crd_names
 from controller.settings import Settings
 
 CA_CERT, CA_KEY, TLS_CERT, TLS_KEY = "ca.crt", "ca.key", "tls.crt", "tls.key"
@@ -266,6 +267,8 @@ class SecretWriter(Protocol):
 
     def set_webhook_ca_bundle(self, config_name: str, ca_pem: bytes, kind: str = "mutating") -> bool: ...
 
+    def set_crd_conversion_ca_bundle(self, crd_name: str, ca_pem: bytes) -> bool: ...
+
 
 def webhook_configurations(settings: Settings) -> list[tuple[str, str]]:
     """(kind, name) of each webhook configuration whose caBundle the leader keeps."""
@@ -364,6 +367,10 @@ class CertificateKeeper:
         refuses every EgressPool write)."""
         for kind, name in webhook_configurations(self.settings):
             self.writer.set_webhook_ca_bundle(name, ca_pem, kind)
+        # The pools API's CRDs convert v1alpha1 <-> v1beta1 at this server's /convert: without the CA, the
+        # API server can read no object stored in the other version (docs/pools-api.md, "v1beta1").
+        for name in crd_names():
+            self.writer.set_crd_conversion_ca_bundle(name, ca_pem)
 
     def _failed(self, error: Exception) -> None:
         self.problem = f"certificate upkeep failed: {type(error).__name__}: {error}"

@@ -27,7 +27,8 @@ from loguru import logger
 
 from controller.admission.review import ADMISSION_API_VERSION, MalformedReview, Request, parse_review, text, value_at
 from controller.core.policy import API_VERSION, PolicyError
-from controller.core.pools import GROUP, KINDS, POOL_KIND, VERSION, policy_from_objects
+from controller.core.conversion import V1BETA1, VERSIONS, ConversionError, to_version
+from controller.core.pools import GROUP, KINDS, POOL_KIND, policy_from_objects
 from controller.metrics import ERROR, Metrics
 
 ALLOWED, DENIED = "allowed", "denied"
@@ -70,13 +71,14 @@ class PoolValidation:
             return None, []
         if request.operation == "UPDATE" and value_at(request.object, ("spec",)) == value_at(request.old_object, ("spec",)):
             return None, []
-        candidate = {**request.object, "apiVersion": API_VERSION, "kind": request.kind}
+        version = f"{GROUP}/{request.version}"  # each version's fields, named in its own terms (core.conversion)
+        candidate = {**request.object, "apiVersion": version if version in VERSIONS else API_VERSION, "kind": request.kind}
         cached = self.objects()
         others = [
             o for o in cached or ()
             if not (o.get("kind") == request.kind and text(value_at(o, ("metadata", "name"))) == request.name)
         ]
-        warnings = _same_priority(candidate, others) if request.version == VERSION else []
+        warnings = _same_priority(candidate, others)
         try:
             policy_from_objects([candidate, *others])
         except PolicyError as error:
@@ -104,13 +106,14 @@ def _same_priority(candidate: Mapping[str, Any], others: Sequence[Mapping[str, A
         return []
     priority = value_at(candidate, ("spec", "priority"))
     priority = 0 if priority is None else priority
-    if not isinstance(priority, int):
+    ordered = _ordered_priority(candidate)
+    if not isinstance(priority, int) or ordered is None:
         return []  # the loader says what is wrong with it
     name = text(value_at(candidate, ("metadata", "name")))
     ties = sorted(
         text(value_at(o, ("metadata", "name")))
         for o in others
-        if o.get("kind") == POOL_KIND and (value_at(o, ("spec", "priority")) or 0) == priority
+        if o.get("kind") == POOL_KIND and _ordered_priority(o) == ordered
     )
     if not ties:
         return []
@@ -118,6 +121,17 @@ def _same_priority(candidate: Mapping[str, Any], others: Sequence[Mapping[str, A
         f"egress-placer: EgressPool {name} has the priority of EgressPool {', '.join(ties)} ({priority}): "
         "between them, for a node both claim or a run both take, the order is by name"
     ]
+
+
+def _ordered_priority(obj: Mapping[str, Any]) -> int | None:
+    """A pool's priority in v1beta1's terms (objects of either version compare), None when it has none that converts."""
+    if obj.get("apiVersion") not in VERSIONS:
+        obj = {**obj, "apiVersion": API_VERSION}
+    try:
+        priority = value_at(to_version(obj, V1BETA1), ("spec", "priority"))
+    except ConversionError:
+        return None
+    return priority if isinstance(priority, int) and not isinstance(priority, bool) else None
 
 
 def validation_response(uid: str, denial: str | None, warnings: Sequence[str] = ()) -> dict[str, Any]:

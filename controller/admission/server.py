@@ -24,6 +24,8 @@ and the plain HTTP server for health and metrics (aiohttp).
   lags behind Tekton) is the one review that needs I/O: the TaskRun is read in one of OWNER_READERS
   threads, waited for at most OWNER_READ_SECONDS, and the review is answered again with what was read
   (nothing read in time: the pod is no run's pod, placed as any other; handlers.OwnerReadNeeded).
+- While `admitting` is False (a replica starting: the server runs before the informers' first list so
+  that `/convert` answers, controller/app.py), `/mutate` and `/validate` are answered 503 unread.
 - HTTP on `settings.health_host:health_port`: `/healthz` (the process answers), `/readyz` (200 only
   when the readiness callable has no objection and a certificate is loaded, else 503 with the
   reason; a 200 names what `degraded` reports, e.g. a refused policy, which does not make the
@@ -165,6 +167,9 @@ class AdmissionServer:
         self.admission = admission
         self.validation = validation
         self.conversion = PoolConversion(metrics)
+        # False while the replica starts (the server answers /convert before the informers' first list):
+        # /mutate and /validate are then answered 503, as an absent server was (app.Controller.serve).
+        self.admitting = True
         self.metrics = metrics
         self.tls = tls
         self.readiness = readiness
@@ -212,6 +217,9 @@ class AdmissionServer:
             return
         if exchange.method != b"POST":
             exchange.respond(wire.text(405, "only POST", close=True, headers=b"Allow: POST\r\n"))
+            return
+        if not self.admitting and reviewer is not self.conversion:
+            exchange.respond(wire.text(503, "not ready: starting, the caches are not synced yet", close=True))
             return
         exchange.route = reviewer
         length = exchange.length

@@ -97,12 +97,17 @@ def _configure_cluster(parser: argparse.ArgumentParser, verbose: bool = True) ->
 def _configure_migrate(parser: argparse.ArgumentParser) -> None:
     _file(parser.add_argument("policy", metavar="POLICY.yaml", help="the PlacementPolicy file ('-': standard input)"))
     _configure_output(parser, "YAML documents ready for kubectl apply -f -")
+    parser.add_argument(
+        "--api-version", choices=("v1beta1", "v1alpha1"), default="v1beta1",
+        help="the objects' version (default v1beta1, the stored one: it applies with no controller running to "
+        "convert; priorities 999990, 999980, ... higher first); v1alpha1: deprecated, priorities 10, 20, ... lower first",
+    )
 
 
 def _run_migrate(args: argparse.Namespace) -> int:
     from controller.cli.migrate import run_migrate
 
-    return run_migrate(args.policy, out=sys.stdout, output=args.output)
+    return run_migrate(args.policy, out=sys.stdout, output=args.output, api_version=args.api_version)
 
 
 def _configure_run(parser: argparse.ArgumentParser, verbose: bool = False) -> None:

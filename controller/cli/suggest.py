@@ -22,7 +22,8 @@ from controller.cli.explain import Document, explain_documents
 from controller.cli.status import connect, reach, unreachable
 from controller.core.model import NamespaceState, NodeState
 from controller.core.policy import PlacementPolicy, PolicyError
-from controller.core.pools import API_VERSION, PLURALS, POOL_KIND, dump_objects, policy_from_objects
+from controller.core.conversion import V1BETA1
+from controller.core.pools import PLURALS, POOL_KIND, dump_objects, policy_from_objects
 from controller.kube.client import KubeApi, status_of
 from controller.prometheus.egress_source import InstantQuery, PrometheusError
 from controller.prometheus.history import History, read_history
@@ -47,12 +48,12 @@ def read_cluster(api: KubeApi) -> Cluster:
     objects: list[dict[str, Any]] = []
     for kind in ("EgressPlacerConfig", POOL_KIND):
         try:
-            items = api.call("GET", f"/apis/{API_VERSION}/{PLURALS[kind]}").get("items") or []
+            items = api.call("GET", f"/apis/{V1BETA1}/{PLURALS[kind]}").get("items") or []  # the storage version
         except Exception as e:
             if status_of(e) == 404:
                 raise CommandError("no policy found: the pools API is not installed (k8s/crds/)") from None
             raise
-        objects.extend({**o, "apiVersion": API_VERSION, "kind": kind} for o in items)
+        objects.extend({**o, "apiVersion": V1BETA1, "kind": kind} for o in items)
     try:
         policy = policy_from_objects(objects)
     except PolicyError as e:

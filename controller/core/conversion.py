@@ -160,3 +160,8 @@ def path_in(kind: str, version: str, loc: tuple[str | int, ...]) -> tuple[str | 
         if len(out) >= len(alpha) and all(s == "[]" and isinstance(p, int) or s == p for s, p in zip(alpha, out)):
             out[len(alpha) - 1] = beta[-1]
     return tuple(out)
+
+
+def status_in(kind: str, version: str, status: Mapping[str, Any]) -> dict[str, Any]:
+    """A `v1alpha1` status (what controller/pool_status computes) as the status of an object of `version`."""
+    return to_version({"apiVersion": V1ALPHA1, "kind": kind, "status": dict(status)}, version)["status"]

@@ -8,9 +8,9 @@ every condition metav1-complete (`message` and `observedGeneration` required), a
 EgressPlacerConfig in both versions, and the printer columns reading the renamed fields. One table
 of renames (core.conversion) for the conversion, the schema and the docs.
 
-Not written into k8s/crds/ yet: the CRDs switch to this once the controller reads `v1beta1`, the
-webhook server answers `/convert` before the informers' first list and the leader keeps the CRDs'
-conversion caBundle (docs/pools-api.md, "Serving, storing, converting").
+`served_crds(namespace)` is what `make generate` writes into k8s/crds/ and the chart: converted through
+the Service `CONVERSION_SERVICE` (publishNotReadyAddresses: a replica answers /convert before it is
+ready), its caBundle kept by the leader (docs/pools-api.md, "Serving, storing, converting").
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from typing import Any
 from controller.core.conversion import CONFIG_KIND, MAX_PRIORITY, POOL_KIND, RENAMES, V1ALPHA1, V1BETA1
 from controller.core.policy import MAX_NAMESPACES
 from controller.core.schema import openapi_schema
-from controller.core.pools import Condition, LastError
+from controller.core.pools import Condition, LastError, custom_resource_definitions
 
 CONVERT_PATH = "/convert"
+CONVERSION_SERVICE = "egress-placer-conversion"  # k8s/service.yaml: publishes not-ready addresses
 SHORT_NAMES = {POOL_KIND: ["epool"], CONFIG_KIND: ["epc"]}
 DEPRECATION_WARNING = (
     "egress-placer.io/v1alpha1 is deprecated: use egress-placer.io/v1beta1 (docs/pools-api.md, \"Deprecation policy\")"
@@ -140,3 +141,14 @@ def serving_v1beta1(crds: list[dict[str, Any]], namespace: str, service: str) ->
         }
         out.append(crd)
     return out
+
+
+def served_crds(namespace: str = "egress-placer") -> list[dict[str, Any]]:
+    """The CRDs k8s/crds/ and the chart install: both versions, v1beta1 stored, converted at the Service
+    CONVERSION_SERVICE of `namespace`."""
+    return serving_v1beta1(custom_resource_definitions(), namespace, CONVERSION_SERVICE)
+
+
+def crd_names() -> list[str]:
+    """The names of the pools API's CRDs (the leader keeps their conversion caBundle and migrates them)."""
+    return [crd["metadata"]["name"] for crd in custom_resource_definitions()]

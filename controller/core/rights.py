@@ -12,6 +12,8 @@ no more than the controller does. Rendered here; the CEL text lives in this modu
   - a TaskRun or PipelineRun: only `spec.status` may be removed (the queue's release: the controller
     never sets it) and annotations under `egress-placer.io/` may change; every other field of `spec`,
     the labels, the other annotations, owners and finalizers stay;
+  - an EgressPool or the EgressPlacerConfig (not the status): written back unchanged only (spec, labels,
+    annotations, owners and finalizers stay): the storage migration to v1beta1;
   - a Pod: only the schedulingGate `POOL_SLOT_GATE` may be removed (the queue lets in a pod that
     waited for a pool slot); the other gates, every other field of `spec`, the labels, annotations,
     owners and finalizers stay.
@@ -55,6 +57,8 @@ ADMISSION_GROUP = "admissionregistration.k8s.io"
 WEBHOOK_RESOURCES = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
 TEKTON_GROUP = "tekton.dev"
 RUN_RESOURCES = ("taskruns", "pipelineruns")
+POOLS_GROUP = "egress-placer.io"
+POOLS_RESOURCES = ("egresspools", "egressplacerconfigs")  # not their status: the leader writes a pool's
 
 
 def _same(a: str, b: str, field: str) -> str:
@@ -101,6 +105,7 @@ VARIABLES: tuple[tuple[str, str], ...] = (
     ("node", "request.resource.group == '' && request.resource.resource == 'nodes'"),
     ("run", f"request.resource.group == '{TEKTON_GROUP}'"),
     ("pod", "request.resource.group == '' && request.resource.resource == 'pods'"),
+    ("poolObject", f"request.resource.group == '{POOLS_GROUP}'"),
     ("webhooks", "has(object.webhooks) ? object.webhooks : []"),
     ("oldWebhooks", "has(oldObject.webhooks) ? oldObject.webhooks : []"),
     (
@@ -173,6 +178,17 @@ VALIDATIONS: tuple[tuple[str, str], ...] = (
     ),
 )
 
+VALIDATIONS += (
+    (
+        "!variables.poolObject || ("
+        + _same("object", "oldObject", "spec")
+        + " && "
+        + _same_metadata("labels", "annotations", "ownerReferences", "finalizers")
+        + ")",
+        "the controller may only write a pools API object back unchanged (the storage migration to v1beta1)",
+    ),
+)
+
 POD_DELETE_VALIDATION = (
     "params == null ? false : has(params.data) && has(oldObject.spec.nodeName) && oldObject.spec.nodeName in params.data",
     "the controller may delete only pods on pool nodes (the pool guard's params list them)",
@@ -196,6 +212,7 @@ def rights_policy(namespace: str = "egress-placer", service_account: str = "egre
             resource_rule([""], ["UPDATE"], ["nodes"], versions=["v1"]),
             resource_rule([TEKTON_GROUP], ["UPDATE"], RUN_RESOURCES),
             resource_rule([""], ["UPDATE"], ["pods"], versions=["v1"]),
+            resource_rule([POOLS_GROUP], ["UPDATE"], POOLS_RESOURCES),
         ],
         _is_the_controller(namespace, service_account),
         [validation(expression, _message(RIGHTS_NAME, text)) for expression, text in VALIDATIONS],

@@ -29,9 +29,10 @@ from typing import Any, Callable, Protocol, Sequence
 
 from loguru import logger
 
-from controller.core.policy import API_VERSION, PlacementPolicy, PolicyError, dump_policy, load_policy
+from controller.core.conversion import V1BETA1
+from controller.core.policy import PlacementPolicy, PolicyError, dump_policy, load_policy
 from controller.pool_status.core import PoolObject
-from controller.core.pools import CONFIG_PLURAL, GROUP, KINDS, PLURALS, POOL_KIND, POOL_PLURAL, policy_from_objects
+from controller.core.pools import CONFIG_KIND, CONFIG_PLURAL, GROUP, KINDS, PLURALS, POOL_KIND, POOL_PLURAL, policy_from_objects
 from controller.event_sink import EventSink
 from controller.kube.client import KubeApi, describe_error, status_of
 from controller.kube.informer import Informer, Obj, config_map, pools_api, start_informers
@@ -49,12 +50,12 @@ def read_pools_policy(api: KubeApi) -> PlacementPolicy:
     objects: list[Obj] = []
     for kind in KINDS:
         try:
-            items = api.call("GET", f"/apis/{API_VERSION}/{PLURALS[kind]}").get("items") or []
+            items = api.call("GET", f"/apis/{V1BETA1}/{PLURALS[kind]}").get("items") or []
         except Exception as e:
             if status_of(e) != 404:
                 raise
             raise PolicyError(_unreadable(e)) from None
-        objects.extend({**o, "apiVersion": API_VERSION, "kind": kind} for o in items)
+        objects.extend({**o, "apiVersion": V1BETA1, "kind": kind} for o in items)
     return policy_from_objects(objects)
 
 
@@ -106,7 +107,7 @@ class PolicySource:
             if settings.policy_source == "pools":
                 self._informers = [
                     watch(
-                        pools_api(kind, PLURALS[kind], API_VERSION),
+                        pools_api(kind, PLURALS[kind], V1BETA1),  # the storage version: read as stored (docs/pools-api.md)
                         on_replace=partial(self._objects_listed, kind),
                         on_event=partial(self._object_changed, kind),
                         on_error=partial(self._objects_unreadable, kind),
@@ -267,6 +268,18 @@ class PolicySource:
             ]
             return pools, self._refusal
 
+    def config_object(self) -> PoolObject | None:
+        """The EgressPlacerConfig as stored (name, generation, status); None when there is none or before
+        every kind is listed."""
+        with self._objects_lock:
+            if self._listed != set(KINDS):
+                return None
+            found = sorted(self._objects[CONFIG_KIND].items())
+            if not found:
+                return None
+            name, o = found[0]
+            return PoolObject(name, o["metadata"].get("generation"), o.get("status") or {})
+
     def _offer_objects(self) -> None:
         """Once every kind is listed: the policy of all the objects (under the lock)."""
         if self._listed != set(KINDS):
@@ -306,5 +319,5 @@ def _named_first(objects: Sequence[Obj], error: str) -> dict[str, Any] | None:
         for obj in objects:
             meta = obj["metadata"]
             if line.startswith(f"{obj['kind']} {meta['name']}:"):
-                return {"apiVersion": API_VERSION, "kind": obj["kind"], "name": meta["name"], "uid": meta.get("uid")}
+                return {"apiVersion": V1BETA1, "kind": obj["kind"], "name": meta["name"], "uid": meta.get("uid")}
     return None

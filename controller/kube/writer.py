@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 from loguru import logger
 
 from controller.core.model import Taint
-from controller.core.policy import API_VERSION as POOLS_API_VERSION
+from controller.core.conversion import V1BETA1 as POOLS_API_VERSION
 from controller.kube.client import JSON, JSON_PATCH, MERGE_PATCH, ApiError, Outcome
 from controller.kube.reader import KubeReader
 from controller.queue.core import KUEUE_WORKLOADS, NODECLAIMS, NODEPOOL_LABEL, QUEUE_ANNOTATION, Workloads, workload_of
@@ -237,6 +237,27 @@ class KubeClient(KubeReader):
         path = f"/apis/admissionregistration.k8s.io/v1/{kind}webhookconfigurations/{config_name}"
         return bool(self.update("set-webhook-ca-bundle", path, change, read_as="read-webhook-config"))
 
+    def set_crd_conversion_ca_bundle(self, crd_name: str, ca_pem: bytes) -> bool:
+        """Give the CustomResourceDefinition `crd_name`'s conversion webhook this CA bundle (a merge patch
+        of spec.conversion.webhook.clientConfig.caBundle alone, the resourceVersion as precondition).
+        True when something changed; False when it had it, converts no other way than None, or does
+        not exist."""
+        wanted = _b64(ca_pem)
+
+        def change(current: dict[str, Any]) -> Write | None:
+            conversion = (current.get("spec") or {}).get("conversion") or {}
+            config = (conversion.get("webhook") or {}).get("clientConfig") or {}
+            if conversion.get("strategy") != "Webhook" or config.get("caBundle") == wanted:
+                return None
+            patch = {
+                "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                "spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": wanted}}}},
+            }
+            return "PATCH", patch, MERGE_PATCH, True
+
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd_name}"
+        return bool(self.update("set-crd-ca-bundle", path, change, read_as="read-crd"))
+
     # -- ConfigMaps the leader keeps (the pool guard's params, the last good policy) --
     def create_configmap(self, namespace: str, name: str, data: Mapping[str, str], labels: Mapping[str, str]) -> None:
         """Create the ConfigMap; one that exists already raises ApiError with outcome CONFLICT."""
@@ -263,6 +284,12 @@ class KubeClient(KubeReader):
         body = {"status": {**{key: None for key in removed}, **dict(status)}}
         path = f"/apis/{POOLS_API_VERSION}/egresspools/{name}/status"
         self._call_or_done("set-pool-status", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH), Outcome.NOT_FOUND)
+
+    def set_config_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str] = ()) -> None:
+        """The EgressPlacerConfig's status, as `set_pool_status` writes a pool's."""
+        body = {"status": {**{key: None for key in removed}, **dict(status)}}
+        path = f"/apis/{POOLS_API_VERSION}/egressplacerconfigs/{name}/status"
+        self._call_or_done("set-config-status", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH), Outcome.NOT_FOUND)
 
     # -- the queue: releasing a pending run (the leader's) -----------------------------------------------
     def release_run(self, kind: str, namespace: str, name: str, uid: str, pending: str, entry: str | None = None) -> bool:

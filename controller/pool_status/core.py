@@ -7,6 +7,8 @@ The leader writes it (controller/pool_status/reconcile.py); docs/pools-api.md, "
   reason says which of these fails first, in that order: `SpecRefused` (the loader refused this
   object), `PolicyRefused` (it refused another: the objects are taken as a whole), `NotInForce`,
   `NoMembers`, `TaintsPending`, `NoReadyNodes`. True: `NodesTainted`.
+- `PolicyAccepted` (True: `InForce`; False: the first three reasons) and `NodesReady` (True: `NodesTainted`;
+  False: the last three; a pool not in force: `NoMembers`), whose first False is Ready's.
 - Counts, not lists: member nodes, ready ones, tainted ones; the load over the ready nodes as totals,
   busy and full node counts, and only the `MOST_LOADED_NODES` most loaded nodes. At 10,000 members a
   status stays about 1 KiB (etcd refuses objects above 1.5 MiB).
@@ -29,6 +31,7 @@ from typing import Any
 from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import PlacementPolicy, Pool
 from controller.core.pools import (
+    CONFIG_KIND,
     MOST_LOADED_NODES,
     POOL_KIND,
     Condition,
@@ -42,6 +45,8 @@ from controller.core.pools import (
 from controller.placement_log.core import Placed, parse_rfc3339, placed_within, rfc3339
 
 READY = "Ready"
+POLICY_ACCEPTED = "PolicyAccepted"  # v1beta1's conditions beside Ready (docs/pools-api.md, "v1beta1")
+NODES_READY = "NodesReady"
 MAX_MESSAGE = 4096  # a condition's or an error's message is cut here (the schema allows 32768)
 
 
@@ -72,9 +77,9 @@ def members_by_pool(policy: PlacementPolicy, nodes: Iterable[NodeState]) -> dict
     return out
 
 
-def refusal_about(refusal: str, name: str) -> str:
-    """The lines of a refusal that name EgressPool `name` ("" when none does)."""
-    prefix = f"{POOL_KIND} {name}:"
+def refusal_about(refusal: str, name: str, kind: str = POOL_KIND) -> str:
+    """The lines of a refusal that name the object `kind` `name` ("" when none does)."""
+    prefix = f"{kind} {name}:"
     return "\n".join(line for line in refusal.splitlines() if line.startswith(prefix))
 
 
@@ -107,7 +112,14 @@ def ready_condition(
     ready_nodes: int,
     refusal: str | None,
 ) -> tuple[str, str, str]:
-    """(status, reason, message) of the Ready condition; see the module docstring for the order."""
+    """(status, reason, message) of the Ready condition; see the module docstring for the order: the
+    first False of PolicyAccepted and NodesReady, else NodesReady's True."""
+    accepted = accepted_condition(name, pool, refusal)
+    return accepted if accepted[0] == "False" else nodes_condition(pool, members, ready_nodes)
+
+
+def accepted_condition(name: str, pool: Pool | None, refusal: str | None) -> tuple[str, str, str]:
+    """(status, reason, message) of PolicyAccepted: the loader took this object's spec into the policy in force."""
     if refusal:
         about = refusal_about(refusal, name)
         if about:
@@ -119,9 +131,14 @@ def ready_condition(
         )
     if pool is None:
         return "False", "NotInForce", "the pool is not in the policy in force yet"
-    if not members:
+    return "True", "InForce", "the pool's spec is in the policy in force"
+
+
+def nodes_condition(pool: Pool | None, members: Sequence[NodeState], ready_nodes: int) -> tuple[str, str, str]:
+    """(status, reason, message) of NodesReady: members, each with its taint, one at least taking runs."""
+    if pool is None or not members:
         return "False", "NoMembers", (
-            "no node is a member: none matches nodeSelector or nodes, or each is claimed by a pool of lower priority"
+            "no node is a member: none matches nodeSelector or nodes, or each is claimed by a pool that comes first by priority"
         )
     taint = pool.taint_for()
     tainted = sum(1 for n in members if taint in n.taints)
@@ -139,19 +156,20 @@ def ready_condition(
 
 
 def _condition(
-    stored: Mapping[str, Any], status: str, reason: str, message: str, generation: int | None, now: float
+    stored: Mapping[str, Any], status: str, reason: str, message: str, generation: int | None, now: float,
+    kind: str = READY,
 ) -> Condition:
     before = next(
-        (c for c in stored.get("conditions") or () if isinstance(c, Mapping) and c.get("type") == READY), None
+        (c for c in stored.get("conditions") or () if isinstance(c, Mapping) and c.get("type") == kind), None
     )
     since = before.get("lastTransitionTime") if before is not None and before.get("status") == status else None
     return Condition(
-        type=READY,
+        type=kind,
         status=status,  # type: ignore[arg-type]  # one of True, False (see ready_condition)
         reason=reason,
         message=message[:MAX_MESSAGE],
         last_transition_time=since if parse_rfc3339(since) is not None else rfc3339(now),
-        observed_generation=generation,
+        observed_generation=generation if generation is not None else 0,  # required in v1beta1
     )
 
 
@@ -200,6 +218,10 @@ def pool_status(
     loads = loads if pool is not None else {}
     ready_nodes = sum(1 for n in members if n.ready and not n.unschedulable)
     status, reason, message = ready_condition(obj.name, pool, members, ready_nodes, refusal)
+    others = (
+        (POLICY_ACCEPTED, accepted_condition(obj.name, pool, refusal)),
+        (NODES_READY, nodes_condition(pool, members, ready_nodes)),
+    )
     names = {n.name for n in members}
     seen = list(errors)
     about = refusal_about(refusal, obj.name) if refusal else ""
@@ -208,7 +230,10 @@ def pool_status(
         seen.append(SeenError(about, now))
     taint = pool.taint_for() if pool is not None else None
     out = PoolStatus(
-        conditions=(_condition(obj.status, status, reason, message, obj.generation, now),),
+        conditions=(
+            _condition(obj.status, status, reason, message, obj.generation, now),
+            *(_condition(obj.status, *c, obj.generation, now, kind=kind) for kind, c in others),
+        ),
         nodes=len(members),
         ready_nodes=ready_nodes,
         tainted_nodes=sum(1 for n in members if taint in n.taints),
@@ -219,3 +244,36 @@ def pool_status(
         history=history if pool is not None and pool.history is not None else None,
     )
     return out.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def config_status(obj: PoolObject, pools_in_force: int, refusal: str | None, now: float) -> dict[str, Any]:
+    """The EgressPlacerConfig's status (v1beta1; docs/pools-api.md): `PolicyAccepted` (the loader took
+    its settings: `InForce`; else `SpecRefused` naming the field, or `PolicyRefused`), `Ready` (the
+    objects' policy is in force: `PolicyInForce`; else `LastGoodPolicy`), `poolsInForce`, `lastError`."""
+    about = refusal_about(refusal, obj.name, CONFIG_KIND) if refusal else ""
+    if about:
+        accepted = ("False", "SpecRefused", f"{about}\nThe policy in force stays the last good one.")
+    elif refusal:
+        accepted = ("False", "PolicyRefused", f"another object is refused ({refusal.splitlines()[0]})")
+    else:
+        accepted = ("True", "InForce", "the settings are in the policy in force")
+    ready = (
+        ("False", "LastGoodPolicy", f"an object is refused ({refusal.splitlines()[0]}); the last good policy stays in force")
+        if refusal
+        else ("True", "PolicyInForce", f"the policy of the objects is in force: {pools_in_force} pools")
+    )
+    kept = obj.status.get("lastError")
+    seen = [SeenError(about, now)] if about and not (isinstance(kept, Mapping) and kept.get("message") == about[:MAX_MESSAGE]) else []
+    last_error = _last_error(obj.status, seen)
+    out: dict[str, Any] = {
+        "conditions": [
+            _condition(obj.status, *ready, obj.generation, now).model_dump(mode="json", by_alias=True, exclude_none=True),
+            _condition(obj.status, *accepted, obj.generation, now, kind=POLICY_ACCEPTED).model_dump(
+                mode="json", by_alias=True, exclude_none=True
+            ),
+        ],
+        "poolsInForce": pools_in_force,
+    }
+    if last_error is not None:
+        out["lastError"] = last_error.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return out

@@ -26,11 +26,13 @@ from loguru import logger
 
 from controller.core.model import NodeState
 from controller.core.policy import PlacementPolicy
+from controller.core.conversion import POOL_KIND, V1BETA1, status_in
 from controller.core.pools import QueueStatus
 from controller.pool_status.core import (
     READY,
     PoolObject,
     SeenError,
+    config_status,
     members_by_pool,
     pool_status,
 )
@@ -62,9 +64,15 @@ class PoolObjects(Protocol):
         """The EgressPools as stored, and why the loader refuses them (None: they are in force)."""
         ...
 
+    def config_object(self) -> PoolObject | None:
+        """The EgressPlacerConfig as stored (None: there is none, or not every kind is listed yet)."""
+        ...
+
 
 class StatusWriter(Protocol):
     def set_pool_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None: ...
+
+    def set_config_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None: ...
 
 
 class PoolErrors:
@@ -121,21 +129,22 @@ class PoolStatusWriter:
         self._skipped = False
         self._next_pass = now + self.min_interval
         objects, refusal = self.objects.pool_objects()
+        config = self.objects.config_object()
+        written = self._config(config, refusal, now) if config is not None else []
         if not objects:
-            return []
+            return written
         policy = self.state.policy
         members = members_by_pool(policy, self.state.node_list())
         placed = self.placements.placed()
-        written = []
         for obj in objects:
             pool = policy.pool(obj.name)
             loads = pool_loads(self.state.load, pool, self.state.nodes) if pool is not None else {}
             counts = self.state.queue.queue_counts(pool, now) if pool is not None else None
             queue = QueueStatus(waiting=counts[0], slots=counts[1], occupied=counts[2]) if counts is not None else None
             history = self.state.history.status(pool.name) if pool is not None and pool.history is not None else None
-            desired = pool_status(
+            desired = status_in(POOL_KIND, V1BETA1, pool_status(
                 obj, policy, members.get(obj.name, []), loads, placed, refusal, self.errors.of(obj.name), now, queue, history
-            )
+            ))  # the objects are read and written as v1beta1 (its load field names)
             if desired == dict(obj.status):
                 continue
             log = logger.bind(kind="EgressPool", name=obj.name)
@@ -149,6 +158,19 @@ class PoolStatusWriter:
             if ready != before:
                 log.bind(status=ready[0], reason=ready[1]).info("pool {}: Ready {} ({})", obj.name, ready[0], ready[1])
         return written
+
+
+    def _config(self, config: PoolObject, refusal: str | None, now: float) -> list[str]:
+        """The EgressPlacerConfig's status, written when it changed; [its name] when written."""
+        desired = config_status(config, len(self.state.policy.pools), refusal, now)
+        if desired == dict(config.status):
+            return []
+        try:
+            self.writer.set_config_status(config.name, desired, [k for k in config.status if k not in desired])
+        except Exception as e:
+            logger.bind(kind="EgressPlacerConfig", name=config.name).warning("config status not written: {}", e)
+            return []
+        return [config.name]
 
 
 def _ready(status: Mapping[str, Any]) -> tuple[str, str]:

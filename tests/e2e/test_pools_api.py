@@ -30,6 +30,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from controller.cli.migrate import run_migrate
+from controller.core.conversion import V1BETA1, to_version
 from controller.core.model import TAINT_KEY
 from controller.core.policy import Pool
 from controller.core.pools import CONFIG_PLURAL, GROUP, POOL_PLURAL, VERSION
@@ -193,8 +194,10 @@ def test_fail_closed_while_no_controller_answers_and_deleting_the_webhook_config
     deleting the ValidatingWebhookConfiguration lets writes through; the next install puts it back."""
     api.create(POOLS, pool("kept"))
     stop_controller(devcluster)
+    # As v1beta1, the storage version: a v1alpha1 write needs the controller's /convert too, which is down.
+    lab = to_version(pool("lab"), V1BETA1)
     try:
-        done = kubectl(devcluster, "apply", "-f", "-", stdin=yaml.safe_dump(pool("lab")))
+        done = kubectl(devcluster, "apply", "-f", "-", stdin=yaml.safe_dump(lab))
         assert done.returncode != 0 and 'failed calling webhook "pools.egress-placer.io"' in done.stderr, done.stderr
         assert api.get(f"{POOLS}/lab") is None
         done = kubectl(devcluster, "delete", "egresspool", "kept")
@@ -203,9 +206,11 @@ def test_fail_closed_while_no_controller_answers_and_deleting_the_webhook_config
         assert done.returncode == 0, done.stderr
         wait_for(
             "kubectl apply to work without the webhook configuration",
-            lambda: kubectl(devcluster, "apply", "-f", "-", stdin=yaml.safe_dump(pool("lab"))).returncode == 0,
+            lambda: kubectl(devcluster, "apply", "-f", "-", stdin=yaml.safe_dump(lab)).returncode == 0,
             timeout=10,
         )
+        done = kubectl(devcluster, "apply", "-f", "-", stdin=yaml.safe_dump(pool("alpha")))  # stored as v1beta1: converted
+        assert done.returncode != 0 and "conversion webhook" in done.stderr, done.stderr
     finally:
         start_controller(devcluster, POLICY_FILE, env=PLACEMENT_BY_POOLS)  # the install puts the configuration back
         delete_every_object(api)
@@ -376,7 +381,8 @@ def test_within_10s_the_status_shows_nodes_taints_and_load_and_kubectl_get_print
             lambda: (shows(api, "overseas", placed=1, runs=1) or {}).get("load", {}).get("mostLoaded") == busiest,
         )
         (row,) = kubectl_get(devcluster)
-        assert row == {**row, "NAME": "overseas", "PLACEMENT": "required", "PRIORITY": "0", "NODES": "3", "TAINTED": "3",
+        # kubectl prints v1beta1 (the preferred version): v1alpha1's priority 0 (first) is 1000000 (first) there.
+        assert row == {**row, "NAME": "overseas", "PLACEMENT": "required", "PRIORITY": "1000000", "NODES": "3", "TAINTED": "3",
                        "LOAD": "1", "CAPACITY": "6", "READY": "True"}
         (wide,) = kubectl_get(devcluster, "-o", "wide")
         assert (wide["REASON"], wide["LAST HOUR"]) == ("NodesTainted", "1")

@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import pytest
 import yaml
 
-from controller.core.pools import API_VERSION
+from controller.core.conversion import V1BETA1 as API_VERSION  # the storage version: no controller runs to convert
 from controller.prometheus.history import client, queries
 from devcluster.cluster import Cluster
 from devcluster.prometheus import start_prometheus, stop_prometheus
@@ -68,7 +68,7 @@ def taskrun(name: str, i: int) -> dict:
 def pool() -> dict:
     return {
         "apiVersion": API_VERSION, "kind": "EgressPool", "metadata": {"name": "overseas"},
-        "spec": {"priority": 10, "nodeSelector": {"egress-placer.io/pool": "overseas"},
+        "spec": {"priority": 999_990, "nodeSelector": {"egress-placer.io/pool": "overseas"},
                  "namespaces": [NAMESPACE], "images": [LINT_GLOB, "ghcr.io/acme/never-ran:*"]},
     }
 
@@ -77,7 +77,7 @@ def pool() -> dict:
 def rig(devcluster: Cluster, api: Api, make_namespace: Callable[[str], str]) -> Iterator[str]:
     """The namespace with its Tasks, the pool object, the pod exporter and Prometheus scraping it; its URL."""
     wait_gone(f"namespace {NAMESPACE} of an earlier run to be gone", lambda: namespaces_left(api, NAMESPACE), timeout=180)
-    crds = as_an_administrator(devcluster, str(devcluster.binary("kubectl")), "apply", "--server-side", "-f", str(REPO / "k8s" / "crds"))
+    crds = as_an_administrator(devcluster, str(devcluster.binary("kubectl")), "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "k8s" / "crds"))
     assert crds.returncode == 0, crds.stderr
     make_namespace(NAMESPACE)
     reader = api_for(devcluster.kubeconfig)  # the exporter's own client: it reads from its server's thread

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from controller.core.policy import PlacementPolicy, load_policy
-from controller.core.pools import CONFIG_PLURAL, GROUP, POOL_PLURAL, VERSION, custom_resource_definitions
+from controller.core.conversion import MAX_PRIORITY
+from controller.core.pools import CONFIG_PLURAL, GROUP, POOL_PLURAL
+from controller.core.pools_v1beta1 import served_crds
 from controller.kube.client import MERGE_PATCH
 from controller.kube.policy_source import PolicySource
 from controller.retry import RetryPolicy
@@ -30,14 +32,17 @@ from tests.waiting import wait_for
 pytestmark = pytest.mark.cluster
 
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+# Read and written as v1beta1, the storage version the controller reads: no conversion is ever needed.
+VERSION = "v1beta1"
 POOLS = f"/apis/{GROUP}/{VERSION}/{POOL_PLURAL}"
 CONFIGS = f"/apis/{GROUP}/{VERSION}/{CONFIG_PLURAL}"
 APPLY = "application/apply-patch+yaml"
 
 
 def install_crds(api: Api) -> None:
-    """Apply the CRDs of k8s/crds/ (the render) and wait until the API server serves them."""
-    for crd in custom_resource_definitions():
+    """Apply the CRDs of k8s/crds/ (the render) and wait until the API server serves them. Nothing here
+    reads or writes v1alpha1, so nothing calls their conversion webhook (no controller serves it here)."""
+    for crd in served_crds():
         name = crd["metadata"]["name"]
         api.call("PATCH", f"{CRDS}/{name}", body=crd, content_type=APPLY, query={"fieldManager": "tests", "force": "true"})
 
@@ -56,7 +61,7 @@ def delete_all(api: Api) -> None:
 
 
 def pool(name: str, priority: int, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "EgressPool", "metadata": {"name": name}, "spec": {"priority": priority, "nodes": ["egress-1"], **spec}}
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": "EgressPool", "metadata": {"name": name}, "spec": {"priority": MAX_PRIORITY - priority, "nodes": ["egress-1"], **spec}}  # v1beta1: higher first
 
 
 @pytest.fixture
@@ -90,7 +95,7 @@ def test_the_objects_make_the_policy_and_every_change_is_seen(pools_api: Api, na
         assert state.policy.agent_namespaces == ("monitoring",)
         assert load_policy(source.loaded_text or "") == state.policy  # the leader stores this copy
 
-        api.merge_patch(f"{POOLS}/late", {"spec": {"priority": 5, "images": ["*/uploader*"]}})
+        api.merge_patch(f"{POOLS}/late", {"spec": {"priority": MAX_PRIORITY - 5, "images": ["*/uploader*"]}})
         wait_for("the edit seen", lambda: names(state) == ["late", "early"], timeout=10)
         assert state.policy.pool("late").images == ("*/uploader*",)
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from controller.core.conversion import V1BETA1, to_version
+
 from controller.admission.pools import PoolValidation
 from controller.admission.review import MalformedReview
 from controller.metrics import Metrics
@@ -32,7 +34,7 @@ def prometheus(url: str) -> dict[str, Any]:
 def review(obj: dict[str, Any], operation: str = "CREATE", old: dict[str, Any] | None = None, group: str = "egress-placer.io") -> dict[str, Any]:
     request: dict[str, Any] = {
         "uid": "u-1",
-        "kind": {"group": group, "version": "v1alpha1", "kind": obj["kind"]},
+        "kind": {"group": group, "version": obj["apiVersion"].rpartition("/")[2], "kind": obj["kind"]},
         "operation": operation,
         "name": obj["metadata"]["name"],
         "object": obj,
@@ -40,6 +42,10 @@ def review(obj: dict[str, Any], operation: str = "CREATE", old: dict[str, Any] |
     if old is not None:
         request["oldObject"] = old
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def beta(obj: dict[str, Any]) -> dict[str, Any]:
+    return to_version(obj, V1BETA1)
 
 
 def answer(obj: dict[str, Any], cached: list[dict[str, Any]] | None = None, **kw: Any) -> dict[str, Any]:
@@ -142,3 +148,17 @@ def test_outcomes_are_counted_and_a_malformed_review_raises():
     with pytest.raises(MalformedReview):
         validation.review({"kind": "AdmissionReview"})
     assert counted("unknown", "malformed") == 1
+
+
+def test_a_v1beta1_object_is_judged_in_its_own_terms():
+    """Its renamed fields are its own (not "extra inputs"), a problem names its own field path, and a
+    priority tie is seen across versions (the cache holds v1beta1, a write may be v1alpha1)."""
+    good = {**beta(egress_pool()), "spec": {"nodes": ["egress-1"], "loadCapacityPerNode": 2, "queue": {"maxRunsPerNode": 1}}}
+    assert answer(good)["allowed"] is True
+    bad = {**good, "spec": {**good["spec"], **prometheus("http://prometheus:99999")}}
+    assert answer(bad)["status"]["message"] == "EgressPool overseas: spec.egressLoad.prometheus.url: invalid port number"
+    tie = answer(egress_pool(priority=10), [beta(egress_pool("lab", priority=10))])
+    assert tie["warnings"] == [
+        "egress-placer: EgressPool overseas has the priority of EgressPool lab (10): between them, for a "
+        "node both claim or a run both take, the order is by name"
+    ]

@@ -69,6 +69,9 @@ class MemorySecrets:
         self.ca_bundle = ca_pem
         return True
 
+    def set_crd_conversion_ca_bundle(self, crd_name: str, ca_pem: bytes) -> bool:
+        return self.set_webhook_ca_bundle(crd_name, ca_pem, "crd")
+
 
 class NoEvents:
     def __init__(self) -> None:

@@ -163,13 +163,19 @@ class MemorySecrets:
         self.ca_bundles[(kind, config_name)] = ca_pem
         return changed
 
+    def set_crd_conversion_ca_bundle(self, crd_name: str, ca_pem: bytes) -> bool:
+        return self.set_webhook_ca_bundle(crd_name, ca_pem, "crd")
+
     @property
     def ca_bundle(self) -> bytes | None:
-        """The one caBundle every webhook configuration has (None: none has one; an error: they differ)."""
+        """The one caBundle every webhook configuration and the CRDs' conversion have (None: none has one; an error: they differ)."""
         found = set(self.ca_bundles.values())
         assert len(found) <= 1, f"the webhook configurations have different CA bundles: {self.ca_bundles}"
         if found:
-            assert set(self.ca_bundles) == {("mutating", "egress-placer"), ("validating", "egress-placer-pools")}
+            assert set(self.ca_bundles) == {
+                ("mutating", "egress-placer"), ("validating", "egress-placer-pools"),
+                ("crd", "egresspools.egress-placer.io"), ("crd", "egressplacerconfigs.egress-placer.io"),
+            }
         return found.pop() if found else None
 
 

@@ -299,7 +299,7 @@ def test_common_labels_do_not_change_what_selects_the_pods(helm: Path, default_r
     deployment = the(docs, "Deployment")
     assert deployment["spec"]["selector"] == the(default_render, "Deployment")["spec"]["selector"]
     assert deployment["spec"]["template"]["metadata"]["labels"] == {"app.kubernetes.io/name": "egress-placer", "app.kubernetes.io/component": "controller"}
-    assert the(docs, "Service")["spec"]["selector"] == the(default_render, "Service")["spec"]["selector"]
+    assert the(docs, "Service", "egress-placer-webhook")["spec"]["selector"] == the(default_render, "Service", "egress-placer-webhook")["spec"]["selector"]
 
 
 def test_extra_settings_are_added_and_may_replace_the_chart_s(helm: Path, default_render: list[dict[str, Any]]) -> None:
@@ -418,7 +418,7 @@ def test_the_monitoring_objects_are_off_by_default(default_render: list[dict[str
 
 def test_the_service_monitor_scrapes_the_metrics_port_of_the_controller_service(helm: Path) -> None:
     docs = template(helm, {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kube-prometheus-stack"}}})
-    monitor, service = the(docs, "ServiceMonitor"), the(docs, "Service")
+    monitor, service = the(docs, "ServiceMonitor"), the(docs, "Service", "egress-placer-webhook")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [service["metadata"]["namespace"]]}
@@ -458,7 +458,9 @@ def test_the_post_renderer_only_points_the_webhooks_at_the_local_url(default_ren
     assert {json.dumps(w["clientConfig"]) for w in webhooks} == {json.dumps({"url": url})}
     (pools,) = the(local, "ValidatingWebhookConfiguration")["webhooks"]  # the pools API's, the same server's /validate
     assert pools["clientConfig"] == {"url": "https://127.0.0.1:18443/validate"}
-    webhook_kinds = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+    for crd in by_kind(local, "CustomResourceDefinition"):  # the pools API's conversion: the same server's /convert
+        assert crd["spec"]["conversion"]["webhook"]["clientConfig"] == {"url": "https://127.0.0.1:18443/convert"}
+    webhook_kinds = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "CustomResourceDefinition")
     assert [d for d in local if d["kind"] not in webhook_kinds] == [d for d in default_render if d["kind"] not in webhook_kinds]
 
 

@@ -37,6 +37,7 @@ from controller.cli import PLUGIN_EXECUTABLE, main, program_name
 from controller.cli.errors import Exit
 from controller.core.model import TAINT_KEY
 from controller.core.policy import load_policy
+from controller.core.conversion import V1BETA1, to_version
 from controller.core.pools import objects_from_policy
 from controller.kube.client import kubeconfig_source
 from controller.settings import Settings
@@ -52,8 +53,8 @@ pools:
     images: ["*/cdn-*"]
 """
 POOL_TAINT = {"key": TAINT_KEY, "value": "overseas", "effect": "NoSchedule"}
-POOLS = "/apis/egress-placer.io/v1alpha1/egresspools"
-CONFIGS = "/apis/egress-placer.io/v1alpha1/egressplacerconfigs"
+POOLS = "/apis/egress-placer.io/v1beta1/egresspools"
+CONFIGS = "/apis/egress-placer.io/v1beta1/egressplacerconfigs"
 ARTIFACTS = find_artifacts()  # the local cluster's binaries, found before the tests empty HOME
 
 
@@ -112,7 +113,7 @@ class FakeApiServer:
     def cluster_with(self, node: dict[str, Any]) -> None:
         """The policy as the pools API's objects (the default source), and one node."""
         self.objects = {
-            POOLS: {"items": objects_from_policy(load_policy(POLICY))},
+            POOLS: {"items": [to_version(o, V1BETA1) for o in objects_from_policy(load_policy(POLICY))]},
             CONFIGS: {"items": []},
             "/api/v1/nodes": {"items": [node]},
             "/api/v1/namespaces": {"items": []},
@@ -327,7 +328,7 @@ def test_status_with_an_invalid_policy_file_is_2(
 def test_status_with_an_invalid_policy_in_the_cluster_is_2_after_the_table(
     api_server: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    api_server.objects[POOLS] = {"items": [{"metadata": {"name": "overseas"}, "spec": {"nodes": ["egress-1"], "capacity": 0}}]}
+    api_server.objects[POOLS] = {"items": [{"metadata": {"name": "overseas"}, "spec": {"nodes": ["egress-1"], "loadCapacityPerNode": 0}}]}
     assert main(["status", "--kubeconfig", str(kubeconfig)]) == Exit.USAGE
     assert "policy: " in capsys.readouterr().out
 
@@ -346,7 +347,7 @@ def test_status_refused_by_the_api_server_is_3(
 ) -> None:
     api_server.refuse = True
     assert main(["status", "--kubeconfig", str(kubeconfig)]) == Exit.UNREACHABLE
-    assert stderr_line(capsys) == "egress-placer status: cannot read the cluster: HTTP 403 Forbidden: forbidden: /apis/egress-placer.io/v1alpha1/egresspools"
+    assert stderr_line(capsys) == "egress-placer status: cannot read the cluster: HTTP 403 Forbidden: forbidden: /apis/egress-placer.io/v1beta1/egresspools"
 
 
 def test_run_that_never_syncs_its_caches_is_3(

@@ -99,7 +99,11 @@ REQUIRED_GRANTS: set[tuple[str, str, str, str, str | None]] = {
       for n in ("cluster-resolver-config", "resolvers-feature-flags")},
     # The pools API (k8s/crds/): read and watched; the leader writes each pool's status.
     *{("cluster", "egress-placer.io", r, v, ANY) for r in ("egresspools", "egressplacerconfigs") for v in ("get", "list", "watch")},
-    *{("cluster", "egress-placer.io", "egresspools/status", v, ANY) for v in ("update", "patch")},
+    *{("cluster", "egress-placer.io", r, v, ANY) for r in ("egresspools/status", "egressplacerconfigs/status") for v in ("update", "patch")},
+    # The pools API's storage migration (controller/kube/storage_migration.py) and the CRDs' conversion caBundle.
+    *{("cluster", "egress-placer.io", r, "update", ANY) for r in ("egresspools", "egressplacerconfigs")},
+    *{("cluster", "apiextensions.k8s.io", r, v, n) for n in ("egresspools.egress-placer.io", "egressplacerconfigs.egress-placer.io")
+      for r, v in (("customresourcedefinitions", "get"), ("customresourcedefinitions/status", "update"), ("customresourcedefinitions", "patch"))},
 }
 
 # Which webhook admits what: name -> (apiGroup, versions, resource).
@@ -337,7 +341,7 @@ def test_the_pools_api_webhook_is_fail_closed_for_its_objects_only() -> None:
     assert (hook["failurePolicy"], hook["sideEffects"], hook["admissionReviewVersions"]) == ("Fail", "None", ["v1"])
     assert 1 <= hook["timeoutSeconds"] <= 10
     assert hook["rules"] == [{
-        "apiGroups": ["egress-placer.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+        "apiGroups": ["egress-placer.io"], "apiVersions": ["v1alpha1", "v1beta1"], "operations": ["CREATE", "UPDATE"],
         "resources": ["egresspools", "egressplacerconfigs"], "scope": "Cluster",
     }]
     assert hook["clientConfig"]["service"] == {**WEBHOOKS["pods.egress-placer.io"]["clientConfig"]["service"], "path": "/validate"}
@@ -572,10 +576,10 @@ def test_resources_are_the_agreed_requests_and_limits() -> None:
 
 @pytest.mark.parametrize("kind", ["Service", "PodDisruptionBudget"])
 def test_selectors_pick_the_controller_pods(kind: str) -> None:
-    (obj,) = objects(kind)
-    selector = obj["spec"]["selector"]
-    selector = selector if "matchLabels" in selector else {"matchLabels": selector}
-    assert selector_matches(selector, DEPLOYMENT["spec"]["template"]["metadata"]["labels"])
+    for obj in objects(kind):  # the Services: the webhooks' and the conversion's
+        selector = obj["spec"]["selector"]
+        selector = selector if "matchLabels" in selector else {"matchLabels": selector}
+        assert selector_matches(selector, DEPLOYMENT["spec"]["template"]["metadata"]["labels"])
 
 
 def test_deployment_selector_picks_its_own_pods() -> None:
@@ -744,6 +748,7 @@ def test_the_license_is_the_one_the_package_declares() -> None:
 # -- the cert-manager component ---------------------------------------------------------------------
 OWN_CERTIFICATE_GRANTS = {
     g for g in REQUIRED_GRANTS if g[2] in ("secrets", "mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+    or g[2:4] == ("customresourcedefinitions", "patch")
 }  # what only the controller's own certificate upkeep needs
 
 

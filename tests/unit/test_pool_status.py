@@ -75,9 +75,24 @@ def status_of(
     return pool_status(pool or obj(), policy, members, loads or {}, placed or [], refusal, errors or [], now)
 
 
-def ready(status: dict[str, Any]) -> dict[str, Any]:
-    (condition,) = status["conditions"]
+def ready(status: dict[str, Any], kind: str = "Ready") -> dict[str, Any]:
+    assert [c["type"] for c in status["conditions"]] == ["Ready", "PolicyAccepted", "NodesReady"]
+    (condition,) = [c for c in status["conditions"] if c["type"] == kind]
     return condition
+
+
+@pytest.mark.parametrize(
+    ("case", "accepted", "nodes_ready"),
+    [
+        ("not in force", ("False", "NotInForce"), ("False", "NoMembers")),
+        ("ready", ("True", "InForce"), ("True", "NodesTainted")),
+    ],
+)
+def test_v1beta1s_conditions_split_ready_into_policy_accepted_and_nodes_ready(case: str, accepted: tuple[str, str], nodes_ready: tuple[str, str]) -> None:
+    status = status_of([node("e1", TAINT)], pool=obj("new" if case == "not in force" else "overseas"))
+    assert (ready(status, "PolicyAccepted")["status"], ready(status, "PolicyAccepted")["reason"]) == accepted
+    assert (ready(status, "NodesReady")["status"], ready(status, "NodesReady")["reason"]) == nodes_ready
+    assert all(c["message"] and c["observedGeneration"] is not None for c in status["conditions"])  # required in v1beta1
 
 
 # -- the Ready condition -------------------------------------------------------------------------------

@@ -66,9 +66,13 @@ class Objects:
     def __init__(self, *pools: PoolObject, refusal: str | None = None) -> None:
         self.pools = list(pools)
         self.refusal = refusal
+        self.config: PoolObject | None = None
 
     def pool_objects(self) -> tuple[list[PoolObject], str | None]:
         return list(self.pools), self.refusal
+
+    def config_object(self) -> PoolObject | None:
+        return self.config
 
 
 class RecordingStatusWriter:
@@ -84,6 +88,12 @@ class RecordingStatusWriter:
         self.writes.append((name, dict(status), list(removed)))
         # As the informer would show it a moment later.
         self.objects.pools = [PoolObject(p.name, p.generation, dict(status)) if p.name == name else p for p in self.objects.pools]
+
+    def set_config_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None:
+        self.writes.append((name, dict(status), list(removed)))
+        config = self.objects.config
+        assert config is not None and config.name == name
+        self.objects.config = PoolObject(name, config.generation, dict(status))
 
 
 def setup(*pools: PoolObject, nodes: Sequence[dict[str, Any]] = (), fail: int = 0, refusal: str | None = None):
@@ -109,7 +119,7 @@ def test_it_writes_a_changed_status_once_and_again_only_after_a_change():
     clock, state, writer, _, _, reconcile = setup(PoolObject("overseas", 1, {}), nodes=[node("e1", taints=[TAINT])])
     assert reconcile() == ["overseas"]
     name, status, removed = writer.writes[0]
-    assert (status["nodes"], status["taintedNodes"], status["load"]["capacity"], removed) == (1, 1, 3, [])
+    assert (status["nodes"], status["taintedNodes"], status["load"]["loadCapacity"], removed) == (1, 1, 3, [])  # v1beta1's names
     assert status["conditions"][0]["status"] == "True"
     clock.now += 10
     assert reconcile() == []  # the same: nothing written
@@ -189,3 +199,27 @@ def test_a_taint_write_that_fails_is_the_pools_last_error():
         "message": "the taint of node e1 could not be written: nodes is forbidden",
         "time": rfc3339(NOW),
     }
+
+
+def test_the_config_gets_a_status_once_and_again_only_after_a_change():
+    clock, state, writer, _, _, reconcile = setup(PoolObject("overseas", 1, {}), nodes=[node("e1", taints=[TAINT])])
+    writer.objects.config = PoolObject("cluster", 2, {})
+    assert reconcile() == ["cluster", "overseas"]
+    name, status, _ = writer.writes[0]
+    assert name == "cluster" and status["poolsInForce"] == len(state.policy.pools)
+    assert [(c["type"], c["status"], c["reason"], c["observedGeneration"]) for c in status["conditions"]] == [
+        ("Ready", "True", "PolicyInForce", 2), ("PolicyAccepted", "True", "InForce", 2)
+    ]
+    clock.now += 10
+    assert reconcile() == []
+
+
+def test_a_refused_config_says_why_and_that_the_last_good_policy_stays():
+    refusal = "EgressPlacerConfig cluster: spec.exemptNamespaces[0]: not a namespace name"
+    clock, state, writer, _, _, reconcile = setup(refusal=refusal)
+    writer.objects.config = PoolObject("cluster", 1, {})
+    assert reconcile() == ["cluster"]
+    _, status, _ = writer.writes[0]
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions == {"Ready": ("False", "LastGoodPolicy"), "PolicyAccepted": ("False", "SpecRefused")}
+    assert status["lastError"]["message"] == refusal

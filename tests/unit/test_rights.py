@@ -100,6 +100,8 @@ def test_what_each_policy_matches() -> None:
         ("tekton.dev", "taskruns", ("UPDATE",)),
         ("tekton.dev", "pipelineruns", ("UPDATE",)),
         ("", "pods", ("UPDATE",)),
+        ("egress-placer.io", "egresspools", ("UPDATE",)),
+        ("egress-placer.io", "egressplacerconfigs", ("UPDATE",)),
     }
     deletes = pod_deletes_policy()["spec"]
     assert deletes["matchConstraints"]["resourceRules"] == [
@@ -371,3 +373,25 @@ def test_a_pod_on_a_pool_node_may_be_deleted_and_no_other() -> None:
     assert not deletable(None)  # not scheduled: on no pool node
     assert not deletable("egress-1", params=None)
     assert not deletable("egress-1", params={"apiVersion": "v1", "kind": "ConfigMap"})
+
+
+# -- the pools API's objects: written back unchanged only (the storage migration) -------------------------
+
+POOL_OBJECT = {
+    "apiVersion": "egress-placer.io/v1beta1", "kind": "EgressPool",
+    "metadata": {"name": "overseas", "labels": {"team": "cdn"}, "resourceVersion": "7"},
+    "spec": {"priority": 999_990, "nodes": ["egress-1"], "images": ["*/cdn-*"]},
+}
+
+
+def test_a_pool_written_back_unchanged_is_admitted() -> None:
+    assert refusals("egress-placer.io", "egresspools", POOL_OBJECT, edited(POOL_OBJECT, "metadata.resourceVersion", "8")) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [("spec.priority", 1), ("spec.nodes", ["egress-2"]), ("spec.taint", {"effect": "NoExecute"}), ("metadata.labels.team", "x"),
+     ("metadata.annotations", {"a": "b"}), ("metadata.finalizers", ["x"])],
+)
+def test_any_change_of_a_pool_object_is_refused(path: str, value: Any) -> None:
+    assert refusals("egress-placer.io", "egresspools", POOL_OBJECT, edited(POOL_OBJECT, path, value)) != []

@@ -4,14 +4,15 @@ each anew in the storage version, as kube-storage-version-migrator does), then, 
 succeeded, the CRDs' `status.storedVersions` set to `[v1beta1]`. Idempotent; a crash leaves nothing
 half done (storedVersions is pruned last). `api`: anything with the API client's `call`.
 
-Not yet a subcommand nor run by the leader (docs/pools-api.md, "Where it stands"); the cluster test runs it.
+`StorageMigration` is the leader's reconciler that runs it once after it is elected (until it succeeds).
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from controller.cli.errors import CommandError
+from loguru import logger
+
 from controller.core.conversion import V1BETA1
 from controller.core.pools import CONFIG_PLURAL, GROUP, POOL_PLURAL
 
@@ -19,18 +20,22 @@ CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 STORED = V1BETA1.rpartition("/")[2]
 
 
+class NotStoringV1beta1(Exception):
+    """The CRDs installed do not store v1beta1 (an older k8s/crds/ or chart)."""
+
+
 class Caller(Protocol):
     def call(self, method: str, path: str, *, body: Any = None) -> dict[str, Any]: ...
 
 
 def migrate_storage(api: Caller) -> list[str]:
-    """What was done, one line each; CommandError when the CRDs do not store v1beta1."""
+    """What was done, one line each; NotStoringV1beta1 when the CRDs do not store v1beta1."""
     done: list[str] = []
     for plural in (POOL_PLURAL, CONFIG_PLURAL):
         crd = api.call("GET", f"{CRDS}/{plural}.{GROUP}")
         storage = [v["name"] for v in crd["spec"]["versions"] if v.get("storage")]
         if storage != [STORED]:
-            raise CommandError(f"{plural}.{GROUP} stores {', '.join(storage)}, not {STORED}: install the CRDs that serve {STORED} first")
+            raise NotStoringV1beta1(f"{plural}.{GROUP} stores {', '.join(storage)}, not {STORED}: install the CRDs that serve {STORED} first")
         path = f"/apis/{V1BETA1}/{plural}"
         for obj in api.call("GET", path).get("items") or []:
             name = obj["metadata"]["name"]
@@ -42,3 +47,26 @@ def migrate_storage(api: Caller) -> list[str]:
             api.call("PUT", f"{CRDS}/{plural}.{GROUP}/status", body=crd)
             done.append(f"{plural}.{GROUP}: storedVersions [{STORED}]")
     return done
+
+
+class StorageMigration:
+    """The leader's reconciler: `migrate_storage` once per process (again on a later pass after a failure:
+    a write refused, the API server away). Done means nothing left until the process restarts."""
+
+    def __init__(self, api: Caller) -> None:
+        self.api = api
+        self.done = False
+
+    def __call__(self) -> float | None:
+        if self.done:
+            return None
+        try:
+            for line in migrate_storage(self.api):
+                logger.info("storage migration: {}", line)
+        except NotStoringV1beta1 as e:
+            logger.warning("storage migration skipped: {}", e)
+        except Exception as e:  # noqa: BLE001 - tried again on the next pass
+            logger.bind(error=str(e)).warning("storage migration failed, tried again on the next pass")
+            return None
+        self.done = True
+        return None
