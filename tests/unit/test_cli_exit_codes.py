@@ -38,6 +38,7 @@ from controller.cli.errors import Exit
 from controller.core.model import TAINT_KEY
 from controller.core.policy import load_policy
 from controller.core.conversion import V1BETA1, to_version
+from devcluster.process import free_port
 from controller.core.pools import objects_from_policy
 from controller.kube.client import kubeconfig_source
 from controller.settings import Settings
@@ -354,6 +355,10 @@ def test_run_that_never_syncs_its_caches_is_3(
     closed_kubeconfig: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(controller.app, "STARTUP_TIMEOUT", 1.0)
+    # The servers start before the first list (the conversion webhook must answer while caches sync): on free
+    # ports, not the defaults another process on this machine may hold.
+    monkeypatch.setenv("EGRESS_PLACER_WEBHOOK_PORT", str(free_port()))
+    monkeypatch.setenv("EGRESS_PLACER_HEALTH_PORT", str(free_port()))
     policy = closed_kubeconfig.with_name("policy.yaml")
     policy.write_text(POLICY)  # a file: no ConfigMap to wait for
     assert main(["run", "--kubeconfig", str(closed_kubeconfig), "--policy", str(policy)]) == Exit.UNREACHABLE
