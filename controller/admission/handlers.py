@@ -380,8 +380,9 @@ class Admission:
             why = f"its tasks need different pools ({', '.join(wanted)}) and one assistant pod cannot follow them all"
         else:
             why = f"tasks need pool {wanted[0]} but moving coscheduled runs is off (setting coscheduled=off)"
-        placement = _keep_if_allowed(template, policy, namespace, why, default)
-        return placement, f"coscheduled run (affinity assistant) left as it is: {why}"
+        # A pool placement the tenant wrote proves nothing: its assistant and TaskRuns keep none (`_moved_whole`).
+        placement = _follow_whole(template, policy, None, why, default)
+        return placement, f"coscheduled run (affinity assistant) left on ordinary nodes: {why}"
 
     def _coscheduled(self, run: Mapping[str, Any]) -> bool:
         """Does Tekton's affinity assistant coschedule this PipelineRun's pods?"""
@@ -866,18 +867,6 @@ def _placed_pool(template: Any, policy: PlacementPolicy) -> Pool | None:
             ):
                 return pool
     return None
-
-
-def _keep_if_allowed(
-    template: Any, policy: PlacementPolicy, namespace: NamespaceState, why: str, default: Mapping[str, Any] | None = None
-) -> Placement:
-    """Coscheduled pods follow their assistant: keep a pool placement the namespace may use, add none.
-    `default`: as in `Admission._place`."""
-    pool = _placed_pool(with_default(template, default), policy)
-    if pool is not None and pool.allows(namespace):
-        kept = pool.name
-        return Placement(over_default(template, default, lambda t: unplace(t, policy, keep_pool=kept)), pool=kept, note=why)
-    return Placement(over_default(template, default, lambda t: unplace(t, policy)), note=why)
 
 
 def _follow_whole(

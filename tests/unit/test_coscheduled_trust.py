@@ -153,3 +153,18 @@ def test_assistant_names_follow_tekton() -> None:
         "affinity-assistant-" + hashlib.sha256(b"pr").hexdigest()[:10],
         "affinity-assistant-" + hashlib.sha256(b"wspr").hexdigest()[:10],
     )
+
+
+def test_a_coscheduled_pipelinerun_not_moved_keeps_no_pool_its_tenant_wrote() -> None:
+    """A coscheduled PipelineRun whose tasks need no pool, with the pool's toleration in its TaskRuns' template:
+    stripped, and its decision record names no pool (nothing downstream takes it as moved whole)."""
+    from tests.unit.test_admission_handlers import decision_of, mixed_pipelinerun
+
+    env = Env()
+    run = mixed_pipelinerun()
+    run["spec"]["pipelineRef"] = {"name": "no-such-pipeline"}
+    run["spec"]["taskRunTemplate"] = {"podTemplate": {"tolerations": [EGRESS_TOLERATION]}}
+    _, patched, _ = env.review(run)
+    template = (patched["spec"].get("taskRunTemplate") or {}).get("podTemplate") or {}
+    assert EGRESS_TOLERATION not in (template.get("tolerations") or [])
+    assert decision_of(patched)["pool"] is None
