@@ -91,6 +91,10 @@ class Settings(BaseSettings):
     coscheduled: Literal["whole-run", "off"] = "whole-run"
     # Tekton's coschedule mode (feature-flags ConfigMap); read from the cluster when it can be.
     tekton_namespace: str = "tekton-pipelines"
+    # The user Tekton's controller is to the API server (the admission request's userInfo.username): only the
+    # TaskRuns and pods it makes are a coscheduled run's; "" is its ServiceAccount,
+    # system:serviceaccount:<tekton_namespace>:tekton-pipelines-controller.
+    tekton_controller_user: str = ""
     # Tekton's resolvers namespace: its cluster resolver's rules (cluster-resolver-config,
     # resolvers-feature-flags), which `resolver: cluster` references admission follows obey.
     tekton_resolvers_namespace: str = "tekton-pipelines-resolvers"

@@ -39,6 +39,7 @@ from controller.core.conversion import V1BETA1, to_version
 from controller.core.pools import load_any_policy, objects_from_policy
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from controller.core.run_guard import RUN_GUARD_NAME
+from devcluster.certs import ADMIN_USER
 from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port
 
@@ -343,6 +344,8 @@ def controller_env(replica: ControllerReplica, kubeconfig: Path) -> dict[str, st
         "EGRESS_PLACER_HEALTH_PORT": str(replica.health_port),
         "EGRESS_PLACER_TLS_HOSTS": json.dumps(["127.0.0.1", "localhost"]),
         "EGRESS_PLACER_LOG_FORMAT": "json",
+        # The local cluster runs Tekton's controller with its admin certificate, not a ServiceAccount.
+        "EGRESS_PLACER_TEKTON_CONTROLLER_USER": ADMIN_USER,
         **LEADER_TIMINGS,
     }
 

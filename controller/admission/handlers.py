@@ -8,7 +8,9 @@ the server turns into HTTP 400.
 
 - TaskRun CREATE: decide from the run's images; place into `spec.podTemplate` (pool toleration,
   pool affinity, the least-loaded node preferred) or strip a pool placement the user copied in.
-  Coscheduled TaskRuns (affinity assistant) never get a placement added here.
+  Coscheduled TaskRuns (affinity assistant) never get a placement added here; a TaskRun is one only when
+  Tekton's controller makes it (the request's user) for a PipelineRun our admission moved whole to a pool
+  (`_moved_whole`), and keeps that pool only. Any other is an ordinary run: Tekton's marks are anyone's.
 - PipelineRun CREATE: a per-task summary. Coscheduled runs are moved whole to a pool through
   `taskRunTemplate.podTemplate` (v1; `spec.podTemplate` in v1beta1) when their tasks agree on one.
 - DaemonSet CREATE and UPDATE (`admission.daemonset`): a node agent's pod template tolerates every
@@ -18,8 +20,10 @@ the server turns into HTTP 400.
   carrying our decision (`queue.core.is_run_pod`; a TaskRun not in the cache yet is read from the API
   server: see `OwnerReadNeeded`); a pod that only looks like Tekton's is any other pod. Node agents
   (pods of a real DaemonSet of an agent namespace, resolved by uid in the cache) tolerate every pool
-  taint (kube-system's pods do not reach this webhook: their DaemonSets' templates carry it); kubelets' mirror pods are left alone; any other pod loses pool tolerations and pool
-  constraints, and a `nodeName` of a pool node its namespace may not use.
+  taint (kube-system's pods do not reach this webhook: their DaemonSets' templates carry it); kubelets' mirror pods are left alone; a coscheduled
+  run's pod and its affinity assistant keep only the pool their PipelineRun was moved to whole (`_moved_whole`,
+  `_assistant_of`); any other pod loses pool tolerations and pool constraints, and a `nodeName` of a pool
+  node its namespace may not use.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from controller.budgets.core import (
     taskrun_facts,
     verdict,
 )
+from controller.core.admission_policy import service_account_user
 from controller.core.decide import decide
 from controller.core.images import WHOLE_RUN, is_tekton_pod, pipelinerun_images, pod_images, taskrun_images
 from controller.admission.events import EventsOnCreation
@@ -73,6 +78,7 @@ from controller.core.model import (
     MeasuredMatch,
     NamespaceState,
     NodeLoad,
+    OwnerRef,
     Reason,
     owner_refs,
 )
@@ -105,6 +111,7 @@ AFFINITY_ASSISTANT_ANNOTATION = "pipeline.tekton.dev/affinity-assistant"
 TASK_LABEL = "tekton.dev/task"  # on a run's pod: its Task's name (the TaskRun creator's to write)
 COMPONENT_LABEL, AFFINITY_ASSISTANT_COMPONENT = "app.kubernetes.io/component", "affinity-assistant"
 MAX_IMAGES_IN_ANNOTATION = 20
+TEKTON_CONTROLLER = "tekton-pipelines-controller"  # Tekton's controller ServiceAccount, in settings.tekton_namespace
 # Tekton's `coschedule` feature flag (feature-flags ConfigMap).
 WARNING_REASONS = {Reason.UNRESOLVED: "Unresolved", Reason.UNKNOWN_POOL: "UnknownPool"}
 _SPEC_PLACEMENT_FIELDS = ("tolerations", "affinity")
@@ -266,9 +273,12 @@ class Admission:
         default = self.state.tekton.default_pod_template
         budgets: tuple[str, ...] = ()
         held_in: str | None = None  # the pool a coscheduled run is held in for its budgets
-        if AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
+        if AFFINITY_ASSISTANT_ANNOTATION in request.annotations and self._by_tekton(request):
+            # Coscheduled only when Tekton's controller made it (the request's user: the API server's): the
+            # annotation is anyone's to write. It keeps only the pool our admission moved its PipelineRun to.
+            whole = self._moved_whole(request.namespace, claimed_pipelinerun(owner_refs(request.metadata)), policy)
             why = "coscheduled: its PipelineRun places the whole run"
-            placement = _keep_if_allowed(template, policy, namespace, why, default)
+            placement = _follow_whole(template, policy, whole, why, default)
             # The annotation is anyone's to write: it frees no budget. A run its template sends to a pool
             # waits for that pool's Enforce budgets like any run (docs/budgets.md, coscheduled runs).
             kept = policy.pool(placement.pool) if placement.pool else None
@@ -370,8 +380,9 @@ class Admission:
             why = f"its tasks need different pools ({', '.join(wanted)}) and one assistant pod cannot follow them all"
         else:
             why = f"tasks need pool {wanted[0]} but moving coscheduled runs is off (setting coscheduled=off)"
-        placement = _keep_if_allowed(template, policy, namespace, why, default)
-        return placement, f"coscheduled run (affinity assistant) left as it is: {why}"
+        # A pool placement the tenant wrote proves nothing: its assistant and TaskRuns keep none (`_moved_whole`).
+        placement = _follow_whole(template, policy, None, why, default)
+        return placement, f"coscheduled run (affinity assistant) left on ordinary nodes: {why}"
 
     def _coscheduled(self, run: Mapping[str, Any]) -> bool:
         """Does Tekton's affinity assistant coschedule this PipelineRun's pods?"""
@@ -438,13 +449,21 @@ class Admission:
         assistant kept where its namespace may go, any other pod stripped of pool placement."""
         current = {k: spec[k] for k in _SPEC_PLACEMENT_FIELDS if spec.get(k) is not None}
         labels = request.labels
-        if labels.get(COMPONENT_LABEL) == AFFINITY_ASSISTANT_COMPONENT or AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
-            placement = _keep_if_allowed(current, policy, namespace, "coscheduled")
-            # The label and the annotation are the pod creator's to write: a run's pod (by its TaskRun's
-            # uid) is counted against its budgets all the same (the assistant itself is no run's pod).
+        if AFFINITY_ASSISTANT_ANNOTATION in request.annotations:
+            # A coscheduled run's pod: the annotation is anyone's to write. The pool is kept (or put back)
+            # only for a run's pod (its TaskRun by uid) that Tekton's controller makes (the request's user)
+            # for a PipelineRun our admission moved whole to that pool (`_moved_whole`); any other loses
+            # every pool placement (issue 23: no run of its own, no queue, no pool).
             run = self._run_pod(request, owner)
+            whole = self._moved_whole(request.namespace, run.pipelinerun, policy) if run is not None and self._by_tekton(request) else None
+            placement = _follow_whole(current, policy, whole, "coscheduled", place_it=True)
             budget = self._coscheduled_budget(request, namespace, policy, placement) if run is not None else []
             return json_patch(current, placement.template, "/spec") + budget
+        if labels.get(COMPONENT_LABEL) == AFFINITY_ASSISTANT_COMPONENT:
+            # An affinity assistant's pod: the label is anyone's to write. It keeps (or gets back) only the
+            # pool our admission moved a running PipelineRun to whole, whose assistant it is by name.
+            placement = _follow_whole(current, policy, self._assistant_of(request, policy), "coscheduled", place_it=True)
+            return json_patch(current, placement.template, "/spec")
         run = self._run_pod(request, owner) if is_tekton_pod(request.object) else None
         if run is not None:
             return self._tekton_pod(request, current, namespace, policy, run)
@@ -534,6 +553,42 @@ class Admission:
         where = self.state.budgets.addresses(pool)
         behind = frozenset(n for n in allowed if where.get(n) == address)
         return behind or allowed
+
+    def _by_tekton(self, request: Request) -> bool:
+        """Was the object made by Tekton's controller (its ServiceAccount in Tekton's namespace, by the
+        request's user, which the API server sets from the credential)?"""
+        return request.user == (self.settings.tekton_controller_user or service_account_user(self.settings.tekton_namespace, TEKTON_CONTROLLER))
+
+    def _moved_whole(self, namespace: str, claim: OwnerRef | None, policy: PlacementPolicy) -> Pool | None:
+        """The pool our admission moved a coscheduled PipelineRun to whole: `claim` (a controller
+        ownerReference) resolved by uid to a cached PipelineRun whose decision record names the pool; in a
+        pool our queue governs, only with our queue entry for that pool (admission's record at CREATE, which
+        the run guard keeps tenants from adding or changing). None: no such run."""
+        whole = self.state.queue.taskrun(namespace, claim.name, "PipelineRun") if claim is not None else None
+        if whole is None or claim is None or whole.uid != claim.uid or not whole.whole_pool:
+            return None
+        pool = policy.pool(whole.whole_pool)
+        if pool is None or not pool.allows(self.state.namespace(namespace)):
+            return None
+        ours = pool.queue is not None and pool.queue.governed_by != GOVERNED_BY_KUEUE
+        return None if ours and (whole.entry is None or whole.entry.pool != pool.name) else pool
+
+    def _assistant_of(self, request: Request, policy: PlacementPolicy) -> Pool | None:
+        """The pool of the PipelineRun whose affinity assistant a pod is, None: none. The pod is `<name>-0`
+        of a StatefulSet `<name>` (its controller ownerReference), and `<name>` is the one Tekton derives
+        from the PipelineRun's name (`tekton.dev/pipelineRun`, which Tekton copies onto the assistant; a
+        label proves nothing by itself, the hash binds it to that run): a cached PipelineRun our admission
+        moved whole to a pool (`_moved_whole`), started (not held) and not finished. So a tenant gets at most
+        one such pod per assistant of its own running run, which holds its pool slot."""
+        name = request.name if request.named else ""
+        claim = next((o for o in owner_refs(request.metadata) if o.controller and o.kind == "StatefulSet"), None)
+        run = request.labels.get("tekton.dev/pipelineRun", "")
+        whole = self.state.queue.taskrun(request.namespace, run, "PipelineRun") if run else None
+        if claim is None or whole is None or name != f"{claim.name}-0" or claim.name not in whole.assistants or whole.finished:
+            return None
+        if whole.entry is not None and (whole.entry.pending or whole.entry.done):
+            return None
+        return self._moved_whole(request.namespace, OwnerRef("tekton.dev/v1", "PipelineRun", run, whole.uid, True), policy)
 
     def _held_whole(self, request: Request) -> bool:
         """Is a coscheduled TaskRun's PipelineRun (its controller owner, by uid, in the cache) held whole by
@@ -814,16 +869,22 @@ def _placed_pool(template: Any, policy: PlacementPolicy) -> Pool | None:
     return None
 
 
-def _keep_if_allowed(
-    template: Any, policy: PlacementPolicy, namespace: NamespaceState, why: str, default: Mapping[str, Any] | None = None
+def _follow_whole(
+    template: Any, policy: PlacementPolicy, whole: Pool | None, why: str, default: Mapping[str, Any] | None = None,
+    place_it: bool = False,
 ) -> Placement:
-    """Coscheduled pods follow their assistant: keep a pool placement the namespace may use, add none.
-    `default`: as in `Admission._place`."""
-    pool = _placed_pool(with_default(template, default), policy)
-    if pool is not None and pool.allows(namespace):
-        kept = pool.name
-        return Placement(over_default(template, default, lambda t: unplace(t, policy, keep_pool=kept)), pool=kept, note=why)
-    return Placement(over_default(template, default, lambda t: unplace(t, policy)), note=why)
+    """A coscheduled run's template: every pool placement stripped but that of `whole` (the pool its
+    PipelineRun was moved to, `Admission._moved_whole`; None: strip all), which a pod gets back
+    (`place_it`: no node preferred, it follows its assistant) when Tekton lost it on the way."""
+    if whole is None:
+        return Placement(over_default(template, default, lambda t: unplace(t, policy)), note=why)
+    kept = whole.name
+    placed = _placed_pool(with_default(template, default), policy)
+    on_it = placed is not None and placed.name == kept
+    if place_it and not on_it:
+        return Placement(place(unplace(template, policy), whole, None), pool=kept, note=why)
+    change = (lambda t: unplace(t, policy, keep_pool=kept)) if on_it else (lambda t: unplace(t, policy))  # noqa: E731
+    return Placement(over_default(template, default, change), pool=kept if on_it else None, note=why)
 
 
 def _carries_pool_toleration(tolerations: Any, policy: PlacementPolicy) -> bool:

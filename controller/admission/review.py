@@ -52,6 +52,7 @@ class Request:
     object: Mapping[str, Any]
     dry_run: bool
     old_object: Mapping[str, Any] = field(default_factory=dict)  # an UPDATE's object before it ({} otherwise)
+    user: str = ""  # request.userInfo.username: set by the API server from the credential (no tenant writes it)
 
     @_once
     def metadata(self) -> Mapping[str, Any]:
@@ -129,6 +130,7 @@ def parse_review(body: Any) -> Request:
         object=obj,
         dry_run=request.get("dryRun") is True,
         old_object=old if isinstance(old, Mapping) else {},
+        user=text((request.get("userInfo") or {}).get("username")) if isinstance(request.get("userInfo"), Mapping) else "",
     )
 
 

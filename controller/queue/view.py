@@ -9,6 +9,8 @@ read: a pod's `tekton.dev/*` labels are its TaskRun creator's to write.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -56,6 +58,11 @@ class RunRecord:
     entry: QueueEntry | None
     pipelinerun: OwnerRef | None = None
     pod_name: str = ""  # status.podName: the pod Tekton made for it (Tekton's controller alone writes status)
+    # Of a PipelineRun: the pool admission's decision record (written at CREATE) moved it to whole ("": none),
+    # the names Tekton gives its affinity assistants (`assistant_names`), and whether it finished.
+    whole_pool: str = ""
+    assistants: tuple[str, ...] = ()
+    finished: bool = False
 
     @classmethod
     def of(cls, kind: str, obj: Mapping[str, Any]) -> "RunRecord":
@@ -71,7 +78,10 @@ class RunRecord:
         entry = facts.queue_entry(has_pod=False) if value is not None else None
         claim = claimed_pipelinerun(owner_refs(meta)) if kind == "TaskRun" else None
         pod_name = (obj.get("status") or {}).get("podName") if kind == "TaskRun" else ""
-        return cls(DECISION_ANNOTATION in annotations, meta.get("uid") or "", entry, claim, pod_name if isinstance(pod_name, str) else "")
+        whole = _record_pool(annotations.get(DECISION_ANNOTATION)) if kind == "PipelineRun" else ""
+        assistants = assistant_names(key[2], (obj.get("spec") or {}).get("workspaces")) if whole else ()
+        return cls(DECISION_ANNOTATION in annotations, meta.get("uid") or "", entry, claim, pod_name if isinstance(pod_name, str) else "",
+                   whole, assistants, done)
 
     def queued(self) -> bool | None:
         """The run store's "queued" index."""
@@ -85,6 +95,28 @@ class RunRecord:
     def entry_changed(obj: Mapping[str, Any], deleted: bool, old: RunRecord | None, new: RunRecord | None) -> bool:
         """A queue entry came, went or changed: the release reconciler looks again."""
         return (old.entry if old else None) != (new.entry if new else None)
+
+
+def assistant_names(pipelinerun: str, workspaces: Any) -> tuple[str, ...]:
+    """The names Tekton gives a PipelineRun's affinity assistants (StatefulSets; their pod is `<name>-0`):
+    one per workspace binding (`coschedule: workspaces`) and one for the whole run (`pipelineruns`,
+    `isolate-pipelinerun`): "affinity-assistant-" and the first 10 hex digits of sha256(workspace + run)
+    (pkg/reconciler/pipelinerun/affinity_assistant.go, GetAffinityAssistantName)."""
+    bound = [w.get("name") for w in workspaces if isinstance(w, Mapping)] if isinstance(workspaces, list) else []
+    return tuple(f"affinity-assistant-{hashlib.sha256((w + pipelinerun).encode()).hexdigest()[:10]}"
+                 for w in ("", *(w for w in bound if isinstance(w, str) and w)))
+
+
+def _record_pool(value: Any) -> str:
+    """The `pool` of a decision record (compact JSON), "" when it has none or is no record."""
+    if not isinstance(value, str) or '"pool":' not in value:
+        return ""
+    try:
+        record = json.loads(value)
+    except ValueError:
+        return ""
+    pool = record.get("pool") if isinstance(record, Mapping) else None
+    return pool if isinstance(pool, str) else ""
 
 
 def bound_taskrun(pod: PodState) -> tuple[str, str, str] | None:

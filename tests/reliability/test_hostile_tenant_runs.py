@@ -29,7 +29,10 @@ run has no pod yet), or one already running on the pool (no pool placement at al
 cannot write, names the pod Tekton made). (k) The fail-open window: the tenant's own pending run released
 while the webhook does not answer starts ungated on the full pool; the leader reports it (Event
 QueueOverCap, egress_placer_queue_over_cap_pods). (l) A review uid and generateName copied from the
-tenant's stored run onto a TaskRun and bare pods move no assumed placement.
+tenant's stored run onto a TaskRun and bare pods move no assumed placement. (m) A bare TaskRun carrying
+Tekton's affinity-assistant annotation and the pool's toleration and nodeSelector is an ordinary run (held;
+or stripped of the pool), and (n) a pod with the assistant's label or annotation, or a StatefulSet of
+assistant look-alikes, with the pool's toleration, keeps no pool placement.
 """
 
 from __future__ import annotations
@@ -474,3 +477,81 @@ def test_l_a_copied_review_uid_and_generate_name(api: Api, runs: Runs, tenant: A
         assert made["metadata"]["annotations"][REVIEW_ANNOTATION] == review  # a bare pod keeps it
     holds_for("the pool's assumed placements unchanged", lambda: egress_placer.metric(
         "egress_placer_pool_node_load", {"pool": "overseas", "state": "assumed"}) == before, seconds=HOLD_SECONDS)
+
+
+# -- Tekton's affinity-assistant marks (the annotation, the label): anyone's to write -----------------------
+
+AFFINITY_ASSISTANT = "pipeline.tekton.dev/affinity-assistant"
+ASSISTANT_LABEL = {"app.kubernetes.io/component": "affinity-assistant"}
+POOL_TOLERATION = {"key": "egress-placer.io/pool", "operator": "Equal", "value": "overseas", "effect": "NoSchedule"}
+POOL_SELECTOR = {"egress-placer.io/pool": "overseas"}
+
+
+def never_on_the_pool(api: Api, names: list[str]) -> None:
+    """For HOLD_SECONDS: none of the tenant's pods `names` is bound to a pool node, and the pool has at most SLOTS pods."""
+    def off() -> bool:
+        bound = {p["metadata"]["name"]: node_of(p) for p in api.items(pods(TEAM_CDN))}
+        return not [n for n in names if bound.get(n) in POOL_NODES] and len(pool_pods(api)) <= SLOTS
+    holds_for(f"{names} off the pool and at most {SLOTS} pool pods", off, seconds=HOLD_SECONDS)
+
+
+@pytest.mark.parametrize("image", [MATCHING_IMAGE, OTHER_IMAGE], ids=["a-pool-image", "no-pool-image"])
+def test_m_a_bare_taskrun_claiming_coscheduling(api: Api, runs: Runs, tenant: Api, full_pool: list[str], image: str) -> None:
+    """Route A: the annotation and the pool's toleration and nodeSelector in its pod template. It is no
+    coscheduled run's TaskRun (Tekton's controller did not make it): an ordinary run, held while the pool is
+    full (a pool image), or stripped of the pool (no pool image)."""
+    name = runs.name("m-annotated")
+    body = taskrun(name, image, annotations={AFFINITY_ASSISTANT: "affinity-assistant-0123456789", **LONG_RUN},
+                   pod_template={"tolerations": [POOL_TOLERATION], "nodeSelector": POOL_SELECTOR})
+    made = runs.create(TEAM_CDN, "taskruns", body, api=tenant)
+    if image == MATCHING_IMAGE:
+        assert made["spec"].get("status") == PENDING["TaskRun"], made["spec"]
+        still_held(api, name)
+    else:
+        assert POOL_TOLERATION not in (made["spec"].get("podTemplate") or {}).get("tolerations", []), made["spec"]
+        pod = wait_for(f"the pod of {name}", lambda: runs.pods_by_taskrun(TEAM_CDN).get(name), timeout=60)
+        assert POOL_TOLERATION not in (pod["spec"].get("tolerations") or []), pod["spec"]
+        never_on_the_pool(api, [pod["metadata"]["name"]])
+
+
+@pytest.mark.parametrize("mark", ["label", "annotation"])
+def test_n_a_pod_claiming_to_be_an_affinity_assistant(api: Api, runs: Runs, tenant: Api, full_pool: list[str], mark: str) -> None:
+    """Route B: a bare pod with the assistant's label (or a coscheduled pod's annotation) and the pool's
+    toleration: no PipelineRun we moved whole to the pool is behind it, so it keeps no pool placement."""
+    name = runs.name(f"n-{mark}")
+    meta: dict[str, Any] = {"name": name, "annotations": dict(LONG_RUN)}
+    if mark == "label":
+        meta["labels"] = dict(ASSISTANT_LABEL)
+    else:
+        meta["annotations"][AFFINITY_ASSISTANT] = "affinity-assistant-0123456789"
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"tolerations": [POOL_TOLERATION], "containers": [{"name": "main", "image": MATCHING_IMAGE, "command": ["sleep", "infinity"]}]}}
+    made = runs.create_pod(TEAM_CDN, body, api=tenant)
+    assert POOL_TOLERATION not in (made["spec"].get("tolerations") or []), made["spec"]
+    never_on_the_pool(api, [name])
+
+
+def test_n_a_statefulset_of_affinity_assistant_look_alikes(api: Api, runs: Runs, tenant: Api, full_pool: list[str]) -> None:
+    """Route B through a controller: the tenant's StatefulSet, named like an assistant, whose pod template
+    carries the assistant's label and the pool's toleration: its pods keep no pool placement."""
+    name = "affinity-assistant-" + runs.id[-10:].rjust(10, "0").lower()
+    labels = {**ASSISTANT_LABEL, "app": name, TEST_LABEL: runs.id}
+    body = {
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name, "labels": {TEST_LABEL: runs.id}},
+        "spec": {
+            "replicas": 2, "serviceName": name, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": labels, "annotations": LONG_RUN},
+                         "spec": {"tolerations": [POOL_TOLERATION],
+                                  "containers": [{"name": "main", "image": MATCHING_IMAGE, "command": ["sleep", "infinity"]}]}},
+        },
+    }
+    sets = namespaced(TEAM_CDN, "statefulsets", group="/apis/apps/v1")
+    tenant.create(sets, body)
+    try:
+        made = wait_for("the look-alike assistant's pods", lambda: [
+            p for p in api.items(pods(TEAM_CDN), labelSelector=f"app={name}")] or None, timeout=60)
+        assert not [p["spec"] for p in made if POOL_TOLERATION in (p["spec"].get("tolerations") or [])], [p["spec"] for p in made]
+        never_on_the_pool(api, [p["metadata"]["name"] for p in made])
+    finally:
+        api.delete(f"{sets}/{name}")
+        api.delete(pods(TEAM_CDN), labelSelector=f"app={name}", gracePeriodSeconds=0)

@@ -94,17 +94,21 @@ class Env:
             "status": {"phase": "Running"},
         })
 
-    def add_taskrun(self, namespace: str, name: str, uid: str, *, decided: bool = True, pod_name: str = "") -> None:
+    def add_taskrun(self, namespace: str, name: str, uid: str, *, decided: bool = True, pod_name: str = "",
+                    owner: dict | None = None) -> None:
         """A TaskRun in the cache (admitted with our decision, unless `decided` is False; `pod_name`: the
-        status.podName Tekton wrote, "" for none yet)."""
+        status.podName Tekton wrote, "" for none yet; `owner`: its controller ownerReference, a PipelineRun)."""
         annotations = {DECISION_ANNOTATION: "{}"} if decided else {}
         status = {"status": {"podName": pod_name}} if pod_name else {}
+        owners = {"ownerReferences": [owner]} if owner else {}
         self.state.apply("TaskRun", "ADDED", {"apiVersion": "tekton.dev/v1", "kind": "TaskRun", "metadata": {
-            "namespace": namespace, "name": name, "uid": uid, "annotations": annotations}, **status})
+            "namespace": namespace, "name": name, "uid": uid, "annotations": annotations, **owners}, **status})
 
-    def review(self, obj: dict, *, operation: str = "CREATE", dry_run: bool = False, owner_cached: bool = True) -> tuple[dict, dict, list[dict]]:
-        """(response, patched object, patch) for admitting `obj`. A Tekton pod's TaskRun owner is put in
-        the cache first (as the informer has it, usually), unless `owner_cached` is False."""
+    def review(self, obj: dict, *, operation: str = "CREATE", dry_run: bool = False, owner_cached: bool = True,
+               user: str = "") -> tuple[dict, dict, list[dict]]:
+        """(response, patched object, patch) for admitting `obj`, requested by `user` (the API server's
+        userInfo.username; "" none). A Tekton pod's TaskRun owner is put in the cache first (as the
+        informer has it, usually), unless `owner_cached` is False."""
         if obj.get("kind") == "Pod" and owner_cached:
             for ref in obj["metadata"].get("ownerReferences") or ():
                 if ref.get("kind") == "TaskRun" and ref.get("controller") and not self.state.queue.taskrun(obj["metadata"]["namespace"], ref["name"]):
@@ -121,6 +125,7 @@ class Env:
                 "namespace": obj["metadata"].get("namespace", "default"),
                 "object": obj,
                 "dryRun": dry_run,
+                **({"userInfo": {"username": user}} if user else {}),
             },
         }
         answer = self.admission.review(json.loads(json.dumps(body)))
@@ -424,11 +429,14 @@ def test_a_dry_run_is_decided_as_the_real_one_and_writes_nothing(make: Any) -> N
     ],
 )
 def test_coscheduled_taskrun_never_gets_a_placement_added(namespace: str, tolerations: list | None, kept: list | None) -> None:
+    """Tekton's controller makes the TaskRun of a PipelineRun our admission moved whole to the pool."""
     env = Env()
+    moved_whole(env, namespace)
     template = {"tolerations": tolerations} if tolerations else None
     run = taskrun("kaniko", namespace=namespace, pod_template=template,
                   annotations={"pipeline.tekton.dev/affinity-assistant": "affinity-assistant-abc"})
-    _, patched, _ = env.review(run)
+    run["metadata"]["ownerReferences"] = [WHOLE_OWNER]
+    _, patched, _ = env.review(run, user=TEKTON_USER)
     assert patched["spec"].get("podTemplate", {}).get("tolerations") == kept
     assert len(env.state.load.ledger) == 0
     assert decision_of(patched)["reason"] == ("image-match" if namespace == "team-ci" else "namespace-not-allowed")
@@ -616,7 +624,7 @@ def test_opted_out_pod_loses_the_run_placement() -> None:
         pytest.param(plain_pod(namespace="kube-system", tolerations=[EGRESS_TOLERATION]), [EGRESS_TOLERATION],
                      id="exempt-namespace-left-alone"),
         pytest.param(plain_pod(labels={"app.kubernetes.io/component": "affinity-assistant"}, namespace="team-ci",
-                               tolerations=[EGRESS_TOLERATION]), [EGRESS_TOLERATION], id="assistant-allowed-kept"),
+                               tolerations=[EGRESS_TOLERATION]), None, id="assistant-label-alone-stripped"),
         pytest.param(plain_pod(labels={"app.kubernetes.io/component": "affinity-assistant"}, namespace="team-other",
                                tolerations=[EGRESS_TOLERATION]), None, id="assistant-foreign-stripped"),
         pytest.param(plain_pod(labels={"app.kubernetes.io/component": "affinity-assistant"}, namespace="team-ci"), None,
@@ -655,8 +663,22 @@ def test_a_node_name_of_a_pool_node_the_namespace_may_not_use_is_removed(pod: di
 def test_coscheduled_tekton_pod_is_not_moved() -> None:
     env = Env()
     pod = tekton_pod(annotations={"pipeline.tekton.dev/affinity-assistant": "aa-1"})
-    _, patched, patch = env.review(pod)
+    _, patched, patch = env.review(pod, user=TEKTON_USER)
     assert patch == [] and "tolerations" not in patched["spec"]
+
+
+TEKTON_USER = "system:serviceaccount:tekton-pipelines:tekton-pipelines-controller"
+WHOLE_OWNER = {"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "name": "whole-1", "uid": "uid-whole-1", "controller": True}
+
+
+def moved_whole(env: Env, namespace: str = "team-ci", pool: str | None = "egress", entry: str | None = None) -> None:
+    """A coscheduled PipelineRun `whole-1` in the cache whose decision record (admission's, at CREATE) moved it
+    whole to `pool`, with our queue entry `entry` when its pool queues."""
+    annotations = {DECISION_ANNOTATION: json.dumps({"pool": pool}, separators=(",", ":"))}
+    if entry is not None:
+        annotations["egress-placer.io/queue"] = entry
+    env.state.apply("PipelineRun", "ADDED", {"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "metadata": {
+        "namespace": namespace, "name": WHOLE_OWNER["name"], "uid": WHOLE_OWNER["uid"], "annotations": annotations}, "spec": {}})
 
 
 def test_bare_pod_loses_pool_affinity_too() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from controller.budgets.core import BUDGETS_ANNOTATION, read_record, record_annotation
 from controller.core.policy import load_policy
-from tests.unit.test_admission_handlers import Env, tekton_pod
+from tests.unit.test_admission_handlers import TEKTON_USER, Env, tekton_pod
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 POLICY = """\
@@ -253,12 +253,20 @@ def test_a_tenant_writing_the_affinity_assistant_annotation_on_its_run_is_still_
     assert patched["spec"]["status"] == "TaskRunPending"
     mark = read_entry(patched["metadata"]["annotations"][QUEUE_ANNOTATION], "TaskRun")
     assert mark is not None and mark.pool == "egress" and mark.budgets == ("kaniko-pulls",)
-    assert patched["spec"]["podTemplate"]["tolerations"] == [pool_toleration()]  # still coscheduled: nothing added
-    _, off_pool, _ = env.review(taskrun(name="build-2", annotations={AFFINITY_ASSISTANT: "affinity-assistant-abc"}))
-    assert "status" not in off_pool["spec"] and QUEUE_ANNOTATION not in off_pool["metadata"]["annotations"]
+    assert patched["spec"]["podTemplate"]["tolerations"] == [pool_toleration()]
+    # Not made by Tekton's controller: no coscheduled run, whatever it says; an ordinary run, held all the same.
+    _, bare, _ = env.review(taskrun(name="build-2", annotations={AFFINITY_ASSISTANT: "affinity-assistant-abc"}))
+    assert bare["spec"]["status"] == "TaskRunPending"
 
 
-def coscheduled_pod(name: str, forged: str | None = None, label: dict[str, str] | None = None) -> dict[str, Any]:
+def coscheduled_pod(name: str, forged: str | None = None, label: dict[str, str] | None = None, env: Env | None = None) -> dict[str, Any]:
+    """A coscheduled run's pod; with `env`, its TaskRun is cached as a child of PipelineRun whole-1, which
+    our admission moved whole to pool egress (review it as Tekton's controller: TEKTON_USER)."""
+    if env is not None:
+        from tests.unit.test_admission_handlers import WHOLE_OWNER, moved_whole
+
+        moved_whole(env)
+        env.add_taskrun("team-ci", name, f"uid-{name}", owner=WHOLE_OWNER)
     annotations = {AFFINITY_ASSISTANT: "aa-1"} | ({BUDGETS_ANNOTATION: forged} if forged else {})
     pod = tekton_pod(name=f"{name}-pod", taskrun_name=name, annotations=annotations, spec_extra={"tolerations": [pool_toleration()]})
     pod["metadata"]["labels"].update(label or {})
@@ -275,7 +283,7 @@ def test_a_coscheduled_runs_pod_is_counted_and_a_record_it_brings_is_replaced() 
     assert pool is not None
     forged = record_annotation("egress", ["kaniko-pulls"], "egress-1", 1.0)
     for name, label in (("a", None), ("b", {"app.kubernetes.io/component": "affinity-assistant"})):
-        _, patched, _ = env.review(coscheduled_pod(name, forged, label))
+        _, patched, _ = env.review(coscheduled_pod(name, forged, label, env), user=TEKTON_USER)
         record = read_record(patched["metadata"]["annotations"][BUDGETS_ANNOTATION])
         assert record is not None and record.started == env.now and record.destinations == ("kaniko-pulls",)
         assert "affinity" not in patched["spec"]  # not narrowed: it must follow its assistant
@@ -291,7 +299,7 @@ def test_a_coscheduled_pod_on_its_assistants_full_node_is_recorded_there_with_a_
     env.state.apply("Pod", "ADDED", {"metadata": {"namespace": "team-ci", "name": "aa-1-0", "uid": "aa-uid",
                                                   "labels": {"app.kubernetes.io/component": "affinity-assistant"}},
                                      "spec": {"nodeName": "egress-1"}, "status": {"phase": "Running"}})
-    _, patched, _ = env.review(coscheduled_pod("c"))
+    _, patched, _ = env.review(coscheduled_pod("c", env=env), user=TEKTON_USER)
     assert node_of(patched) == "egress-1"
     [warning] = [e for e in env.events.sent if e["reason"] == "BudgetExceeded"]
     assert warning["type"] == "Warning" and "affinity assistant's node egress-1" in warning["note"], warning["note"]
@@ -335,10 +343,15 @@ def test_a_coscheduled_run_of_a_pipelinerun_held_whole_by_the_queue_is_not_held_
         run["metadata"]["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "name": owner, "uid": uid, "controller": True}]
         return run
 
-    _, released_whole, _ = env.review(coscheduled_run("t1", "whole", "uid-whole"))
+    _, released_whole, _ = env.review(coscheduled_run("t1", "whole", "uid-whole"), user=TEKTON_USER)
     assert "status" not in released_whole["spec"]
+    assert pool_toleration() in released_whole["spec"]["podTemplate"]["tolerations"]
     for name, owner, uid in (("t2", "whole", "made-up"), ("t3", "plain", "uid-plain")):
-        _, held_run, _ = env.review(coscheduled_run(name, owner, uid))
+        # Tekton's: no PipelineRun moved whole to the pool behind it: no pool for it (nor a hold).
+        _, stripped, _ = env.review(coscheduled_run(name, owner, uid), user=TEKTON_USER)
+        assert "status" not in stripped["spec"] and "tolerations" not in stripped["spec"].get("podTemplate", {}), name
+        # A tenant's: an ordinary run, held.
+        _, held_run, _ = env.review(coscheduled_run(f"{name}-own", owner, uid))
         assert held_run["spec"]["status"] == "TaskRunPending", name
 
 

@@ -14,7 +14,7 @@ from controller.core.model import DECISION_ANNOTATION, POOL_SLOT_GATE
 from controller.core.policy import load_policy
 from controller.queue.core import QUEUE_ANNOTATION, admitted_entry, entry_annotation, read_entry
 from controller.queue.reconcile import QueueReconciler
-from tests.unit.test_admission_handlers import DATA, EGRESS_TOLERATION, Env, RecordingSink, decision_of, taskrun, tekton_pod
+from tests.unit.test_admission_handlers import DATA, EGRESS_TOLERATION, TEKTON_USER, Env, RecordingSink, decision_of, taskrun, tekton_pod
 
 QUEUED_POLICY = (DATA / "policy.yaml").read_text().replace(
     '    namespaces: ["team-ci", "team-web"]\n',
@@ -310,10 +310,17 @@ def test_a_coscheduled_pipelinerun_is_queued_whole_and_its_taskruns_are_not() ->
     assert patched["spec"]["status"] == "PipelineRunPending"
     entry = patched["metadata"]["annotations"][QUEUE_ANNOTATION]
     assert read_entry(entry, "PipelineRun") is not None
-    # Its TaskRuns carry the assistant's annotation and the PipelineRun's entry (Tekton copies it): not queued.
-    child = taskrun(annotations={QUEUE_ANNOTATION: entry, "pipeline.tekton.dev/affinity-assistant": "aa-1"})
-    _, child_patched, _ = env.review(child)
+    # Its TaskRuns, which Tekton's controller makes, carry the assistant's annotation and the PipelineRun's
+    # entry (Tekton copies it): not queued; they keep the pool their PipelineRun was moved to.
+    stored = {**patched, "metadata": {**patched["metadata"], "uid": "uid-kaniko-run"}}
+    env.state.apply("PipelineRun", "ADDED", stored)
+    child = taskrun(annotations={QUEUE_ANNOTATION: entry, "pipeline.tekton.dev/affinity-assistant": "aa-1"},
+                    pod_template=patched["spec"]["taskRunTemplate"]["podTemplate"])
+    child["metadata"]["ownerReferences"] = [{"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "name": patched["metadata"]["name"],
+                                             "uid": "uid-kaniko-run", "controller": True}]
+    _, child_patched, _ = env.review(child, user=TEKTON_USER)
     assert "status" not in child_patched["spec"]
+    assert EGRESS_TOLERATION in child_patched["spec"]["podTemplate"]["tolerations"]
     assert child_patched["metadata"]["annotations"][QUEUE_ANNOTATION] == entry  # not theirs, not removed
 
 
