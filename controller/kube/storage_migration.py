@@ -28,9 +28,11 @@ class Caller(Protocol):
     def call(self, method: str, path: str, *, body: Any = None) -> dict[str, Any]: ...
 
 
-def migrate_storage(api: Caller) -> list[str]:
-    """What was done, one line each; NotStoringV1beta1 when the CRDs do not store v1beta1."""
+def migrate_storage(api: Caller, dry_run: bool = False) -> list[str]:
+    """What was done, one line each; NotStoringV1beta1 when the CRDs do not store v1beta1. `dry_run`:
+    reads only, and says what it would write (`egress-placer migrate-storage --dry-run`)."""
     done: list[str] = []
+    would = "would be " if dry_run else ""
     for plural in (POOL_PLURAL, CONFIG_PLURAL):
         crd = api.call("GET", f"{CRDS}/{plural}.{GROUP}")
         storage = [v["name"] for v in crd["spec"]["versions"] if v.get("storage")]
@@ -39,13 +41,17 @@ def migrate_storage(api: Caller) -> list[str]:
         path = f"/apis/{V1BETA1}/{plural}"
         for obj in api.call("GET", path).get("items") or []:
             name = obj["metadata"]["name"]
-            api.call("PUT", f"{path}/{name}", body={**obj, "apiVersion": V1BETA1, "kind": crd["spec"]["names"]["kind"]})
-            done.append(f"{plural}/{name}: stored as {STORED}")
-        crd = api.call("GET", f"{CRDS}/{plural}.{GROUP}")
-        if crd.get("status", {}).get("storedVersions") != [STORED]:
-            crd["status"]["storedVersions"] = [STORED]
-            api.call("PUT", f"{CRDS}/{plural}.{GROUP}/status", body=crd)
-            done.append(f"{plural}.{GROUP}: storedVersions [{STORED}]")
+            if not dry_run:
+                api.call("PUT", f"{path}/{name}", body={**obj, "apiVersion": V1BETA1, "kind": crd["spec"]["names"]["kind"]})
+            done.append(f"{plural}/{name}: {would}stored as {STORED}")
+        if not dry_run:
+            crd = api.call("GET", f"{CRDS}/{plural}.{GROUP}")
+        stored = crd.get("status", {}).get("storedVersions")
+        if stored != [STORED]:
+            if not dry_run:
+                crd["status"]["storedVersions"] = [STORED]
+                api.call("PUT", f"{CRDS}/{plural}.{GROUP}/status", body=crd)
+            done.append(f"{plural}.{GROUP}: storedVersions {would}[{STORED}] (was [{', '.join(stored or [])}])")
     return done
 
 
