@@ -3,7 +3,8 @@
 `RetryPolicy` holds the timings (data; tests shrink them); `retrying(policy, ...)` builds the
 `tenacity.Retrying` every adapter uses: the writer (API writes, at least the server's Retry-After),
 the informers (list and watch, until stopped), the Lease (bounded by the renew deadline) and the
-Prometheus client of the egress source. What is worth retrying is the caller's to say: for the API
+Prometheus client of the egress source; `backoff_seconds` the same waits for a reconciler's task tried
+again on later passes (the storage migration). What is worth retrying is the caller's to say: for the API
 server, `writer.classify`; for Prometheus, `PrometheusUnavailable`.
 """
 
@@ -32,12 +33,22 @@ WATCHES = RetryPolicy(attempts=None, initial=0.5, maximum=30.0, jitter=1.0)  # l
 # A pod's TaskRun read at Pod CREATE (admission.server waits OWNER_READ_SECONDS at most for it).
 OWNER_READS = RetryPolicy(attempts=2, initial=0.1, maximum=0.3, jitter=0.1)
 PROMETHEUS = RetryPolicy(attempts=3, initial=0.2, maximum=2.0, jitter=0.2)  # one egress query
+# A reconciler's task that failed, tried again on a later pass (the storage migration): not before this.
+LATER_PASSES = RetryPolicy(attempts=None, initial=5.0, maximum=600.0, jitter=5.0)
 
 
 def lease_policy(retry_period: float) -> RetryPolicy:
     """A Lease request is tried twice at most, the second time within half a `retry_period`: the
     election loop itself tries again every `retry_period`, and must see a failure in time to step down."""
     return RetryPolicy(attempts=2, initial=retry_period / 4, maximum=retry_period / 2, jitter=retry_period / 10)
+
+
+def backoff_seconds(policy: RetryPolicy, failures: int) -> float:
+    """The wait after `failures` failures in a row (1, 2, ...), as `retrying` would wait: for a task a
+    reconciler tries again on a later pass rather than in a loop of its own."""
+    state = tenacity.RetryCallState(None, None, (), {})
+    state.attempt_number = max(1, failures)
+    return float(tenacity.wait_exponential_jitter(multiplier=policy.initial, max=policy.maximum, jitter=policy.jitter)(state))
 
 
 def retrying(

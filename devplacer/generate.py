@@ -213,10 +213,35 @@ CHART_CRDS_HEADER = f"""\
 # (docs/helm.md, "The pools API's CRDs"). crds.install: false leaves them out (installed another way);
 # crds.keep (default true): `helm uninstall` leaves them, and with them every EgressPool. Both versions are
 # served, v1beta1 stored, converted by the controller's /convert (Service egress-placer-conversion), whose
-# caBundle the leader keeps (with cert-manager, its CA injector).
+# caBundle the leader keeps (with cert-manager, its CA injector). Before each CRD, the pre-upgrade check:
+# an installed CRD whose status.storedVersions lists a version this chart does not serve fails the upgrade
+# (docs/pools-api.md, "Deprecation policy"; `egress-placer migrate-storage` migrates the objects).
 #
 # GENERATED from controller/core/pools.py by `{COMMAND}`; do not edit.
 """
+
+
+def stored_versions_check(crd: dict[str, Any]) -> str:
+    """The chart's pre-upgrade check of a CRD (docs/pools-api.md, "Deprecation policy", point 3): the CRD
+    installed (Helm's `lookup`, empty under `helm template` and a client-side --dry-run) still lists in
+    `status.storedVersions` a version this chart does not serve: `fail`, before anything is applied, naming
+    the command that migrates the objects (the API server would refuse the CRD's update anyway, halfway
+    through the upgrade, with "must appear in spec.versions")."""
+    name = crd["metadata"]["name"]
+    versions = " ".join(f'"{v["name"]}"' for v in crd["spec"]["versions"])
+    message = (
+        f"{name} still stores objects as %s (status.storedVersions: %v), a version this chart no longer serves: "
+        "migrate them first with `egress-placer migrate-storage` (or let the controller of the chart installed now "
+        "do it: its leader migrates them once it is elected), then upgrade again (docs/pools-api.md, 'Deprecation policy')"
+    )
+    return (
+        f'{{{{- $installed := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" "{name}" }}}}\n'
+        + '{{- $stored := dig "status" "storedVersions" (list) $installed }}\n'
+        + "{{- range $stored }}\n"
+        + f"{{{{- if not (has . (list {versions})) }}}}\n"
+        + f'{{{{- fail (printf "{message}" . $stored) }}}}\n'
+        + "{{- end }}\n{{- end }}\n"
+    )
 
 
 def chart_crds_template() -> str:
@@ -231,6 +256,7 @@ def chart_crds_template() -> str:
     for crd in served_crds(_NAMESPACE):
         if set(crd["metadata"]) != {"name"}:
             raise ValueError(f"the chart's template sets only the name: the CRD's metadata is {crd['metadata']}")
+        out += stored_versions_check(crd)
         spec = yaml.dump({"spec": crd["spec"]}, Dumper=_BlockDumper, sort_keys=False, width=120, allow_unicode=True)
         if "{{" in spec or "}}" in spec:
             raise ValueError("a CRD's spec holds '{{' or '}}', which Helm would read as a template action")

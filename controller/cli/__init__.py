@@ -176,6 +176,19 @@ def _run_uninstall(args: argparse.Namespace) -> int:
     )
 
 
+def _configure_migrate_storage(parser: argparse.ArgumentParser) -> None:
+    _configure_cluster(parser)
+    _configure_output(parser, "lines of text")
+    parser.add_argument("--dry-run", action="store_true", help="read only: show what would be written, change nothing")
+
+
+def _run_migrate_storage(args: argparse.Namespace) -> int:
+    from controller.cli.migrate_storage import run_migrate_storage
+    from controller.cli.status import connect
+
+    return run_migrate_storage(connect(_settings(args)), sys.stdout, dry_run=args.dry_run, output=args.output)
+
+
 def _configure_suggest(parser: argparse.ArgumentParser) -> None:
     _configure_cluster(parser)
     parser.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus' base URL, e.g. http://prometheus.monitoring:9090")
@@ -276,6 +289,12 @@ COMMANDS: Mapping[str, Command] = {
         help="print the EgressPool and EgressPlacerConfig objects that make the policy of a PlacementPolicy file",
         configure=_configure_migrate,
         run=_run_migrate,
+    ),
+    "migrate-storage": Command(
+        help="store every EgressPool and the EgressPlacerConfig as v1beta1 and prune the CRDs' storedVersions to "
+        "[v1beta1], as the controller's leader does (docs/pools-api.md); for a cluster where no leader runs",
+        configure=_configure_migrate_storage,
+        run=_run_migrate_storage,
     ),
     "suggest": Command(
         help="read what Tekton runs sent from Prometheus and propose which images the pools should take or drop, "

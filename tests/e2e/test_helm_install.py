@@ -20,6 +20,7 @@ egress-placer uninstall --yes` then removes them and the namespace (docs/helm.md
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -28,8 +29,8 @@ import pytest
 import yaml
 
 from devcluster.build import PROMETHEUS_OPERATOR_CRDS, ensure_optional, optional_file
-from devcluster.cluster import Cluster
-from devplacer.chart import CHART_DIR, Release, helm_binary, policy_values, settings_env, template
+from devcluster.cluster import Cluster, ClusterError
+from devplacer.chart import CHART_DIR, RELEASE, Release, helm_binary, run_helm, policy_values, settings_env, template
 from controller.pool_guard.core import GUARD_NAME
 from controller.core.pools import custom_resource_definitions
 from controller.core.rights import rights_bindings
@@ -212,6 +213,33 @@ def test_an_upgrade_keeps_the_ca_bundle_and_the_api_server_accepts_the_monitorin
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     rule = api.call("GET", namespaced(INSTALL_NAMESPACE, "prometheusrules", "egress-placer", group=MONITORING))
     assert rule["spec"] == yaml.safe_load((CHART_DIR / "files" / "prometheus-rules.yaml").read_text())
+
+
+def test_an_upgrade_to_a_chart_that_drops_a_stored_version_fails_first_naming_the_migration(
+    release: Release, api: Api, helm: Path, devcluster: Cluster, tmp_path: Path
+) -> None:
+    """The chart's pre-upgrade check (docs/pools-api.md, "Deprecation policy", point 3): a later chart that
+    serves v1beta1 only (this chart, its check's list of versions cut to v1beta1), while the CRD's
+    storedVersions still lists v1alpha1, fails before anything is applied (`--dry-run=server` runs the
+    lookups as the upgrade does) and names the command; after `egress-placer migrate-storage` it goes on."""
+    chart = tmp_path / "egress-placer"
+    shutil.copytree(CHART_DIR, chart)
+    crds = chart / "templates" / "crds.yaml"
+    both = '(has . (list "v1alpha1" "v1beta1"))'
+    assert crds.read_text().count(both) == len(CHART_CRDS)
+    crds.write_text(crds.read_text().replace(both, '(has . (list "v1beta1"))'))
+    pool_crd = f"{CRDS}/egresspools.egress-placer.io"
+    api.json_patch(f"{pool_crd}/status", [{"op": "replace", "path": "/status/storedVersions", "value": ["v1alpha1", "v1beta1"]}])
+    upgrade = ("upgrade", RELEASE, str(chart), "--namespace", INSTALL_NAMESPACE, "--reuse-values", "--dry-run=server")
+    with pytest.raises(ClusterError) as refused:
+        run_helm(helm, *upgrade, kubeconfig=devcluster.kubeconfig)
+    said = " ".join(str(refused.value).split())
+    assert "egresspools.egress-placer.io still stores objects as v1alpha1 (status.storedVersions: [v1alpha1 v1beta1])" in said, said
+    assert "`egress-placer migrate-storage`" in said
+    done = egress_placer_command(devcluster, "migrate-storage")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert api.get(pool_crd)["status"]["storedVersions"] == ["v1beta1"]
+    run_helm(helm, *upgrade, kubeconfig=devcluster.kubeconfig)  # the check passes now
 
 
 def test_helm_uninstall_then_the_command_leave_nothing(release: Release, api: Api, devcluster: Cluster) -> None:

@@ -13,11 +13,12 @@ controller's /convert, whose caBundle the leader writes):
 - both versions refuse a bad object by the same rule, each naming its own field (kubectl apply's error);
 - with every replica stopped and objects stored as v1alpha1, a starting controller converts (its /convert
   answers before its informers' first list), syncs, becomes ready, and its leader migrates the stored
-  objects and prunes storedVersions to [v1beta1]."""
+  objects and prunes storedVersions to [v1beta1]; `egress-placer migrate-storage` does the same without it."""
 
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from controller.core.pools import custom_resource_definitions, dump_objects, loa
 from devcluster.cluster import Cluster
 from devcluster.process import free_port
 from devplacer.local_placer import NAMESPACE, POOLS_WEBHOOK_CONFIG, start_controller, stop_controller
-from tests.e2e.harness import POLICY_FILE, Placer
+from tests.e2e.harness import POLICY_FILE, Placer, egress_placer_command
 from tests.e2e.tekton_runs import MATCHING_IMAGE, TEAM_CDN, Runs, decision_of, taskrun
 from tests.e2e.test_pools_api import PLACEMENT_BY_POOLS, controller, examples, kubectl  # noqa: F401 - the module's controller fixture
 from tests.kube import Api
@@ -191,6 +192,28 @@ def test_both_versions_refuse_an_exempt_namespace_that_is_not_a_namespace_name(d
     text = f"apiVersion: egress-placer.io/{version}\nkind: EgressPlacerConfig\nmetadata: {{name: cluster}}\nspec:\n  exemptNamespaces: [Not_A_Name]\n"
     done = kubectl(devcluster, "apply", "-f", "-", stdin=text)
     assert done.returncode != 0 and "spec.exemptNamespaces[0]" in done.stderr, done.stderr
+
+
+def test_migrate_storage_rewrites_the_objects_and_prunes_stored_versions_without_the_leader(
+    devcluster: Cluster, api: Api, controller: Placer, clean: None
+) -> None:
+    """`egress-placer migrate-storage` as an administrator runs it: `--dry-run -o json` changes nothing, then
+    the run writes every object back and prunes storedVersions; the leader (done with its own migration
+    since it was elected) takes no part."""
+    wait_for("the leader's own migration", lambda: api.get(POOL_CRD)["status"]["storedVersions"] == ["v1beta1"], timeout=60)
+    applied(devcluster, OLD_POOL)
+    api.json_patch(f"{POOL_CRD}/status", [{"op": "replace", "path": "/status/storedVersions", "value": ["v1alpha1", "v1beta1"]}])
+    plan = egress_placer_command(devcluster, "migrate-storage", "--dry-run", "-o", "json")
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["steps"][:2] == [
+        "egresspools/overseas: would be stored as v1beta1",
+        "egresspools.egress-placer.io: storedVersions would be [v1beta1] (was [v1alpha1, v1beta1])",
+    ]
+    assert api.get(POOL_CRD)["status"]["storedVersions"] == ["v1alpha1", "v1beta1"]
+    done = egress_placer_command(devcluster, "migrate-storage")
+    assert done.returncode == 0 and "egresspools.egress-placer.io: storedVersions [v1beta1]" in done.stdout, (done.stdout, done.stderr)
+    assert api.get(POOL_CRD)["status"]["storedVersions"] == ["v1beta1"]
+    assert get(devcluster, "egresspools", "overseas")["spec"]["priority"] == 999_990  # the same meaning
 
 
 def test_with_every_replica_stopped_and_objects_stored_as_v1alpha1_the_controller_starts_and_migrates_them(

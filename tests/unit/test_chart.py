@@ -632,3 +632,20 @@ def test_the_runbook_base_is_a_value(helm: Path) -> None:
     alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert alerts and all(r["annotations"]["runbook_url"] == f"{base}#{r['alert'].lower()}" for r in alerts)
 
+
+
+def test_the_crds_template_checks_stored_versions_against_the_versions_it_serves() -> None:
+    """The pre-upgrade check (docs/pools-api.md, "Deprecation policy", point 3): for each CRD, a lookup and a
+    fail on a stored version the chart does not serve, its list the served versions (generated, so the chart
+    that drops v1alpha1 checks for it with nothing more to write). tests/e2e/test_helm_install.py runs it."""
+    from devplacer.generate import stored_versions_check
+    from controller.core.pools_v1beta1 import served_crds
+
+    text = (Path(__file__).resolve().parents[2] / "charts/egress-placer/templates/crds.yaml").read_text()
+    for crd in served_crds():
+        check = stored_versions_check(crd)
+        assert check in text
+        assert f'"{crd["metadata"]["name"]}" }}}}' in check and '(has . (list "v1alpha1" "v1beta1"))' in check
+        assert "`egress-placer migrate-storage`" in check
+    later = {"metadata": {"name": "egresspools.egress-placer.io"}, "spec": {"versions": [{"name": "v1beta1"}]}}
+    assert '(has . (list "v1beta1"))' in stored_versions_check(later)

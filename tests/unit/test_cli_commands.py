@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -35,7 +36,7 @@ spec:
   taskSpec:
     steps: [{name: up, image: registry.example.com/cdn-uploader:1.2}]
 """
-CLUSTER_COMMANDS = {"run", "status", "uninstall"}
+CLUSTER_COMMANDS = {"run", "status", "uninstall", "migrate-storage"}
 
 
 def test_every_command_is_covered_here() -> None:
@@ -45,7 +46,8 @@ def test_every_command_is_covered_here() -> None:
 # -- an unreachable cluster: 3, one line, no DEBUG, at once -------------------------------------------
 @pytest.mark.parametrize(
     "argv",
-    [["status"], ["status", "-o", "yaml"], ["uninstall", "--dry-run"], ["uninstall", "--yes"], ["uninstall", "--dry-run", "-o", "yaml"]],
+    [["status"], ["status", "-o", "yaml"], ["uninstall", "--dry-run"], ["uninstall", "--yes"], ["uninstall", "--dry-run", "-o", "yaml"],
+     ["migrate-storage"], ["migrate-storage", "--dry-run", "-o", "yaml"]],
 )
 def test_an_unreachable_cluster_is_3_in_one_line(argv: list[str], closed_kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*argv, "--kubeconfig", str(closed_kubeconfig)]) == Exit.UNREACHABLE
@@ -77,6 +79,8 @@ def test_run_of_an_unreachable_cluster_is_3() -> None:
         (["status", "-o", "xml"], "argument -o/--output: invalid choice: 'xml'"),
         (["uninstall", "-o", "table", "--dry-run"], "argument -o/--output: invalid choice: 'table'"),
         (["uninstall", "--dry-run", "--timeout", "soon"], "argument --timeout: invalid float value: 'soon'"),
+        (["migrate-storage", "-o", "table"], "argument -o/--output: invalid choice: 'table'"),
+        (["migrate-storage", "--yes"], "unrecognized arguments: --yes"),
         (["run", "--verbose"], "unrecognized arguments: --verbose"),
         (["completion", "fish"], "argument shell: invalid choice: 'fish'"),
         (["migrate-policy"], "the following arguments are required: POLICY.yaml"),
@@ -184,3 +188,44 @@ def test_help_says_the_policy_comes_from_the_pools_api_by_default(capsys: pytest
     text = " ".join(capsys.readouterr().out.split())
     assert "default: the pools API's EgressPool objects" in text
     assert "default: the ConfigMap in the settings" not in text
+
+
+def crd_storing(plural: str, stored: list[str]) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"{plural}.egress-placer.io"},
+        "spec": {"names": {"kind": "EgressPool"}, "versions": [{"name": "v1alpha1"}, {"name": "v1beta1", "storage": True}]},
+        "status": {"storedVersions": stored},
+    }
+
+
+def test_migrate_storage_dry_run_as_yaml_and_text(api_server: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    api_server.objects.update({
+        "/version": {"major": "1"},
+        f"{crds}/egresspools.egress-placer.io": crd_storing("egresspools", ["v1alpha1", "v1beta1"]),
+        f"{crds}/egressplacerconfigs.egress-placer.io": crd_storing("egressplacerconfigs", ["v1beta1"]),
+    })
+    assert main(["migrate-storage", "--dry-run", "--kubeconfig", str(kubeconfig), "-o", "yaml"]) == Exit.OK
+    assert yaml.safe_load(capsys.readouterr().out) == {
+        "dryRun": True,
+        "steps": [
+            "egresspools/overseas: would be stored as v1beta1",
+            "egresspools.egress-placer.io: storedVersions would be [v1beta1] (was [v1alpha1, v1beta1])",
+        ],
+    }
+    assert main(["migrate-storage", "--dry-run", "--kubeconfig", str(kubeconfig)]) == Exit.OK
+    assert "egresspools/overseas: would be stored as v1beta1" in capsys.readouterr().out
+
+
+def test_migrate_storage_refused_is_3_and_old_crds_are_2(api_server: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    api_server.objects["/version"] = {"major": "1"}
+    assert main(["migrate-storage", "--kubeconfig", str(kubeconfig)]) == Exit.UNREACHABLE  # no CRD: 404
+    assert stderr_line(capsys).startswith("egress-placer migrate-storage: cannot read the cluster: ")
+    old = crd_storing("egresspools", ["v1alpha1"])
+    old["spec"]["versions"] = [{"name": "v1alpha1", "storage": True}]
+    api_server.objects[f"{crds}/egresspools.egress-placer.io"] = old
+    assert main(["migrate-storage", "--kubeconfig", str(kubeconfig), "-o", "json"]) == Exit.USAGE
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "egresspools.egress-placer.io stores v1alpha1, not v1beta1: install the CRDs that serve v1beta1 first" in captured.err
