@@ -115,7 +115,7 @@ def tune_interpreter() -> None:
 
 
 def prometheus_auth(settings: Settings) -> PrometheusAuth:
-    """How the pools' history rules reach Prometheus: the mounted files the settings name."""
+    """How the pools' history rules and egress sources reach Prometheus: the mounted files the settings name."""
     return PrometheusAuth(
         token_file=settings.prometheus_token_file,
         username=settings.prometheus_username,
@@ -220,7 +220,8 @@ class Controller:
         )
         self.client = KubeClient(self.api, self.metrics)
         self.events = EventRecorder(self.client, self.metrics, settings.identity)
-        self.egress = EgressPollers(self.state.load, clock, self.runner, registry=self.metrics.registry)
+        self.egress = EgressPollers(self.state.load, clock, self.runner, registry=self.metrics.registry,
+                                    session=prometheus_auth(settings).session)
         # Pools with a `history` rule: their measured sets, read in the background (suggest.reconcile).
         self.history = HistoryReaders(self.state.history, self.runner, self.metrics, self.events, lambda: self.is_leader(), clock,
                                       self._pool_regarding, auth=prometheus_auth(settings))

@@ -60,7 +60,7 @@ class Settings(BaseSettings):
     # The controller then loads them (again when they change) and writes neither Secret nor caBundle.
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
-    # How the pools' `history` rules reach Prometheus (docs/suggest.md, "Prometheus behind auth"): files of a
+    # How the pools' `history` rules and `egressLoad` sources reach Prometheus (docs/suggest.md, "Prometheus behind auth"): files of a
     # Secret of the controller's namespace mounted into its pod, read again at every query (rotation needs no
     # restart). A bearer token, or basic auth (a user and a password file), and a CA bundle for its TLS.
     prometheus_token_file: str | None = None

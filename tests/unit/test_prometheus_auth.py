@@ -1,5 +1,6 @@
 """Prometheus behind auth (docs/suggest.md, "Prometheus behind auth"): one HTTP client path
-(controller.prometheus.auth.PrometheusAuth) for `egress-placer suggest` and the controller's history readers.
+(controller.prometheus.auth.PrometheusAuth) for `egress-placer suggest`, the controller's history readers
+and its egress source's pollers.
 Secrets come from files (a mounted Secret of the controller's namespace), read again at every query."""
 
 from __future__ import annotations
@@ -11,14 +12,18 @@ import pytest
 import responses
 
 from controller.app import prometheus_auth
+from controller.core.policy import load_policy
 from controller.metrics import Metrics
 from controller.prometheus.auth import PrometheusAuth
-from controller.prometheus.egress_source import PrometheusAnswerError, PrometheusClient
+from controller.prometheus.egress_source import EgressPollers, PrometheusAnswerError, PrometheusClient
 from controller.runner import Runner
 from controller.settings import SettingsError, load_settings
+from controller.state import ClusterState
 from controller.suggest.reconcile import HistoryReaders
 from controller.suggest.view import MeasuredView
+from tests.unit.test_egress_wiring import NOW, URL, node, policy_text
 from tests.unit.test_suggest_rule import POLICY, Sink
+from tests.waiting import wait_for
 
 PROM = "http://prometheus.monitoring:9090"
 
@@ -136,3 +141,26 @@ def test_a_token_file_that_cannot_be_read_shows_in_the_reader_s_last_error(tmp_p
     finally:
         readers._runner.stop()  # noqa: SLF001
     assert reader.last_error == f"EGRESS_PLACER_PROMETHEUS_TOKEN_FILE: cannot read {missing}: No such file or directory"
+
+
+def test_the_egress_source_s_pollers_send_the_same_mounted_credentials(tmp_path: Path) -> None:
+    (tmp_path / "password").write_text("pw\n")
+    auth = prometheus_auth(load_settings({"prometheus_username": "placer", "prometheus_password_file": str(tmp_path / "password")}))
+    state = ClusterState(load_policy(policy_text()), clock=lambda: NOW)
+    state.replace("Node", [node("egress-1")])
+    runner = Runner()
+    seen: list[str | None] = []
+    pollers = EgressPollers(state.load, clock=lambda: NOW, runner=runner, session=auth.session)
+    try:
+        with responses.RequestsMock(assert_all_requests_are_fired=False) as mock:
+            def reply(request):  # type: ignore[no-untyped-def]
+                seen.append(request.headers.get("Authorization"))
+                return 200, {}, '{"status": "success", "data": {"resultType": "vector", "result": []}}'
+
+            mock.add_callback(responses.GET, f"{URL}/api/v1/query", callback=reply)
+            pollers.sync(state.policy)
+            wait_for("a poll of the egress source", lambda: bool(seen), timeout=5, interval=0.05)
+            pollers.sync(type(state.policy).empty())
+    finally:
+        runner.stop()
+    assert seen[0] == "Basic " + base64.b64encode(b"placer:pw").decode()
