@@ -38,6 +38,7 @@ from controller.admission.server import AdmissionServer, run_event_loop
 from controller.compat import core as compat
 from controller.core.policy import PlacementPolicy, PolicyError, load_policy
 from controller.core.pools import GROUP, POOL_KIND, VERSION
+from controller.prometheus.auth import PrometheusAuth
 from controller.prometheus.egress_source import EgressPollers
 from controller.kube.client import ClusterConfigError, KubeApi, make_api_client
 from controller.kube.informer import Informer, cluster_informers, keep_node_annotations, start_informers
@@ -62,7 +63,7 @@ from controller.pool_status.reconcile import PoolErrors, PoolStatusWriter
 from controller.taints.reconcile import TaintReconciler
 from controller.runner import Runner
 from controller.suggest.reconcile import HistoryReaders
-from controller.settings import Settings
+from controller.settings import Settings, env_name
 from controller.state import ClusterState
 
 if TYPE_CHECKING:
@@ -111,6 +112,19 @@ SWITCH_INTERVAL_SECONDS = 0.001
 def tune_interpreter() -> None:
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
+
+
+def prometheus_auth(settings: Settings) -> PrometheusAuth:
+    """How the pools' history rules and egress sources reach Prometheus: the mounted files the settings name."""
+    return PrometheusAuth(
+        token_file=settings.prometheus_token_file,
+        username=settings.prometheus_username,
+        password_file=settings.prometheus_password_file,
+        ca_file=settings.prometheus_ca_file,
+        token_name=env_name("prometheus_token_file"),
+        password_name=env_name("prometheus_password_file"),
+        ca_name=env_name("prometheus_ca_file"),
+    )
 
 
 def configure_logging(settings: Settings) -> None:
@@ -206,10 +220,11 @@ class Controller:
         )
         self.client = KubeClient(self.api, self.metrics)
         self.events = EventRecorder(self.client, self.metrics, settings.identity)
-        self.egress = EgressPollers(self.state.load, clock, self.runner, registry=self.metrics.registry)
+        self.egress = EgressPollers(self.state.load, clock, self.runner, registry=self.metrics.registry,
+                                    session=prometheus_auth(settings).session)
         # Pools with a `history` rule: their measured sets, read in the background (suggest.reconcile).
         self.history = HistoryReaders(self.state.history, self.runner, self.metrics, self.events, lambda: self.is_leader(), clock,
-                                      self._pool_regarding)
+                                      self._pool_regarding, auth=prometheus_auth(settings))
         self.policy = PolicyTracker(self.state, on_policy=self._policy_changed)
         self.policy_source = PolicySource(
             settings, self.policy, self.metrics, self.events, api=self.api, on_refused=self._policy_refused

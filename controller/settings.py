@@ -60,6 +60,13 @@ class Settings(BaseSettings):
     # The controller then loads them (again when they change) and writes neither Secret nor caBundle.
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    # How the pools' `history` rules and `egressLoad` sources reach Prometheus (docs/suggest.md, "Prometheus behind auth"): files of a
+    # Secret of the controller's namespace mounted into its pod, read again at every query (rotation needs no
+    # restart). A bearer token, or basic auth (a user and a password file), and a CA bundle for its TLS.
+    prometheus_token_file: str | None = None
+    prometheus_username: str | None = None
+    prometheus_password_file: str | None = None
+    prometheus_ca_file: str | None = None
     # Connection recycling: the webhook's answer to a connection's Nth request, or its first after this many
     # seconds, says `Connection: close`, so the API server connects again and the Service picks a replica
     # again (docs/architecture.md, "Replicas behind the Service"). 0: never.
@@ -125,6 +132,17 @@ class Settings(BaseSettings):
                 f"set both {env_name('tls_cert_file')} and {env_name('tls_key_file')} (a certificate kept by "
                 "cert-manager), or neither"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _one_prometheus_auth(self) -> "Settings":
+        if self.prometheus_token_file and (self.prometheus_username or self.prometheus_password_file):
+            raise ValueError(
+                f"set {env_name('prometheus_token_file')} (a bearer token) or {env_name('prometheus_username')} and "
+                f"{env_name('prometheus_password_file')} (basic auth), not both"
+            )
+        if bool(self.prometheus_username) != bool(self.prometheus_password_file):
+            raise ValueError(f"basic auth to Prometheus needs both {env_name('prometheus_username')} and {env_name('prometheus_password_file')}")
         return self
 
 

@@ -219,28 +219,24 @@ def _configure_suggest(parser: argparse.ArgumentParser) -> None:
 
 def _run_suggest(args: argparse.Namespace) -> int:
     from controller.cli.suggest import parse_bytes, run_suggest
-    from controller.prometheus.history import PrometheusAuth, check_duration, check_url, client
+    from controller.prometheus.auth import PrometheusAuth
+    from controller.prometheus.history import check_duration, check_url, client
     from controller.suggest.core import Thresholds
-
-    def secret(path: str | None, what: str) -> str | None:
-        if not path:
-            return None
-        try:
-            return open(path, encoding="utf-8").read().strip()
-        except OSError as e:
-            raise CommandError(f"{what}: cannot read {path}: {e.strerror}") from None
 
     try:
         url, window, step = check_url(args.prometheus), check_duration(args.window, "--window"), check_duration(args.step, "--step")
         thresholds = Thresholds(parse_bytes(args.heavy_bytes), parse_bytes(args.quiet_bytes), args.min_runs)
+        auth = PrometheusAuth(
+            token_file=args.prometheus_token_file,
+            username=args.prometheus_username,
+            password_file=args.prometheus_password_file,
+            ca_file=args.prometheus_ca_file,
+            token_name="--prometheus-token-file",
+            password_name="--prometheus-password-file",
+            ca_name="--prometheus-ca-file",
+        ).check()
     except ValueError as e:
         raise CommandError(str(e)) from None
-    auth = PrometheusAuth(
-        bearer_token=secret(args.prometheus_token_file, "--prometheus-token-file"),
-        username=args.prometheus_username,
-        password=secret(args.prometheus_password_file, "--prometheus-password-file"),
-        ca_file=args.prometheus_ca_file,
-    )
     return run_suggest(
         _settings(args), client(url, auth), url, window, step, thresholds,
         out=sys.stdout, err=sys.stderr, output=args.output, explain=args.explain, bytes_query=args.bytes_query,

@@ -44,6 +44,8 @@ from controller.kube.client import (
     status_of,
 )
 from controller.kube.policy_source import read_pools_policy
+from controller.core.conversion import V1BETA1
+from controller.core.pools import POOL_PLURAL
 from controller.agents.reconcile import find_gaps
 from controller.last_good_policy.reconcile import POLICY_KEY, store_name
 from controller.settings import Settings
@@ -64,6 +66,22 @@ class PoolNodeRow:
     # Node agents (DaemonSets of agent namespaces) that target this node but have no pod on it because
     # their pod template does not tolerate the pool taint ("namespace/name").
     agents_missing: tuple[str, ...] = ()
+    # The pool's `history` rule (docs/suggest.md) and what the controller last wrote in its status.history.
+    history: "PoolHistory | None" = None
+
+
+@dataclass(frozen=True)
+class PoolHistory:
+    """A pool's `history` rule: on or off, and, from its EgressPool's `status.history` (written by the leader;
+    none with a policy file or ConfigMap, or before the first write), the groups in force, when they were
+    read and why the last read failed."""
+
+    enabled: bool
+    p90_bytes_at_least: int | None = None
+    window: str | None = None
+    groups: int | None = None
+    read_at: str | None = None
+    last_error: str | None = None
 
 
 def _config_map_data(api: KubeApi, namespace: str, name: str) -> dict[str, str] | None:
@@ -177,6 +195,67 @@ def egress_column(state: ClusterState, clock: Callable[[], float] = time.time) -
                 )
             out[(pool.name, node)] = text
     return out
+
+
+def pool_statuses(settings: Settings, policy: PlacementPolicy) -> dict[str, dict[str, Any]]:
+    """The EgressPools' `status.history` by pool name, read when the policy is the pools API's and a pool has
+    the history rule; {} otherwise, or when they cannot be read (the rule is still shown, without its status)."""
+    if settings.policy_file or settings.policy_source != "pools" or not any(p.history is not None for p in policy.pools):
+        return {}
+    api = connect(settings)
+    try:
+        items = _items(api, f"/apis/{V1BETA1}/{POOL_PLURAL}")
+    except Exception as e:
+        if status_of(e) in (403, 404):
+            return {}
+        raise unreachable(e, api) from None
+    out: dict[str, dict[str, Any]] = {}
+    for obj in items:
+        name = (obj.get("metadata") or {}).get("name")
+        history = (obj.get("status") or {}).get("history")
+        if isinstance(name, str) and isinstance(history, dict):
+            out[name] = history
+    return out
+
+
+def history_column(policy: PlacementPolicy, statuses: dict[str, dict[str, Any]]) -> dict[str, PoolHistory]:
+    out = {}
+    for pool in policy.pools:
+        rule = pool.history
+        if rule is None:
+            out[pool.name] = PoolHistory(enabled=False)
+            continue
+        found = statuses.get(pool.name, {})
+        groups = found.get("groups")
+        out[pool.name] = PoolHistory(
+            enabled=True,
+            p90_bytes_at_least=rule.p90_bytes_at_least,
+            window=rule.window,
+            groups=groups if isinstance(groups, int) else None,
+            read_at=found.get("readAt") if isinstance(found.get("readAt"), str) else None,
+            last_error=found.get("lastError") if isinstance(found.get("lastError"), str) else None,
+        )
+    return out
+
+
+def history_lines(history: dict[str, PoolHistory]) -> list[str]:
+    """One line per pool when any pool has the history rule: on (threshold, window, groups in force, when read,
+    the last error's first line) or off."""
+    if not any(h.enabled for h in history.values()):
+        return []
+    lines = []
+    for name, h in history.items():
+        if not h.enabled:
+            lines.append(f"  pool {name}: off")
+            continue
+        rule = f"p90 at least {h.p90_bytes_at_least} bytes over {h.window}"
+        if h.groups is None and h.read_at is None and h.last_error is None:
+            lines.append(f"  pool {name}: on ({rule}); no status.history yet (policy not from EgressPools, or not read yet)")
+            continue
+        read = f"read {h.read_at}" if h.read_at else "not read yet"
+        error = f"; last read failed: {h.last_error.splitlines()[0][:200]}" if h.last_error else ""
+        lines.append(f"  pool {name}: on ({rule}): {h.groups or 0} Task(s) in force, {read}{error}")
+    return lines
 
 
 def print_rows(rows: list[PoolNodeRow], out: TextIO, gaps: Sequence[AgentGap] = ()) -> None:
@@ -312,7 +391,8 @@ def run_status(
     state, problem = read_cluster(settings)
     egress = egress_column(state)
     gaps = find_gaps(state)
-    rows = [replace(r, egress=egress.get((r.pool, r.node), "-")) for r in pool_rows(state, gaps)]
+    history = history_column(state.policy, pool_statuses(settings, state.policy))
+    rows = [replace(r, egress=egress.get((r.pool, r.node), "-"), history=history.get(r.pool)) for r in pool_rows(state, gaps)]
     if problem is not None:
         print(f"policy: {problem}", file=err if as_json else out)
     if output == "yaml":
@@ -325,6 +405,11 @@ def run_status(
         if queues:
             print("\nQueues (release order):", file=out)
             for line in queues:
+                print(line, file=out)
+        measured = history_lines(history)
+        if measured:
+            print("\nMeasured history (a pool's history rule, docs/suggest.md):", file=out)
+            for line in measured:
                 print(line, file=out)
         budgets = state.budgets.status_lines(time.time())
         if budgets:

@@ -303,8 +303,16 @@ class EgressPollers:
     """
 
     def __init__(
-        self, state: "EgressTarget", clock: Callable[[], float], runner: Runner, registry: Any | None = None
+        self,
+        state: "EgressTarget",
+        clock: Callable[[], float],
+        runner: Runner,
+        registry: Any | None = None,
+        session: Callable[[], requests.Session] = requests.Session,
     ) -> None:
+        """`session`: a new HTTP session per poller, with the controller's Prometheus credentials
+        (controller.prometheus.auth.PrometheusAuth.session)."""
+        self._session = session
         self._state = state
         self._clock = clock
         self._runner = runner
@@ -331,7 +339,7 @@ class EgressPollers:
         poller = EgressPoller(
             name,
             config,
-            PrometheusClient.for_source(config.prometheus),
+            PrometheusClient.for_source(config.prometheus, self._session()),
             self._clock,
             node_names=lambda: [n.name for n in self._state.pool_nodes(pool)],
             publish=lambda figures: self._publish(name, poller, figures),

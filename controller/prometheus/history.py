@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping
 from urllib.parse import urlsplit
 
-import requests
-
+from controller.prometheus.auth import PrometheusAuth
 from controller.prometheus.egress_source import InstantQuery, PrometheusClient, Sample
 from controller.suggest.core import PodHistory
 
@@ -40,29 +39,6 @@ TEKTON_LABELS = {  # the pod label -> kube-state-metrics' label of kube_pod_labe
 ALLOWLIST = "pods=[" + ",".join(TEKTON_LABELS) + "]"
 TRANSMIT = 'container_network_transmit_bytes_total{pod!="",interface!="lo"}'
 _DURATION = re.compile(r"^[0-9]+(ms|s|m|h|d|w|y)$")
-
-
-@dataclass(frozen=True)
-class PrometheusAuth:
-    """How to reach a Prometheus as users run it: a bearer token, basic auth, a CA bundle for TLS."""
-
-    bearer_token: str | None = None
-    username: str | None = None
-    password: str | None = None
-    ca_file: str | None = None
-    insecure_skip_verify: bool = False
-
-    def session(self) -> requests.Session:
-        session = requests.Session()
-        if self.bearer_token:
-            session.headers["Authorization"] = f"Bearer {self.bearer_token}"
-        if self.username is not None:
-            session.auth = (self.username, self.password or "")
-        if self.ca_file:
-            session.verify = self.ca_file
-        elif self.insecure_skip_verify:
-            session.verify = False
-        return session
 
 
 def client(url: str, auth: PrometheusAuth = PrometheusAuth(), timeout: float = 30.0) -> PrometheusClient:

@@ -21,6 +21,7 @@ from controller.core.egress import MeasuredHistory
 from controller.core.policy import PlacementPolicy
 from controller.event_sink import EventSink
 from controller.metrics import Metrics
+from controller.prometheus.auth import PrometheusAuth
 from controller.prometheus.egress_source import InstantQuery, PrometheusClient, PrometheusError, PrometheusUnavailable
 from controller.prometheus.history import read_sent
 from controller.runner import Runner, Task
@@ -120,10 +121,11 @@ class HistoryReaders:
         clock: Callable[[], float],
         regarding: Callable[[str], dict[str, Any]],
         client: Callable[[MeasuredHistory], InstantQuery] | None = None,
+        auth: PrometheusAuth = PrometheusAuth(),
     ) -> None:
         self._view, self._runner, self._metrics, self._events = view, runner, metrics, events
         self._is_leader, self._clock, self._regarding = is_leader, clock, regarding
-        self._client = client or (lambda rule: PrometheusClient(str(rule.prometheus.url), rule.prometheus.timeout))
+        self._client = client or (lambda rule: PrometheusClient(str(rule.prometheus.url), rule.prometheus.timeout, auth.session()))
         self._running: dict[str, tuple[MeasuredHistory, HistoryReader, Task]] = {}
         self._lock = threading.Lock()
 

@@ -17,7 +17,8 @@ from controller.cli import main
 from controller.cli.errors import Exit
 from controller.cli.suggest import parse_bytes
 from controller.core.pools import load_any_policy
-from controller.prometheus.history import ALLOWLIST, PrometheusAuth, client, join, queries, read_history
+from controller.prometheus.auth import PrometheusAuth
+from controller.prometheus.history import ALLOWLIST, client, join, queries, read_history
 from controller.prometheus.egress_source import Sample
 from tests.unit.test_cli_exit_codes import (  # noqa: F401 - fixtures
     CONFIGS,
@@ -87,26 +88,32 @@ def run(kubeconfig: Path, *extra: str) -> int:
     return main(["suggest", "--kubeconfig", str(kubeconfig), "--prometheus", PROM, *extra])
 
 
+def secret_file(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text + "\n")
+    return str(path)
+
+
 def test_the_adapter_joins_the_five_queries_and_sends_the_credentials(tmp_path: Path):
     history = mixed_history()
     seen: list = []
     with responses.RequestsMock() as mock:
         serve(mock, answers_for(history), seen)
-        got = read_history(client(PROM, PrometheusAuth(bearer_token="s3cret")), "7d", "1m")
+        got = read_history(client(PROM, PrometheusAuth(token_file=secret_file(tmp_path, "token", "s3cret"))), "7d", "1m")
     assert sorted(got.pods, key=lambda p: p.pod) == sorted(
         [p.__class__(**{**p.__dict__, "images": p.images and tuple(sorted(p.images))}) for p in history], key=lambda p: p.pod
     )
     assert got.missing == () and len(got.queries) == 5
     assert all(headers["Authorization"] == "Bearer s3cret" for _, headers in seen)
-    session = PrometheusAuth(username="me", password="pw", ca_file=str(tmp_path / "ca.pem")).session()
-    assert session.auth == ("me", "pw") and session.verify == str(tmp_path / "ca.pem")
+    session = PrometheusAuth(username="me", password_file=secret_file(tmp_path, "pw", "pw"), ca_file=str(tmp_path / "ca.pem")).session()
+    assert session.verify == str(tmp_path / "ca.pem")
 
 
-def test_basic_auth_reaches_prometheus():
+def test_basic_auth_reaches_prometheus(tmp_path: Path):
     seen: list = []
     with responses.RequestsMock() as mock:
         serve(mock, {}, seen)
-        read_history(client(PROM, PrometheusAuth(username="me", password="pw")), "7d", "1m")
+        read_history(client(PROM, PrometheusAuth(username="me", password_file=secret_file(tmp_path, "pw", "pw"))), "7d", "1m")
     assert seen[0][1]["Authorization"] == "Basic " + base64.b64encode(b"me:pw").decode()
 
 
