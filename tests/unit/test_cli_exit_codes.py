@@ -38,11 +38,11 @@ from controller.cli.errors import Exit
 from controller.core.model import TAINT_KEY
 from controller.core.policy import load_policy
 from controller.core.conversion import V1BETA1, to_version
-from devcluster.process import free_port
 from controller.core.pools import objects_from_policy
 from controller.kube.client import kubeconfig_source
 from controller.settings import Settings
 from devcluster.build import find_artifacts
+from devcluster.process import free_port
 
 POLICY = """\
 apiVersion: egress-placer.io/v1alpha1
