@@ -140,6 +140,19 @@ def webhooks_calling(doc: Mapping[str, Any], webhook_url: str, ca_bundle: bytes 
     return doc
 
 
+def adopt_conversion_form(cluster: Cluster, crds: Iterable[Mapping[str, Any]]) -> None:
+    """Make the installed CRDs among `crds` call their conversion webhook the way `crds` do (a `url`, the
+    local form, or a `service`, k8s/'s), before those are applied: an apply that sets one while another field
+    manager still owns the other leaves both, which the API server refuses ("exactly one of url or service")."""
+    for crd in crds:
+        config = (((crd.get("spec") or {}).get("conversion") or {}).get("webhook") or {}).get("clientConfig")
+        name = crd["metadata"]["name"]
+        if not config or not kubectl(cluster, "get", "crd", name, "--ignore-not-found", "-o", "name").strip():
+            continue
+        wanted = {"url": config.get("url"), "service": config.get("service")}  # None removes the other form
+        kubectl(cluster, "patch", "crd", name, "--type", "merge", "-p", json.dumps({"spec": {"conversion": {"webhook": {"clientConfig": wanted}}}}))
+
+
 def local_manifests(
     docs: Iterable[Mapping[str, Any]], policy_text: str, webhook_url: str, ca_bundle: bytes | None = None
 ) -> list[dict[str, Any]]:
@@ -294,6 +307,7 @@ def start_controller(
     else:
         components = ("policy-configmap",) if policy_source == "configmap" else ()
         docs = local_manifests(render_manifests(cluster, components), policy_text, webhook_url, ca_bundle)
+        adopt_conversion_form(cluster, [d for d in docs if d.get("kind") == "CustomResourceDefinition"])
         docs = [d for d in docs if controller_rights or d.get("metadata", {}).get("name") not in CONTROLLER_RIGHTS_NAMES]
         docs = [d for d in docs if d.get("kind") not in POOL_GUARD_KINDS or d["metadata"]["name"] in CONTROLLER_RIGHTS_NAMES
                 or (run_guard if d["metadata"]["name"] == RUN_GUARD_NAME else pool_guard)]

@@ -689,7 +689,11 @@ def cluster_informers(
     out.append(tekton_config(TEKTON_FEATURE_FLAGS, coschedule_of, sink.tekton.set_coschedule))
     # Not Tekton's: the egress budgets' record of window starts in the controller's namespace, written by the
     # leader, followed by every replica (a follower that leads after a failover has the leader's starts).
-    out.append(tekton_config(STARTS_CONFIGMAP, lambda configmap: configmap, sink.budgets.record_seen, settings.namespace))
+    # Not required, as before it was followed: a controller whose rights lack it (RBAC of an older release during
+    # an upgrade) still becomes ready, with the starts its leader records itself (docs/budgets.md).
+    starts = tekton_config(STARTS_CONFIGMAP, lambda configmap: configmap, sink.budgets.record_seen, settings.namespace)
+    starts.required = False
+    out.append(starts)
     out.append(tekton_config(TEKTON_CONFIG_DEFAULTS, default_pod_template_of, sink.tekton.set_default_pod_template))
 
     # Tekton's version (controller.compat): not required; unreadable, it turns off what needs a known version.

@@ -30,7 +30,7 @@ from controller.core.model import TAINT_KEY
 from controller.core.pools import custom_resource_definitions
 from devcluster.cluster import Cluster
 from devplacer.chart import helm_binary
-from devplacer.local_placer import NAMESPACE, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG
+from devplacer.local_placer import NAMESPACE, POOLS_WEBHOOK_CONFIG, WEBHOOK_CONFIG, adopt_conversion_form, render_manifests
 from tests.e2e.harness import REPO, VALIDATING_WEBHOOK_CONFIGS, WEBHOOK_CONFIGS, remove_pool_taints
 from tests.e2e.tekton_runs import POOL, POOL_NODES
 from tests.kube import Api, namespace, namespaces_left, node
@@ -191,10 +191,12 @@ def pools_api_writable(cluster: Cluster) -> bool:
 
 @pytest.fixture
 def plain_cluster(devcluster: Cluster, api: Api) -> Iterator[Cluster]:
-    """No webhook configuration of another form (an earlier module's local one) and no namespace being deleted."""
+    """No webhook configuration or CRD conversion of another form (an earlier module's local one) and no namespace
+    being deleted."""
     api.delete(f"{WEBHOOK_CONFIGS}/{WEBHOOK_CONFIG}")
     api.delete(f"{VALIDATING_WEBHOOK_CONFIGS}/{POOLS_WEBHOOK_CONFIG}")
-    wait_for("no namespace being deleted", lambda: ((api.get(namespace(NAMESPACE)) or {}).get("status") or {}).get("phase") != "Terminating", timeout=90)
+    adopt_conversion_form(devcluster, [d for d in render_manifests(devcluster) if d.get("kind") == "CustomResourceDefinition"])
+    wait_for("no namespace being deleted", lambda: ((api.get(namespace(NAMESPACE)) or {}).get("status") or {}).get("phase") != "Terminating", timeout=180)
     yield devcluster
     remove_pool_taints(api)
     wait_gone(f"namespace {NAMESPACE} to be gone", lambda: namespaces_left(api, NAMESPACE), timeout=180)
@@ -207,10 +209,10 @@ def test_install_then_uninstall_four_ways_as_the_docs_say(plain_cluster: Cluster
         for command in install:
             run(plain_cluster, command)
             if command in NO_CONTROLLER_ANSWERS:
-                wait_for("the API server to stop calling the deleted webhook", lambda: pools_api_writable(plain_cluster), timeout=10)
+                wait_for("the API server to stop calling the deleted webhook", lambda: pools_api_writable(plain_cluster), timeout=60)
         taint_a_pool_node(api)
         for command in uninstall:
             run(plain_cluster, command)
-        wait_for(f"nothing left after {uninstall[-1]!r}", lambda: leftovers(api) == [], timeout=90)
+        wait_gone(f"nothing left after {uninstall[-1]!r}", lambda: leftovers(api), timeout=180)
     for command in AFTERWARDS:
         run(plain_cluster, command)

@@ -38,6 +38,7 @@ def rules(groups: Iterable[str], resources: Iterable[str], verbs: Iterable[str],
 
 
 READ = ("get", "list", "watch")
+POOLS_API_CRDS = ["egresspools.egress-placer.io", "egressplacerconfigs.egress-placer.io"]
 # Granted to every authenticated user by Kubernetes' default ClusterRoles (system:basic-user and others).
 EVERY_USER = (
     rules(["authorization.k8s.io"], ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], ["create"])
@@ -61,6 +62,12 @@ CLUSTER_WIDE = (
     | rules(["egress-placer.io"], ["egresspools", "egressplacerconfigs"], READ)
     | rules(["egress-placer.io"], ["egresspools/status"], ["update", "patch"])
     | rules(["admissionregistration.k8s.io"], ["validatingwebhookconfigurations"], ["get", "update"], ["egress-placer-pools"])
+    # v1beta1: the CRDs' conversion caBundle (patch), the storage migration (objects rewritten, storedVersions
+    # pruned through the CRDs' status), the config's status.
+    | rules(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["get", "patch"], POOLS_API_CRDS)
+    | rules(["apiextensions.k8s.io"], ["customresourcedefinitions/status"], ["update"], POOLS_API_CRDS)
+    | rules(["egress-placer.io"], ["egresspools", "egressplacerconfigs"], ["update"])
+    | rules(["egress-placer.io"], ["egressplacerconfigs/status"], ["update", "patch"])
 )
 # k8s/rbac-namespace.yaml: the leader Lease, the webhook's TLS Secret, the policy ConfigMap, the pool guard's params, the stored last good policy, the budgets' window starts.
 OWN_NAMESPACE = (
