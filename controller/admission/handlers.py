@@ -564,8 +564,8 @@ class Admission:
         ownerReference) resolved by uid to a cached PipelineRun whose decision record names the pool; in a
         pool our queue governs, only with our queue entry for that pool (admission's record at CREATE, which
         the run guard keeps tenants from adding or changing). None: no such run."""
-        whole = self.state.queue.taskrun(namespace, claim.name, "PipelineRun") if claim is not None else None
-        if whole is None or claim is None or whole.uid != claim.uid or not whole.whole_pool:
+        whole = self._owner_run(namespace, claim)
+        if whole is None or not whole.whole_pool:
             return None
         pool = policy.pool(whole.whole_pool)
         if pool is None or not pool.allows(self.state.namespace(namespace)):
@@ -594,9 +594,14 @@ class Admission:
         """Is a coscheduled TaskRun's PipelineRun (its controller owner, by uid, in the cache) held whole by
         our queue (its entry)? Then the TaskRun is not held again: it would wait for a slot its
         PipelineRun keeps taken while it has no pod bound (queue.core.in_flight)."""
-        claim = claimed_pipelinerun(owner_refs(request.metadata))
-        whole = self.state.queue.taskrun(request.namespace, claim.name, "PipelineRun") if claim is not None else None
-        return whole is not None and claim is not None and whole.uid == claim.uid and whole.entry is not None
+        whole = self._owner_run(request.namespace, claimed_pipelinerun(owner_refs(request.metadata)))
+        return whole is not None and whole.entry is not None
+
+    def _owner_run(self, namespace: str, claim: OwnerRef | None) -> RunRecord | None:
+        """The cached PipelineRun a controller ownerReference claims, only when its uid matches (a name is
+        anyone's to write); None: no such run."""
+        whole = self.state.queue.taskrun(namespace, claim.name, "PipelineRun") if claim is not None else None
+        return whole if whole is not None and claim is not None and whole.uid == claim.uid else None
 
     def _coscheduled_budget(self, request: Request, namespace: NamespaceState, policy: PlacementPolicy, placement: Placement) -> Patch:
         """A coscheduled run's pod on a pool follows its affinity assistant (required pod affinity): never
