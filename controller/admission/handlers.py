@@ -481,9 +481,12 @@ class Admission:
         if owner is None:
             return None
         record = self.state.queue.taskrun(request.namespace, owner.name)
-        if record is None or record.uid != owner.uid or (record.pod_name and record.pod_name != request.name):
+        # Still held in the cache while Tekton makes its pod: the release (and the address it names) has not
+        # reached this replica's informer yet. Read once; a failed read keeps what the cache has.
+        stale = record is not None and record.uid == owner.uid and record.entry is not None and record.entry.pending
+        if record is None or record.uid != owner.uid or (record.pod_name and record.pod_name != request.name) or stale:
             if read is not None and (read.namespace, read.name) == (request.namespace, owner.name):
-                record = read.record
+                record = read.record if read.record is not None or not stale else record
             elif self._read_taskrun is not None:
                 raise OwnerReadNeeded(request.namespace, owner.name)
         if record is None or not is_run_pod(owner, record.uid, record.decided, request.name, record.pod_name):
@@ -513,8 +516,11 @@ class Admission:
             self.state.budgets.withdraw(request.namespace, request.name)  # nor its own budget use (the same)
         budget = self._budget(request, decision, policy)
         allowed = frozenset(budget[1].nodes) if budget is not None and not budget[1].hold else None
-        if allowed and decision.pool:
-            allowed = self._released_to(request, run, policy, decision.pool, allowed)
+        released = self._released_to(run, policy, decision.pool) if budget is not None and decision.pool else frozenset()
+        if released:
+            allowed = released  # the leader counted it there; this replica's own count may lag
+        elif allowed and decision.pool:
+            allowed = self._copied_to(request, policy, decision.pool, allowed)
         placement = self._place(current, decision.pool, policy, key, request.name, request.dry_run, allowed=allowed)
         self._count(request.kind, decision, placement)
         template = placement.template
@@ -531,7 +537,7 @@ class Admission:
             pool = policy.pool(placement.pool)
             if not request.dry_run and pool is not None:  # counted at once: the next pod may come before this one is stored
                 self.state.budgets.placed(request.namespace, request.name, pool, placement.node, touched, annotations[BUDGETS_ANNOTATION], now)
-            self._budget_events(request, seen, would, placement.pool)
+            self._budget_events(request, replace(seen, hold=False) if released else seen, would, placement.pool)
         patch = json_patch(current, template, "/spec")
         if not recorded and BUDGETS_ANNOTATION in request.annotations:  # a record admission did not write now
             patch.append({"op": "remove", "path": pointer(("metadata", "annotations", BUDGETS_ANNOTATION))})
@@ -539,19 +545,28 @@ class Admission:
             self._emit(request, decision, placement)
         return patch + self._gate(request, placement.capped, policy, run) + annotation_ops(request.object, annotations)
 
-    def _released_to(self, request: Request, run: RunRecord, policy: PlacementPolicy, pool_name: str, allowed: frozenset[str]) -> frozenset[str]:
-        """The nodes with room behind the egress address the leader released the run to (its entry, written
-        with the release: the run's as cached, else the copy Tekton put on the pod), when some have room
-        there; else every node with room. Replicas admitting pods at once each follow the one leader's
-        count instead of all taking the same address's last room (docs/budgets.md); an address a tenant
-        wrote on a pod only steers its own pod among nodes with room."""
-        copied = read_entry(request.annotations.get(QUEUE_ANNOTATION), "TaskRun")
-        address = (run.entry.address if run.entry is not None else "") or (copied.address if copied is not None else "")
+    def _released_to(self, run: RunRecord, policy: PlacementPolicy, pool_name: str) -> frozenset[str]:
+        """The pool's nodes behind the egress address the leader released the run to (the run's own entry,
+        written with the release, which the run guard keeps tenants from writing): the pod goes there whatever
+        this replica counts, for the one leader's count is the budget's ledger. Replicas admitting pods at
+        once, each with its own lagging view of the pods, then never take an address's room twice
+        (docs/budgets.md). Empty: no address, or no eligible node behind it any more."""
+        address = run.entry.address if run.entry is not None else ""
         pool = policy.pool(pool_name)
         if not address or pool is None:
+            return frozenset()
+        return frozenset(n for n, a in self.state.budgets.addresses(pool).items() if a == address)
+
+    def _copied_to(self, request: Request, policy: PlacementPolicy, pool_name: str, allowed: frozenset[str]) -> frozenset[str]:
+        """The nodes with room behind the address in the entry Tekton copied onto the pod (when the run's own
+        is not at hand), when some have room there; else every node with room: an address a tenant wrote on
+        a pod only steers its own pod among nodes with room."""
+        copied = read_entry(request.annotations.get(QUEUE_ANNOTATION), "TaskRun")
+        pool = policy.pool(pool_name)
+        if copied is None or not copied.address or pool is None:
             return allowed
         where = self.state.budgets.addresses(pool)
-        behind = frozenset(n for n in allowed if where.get(n) == address)
+        behind = frozenset(n for n in allowed if where.get(n) == copied.address)
         return behind or allowed
 
     def _by_tekton(self, request: Request) -> bool:

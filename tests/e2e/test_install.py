@@ -7,7 +7,8 @@ A server-side dry run creates nothing, so the namespaced objects need their name
 the test applies `k8s/namespace.yaml` for real first (the first step of an install) and deletes it
 again if it made it. It runs without the controller fixture, where the devcluster's local form of
 the webhook configuration (a `url` instead of the Service) is not installed: applying the Service
-form over it client-side would set both and be refused, which says nothing about the manifests."""
+form over it client-side would set both and be refused, which says nothing about the manifests. For
+the same reason the CRDs' conversion webhook is switched to k8s/'s form first (`adopt_conversion_form`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Iterator
 import pytest
 
 from devcluster.cluster import Cluster
-from devplacer.local_placer import NAMESPACE, kubectl, render_manifests
+from devplacer.local_placer import NAMESPACE, adopt_conversion_form, kubectl, render_manifests
 from tests.kube import Api, namespace, namespaced, namespaces_left, pods
 from tests.waiting import wait_for, wait_gone
 
@@ -32,6 +33,9 @@ def controller_namespace(devcluster: Cluster, api: Api) -> Iterator[str]:
     """The controller's namespace, applied from `k8s/namespace.yaml`; deleted (and gone) after if it was new."""
     existed = api.get(namespace(NAMESPACE)) is not None
     kubectl(devcluster, "apply", "-f", str(K8S / "namespace.yaml"))  # raises with kubectl's stderr on failure
+    # An earlier module's local controller left the CRDs calling their conversion webhook by `url`: an apply of
+    # k8s/'s `service` form over it would keep both, which the API server refuses (found by CI).
+    adopt_conversion_form(devcluster, [d for d in render_manifests(devcluster) if d.get("kind") == "CustomResourceDefinition"])
     yield NAMESPACE
     if not existed:
         api.delete(namespace(NAMESPACE))

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from controller.budgets.core import BUDGETS_ANNOTATION, read_record, record_annotation
 from controller.core.policy import load_policy
 from tests.unit.test_admission_handlers import TEKTON_USER, Env, tekton_pod
@@ -396,6 +398,88 @@ def test_two_replicas_admitting_the_last_rooms_at_once_follow_the_leaders_releas
     blind, blind_other = replica(env), replica(env)
     same = {node_of(blind.review(tekton_pod(name="r1-pod", taskrun_name="r1"))[1]), node_of(blind_other.review(tekton_pod(name="r2-pod", taskrun_name="r2"))[1])}
     assert len(same) == 1, same
+
+
+def ended(env: Env, name: str, node: str) -> None:
+    """The pod of `running(env, name, node)` finished (this state sees it Succeeded)."""
+    pod = tekton_pod(name=f"{name}-pod", taskrun_name=name, annotations={BUDGETS_ANNOTATION: record_annotation("egress", ["kaniko-pulls"], node, env.now)})
+    pod["metadata"]["uid"] = f"pod-{name}"
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {"phase": "Succeeded"}
+    env.state.apply("Pod", "MODIFIED", pod)
+
+
+def released_with_a_lagging_follower() -> tuple[Env, Env]:
+    """Every address busy (one run at once each); a follower takes its picture; then the leader sees the pod
+    on egress-1 end and releases r1 there. The follower still counts that pod: no room anywhere, by its count."""
+    env = env_with_budgets()
+    env.admission.wall = lambda: env.now
+    for name, node in (("a", "egress-1"), ("b", "egress-2"), ("d", "egress-3")):
+        running(env, name, node)
+    held(env, ["r1"])
+    follower = replica(env)
+    for name in ("a", "b", "d"):  # their runs too: only a run's pod counts
+        follower.add_taskrun("team-ci", name, f"uid-{name}")
+    assert follower.state.budgets.pool_budgets(follower.state.policy.pool("egress"), env.now).uses  # type: ignore[union-attr, arg-type]
+    ended(env, "a", "egress-1")
+    releaser = Releaser(env)
+    QueueReconciler(env.state, releaser, RecordingSink(), env.metrics, clock=lambda: env.now)()
+    assert releaser.released == ["r1"] and read_entry(releaser.entries["r1"], "TaskRun").address == "egress-1"  # type: ignore[union-attr]
+    return env, follower
+
+
+def test_a_follower_that_still_counts_an_ended_pod_puts_the_pod_behind_the_released_address() -> None:
+    """Found on the local cluster (CI, two replicas behind the round-robin proxy): a follower whose count
+    lagged the leader's saw the released address full and put the pod behind another address, which then
+    held 3 at once of 2. The leader's count is the ledger: the pod goes behind its run's address, with no
+    BudgetExceeded Warning (the leader had room)."""
+    env, follower = released_with_a_lagging_follower()
+    follower.state.apply("TaskRun", "MODIFIED", env.runs["r1"])  # the release has reached the follower's cache
+    patched = follower.review(tekton_pod(name="r1-pod", taskrun_name="r1"))[1]
+    assert node_of(patched) == "egress-1"
+    assert not [e for e in follower.events.sent if e["reason"] == "BudgetExceeded"]
+
+
+def test_a_follower_whose_cache_still_holds_the_run_reads_it_for_the_address() -> None:
+    """Tekton makes the pod right after the release: the follower's informer may still show the run held.
+    A held run has no pod, so the TaskRun is read once (off the event loop), and its address followed."""
+    from controller.admission.handlers import Admission, OwnerReadNeeded
+    from tests.unit.test_run_pods import _apply, _review_body
+
+    env, follower = released_with_a_lagging_follower()
+    reads: list[str] = []
+
+    def read(namespace: str, name: str) -> dict[str, Any]:
+        reads.append(name)
+        return env.runs[name]
+
+    follower.admission = Admission(follower.state, follower.metrics, follower.events, follower.admission.settings, read_taskrun=read)
+    follower.admission.wall = lambda: env.now
+    with pytest.raises(OwnerReadNeeded):
+        follower.admission.review(_review_body(tekton_pod(name="r1-pod", taskrun_name="r1")))
+    owner = follower.admission.read_owner("team-ci", "r1")
+    patched = _apply(tekton_pod(name="r1-pod", taskrun_name="r1"), follower.admission.review(_review_body(tekton_pod(name="r1-pod", taskrun_name="r1")), owner))
+    assert reads == ["r1"] and node_of(patched) == "egress-1"
+
+
+def test_a_read_that_fails_keeps_the_cached_run() -> None:
+    """The read of a run the cache still shows held fails: the pod is still the run's pod (placed in its
+    pool, among the nodes this replica counts room on), never turned into a stranger's."""
+    from controller.admission.handlers import Admission, OwnerReadNeeded
+    from tests.unit.test_run_pods import _apply, _review_body
+
+    env, follower = released_with_a_lagging_follower()
+
+    def read(namespace: str, name: str) -> dict[str, Any]:
+        raise RuntimeError("the API server is away")
+
+    follower.admission = Admission(follower.state, follower.metrics, follower.events, follower.admission.settings, read_taskrun=read)
+    follower.admission.wall = lambda: env.now
+    with pytest.raises(OwnerReadNeeded):
+        follower.admission.review(_review_body(tekton_pod(name="r1-pod", taskrun_name="r1")))
+    owner = follower.admission.read_owner("team-ci", "r1")
+    patched = _apply(tekton_pod(name="r1-pod", taskrun_name="r1"), follower.admission.review(_review_body(tekton_pod(name="r1-pod", taskrun_name="r1")), owner))
+    assert node_of(patched).startswith("egress-")
 
 
 def entry_annotation_without_address(run: dict[str, Any]) -> str:
