@@ -38,6 +38,7 @@ from controller.pool_guard.core import GUARD_NAME, policy_binding
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME, controller_rights
 from controller.core.run_guard import RUN_GUARD_NAME
 from controller.core.policy import load_policy
+from controller.settings import env_name, load_settings
 from devcluster.build import find_artifacts, find_optional
 from devcluster.cluster import ClusterError
 from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, RELEASE_NAMESPACE, policy_values, post_render, run_helm, settings_env, template
@@ -189,8 +190,11 @@ def test_the_packaged_chart_renders_the_same(helm: Path, tmp_path: Path, default
         {"replicas": 1, "createNamespace": False, "poolGuard": {"enabled": False}, "agentRbac": {"namespaces": []},
          "controllerRights": {"enabled": False}},
         {"controllerRights": {"validationActions": ["Warn", "Audit"]}},
+        {"prometheus": {"auth": {"existingSecret": "prometheus-auth", "tokenKey": "token", "caKey": "ca.crt"}}},
+        {"prometheus": {"auth": {"existingSecret": "prometheus-auth", "username": "egress-placer", "passwordKey": "password"}},
+         "extraVolumes": [{"name": "extra", "emptyDir": {}}], "extraVolumeMounts": [{"name": "extra", "mountPath": "/extra"}]},
     ],
-    ids=["defaults", "cert-manager+report", "monitoring", "minimal", "rights-warn-only"],
+    ids=["defaults", "cert-manager+report", "monitoring", "minimal", "rights-warn-only", "prometheus-token+ca", "prometheus-basic+extra-volumes"],
 )
 def test_helm_lint_passes_strictly(helm: Path, tmp_path: Path, values: dict[str, Any]) -> None:
     (tmp_path / "values.json").write_text(json.dumps(values))
@@ -607,12 +611,121 @@ def test_helm_lint_passes_strictly_with_every_new_value(helm: Path, tmp_path: Pa
         ({"serviceAccount": {"name": "other"}}, "'name' not allowed"),
         ({"affinity": {"podAntiAfinity": {}}}, "'podAntiAfinity' not allowed"),
         ({"serviceMonitor": {"namespace": "Monitoring"}}, "'/serviceMonitor/namespace'"),
+        ({"prometheus": {"auth": {"existingSecret": "Prometheus_Auth"}}}, "'/prometheus/auth/existingSecret'"),
+        ({"prometheus": {"auth": {"existingSecret": "p", "tokenKey": "a/token"}}}, "'/prometheus/auth/tokenKey'"),
+        ({"prometheus": {"auth": {"tokenFile": "/token"}}}, "'tokenFile' not allowed"),
+        ({"prometheus": {"url": "http://prometheus:9090"}}, "'url' not allowed"),
+        ({"extraVolumes": {"name": "x"}}, "'/extraVolumes'"),
+        ({"extraVolumes": [{"emptyDir": {}}]}, "'/extraVolumes/0'"),
+        ({"extraVolumeMounts": [{"name": "x"}]}, "'/extraVolumeMounts/0'"),
+        ({"extraVolumeMounts": [{"name": "x", "mountPath": "relative"}]}, "'/extraVolumeMounts/0/mountPath'"),
     ],
 )
 def test_the_schema_refuses_wrong_new_values(helm: Path, values: dict[str, Any], named: str) -> None:
     with pytest.raises(ClusterError, match="values don't meet the specifications of the schema") as refused:
         template(helm, values)
     assert named in str(refused.value)
+
+
+# -- Prometheus' credentials (docs/suggest.md, "Prometheus behind auth"), and volumes of one's own ---------
+AUTH_DIR = "/etc/egress-placer/prometheus"
+SECRET = "prometheus-auth"
+AUTH_CASES: dict[str, tuple[dict[str, Any], dict[str, str], list[dict[str, str]]]] = {
+    # values.prometheus.auth: (the settings the chart sets, the Secret's keys projected as files)
+    "token+ca": ({"existingSecret": SECRET, "tokenKey": "bearer", "caKey": "ca.crt"},
+                 {"EGRESS_PLACER_PROMETHEUS_TOKEN_FILE": f"{AUTH_DIR}/token", "EGRESS_PLACER_PROMETHEUS_CA_FILE": f"{AUTH_DIR}/ca.crt"},
+                 [{"key": "bearer", "path": "token"}, {"key": "ca.crt", "path": "ca.crt"}]),
+    "basic": ({"existingSecret": SECRET, "username": "egress-placer", "passwordKey": "password"},
+              {"EGRESS_PLACER_PROMETHEUS_USERNAME": "egress-placer", "EGRESS_PLACER_PROMETHEUS_PASSWORD_FILE": f"{AUTH_DIR}/password"},
+              [{"key": "password", "path": "password"}]),
+    "ca-only": ({"existingSecret": SECRET, "caKey": "tls.ca"}, {"EGRESS_PLACER_PROMETHEUS_CA_FILE": f"{AUTH_DIR}/ca.crt"},
+                [{"key": "tls.ca", "path": "ca.crt"}]),
+}
+
+
+def volume(docs: Iterable[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
+    return next((v for v in pod_spec(docs)["volumes"] if v["name"] == name), None)
+
+
+def mount(docs: Iterable[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
+    return next((m for m in container(docs)["volumeMounts"] if m["name"] == name), None)
+
+
+@pytest.mark.parametrize("auth, settings, items", AUTH_CASES.values(), ids=AUTH_CASES.keys())
+def test_prometheus_auth_mounts_the_secret_read_only_and_names_its_files(
+    helm: Path, default_render: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch,
+    auth: dict[str, Any], settings: dict[str, str], items: list[dict[str, str]],
+) -> None:
+    docs = template(helm, {"prometheus": {"auth": auth}})
+    assert env(docs) == {**env(default_render), **settings}
+    assert volume(docs, SECRET) == {"name": SECRET, "secret": {"secretName": SECRET, "items": items, "defaultMode": 0o444}}
+    assert mount(docs, SECRET) == {"name": SECRET, "mountPath": AUTH_DIR, "readOnly": True}
+    assert "subPath" not in json.dumps(container(docs)["volumeMounts"])  # a rotated Secret reaches the files
+    # ... and the controller takes that combination (its settings refuse what the template refuses)
+    for name, value in settings_env(docs).items():
+        monkeypatch.setenv(name, value)
+    loaded = load_settings()
+    assert {env_name(f): getattr(loaded, f) for f in ("prometheus_token_file", "prometheus_username", "prometheus_password_file",
+                                                      "prometheus_ca_file") if getattr(loaded, f)} == settings
+
+
+def test_extra_env_may_replace_a_prometheus_auth_setting(helm: Path) -> None:
+    """As for the chart's other settings: e.g. a projected ServiceAccount token of extraVolumes, the CA from the Secret."""
+    token = "/var/run/prometheus/token"
+    docs = template(helm, {"prometheus": {"auth": {"existingSecret": SECRET, "tokenKey": "token", "caKey": "ca.crt"}},
+                           "extraEnv": {"EGRESS_PLACER_PROMETHEUS_TOKEN_FILE": token}})
+    assert env(docs)["EGRESS_PLACER_PROMETHEUS_TOKEN_FILE"] == token
+    assert [e["name"] for e in container(docs)["env"]].count("EGRESS_PLACER_PROMETHEUS_TOKEN_FILE") == 1
+
+
+BASIC = {"existingSecret": SECRET, "username": "u", "passwordKey": "password"}
+BOTH = "a bearer token (prometheus.auth.tokenKey) or basic auth (prometheus.auth.username and passwordKey), not both"
+HALF = "basic auth needs both prometheus.auth.username and prometheus.auth.passwordKey"
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"prometheus": {"auth": {**BASIC, "tokenKey": "token"}}}, BOTH),
+        ({"prometheus": {"auth": {"existingSecret": SECRET, "tokenKey": "token", "username": "u"}}}, BOTH),
+        ({"prometheus": {"auth": {"existingSecret": SECRET, "tokenKey": "token"}}, "extraEnv": {"EGRESS_PLACER_PROMETHEUS_USERNAME": "u"}}, BOTH),
+        ({"prometheus": {"auth": BASIC}, "extraEnv": {"EGRESS_PLACER_PROMETHEUS_TOKEN_FILE": "/token"}}, BOTH),
+        ({"prometheus": {"auth": {"existingSecret": SECRET, "username": "u"}}}, HALF),
+        ({"prometheus": {"auth": {"existingSecret": SECRET, "passwordKey": "password"}}}, HALF),
+        ({"extraEnv": {"EGRESS_PLACER_PROMETHEUS_USERNAME": "u"}}, HALF),
+        ({"prometheus": {"auth": {"tokenKey": "token"}}}, "are keys of prometheus.auth.existingSecret: set it too"),
+        ({"prometheus": {"auth": {"existingSecret": SECRET}}}, f"prometheus.auth.existingSecret {SECRET}: name its keys"),
+        ({"extraVolumes": [{"name": "tmp", "emptyDir": {}}]}, "extraVolumes: tmp is the name of one of the chart's volumes"),
+        ({"extraVolumes": [{"name": SECRET, "emptyDir": {}}]}, f"extraVolumes: {SECRET} is the name of one of the chart's volumes"),
+    ],
+    ids=["token+basic", "token+username", "token+username-in-extraEnv", "basic+token-in-extraEnv", "username-only", "password-only",
+         "username-only-in-extraEnv", "keys-without-secret", "secret-without-keys", "extra-volume-tmp", "extra-volume-prometheus-auth"],
+)
+def test_prometheus_auth_the_controller_would_refuse_fails_the_render(helm: Path, values: dict[str, Any], message: str) -> None:
+    with pytest.raises(ClusterError, match="execution error") as refused:
+        template(helm, values)
+    assert message in str(refused.value)
+
+
+def test_extra_volumes_and_mounts_follow_the_chart_s(helm: Path) -> None:
+    volumes = [{"name": "prometheus-token", "projected": {"sources": [{"serviceAccountToken": {"path": "token", "audience": "prometheus"}}]}}]
+    mounts = [{"name": "prometheus-token", "mountPath": "/var/run/prometheus", "readOnly": True}]
+    docs = template(helm, {"extraVolumes": volumes, "extraVolumeMounts": mounts, "certificate": {"mode": "cert-manager"},
+                           "prometheus": {"auth": {"existingSecret": SECRET, "caKey": "ca.crt"}}})
+    assert [v["name"] for v in pod_spec(docs)["volumes"]] == ["serving-cert", "tmp", SECRET, "prometheus-token"]
+    assert pod_spec(docs)["volumes"][-1] == volumes[0]
+    assert [m["name"] for m in container(docs)["volumeMounts"]] == ["serving-cert", "tmp", SECRET, "prometheus-token"]
+    assert container(docs)["volumeMounts"][-1] == mounts[0]
+
+
+def test_without_prometheus_auth_and_extra_volumes_the_pod_is_k8s_s(default_render: list[dict[str, Any]]) -> None:
+    """The defaults add nothing: no Secret mounted, no EGRESS_PLACER_PROMETHEUS_* setting."""
+    assert [v["name"] for v in pod_spec(default_render)["volumes"]] == ["tmp"]
+    assert container(default_render)["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert not [name for name in env(default_render) if name.startswith("EGRESS_PLACER_PROMETHEUS_")]
+    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert defaults["prometheus"] == {"auth": dict.fromkeys(("existingSecret", "tokenKey", "username", "passwordKey", "caKey"), "")}
+    assert (defaults["extraVolumes"], defaults["extraVolumeMounts"]) == ([], [])
 
 
 def test_namespace_override_replaces_the_release_namespace(helm: Path) -> None:

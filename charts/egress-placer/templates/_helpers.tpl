@@ -69,3 +69,47 @@ true when cert-manager keeps the webhook's certificate.
 {{- define "egress-placer.certManager" -}}
 {{- if eq .Values.certificate.mode "cert-manager" }}true{{ end -}}
 {{- end }}
+
+{{/*
+The controller's Prometheus credentials (.Values.prometheus.auth; docs/suggest.md, "Prometheus behind auth"):
+the keys of the Secret existingSecret, each projected as a file of a fixed name under
+/etc/egress-placer/prometheus, and the EGRESS_PLACER_PROMETHEUS_* settings naming those files. As YAML:
+{items: [{key, path}], env: [{name, value}]}, both empty without a Secret. Refuses (fail) what the
+controller's settings refuse (a token and basic auth, half of basic auth), after extraEnv, which may
+replace these settings as it replaces the chart's others, and keys without a Secret or a Secret without keys.
+*/}}
+{{- define "egress-placer.prometheusAuth" -}}
+{{- $auth := .Values.prometheus.auth }}
+{{- $dir := "/etc/egress-placer/prometheus" }}
+{{- $items := list }}
+{{- $env := list }}
+{{- if $auth.existingSecret }}
+{{- if not (or $auth.tokenKey $auth.username $auth.passwordKey $auth.caKey) }}
+{{- fail (printf "prometheus.auth.existingSecret %s: name its keys, prometheus.auth.tokenKey (a bearer token) or username and passwordKey (basic auth), and/or caKey (a CA bundle)" $auth.existingSecret) }}
+{{- end }}
+{{- range $file := list (list $auth.tokenKey "token" "EGRESS_PLACER_PROMETHEUS_TOKEN_FILE") (list $auth.passwordKey "password" "EGRESS_PLACER_PROMETHEUS_PASSWORD_FILE") (list $auth.caKey "ca.crt" "EGRESS_PLACER_PROMETHEUS_CA_FILE") }}
+{{- if index $file 0 }}
+{{- $items = append $items (dict "key" (index $file 0) "path" (index $file 1)) }}
+{{- $env = append $env (dict "name" (index $file 2) "value" (printf "%s/%s" $dir (index $file 1))) }}
+{{- end }}
+{{- end }}
+{{- with $auth.username }}
+{{- $env = append $env (dict "name" "EGRESS_PLACER_PROMETHEUS_USERNAME" "value" .) }}
+{{- end }}
+{{- else if or $auth.tokenKey $auth.passwordKey $auth.caKey }}
+{{- fail "prometheus.auth.tokenKey, passwordKey and caKey are keys of prometheus.auth.existingSecret: set it too (a Secret in the release's namespace)" }}
+{{- end }}
+{{- $set := dict }}
+{{- range $env }}{{ $_ := set $set .name .value }}{{ end }}
+{{- $set = merge (deepCopy .Values.extraEnv) $set }}
+{{- $token := get $set "EGRESS_PLACER_PROMETHEUS_TOKEN_FILE" }}
+{{- $user := get $set "EGRESS_PLACER_PROMETHEUS_USERNAME" }}
+{{- $password := get $set "EGRESS_PLACER_PROMETHEUS_PASSWORD_FILE" }}
+{{- if and $token (or $user $password) }}
+{{- fail "Prometheus credentials: a bearer token (prometheus.auth.tokenKey) or basic auth (prometheus.auth.username and passwordKey), not both (extraEnv's EGRESS_PLACER_PROMETHEUS_* settings count too; docs/suggest.md, \"Prometheus behind auth\")" }}
+{{- end }}
+{{- if ne (not $user) (not $password) }}
+{{- fail "Prometheus credentials: basic auth needs both prometheus.auth.username and prometheus.auth.passwordKey (extraEnv's EGRESS_PLACER_PROMETHEUS_* settings count too; docs/suggest.md, \"Prometheus behind auth\")" }}
+{{- end }}
+{{- toYaml (dict "items" $items "env" $env) }}
+{{- end }}
