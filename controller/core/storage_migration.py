@@ -5,7 +5,7 @@ next try (the backoff of controller/retry.py, jittered) is given.
 - A failure is said (log WARNING and a Warning Event `StorageMigrationFailed` regarding the CRD that could
   not be migrated) once per distinct error; the same error again: DEBUG, no Event (the log's rule).
 - Success says (INFO) what was done; a Normal Event `StorageMigrated` regarding each CRD whose
-  `status.storedVersions` was pruned on this try, and each CRD a Warning Event was about (the Warning's
+  `status.storedVersions` this leader pruned (on this try or an earlier one that failed later), and each CRD a Warning Event was about (the Warning's
   answer, in `kubectl describe crd`). A new leader that finds everything migrated already sends no Event.
 """
 
@@ -83,7 +83,7 @@ def failed(record: MigrationRecord, crd: Crd, error: str, wait: float, stored: s
 
 
 def succeeded(record: MigrationRecord, pruned: Sequence[Crd], stored: str) -> tuple[MigrationRecord, Said]:
-    """Every object written back, `pruned`: the CRDs whose storedVersions this try set to [stored]."""
+    """Every object written back; `pruned`: the CRDs whose storedVersions this leader set to [stored]."""
     about: list[Crd] = list(pruned)
     for crd in record.warned:
         if not any(c.name == crd.name for c in about):

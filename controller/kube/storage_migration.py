@@ -108,6 +108,7 @@ class StorageMigration:
         self.policy = policy
         self.record = MigrationRecord()
         self.next_try = 0.0
+        self.pruned: list[Crd] = []  # the CRDs whose storedVersions a try pruned, said on success
 
     @property
     def done(self) -> bool:
@@ -120,7 +121,6 @@ class StorageMigration:
         now = self.clock()
         if now < self.next_try:
             return self.next_try - now
-        pruned: list[Crd] = []
         for plural in PLURALS:
             crd = Crd(f"{plural}.{GROUP}")
             try:
@@ -133,8 +133,8 @@ class StorageMigration:
                 return self._failed(now, crd, describe_error(e))
             for line in lines:
                 logger.info("storage migration: {}", line)
-            pruned += [crd] if pruning else []
-        self.record, said = succeeded(self.record, pruned, STORED)
+            self.pruned += [crd] if pruning else []
+        self.record, said = succeeded(self.record, self.pruned, STORED)
         self._say(said)
         self.metrics.storage_migration_pending.set(0)
         return None

@@ -211,10 +211,11 @@ def gauge(metrics: Metrics, name: str) -> float | None:
         # succeeds at once: each CRD pruned, a Normal Event each
         ([None], [("egresspools.egress-placer.io", "uid-EgressPool", "Normal", MIGRATED),
                   ("egressplacerconfigs.egress-placer.io", "uid-EgressPlacerConfig", "Normal", MIGRATED)], 0),
-        # refused twice on the configs (the same error), then done: one Warning, then Normals (pools pruned on the
-        # first try, configs on the last; the configs warned about)
+        # refused twice on the configs (the same error), then done: one Warning, then Normals (the pools pruned on
+        # the first try and skipped after, the configs on the last)
         ([CONFIGS, CONFIGS, None], [
             ("egressplacerconfigs.egress-placer.io", "uid-EgressPlacerConfig", "Warning", FAILED),
+            ("egresspools.egress-placer.io", "uid-EgressPool", "Normal", MIGRATED),
             ("egressplacerconfigs.egress-placer.io", "uid-EgressPlacerConfig", "Normal", MIGRATED),
         ], 2),
         # the CRD's status refused, then the pools: two errors, two Warnings, regarding the CRD each was about
