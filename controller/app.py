@@ -336,7 +336,7 @@ class Controller:
                 BudgetMetrics(self.state, self.metrics),
                 self.budget_starts,
                 *statuses,
-                *([StorageMigration(self.api)] if self.pool_status else []),
+                *([StorageMigration(self.api, self.events, self.metrics)] if self.pool_status else []),
             ],
             is_leader=self.is_leader,
             resync_seconds=s.resync_seconds,

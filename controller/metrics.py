@@ -270,6 +270,14 @@ class Metrics:
             "events_dropped_total", "Kubernetes Events not sent because the queue was full."
         )
         self.is_leader = self._gauge("leader", "1 while this replica holds the leader lease.")
+        self.storage_migration_pending = self._gauge(
+            "storage_migration_pending",
+            "1 until the leader's migration of the pools API's stored objects to v1beta1 (and storedVersions) "
+            "succeeded in this process, 0 after; 0 on a replica that does not lead (pools API only).",
+        )
+        self.storage_migration_failures = self._counter(
+            "storage_migration_failures_total", "Tries of the leader's storage migration that failed (tried again with backoff)."
+        )
         self.certificate_expiry = self._gauge(
             "webhook_certificate_expiration_timestamp_seconds",
             "When the serving certificate the webhook presents expires (its notAfter, Unix seconds); 0 until one is loaded.",
@@ -299,6 +307,7 @@ class Metrics:
         """Remove every series only the leader sets (this replica stopped leading)."""
         for name in LEADER_SERIES:
             getattr(self, name).clear()
+        self.storage_migration_pending.set(0)  # no labels to remove: a follower says "nothing pending here"
 
 
 class GaugeSnapshot:

@@ -11,6 +11,10 @@ force (the last good copy the leader stored, controller/last_good_policy/reconci
 pools) and a line `policy: ...` (on stderr with --json) says what is wrong, in the controller's own
 words (`PolicyTracker.problem`).
 
+When a pools API CRD's `status.storedVersions` still lists a version besides v1beta1 (the leader's storage
+migration has not succeeded yet), a line `storage: ...` (on stderr with -o json|yaml, so the rows stay
+as they were) says so and where to look; the exit status does not change (the leader tries again).
+
 Exit status (controller/cli/errors.py): 0 all well, 1 a taint is wrong, an intruder is there or a
 node agent is missing, 2 the policy is invalid or missing or there is no usable kubeconfig, 3 the
 cluster could not be reached or read (the message says which and why).
@@ -44,8 +48,9 @@ from controller.kube.client import (
     status_of,
 )
 from controller.kube.policy_source import read_pools_policy
+from controller.kube.storage_migration import CRDS, STORED
 from controller.core.conversion import V1BETA1
-from controller.core.pools import POOL_PLURAL
+from controller.core.pools import CONFIG_PLURAL, GROUP, POOL_PLURAL
 from controller.agents.reconcile import find_gaps
 from controller.last_good_policy.reconcile import POLICY_KEY, store_name
 from controller.settings import Settings
@@ -258,6 +263,43 @@ def history_lines(history: dict[str, PoolHistory]) -> list[str]:
     return lines
 
 
+STORAGE_CRDS = tuple(f"{plural}.{GROUP}" for plural in (POOL_PLURAL, CONFIG_PLURAL))
+
+
+def stored_versions(settings: Settings) -> dict[str, list[str]]:
+    """Each pools API CRD's `status.storedVersions`; a CRD that is not installed, or that this user may not
+    read, is left out."""
+    api = connect(settings)
+    out: dict[str, list[str]] = {}
+    for name in STORAGE_CRDS:
+        try:
+            crd = api.call("GET", f"{CRDS}/{name}")
+        except Exception as e:
+            if status_of(e) in (403, 404):
+                continue
+            raise unreachable(e, api) from None
+        versions = (crd.get("status") or {}).get("storedVersions")
+        if isinstance(versions, list):
+            out[name] = [str(v) for v in versions]
+    return out
+
+
+def storage_line(stored: dict[str, list[str]]) -> str | None:
+    """One line when a CRD's storedVersions lists a version besides the storage version (objects may still be
+    stored in it: the leader's migration has not succeeded yet, docs/pools-api.md); None otherwise."""
+    behind = {name: [v for v in versions if v != STORED] for name, versions in stored.items()}
+    behind = {name: old for name, old in behind.items() if old}
+    if not behind:
+        return None
+    listed = "; ".join(f"{name} [{', '.join(stored[name])}]" for name in behind)
+    old = ", ".join(sorted({v for versions in behind.values() for v in versions}))
+    return (
+        f"storage: status.storedVersions still lists {old}: {listed}. The leader migrates the stored objects to {STORED} "
+        f"after its election (a failure: Warning Event StorageMigrationFailed, kubectl describe crd {next(iter(behind))}); "
+        "egress-placer migrate-storage does it now"
+    )
+
+
 def print_rows(rows: list[PoolNodeRow], out: TextIO, gaps: Sequence[AgentGap] = ()) -> None:
     header = (
         f"{'POOL':<14}{'NODE':<22}{'READY':<7}{'CORDONED':<10}{'TAINT':<9}{'LOAD':>10}  {'INTRUDERS':>9}  "
@@ -383,9 +425,11 @@ def read_cluster(settings: Settings) -> tuple[ClusterState, str | None]:
 
 
 def run_status(
-    settings: Settings, out: TextIO, as_json: bool = False, err: TextIO = sys.stderr, output: str | None = None
+    settings: Settings, out: TextIO, as_json: bool = False, err: TextIO | None = None, output: str | None = None
 ) -> int:
-    """`output` "json" (as --json) or "yaml": the rows as one list; None or "table": the table."""
+    """`output` "json" (as --json) or "yaml": the rows as one list; None or "table": the table. `err`: sys.stderr
+    as it is at the call (not at import)."""
+    err = err or sys.stderr
     output = "json" if as_json and output in (None, "table") else output
     as_json = output in ("json", "yaml")
     state, problem = read_cluster(settings)
@@ -395,6 +439,9 @@ def run_status(
     rows = [replace(r, egress=egress.get((r.pool, r.node), "-"), history=history.get(r.pool)) for r in pool_rows(state, gaps)]
     if problem is not None:
         print(f"policy: {problem}", file=err if as_json else out)
+    storage = storage_line(stored_versions(settings))
+    if storage is not None:
+        print(storage, file=err if as_json else out)
     if output == "yaml":
         out.write(yaml.safe_dump([{**asdict(r), "agents_missing": list(r.agents_missing)} for r in rows], sort_keys=False))
     elif as_json:

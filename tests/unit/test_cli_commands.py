@@ -17,6 +17,7 @@ import yaml
 
 from controller.cli import COMMANDS, main
 from controller.cli.errors import Exit
+from controller.cli.status import storage_line
 from tests.unit.test_cli_exit_codes import (  # noqa: F401 - fixtures
     POLICY,
     FakeApiServer,
@@ -229,3 +230,48 @@ def test_migrate_storage_refused_is_3_and_old_crds_are_2(api_server: FakeApiServ
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "egresspools.egress-placer.io stores v1alpha1, not v1beta1: install the CRDs that serve v1beta1 first" in captured.err
+
+
+# -- status: a line while a CRD's storedVersions still lists v1alpha1 ---------------------------------------
+@pytest.mark.parametrize(
+    "stored, line",
+    [
+        ({}, None),  # no CRD installed, or not readable by this user
+        ({"egresspools.egress-placer.io": ["v1beta1"], "egressplacerconfigs.egress-placer.io": ["v1beta1"]}, None),
+        ({"egresspools.egress-placer.io": ["v1alpha1", "v1beta1"], "egressplacerconfigs.egress-placer.io": ["v1beta1"]},
+         "storage: status.storedVersions still lists v1alpha1: egresspools.egress-placer.io [v1alpha1, v1beta1]. "
+         "The leader migrates the stored objects to v1beta1 after its election (a failure: Warning Event "
+         "StorageMigrationFailed, kubectl describe crd egresspools.egress-placer.io); egress-placer migrate-storage does it now"),
+        ({"egresspools.egress-placer.io": ["v1alpha1"], "egressplacerconfigs.egress-placer.io": ["v1alpha1", "v1beta1"]},
+         "storage: status.storedVersions still lists v1alpha1: egresspools.egress-placer.io [v1alpha1]; "
+         "egressplacerconfigs.egress-placer.io [v1alpha1, v1beta1]. The leader"),
+    ],
+)
+def test_the_storage_line_names_the_crds_behind(stored: dict[str, list[str]], line: str | None) -> None:
+    """`line`: the line, or its beginning."""
+    said = storage_line(stored)
+    assert (said is None) == (line is None) and (said or "").startswith(line or "")
+
+
+@pytest.mark.parametrize(
+    "output, on_stdout",
+    [([], True), (["-o", "json"], False), (["-o", "yaml"], False), (["--json"], False)],
+)
+def test_status_says_when_stored_versions_still_list_v1alpha1(
+    api_server: FakeApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str], output: list[str], on_stdout: bool
+) -> None:
+    crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    api_server.objects.update({
+        f"{crds}/egresspools.egress-placer.io": crd_storing("egresspools", ["v1alpha1", "v1beta1"]),
+        f"{crds}/egressplacerconfigs.egress-placer.io": crd_storing("egressplacerconfigs", ["v1beta1"]),
+    })
+    assert main(["status", "--kubeconfig", str(kubeconfig), *output]) == Exit.OK  # the leader tries again: no finding
+    captured = capsys.readouterr()
+    said = "storage: status.storedVersions still lists v1alpha1: egresspools.egress-placer.io [v1alpha1, v1beta1]."
+    assert (said in captured.out, said in captured.err) == (on_stdout, not on_stdout)
+    if not on_stdout:  # the rows, as before
+        rows = yaml.safe_load(captured.out)
+        assert [(r["pool"], r["node"], r["taint"]) for r in rows] == [("overseas", "egress-1", "ok")]
+    api_server.objects[f"{crds}/egresspools.egress-placer.io"] = crd_storing("egresspools", ["v1beta1"])  # migrated
+    assert main(["status", "--kubeconfig", str(kubeconfig), *output]) == Exit.OK
+    assert "storage:" not in "".join(capsys.readouterr())

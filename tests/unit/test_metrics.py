@@ -64,6 +64,8 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...]]] = {
     "egress_placer_api_write_retries_total": ("counter", ("cause", "operation")),
     "egress_placer_events_dropped_total": ("counter", ()),
     "egress_placer_leader": ("gauge", ()),
+    "egress_placer_storage_migration_pending": ("gauge", ()),
+    "egress_placer_storage_migration_failures_total": ("counter", ()),
     "egress_placer_webhook_certificate_expiration_timestamp_seconds": ("gauge", ()),
     "egress_placer_egress_bytes_per_second": ("gauge", ("node", "pool")),
     "egress_placer_egress_figure_age_seconds": ("gauge", ("node", "pool")),
