@@ -105,3 +105,12 @@ def test_the_committed_files_state_the_committed_results_range() -> None:
     supported = generate.supported_range()
     assert f'kubeVersion: "{supported.kube_version()}"' in (generate.REPO / generate.CHART_YAML).read_text().splitlines()
     assert f"- Kubernetes **{supported.kubernetes_text()}**" in (generate.REPO / generate.COMPATIBILITY_DOC).read_text()
+
+
+def test_the_plan_the_doc_shows_is_the_one_the_range_counts() -> None:
+    """docs/compatibility.md's "The cells" table (the plan read from releases.md) and `matrix.checkout_plan` (what
+    `make generate` counts rows of) name the same cells."""
+    text = (generate.REPO / generate.COMPATIBILITY_DOC).read_text()
+    section = text[text.index("## The cells"): text.index("## Results")]
+    shown = {Cell(*(c.strip() for c in line.strip("|").split("|")[:2])) for line in section.splitlines() if line.startswith("| v")}
+    assert shown == set(matrix.checkout_plan())
