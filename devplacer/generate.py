@@ -12,12 +12,14 @@ nothing and names the files that differ from what it would write (exit status 1)
 | `k8s/run-guard.yaml` | `controller/core/run_guard.py`: the run guard's policy and its binding (Deny) |
 | `charts/egress-placer/templates/run-guard.yaml` | the same, as a Helm template (`runGuard.enabled`, `runGuard.warnOnly`) |
 | `charts/egress-placer/README.md` | the chart's values.yaml (`# --` comments) and README.md.gotmpl, by helm-docs |
-| `charts/egress-placer/Chart.yaml` | its `version` and `appVersion` lines: pyproject.toml's version (devplacer/version.py); the rest as written |
+| `charts/egress-placer/Chart.yaml` | its `version` and `appVersion` lines: pyproject.toml's version (devplacer/version.py); its `kubeVersion`: the supported range (below); the rest as written |
+| `docs/compatibility.md`, `docs/helm.md`, `docs/faq.md`, `k8s/README.md` | the supported versions they state (compatibility.md's "Supported versions" block, helm.md's `- Kubernetes` and `- Tekton Pipelines` lines, faq.md's Kubernetes and Tekton rows, k8s/README.md's `Prerequisites:` line): the range docs/compatibility.json proves (devplacer/supported.py); the rest as written |
 | `k8s/deployment.yaml` | its `image:` line: the published image at that version (devplacer/version.py); the rest as written |
 
 The chart's README needs helm-docs, an optional component of the local cluster's build
 (`python -m devcluster build --with helm-docs`, part of `make cluster-build`). Without it (a bare
-clone) a write and `--check` leave that file alone and say so.
+clone) a write and `--check` leave that file alone and say so. When no cell of the matrix's plan has a passing row
+in docs/compatibility.json there is no supported range: a write and `--check` stop with that error.
 
 The `crds/` directories (k8s/'s, and the chart's of the 0.1.0 chart, now empty) hold generated files only: a file there that the render does not make is
 removed by a write and named by `--check`. tests/unit/test_generated.py fails when a committed file
@@ -27,8 +29,10 @@ differs from this render, and names it.
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -41,7 +45,8 @@ from controller.core.rights import controller_rights
 from controller.core.pools_v1beta1 import served_crds
 from controller.core import run_guard
 from devcluster.build import find_optional
-from devplacer import crds
+from controller.compat.core import TASKRUN_PENDING_SINCE
+from devplacer import crds, matrix, supported
 from devplacer import version as versions
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +62,12 @@ CHART_CRDS = CHART_DIR / "templates" / "crds.yaml"
 CHART_README = CHART_DIR / "README.md"
 CHART_YAML = CHART_DIR / "Chart.yaml"
 DEPLOYMENT = Path("k8s/deployment.yaml")
+COMPATIBILITY_DOC = Path("docs/compatibility.md")
+HELM_DOC = Path("docs/helm.md")
+FAQ_DOC = Path("docs/faq.md")
+K8S_README = Path("k8s/README.md")
+SUPPORTED_BEGIN = "<!-- supported versions: written by `make generate` (devplacer/supported.py) from docs/compatibility.json -->"
+SUPPORTED_END = "<!-- end of the supported versions -->"
 HELM_DOCS_MISSING = (
     f"{CHART_README}: not generated, helm-docs is not built "
     "(python -m devcluster build --with helm-docs, part of make cluster-build)"
@@ -285,10 +296,62 @@ def release_version() -> str:
     return version
 
 
-def chart_yaml(text: str, version: str) -> str:
-    """Chart.yaml with `version` and `appVersion` set to the project's version (lockstep, docs/releasing.md)."""
+def chart_yaml(text: str, version: str, supported_range: supported.SupportedRange) -> str:
+    """Chart.yaml with `version` and `appVersion` set to the project's version (lockstep, docs/releasing.md), and
+    `kubeVersion` to the Kubernetes minors the matrix proves."""
     text = _set_line(text, r"^version: .*$", f"version: {version}", CHART_YAML)
+    text = _set_line(text, r"^kubeVersion: .*$", f'kubeVersion: "{supported_range.kube_version()}"', CHART_YAML)
     return _set_line(text, r"^appVersion: .*$", f'appVersion: "{version}"', CHART_YAML)
+
+
+def supported_range() -> supported.SupportedRange:
+    """What docs/compatibility.json proves for the plan this checkout builds (`supported.NothingProven` when nothing)."""
+    return supported.proven(matrix.read_results(), matrix.checkout_plan())
+
+
+def _queue_note(supported_range: supported.SupportedRange) -> str:
+    """What the oldest Tekton minors lack (controller/compat/: no TaskRunPending), when the range has them."""
+    since = "v" + ".".join(map(str, TASKRUN_PENDING_SINCE[:2]))
+    older = ", ".join(t for t in supported_range.tekton_minors if matrix.version_key(t) < TASKRUN_PENDING_SINCE[:2])
+    return f"; on {older} no TaskRun is queued (no TaskRunPending before {since})" if older else ""
+
+
+def supported_block(supported_range: supported.SupportedRange) -> str:
+    """docs/compatibility.md's "Supported versions" block."""
+    return (
+        f"- Kubernetes **{supported_range.kubernetes_text()}**: the chart's `kubeVersion: \"{supported_range.kube_version()}\"`\n"
+        f"- Tekton Pipelines **{supported_range.tekton_text()}**{_queue_note(supported_range)}\n"
+        f"- proven by the passing cells: {supported_range.tested()}\n"
+    )
+
+
+def compatibility_doc(text: str, supported_range: supported.SupportedRange) -> str:
+    if text.count(SUPPORTED_BEGIN) != 1 or text.count(SUPPORTED_END) != 1:
+        raise ValueError(f"{COMPATIBILITY_DOC}: one {SUPPORTED_BEGIN!r} and one {SUPPORTED_END!r} line were expected")
+    begin, end = text.index(SUPPORTED_BEGIN) + len(SUPPORTED_BEGIN), text.index(SUPPORTED_END)
+    return text[:begin] + "\n" + supported_block(supported_range) + text[end:]
+
+
+def helm_doc(text: str, supported_range: supported.SupportedRange) -> str:
+    k8s, tekton = supported_range.kubernetes_text(), supported_range.tekton_text("or")
+    text = _set_line(text, r"^- Kubernetes .*;$", f"- Kubernetes {k8s} (what the compatibility matrix proves: "
+                     "[compatibility.md](compatibility.md#supported-versions));", HELM_DOC)
+    return _set_line(text, r"^- Tekton Pipelines .*;$", f"- Tekton Pipelines {tekton} installed;", HELM_DOC)
+
+
+def faq_doc(text: str, supported_range: supported.SupportedRange) -> str:
+    k8s, tekton = supported_range.kubernetes_text(), supported_range.tekton_text()
+    patches = sorted({c.kubernetes for c in supported_range.cells}, key=matrix.version_key)
+    text = _set_line(text, r"^\| Kubernetes \| .*\|$", f"| Kubernetes | {k8s} (what the compatibility matrix proves: "
+                     f"[compatibility.md](compatibility.md#supported-versions)) | {', '.join(p.lstrip('v') for p in patches)} |", FAQ_DOC)
+    return _set_line(text, r"^\| Tekton Pipelines \| .*\|$", f"| Tekton Pipelines | {tekton} (the `tekton.dev/v1` API: TaskRun, "
+                     f"PipelineRun){_queue_note(supported_range)} | {supported_range.tested()} |", FAQ_DOC)
+
+
+def k8s_readme(text: str, supported_range: supported.SupportedRange) -> str:
+    line = (f"Prerequisites: Kubernetes {supported_range.kubernetes_text()} and Tekton Pipelines {supported_range.tekton_text('or')} "
+            "(what the compatibility matrix proves: [docs/compatibility.md](../docs/compatibility.md#supported-versions)),")
+    return _set_line(text, r"^Prerequisites: Kubernetes .*,$", line, K8S_README)
 
 
 def deployment_yaml(text: str, version: str) -> str:
@@ -296,14 +359,19 @@ def deployment_yaml(text: str, version: str) -> str:
     return _set_line(text, r"^          image: .*$", f"          image: {versions.IMAGE_REPOSITORY}:{version}", DEPLOYMENT)
 
 
-def chart_readme(helm_docs: Path) -> str:
-    """charts/egress-placer/README.md: helm-docs over the chart (its README.md.gotmpl), values in file order."""
-    result = subprocess.run(
-        [str(helm_docs), "--dry-run", "--sort-values-order", "file", "--log-level", "warning"],
-        cwd=REPO / CHART_DIR,
-        capture_output=True,
-        text=True,
-    )
+def chart_readme(helm_docs: Path, chart_yaml_text: str) -> str:
+    """charts/egress-placer/README.md: helm-docs over the chart (its README.md.gotmpl), values in file order, with
+    `chart_yaml_text` as its Chart.yaml (the one this render writes: one `make generate` makes both agree)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        chart = Path(scratch) / CHART_DIR.name
+        shutil.copytree(REPO / CHART_DIR, chart)
+        (chart / "Chart.yaml").write_text(chart_yaml_text)
+        result = subprocess.run(
+            [str(helm_docs), "--dry-run", "--sort-values-order", "file", "--log-level", "warning"],
+            cwd=chart,
+            capture_output=True,
+            text=True,
+        )
     if result.returncode != 0:
         raise RuntimeError(f"helm-docs failed (exit status {result.returncode}): {result.stderr.strip()}")
     return result.stdout
@@ -329,11 +397,16 @@ def outputs() -> dict[Path, str]:
     out[RUN_GUARD] = run_guard_manifest()
     out[CHART_RUN_GUARD] = chart_run_guard_template()
     version = release_version()
-    out[CHART_YAML] = chart_yaml((REPO / CHART_YAML).read_text(), version)
+    proven = supported_range()
+    out[CHART_YAML] = chart_yaml((REPO / CHART_YAML).read_text(), version, proven)
+    out[COMPATIBILITY_DOC] = compatibility_doc((REPO / COMPATIBILITY_DOC).read_text(), proven)
+    out[HELM_DOC] = helm_doc((REPO / HELM_DOC).read_text(), proven)
+    out[FAQ_DOC] = faq_doc((REPO / FAQ_DOC).read_text(), proven)
+    out[K8S_README] = k8s_readme((REPO / K8S_README).read_text(), proven)
     out[DEPLOYMENT] = deployment_yaml((REPO / DEPLOYMENT).read_text(), version)
     binary = helm_docs()
     if binary is not None:
-        out[CHART_README] = chart_readme(binary)
+        out[CHART_README] = chart_readme(binary, out[CHART_YAML])
     return out
 
 

@@ -122,15 +122,30 @@ def plan(
     """The matrix's cells: each supported LTS (its newest patch `served` says the proxy serves) and `newest_tekton`
     on the newest Kubernetes; `newest_tekton` on the `KUBERNETES_MINORS` newest Kubernetes minors."""
     kubernetes = sorted(kubernetes_versions, key=version_key, reverse=True)
-    newest_kubernetes = kubernetes[0]
     tektons = []
     for release in supported_lts(releases, today):
         patch = next((v for v in sorted(release.patches, key=version_key, reverse=True) if served(v)), None)
-        if patch is not None and version_key(patch) < version_key(newest_tekton):
+        if patch is not None:
             tektons.append(patch)
-    cells = [Cell(t, newest_kubernetes) for t in (*tektons, newest_tekton)]
+    return cells_of(tektons, newest_tekton, kubernetes)
+
+
+def cells_of(tektons: Iterable[str], newest_tekton: str, kubernetes_versions: Sequence[str]) -> list[Cell]:
+    """The cells of `tektons` (older than `newest_tekton`) and `newest_tekton` on the newest Kubernetes, and
+    `newest_tekton` on the `KUBERNETES_MINORS` newest Kubernetes minors."""
+    kubernetes = sorted(kubernetes_versions, key=version_key, reverse=True)
+    older = [t for t in tektons if version_key(t) < version_key(newest_tekton)]
+    cells = [Cell(t, kubernetes[0]) for t in (*older, newest_tekton)]
     cells += [Cell(newest_tekton, k) for k in kubernetes[:KUBERNETES_MINORS]]
     return sorted(set(cells), key=lambda c: (version_key(c.tekton), version_key(c.kubernetes)))
+
+
+def checkout_plan() -> list[Cell]:
+    """The plan as this checkout can build it, offline (what `make generate` counts rows of): every Tekton it has a
+    module for (the pin, the newest, and each variant under `devcluster/tools/_versions/tekton/`, which are the
+    supported LTS: a variant goes when its LTS ends) and `KUBERNETES_VERSIONS`, cell for cell as `plan` makes them.
+    `main` says when the plan read from releases.md differs."""
+    return cells_of(build.available_versions("tekton"), build.pinned_version(build.COMPONENTS[3]), KUBERNETES_VERSIONS)
 
 
 # -- results -------------------------------------------------------------------------------------------------------
@@ -265,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     newest = build.pinned_version(build.COMPONENTS[3])
     cells = plan(merged_releases(releases_texts()).values(), args.today, newest, KUBERNETES_VERSIONS, served(build.TEKTON_MODULE))
+    if set(cells) != set(checkout_plan()):
+        print(f"[matrix] note: `make generate` counts the rows of the cells this checkout can build "
+              f"({', '.join(c.name for c in checkout_plan())}), not of this plan: add or remove the Tekton variants "
+              "(devcluster/tools/_versions/) to match it", file=sys.stderr)
     if args.only:
         cells = [Cell(*name.split("/")) for name in args.only]
     for cell in cells:
@@ -280,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         ensure_variants(cell, print)
         write_table(keep_result(run_cell(cell)))
     rows = read_results()
+    print("[matrix] the supported range is written from docs/compatibility.json by `python -m devplacer.generate`")
     return 0 if all(r["failed"] == 0 and r["passed"] > 0 for r in rows if (r["tekton"], r["kubernetes"]) in {(c.tekton, c.kubernetes) for c in cells}) else 1
 
 

@@ -42,6 +42,7 @@ from controller.settings import env_name, load_settings
 from devcluster.build import find_artifacts, find_optional
 from devcluster.cluster import ClusterError
 from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, RELEASE_NAMESPACE, policy_values, post_render, run_helm, settings_env, template
+from devplacer.generate import supported_range
 from devplacer.version import IMAGE_REPOSITORY, PUBLISHED_IMAGE
 from devplacer.local_placer import K8S_DIR, kustomize
 
@@ -762,3 +763,18 @@ def test_the_crds_template_checks_stored_versions_against_the_versions_it_serves
         assert "`egress-placer migrate-storage`" in check
     later = {"metadata": {"name": "egresspools.egress-placer.io"}, "spec": {"versions": [{"name": "v1beta1"}]}}
     assert '(has . (list "v1beta1"))' in stored_versions_check(later)
+
+
+# -- kubeVersion: the supported range ---------------------------------------------------------------------
+def test_the_chart_installs_on_the_proven_kubernetes_minors_only(helm: Path) -> None:
+    """Chart.yaml's kubeVersion (written by `make generate` from docs/compatibility.json): every proven minor, its
+    providers' versions too (a pre-release part: `-eks-...`, `-gke...`); not the minor below, nor the one above,
+    nor that one's pre-releases."""
+    minors = supported_range().kubernetes_minors
+    for major, minor in minors:
+        for version in (f"v{major}.{minor}.0", f"v{major}.{minor}.4-eks-abc123", f"v{major}.{minor}.9-gke.100"):
+            run_helm(helm, "template", "egress-placer", str(CHART_DIR), "--kube-version", version)
+    (major, lowest), (_, highest) = minors[0], minors[-1]
+    for version in (f"v{major}.{lowest - 1}.9", f"v{major}.{highest + 1}.0", f"v{major}.{highest + 1}.0-alpha.1"):
+        with pytest.raises(ClusterError, match="incompatible with Kubernetes"):
+            run_helm(helm, "template", "egress-placer", str(CHART_DIR), "--kube-version", version)

@@ -112,6 +112,6 @@ def test_a_version_helm_and_pip_would_read_differently_is_refused(tmp_path: Path
 
 def test_a_version_bump_rewrites_only_the_version_lines() -> None:
     text = (generate.REPO / generate.CHART_YAML).read_text()
-    bumped = generate.chart_yaml(text, "9.8.7")
+    bumped = generate.chart_yaml(text, "9.8.7", generate.supported_range())
     changed = [(a, b) for a, b in zip(text.splitlines(), bumped.splitlines()) if a != b]
     assert [b for _, b in changed] == ["version: 9.8.7", 'appVersion: "9.8.7"'] and len(bumped) - len(text) < 10
