@@ -5,6 +5,10 @@ own cache key: `up` never waits for it), writes a config with one static scrape 
 labelled `node: <node name>` (a series' own `node` label is kept: honor_labels), starts it on 127.0.0.1 (so `python -m devcluster down` stops it
 too) and returns its URL once it is ready and has scraped every target. Data lives in
 `DIR/prometheus/data` (kept across restarts of the same cluster, removed with the directory).
+
+`web_config`: Prometheus as users run it behind auth (`--web.config.file`: `basic_auth_users` with bcrypt
+hashes, `tls_server_config` with a serving certificate, then the URL is https); `probe` is the session that
+may read it (credentials, the CA) for the readiness and scrape checks.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ def start_prometheus(
     *,
     port: int | None = None,
     timeout: float = READY_TIMEOUT,
+    web_config: Mapping[str, object] | None = None,
+    probe: requests.Session | None = None,
 ) -> str:
     """Start Prometheus scraping `targets` (node name -> metrics URL); return its base URL.
 
@@ -75,7 +81,8 @@ def start_prometheus(
     config_file = home / "prometheus.yml"
     config_file.write_text(yaml.safe_dump(scrape_config(targets, scrape_interval), sort_keys=False))
     port = port or free_port()
-    url = f"http://127.0.0.1:{port}"
+    scheme = "https" if web_config and "tls_server_config" in web_config else "http"
+    url = f"{scheme}://127.0.0.1:{port}"
     argv = [
         str(bin_dir / "prometheus"),
         f"--config.file={config_file}",
@@ -84,9 +91,13 @@ def start_prometheus(
         f"--web.listen-address=127.0.0.1:{port}",
         "--log.level=warn",
     ]
+    if web_config is not None:
+        web_file = home / "web.yml"
+        web_file.write_text(yaml.safe_dump(dict(web_config), sort_keys=False))
+        argv.append(f"--web.config.file={web_file}")
     record = cluster.start_process(PROCESS_NAME, argv, port=port, health_url=f"{url}/-/ready")
     try:
-        _wait_scraped(url, record.log, set(targets), timeout)
+        _wait_scraped(url, record.log, set(targets), timeout, probe or _session())
     except BaseException:
         cluster.stop_process(PROCESS_NAME)
         raise
@@ -98,8 +109,7 @@ def stop_prometheus(cluster: Cluster) -> None:
     cluster.stop_process(PROCESS_NAME)
 
 
-def _wait_scraped(url: str, log: str, nodes: set[str], timeout: float) -> None:
-    session = _session()
+def _wait_scraped(url: str, log: str, nodes: set[str], timeout: float, session: requests.Session) -> None:
     deadline = time.monotonic() + timeout
     up: set[str] = set()
     while True:

@@ -73,12 +73,29 @@ class PrometheusAuth:
         return self
 
     def session(self) -> requests.Session:
-        session = requests.Session()
+        session = _CASession(self.ca_file) if self.ca_file else requests.Session()
         if self.token_file or self.username:
             session.auth = _FileAuth(self)
-        if self.ca_file:
-            session.verify = self.ca_file
         return session
+
+
+class _CASession(requests.Session):
+    """A session that verifies with the CA file given, whatever the environment says.
+
+    requests lets REQUESTS_CA_BUNDLE or CURL_CA_BUNDLE replace a session's own `verify` at every request
+    (psf/requests#3829): on a machine or image that sets them (many do, to the system bundle) the CA file
+    would be silently ignored and Prometheus' certificate refused. Proxies still come from the environment.
+    """
+
+    def __init__(self, ca_file: str) -> None:
+        super().__init__()
+        self.verify = ca_file
+
+    def merge_environment_settings(self, url, proxies, stream, verify, cert):  # type: ignore[no-untyped-def]
+        settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
+        if verify is None or verify is True:  # the request itself said nothing: the CA file given wins
+            settings["verify"] = self.verify
+        return settings
 
 
 class _FileAuth(AuthBase):

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from controller.core.images import TASKRUN_LABEL
 from controller.core.model import DECISION_ANNOTATION, Taint
-from controller.pool_status.core import PoolObject
+from controller.pool_status.core import PoolObject, nested_removals
 from controller.core.pools import policy_from_objects
 from controller.metrics import Metrics
 from controller.placement_log.core import rfc3339
@@ -86,14 +89,49 @@ class RecordingStatusWriter:
             self.fail -= 1
             raise RuntimeError("API down")
         self.writes.append((name, dict(status), list(removed)))
-        # As the informer would show it a moment later.
-        self.objects.pools = [PoolObject(p.name, p.generation, dict(status)) if p.name == name else p for p in self.objects.pools]
+        # As the informer would show it a moment later: the merge patch applied, as the API server does.
+        self.objects.pools = [PoolObject(p.name, p.generation, merged(p.status, status, removed)) if p.name == name else p for p in self.objects.pools]
 
     def set_config_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None:
         self.writes.append((name, dict(status), list(removed)))
         config = self.objects.config
         assert config is not None and config.name == name
         self.objects.config = PoolObject(name, config.generation, dict(status))
+
+
+def merged(stored: Mapping[str, Any], patch: Mapping[str, Any], removed: Sequence[str] = ()) -> dict[str, Any]:
+    """RFC 7386: `patch` merged into `stored` (null deletes, objects merge, the rest replaces), `removed` deleted."""
+    out = {k: v for k, v in stored.items() if k not in removed}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping):
+            out[key] = merged(out.get(key) if isinstance(out.get(key), Mapping) else {}, value)
+        else:
+            out[key] = value
+    return out
+
+
+def test_a_nested_key_no_longer_written_is_nulled_so_the_merge_patch_deletes_it() -> None:
+    """Found by the cluster test against a Prometheus that requires auth: `history.lastError` stayed after
+    a read succeeded, for a merge patch that leaves a nested key out keeps it."""
+    stored = {"history": {"groups": 0, "lastError": "HTTP 401"}, "load": {"a": 1}, "nodes": 1, "gone": True}
+    desired = {"history": {"groups": 0, "readAt": "2027-01-15T08:00:00Z"}, "load": {"a": 2}, "nodes": 1}
+    patch = nested_removals(stored, desired)
+    assert patch["history"] == {"groups": 0, "readAt": "2027-01-15T08:00:00Z", "lastError": None}
+    assert merged(stored, patch, ["gone"]) == desired
+    assert merged(stored, desired, ["gone"]) != desired  # without the nulls the old error stays
+
+
+_KEYS = st.sampled_from(["a", "b", "c", "history", "lastError"])
+_STATUS = st.recursive(st.integers(0, 3) | st.text(max_size=3) | st.lists(st.integers(0, 3), max_size=2),
+                       lambda inner: st.dictionaries(_KEYS, inner, max_size=4), max_leaves=12)
+
+
+@given(st.dictionaries(_KEYS, _STATUS, max_size=4), st.dictionaries(_KEYS, _STATUS, max_size=4))
+def test_the_patch_merged_into_any_stored_status_gives_the_desired_one(stored: dict[str, Any], desired: dict[str, Any]) -> None:
+    removed = [k for k in stored if k not in desired]
+    assert merged(stored, nested_removals(stored, desired), removed) == desired
 
 
 def setup(*pools: PoolObject, nodes: Sequence[dict[str, Any]] = (), fail: int = 0, refusal: str | None = None):

@@ -107,6 +107,21 @@ def test_the_controller_refuses_two_ways_or_half_of_basic_auth(env: dict[str, st
         load_settings(env)
 
 
+def test_the_ca_file_wins_over_the_environment_s_ca_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE replace a session's `verify` (psf/requests#3829): set,
+    as on many machines, they made the CA file ignored and the real Prometheus' certificate refused (found by
+    tests/e2e/test_suggest_auth.py). The settings requests will use for a request keep the CA file."""
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    monkeypatch.setenv("CURL_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt")
+    ca = str(tmp_path / "ca.crt")
+    for auth in (PrometheusAuth(ca_file=ca), PrometheusAuth(username="me", password_file=str(tmp_path / "pw"), ca_file=ca)):
+        session = auth.session()
+        assert session.merge_environment_settings(f"{PROM}/api/v1/query", {}, None, None, None)["verify"] == ca
+        assert session.merge_environment_settings(f"{PROM}/api/v1/query", {}, None, False, None)["verify"] is False
+    plain = PrometheusAuth().session()  # no CA file given: the environment's bundle, as requests does
+    assert plain.merge_environment_settings(f"{PROM}/api/v1/query", {}, None, None, None)["verify"] == "/etc/ssl/certs/ca-certificates.crt"
+
+
 def test_the_controller_s_history_readers_send_the_mounted_credentials(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("from-the-secret\n")
     settings = load_settings({"prometheus_token_file": str(tmp_path / "token"), "prometheus_ca_file": str(tmp_path / "ca.crt")})
