@@ -6,8 +6,9 @@
 `egress-placer`: the controller's own `AdmissionServer` and `Admission`, on the controller's event loop
 (`run_event_loop`: uvloop), over a `ClusterState` filled
 in memory (pool and ordinary nodes, namespaces, the catalog's Tasks, StepActions and Pipelines,
-running pods), real `Metrics`, JSON logging at INFO as in production, and an event sink with the
-EventRecorder's bounded, non-blocking queue drained by a thread (no API server).
+running pods), the interpreter tuned and the heap frozen after the fill as the controller does
+(`tune_interpreter` at start, `gc.freeze()` after its first sync), real `Metrics`, JSON logging at INFO as in production, and admission's Event sink as in the controller
+(`HeldEvents`: held under a lock until the object exists; no API server).
 `floor`: the same library (aiohttp, on asyncio's own loop), the same TLS context and certificate, answering every review
 "allowed, no patch" after reading and parsing the body: what any Python webhook costs.
 
@@ -18,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
-import queue
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,9 +30,10 @@ from typing import Any
 from aiohttp import web
 
 from controller.admission.certs import KeyPair, ServingTLS
+from controller.admission.events import CreationEvents
 from controller.admission.handlers import Admission
 from controller.admission.server import MAX_REVIEW_BYTES, AdmissionServer, run_event_loop
-from controller.app import configure_logging
+from controller.app import configure_logging, tune_interpreter
 from controller.metrics import Metrics
 from controller.settings import Settings
 from controller.state import ClusterState
@@ -43,29 +44,30 @@ ORDINARY_NODES = 100
 PODS_PER_NODE = 20
 
 
-class QueuedEvents:
-    """An EventSink (and EventsOnCreation) shaped like the controller's EventRecorder: a bounded queue, `put_nowait`, drops
-    when full; a daemon thread takes events off (and discards them instead of writing them)."""
+class HeldEvents(CreationEvents):
+    """Admission's Event sink as in the controller (`controller.admission.events.CreationEvents`): each Event is
+    held under a lock until the informers see its object; nothing wakes a thread on admission's path. No
+    informer runs here, so beyond KEPT the oldest held Event is let go silently (in the controller an
+    informer's thread releases it to `QuietEvents`, off admission's path)."""
 
-    def __init__(self, max_queue: int = 1000) -> None:
-        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue(max_queue)
-        self.dropped = 0
-        threading.Thread(target=self._drain, name="event sink", daemon=True).start()
+    KEPT = 1000
+
+    def __init__(self) -> None:
+        super().__init__(_Discarded(), max_held=10**9)
+
+    def hold(self, token: str, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "", *,
+             generate_name: str = "") -> None:
+        super().hold(token, regarding, type, reason, note, action, generate_name=generate_name)
+        with self._lock:
+            while len(self._held) > self.KEPT:
+                self._held.pop(next(iter(self._held)))
+
+
+class _Discarded:
+    """The EventSink behind `HeldEvents`: nothing reaches it (no object is ever seen)."""
 
     def emit(self, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "") -> None:
-        try:
-            self._queue.put_nowait((dict(regarding), type, reason, note, action, time.time()))
-        except queue.Full:
-            self.dropped += 1
-
-    def hold(self, token: str, regarding: dict[str, Any], type: str, reason: str, note: str, action: str = "", *, generate_name: str = "") -> None:
-        """Admission's side (EventsOnCreation): no informer here to see the object, so queued at once."""
-        self.emit(regarding, type, reason, note, action)
-
-    def _drain(self) -> None:
-        while True:
-            self._queue.get()
-            self._queue.task_done()
+        return None
 
 
 def serving_tls(tls_dir: Path) -> ServingTLS:
@@ -84,10 +86,12 @@ def settings() -> Settings:
 async def egress_placer(tls: ServingTLS, pool_nodes: int) -> int:
     s = settings()
     configure_logging(s)
+    tune_interpreter()  # as controller.app.run does
     state = ClusterState(admission_policy(), clock=time.time, assumption_ttl=s.assumption_ttl_seconds)
     fill(state.apply, inventory(pool_nodes, ORDINARY_NODES, PODS_PER_NODE))
+    gc.freeze()  # as after the controller's first sync (controller.app.wait_for_first_sync)
     metrics = Metrics()
-    server = AdmissionServer(s, Admission(state, metrics, QueuedEvents(), s), metrics, tls, readiness=lambda: None)
+    server = AdmissionServer(s, Admission(state, metrics, HeldEvents(), s), metrics, tls, readiness=lambda: None)
     await server.start()
     return server.webhook_port
 

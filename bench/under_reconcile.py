@@ -194,7 +194,7 @@ async def serve(tls_dir: Path, nodes: int, pods: int) -> None:
     from controller.metrics import Metrics
     from controller.runner import Runner
 
-    from bench.servers import QueuedEvents, serving_tls, settings
+    from bench.servers import HeldEvents, serving_tls, settings
 
     s = settings()
     configure_logging(s)
@@ -207,7 +207,7 @@ async def serve(tls_dir: Path, nodes: int, pods: int) -> None:
     runner = Runner()
     runner.start("reconcile loop", loop_.run, on_stop=loop_.wake)
     runner.start("node heartbeats", lambda stop: heartbeats.run(), on_stop=heartbeats.stopped.set)
-    server = AdmissionServer(s, Admission(state, Metrics(), QueuedEvents(), s), Metrics(), serving_tls(tls_dir),
+    server = AdmissionServer(s, Admission(state, Metrics(), HeldEvents(), s), Metrics(), serving_tls(tls_dir),
                              readiness=lambda: None)
     await server.start()
     loop = asyncio.get_running_loop()

@@ -125,7 +125,7 @@ async def serve(tls_dir: Path, pods: int) -> None:
     from controller.runner import Runner
     from controller.state import ClusterState
 
-    from bench.servers import QueuedEvents, serving_tls, settings
+    from bench.servers import HeldEvents, serving_tls, settings
     from bench.workload import admission_policy, fill, inventory
 
     s = settings()
@@ -142,7 +142,7 @@ async def serve(tls_dir: Path, pods: int) -> None:
     runner = Runner()
     informer.start_informers(runner, [pod_informer])
     await asyncio.to_thread(pod_informer.synced.wait)
-    server = AdmissionServer(s, Admission(state, metrics, QueuedEvents(), s), metrics, serving_tls(tls_dir), readiness=lambda: None)
+    server = AdmissionServer(s, Admission(state, metrics, HeldEvents(), s), metrics, serving_tls(tls_dir), readiness=lambda: None)
     await server.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
