@@ -278,16 +278,16 @@ class KubeClient(KubeReader):
         self.call("replace-configmap", lambda: self.api.call("PUT", path, body=dict(configmap)))
 
     # -- the pools API: an EgressPool's status (the leader's) -----------------------------------------
-    def set_pool_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str] = ()) -> None:
-        """Make `status` the EgressPool's status (a merge patch of the status subresource; the keys in
-        `removed` are deleted). A pool that is gone is done."""
-        body = {"status": {**{key: None for key in removed}, **dict(status)}}
+    def set_pool_status(self, name: str, patch: Mapping[str, Any]) -> None:
+        """Merge `patch` into the EgressPool's status (RFC 7386 on the status subresource: a null deletes its
+        key; `pool_status.core.status_patch` makes one). A pool that is gone is done."""
+        body = {"status": dict(patch)}
         path = f"/apis/{POOLS_API_VERSION}/egresspools/{name}/status"
         self._call_or_done("set-pool-status", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH), Outcome.NOT_FOUND)
 
-    def set_config_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str] = ()) -> None:
+    def set_config_status(self, name: str, patch: Mapping[str, Any]) -> None:
         """The EgressPlacerConfig's status, as `set_pool_status` writes a pool's."""
-        body = {"status": {**{key: None for key in removed}, **dict(status)}}
+        body = {"status": dict(patch)}
         path = f"/apis/{POOLS_API_VERSION}/egressplacerconfigs/{name}/status"
         self._call_or_done("set-config-status", partial(self.api.call, "PATCH", path, body=body, content_type=MERGE_PATCH), Outcome.NOT_FOUND)
 

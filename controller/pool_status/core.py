@@ -246,20 +246,15 @@ def pool_status(
     return out.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def nested_removals(stored: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
-    """`desired` as the body of a JSON merge patch (RFC 7386) over `stored`: a key of a nested object that
-    `desired` no longer has is null there (a merge patch that only leaves it out keeps it: a pool's
-    `history.lastError` outlived the read that ended it, found by the cluster test against a Prometheus that
-    requires auth). Top-level keys no longer written are the writer's `removed`; lists are replaced whole."""
-    out: dict[str, Any] = {}
+def status_patch(stored: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """`desired` as the body of a JSON merge patch (RFC 7386) over `stored`: every key, at the top or in a
+    nested object, that `desired` no longer has is null there (a merge patch that only leaves it out keeps
+    it: a pool's `history.lastError` outlived the read that ended it, found by the cluster test against a
+    Prometheus that requires auth). Lists are replaced whole."""
+    out: dict[str, Any] = {key: None for key in stored if key not in desired}
     for key, value in desired.items():
         old = stored.get(key)
-        if isinstance(value, Mapping) and isinstance(old, Mapping):
-            inner = nested_removals(old, value)
-            inner.update({k: None for k in old if k not in value})
-            out[key] = inner
-        else:
-            out[key] = value
+        out[key] = status_patch(old, value) if isinstance(value, Mapping) and isinstance(old, Mapping) else value
     return out
 
 

@@ -34,7 +34,7 @@ from controller.pool_status.core import (
     SeenError,
     config_status,
     members_by_pool,
-    nested_removals,
+    status_patch,
     pool_status,
 )
 from controller.load.view import LoadView
@@ -71,9 +71,9 @@ class PoolObjects(Protocol):
 
 
 class StatusWriter(Protocol):
-    def set_pool_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None: ...
+    def set_pool_status(self, name: str, patch: Mapping[str, Any]) -> None: ...
 
-    def set_config_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None: ...
+    def set_config_status(self, name: str, patch: Mapping[str, Any]) -> None: ...
 
 
 class PoolErrors:
@@ -150,7 +150,7 @@ class PoolStatusWriter:
                 continue
             log = logger.bind(kind="EgressPool", name=obj.name)
             try:
-                self.writer.set_pool_status(obj.name, nested_removals(obj.status, desired), [k for k in obj.status if k not in desired])
+                self.writer.set_pool_status(obj.name, status_patch(obj.status, desired))
             except Exception as e:
                 log.warning("pool status not written: {}", e)
                 continue
@@ -167,7 +167,7 @@ class PoolStatusWriter:
         if desired == dict(config.status):
             return []
         try:
-            self.writer.set_config_status(config.name, nested_removals(config.status, desired), [k for k in config.status if k not in desired])
+            self.writer.set_config_status(config.name, status_patch(config.status, desired))
         except Exception as e:
             logger.bind(kind="EgressPlacerConfig", name=config.name).warning("config status not written: {}", e)
             return []

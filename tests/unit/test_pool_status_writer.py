@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from controller.core.images import TASKRUN_LABEL
 from controller.core.model import DECISION_ANNOTATION, Taint
-from controller.pool_status.core import PoolObject, nested_removals
+from controller.pool_status.core import PoolObject, status_patch
 from controller.core.pools import policy_from_objects
 from controller.metrics import Metrics
 from controller.placement_log.core import rfc3339
@@ -81,27 +81,27 @@ class Objects:
 class RecordingStatusWriter:
     def __init__(self, objects: Objects, fail: int = 0) -> None:
         self.objects = objects
-        self.writes: list[tuple[str, dict[str, Any], list[str]]] = []
+        self.writes: list[tuple[str, dict[str, Any]]] = []
         self.fail = fail
 
-    def set_pool_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None:
+    def set_pool_status(self, name: str, patch: Mapping[str, Any]) -> None:
         if self.fail:
             self.fail -= 1
             raise RuntimeError("API down")
-        self.writes.append((name, dict(status), list(removed)))
+        self.writes.append((name, dict(patch)))
         # As the informer would show it a moment later: the merge patch applied, as the API server does.
-        self.objects.pools = [PoolObject(p.name, p.generation, merged(p.status, status, removed)) if p.name == name else p for p in self.objects.pools]
+        self.objects.pools = [PoolObject(p.name, p.generation, merged(p.status, patch)) if p.name == name else p for p in self.objects.pools]
 
-    def set_config_status(self, name: str, status: Mapping[str, Any], removed: Sequence[str]) -> None:
-        self.writes.append((name, dict(status), list(removed)))
+    def set_config_status(self, name: str, patch: Mapping[str, Any]) -> None:
+        self.writes.append((name, dict(patch)))
         config = self.objects.config
         assert config is not None and config.name == name
-        self.objects.config = PoolObject(name, config.generation, dict(status))
+        self.objects.config = PoolObject(name, config.generation, merged(config.status, patch))
 
 
-def merged(stored: Mapping[str, Any], patch: Mapping[str, Any], removed: Sequence[str] = ()) -> dict[str, Any]:
-    """RFC 7386: `patch` merged into `stored` (null deletes, objects merge, the rest replaces), `removed` deleted."""
-    out = {k: v for k, v in stored.items() if k not in removed}
+def merged(stored: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386: `patch` merged into `stored` (null deletes, objects merge, the rest replaces)."""
+    out = dict(stored)
     for key, value in patch.items():
         if value is None:
             out.pop(key, None)
@@ -117,10 +117,11 @@ def test_a_nested_key_no_longer_written_is_nulled_so_the_merge_patch_deletes_it(
     a read succeeded, for a merge patch that leaves a nested key out keeps it."""
     stored = {"history": {"groups": 0, "lastError": "HTTP 401"}, "load": {"a": 1}, "nodes": 1, "gone": True}
     desired = {"history": {"groups": 0, "readAt": "2027-01-15T08:00:00Z"}, "load": {"a": 2}, "nodes": 1}
-    patch = nested_removals(stored, desired)
+    patch = status_patch(stored, desired)
     assert patch["history"] == {"groups": 0, "readAt": "2027-01-15T08:00:00Z", "lastError": None}
-    assert merged(stored, patch, ["gone"]) == desired
-    assert merged(stored, desired, ["gone"]) != desired  # without the nulls the old error stays
+    assert patch["gone"] is None
+    assert merged(stored, patch) == desired
+    assert merged(stored, {**desired, "gone": None}) != desired  # without the nested nulls the old error stays
 
 
 _KEYS = st.sampled_from(["a", "b", "c", "history", "lastError"])
@@ -130,8 +131,7 @@ _STATUS = st.recursive(st.integers(0, 3) | st.text(max_size=3) | st.lists(st.int
 
 @given(st.dictionaries(_KEYS, _STATUS, max_size=4), st.dictionaries(_KEYS, _STATUS, max_size=4))
 def test_the_patch_merged_into_any_stored_status_gives_the_desired_one(stored: dict[str, Any], desired: dict[str, Any]) -> None:
-    removed = [k for k in stored if k not in desired]
-    assert merged(stored, nested_removals(stored, desired), removed) == desired
+    assert merged(stored, status_patch(stored, desired)) == desired
 
 
 def setup(*pools: PoolObject, nodes: Sequence[dict[str, Any]] = (), fail: int = 0, refusal: str | None = None):
@@ -150,14 +150,15 @@ def as_the_loop_calls(reconcile: Any, writer: RecordingStatusWriter) -> tuple[li
     """One pass as the reconcile loop makes it: the pools whose status it wrote, and its requeue-after."""
     before = len(writer.writes)
     requeue_after = reconcile.__self__()
-    return [name for name, _, _ in writer.writes[before:]], requeue_after
+    return [name for name, _ in writer.writes[before:]], requeue_after
 
 
 def test_it_writes_a_changed_status_once_and_again_only_after_a_change():
     clock, state, writer, _, _, reconcile = setup(PoolObject("overseas", 1, {}), nodes=[node("e1", taints=[TAINT])])
     assert reconcile() == ["overseas"]
-    name, status, removed = writer.writes[0]
-    assert (status["nodes"], status["taintedNodes"], status["load"]["loadCapacity"], removed) == (1, 1, 3, [])  # v1beta1's names
+    name, status = writer.writes[0]
+    assert (status["nodes"], status["taintedNodes"], status["load"]["loadCapacity"]) == (1, 1, 3)  # v1beta1's names
+    assert None not in status.values()  # nothing stored to remove
     assert status["conditions"][0]["status"] == "True"
     clock.now += 10
     assert reconcile() == []  # the same: nothing written
@@ -184,7 +185,7 @@ def test_keys_it_no_longer_writes_are_removed_and_a_failed_write_is_tried_next_p
     assert reconcile() == []  # failed
     clock.now += 5
     assert reconcile() == ["overseas"]
-    assert writer.writes[0][2] == ["somethingOld"]
+    assert writer.writes[0][1]["somethingOld"] is None
 
 
 def test_no_pool_object_no_write():
@@ -243,7 +244,7 @@ def test_the_config_gets_a_status_once_and_again_only_after_a_change():
     clock, state, writer, _, _, reconcile = setup(PoolObject("overseas", 1, {}), nodes=[node("e1", taints=[TAINT])])
     writer.objects.config = PoolObject("cluster", 2, {})
     assert reconcile() == ["cluster", "overseas"]
-    name, status, _ = writer.writes[0]
+    name, status = writer.writes[0]
     assert name == "cluster" and status["poolsInForce"] == len(state.policy.pools)
     assert [(c["type"], c["status"], c["reason"], c["observedGeneration"]) for c in status["conditions"]] == [
         ("Ready", "True", "PolicyInForce", 2), ("PolicyAccepted", "True", "InForce", 2)
@@ -257,7 +258,7 @@ def test_a_refused_config_says_why_and_that_the_last_good_policy_stays():
     clock, state, writer, _, _, reconcile = setup(refusal=refusal)
     writer.objects.config = PoolObject("cluster", 1, {})
     assert reconcile() == ["cluster"]
-    _, status, _ = writer.writes[0]
+    _, status = writer.writes[0]
     conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
     assert conditions == {"Ready": ("False", "LastGoodPolicy"), "PolicyAccepted": ("False", "SpecRefused")}
     assert status["lastError"]["message"] == refusal
