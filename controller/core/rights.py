@@ -142,8 +142,9 @@ VARIABLES: tuple[tuple[str, str], ...] = (
     ("run", f"request.resource.group == '{TEKTON_GROUP}'"),
     ("pod", "request.resource.group == '' && request.resource.resource == 'pods'"),
     ("poolObject", f"request.resource.group == '{POOLS_GROUP}'"),
-    ("crd", f"request.resource.group == '{CRD_GROUP}' && request.subResource == ''"),
-    ("crdStatus", f"request.resource.group == '{CRD_GROUP}' && request.subResource == 'status'"),
+    # request.subResource is left out, not empty, on a request to the resource itself (omitempty).
+    ("crdStatus", f"request.resource.group == '{CRD_GROUP}' && has(request.subResource) && request.subResource == 'status'"),
+    ("crd", f"request.resource.group == '{CRD_GROUP}' && !variables.crdStatus"),
     ("webhooks", "has(object.webhooks) ? object.webhooks : []"),
     ("oldWebhooks", "has(oldObject.webhooks) ? oldObject.webhooks : []"),
     (

@@ -64,7 +64,9 @@ class LazyVariables(celtypes.MapType):
 
 def refusals(group: str, resource: str, old: dict[str, Any], new: dict[str, Any], subresource: str = "") -> list[str]:
     """The messages of the rights policy's validations that refuse this UPDATE by the controller."""
-    request = {"resource": {"group": group, "resource": resource}, "subResource": subresource, "userInfo": {"username": CONTROLLER}}
+    request = {"resource": {"group": group, "resource": resource}, "userInfo": {"username": CONTROLLER}}
+    if subresource:  # left out on a request to the resource itself, as the API server's `request` has it (omitempty)
+        request["subResource"] = subresource
     activation: dict[str, Any] = {
         "request": celpy.json_to_cel(request),
         "object": celpy.json_to_cel(new),
