@@ -263,7 +263,12 @@ def test_it_can_still_do_its_work(devcluster: Cluster, api: Api, egress_placer: 
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 POOL_CRD = "egresspools.egress-placer.io"
 CONFIG_CRD = "egressplacerconfigs.egress-placer.io"
-OTHER_CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nnot-this-one\n-----END CERTIFICATE-----\n").decode()
+
+
+def another_ca(cluster: Cluster) -> str:
+    """A CA bundle the API server accepts for a CRD's conversion (it parses the PEM), not the controller's:
+    the cluster's own CA."""
+    return base64.b64encode(cluster.pki.ca_cert.read_bytes()).decode()
 
 
 def stored_versions(api: Api, crd: str) -> list[str]:
@@ -295,7 +300,7 @@ def test_it_can_change_nothing_of_the_crds_but_the_conversion_ca_bundle(
     stored = next(i for i, v in enumerate(crd["spec"]["versions"]) if v["storage"])
     other = 1 - stored
     admitted(devcluster, ["patch", "crd", POOL_CRD, "--type=merge", "-p", json.dumps(
-        {"spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": OTHER_CA}}}}})])  # the leader's patch
+        {"spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": another_ca(devcluster)}}}}})])  # the leader's patch
     schema = f"/spec/versions/{stored}/schema/openAPIV3Schema/description"
     refused(devcluster, patch("crd", POOL_CRD, [{"op": "add", "path": schema, "value": "evil"}]), names=RIGHTS_REFUSED)
     refused(devcluster, patch("crd", CONFIG_CRD, [{"op": "replace", "path": f"/spec/versions/{other}/served", "value": False}]), names=RIGHTS_REFUSED)
@@ -330,7 +335,7 @@ def test_the_storage_migration_works_under_the_policy(
 def test_the_leader_keeps_the_conversion_ca_bundle_under_the_policy(devcluster: Cluster, api: Api, egress_placer: Placer) -> None:
     path = f"{CRDS}/{CONFIG_CRD}"
     ca = api.call("GET", path)["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"]
-    api.merge_patch(path, {"spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": OTHER_CA}}}}})  # an admin, by mistake
+    api.merge_patch(path, {"spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": another_ca(devcluster)}}}}})  # an admin, by mistake
     wait_for("the leader to put the conversion caBundle back",
              lambda: api.call("GET", path)["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"] == ca, timeout=120)
     log = egress_placer.log.read_text()
