@@ -14,6 +14,14 @@ no more than the controller does. Rendered here; the CEL text lives in this modu
     the labels, the other annotations, owners and finalizers stay;
   - an EgressPool or the EgressPlacerConfig (not the status): written back unchanged only (spec, labels,
     annotations, owners and finalizers stay): the storage migration to v1beta1;
+  - a CustomResourceDefinition (RBAC: the pools API's two): only `spec.conversion.webhook.clientConfig.caBundle`
+    changes (the leader's merge patch; group, names, scope, versions, preserveUnknownFields, the conversion's
+    strategy, review versions, url and service, labels, annotations, owners and finalizers stay; the
+    resourceVersion, managedFields and generation the API server sets are not compared, and it keeps
+    `status` on this endpoint itself);
+  - a CustomResourceDefinition's `/status`: only versions removed from `status.storedVersions` (the
+    prune after the storage migration; never one added), conditions, acceptedNames, spec, labels,
+    annotations, owners and finalizers stay.
   - a Pod: only the schedulingGate `POOL_SLOT_GATE` may be removed (the queue lets in a pod that
     waited for a pool slot); the other gates, every other field of `spec`, the labels, annotations,
     owners and finalizers stay.
@@ -59,11 +67,27 @@ TEKTON_GROUP = "tekton.dev"
 RUN_RESOURCES = ("taskruns", "pipelineruns")
 POOLS_GROUP = "egress-placer.io"
 POOLS_RESOURCES = ("egresspools", "egressplacerconfigs")  # not their status: the leader writes a pool's
+CRD_GROUP = "apiextensions.k8s.io"
+# The resource and its status subresource: a rule on `customresourcedefinitions` does not match `/status`.
+CRD_RESOURCES = ("customresourcedefinitions", "customresourcedefinitions/status")
 
 
 def _same(a: str, b: str, field: str) -> str:
     """CEL: `field` is set alike on a and b (both unset, or both set and equal)."""
     return f"(has({a}.{field}) ? (has({b}.{field}) && {a}.{field} == {b}.{field}) : !has({b}.{field}))"
+
+
+def _same_but(a: str, b: str, tree: dict[str, Any]) -> str:
+    """CEL: every field of `tree` is set alike on a and b; a field mapped to a subtree is compared field by
+    field (each level guarded by has()), so what the tree leaves out may differ."""
+    parts = []
+    for field, sub in tree.items():
+        if sub is None:
+            parts.append(_same(a, b, field))
+        else:
+            inner = _same_but(f"{a}.{field}", f"{b}.{field}", sub)
+            parts.append(f"(has({a}.{field}) ? (has({b}.{field}) && {inner}) : !has({b}.{field}))")
+    return "(" + " && ".join(parts) + ")"
 
 
 def _same_metadata(*fields: str) -> str:
@@ -97,6 +121,18 @@ POD_MUTABLE_FIELDS = (
     "affinity",
 )
 
+# Every field of a CustomResourceDefinition's spec (apiextensions/v1) but the conversion webhook's caBundle.
+CRD_SPEC_BUT_CA_BUNDLE: dict[str, Any] = {
+    "group": None,
+    "names": None,
+    "scope": None,
+    "versions": None,
+    "preserveUnknownFields": None,
+    "conversion": {"strategy": None, "webhook": {"conversionReviewVersions": None, "clientConfig": {"url": None, "service": None}}},
+}
+# A CustomResourceDefinition's status but storedVersions.
+CRD_STATUS_BUT_STORED_VERSIONS: dict[str, Any] = {"conditions": None, "acceptedNames": None}
+
 _WEBHOOK_SAME = " && ".join(_same("w", "o", f) for f in WEBHOOK_FIELDS)
 
 # (name, expression), evaluated lazily in this order.
@@ -106,6 +142,9 @@ VARIABLES: tuple[tuple[str, str], ...] = (
     ("run", f"request.resource.group == '{TEKTON_GROUP}'"),
     ("pod", "request.resource.group == '' && request.resource.resource == 'pods'"),
     ("poolObject", f"request.resource.group == '{POOLS_GROUP}'"),
+    # request.subResource is left out, not empty, on a request to the resource itself (omitempty).
+    ("crdStatus", f"request.resource.group == '{CRD_GROUP}' && has(request.subResource) && request.subResource == 'status'"),
+    ("crd", f"request.resource.group == '{CRD_GROUP}' && !variables.crdStatus"),
     ("webhooks", "has(object.webhooks) ? object.webhooks : []"),
     ("oldWebhooks", "has(oldObject.webhooks) ? oldObject.webhooks : []"),
     (
@@ -138,6 +177,16 @@ VARIABLES: tuple[tuple[str, str], ...] = (
     # A pod's spec on UPDATE: the API server lets these change (the rest is immutable), the fields are typed
     # (no walk over keys as for a run's spec).
     ("podSpecKept", " && ".join(_same("object.spec", "oldObject.spec", f) for f in POD_MUTABLE_FIELDS)),
+    (
+        "storedVersions",
+        "has(object.status) && has(object.status.storedVersions) ? object.status.storedVersions : []",
+    ),
+    (
+        "oldStoredVersions",
+        "has(oldObject.status) && has(oldObject.status.storedVersions) ? oldObject.status.storedVersions : []",
+    ),
+    # Only removed: each version listed now was listed before (never one added).
+    ("storedVersionsPruned", "variables.storedVersions.all(v, v in variables.oldStoredVersions)"),
     (
         "poolSlotGateRemoved",
         f"'{POOL_SLOT_GATE}' in variables.oldGates"
@@ -189,6 +238,24 @@ VALIDATIONS += (
     ),
 )
 
+_KEPT_METADATA = _same_metadata("labels", "annotations", "ownerReferences", "finalizers")
+VALIDATIONS += (
+    (
+        "!variables.crd || (" + _same_but("object.spec", "oldObject.spec", CRD_SPEC_BUT_CA_BUNDLE) + " && " + _KEPT_METADATA + ")",
+        "the controller may change only the conversion webhook's caBundle of a CustomResourceDefinition",
+    ),
+    (
+        "!variables.crdStatus || (variables.storedVersionsPruned && "
+        + _same_but("object", "oldObject", {"status": CRD_STATUS_BUT_STORED_VERSIONS})
+        + " && "
+        + _same("object", "oldObject", "spec")
+        + " && "
+        + _KEPT_METADATA
+        + ")",
+        "the controller may only remove versions from a CustomResourceDefinition's status.storedVersions",
+    ),
+)
+
 POD_DELETE_VALIDATION = (
     "params == null ? false : has(params.data) && has(oldObject.spec.nodeName) && oldObject.spec.nodeName in params.data",
     "the controller may delete only pods on pool nodes (the pool guard's params list them)",
@@ -204,7 +271,8 @@ def _message(policy: str, text: str) -> str:
 
 
 def rights_policy(namespace: str = "egress-placer", service_account: str = "egress-placer") -> dict[str, Any]:
-    """The ValidatingAdmissionPolicy on the controller's writes to webhook configurations, nodes and runs."""
+    """The ValidatingAdmissionPolicy on the controller's updates of webhook configurations, nodes, runs, pods,
+    the pools API's objects and CustomResourceDefinitions."""
     return admission_policy(
         RIGHTS_NAME,
         [
@@ -213,6 +281,7 @@ def rights_policy(namespace: str = "egress-placer", service_account: str = "egre
             resource_rule([TEKTON_GROUP], ["UPDATE"], RUN_RESOURCES),
             resource_rule([""], ["UPDATE"], ["pods"], versions=["v1"]),
             resource_rule([POOLS_GROUP], ["UPDATE"], POOLS_RESOURCES),
+            resource_rule([CRD_GROUP], ["UPDATE"], CRD_RESOURCES, versions=["v1"]),
         ],
         _is_the_controller(namespace, service_account),
         [validation(expression, _message(RIGHTS_NAME, text)) for expression, text in VALIDATIONS],

@@ -13,6 +13,12 @@ stolen token would, the admin's kubectl impersonates its ServiceAccount (`--as`)
   release), deleting a pod on a pool node, removing our schedulingGate `egress-placer.io/pool-slot`
   of a pod waiting for a pool slot.
 
+The pools API's CRDs (once, Tekton's webhook is no part of it): a merge patch of the conversion's
+caBundle and a prune of `status.storedVersions` are admitted; a schema, a version or the conversion's url
+changed, or a version added back to storedVersions, refused by our policy. And under the policy the
+leader puts back a conversion caBundle an admin changed, and the storage migration (`egress-placer
+migrate-storage` with the controller's own credentials, the leader's code) prunes storedVersions.
+
 Both with Tekton's webhook on and off: Tekton's webhook refuses spec changes of a started run for
 anyone, cluster-admin too, which proves nothing about our policy; with its configurations removed only
 our policy stands between the token and the change.
@@ -34,7 +40,7 @@ from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from devcluster import tekton_webhook
 from devcluster.cluster import Cluster
 from devplacer.local_placer import NAMESPACE, POOLS_WEBHOOK_CONFIG, SERVICE_ACCOUNT, WEBHOOK_CONFIG
-from tests.e2e.harness import ControllerSpec, Placer
+from tests.e2e.harness import ControllerSpec, Placer, egress_placer_command
 from tests.e2e.tekton_runs import OTHER_IMAGE, POOL_TOLERATION, Runs, step
 from tests.kube import TEKTON, Api, namespaced, node
 from tests.reliability.suite import TEAM_OTHER, Figures
@@ -250,3 +256,87 @@ def test_it_can_still_do_its_work(devcluster: Cluster, api: Api, egress_placer: 
     # The controller itself, under the policies all along (it tainted the pool nodes through them), had no write refused.
     log = egress_placer.log.read_text()
     assert RIGHTS_NAME not in log and POD_DELETES_NAME not in log
+
+
+# -- the pools API's CRDs ----------------------------------------------------------------------------
+
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+POOL_CRD = "egresspools.egress-placer.io"
+CONFIG_CRD = "egressplacerconfigs.egress-placer.io"
+
+
+def another_ca(cluster: Cluster) -> str:
+    """A CA bundle the API server accepts for a CRD's conversion (it parses the PEM), not the controller's:
+    the cluster's own CA."""
+    return base64.b64encode(cluster.pki.ca_cert.read_bytes()).decode()
+
+
+def stored_versions(api: Api, crd: str) -> list[str]:
+    return api.call("GET", f"{CRDS}/{crd}")["status"]["storedVersions"]
+
+
+def with_stored_versions(api: Api, crd: str, versions: list[str]) -> dict[str, Any]:
+    """The CRD as read, its storedVersions set (for a PUT to /status)."""
+    read = api.call("GET", f"{CRDS}/{crd}")
+    read["status"]["storedVersions"] = versions
+    return read
+
+
+@pytest.fixture
+def unpruned(api: Api) -> Iterator[None]:
+    """The pool CRD's storedVersions as before the migration (set by the admin); pruned again afterwards."""
+    api.json_patch(f"{CRDS}/{POOL_CRD}/status", [{"op": "replace", "path": "/status/storedVersions", "value": ["v1alpha1", "v1beta1"]}])
+    try:
+        yield
+    finally:
+        api.json_patch(f"{CRDS}/{POOL_CRD}/status", [{"op": "replace", "path": "/status/storedVersions", "value": ["v1beta1"]}])
+
+
+def test_it_can_change_nothing_of_the_crds_but_the_conversion_ca_bundle(
+    devcluster: Cluster, api: Api, egress_placer: Placer, figures: Figures
+) -> None:
+    figures.fault("the controller's token: a CRD's schema, versions or conversion url", "", f"refused by {RIGHTS_NAME}")
+    crd = api.call("GET", f"{CRDS}/{POOL_CRD}")
+    stored = next(i for i, v in enumerate(crd["spec"]["versions"]) if v["storage"])
+    other = 1 - stored
+    admitted(devcluster, ["patch", "crd", POOL_CRD, "--type=merge", "-p", json.dumps(
+        {"spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": another_ca(devcluster)}}}}})])  # the leader's patch
+    schema = f"/spec/versions/{stored}/schema/openAPIV3Schema/description"
+    refused(devcluster, patch("crd", POOL_CRD, [{"op": "add", "path": schema, "value": "evil"}]), names=RIGHTS_REFUSED)
+    refused(devcluster, patch("crd", CONFIG_CRD, [{"op": "replace", "path": f"/spec/versions/{other}/served", "value": False}]), names=RIGHTS_REFUSED)
+    message = refused(devcluster, ["patch", "crd", POOL_CRD, "--type=merge", "-p", json.dumps(
+        {"spec": {"conversion": {"webhook": {"clientConfig": {"url": "https://evil.example/convert"}}}}})], names=RIGHTS_REFUSED)
+    assert "may change only the conversion webhook's caBundle" in message
+    figures.measured(message[-200:], 0)
+
+
+def test_it_can_only_prune_stored_versions(devcluster: Cluster, api: Api, egress_placer: Placer, unpruned: None, figures: Figures) -> None:
+    figures.fault("the controller's token: a version added to a CRD's storedVersions", "", f"refused by {RIGHTS_NAME}")
+    status = ["replace", "--subresource=status", "-f", "-"]
+    admitted(devcluster, status, json.dumps(with_stored_versions(api, POOL_CRD, ["v1beta1"])))
+    assert stored_versions(api, CONFIG_CRD) == ["v1beta1"]  # the leader pruned it, under the policy
+    message = refused(devcluster, status, json.dumps(with_stored_versions(api, CONFIG_CRD, ["v1alpha1", "v1beta1"])), names=RIGHTS_REFUSED)
+    assert "may only remove versions from a CustomResourceDefinition's status.storedVersions" in message
+    figures.measured(message[-200:], 0)
+
+
+def test_the_storage_migration_works_under_the_policy(
+    devcluster: Cluster, api: Api, egress_placer: Placer, unpruned: None, tmp_path: Any
+) -> None:
+    """The leader's migration code (`migrate_storage`) with the controller's own credentials: every object
+    written back unchanged, storedVersions pruned."""
+    kubeconfig = devcluster.mint_kubeconfig(THE_CONTROLLER, out=tmp_path / "controller.kubeconfig")
+    done = egress_placer_command(devcluster, "migrate-storage", kubeconfig=kubeconfig)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert f"{POOL_CRD}: storedVersions [v1beta1]" in done.stdout, done.stdout
+    assert stored_versions(api, POOL_CRD) == ["v1beta1"]
+
+
+def test_the_leader_keeps_the_conversion_ca_bundle_under_the_policy(devcluster: Cluster, api: Api, egress_placer: Placer) -> None:
+    path = f"{CRDS}/{CONFIG_CRD}"
+    ca = api.call("GET", path)["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"]
+    api.merge_patch(path, {"spec": {"conversion": {"webhook": {"clientConfig": {"caBundle": another_ca(devcluster)}}}}})  # an admin, by mistake
+    wait_for("the leader to put the conversion caBundle back",
+             lambda: api.call("GET", path)["spec"]["conversion"]["webhook"]["clientConfig"]["caBundle"] == ca, timeout=120)
+    log = egress_placer.log.read_text()
+    assert RIGHTS_NAME not in log

@@ -62,10 +62,13 @@ class LazyVariables(celtypes.MapType):
         return str(key) in self.programs
 
 
-def refusals(group: str, resource: str, old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+def refusals(group: str, resource: str, old: dict[str, Any], new: dict[str, Any], subresource: str = "") -> list[str]:
     """The messages of the rights policy's validations that refuse this UPDATE by the controller."""
+    request = {"resource": {"group": group, "resource": resource}, "userInfo": {"username": CONTROLLER}}
+    if subresource:  # left out on a request to the resource itself, as the API server's `request` has it (omitempty)
+        request["subResource"] = subresource
     activation: dict[str, Any] = {
-        "request": celpy.json_to_cel({"resource": {"group": group, "resource": resource}, "userInfo": {"username": CONTROLLER}}),
+        "request": celpy.json_to_cel(request),
         "object": celpy.json_to_cel(new),
         "oldObject": celpy.json_to_cel(old),
     }
@@ -102,6 +105,8 @@ def test_what_each_policy_matches() -> None:
         ("", "pods", ("UPDATE",)),
         ("egress-placer.io", "egresspools", ("UPDATE",)),
         ("egress-placer.io", "egressplacerconfigs", ("UPDATE",)),
+        ("apiextensions.k8s.io", "customresourcedefinitions", ("UPDATE",)),
+        ("apiextensions.k8s.io", "customresourcedefinitions/status", ("UPDATE",)),
     }
     deletes = pod_deletes_policy()["spec"]
     assert deletes["matchConstraints"]["resourceRules"] == [
@@ -395,3 +400,108 @@ def test_a_pool_written_back_unchanged_is_admitted() -> None:
 )
 def test_any_change_of_a_pool_object_is_refused(path: str, value: Any) -> None:
     assert refusals("egress-placer.io", "egresspools", POOL_OBJECT, edited(POOL_OBJECT, path, value)) != []
+
+
+# -- the pools API's CRDs: only the conversion's caBundle; storedVersions only pruned ----------------------
+
+CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "egresspools.egress-placer.io", "labels": {"app.kubernetes.io/part-of": "egress-placer"},
+                 "resourceVersion": "7", "generation": 2, "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+    "spec": {
+        "group": "egress-placer.io",
+        "names": {"kind": "EgressPool", "plural": "egresspools", "singular": "egresspool", "listKind": "EgressPoolList"},
+        "scope": "Cluster",
+        "versions": [
+            {"name": "v1alpha1", "served": True, "storage": False, "schema": {"openAPIV3Schema": {"type": "object"}}},
+            {"name": "v1beta1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {"type": "object"}}},
+        ],
+        "conversion": {"strategy": "Webhook", "webhook": {"conversionReviewVersions": ["v1"], "clientConfig": {
+            "service": {"namespace": "egress-placer", "name": "egress-placer-conversion", "path": "/convert", "port": 443},
+            "caBundle": "T0xE"}}},
+    },
+    "status": {
+        "storedVersions": ["v1alpha1", "v1beta1"],
+        "acceptedNames": {"kind": "EgressPool", "plural": "egresspools"},
+        "conditions": [{"type": "Established", "status": "True"}],
+    },
+}
+CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
+CRD_REFUSED = f"the controller may change only the conversion webhook's caBundle of a CustomResourceDefinition ({RIGHTS_NAME})"
+STORED_REFUSED = f"the controller may only remove versions from a CustomResourceDefinition's status.storedVersions ({RIGHTS_NAME})"
+
+
+def merge_patched(crd: dict[str, Any], ca_bundle: str) -> dict[str, Any]:
+    """The CRD after the leader's merge patch of the caBundle: what the API server changes besides is
+    the resourceVersion, managedFields and (a spec change) the generation."""
+    new = edited(crd, "spec.conversion.webhook.clientConfig.caBundle", ca_bundle)
+    new = edited(new, "metadata.resourceVersion", "8")
+    new = edited(new, "metadata.generation", 3)
+    return edited(new, "metadata.managedFields", [*crd["metadata"]["managedFields"], {"manager": "egress-placer", "operation": "Update"}])
+
+
+def test_a_new_conversion_ca_bundle_is_admitted() -> None:
+    assert refusals(*CRDS, CRD, merge_patched(CRD, "TkVX")) == []
+    assert refusals(*CRDS, edited(CRD, "spec.conversion.webhook.clientConfig.caBundle", ...), merge_patched(CRD, "TkVX")) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("spec.versions.1.schema", {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}),
+        ("spec.versions.0.served", False),
+        ("spec.versions", [{"name": "v1beta1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {"type": "object"}}}]),
+        ("spec.conversion.webhook.clientConfig.service", {"namespace": "team-a", "name": "evil", "path": "/convert", "port": 443}),
+        ("spec.conversion.webhook.clientConfig.url", "https://evil.example/convert"),
+        ("spec.conversion.webhook.conversionReviewVersions", ["v1beta1"]),
+        ("spec.conversion.webhook", ...),
+        ("spec.conversion", {"strategy": "None"}),
+        ("spec.names.shortNames", ["ep"]),
+        ("spec.scope", "Namespaced"),
+        ("spec.preserveUnknownFields", True),
+        ("metadata.labels", {}),
+        ("metadata.annotations", {"a": "b"}),
+        ("metadata.finalizers", ["evil.io/keep"]),
+        ("metadata.ownerReferences", [{"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "u"}]),
+    ],
+)
+def test_any_other_change_of_a_crd_is_refused(path: str, value: Any) -> None:
+    assert refusals(*CRDS, CRD, edited(merge_patched(CRD, "TkVX"), path, value)) == [CRD_REFUSED]
+
+
+def pruned(crd: dict[str, Any], versions: list[str]) -> dict[str, Any]:
+    """The CRD as the leader PUTs it to /status (storedVersions set), resourceVersion moved on."""
+    return edited(edited(crd, "status.storedVersions", versions), "metadata.resourceVersion", "8")
+
+
+def test_stored_versions_pruned_are_admitted() -> None:
+    assert refusals(*CRDS, CRD, pruned(CRD, ["v1beta1"]), "status") == []
+    assert refusals(*CRDS, CRD, pruned(CRD, ["v1alpha1", "v1beta1"]), "status") == []  # nothing to prune
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        ("status.storedVersions", ["v1alpha1", "v1beta1", "v2"]),
+        ("status.storedVersions", ["v1"]),
+        ("status.conditions", []),
+        ("status.acceptedNames", {"kind": "Evil", "plural": "evils"}),
+        ("spec.scope", "Namespaced"),
+        ("metadata.labels", {}),
+        ("metadata.finalizers", ["evil.io/keep"]),
+    ],
+)
+def test_any_other_change_of_a_crds_status_is_refused(path: str, value: Any) -> None:
+    assert refusals(*CRDS, CRD, edited(pruned(CRD, ["v1beta1"]), path, value), "status") == [STORED_REFUSED]
+
+
+def test_a_version_added_to_a_pruned_crd_is_refused() -> None:
+    done = pruned(CRD, ["v1beta1"])
+    assert refusals(*CRDS, done, pruned(done, ["v1alpha1", "v1beta1"]), "status") == [STORED_REFUSED]
+
+
+def test_the_status_rule_is_not_the_spec_rule() -> None:
+    """A caBundle changed through /status (the API server keeps spec there) is judged by the status rule
+    only; a storedVersions change through the resource is not judged by it (the API server keeps status)."""
+    assert refusals(*CRDS, CRD, merge_patched(CRD, "TkVX"), "status") == [STORED_REFUSED]
+    assert refusals(*CRDS, CRD, pruned(CRD, ["v1beta1"])) == []
