@@ -102,6 +102,27 @@ async def timings(bc: BenchCluster, kube: Kube, suffix: str = "") -> tuple[Sums,
     return apiserver, handler
 
 
+# The controller's counters read around the "with" blocks (e2e.controller_counts): its reads of a pod's TaskRun
+# by outcome, and the webhook's connections (each a TLS handshake inside the API server's call time) by event.
+COUNTERS = {"egress_placer_admission_owner_reads_total": ("owner_reads", "outcome"),
+            "egress_placer_webhook_connections_total": ("webhook_connections", "event")}
+
+
+async def controller_counts(bc: BenchCluster, kube: Kube) -> dict[str, float]:
+    """"owner_reads.found", "webhook_connections.opened", ...: the controller's COUNTERS so far (replica 0)."""
+    assert kube.session is not None
+    async with kube.session.get(replicas_of(bc.cluster)[0].health_url + "/metrics") as response:
+        text = await response.text()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(metric_lines(text, "egress_placer_")):
+        for sample in family.samples:
+            named = COUNTERS.get(sample.name)
+            if named is not None:
+                key = f"{named[0]}.{sample.labels.get(named[1], '')}"
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
 def _add(total: Sums, after: Sums, before: Sums) -> Sums:
     """Add after - before to `total`; the difference itself (one block's), per hook."""
     block = {hook: [after[hook][i] - before[hook][i] for i in (0, 1)] for hook in total}
@@ -147,6 +168,7 @@ async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...]
     floor_calls: Sums = {hook: [0.0, 0.0] for hook in HOOKS}
     blocks: dict[str, list[Sums]] = {"with": [], "floor": []}  # each block's API-server call seconds and calls
     cpu: dict[str, dict[str, float]] = {mode: {} for mode in modes}  # mode -> process -> CPU seconds in its blocks
+    counts: dict[str, float] = {}  # controller_counts' differences over the "with" blocks
     async with Kube(bc.cluster, connections=16) as kube:
         await prepare_namespace(kube, namespace)
         _, version = await kube.list(f"/api/v1/namespaces/{namespace}/pods")
@@ -169,6 +191,7 @@ async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...]
             for b, mode in enumerate(block_order(sizes.e2e_blocks, modes)):
                 await switch(kube, mode)
                 before = await timings(bc, kube)
+                counts_before = await controller_counts(bc, kube) if mode == "with" else {}
                 floor_before = await timings(bc, kube, floor_suffix) if mode == "floor" else None
                 cpu_before = cpu_now(bc)
                 names = []
@@ -192,6 +215,8 @@ async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...]
                     after = await timings(bc, kube)
                     blocks["with"].append(_add(calls, after[0], before[0]))
                     _add(handled, after[1], before[1])
+                    for key, value in (await controller_counts(bc, kube)).items():
+                        counts[key] = counts.get(key, 0.0) + value - counts_before.get(key, 0.0)
                 if floor_before is not None:
                     blocks["floor"].append(_add(floor_calls, (await timings(bc, kube, floor_suffix))[0], floor_before[0]))
                 log(f"e2e: block {b + 1}/{len(modes) * sizes.e2e_blocks} ({mode}) done")
@@ -202,6 +227,7 @@ async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...]
         await switch(kube, "with")
         await clean(kube, namespace)
     out = summarize(runs, calls, handled, cpu, floor_calls, blocks)
+    out["controller_counts"] = {key: round(value) for key, value in sorted(counts.items())}
     if KYVERNO in modes:
         pool = set(bc.pools[bc.largest_pool])
         mine = [r for r in runs.values() if r.mode == KYVERNO]

@@ -137,6 +137,9 @@ TEMPLATE: dict[str, Any] = {
         "floor_ratio_note": None,  # why floor_ratio is noisy: read call_latency
         "floor_call_ratio": None,
         "call_latency": {"taskrun": copy.deepcopy(CALL_LATENCY), "pod": copy.deepcopy(CALL_LATENCY)},
+        # Over the "with" blocks: the controller's reads of a pod's TaskRun ("owner_reads.found", ...) and its
+        # webhook's connections ("webhook_connections.opened", ".recycled"), bench/e2e.py:controller_counts.
+        "controller_counts": {},
     },
     "peers": copy.deepcopy(PEERS),
     # bench/queue.py: the queue's admission cost and a burst on a queued pool.

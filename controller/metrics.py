@@ -101,6 +101,21 @@ class Metrics:
             ["reason"],
         )
 
+        self.owner_reads = self._counter(
+            "admission_owner_reads_total",
+            "TaskRuns read from the API server while a Pod review waited (a pod claiming a TaskRun the cache "
+            "lacks, knows with another uid or pod, or holds pending), by outcome: found, absent (not found, or the "
+            "read failed: the pod is no run's pod), timeout (not read within the bound: the same).",
+            ["outcome"],
+        )
+        self.webhook_connections = self._counter(
+            "webhook_connections_total",
+            "Connections accepted by the webhook's HTTPS server (each a TLS handshake the API server waits for), "
+            "and those closed by recycling (connection_max_requests / connection_max_seconds), by event: opened, "
+            "recycled.",
+            ["event"],
+        )
+
     def _pool(self) -> None:
         self.pool_node_load = self._gauge(
             "pool_node_load",

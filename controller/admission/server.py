@@ -239,6 +239,9 @@ class AdmissionServer:
         else:
             self._large.wait(exchange, lambda waited: self._turned_away(waited, LARGE_WAITED))
 
+    def _count_connection(self, event: str) -> None:
+        self.metrics.webhook_connections.labels(event=event).inc()
+
     def _release_small(self) -> None:
         self._small_in_use -= 1
 
@@ -305,12 +308,15 @@ class AdmissionServer:
             return ReadOwner(needed.namespace, needed.name, None)
         read = asyncio.get_running_loop().run_in_executor(self._owner_reads, self.admission.read_owner, needed.namespace, needed.name)
         try:
-            return await asyncio.wait_for(read, OWNER_READ_SECONDS)
+            owner = await asyncio.wait_for(read, OWNER_READ_SECONDS)
         except TimeoutError:
+            self.metrics.owner_reads.labels(outcome="timeout").inc()
             logger.bind(namespace=needed.namespace, name=needed.name).warning(
                 "the TaskRun of a pod was not read within {} s: the pod is placed as no run's", OWNER_READ_SECONDS
             )
             return ReadOwner(needed.namespace, needed.name, None)
+        self.metrics.owner_reads.labels(outcome="found" if owner.record is not None else "absent").inc()
+        return owner
 
     def _answer(self, raw: bytes | bytearray, path: bytes, reviewer: Reviewer, owner: ReadOwner | None = None) -> wire.Reply:
         """The answer to one request body (in the loop, or in the large-review thread). `owner`: the
@@ -368,7 +374,7 @@ class AdmissionServer:
         await web.TCPSite(self._health, s.health_host, s.health_port).start()
         self._webhook = await wire.serve(
             self, s.webhook_host, s.webhook_port, self.tls.context, self.limits, clock=self.clock,
-            handshake_seconds=READ_TIMEOUT_SECONDS,
+            handshake_seconds=READ_TIMEOUT_SECONDS, count=self._count_connection,
         )
         logger.info(
             "webhook on https://{}:{}/mutate and /validate, health on http://{}:{}",

@@ -73,6 +73,9 @@ def text(status: int, message: str, *, close: bool = False, headers: bytes = b""
     return Reply(status, (message + "\n").encode(), TEXT, close, headers)
 
 
+OPENED, RECYCLED = "opened", "recycled"  # Listener.count's events (webhook_connections_total{event})
+
+
 @dataclass(frozen=True)
 class Limits:
     """A connection's bounds (module docstring). `max_requests`, `max_seconds`: recycling, 0 for never."""
@@ -180,6 +183,7 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment] # uvloop's transports are not asyncio.Transport subclasses
         self.opened_at = self.clock()
         self.listener.connections.add(self)
+        self.listener.count(OPENED)
         self._idle_since = self.loop.time()
         self._watch()
 
@@ -373,8 +377,11 @@ class Connection(asyncio.Protocol):
             reply = exchange.reply
             assert reply is not None
             self.served += 1
-            close = (reply.close or not exchange.keep_alive or self.listener.stopping
-                     or recycle_due(self.served, self.opened_at, self.clock(), self.limits))
+            recycled = not (reply.close or not exchange.keep_alive or self.listener.stopping) and recycle_due(
+                self.served, self.opened_at, self.clock(), self.limits)
+            close = reply.close or not exchange.keep_alive or self.listener.stopping or recycled
+            if recycled:
+                self.listener.count(RECYCLED)
             body = reply.body
             head = b"%bContent-Type: %b\r\nContent-Length: %d\r\n%b%b\r\n" % (
                 _status_line(reply.status), reply.content_type, len(body), reply.headers,
@@ -485,8 +492,9 @@ class Listener:
     """The listening socket and its connections. `close(timeout)`: stop accepting, let the requests in
     flight be answered (each answer then closes its connection) for up to `timeout` seconds, cut off the rest."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: Callable[[str], None] = lambda event: None) -> None:
         self.connections: set[Connection] = set()
+        self.count = count  # called with OPENED for each connection accepted, RECYCLED for each closed by recycling
         self.stopping = False
         self.server: asyncio.AbstractServer | None = None
         self._all_gone: asyncio.Event | None = None
@@ -525,10 +533,11 @@ class Listener:
 
 
 async def serve(handler: Handler, host: str, port: int, ssl: Any, limits: Limits,
-                clock: Callable[[], float] = time.monotonic, handshake_seconds: float = 10.0) -> Listener:
+                clock: Callable[[], float] = time.monotonic, handshake_seconds: float = 10.0,
+                count: Callable[[str], None] = lambda event: None) -> Listener:
     """Listen on host:port (TLS with the context `ssl`: certificates loaded into it later are presented on
-    the next handshake) and serve each connection with `handler`."""
-    listener = Listener()
+    the next handshake) and serve each connection with `handler`; `count`: see `Listener`."""
+    listener = Listener(count)
     loop = asyncio.get_running_loop()
     listener.server = await loop.create_server(
         lambda: Connection(handler, limits, clock, listener), host, port, ssl=ssl,

@@ -71,11 +71,12 @@ def limits(**changes: Any) -> wire.Limits:
 
 
 def serving(handler: Echo, lim: wire.Limits, clock: Callable[[], float] = Clock(),
-            test: Callable[[int], Awaitable[None]] | None = None, loop: str = "asyncio") -> None:
+            test: Callable[[int], Awaitable[None]] | None = None, loop: str = "asyncio",
+            count: Callable[[str], None] = lambda event: None) -> None:
     """Run `test(port)` against a listener, on a fresh event loop: asyncio's, or uvloop's (the controller's)."""
 
     async def main() -> None:
-        listener = await wire.serve(handler, "127.0.0.1", 0, None, lim, clock=clock)
+        listener = await wire.serve(handler, "127.0.0.1", 0, None, lim, clock=clock, count=count)
         try:
             assert test is not None
             await asyncio.wait_for(test(listener.port), TIMEOUT)
@@ -171,6 +172,28 @@ def test_the_first_answer_after_the_age_closes_the_connection_never_an_idle_one(
         writer.close()
 
     serving(Echo(), limits(max_seconds=3.0), clock, test=test)
+
+
+def test_connections_opened_and_recycled_are_counted() -> None:
+    """webhook_connections_total: one "opened" per connection, one "recycled" per answer that closes it by
+    recycling; a client that asks to close, or a refusal, is no recycling."""
+    events: list[str] = []
+
+    async def test(port: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(2):
+            writer.write(post(b"x"))
+            await read_answer(reader)
+        assert await closed(reader)
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post(b"x", extra="Connection: close\r\n"))
+        assert (await read_answer(reader))[1].get("connection") == "close"
+        assert await closed(reader)
+        writer.close()
+
+    serving(Echo(), limits(max_requests=2), test=test, count=events.append)
+    assert events == [wire.OPENED, wire.RECYCLED, wire.OPENED]
 
 
 def test_http10_and_a_client_that_asks_to_close() -> None:

@@ -34,6 +34,8 @@ CONTRACT: dict[str, tuple[str, tuple[str, ...]]] = {
     "egress_placer_admission_duration_seconds": ("histogram", ("kind",)),
     "egress_placer_admission_reviews_total": ("counter", ("kind", "outcome")),
     "egress_placer_admission_turned_away_total": ("counter", ("reason",)),
+    "egress_placer_admission_owner_reads_total": ("counter", ("outcome",)),
+    "egress_placer_webhook_connections_total": ("counter", ("event",)),
     "egress_placer_pool_node_load": ("gauge", ("node", "pool", "state")),
     "egress_placer_pool_node_capacity": ("gauge", ("node", "pool")),
     "egress_placer_pool_ready_nodes": ("gauge", ("pool",)),

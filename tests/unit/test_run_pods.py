@@ -243,12 +243,18 @@ def test_the_server_reads_an_uncached_taskrun_off_the_event_loop(running: Runnin
         return answers.get(name)
 
     running.server.admission = Admission(running.state, running.metrics, running.events, running.settings, read_taskrun=read)
+
+    def reads(outcome: str) -> float:
+        return running.metrics.registry.get_sample_value("egress_placer_admission_owner_reads_total", {"outcome": outcome}) or 0.0
+
     try:
-        for name, placed in (("fast", True), ("slow", False)):
+        for name, placed, outcome in (("fast", True, "found"), ("gone", False, "absent"), ("slow", False, "timeout")):
+            before = reads(outcome)
             pod = tekton_pod(taskrun_name=name, annotations={})
             answer = requests.post(running.webhook + "/mutate", json=review(pod), verify=running.ca_file, timeout=10)
             assert answer.status_code == 200
             assert _placed(_apply(copy.deepcopy(pod), answer.json())) is placed, name
+            assert reads(outcome) == before + 1, name  # egress_placer_admission_owner_reads_total{outcome}
             assert requests.get(running.health + "/healthz", timeout=5).status_code == 200
     finally:
         release.set()
