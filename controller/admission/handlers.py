@@ -82,7 +82,17 @@ from controller.core.model import (
     Reason,
     owner_refs,
 )
-from controller.core.patches import json_patch, over_default, place, protection, tolerates, unplace, with_default
+from controller.core.patches import (
+    json_patch,
+    over_default,
+    place,
+    placement_fields,
+    protection,
+    tolerates,
+    unplace,
+    with_default,
+    with_placement,
+)
 from controller.core.policy import PlacementPolicy, Pool
 from controller.load.core import ledger_key
 from controller.queue.core import (
@@ -809,9 +819,16 @@ class Admission:
             change: Callable[[dict[str, Any]], dict[str, Any]] = lambda t: unplace(t, policy)  # noqa: E731
         else:
             change = lambda t: place(unplace(t, policy, keep_pool=pool.name), pool, node)  # noqa: E731
-        text = json_key(template)
+        if not isinstance(template, Mapping):  # None (no podTemplate), or not an object: the whole of it
+            text = json_key(template)
+            key = None if text is None else (text, pool.name if pool else None, node)
+            return self._templates.get(key, lambda: over_default(template, default, change), (policy, default))
+        # Keyed on the fields placement reads, not the whole template: a pod's spec is each run's own (its
+        # containers' args and volumes), so a whole-spec key never repeats (#24).
+        fields = placement_fields(template)
+        text = json_key(fields)
         key = None if text is None else (text, pool.name if pool else None, node)
-        return self._templates.get(key, lambda: over_default(template, default, change), (policy, default))
+        return with_placement(template, self._templates.get(key, lambda: over_default(fields, default, change), (policy, default)))
 
     def _taskrun_images(self, request: Request) -> ImageSet:
         """`taskrun_images` of the run: it reads the run's namespace, taskRef, taskSpec and params, and

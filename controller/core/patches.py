@@ -488,6 +488,23 @@ def over_default(
     return left_to_default(change(with_default(template, default)), template, default)
 
 
+def placement_fields(template: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of `template` that `place`, `unplace` and `over_default` read and write (DEFAULTED_FIELDS,
+    those present): what a placed template is computed from (`with_placement`)."""
+    return {name: template[name] for name in DEFAULTED_FIELDS if name in template}
+
+
+def with_placement(template: Mapping[str, Any], placed: Mapping[str, Any]) -> dict[str, Any]:
+    """`template` with the placement fields of `placed`, computed from `placement_fields(template)` alone
+    (e.g. by `over_default`): the same template, in the same order, as that computation over the whole
+    template gives, since it changes nothing else. A pod's spec (containers, volumes, each run's own) is
+    then not copied, and what is computed depends on the placement fields only."""
+    out = {name: value for name, value in template.items() if name not in DEFAULTED_FIELDS or name in placed}
+    for name, value in placed.items():
+        out[name] = value
+    return out
+
+
 class InvalidDefault(ValueError):
     """The default pod template cannot be read (the message says where)."""
 

@@ -195,3 +195,55 @@ def test_a_tenants_same_named_task_does_not_answer_for_another_namespace() -> No
     assert decision_of(theirs)["images"] == [KANIKO_LIKE]
     _, ours, _ = env.review(curl_run(namespace="team-ci"))
     assert KANIKO_LIKE not in decision_of(ours)["images"] and decision_of(ours)["pool"] is None
+
+
+SPEC_TOLERATION = {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+SPEC_AFFINITY = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+    {"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}]},
+    "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        pytest.param({}, id="empty"),
+        pytest.param({"containers": [{"name": "step", "args": ["run-1"]}], "volumes": [{"name": "v"}]}, id="no-placement-fields"),
+        pytest.param({"containers": [{"name": "s"}], "tolerations": [SPEC_TOLERATION], "restartPolicy": "Never"}, id="a-toleration-between"),
+        pytest.param({"affinity": SPEC_AFFINITY, "containers": [{"name": "s"}], "nodeSelector": {"disk": "ssd"}}, id="affinity-and-selector"),
+        pytest.param({"tolerations": None, "affinity": None, "containers": []}, id="null-fields"),
+        pytest.param({"nodeSelector": {"egress-placer.io/pool": "other"}, "containers": []}, id="another-pools-selector"),
+    ],
+)
+@pytest.mark.parametrize("default", [None, {"tolerations": [SPEC_TOLERATION]}, {"nodeSelector": {"disk": "hdd"}}], ids=["no-default", "default-toleration", "default-selector"])
+@pytest.mark.parametrize("placed", [True, False], ids=["placed", "unplaced"])
+def test_a_template_placed_from_its_placement_fields_is_the_whole_template_placed(template: dict, default: dict | None, placed: bool) -> None:
+    """#24: the memo is keyed on the fields placement reads (a pod's spec is each run's own): placing those
+    alone and putting them back gives the very template, in the same order, that placing the whole does."""
+    from controller.core.patches import over_default, place, placement_fields, unplace, with_placement
+
+    policy = Env().state.policy
+    pool = policy.pool("egress")
+    assert pool is not None
+
+    def change(t: dict) -> dict:
+        return place(unplace(t, policy, keep_pool=pool.name), pool, "egress-1") if placed else unplace(t, policy)
+
+    whole = over_default(copy.deepcopy(template), default, change)
+    parts = with_placement(template, over_default(placement_fields(template), default, change))
+    assert parts == whole and list(parts) == list(whole)
+
+
+def test_pods_of_different_runs_share_one_placed_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two Tekton pods whose specs differ only outside the placement fields (each run's own args and
+    volumes) are placed by one computation: the memo's key is what placement reads (#24)."""
+    calls: list[Any] = []
+    real = handlers_module.over_default
+    monkeypatch.setattr(handlers_module, "over_default", lambda *a: calls.append(a) or real(*a))
+    env = Env()
+    policy = env.state.policy
+    pool = policy.pool("egress")
+    specs = [{**tekton_pod()["spec"], "volumes": [{"name": f"run-{i}", "emptyDir": {}}]} for i in range(2)]
+    placed = [env.admission._template(spec, policy, None, pool, "egress-1") for spec in specs]
+    assert len(calls) == 1
+    assert [p["volumes"] for p in placed] == [s["volumes"] for s in specs]  # each keeps its own spec
+    assert placed[0]["affinity"] == placed[1]["affinity"] and placed[0]["tolerations"] == placed[1]["tolerations"]
