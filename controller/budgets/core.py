@@ -583,9 +583,15 @@ def release_to(budgets: PoolBudgets, waiting: Sequence[tuple[Any, Sequence[str]]
     Each key released -> the egress address it was counted behind (the release writes it on the run, and
     the pod goes behind it while it has room there: replicas admitting pods at once then do not all take
     one address's last room). A run in flight is counted behind the address it was released to, when it
-    has one and it is still a pool address."""
+    has one and it is still a pool address.
+
+    A run touching no destination of the pool (none, or only names no longer in the policy) takes no room
+    and is released to no address (""): nothing is written on it beyond the release, and its pod is placed
+    as on a pool without budgets (issue #26: such runs are not slowed by the pool's budgets)."""
     picture = budgets
     for i, (touched, address) in enumerate(in_flight):
+        if not _known(budgets, touched):
+            continue  # takes no room: nothing to count
         behind = tuple(sorted(n for n, a in picture.addresses.items() if a == address)) if address else ()
         nodes = [n for n in nodes_with_room(picture, touched, now) if not behind or n in behind]
         nodes = nodes or list(behind) or list(nodes_with_room(picture, touched, now)) or sorted(picture.addresses)
@@ -593,12 +599,20 @@ def release_to(budgets: PoolBudgets, waiting: Sequence[tuple[Any, Sequence[str]]
             picture = admit(picture, f"in-flight-{i}", nodes[0], touched, now)
     out: dict[Any, str] = {}
     for key, touched in waiting:
+        if not _known(budgets, touched):
+            out[key] = ""
+            continue
         nodes = nodes_with_room(picture, touched, now)
         if not nodes:
             continue
         picture = admit(picture, f"waiting-{len(out)}", nodes[0], touched, now)
         out[key] = picture.addresses.get(nodes[0], nodes[0])
     return out
+
+
+def _known(budgets: PoolBudgets, touched: Iterable[str]) -> bool:
+    """Does `touched` name a destination of the pool (one whose budgets count)?"""
+    return any(budgets.destination(t) is not None for t in touched)
 
 
 def holding(budgets: PoolBudgets, touched: Iterable[str], now: float, mode: str = ENFORCE) -> list[str]:

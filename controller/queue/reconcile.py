@@ -180,9 +180,10 @@ class QueueReconciler:
 
     def _within_budgets(self, pool: Pool, result: Plan, entries: list[QueueEntry], now: float) -> Plan:
         """A queued pool's plan whose slot releases also fit its egress budgets (docs/budgets.md); those
-        that do not stay first in the line."""
+        that do not stay first in the line. A release touching no destination is the queue's alone: no
+        budget picture is built for it, and it goes with no address (`budgets.core.release_to`)."""
         slot = [r.entry for r in result.releases if r.reason is ReleaseReason.SLOT]
-        if not pool.destinations or not slot:
+        if not pool.destinations or not any(e.budgets for e in slot):
             return result
         flying = [(e.budgets, e.address) for e in entries if not e.pending and not e.done and not e.has_pod]
         fits = self.state.budgets.releasable(pool, [(e.key, e.budgets) for e in slot], flying, now)

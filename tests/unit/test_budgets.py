@@ -384,3 +384,20 @@ def test_each_release_names_the_address_it_was_counted_behind_and_runs_in_flight
     assert release_to(budgets, [("w", ("dockerhub-pulls",))], [(("dockerhub-pulls",), "")], NOW) == {"w": "egress-3"}
     assert release_to(budgets, [("w", ("dockerhub-pulls",)), ("x", ("dockerhub-pulls",)), ("y", ("dockerhub-pulls",))], [], NOW) == {
         "w": "203.0.113.7", "x": "egress-3"}
+
+
+@pytest.mark.parametrize("touched, in_flight, expected", [
+    ((), [], ""),  # touches no destination: released, to no address
+    (("gone-from-the-policy",), [], ""),  # only names no longer in the policy: no budget, no address
+    ((), [(("dockerhub-pulls",), "egress-3"), ((), "")], ""),  # runs in flight change nothing for it
+    (("dockerhub-pulls",), [((), ""), ((), "egress-3")], "203.0.113.7"),  # untouched runs in flight take no room
+    (("dockerhub-pulls",), [(("dockerhub-pulls",), "")], "egress-3"),
+])
+def test_a_run_touching_no_destination_is_released_to_no_address(touched: tuple[str, ...], in_flight: list, expected: str) -> None:
+    """Issue #26 ("runs that touch no destination are not slowed"): `release_to` gives such a run no
+    address, so the release writes nothing on it beyond clearing its pending status, as on a pool without
+    budgets; nor does it, waiting or in flight, take room from the runs that do touch one."""
+    from controller.budgets.core import release_to
+
+    budgets = pool(dest(maxConcurrentPerAddress=1))
+    assert release_to(budgets, [("w", touched)], in_flight, NOW) == {"w": expected}

@@ -515,3 +515,57 @@ def test_with_no_room_anywhere_the_pod_is_kept_off_no_node() -> None:
     _, patched, _ = env.review(tekton_pod(name="c-pod", taskrun_name="c"))
     terms = patched["spec"]["affinity"]["nodeAffinity"][REQUIRED]["nodeSelectorTerms"]
     assert not any("matchFields" in term for term in terms)
+
+
+QUEUED = """\
+apiVersion: egress-placer.io/v1alpha1
+kind: PlacementPolicy
+pools:
+  - name: egress
+    nodeSelector: {egress-placer.io/egress: "fast"}
+    images: ["gcr.io/kaniko-project/*"]
+    namespaces: ["team-ci", "team-web"]
+    queue: {runsPerNode: 1}
+"""
+UNTOUCHED = """\
+    destinations:
+      - name: registry-pulls
+        match: {images: ["quay.io/*"]}
+        maxStartsPerWindowPerAddress: 100
+        windowSeconds: 3600
+      - name: cdn-publish
+        match: {tasks: ["publish-*"]}
+        maxConcurrentPerAddress: 1
+"""
+TOUCHED = """\
+    destinations:
+      - name: kaniko-pulls
+        match: {images: ["gcr.io/kaniko-project/*"]}
+        maxConcurrentPerAddress: 1
+"""
+
+
+@pytest.mark.parametrize("destinations, addresses, pictures", [
+    ("", [None, None, None], 0),  # no budgets: the queue's release alone
+    (UNTOUCHED, [None, None, None], 0),  # budgets the runs never touch: the same release, nothing more
+    (TOUCHED, ["egress-1", "egress-2", "egress-3"], 1),  # touched: each counted behind an address, written
+])
+def test_a_queued_run_touching_no_destination_is_released_as_on_a_pool_without_budgets(
+        monkeypatch: pytest.MonkeyPatch, destinations: str, addresses: list[str | None], pictures: int) -> None:
+    """Issue #26, "runs that touch no destination are not slowed": on a queued pool whose budgets the
+    uploads never touch, the leader's pass releases them exactly as without budgets: the release patch
+    writes no entry (before, each run got the first node's address, a metadata write Tekton then reverts
+    from its older copy of the run), and the pass builds no budget picture of the pool."""
+    env = Env()
+    env.state.set_policy(load_policy(QUEUED + destinations))
+    env.admission.wall = lambda: env.now
+    held(env, [f"r{i}" for i in range(4)])
+    built = []
+    picture = env.state.budgets.pool_budgets
+    monkeypatch.setattr(env.state.budgets, "pool_budgets", lambda *a: built.append(a) or picture(*a))
+    releaser = Releaser(env)
+    QueueReconciler(env.state, releaser, RecordingSink(), env.metrics, clock=lambda: env.now)()
+    assert releaser.released == ["r0", "r1", "r2"]  # 3 nodes, 1 run each: the queue's slots
+    written = [releaser.entries[name] for name in releaser.released]
+    assert [read_entry(e, "TaskRun").address if e else None for e in written] == addresses  # type: ignore[union-attr]
+    assert len(built) == pictures
