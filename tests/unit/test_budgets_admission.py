@@ -14,7 +14,7 @@ from controller.core.policy import load_policy
 from tests.unit.test_admission_handlers import TEKTON_USER, Env, tekton_pod
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
-POLICY = """\
+POOL = """\
 apiVersion: egress-placer.io/v1alpha1
 kind: PlacementPolicy
 pools:
@@ -22,11 +22,14 @@ pools:
     nodeSelector: {egress-placer.io/egress: "fast"}
     images: ["gcr.io/kaniko-project/*"]
     namespaces: ["team-ci", "team-web"]
+"""
+TOUCHED = """\
     destinations:
       - name: kaniko-pulls
         match: {images: ["gcr.io/kaniko-project/*"]}
         maxConcurrentPerAddress: 1
 """
+POLICY = POOL + TOUCHED
 
 
 def env_with_budgets() -> Env:
@@ -517,16 +520,7 @@ def test_with_no_room_anywhere_the_pod_is_kept_off_no_node() -> None:
     assert not any("matchFields" in term for term in terms)
 
 
-QUEUED = """\
-apiVersion: egress-placer.io/v1alpha1
-kind: PlacementPolicy
-pools:
-  - name: egress
-    nodeSelector: {egress-placer.io/egress: "fast"}
-    images: ["gcr.io/kaniko-project/*"]
-    namespaces: ["team-ci", "team-web"]
-    queue: {runsPerNode: 1}
-"""
+QUEUED = POOL + "    queue: {runsPerNode: 1}\n"
 UNTOUCHED = """\
     destinations:
       - name: registry-pulls
@@ -535,12 +529,6 @@ UNTOUCHED = """\
         windowSeconds: 3600
       - name: cdn-publish
         match: {tasks: ["publish-*"]}
-        maxConcurrentPerAddress: 1
-"""
-TOUCHED = """\
-    destinations:
-      - name: kaniko-pulls
-        match: {images: ["gcr.io/kaniko-project/*"]}
         maxConcurrentPerAddress: 1
 """
 
