@@ -819,16 +819,15 @@ class Admission:
             change: Callable[[dict[str, Any]], dict[str, Any]] = lambda t: unplace(t, policy)  # noqa: E731
         else:
             change = lambda t: place(unplace(t, policy, keep_pool=pool.name), pool, node)  # noqa: E731
-        if not isinstance(template, Mapping):  # None (no podTemplate), or not an object: the whole of it
-            text = json_key(template)
-            key = None if text is None else (text, pool.name if pool else None, node)
-            return self._templates.get(key, lambda: over_default(template, default, change), (policy, default))
         # Keyed on the fields placement reads, not the whole template: a pod's spec is each run's own (its
-        # containers' args and volumes), so a whole-spec key never repeats (#24).
-        fields = placement_fields(template)
+        # containers' args and volumes), so a whole-spec key never repeats (#24). None (no podTemplate), or
+        # not an object: the whole of it.
+        whole = not isinstance(template, Mapping)
+        fields = template if whole else placement_fields(template)
         text = json_key(fields)
         key = None if text is None else (text, pool.name if pool else None, node)
-        return with_placement(template, self._templates.get(key, lambda: over_default(fields, default, change), (policy, default)))
+        placed = self._templates.get(key, lambda: over_default(fields, default, change), (policy, default))
+        return placed if whole else with_placement(template, placed)
 
     def _taskrun_images(self, request: Request) -> ImageSet:
         """`taskrun_images` of the run: it reads the run's namespace, taskRef, taskSpec and params, and

@@ -377,9 +377,9 @@ class Connection(asyncio.Protocol):
             reply = exchange.reply
             assert reply is not None
             self.served += 1
-            recycled = not (reply.close or not exchange.keep_alive or self.listener.stopping) and recycle_due(
-                self.served, self.opened_at, self.clock(), self.limits)
-            close = reply.close or not exchange.keep_alive or self.listener.stopping or recycled
+            closing = reply.close or not exchange.keep_alive or self.listener.stopping
+            recycled = not closing and recycle_due(self.served, self.opened_at, self.clock(), self.limits)
+            close = closing or recycled
             if recycled:
                 self.listener.count(RECYCLED)
             body = reply.body
