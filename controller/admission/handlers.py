@@ -86,7 +86,7 @@ from controller.core.patches import (
     json_patch,
     over_default,
     place,
-    placement_fields,
+    placement_key,
     protection,
     tolerates,
     unplace,
@@ -820,10 +820,10 @@ class Admission:
         else:
             change = lambda t: place(unplace(t, policy, keep_pool=pool.name), pool, node)  # noqa: E731
         # Keyed on the fields placement reads, not the whole template: a pod's spec is each run's own (its
-        # containers' args and volumes), so a whole-spec key never repeats (#24). None (no podTemplate), or
-        # not an object: the whole of it.
+        # containers' args and volumes), so a whole-spec key never repeats, nor does the node its TaskRun was
+        # preferred on (`placement_key`, #24). None (no podTemplate), or not an object: the whole of it.
         whole = not isinstance(template, Mapping)
-        fields = template if whole else placement_fields(template)
+        fields = template if whole else placement_key(template)
         text = json_key(fields)
         key = None if text is None else (text, pool.name if pool else None, node)
         placed = self._templates.get(key, lambda: over_default(fields, default, change), (policy, default))

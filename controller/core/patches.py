@@ -494,6 +494,22 @@ def placement_fields(template: Mapping[str, Any]) -> dict[str, Any]:
     return {name: template[name] for name in DEFAULTED_FIELDS if name in template}
 
 
+def placement_key(template: Mapping[str, Any]) -> dict[str, Any]:
+    """`placement_fields(template)` with the node of egress-placer's preferred-node term left out (its one
+    value made ""): `place` and `unplace` drop that term by its shape, whatever node it names, so what they
+    give is the same. A Tekton pod carries its TaskRun's term (the node admission preferred for the run), and
+    the pods of a burst are then keyed alike, whichever node each TaskRun got. Copies only along that path."""
+    fields = placement_fields(template)
+    affinity = fields.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    preferences = node_affinity.get(PREFERRED) if isinstance(node_affinity, Mapping) else None
+    if not isinstance(preferences, list) or not any(isinstance(p, Mapping) and _is_node_preference(p) for p in preferences):
+        return fields
+    assert isinstance(affinity, Mapping) and isinstance(node_affinity, Mapping)
+    blank = [node_preference("") if isinstance(p, Mapping) and _is_node_preference(p) else p for p in preferences]
+    return {**fields, "affinity": {**affinity, "nodeAffinity": {**node_affinity, PREFERRED: blank}}}
+
+
 def with_placement(template: Mapping[str, Any], placed: Mapping[str, Any]) -> dict[str, Any]:
     """`template` with the placement fields of `placed`, computed from `placement_fields(template)` alone
     (e.g. by `over_default`): the same template, in the same order, as that computation over the whole

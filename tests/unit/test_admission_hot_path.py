@@ -233,6 +233,53 @@ def test_a_template_placed_from_its_placement_fields_is_the_whole_template_place
     assert parts == whole and list(parts) == list(whole)
 
 
+def _preferred_on(node: str, *others: dict) -> dict:
+    """A pod's affinity as Tekton copies it from its TaskRun: the user's preferences and the preferred-node
+    term admission wrote for `node`."""
+    from controller.core.patches import node_preference
+
+    return {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [*others, node_preference(node)]}}
+
+
+ZONE_PREFERENCE = {"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}
+NOT_OURS = {"weight": 100, "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a", "b"]}]}}
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same_key"),
+    [
+        pytest.param({"affinity": _preferred_on("egress-1")}, {"affinity": _preferred_on("egress-2")}, True, id="only-our-term"),
+        pytest.param({"affinity": _preferred_on("egress-1", ZONE_PREFERENCE), "tolerations": [SPEC_TOLERATION]},
+                     {"affinity": _preferred_on("egress-3", ZONE_PREFERENCE), "tolerations": [SPEC_TOLERATION]}, True, id="beside-the-users"),
+        pytest.param({"affinity": _preferred_on("egress-1")}, {"affinity": _preferred_on("egress-1", ZONE_PREFERENCE)}, False, id="the-users-differ"),
+        pytest.param({"affinity": _preferred_on("egress-1", NOT_OURS)}, {"affinity": _preferred_on("egress-2", {**NOT_OURS, "weight": 99})}, False,
+                     id="a-look-alike-is-the-users"),
+        pytest.param({"affinity": _preferred_on("egress-1")}, {"affinity": {"nodeAffinity": {}}}, False, id="term-or-none"),
+    ],
+)
+@pytest.mark.parametrize("default", [None, {"affinity": SPEC_AFFINITY}], ids=["no-default", "default-affinity"])
+@pytest.mark.parametrize("placed", [True, False], ids=["placed", "unplaced"])
+def test_the_memo_key_leaves_out_the_node_the_taskrun_was_preferred_on(first: dict, second: dict, same_key: bool, default: dict | None, placed: bool) -> None:
+    """#24: a Tekton pod carries its TaskRun's preferred-node term, one node of the pool per run, so a key with
+    that node in it seldom repeats. `placement_key` leaves the node out; what placement gives from the key is
+    what it gives from the whole template (place and unplace drop the term by its shape, whatever node)."""
+    from controller.core.patches import over_default, place, placement_key, unplace, with_placement
+
+    policy = Env().state.policy
+    pool = policy.pool("egress")
+    assert pool is not None
+
+    def change(t: dict) -> dict:
+        return place(unplace(t, policy, keep_pool=pool.name), pool, "egress-2") if placed else unplace(t, policy)
+
+    for template in (first, second):
+        template = {"containers": [{"name": "step"}], **template}
+        whole = over_default(copy.deepcopy(template), default, change)
+        parts = with_placement(template, over_default(placement_key(template), default, change))
+        assert parts == whole  # members' order aside: a field unplace empties comes back last (no meaning in JSON)
+    assert (json_key(placement_key(first)) == json_key(placement_key(second))) is same_key
+
+
 def test_pods_of_different_runs_share_one_placed_template(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two Tekton pods whose specs differ only outside the placement fields (each run's own args and
     volumes) are placed by one computation: the memo's key is what placement reads (#24)."""
@@ -242,7 +289,9 @@ def test_pods_of_different_runs_share_one_placed_template(monkeypatch: pytest.Mo
     env = Env()
     policy = env.state.policy
     pool = policy.pool("egress")
-    specs = [{**tekton_pod()["spec"], "volumes": [{"name": f"run-{i}", "emptyDir": {}}]} for i in range(2)]
+    # Each its run's own volumes, and the node its TaskRun was preferred on (Tekton copies the term).
+    specs = [{**tekton_pod()["spec"], "volumes": [{"name": f"run-{i}", "emptyDir": {}}], "affinity": _preferred_on(f"egress-{i + 1}")}
+             for i in range(2)]
     placed = [env.admission._template(spec, policy, None, pool, "egress-1") for spec in specs]
     assert len(calls) == 1
     assert [p["volumes"] for p in placed] == [s["volumes"] for s in specs]  # each keeps its own spec
