@@ -171,9 +171,19 @@ def leftovers(api: Api) -> list[str]:
         ("namespace", namespace(NAMESPACE)),
     ]
     things += [(f"CRD {crd['metadata']['name']}", f"{CRDS}/{crd['metadata']['name']}") for crd in custom_resource_definitions()]
-    found = [what for what, path in things if api.get(path) is not None]
+    found = [f"{what}{_why_still_there(obj)}" for what, path in things if (obj := api.get(path)) is not None]
     found += [f"taint on {n['metadata']['name']}" for n in api.items(node()) if any(t["key"] == TAINT_KEY for t in n["spec"].get("taints") or [])]
     return found
+
+
+def _why_still_there(obj: dict) -> str:
+    """What an object being deleted waits for (its finalizers, and a CRD's Terminating condition), so a
+    timeout says why; "" for one not being deleted."""
+    meta = obj.get("metadata") or {}
+    if not meta.get("deletionTimestamp"):
+        return ""
+    waits = [f"{c.get('reason')}: {c.get('message')}" for c in (obj.get("status") or {}).get("conditions") or [] if c.get("type") == "Terminating"]
+    return f" (being deleted since {meta['deletionTimestamp']}, finalizers {meta.get('finalizers')}{'; ' + '; '.join(waits) if waits else ''})"
 
 
 def taint_a_pool_node(api: Api) -> None:
