@@ -65,8 +65,9 @@ def build_state(nodes: int, pods: int) -> tuple[Any, list[dict[str, Any]]]:
     return state, [o for kind, o in inv.objects if kind == "Node" and o["metadata"]["name"].startswith("egress-")]
 
 
-def reconcile_loop(state: Any, leading: threading.Event) -> Any:
-    """The leader's loop over every reconciler that reads each pool node; `leading` set: it passes."""
+def reconcile_loop(state: Any, leading: threading.Event, give_way: Any = None) -> Any:
+    """The leader's loop over every reconciler that reads each pool node; `leading` set: it passes. `give_way`:
+    the controller's `runner.GiveWay` (its walks give way to the reviews in flight), as controller.app wires it."""
     from controller.metrics import Metrics
     from controller.queue.reconcile import QueueReconciler
     from controller.agents.reconcile import AgentReconciler
@@ -75,12 +76,15 @@ def reconcile_loop(state: Any, leading: threading.Event) -> Any:
     from controller.pool_status.metrics import PoolMetrics
     from controller.taints.reconcile import TaintReconciler
 
+    from controller.runner import unpaced
+
     metrics, nowhere = Metrics(), NoWrites()
+    paced = give_way.paced if give_way is not None else unpaced
     return ReconcileLoop(state, [
-        TaintReconciler(state, nowhere, metrics),
-        IntruderReconciler(state, nowhere, nowhere, metrics, "report"),
-        AgentReconciler(state, nowhere, nowhere, metrics),
-        PoolMetrics(state, metrics, min_interval=0),
+        TaintReconciler(state, nowhere, metrics, paced=paced),
+        IntruderReconciler(state, nowhere, nowhere, metrics, "report", paced=paced),
+        AgentReconciler(state, nowhere, nowhere, metrics, paced=paced),
+        PoolMetrics(state, metrics, min_interval=0, paced=paced),
         QueueReconciler(state, nowhere, nowhere, metrics),
     ], is_leader=leading.is_set)
 
@@ -192,7 +196,7 @@ async def serve(tls_dir: Path, nodes: int, pods: int) -> None:
     from controller.admission.server import AdmissionServer
     from controller.app import configure_logging, tune_interpreter
     from controller.metrics import Metrics
-    from controller.runner import Runner
+    from controller.runner import GiveWay, Runner
 
     from bench.servers import HeldEvents, serving_tls, settings
 
@@ -202,13 +206,15 @@ async def serve(tls_dir: Path, nodes: int, pods: int) -> None:
     state, pool_nodes = build_state(nodes, pods)
     gc.freeze()  # as after the controller's first sync
     leading = threading.Event()
-    loop_ = reconcile_loop(state, leading)
+    give_way = GiveWay()
+    loop_ = reconcile_loop(state, leading, give_way)
     heartbeats = Heartbeats(state, pool_nodes, leading, NODE_EVENTS_PER_S, wake=loop_.wake)
     runner = Runner()
     runner.start("reconcile loop", loop_.run, on_stop=loop_.wake)
     runner.start("node heartbeats", lambda stop: heartbeats.run(), on_stop=heartbeats.stopped.set)
     server = AdmissionServer(s, Admission(state, Metrics(), HeldEvents(), s), Metrics(), serving_tls(tls_dir),
                              readiness=lambda: None)
+    give_way.follow(server.reviews_in_flight)  # as controller.app does
     await server.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()

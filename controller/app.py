@@ -61,7 +61,7 @@ from controller.budgets.reconcile import BudgetMetrics, BudgetStartsKeeper
 from controller.placement_log.view import PlacementLog
 from controller.pool_status.reconcile import PoolErrors, PoolStatusWriter
 from controller.taints.reconcile import TaintReconciler
-from controller.runner import Runner
+from controller.runner import GiveWay, Runner
 from controller.suggest.reconcile import HistoryReaders
 from controller.settings import Settings, env_name
 from controller.state import ClusterState
@@ -213,6 +213,7 @@ class Controller:
         self.settings = settings
         self.freeze = freeze
         self.runner = Runner()
+        self.give_way = GiveWay()  # the leader's passes give way to the reviews in flight (follows the server, below)
         self.metrics = Metrics()
         self.api = KubeApi(make_api_client(settings), timeout=settings.request_timeout_seconds)
         self.state = ClusterState(
@@ -281,6 +282,7 @@ class Controller:
             degraded=self.degraded_because,
             validation=self.pool_validation,
         )
+        self.give_way.follow(self.server.reviews_in_flight)
         self.metrics.track_policy(ready=lambda: self.policy.problem() is None, in_force=self.policy.loaded.is_set)
         self.metrics.track_certificate(lambda: self.certs.tls.not_after)
 
@@ -318,6 +320,7 @@ class Controller:
             s.intruder_mode,
             budget_grace=s.intruder_budget_grace_seconds,
             eviction_grace=s.intruder_eviction_grace_seconds,
+            paced=self.give_way.paced,
         )
         statuses = (
             [PoolStatusWriter(self.state, self.policy_source, self.client, self.placements, self.pool_errors)]
@@ -329,12 +332,12 @@ class Controller:
         return ReconcileLoop(
             self.state,
             [
-                TaintReconciler(self.state, self.client, self.metrics, errors=self.pool_errors),
+                TaintReconciler(self.state, self.client, self.metrics, errors=self.pool_errors, paced=self.give_way.paced),
                 intruders,
                 PoolGuardReconciler(self.state, self.client, s.namespace, verify_seconds=s.resync_seconds),
-                AgentReconciler(self.state, self.client, self.events, self.metrics),
+                AgentReconciler(self.state, self.client, self.events, self.metrics, paced=self.give_way.paced),
                 self.last_good,
-                PoolMetrics(self.state, self.metrics),
+                PoolMetrics(self.state, self.metrics, paced=self.give_way.paced),
                 queue,
                 BudgetMetrics(self.state, self.metrics),
                 self.budget_starts,

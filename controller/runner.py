@@ -6,15 +6,24 @@ Events flush into the recorder, the reconcile loop ends before the lease is rele
 task blocked elsewhere (a watch connection, a queue); `ready` is set once it is of use (a first list);
 `wait=False`: stop tells it but does not wait for it (a poller in a slow query holds nothing up).
 `health()`: each task running, waiting (not ready), stopped or died (raised, or returned unasked).
+
+`GiveWay`: background work gives way to admission. The tasks share one interpreter with the event loop
+that answers the API server's reviews; a pass over 5,000 pool nodes would take turns with a review
+every switch interval. A task walks its large collections through `paced`, which waits, with the
+interpreter released, while a review is in flight (at most `most_seconds` at a time, so a flood of
+reviews slows the pass and never stops it).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterable, Iterator, Protocol, TypeVar
 
 from loguru import logger
+
+T = TypeVar("T")
 
 
 @dataclass(eq=False)
@@ -110,3 +119,46 @@ class Runner:
         """The dead tasks in one sentence (/readyz's body), None when none died."""
         dead = [f"{name} ({state})" for name, state in self.health().items() if state.startswith("died")]
         return "background task died: " + "; ".join(dead) if dead else None
+
+
+class Pace(Protocol):
+    """`GiveWay.paced`, or `unpaced`: how a reconciler walks a large collection."""
+
+    def __call__(self, items: Iterable[T], every: int | None = None) -> Iterator[T]: ...
+
+
+class GiveWay:
+    """Background work gives way to the reviews in flight (module docstring, #24). `follow(in_flight)`: the
+    admission server's count of reviews begun and not yet answered (read from other threads: one int).
+    `paced(items, every)`: `items`, waiting before every `every`-th one (an item's cost: one node or pod,
+    the default; 1 for a chunk of them) while a review is in flight, at most
+    `most_seconds` per wait, polling every `poll_seconds` with the interpreter released. Before `follow`,
+    or with no review in flight, it only counts."""
+
+    def __init__(self, every: int = 32, most_seconds: float = 0.01, poll_seconds: float = 0.0002,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every, self.most_seconds, self.poll_seconds = every, most_seconds, poll_seconds
+        self.sleep, self.clock = sleep, clock
+        self._in_flight: Callable[[], int] = lambda: 0
+        self.waits = 0  # the waits so far (metrics, tests)
+
+    def follow(self, in_flight: Callable[[], int]) -> None:
+        self._in_flight = in_flight
+
+    def paced(self, items: Iterable[T], every: int | None = None) -> Iterator[T]:
+        every, in_flight = every or self.every, self._in_flight
+        for i, item in enumerate(items):
+            if not i % every and in_flight():
+                self._wait(in_flight)
+            yield item
+
+    def _wait(self, in_flight: Callable[[], int]) -> None:
+        self.waits += 1
+        until = self.clock() + self.most_seconds
+        while in_flight() and self.clock() < until:
+            self.sleep(self.poll_seconds)
+
+
+def unpaced(items: Iterable[T], every: int | None = None) -> Iterator[T]:
+    """`GiveWay.paced` where nothing gives way (tests, tools): the items as they are."""
+    return iter(items)

@@ -186,6 +186,7 @@ class AdmissionServer:
         self._owner_reads: ThreadPoolExecutor | None = None
         self._small_in_use = 0
         self._large = LargeSlots()
+        self._off_loop = 0  # large reviews being answered in their thread now
         self._later: set[asyncio.Task[None]] = set()
 
     # -- the health application ------------------------------------------------------------------------
@@ -238,6 +239,12 @@ class AdmissionServer:
             self._turned_away(exchange, LARGE_BUSY)
         else:
             self._large.wait(exchange, lambda waited: self._turned_away(waited, LARGE_WAITED))
+
+    def reviews_in_flight(self) -> int:
+        """Requests the event loop is working on now, and large reviews being answered in their thread
+        (runner.GiveWay: background work gives way to them). Read from other threads."""
+        webhook = self._webhook
+        return (webhook.working if webhook is not None else 0) + self._off_loop
 
     def _count_connection(self, event: str) -> None:
         self.metrics.webhook_connections.labels(event=event).inc()
@@ -300,7 +307,11 @@ class AdmissionServer:
         """Inline, or in the large-review thread for a large body."""
         if len(raw) <= INLINE_REVIEW_BYTES or self._large_reviews is None:
             return self._answer(raw, path, reviewer, owner)
-        return await asyncio.get_running_loop().run_in_executor(self._large_reviews, self._answer, raw, path, reviewer, owner)
+        self._off_loop += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._large_reviews, self._answer, raw, path, reviewer, owner)
+        finally:
+            self._off_loop -= 1
 
     async def _read_owner(self, needed: OwnerReadNeeded) -> ReadOwner:
         """The TaskRun a pod claims, read off the event loop within OWNER_READ_SECONDS (else: none)."""

@@ -209,6 +209,14 @@ class Connection(asyncio.Protocol):
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
+        listener = self.listener
+        listener.working += 1
+        try:
+            self._received(data)
+        finally:
+            listener.working -= 1
+
+    def _received(self, data: bytes) -> None:
         parser = self.parser
         if parser is None or self._broken or (self._closing and self._current is None):
             return  # dropped: the connection closes
@@ -498,6 +506,9 @@ class Listener:
         self.stopping = False
         self.server: asyncio.AbstractServer | None = None
         self._all_gone: asyncio.Event | None = None
+        # Connections the event loop is inside now (a request's bytes parsed, its answer built and written):
+        # read by background threads, which give way meanwhile (runner.GiveWay).
+        self.working = 0
 
     def gone(self, connection: Connection) -> None:
         self.connections.discard(connection)

@@ -38,6 +38,7 @@ from controller.core.model import DaemonSetState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
 from controller.event_sink import EventSink
 from controller.metrics import GaugeSnapshot, Metrics
+from controller.runner import Pace, unpaced
 
 
 class AgentWriter(Protocol):
@@ -62,12 +63,13 @@ class AgentSource(Protocol):
     def pods_on(self, node: str) -> list[PodState]: ...
 
 
-def find_gaps(state: AgentSource) -> list[AgentGap]:
-    """The plan from the caches: node agents kept off pool nodes by an untolerated pool taint."""
+def find_gaps(state: AgentSource, paced: Pace = unpaced) -> list[AgentGap]:
+    """The plan from the caches: node agents kept off pool nodes by an untolerated pool taint. `paced`:
+    how the nodes and pods are walked (the leader's pass gives way to admission: runner.GiveWay)."""
     policy = state.policy
     nodes = state.node_list()
-    pods = [pod for node in nodes if policy.pool_of(node) is not None for pod in state.pods_on(node.name)]
-    return plan_agents(policy, nodes, state.daemonset_map(), pods)
+    pods = [pod for node in paced(nodes) if policy.pool_of(node) is not None for pod in state.pods_on(node.name)]
+    return plan_agents(policy, paced(nodes), state.daemonset_map(), paced(pods))
 
 
 class AgentReconciler:
@@ -81,8 +83,10 @@ class AgentReconciler:
         clock: Callable[[], float] = time.monotonic,
         report_again_after: float = 600.0,
         in_flight_seconds: float = 30.0,
+        paced: Pace = unpaced,
     ) -> None:
         self.state = state
+        self.paced = paced  # the node and pod walks give way to admission (runner.GiveWay)
         self.writer = writer
         self.events = events
         self.metrics = metrics
@@ -100,7 +104,7 @@ class AgentReconciler:
         """One pass; the gaps acted on (reported or patched) in it."""
         now = self.clock()
         policy = self.state.policy
-        gaps = find_gaps(self.state)
+        gaps = find_gaps(self.state, self.paced)
         present = {g.uid for g in gaps}
         self._in_flight = {u: t for u, t in self._in_flight.items() if u in present and now - t < self.in_flight_seconds}
         self._reported = {u: r for u, r in self._reported.items() if u in present}

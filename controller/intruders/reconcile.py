@@ -39,6 +39,7 @@ from controller.core.model import DaemonSetState, NamespaceState, NodeState, Pod
 from controller.core.policy import PlacementPolicy
 from controller.event_sink import EventSink
 from controller.metrics import GaugeSnapshot, Metrics
+from controller.runner import Pace, unpaced
 
 EVICTED = "evicted"
 DELETED_AFTER_GRACE = "deleted-after-grace"
@@ -92,8 +93,10 @@ class IntruderReconciler:
         budget_grace: float | None = 30.0,
         retry_seconds: float = 5.0,
         owner_settle_seconds: float = 5.0,
+        paced: Pace = unpaced,
     ) -> None:
         self.state, self.evictor, self.events, self.metrics = state, evictor, events, metrics
+        self.paced = paced  # the node and pod walks give way to admission (runner.GiveWay)
         self.mode = mode
         self.clock = clock
         # How long each step may take (seconds): see the settings of the same names.
@@ -115,11 +118,12 @@ class IntruderReconciler:
         """The intruders in the cache now (pods on nodes that belong to a pool, or that a pool names),
         terminating ones included."""
         policy = self.state.policy
-        nodes = {n.name: n for n in self.state.node_list()}
-        pool_nodes = {name for name, n in nodes.items() if policy.pool_of(n) is not None}
+        paced = self.paced
+        nodes = {n.name: n for n in paced(self.state.node_list())}
+        pool_nodes = {name for name, n in paced(nodes.items()) if policy.pool_of(n) is not None}
         pool_nodes.update(name for pool in policy.pools for name in pool.nodes)
-        pods = [pod for node in sorted(pool_nodes) for pod in self.state.pods_on(node)]
-        return find_intruders(policy, nodes, pods, self.state.namespace_map(), self.state.daemonset_map())
+        pods = [pod for node in paced(sorted(pool_nodes)) for pod in self.state.pods_on(node)]
+        return find_intruders(policy, nodes, paced(pods), self.state.namespace_map(), self.state.daemonset_map())
 
     def reconcile(self) -> list[Intruder]:
         """One pass; the intruders a step was taken against (evicted, deleted or reported) in this pass."""

@@ -20,20 +20,22 @@ from controller.core.model import NodeLoad, NodeState
 from controller.core.policy import PlacementPolicy, Pool
 from controller.load.view import HOLD_CHUNK, LoadView
 from controller.metrics import GaugeSnapshot, Metrics
+from controller.runner import Pace, unpaced
 
 PLACED, ASSUMED = "placed", "assumed"
 CHUNK = HOLD_CHUNK  # pool nodes whose load is read per hold of the load view's lock
 
 
-def pool_loads(load: LoadView, pool: Pool, nodes: Mapping[str, NodeState], chunk: int = CHUNK) -> dict[str, NodeLoad]:
+def pool_loads(load: LoadView, pool: Pool, nodes: Mapping[str, NodeState], chunk: int = CHUNK, paced: Pace = unpaced) -> dict[str, NodeLoad]:
     """What `load.loads(pool)` gives (each eligible node's placed, assumed and capacity), with the load
     view's lock held for at most `chunk` nodes at a time. A dry-run choice first drops the assumptions past
     their TTL, as `loads` does; the names are then read in one short hold, the placed counts `chunk` at a
-    time, the assumed counts without the lock (one dict read each). Nodes that leave meanwhile are left out."""
+    time, the assumed counts without the lock (one dict read each). Nodes that leave meanwhile are left out.
+    `paced`: how the chunks are walked (between holds, the pass gives way to admission: runner.GiveWay)."""
     load.choose(pool, "")
     names = load.pool_names(pool.name)
     out: dict[str, NodeLoad] = {}
-    for start in range(0, len(names), chunk):
+    for start in paced(range(0, len(names), chunk), every=1):
         part = [nodes[name] for name in names[start:start + chunk] if name in nodes]
         out.update(load.ledger.loads(part, load.placed_counts(n.name for n in part), pool.capacity))
     return out
@@ -51,9 +53,11 @@ class PoolLoads(Protocol):
 
 class PoolMetrics:
     def __init__(
-        self, state: PoolLoads, metrics: Metrics, *, min_interval: float = 10.0, clock: Callable[[], float] = time.monotonic
+        self, state: PoolLoads, metrics: Metrics, *, min_interval: float = 10.0, clock: Callable[[], float] = time.monotonic,
+        paced: Pace = unpaced,
     ) -> None:
         self.state = state
+        self.paced = paced
         self.min_interval = min_interval
         self.clock = clock
         self._last: float | None = None
@@ -71,9 +75,9 @@ class PoolMetrics:
         ready: dict[tuple[str, ...], float] = {}
         nodes = self.state.nodes
         for pool in self.state.policy.pools:
-            figures = pool_loads(self.state.load, pool, nodes)
+            figures = pool_loads(self.state.load, pool, nodes, paced=self.paced)
             ready[(pool.name,)] = len(figures)
-            for node, figure in figures.items():
+            for node, figure in self.paced(figures.items()):
                 load[(pool.name, node, PLACED)] = figure.placed
                 load[(pool.name, node, ASSUMED)] = figure.assumed
                 capacity[(pool.name, node)] = figure.capacity

@@ -21,6 +21,7 @@ from controller.core.model import NodeState, Taint
 from controller.core.policy import PlacementPolicy
 from controller.taints.core import TaintChange, plan_taints
 from controller.metrics import GaugeSnapshot, Metrics
+from controller.runner import Pace, unpaced
 
 
 class TaintWriter(Protocol):
@@ -60,8 +61,10 @@ class TaintReconciler:
         clock: Callable[[], float] = time.monotonic,
         in_flight_seconds: float = 30.0,
         errors: PoolErrorSink | None = None,
+        paced: Pace = unpaced,
     ) -> None:
         self.state = state
+        self.paced = paced  # the node walks give way to admission (runner.GiveWay)
         self.writer = writer
         self.metrics = metrics
         self.errors = errors  # a taint not written is an error about its pool (the pool's status shows it)
@@ -80,7 +83,7 @@ class TaintReconciler:
         if not self.state.policy_in_force:
             return []  # an empty policy stands in: planning with it would remove every pool taint
         policy = self.state.policy
-        nodes = {n.name: n for n in self.state.node_list()}
+        nodes = {n.name: n for n in self.paced(self.state.node_list())}
         now = self.clock()
         # Forget writes the cache has caught up with (or that are too old to trust).
         self._in_flight = {
@@ -88,7 +91,7 @@ class TaintReconciler:
             for n, (v, t) in self._in_flight.items()
             if n in nodes and self.state.node_resource_version(n) == v and now - t < self.in_flight_seconds
         }
-        changes = plan_taints(policy, nodes.values())
+        changes = plan_taints(policy, self.paced(nodes.values()))
         drift = Counter((change.add or change.remove)[0].value or "" for change in changes if change.add or change.remove)
         self._drift.set({(pool,): drift[pool] for pool in {p.name for p in policy.pools} | set(drift)})
         written = []

@@ -361,3 +361,36 @@ def test_a_lost_connection_and_its_half_read_body_are_freed_without_the_collecto
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_the_listener_counts_the_connections_the_loop_is_working_on() -> None:
+    """Background walks give way while the event loop works on a request (runner.GiveWay, #24): `working`
+    is 1 while the handler answers, and back to 0 once each callback is done."""
+    seen: list[int] = []
+
+    class Counting(Echo):
+        def answer(self, exchange: wire.Exchange, body: bytes) -> None:
+            seen.append(listener.working)
+            super().answer(exchange, body)
+
+    async def main() -> None:
+        nonlocal listener
+        listener = await wire.serve(handler, "127.0.0.1", 0, None, limits())
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", listener.port)
+            writer.write(post(b"one") + post(b"two"))
+            assert [(await read_answer(reader))[2] for _ in range(2)] == [b"one", b"two"]
+            writer.write(post(b"0123456789")[:-5])  # a body in two parts: two callbacks, one answer
+            await writer.drain()
+            writer.write(b"56789")
+            assert (await read_answer(reader))[2] == b"0123456789"
+            assert listener.working == 0  # each callback undid its count (none leaks)
+            writer.close()
+        finally:
+            await listener.close(1.0)
+
+    handler = Counting()
+    listener: Any = None
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(asyncio.wait_for(main(), TIMEOUT))
+    assert seen == [1, 1, 1]

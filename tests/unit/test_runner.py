@@ -1,14 +1,17 @@
 """The runner (controller/runner.py): tasks start in the order given and stop newest first, each ended
 before the next is told; a stop hook wakes a task blocked elsewhere; a task that raises, or returns
 before it was stopped, is reported as dead; readiness and a cancelled task show in the health. No
-sleeps: every wait is on an event or a join with a deadline."""
+sleeps: every wait is on an event or a join with a deadline. `GiveWay`: a walk waits while a review is in
+flight, at most its bound each time, on an injected clock."""
 
 from __future__ import annotations
 
 import queue
 import threading
 
-from controller.runner import Runner
+import pytest
+
+from controller.runner import GiveWay, Runner, unpaced
 
 DEADLINE = 10.0
 
@@ -153,3 +156,53 @@ def test_a_task_started_while_the_runner_stops_is_never_run() -> None:
     runner.start("after the stop", lambda stop: ran.set())  # stopped, it may start again
     assert ran.wait(DEADLINE)
     runner.stop(timeout=DEADLINE)
+
+
+# -- GiveWay: background walks give way to the reviews in flight (#24) --------------------------------
+
+
+class Ticking:
+    """An injected clock and sleep: each sleep moves the clock; `in_flight` answers from a script of counts,
+    one per look (the last one repeats)."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.now, self.counts, self.looks, self.slept = 0.0, counts, 0, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+    def in_flight(self) -> int:
+        count = self.counts[min(self.looks, len(self.counts) - 1)]
+        self.looks += 1
+        return count
+
+
+@pytest.mark.parametrize(
+    ("counts", "items", "every", "waits", "sleeps"),
+    [
+        pytest.param([0], 100, None, 0, 0, id="no-review-in-flight: never waits"),
+        pytest.param([1, 1, 0], 10, None, 1, 1, id="a-review-answered-during-the-wait: waits once, until it is answered"),
+        pytest.param([1], 65, None, 3, 96, id="reviews-never-end: waits at items 0, 32, 64, each at most its bound"),
+        pytest.param([1], 3, 1, 3, 96, id="every-item: a chunk per item"),
+        pytest.param([0, 0, 1, 1, 1, 0], 70, 32, 1, 2, id="a-review-begins-mid-walk: waits at the next check"),
+    ],
+)
+def test_a_walk_gives_way_to_reviews_in_flight_for_at_most_its_bound(counts: list[int], items: int, every: int | None,
+                                                                     waits: int, sleeps: int) -> None:
+    ticking = Ticking(counts)
+    # A bound of 2**-7 s polled every 2**-12 s: 32 polls at most per wait (binary fractions: exact sums).
+    give_way = GiveWay(every=32, most_seconds=2**-7, poll_seconds=2**-12, sleep=ticking.sleep, clock=ticking.clock)
+    give_way.follow(ticking.in_flight)
+    assert list(give_way.paced(range(items), every)) == list(range(items))  # every item, in order, once
+    assert give_way.waits == waits and len(ticking.slept) == sleeps
+    assert all(s == 2**-12 for s in ticking.slept)
+
+
+def test_before_it_follows_a_server_and_unpaced_nothing_waits() -> None:
+    give_way = GiveWay(sleep=lambda s: pytest.fail("slept"))
+    assert list(give_way.paced(iter("abc"))) == ["a", "b", "c"] and give_way.waits == 0
+    assert list(unpaced([3, 1, 2], every=1)) == [3, 1, 2]
