@@ -238,11 +238,20 @@ def untouched(cluster: Cluster, burst: int, rounds: int, log: Log) -> dict[str, 
             finally:
                 stop_controller(cluster)
     out = {"burst": burst, "rounds": rounds, "without": _side(sides["without"]), "with": _side(sides["with"])}
-    low, high, median = out["without"]["ci_low"], out["without"]["ci_high"], out["with"]["p50"]
-    out["within_interval"] = None if None in (low, high, median) else bool(low <= median <= high)
+    out.update(slowed_or_not(out["without"], out["with"]))
     log(f"queue: runs touching no destination, release latency without budgets {out['without']}, with {out['with']}: "
-        f"within the interval {out['within_interval']}")
+        f"within the interval {out['within_interval']}, not slowed {out['not_slowed']}")
     return out
+
+
+def slowed_or_not(without: dict[str, Any], budgeted: dict[str, Any]) -> dict[str, bool | None]:
+    """`within_interval`: the budgeted side's median lies within the no-budget median's 95% interval;
+    `not_slowed`: it lies within it or below it (faster is not slowed: issue #26 asks that those runs are not
+    slowed). None when a side has no samples."""
+    low, high, median = without.get("ci_low"), without.get("ci_high"), budgeted.get("p50")
+    if low is None or high is None or median is None:
+        return {"within_interval": None, "not_slowed": None}
+    return {"within_interval": bool(low <= median <= high), "not_slowed": bool(median <= high)}
 
 
 def run(sizes: Sizes, log: Log, cluster_dir: Path | None) -> dict[str, Any]:
@@ -316,7 +325,8 @@ def markdown_part(queue: dict[str, Any], images: list[str]) -> list[str]:
             f"Runs touching no destination (docs/budgets.md), release latency over {untouched_part['rounds']} rounds of "
             f"{untouched_part['burst']} each side: without budgets p50 {a['p50']} ms (95% interval {a['ci_low']}..{a['ci_high']}, "
             f"{a['samples']} samples), with budgets on the pool p50 {b['p50']} ms ({b['ci_low']}..{b['ci_high']}, {b['samples']}): "
-            f"within the no-budget interval: {untouched_part['within_interval']}.",
+            f"within the no-budget interval: {untouched_part['within_interval']}; not slowed (within it or below): "
+            f"{untouched_part.get('not_slowed')}.",
             "",
         ]
     if "queue_concurrency.png" in images:

@@ -151,7 +151,7 @@ TEMPLATE: dict[str, Any] = {
         "timeline": [],
         # bench/queue.py:untouched: runs touching no destination, without and with egress budgets on the pool.
         "budgets_untouched": {
-            "burst": None, "rounds": None, "within_interval": None,
+            "burst": None, "rounds": None, "within_interval": None, "not_slowed": None,
             "without": {"p50": None, "p99": None, "samples": None, "ci_low": None, "ci_high": None},
             "with": {"p50": None, "p99": None, "samples": None, "ci_low": None, "ci_high": None},
         },
