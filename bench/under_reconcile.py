@@ -31,10 +31,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from bench import under_load
 from bench.under_load import RATE_RPS, Log
+
+if TYPE_CHECKING:
+    from controller.runner import GiveWay
 
 ORDINARY_NODES = 10
 NODE_EVENTS_PER_S = 500  # while busy: every pool node's heartbeat every 10 s at 5,000 nodes
@@ -65,7 +68,7 @@ def build_state(nodes: int, pods: int) -> tuple[Any, list[dict[str, Any]]]:
     return state, [o for kind, o in inv.objects if kind == "Node" and o["metadata"]["name"].startswith("egress-")]
 
 
-def reconcile_loop(state: Any, leading: threading.Event, give_way: Any = None) -> Any:
+def reconcile_loop(state: Any, leading: threading.Event, give_way: GiveWay | None = None) -> Any:
     """The leader's loop over every reconciler that reads each pool node; `leading` set: it passes. `give_way`:
     the controller's `runner.GiveWay` (its walks give way to the reviews in flight), as controller.app wires it."""
     from controller.metrics import Metrics

@@ -129,7 +129,8 @@ class Pace(Protocol):
 
 class GiveWay:
     """Background work gives way to the reviews in flight (module docstring, #24). `follow(in_flight)`: the
-    admission server's count of reviews begun and not yet answered (read from other threads: one int).
+    admission server's count of the requests its event loop is inside now and of the large reviews being
+    answered in their thread (`AdmissionServer.reviews_in_flight`, read from other threads).
     `paced(items, every)`: `items`, waiting before every `every`-th one (an item's cost: one node or pod,
     the default; 1 for a chunk of them) while a review is in flight, at most
     `most_seconds` per wait, polling every `poll_seconds` with the interpreter released. Before `follow`,
@@ -140,7 +141,7 @@ class GiveWay:
         self.every, self.most_seconds, self.poll_seconds = every, most_seconds, poll_seconds
         self.sleep, self.clock = sleep, clock
         self._in_flight: Callable[[], int] = lambda: 0
-        self.waits = 0  # the waits so far (metrics, tests)
+        self.waits = 0  # the waits so far (tests read it)
 
     def follow(self, in_flight: Callable[[], int]) -> None:
         self._in_flight = in_flight

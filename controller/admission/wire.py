@@ -506,8 +506,8 @@ class Listener:
         self.stopping = False
         self.server: asyncio.AbstractServer | None = None
         self._all_gone: asyncio.Event | None = None
-        # Connections the event loop is inside now (a request's bytes parsed, its answer built and written):
-        # read by background threads, which give way meanwhile (runner.GiveWay).
+        # The connections' callbacks the event loop is inside now (a request's bytes parsed, its answer built
+        # and written): read by background threads, which give way meanwhile (runner.GiveWay).
         self.working = 0
 
     def gone(self, connection: Connection) -> None:
