@@ -1,18 +1,22 @@
 """Section admission.under_reconcile: the admission p99 while the leader reconciles 5,000 pool nodes, next to it idle.
 
     python -m bench.under_reconcile [--mode quick|full|tiny] [--out DIR]   (this row alone, merged into DIR/latest.json)
-    python -m bench.under_reconcile serve --tls-dir DIR --nodes N --pods P (the server process, used by the above)
+    python -m bench.under_reconcile serve --tls-dir DIR --nodes N --pods P [--full 1] (the server process, used by the above)
 
 The server process is the controller's own: `AdmissionServer` and `Admission` on its event loop
 (`run_event_loop`: uvloop), over the controller's state filled with N pool nodes and P running pods on them
 (the admission section's inventory), the heap frozen after that fill as after the controller's first sync
 (controller.app.wait_for_first_sync), and the leader's `ReconcileLoop` with the reconcilers that read every
-pool node: taints, intruders (report mode), node agents, the pool's load in metrics (`PoolMetrics`, with no
-minimum interval: every pass, harsher than the controller's 10 s) and the queue; their writes go nowhere
-(`NoWrites`). While "busy" (SIGUSR1 to SIGUSR2), the loop leads and passes back to back (woken after each
-heartbeat: a heartbeat alone no longer wakes it, ClusterState._node_changed), and a thread applies node
-heartbeats (MODIFIED events of the pool nodes, NODE_EVENTS_PER_S) into the state; SIGUSR2 stops both and
-prints `PASSES <count> <mean s>`. Idle: no pass, no event.
+pool node, wired as controller.app wires them: taints, intruders (report mode) and node agents, each with its
+cursor (controller.changes: a pass looks again at the nodes that changed since the last one; the first pass,
+and one every 10 minutes, at every node), the pool's load in metrics (`PoolMetrics`, at most every 10 s) and
+the queue; their writes go nowhere (`NoWrites`). While "busy" (SIGUSR1 to SIGUSR2), the loop leads and passes
+back to back (woken after each event: a heartbeat alone no longer wakes it, ClusterState._node_changed), and a
+thread applies node heartbeats (MODIFIED events of the pool nodes, NODE_EVENTS_PER_S) and pod restarts (a
+running pod on a pool node deleted and added again, POD_RESTARTS_PER_S: each marks its node changed) into the
+state; SIGUSR2 stops both and prints `PASSES <count> <mean s>`. Idle: no pass, no event. The first busy phase
+starts with the full pass; with `serve --full 1` every pass is a full one (no cursors, the metrics every pass:
+how the controller passed before #24's cursors).
 
 A load generator process (bench/loadgen.py) sends the admission mix at RATE_RPS over HTTPS on loopback,
 `seconds` idle and `seconds` busy, `rounds` times; the p99 of each phase is the median of its rounds.
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
 
 ORDINARY_NODES = 10
 NODE_EVENTS_PER_S = 500  # while busy: every pool node's heartbeat every 10 s at 5,000 nodes
+POD_RESTARTS_PER_S = 50  # while busy: runs' pods ending and starting on pool nodes
 SETTLE_SECONDS = 2.0  # after a busy phase: the pass in flight ends before the next idle phase
 LOCK_PASSES = 5
 # (pool nodes, pods, seconds per phase, rounds) per bench mode
@@ -54,10 +59,10 @@ class NoWrites:
         return lambda *args, **kwargs: True
 
 
-def build_state(nodes: int, pods: int) -> tuple[Any, list[dict[str, Any]]]:
+def build_state(nodes: int, pods: int) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]:
     """The controller's state with `nodes` pool nodes, ORDINARY_NODES others and `pods` running pods spread
-    over the pool nodes (the admission section's inventory: its namespaces, catalog and runs); and the pool
-    nodes' objects."""
+    over the pool nodes (the admission section's inventory: its namespaces, catalog and runs); the pool
+    nodes' objects, and the pods' objects on them."""
     from controller.state import ClusterState
 
     from bench.workload import admission_policy, fill, inventory
@@ -65,12 +70,15 @@ def build_state(nodes: int, pods: int) -> tuple[Any, list[dict[str, Any]]]:
     state = ClusterState(admission_policy(), clock=time.time)
     inv = inventory(nodes, ORDINARY_NODES, max(1, pods // nodes))
     fill(state.apply, inv)
-    return state, [o for kind, o in inv.objects if kind == "Node" and o["metadata"]["name"].startswith("egress-")]
+    pool_nodes = [o for kind, o in inv.objects if kind == "Node" and o["metadata"]["name"].startswith("egress-")]
+    names = {o["metadata"]["name"] for o in pool_nodes}
+    return state, pool_nodes, [o for kind, o in inv.objects if kind == "Pod" and o["spec"].get("nodeName") in names]
 
 
-def reconcile_loop(state: Any, leading: threading.Event, give_way: GiveWay | None = None) -> Any:
+def reconcile_loop(state: Any, leading: threading.Event, give_way: GiveWay | None = None, full: bool = False) -> Any:
     """The leader's loop over every reconciler that reads each pool node; `leading` set: it passes. `give_way`:
-    the controller's `runner.GiveWay` (its walks give way to the reviews in flight), as controller.app wires it."""
+    the controller's `runner.GiveWay` (its walks give way to the reviews in flight), and the reconcilers'
+    cursors, as controller.app wires them; `full`: no cursors, and the pool's metrics every pass."""
     from controller.metrics import Metrics
     from controller.queue.reconcile import QueueReconciler
     from controller.agents.reconcile import AgentReconciler
@@ -83,21 +91,26 @@ def reconcile_loop(state: Any, leading: threading.Event, give_way: GiveWay | Non
 
     metrics, nowhere = Metrics(), NoWrites()
     paced = give_way.paced if give_way is not None else unpaced
+    def cursor() -> Any:
+        return None if full else state.changes.cursor()
+
     return ReconcileLoop(state, [
-        TaintReconciler(state, nowhere, metrics, paced=paced),
-        IntruderReconciler(state, nowhere, nowhere, metrics, "report", paced=paced),
-        AgentReconciler(state, nowhere, nowhere, metrics, paced=paced),
-        PoolMetrics(state, metrics, min_interval=0, paced=paced),
+        TaintReconciler(state, nowhere, metrics, paced=paced, changes=cursor()),
+        IntruderReconciler(state, nowhere, nowhere, metrics, "report", paced=paced, changes=cursor()),
+        AgentReconciler(state, nowhere, nowhere, metrics, paced=paced, changes=cursor()),
+        PoolMetrics(state, metrics, paced=paced, **({"min_interval": 0} if full else {})),
         QueueReconciler(state, nowhere, nowhere, metrics),
     ], is_leader=leading.is_set)
 
 
 class Heartbeats:
-    """While `leading` is set: MODIFIED events of the pool nodes into the state, `rate` per second, round robin."""
+    """While `leading` is set: MODIFIED events of the pool nodes into the state, `rate` per second, round robin,
+    and every `pods_every`-th of them a pod of `pods` restarted (DELETED, then ADDED), round robin."""
 
     def __init__(self, state: Any, nodes: list[dict[str, Any]], leading: threading.Event, rate: float,
-                 wake: Callable[[], None] = lambda: None) -> None:
+                 wake: Callable[[], None] = lambda: None, pods: list[dict[str, Any]] = (), pods_every: int = 10) -> None:  # type: ignore[assignment]
         self.state, self.nodes, self.leading, self.rate, self.wake = state, nodes, leading, rate, wake
+        self.pods, self.pods_every = list(pods), pods_every
         self.stopped = threading.Event()
 
     def run(self) -> None:
@@ -110,6 +123,10 @@ class Heartbeats:
             version += 1
             meta = {**node["metadata"], "resourceVersion": str(1000 + version)}
             self.state.apply("Node", "MODIFIED", {**node, "metadata": meta})
+            if self.pods and not version % self.pods_every:
+                pod = self.pods[(version // self.pods_every) % len(self.pods)]
+                self.state.apply("Pod", "DELETED", pod)
+                self.state.apply("Pod", "ADDED", pod)
             self.wake()
             due += 1.0 / self.rate
             self.stopped.wait(max(0.0, due - time.monotonic()))
@@ -145,7 +162,7 @@ def lock_holds(nodes: int, pods: int, passes: int = LOCK_PASSES) -> dict[str, An
     from controller.metrics import Metrics
     from controller.pool_status.metrics import PoolMetrics
 
-    state, _ = build_state(nodes, pods)
+    state, _, _ = build_state(nodes, pods)
     unfrozen = full_collection_ms()
     gc.freeze()  # as after the controller's first sync: no collection of the state inside a hold
     frozen = full_collection_ms()
@@ -188,13 +205,14 @@ def summarize(nodes: int, pods: int, rate: float, seconds: float, idle: list[dic
     """The row: the median p99 of each phase's runs, each run's p99, the passes the busy phases saw."""
     return {**under_load.phases(idle, busy, "busy", passes, "passes", "pass_s"),
             "nodes": nodes, "pods": pods, "rate_rps": rate, "seconds": seconds, "node_events_per_s": NODE_EVENTS_PER_S,
+            "pod_restarts_per_s": POD_RESTARTS_PER_S,
             "lock": lock or {}}
 
 
 # -- the server process ---------------------------------------------------------------------------
 
 
-async def serve(tls_dir: Path, nodes: int, pods: int) -> None:
+async def serve(tls_dir: Path, nodes: int, pods: int, full: bool = False) -> None:
     from controller.admission.handlers import Admission
     from controller.admission.server import AdmissionServer
     from controller.app import configure_logging, tune_interpreter
@@ -206,12 +224,13 @@ async def serve(tls_dir: Path, nodes: int, pods: int) -> None:
     s = settings()
     configure_logging(s)
     tune_interpreter()  # as controller.app.run does
-    state, pool_nodes = build_state(nodes, pods)
+    state, pool_nodes, pool_pods = build_state(nodes, pods)
     gc.freeze()  # as after the controller's first sync
     leading = threading.Event()
     give_way = GiveWay()
-    loop_ = reconcile_loop(state, leading, give_way)
-    heartbeats = Heartbeats(state, pool_nodes, leading, NODE_EVENTS_PER_S, wake=loop_.wake)
+    loop_ = reconcile_loop(state, leading, give_way, full)
+    heartbeats = Heartbeats(state, pool_nodes, leading, NODE_EVENTS_PER_S, wake=loop_.wake, pods=pool_pods,
+                            pods_every=NODE_EVENTS_PER_S // POD_RESTARTS_PER_S)
     runner = Runner()
     runner.start("reconcile loop", loop_.run, on_stop=loop_.wake)
     runner.start("node heartbeats", lambda stop: heartbeats.run(), on_stop=heartbeats.stopped.set)
@@ -263,7 +282,7 @@ def merge_into(out: Path, row: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return under_load.main("under_reconcile", __doc__, list(PLAN), {"nodes": 5000, "pods": 20000}, serve, run, argv)
+    return under_load.main("under_reconcile", __doc__, list(PLAN), {"nodes": 5000, "pods": 20000, "full": 0}, serve, run, argv)
 
 
 if __name__ == "__main__":

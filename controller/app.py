@@ -321,6 +321,7 @@ class Controller:
             budget_grace=s.intruder_budget_grace_seconds,
             eviction_grace=s.intruder_eviction_grace_seconds,
             paced=self.give_way.paced,
+            changes=self.state.changes.cursor(),
         )
         statuses = (
             [PoolStatusWriter(self.state, self.policy_source, self.client, self.placements, self.pool_errors)]
@@ -332,10 +333,12 @@ class Controller:
         return ReconcileLoop(
             self.state,
             [
-                TaintReconciler(self.state, self.client, self.metrics, errors=self.pool_errors, paced=self.give_way.paced),
+                TaintReconciler(self.state, self.client, self.metrics, errors=self.pool_errors, paced=self.give_way.paced,
+                                changes=self.state.changes.cursor()),
                 intruders,
                 PoolGuardReconciler(self.state, self.client, s.namespace, verify_seconds=s.resync_seconds),
-                AgentReconciler(self.state, self.client, self.events, self.metrics, paced=self.give_way.paced),
+                AgentReconciler(self.state, self.client, self.events, self.metrics, paced=self.give_way.paced,
+                                changes=self.state.changes.cursor()),
                 self.last_good,
                 PoolMetrics(self.state, self.metrics, paced=self.give_way.paced),
                 queue,

@@ -23,6 +23,7 @@ from loguru import logger
 
 from controller.budgets.core import BUDGETS_ANNOTATION
 from controller.budgets.view import BudgetsView, budgeted
+from controller.changes import NodeChanges
 from controller.core.model import DaemonSetState, NamespaceState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
 from controller.load.view import LoadView
@@ -74,12 +75,13 @@ class ClusterState:
         # What a change of each kind does beyond its store: True when the reconcilers should look.
         self._changed: dict[str, Callable[[Mapping[str, Any], bool, Any, Any], bool]] = {
             "Node": self._node_changed,
-            "Namespace": lambda obj, deleted, old, new: True,
+            "Namespace": self._namespace_changed,
             "Pod": self._pod_changed,
-            "DaemonSet": lambda obj, deleted, old, new: old != new,  # status updates change nothing kept
+            "DaemonSet": self._daemonset_changed,
             **{kind: partial(self._run_changed, kind) for kind in RUN_KINDS},
         }
         self._node_versions: dict[str, str] = {}
+        self.changes = NodeChanges()  # which nodes changed, for the reconcilers' passes (controller.changes)
         self._subscribers: list[Callable[[str], None]] = []
         self.load = LoadView(self._policy, lambda: self.nodes, clock, assumption_ttl, balance, lambda name: self.namespace(name),
                              lambda kind, namespace, name: self.stores[kind].items.get((kind, namespace, name)),
@@ -120,6 +122,7 @@ class ClusterState:
             self._policy = policy
             self.policy_in_force = True
             self.load.rebuild(policy)
+        self.changes.everything()
         self._notify(POLICY)
 
     # -- informer input -----------------------------------------------------------------------
@@ -162,6 +165,8 @@ class ClusterState:
                     self.load.node_changed(name, node)
             elif kind == "Pod":
                 self.load.pods_replaced(counts)
+        if kind in ("Node", "Pod", "Namespace", "DaemonSet"):
+            self.changes.everything()
         self._notify(kind)
         if kind == "Pod":
             release(counts[2], freeze=False)  # each listed pod's claim, as read
@@ -171,10 +176,21 @@ class ClusterState:
         name = obj["metadata"]["name"]
         if old != new:  # a heartbeat changes nothing the core reads
             self.load.node_changed(name, new)
+            self.changes.nodes(name)
         if deleted:
             self._node_versions.pop(name, None)
         else:
             self._node_versions[name] = obj["metadata"].get("resourceVersion") or ""
+        return old != new
+
+    def _namespace_changed(self, obj: Mapping[str, Any], deleted: bool, old: NamespaceState | None, new: NamespaceState | None) -> bool:
+        if old != new:  # a namespace's labels decide which pools let its pods stay, on any node
+            self.changes.everything()
+        return True
+
+    def _daemonset_changed(self, obj: Mapping[str, Any], deleted: bool, old: DaemonSetState | None, new: DaemonSetState | None) -> bool:
+        if old != new:  # status updates change nothing kept; a DaemonSet decides its pods' rights on any node
+            self.changes.everything()
         return old != new
 
     def _run_changed(self, kind: str, obj: Mapping[str, Any], deleted: bool, old: RunRecord | None, new: RunRecord | None) -> bool:
@@ -185,6 +201,8 @@ class ClusterState:
         """Record one pod; True when it is (or was) on a pool node, or waits for a pool slot (gated), so
         reconcilers should look."""
         self.load.pod_changed(obj, deleted, old, new)
+        if old != new:
+            self.changes.nodes(old.node_name if old is not None else None, new.node_name if new is not None else None)
         if old is not None and new is None:  # finished or deleted: its budget starts outlive it (budgets.view)
             self.budgets.pod_ended(old)
         if any(p is not None and gated(p) for p in (old, new)):

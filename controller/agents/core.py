@@ -27,7 +27,7 @@ from typing import Any
 from controller.intruders.core import controller_owner
 from controller.core.model import AgentTemplate, DaemonSetState, NodeState, PodState, Taint
 from controller.core.patches import tolerates
-from controller.core.policy import PlacementPolicy, is_agent_namespace
+from controller.core.policy import PlacementPolicy, Pool, is_agent_namespace
 
 # On a DaemonSet: what egress-placer does with an EXISTING template that lacks the pool tolerations:
 # "patch" (add them, restarting its pods) or "report" (only say so). Unset: the policy's
@@ -198,6 +198,66 @@ def agent_pod_nodes(pods: Iterable[PodState], daemonsets: Mapping[str, DaemonSet
     return out
 
 
+@dataclass(frozen=True)
+class NodeAgents:
+    """What one pool node tells `plan_agents`: its pool, the agents its pool's taint alone keeps off it
+    (DaemonSet uids), and the agents with a pod on it. A reconciler keeps one per pool node and works out
+    again only the nodes that changed (controller.changes)."""
+
+    pool: str
+    kept_off: frozenset[str]
+    here: frozenset[str]
+
+
+def candidate_agents(policy: PlacementPolicy, daemonsets: Mapping[str, DaemonSetState]) -> list[DaemonSetState]:
+    """The DaemonSets that may be agents: of an agent namespace and not being deleted (one being deleted is
+    left alone)."""
+    return [d for d in daemonsets.values() if not d.deleting and is_agent_namespace(policy, d.namespace)]
+
+
+def node_agents(
+    policy: PlacementPolicy,
+    node: NodeState,
+    pool: Pool,
+    candidates: Iterable[DaemonSetState],
+    daemonsets: Mapping[str, DaemonSetState],
+    pods: Iterable[PodState],
+) -> NodeAgents:
+    """The pool node `node`'s part of the plan; `pods`: the pods on it. It counts with its pool's taint as
+    the policy wants it (the taint reconciler puts it there), whatever it carries now."""
+    owned, taint = policy.owned_taint_keys(), pool.taint_for()
+    return NodeAgents(
+        pool=pool.name,
+        kept_off=frozenset(d.uid for d in candidates if kept_off_by_pool_taint(d.template, node, taint, owned)),
+        here=frozenset(agent_pod_nodes(pods, daemonsets)),
+    )
+
+
+def agent_gaps(policy: PlacementPolicy, candidates: Iterable[DaemonSetState], nodes: Mapping[str, NodeAgents]) -> list[AgentGap]:
+    """The gaps from each pool node's part (`node_agents`, by node name), sorted by namespace and name."""
+    gaps = []
+    for daemonset in candidates:
+        kept_off = [(name, part.pool) for name, part in nodes.items() if daemonset.uid in part.kept_off]
+        if not kept_off:
+            continue
+        names = tuple(sorted(name for name, _ in kept_off))
+        patch, why = opt_in(policy, daemonset)
+        gaps.append(
+            AgentGap(
+                namespace=daemonset.namespace,
+                name=daemonset.name,
+                uid=daemonset.uid,
+                pools=tuple(dict.fromkeys(pool for _, pool in sorted(kept_off))),
+                nodes=names,
+                missing=tuple(n for n in names if daemonset.uid not in nodes[n].here),
+                add=tuple(missing_tolerations(list(daemonset.template.tolerations), policy)),
+                patch=patch,
+                why=why,
+            )
+        )
+    return sorted(gaps, key=lambda g: (g.namespace, g.name, g.uid))
+
+
 def plan_agents(
     policy: PlacementPolicy,
     nodes: Iterable[NodeState],
@@ -209,37 +269,17 @@ def plan_agents(
 
     A pool node counts with its pool's taint as the policy wants it (the taint reconciler puts it
     there), whatever it carries now; a DaemonSet being deleted is left alone."""
-    owned = policy.owned_taint_keys()
-    members = [(node, pool) for node in nodes if (pool := policy.pool_of(node)) is not None]
-    on_nodes = agent_pod_nodes(pods, daemonsets)
-    gaps = []
-    for daemonset in daemonsets.values():
-        if daemonset.deleting or not is_agent_namespace(policy, daemonset.namespace):
-            continue
-        kept_off = [
-            (node.name, pool.name)
-            for node, pool in members
-            if kept_off_by_pool_taint(daemonset.template, node, pool.taint_for(), owned)
-        ]
-        if not kept_off:
-            continue
-        names = tuple(sorted(name for name, _ in kept_off))
-        here = on_nodes.get(daemonset.uid, set())
-        patch, why = opt_in(policy, daemonset)
-        gaps.append(
-            AgentGap(
-                namespace=daemonset.namespace,
-                name=daemonset.name,
-                uid=daemonset.uid,
-                pools=tuple(dict.fromkeys(pool for _, pool in sorted(kept_off))),
-                nodes=names,
-                missing=tuple(n for n in names if n not in here),
-                add=tuple(missing_tolerations(list(daemonset.template.tolerations), policy)),
-                patch=patch,
-                why=why,
-            )
-        )
-    return sorted(gaps, key=lambda g: (g.namespace, g.name, g.uid))
+    candidates = candidate_agents(policy, daemonsets)
+    by_node: dict[str, list[PodState]] = {}
+    for pod in pods:
+        if pod.node_name is not None:
+            by_node.setdefault(pod.node_name, []).append(pod)
+    parts = {
+        node.name: node_agents(policy, node, pool, candidates, daemonsets, by_node.get(node.name, ()))
+        for node in nodes
+        if (pool := policy.pool_of(node)) is not None
+    }
+    return agent_gaps(policy, candidates, parts)
 
 
 def added_record(added: Sequence[Mapping[str, Any]], by: str, why: str) -> str:

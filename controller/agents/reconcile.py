@@ -15,7 +15,9 @@ leader's: changing its template restarts every pod of it, so by default it is on
 
 Level-based: the plan comes from the caches each pass (agents.core.plan_agents); a patched template
 drops out of the plan once the cache has it (until then, for `in_flight_seconds`, it is not patched
-again).
+again). With a cursor (controller.changes), each pool node's part of the plan (agents.core.node_agents)
+is kept and worked out again only when the node or its pods changed; a DaemonSet, a namespace or the
+policy changing makes the next pass a full one.
 """
 
 from __future__ import annotations
@@ -29,11 +31,16 @@ from controller.agents.core import (
     TOLERATIONS_ADDED_ANNOTATION,
     POOL_TOLERATIONS_ANNOTATION,
     AgentGap,
+    NodeAgents,
     added_record,
+    agent_gaps,
     agent_tolerations,
+    candidate_agents,
+    node_agents,
     plan_agents,
     show_toleration,
 )
+from controller.changes import NodeCursor
 from controller.core.model import DaemonSetState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
 from controller.event_sink import EventSink
@@ -57,6 +64,8 @@ class AgentSource(Protocol):
     def policy(self) -> PlacementPolicy: ...
 
     def node_list(self) -> list[NodeState]: ...
+
+    def node(self, name: str) -> NodeState | None: ...
 
     def daemonset_map(self) -> dict[str, DaemonSetState]: ...
 
@@ -84,9 +93,13 @@ class AgentReconciler:
         report_again_after: float = 600.0,
         in_flight_seconds: float = 30.0,
         paced: Pace = unpaced,
+        changes: NodeCursor | None = None,
     ) -> None:
         self.state = state
         self.paced = paced  # the node and pod walks give way to admission (runner.GiveWay)
+        self.changes = changes  # None: every pass plans from every pool node
+        self._parts: dict[str, NodeAgents] = {}  # each pool node's part of the plan (with a cursor)
+        self._gaps: list[AgentGap] | None = None  # the plan of the last pass (with a cursor)
         self.writer = writer
         self.events = events
         self.metrics = metrics
@@ -104,7 +117,7 @@ class AgentReconciler:
         """One pass; the gaps acted on (reported or patched) in it."""
         now = self.clock()
         policy = self.state.policy
-        gaps = find_gaps(self.state, self.paced)
+        gaps = self.find()
         present = {g.uid for g in gaps}
         self._in_flight = {u: t for u, t in self._in_flight.items() if u in present and now - t < self.in_flight_seconds}
         self._reported = {u: r for u, r in self._reported.items() if u in present}
@@ -117,6 +130,33 @@ class AgentReconciler:
             elif gap.missing and self._report(gap, now):
                 acted.append(gap)
         return acted
+
+    def find(self) -> list[AgentGap]:
+        """The plan now: `find_gaps`; with a cursor, from each pool node's part, worked out again for the
+        nodes that changed since the last pass (every node on a full pass)."""
+        if self.changes is None:
+            return find_gaps(self.state, self.paced)
+        changed = self.changes.take()
+        if changed is not None and not changed and self._gaps is not None:
+            return self._gaps
+        policy, daemonsets = self.state.policy, self.state.daemonset_map()
+        candidates = candidate_agents(policy, daemonsets)
+        if changed is None:
+            self._parts, self._gaps = {}, None
+            nodes = [(node.name, node) for node in self.state.node_list()]
+        else:
+            nodes = [(name, self.state.node(name)) for name in sorted(changed)]
+        moved = False
+        for name, node in self.paced(nodes):
+            pool = policy.pool_of(node) if node is not None else None
+            part = node_agents(policy, node, pool, candidates, daemonsets, self.state.pods_on(name)) if node is not None and pool is not None else None
+            if part is None:
+                moved |= self._parts.pop(name, None) is not None
+            elif self._parts.get(name) != part:
+                self._parts[name], moved = part, True
+        if moved or self._gaps is None:
+            self._gaps = agent_gaps(policy, candidates, self._parts)
+        return self._gaps
 
     def _report(self, gap: AgentGap, now: float, failure: str = "") -> bool:
         said = self._reported.get(gap.uid)

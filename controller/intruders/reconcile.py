@@ -39,6 +39,7 @@ from controller.core.model import DaemonSetState, NamespaceState, NodeState, Pod
 from controller.core.policy import PlacementPolicy
 from controller.event_sink import EventSink
 from controller.metrics import GaugeSnapshot, Metrics
+from controller.changes import NodeCursor
 from controller.runner import Pace, unpaced
 
 EVICTED = "evicted"
@@ -59,6 +60,8 @@ class PodSource(Protocol):
     def policy(self) -> PlacementPolicy: ...
 
     def node_list(self) -> list[NodeState]: ...
+
+    def node(self, name: str) -> NodeState | None: ...
 
     def namespace_map(self) -> dict[str, NamespaceState]: ...
 
@@ -94,9 +97,12 @@ class IntruderReconciler:
         retry_seconds: float = 5.0,
         owner_settle_seconds: float = 5.0,
         paced: Pace = unpaced,
+        changes: NodeCursor | None = None,
     ) -> None:
         self.state, self.evictor, self.events, self.metrics = state, evictor, events, metrics
         self.paced = paced  # the node and pod walks give way to admission (runner.GiveWay)
+        self.changes = changes  # None: every pass looks at every pool node
+        self._found: dict[str, list[Intruder]] = {}  # the intruders of the last pass, by node
         self.mode = mode
         self.clock = clock
         # How long each step may take (seconds): see the settings of the same names.
@@ -116,14 +122,27 @@ class IntruderReconciler:
 
     def find(self) -> list[Intruder]:
         """The intruders in the cache now (pods on nodes that belong to a pool, or that a pool names),
-        terminating ones included."""
+        terminating ones included. With a cursor, the nodes that changed since the last pass and those
+        that had intruders are looked at again; the others keep what the last pass found there."""
         policy = self.state.policy
         paced = self.paced
-        nodes = {n.name: n for n in paced(self.state.node_list())}
+        changed = self.changes.take() if self.changes is not None else None
+        if changed is None:
+            nodes = {n.name: n for n in paced(self.state.node_list())}
+            look = set(nodes)
+            self._found = {}
+        else:
+            look = changed | set(self._found)
+            nodes = {name: node for name in look if (node := self.state.node(name)) is not None}
+            for name in look:
+                self._found.pop(name, None)
+        named = {name for pool in policy.pools for name in pool.nodes}
         pool_nodes = {name for name, n in paced(nodes.items()) if policy.pool_of(n) is not None}
-        pool_nodes.update(name for pool in policy.pools for name in pool.nodes)
+        pool_nodes.update(named if changed is None else named & look)
         pods = [pod for node in paced(sorted(pool_nodes)) for pod in self.state.pods_on(node)]
-        return find_intruders(policy, nodes, paced(pods), self.state.namespace_map(), self.state.daemonset_map())
+        for intruder in find_intruders(policy, nodes, paced(pods), self.state.namespace_map(), self.state.daemonset_map()):
+            self._found.setdefault(intruder.node, []).append(intruder)
+        return sorted((i for found in self._found.values() for i in found), key=lambda i: (i.namespace, i.name, i.uid))
 
     def reconcile(self) -> list[Intruder]:
         """One pass; the intruders a step was taken against (evicted, deleted or reported) in this pass."""

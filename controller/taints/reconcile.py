@@ -3,7 +3,9 @@
 Level-based: desired taints from the cached nodes and the policy (`plan_taints`), diff with the
 cached taints, write the difference (the nodes that differ, by pool: the gauge `taint_drift_nodes`).
 Safe to repeat; taints with keys egress-placer does not own are
-never touched (a conflicting write is rebased on the node's fresh taints).
+never touched (a conflicting write is rebased on the node's fresh taints). With a cursor
+(controller.changes), a pass plans again only the nodes that changed since the last one and those
+whose taints still differed then (a write in flight or refused); a full pass now and then.
 
 With no valid policy in force (none loaded and none stored: `state.policy_in_force` False) it plans
 nothing: the taints stay and keep everyone off the pools until a valid policy says who goes where.
@@ -18,6 +20,7 @@ from typing import Callable, Protocol, Sequence
 from loguru import logger
 
 from controller.core.model import NodeState, Taint
+from controller.changes import NodeCursor
 from controller.core.policy import PlacementPolicy
 from controller.taints.core import TaintChange, plan_taints
 from controller.metrics import GaugeSnapshot, Metrics
@@ -44,6 +47,8 @@ class NodeSource(Protocol):
 
     def node_list(self) -> list[NodeState]: ...
 
+    def node(self, name: str) -> NodeState | None: ...
+
     def node_resource_version(self, name: str) -> str | None: ...
 
 
@@ -62,9 +67,12 @@ class TaintReconciler:
         in_flight_seconds: float = 30.0,
         errors: PoolErrorSink | None = None,
         paced: Pace = unpaced,
+        changes: NodeCursor | None = None,
     ) -> None:
         self.state = state
         self.paced = paced  # the node walks give way to admission (runner.GiveWay)
+        self.changes = changes  # None: every pass plans every node
+        self._drifted: set[str] = set()  # the nodes whose taints differed from the plan in the last pass
         self.writer = writer
         self.metrics = metrics
         self.errors = errors  # a taint not written is an error about its pool (the pool's status shows it)
@@ -83,15 +91,21 @@ class TaintReconciler:
         if not self.state.policy_in_force:
             return []  # an empty policy stands in: planning with it would remove every pool taint
         policy = self.state.policy
-        nodes = {n.name: n for n in self.paced(self.state.node_list())}
+        changed = self.changes.take() if self.changes is not None else None
+        if changed is None:
+            nodes = {n.name: n for n in self.paced(self.state.node_list())}
+        else:
+            nodes = {name: node for name in sorted(changed | self._drifted) if (node := self.state.node(name)) is not None}
         now = self.clock()
         # Forget writes the cache has caught up with (or that are too old to trust).
         self._in_flight = {
             n: (v, t)
             for n, (v, t) in self._in_flight.items()
-            if n in nodes and self.state.node_resource_version(n) == v and now - t < self.in_flight_seconds
+            if (n in nodes or changed is not None and self.state.node(n) is not None)
+            and self.state.node_resource_version(n) == v and now - t < self.in_flight_seconds
         }
         changes = plan_taints(policy, self.paced(nodes.values()))
+        self._drifted = {change.node for change in changes}
         drift = Counter((change.add or change.remove)[0].value or "" for change in changes if change.add or change.remove)
         self._drift.set({(pool,): drift[pool] for pool in {p.name for p in policy.pools} | set(drift)})
         written = []

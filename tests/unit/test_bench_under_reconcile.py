@@ -8,17 +8,22 @@ import json
 import threading
 from pathlib import Path
 
+import pytest
+
 from bench import schema
 from bench.report import targets
 from bench.under_reconcile import Heartbeats, build_state, lock_holds, merge_into, reconcile_loop, summarize
 from tests.waiting import wait_for
 
 
-def test_every_reconciler_passes_over_the_bench_state_and_only_while_leading() -> None:
-    state, pool_nodes = build_state(20, 80)
-    assert len(pool_nodes) == 20 and len(state.pods) >= 80
+@pytest.mark.parametrize("full", [False, True])
+def test_every_reconciler_passes_over_the_bench_state_and_only_while_leading(full: bool) -> None:
+    state, pool_nodes, pool_pods = build_state(20, 80)
+    assert len(pool_nodes) == 20 and len(state.pods) >= 80 and len(pool_pods) >= 80
     leading = threading.Event()
-    loop = reconcile_loop(state, leading)
+    loop = reconcile_loop(state, leading, full=full)
+    cursors = [r.changes for r in loop.reconcilers if hasattr(r, "changes")]
+    assert len(cursors) == 3 and all((c is None) == full for c in cursors)
     for reconcile in loop.reconcilers:
         reconcile()  # raises if a reconciler cannot work over NoWrites
     loop.run_once()
@@ -29,7 +34,7 @@ def test_every_reconciler_passes_over_the_bench_state_and_only_while_leading() -
 
 
 def test_heartbeats_change_only_the_node_versions_and_wake_the_loop_themselves() -> None:
-    state, pool_nodes = build_state(5, 10)
+    state, pool_nodes, _ = build_state(5, 10)
     changes: list[str] = []
     state.subscribe(changes.append)  # a heartbeat alone tells no one
     leading = threading.Event()
@@ -46,6 +51,24 @@ def test_heartbeats_change_only_the_node_versions_and_wake_the_loop_themselves()
     assert dict(state.nodes) == before  # nothing the core reads changed
     assert "Node" not in changes
     assert state.node_resource_version("egress-1") != "1"
+
+
+def test_pod_restarts_mark_their_nodes_changed_for_the_cursors() -> None:
+    state, pool_nodes, pool_pods = build_state(5, 10)
+    cursor = state.changes.cursor()
+    assert cursor.take() is None  # the first pass: every node
+    leading = threading.Event()
+    beats = Heartbeats(state, pool_nodes, leading, rate=1000.0, pods=pool_pods, pods_every=2)
+    thread = threading.Thread(target=beats.run, daemon=True)
+    before = len(state.pods)
+    leading.set()
+    thread.start()
+    try:
+        wait_for("a pod restarted", lambda: bool(cursor.take()), timeout=10)
+    finally:
+        beats.stopped.set()
+        thread.join(5)
+    assert len(state.pods) == before  # each pod deleted is added again
 
 
 def test_the_lock_measure_counts_holds_per_pass() -> None:
