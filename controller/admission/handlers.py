@@ -80,7 +80,6 @@ from controller.core.model import (
     NodeLoad,
     OwnerRef,
     Reason,
-    owner_refs,
 )
 from controller.core.patches import (
     json_patch,
@@ -286,7 +285,7 @@ class Admission:
         if AFFINITY_ASSISTANT_ANNOTATION in request.annotations and self._by_tekton(request):
             # Coscheduled only when Tekton's controller made it (the request's user: the API server's): the
             # annotation is anyone's to write. It keeps only the pool our admission moved its PipelineRun to.
-            whole = self._moved_whole(request.namespace, claimed_pipelinerun(owner_refs(request.metadata)), policy)
+            whole = self._moved_whole(request.namespace, claimed_pipelinerun(request.owners), policy)
             why = "coscheduled: its PipelineRun places the whole run"
             placement = _follow_whole(template, policy, whole, why, default)
             # The annotation is anyone's to write: it frees no budget. A run its template sends to a pool
@@ -423,7 +422,7 @@ class Admission:
         spec = pod.get("spec")
         if not isinstance(spec, Mapping):
             return []
-        owners = owner_refs(request.metadata)
+        owners = request.owners
         node_name = text(spec.get("nodeName"))
         # The same trust as the intruder check (intruders.core), on the facts the tenant cannot forge:
         # a mirror pod's Node owner must carry its node's uid; a DaemonSet owner must resolve by uid to a
@@ -487,7 +486,7 @@ class Admission:
         (or knows with another uid, or naming another pod in its status: a retry's pod comes right after
         Tekton clears it) raises OwnerReadNeeded, once: a tenant's forged claim costs one bounded read, and
         the pod is still no run's pod."""
-        owner = claimed_taskrun(owner_refs(request.metadata))
+        owner = claimed_taskrun(request.owners)
         if owner is None:
             return None
         record = self.state.queue.taskrun(request.namespace, owner.name)
@@ -512,7 +511,7 @@ class Admission:
         overdue = self._waited_too_long(request, decision.pool, policy)
         if overdue:
             decision = replace(decision, pool=None, message=f"{decision.message}; {overdue}")
-        owner = claimed_taskrun(owner_refs(request.metadata))  # the TaskRun `run` is, by uid (not its label)
+        owner = claimed_taskrun(request.owners)  # the TaskRun `run` is, by uid (not its label)
         taskrun = owner.name if owner is not None else None
         key = ledger_key("pod", request.namespace, request.key_name)
         if not request.dry_run:
@@ -606,7 +605,7 @@ class Admission:
         moved whole to a pool (`_moved_whole`), started (not held) and not finished. So a tenant gets at most
         one such pod per assistant of its own running run, which holds its pool slot."""
         name = request.name if request.named else ""
-        claim = next((o for o in owner_refs(request.metadata) if o.controller and o.kind == "StatefulSet"), None)
+        claim = next((o for o in request.owners if o.controller and o.kind == "StatefulSet"), None)
         run = request.labels.get("tekton.dev/pipelineRun", "")
         whole = self.state.queue.taskrun(request.namespace, run, "PipelineRun") if run else None
         if claim is None or whole is None or name != f"{claim.name}-0" or claim.name not in whole.assistants or whole.finished:
@@ -619,7 +618,7 @@ class Admission:
         """Is a coscheduled TaskRun's PipelineRun (its controller owner, by uid, in the cache) held whole by
         our queue (its entry)? Then the TaskRun is not held again: it would wait for a slot its
         PipelineRun keeps taken while it has no pod bound (queue.core.in_flight)."""
-        whole = self._owner_run(request.namespace, claimed_pipelinerun(owner_refs(request.metadata)))
+        whole = self._owner_run(request.namespace, claimed_pipelinerun(request.owners))
         return whole is not None and whole.entry is not None
 
     def _owner_run(self, namespace: str, claim: OwnerRef | None) -> RunRecord | None:
@@ -693,7 +692,7 @@ class Admission:
         # `tekton.dev/pipelineRun` label: Tekton copies it from the TaskRun, whose creator wrote it).
         claim = run.pipelinerun
         whole = self.state.queue.taskrun(request.namespace, claim.name, "PipelineRun") if claim is not None else None
-        owner = claimed_taskrun(owner_refs(request.metadata))
+        owner = claimed_taskrun(request.owners)
         another = owner is not None and self.state.queue.other_pods(request.namespace, owner, request.name)
         ours = held_by_queue(run.entry, claim, whole.uid if whole else None, whole.entry if whole else None, another)
         if not gates_pod(pool is not None and pool.queue is not None, ours):

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from controller.core.json_wire import decode, encode
+from controller.core.model import OwnerRef, owner_refs
 from controller.core.patches import copy_json, json_patch
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
@@ -74,6 +75,11 @@ class Request:
         objects sharing a generateName are counted apart (their pods cannot settle them by name;
         their assumptions expire)."""
         return self.name if self.named else f"{self.name}{self.uid}"
+
+    @_once
+    def owners(self) -> tuple[OwnerRef, ...]:
+        """The object's ownerReferences as written (the tenant's: they prove nothing until resolved)."""
+        return owner_refs(self.metadata)
 
     @_once
     def labels(self) -> Mapping[str, str]:
