@@ -3,7 +3,9 @@ and with the floor (a no-op Go webhook on the same hooks, bench/floor.py) instea
 
 TaskRuns of the catalog's git-clone Task (their image matches pool-K, the largest pool) are created
 at a fixed rate in blocks; the registration changes between blocks in a mirrored order (with,
-without, floor, floor, without, with, ...) so drift hits every mode alike. With `--with kyverno`
+without, floor, floor_patch, floor_patch, floor, without, with, ...) so drift hits every mode alike;
+floor_patch is the floor answering with a patch that changes nothing (bench/floor.py), compared in
+`call_latency_patch_floor` as the floor is in `call_latency`. With `--with kyverno`
 a fourth mode runs Kyverno's ClusterPolicy alone (bench/kyverno.py), reported under `peers.kyverno`. A watch on the namespace's pods
 records when each pod is first seen and first seen bound (spec.nodeName set); latency = bound
 minus the moment just before the TaskRun's POST, all on this process's monotonic clock (API
@@ -40,7 +42,10 @@ from bench.kube import Kube
 from bench.stats import bootstrap_ratio, mean_per_call, percentile, ratio
 
 BLOCK_TIMEOUT = 120.0
-MODES = ("with", "without", "floor")  # egress-placer, no webhook, the no-op Go webhook on the same hooks
+# egress-placer, no webhook, the no-op Go webhook on the same hooks, and the same answering with a patch that
+# changes nothing (bench/floor.py: the API server applies any patch it gets, inside the call it times)
+MODES = ("with", "without", "floor", "floor_patch")
+FLOOR_SUFFIXES = {"floor": ".floor", "floor_patch": ".floor-patch"}  # the floors' modes -> their hooks' name suffix
 KYVERNO = "kyverno"
 HOOKS = {"taskruns": "taskruns.egress-placer.io", "pods": "pods.egress-placer.io"}
 HANDLER_KINDS = {"taskruns": "TaskRun", "pods": "Pod"}
@@ -156,8 +161,7 @@ def block_order(blocks_per_mode: int, modes: tuple[str, ...] = MODES) -> list[st
     return out
 
 
-async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...] = MODES,
-              floor_suffix: str = ".floor") -> dict[str, Any]:
+async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...] = MODES) -> dict[str, Any]:
     """The blocks of every mode in `modes`; `switch(kube, mode)` puts a mode's registration in force."""
     sizes = bc.sizes
     namespace = namespace_for("e2e", bc.largest_pool)
@@ -165,8 +169,8 @@ async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...]
     runs: dict[str, Run] = {}
     calls: Sums = {hook: [0.0, 0.0] for hook in HOOKS}
     handled: Sums = {hook: [0.0, 0.0] for hook in HOOKS}
-    floor_calls: Sums = {hook: [0.0, 0.0] for hook in HOOKS}
-    blocks: dict[str, list[Sums]] = {"with": [], "floor": []}  # each block's API-server call seconds and calls
+    floor_calls: dict[str, Sums] = {mode: {hook: [0.0, 0.0] for hook in HOOKS} for mode in FLOOR_SUFFIXES}
+    blocks: dict[str, list[Sums]] = {"with": [], **{mode: [] for mode in FLOOR_SUFFIXES}}  # each block's API-server call seconds and calls
     cpu: dict[str, dict[str, float]] = {mode: {} for mode in modes}  # mode -> process -> CPU seconds in its blocks
     counts: dict[str, float] = {}  # controller_counts' differences over the "with" blocks
     async with Kube(bc.cluster, connections=16) as kube:
@@ -192,7 +196,7 @@ async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...]
                 await switch(kube, mode)
                 before = await timings(bc, kube)
                 counts_before = await controller_counts(bc, kube) if mode == "with" else {}
-                floor_before = await timings(bc, kube, floor_suffix) if mode == "floor" else None
+                floor_before = await timings(bc, kube, FLOOR_SUFFIXES[mode]) if mode in FLOOR_SUFFIXES else None
                 cpu_before = cpu_now(bc)
                 names = []
                 next_due = time.monotonic()
@@ -218,7 +222,8 @@ async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...]
                     for key, value in (await controller_counts(bc, kube)).items():
                         counts[key] = counts.get(key, 0.0) + value - counts_before.get(key, 0.0)
                 if floor_before is not None:
-                    blocks["floor"].append(_add(floor_calls, (await timings(bc, kube, floor_suffix))[0], floor_before[0]))
+                    after_floor = (await timings(bc, kube, FLOOR_SUFFIXES[mode]))[0]
+                    blocks[mode].append(_add(floor_calls[mode], after_floor, floor_before[0]))
                 log(f"e2e: block {b + 1}/{len(modes) * sizes.e2e_blocks} ({mode}) done")
         finally:
             watcher.cancel()
@@ -226,7 +231,7 @@ async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...]
             r.pod_seen, r.bound, r.node = seen.get(name), bound.get(name), nodes.get(name)
         await switch(kube, "with")
         await clean(kube, namespace)
-    out = summarize(runs, calls, handled, cpu, floor_calls, blocks)
+    out = summarize(runs, calls, handled, cpu, floor_calls["floor"], blocks, floor_calls["floor_patch"])
     out["controller_counts"] = {key: round(value) for key, value in sorted(counts.items())}
     if KYVERNO in modes:
         pool = set(bc.pools[bc.largest_pool])
@@ -269,14 +274,14 @@ def added_ms(mode: dict[str, Any], baseline: dict[str, Any]) -> float | None:
     return round(1000 * (a - b), 1) if a is not None and b is not None else None
 
 
-def call_latency(blocks: dict[str, list[Sums]]) -> dict[str, dict[str, Any]]:
+def call_latency(blocks: dict[str, list[Sums]], floor_mode: str = "floor") -> dict[str, dict[str, Any]]:
     """Per hook (taskrun, pod): the API server's mean time per call to egress-placer's webhook over the
-    floor's (`ratio`), its 95% bootstrap interval over blocks (`ci_low`, `ci_high`), both means (ms),
-    each block's mean (ms) and the number of blocks of each."""
+    floor's (`floor_mode`'s blocks: the floor, or the patching floor) (`ratio`), its 95% bootstrap interval
+    over blocks (`ci_low`, `ci_high`), both means (ms), each block's mean (ms) and the number of blocks of each."""
     out = {}
     for hook, key in CALL_LATENCY_KEYS.items():
         ours = [(b[hook][0], b[hook][1]) for b in blocks.get("with", [])]
-        floor = [(b[hook][0], b[hook][1]) for b in blocks.get("floor", [])]
+        floor = [(b[hook][0], b[hook][1]) for b in blocks.get(floor_mode, [])]
         found = bootstrap_ratio(ours, floor, paired=len(ours) == len(floor))  # block i of each: round i
         ours_ms, floor_ms = mean_per_call(ours), mean_per_call(floor)
         out[key] = {
@@ -296,9 +301,12 @@ def _rounded_ms(seconds: float | None) -> float | None:
 
 
 def summarize(runs: dict[str, Run], calls: Sums, handled: Sums, cpu: dict[str, dict[str, float]] | None = None,
-              floor_calls: Sums | None = None, blocks: dict[str, list[Sums]] | None = None) -> dict[str, Any]:
+              floor_calls: Sums | None = None, blocks: dict[str, list[Sums]] | None = None,
+              patch_floor_calls: Sums | None = None) -> dict[str, Any]:
+    none: Sums = {hook: [0.0, 0.0] for hook in HOOKS}
     out: dict[str, Any] = {"webhook_call_ms": _ms(calls), "handler_ms": _ms(handled),
-                           "floor_webhook_call_ms": _ms(floor_calls or {hook: [0.0, 0.0] for hook in HOOKS})}
+                           "floor_webhook_call_ms": _ms(floor_calls or none),
+                           "patch_floor_webhook_call_ms": _ms(patch_floor_calls or none)}
     for mode in MODES:
         out[mode] = mode_summary([r for r in runs.values() if r.mode == mode], (cpu or {}).get(mode, {}))
     with_p50, without_p50 = out["with"]["p50_s"], out["without"]["p50_s"]
@@ -317,6 +325,7 @@ def summarize(runs: dict[str, Run], calls: Sums, handled: Sums, cpu: dict[str, d
     out["floor_call_ratio"] = round(sum(ours.values()) / sum(floor.values()), 3) if both and sum(floor.values()) else None
     out["floor_ratio_note"] = FLOOR_RATIO_NOTE
     out["call_latency"] = call_latency(blocks or {})
+    out["call_latency_patch_floor"] = call_latency(blocks or {}, "floor_patch")
     return out
 
 

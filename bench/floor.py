@@ -7,7 +7,12 @@ cluster holds it (k8s/webhook.yaml: rules, namespaceSelector, matchConditions, f
 timeoutSeconds, sideEffects, reinvocationPolicy), with each webhook renamed `<name>.floor` (so the API
 server's histograms tell the two apart), `clientConfig.url` at the floor's loopback port and
 `caBundle` the cluster CA that signed its serving certificate (devcluster/certs.py). It answers every
-review "allowed" with no patch.
+review "allowed" with no patch. The same process is also the patching floor (mode "floor_patch"): a
+second configuration `egress-placer-bench-floor-patch`, hooks `<name>.floor-patch`, at `/mutate/patch`,
+where it answers with a JSON Patch that changes nothing (a `test` of the object's kind). The API server
+applies any patch it gets inside the call it times (it encodes the object, applies the patch, decodes
+and defaults the result: about 0.8 ms for a Tekton pod) and skips that for an answer with no patch; a
+webhook that places pods cannot answer with none, so that is the floor of what it can cost.
 
 Whether it is active is read from the API server's own count of calls to it
 (`apiserver_admission_webhook_admission_duration_seconds_count`), probed with dry-run creates of a
@@ -36,14 +41,18 @@ from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port
 
 from bench.cluster import TASK, bench_taskrun
-from bench.e2e import metric_lines
+from bench.e2e import FLOOR_SUFFIXES, metric_lines
 from bench.kube import Kube
 from bench.workload import catalog_task, in_namespace, tekton_pod
 
 PROCESS = "floor-webhook"
 CONFIG = "egress-placer-bench-floor"
-CONFIG_PATH = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/" + CONFIG
-SUFFIX = ".floor"
+CONFIGS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+CONFIG_PATH = f"{CONFIGS}/{CONFIG}"
+FLOOR, PATCH_FLOOR = "floor", "floor_patch"  # the modes (bench/e2e.py, bench/peers.py)
+SUFFIX = FLOOR_SUFFIXES[FLOOR]
+# mode -> (configuration name, hook name suffix, URL path)
+VARIANTS = {FLOOR: (CONFIG, SUFFIX, "/mutate"), PATCH_FLOOR: (CONFIG + "-patch", FLOOR_SUFFIXES[PATCH_FLOOR], "/mutate/patch")}
 WEBHOOK_DURATION = "apiserver_admission_webhook_admission_duration_seconds"
 Log = Callable[[str], None]
 
@@ -84,54 +93,61 @@ def webhook_calls(metrics_text: str, names: set[str]) -> float:
     return total
 
 
-def floor_configuration(egress_placer: dict[str, Any], url: str, ca_pem: bytes) -> dict[str, Any]:
-    """egress-placer's MutatingWebhookConfiguration with every hook renamed and pointed at the floor."""
+def floor_configuration(egress_placer: dict[str, Any], url: str, ca_pem: bytes, mode: str = FLOOR) -> dict[str, Any]:
+    """egress-placer's MutatingWebhookConfiguration with every hook renamed and pointed at the floor (`url`, its
+    /mutate; for the patching floor, `mode` PATCH_FLOOR, its /mutate/patch)."""
+    name, suffix, path = VARIANTS[mode]
     hooks = []
     for hook in copy.deepcopy(egress_placer["webhooks"]):
-        hook["name"] = hook["name"] + SUFFIX
-        hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_pem).decode()}
+        hook["name"] = hook["name"] + suffix
+        hook["clientConfig"] = {"url": url.removesuffix("/mutate") + path, "caBundle": base64.b64encode(ca_pem).decode()}
         hooks.append(hook)
     return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": CONFIG, "labels": {"app.kubernetes.io/part-of": "egress-placer-bench"}}, "webhooks": hooks}
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "egress-placer-bench"}}, "webhooks": hooks}
 
 
 @dataclass
 class FloorWebhook:
     cluster: Cluster
     probe_namespace: str
-    configuration: dict[str, Any]
+    configurations: dict[str, dict[str, Any]]  # mode (FLOOR, PATCH_FLOOR) -> its MutatingWebhookConfiguration
     pid: int
 
     @property
-    def hook_names(self) -> set[str]:
-        return {h["name"] for h in self.configuration["webhooks"]}
+    def configuration(self) -> dict[str, Any]:
+        return self.configurations[FLOOR]
 
-    async def _calls_after_probe(self, kube: Kube) -> tuple[float, float]:
-        before = webhook_calls(await kube.text("/metrics"), self.hook_names)
+    def hook_names(self, mode: str = FLOOR) -> set[str]:
+        return {h["name"] for h in self.configurations[mode]["webhooks"]}
+
+    async def _calls_after_probe(self, kube: Kube, mode: str) -> tuple[float, float]:
+        before = webhook_calls(await kube.text("/metrics"), self.hook_names(mode))
         pod = bench_pod(self.probe_namespace, f"floor-probe-{int(time.monotonic() * 1000)}")
         await kube.request("POST", f"/api/v1/namespaces/{self.probe_namespace}/pods", pod, params={"dryRun": "All"})
-        return before, webhook_calls(await kube.text("/metrics"), self.hook_names)
+        return before, webhook_calls(await kube.text("/metrics"), self.hook_names(mode))
 
-    async def wait(self, kube: Kube, active: bool, timeout: float = 30) -> None:
-        """Until a dry-run Tekton pod create does (or does not) call the floor."""
+    async def wait(self, kube: Kube, active: bool, timeout: float = 30, mode: str = FLOOR) -> None:
+        """Until a dry-run Tekton pod create does (or does not) call the floor of `mode`."""
         deadline = time.monotonic() + timeout
         while True:
-            before, after = await self._calls_after_probe(kube)
+            before, after = await self._calls_after_probe(kube, mode)
             if (after > before) == active:
                 return
             if time.monotonic() > deadline:
-                raise ClusterError(f"the floor webhook did not become {'active' if active else 'inactive'} in {timeout:.0f} s")
+                raise ClusterError(f"the {mode} webhook did not become {'active' if active else 'inactive'} in {timeout:.0f} s")
             await asyncio.sleep(0.3)
 
-    async def register(self, kube: Kube) -> None:
-        if await kube.get(CONFIG_PATH) is None:
-            await kube.create(CONFIG_PATH.rsplit("/", 1)[0], self.configuration)
-        await self.wait(kube, active=True)
+    async def register(self, kube: Kube, mode: str = FLOOR) -> None:
+        path = f"{CONFIGS}/{VARIANTS[mode][0]}"
+        if await kube.get(path) is None:
+            await kube.create(CONFIGS, self.configurations[mode])
+        await self.wait(kube, active=True, mode=mode)
 
-    async def unregister(self, kube: Kube) -> None:
-        if await kube.get(CONFIG_PATH) is not None:
-            await kube.delete(CONFIG_PATH)
-            await self.wait(kube, active=False)
+    async def unregister(self, kube: Kube, mode: str = FLOOR) -> None:
+        path = f"{CONFIGS}/{VARIANTS[mode][0]}"
+        if await kube.get(path) is not None:
+            await kube.delete(path)
+            await self.wait(kube, active=False, mode=mode)
 
     def stop(self) -> None:
         self.cluster.stop_process(PROCESS)
@@ -150,8 +166,9 @@ async def start(cluster: Cluster, kube: Kube, egress_placer_config_path: str, pr
     live = await kube.get(egress_placer_config_path)
     if live is None:
         raise ClusterError("egress-placer's MutatingWebhookConfiguration is not registered: nothing to copy")
-    configuration = floor_configuration(live, f"https://127.0.0.1:{port}/mutate", cluster.ca_file.read_bytes())
-    return FloorWebhook(cluster, probe_namespace, configuration, record.pid)
+    url, ca = f"https://127.0.0.1:{port}/mutate", cluster.ca_file.read_bytes()
+    configurations = {mode: floor_configuration(live, url, ca, mode) for mode in VARIANTS}
+    return FloorWebhook(cluster, probe_namespace, configurations, record.pid)
 
 
 async def listening(port: int, what: str, log_file: str, pid: int, timeout: float = 20) -> None:

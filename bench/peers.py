@@ -21,7 +21,7 @@ import aiohttp
 
 from bench.cluster import BenchCluster, namespace_for
 from bench.e2e import KYVERNO, Switch, add_cpu_since, block_order, cpu_now
-from bench.floor import FloorWebhook, bench_pod, pod_owner
+from bench.floor import VARIANTS, FloorWebhook, bench_pod, pod_owner
 from bench.kube import Kube
 from bench.kyverno import Kyverno
 from bench.stats import percentile, ratio
@@ -34,21 +34,22 @@ Log = Callable[[str], None]
 
 
 def make_switch(bc: BenchCluster, floor: FloorWebhook, kyverno: Kyverno | None, namespaces: list[str]) -> Switch:
-    """`switch(kube, mode)`: only `mode`'s registration in force (with, without, floor, kyverno)."""
+    """`switch(kube, mode)`: only `mode`'s registration in force (with, without, floor, floor_patch, kyverno)."""
     state = {"kyverno": True}  # unknown at first: switched off explicitly
 
     async def switch(kube: Kube, mode: str) -> None:
         if mode != "with":
             await bc.unregister(kube)
-        if mode != "floor":
-            await floor.unregister(kube)
+        for variant in VARIANTS:
+            if mode != variant:
+                await floor.unregister(kube, variant)
         if kyverno is not None and mode != KYVERNO and state["kyverno"]:
             await kyverno.switch(kube, namespaces, False)
             state["kyverno"] = False
         if mode == "with":
             await bc.register(kube)
-        elif mode == "floor":
-            await floor.register(kube)
+        elif mode in VARIANTS:
+            await floor.register(kube, mode)
         elif mode == KYVERNO:
             if kyverno is None:
                 raise ValueError("mode kyverno without Kyverno running")

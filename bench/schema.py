@@ -127,9 +127,11 @@ TEMPLATE: dict[str, Any] = {
         "with": copy.deepcopy(E2E_MODE),
         "without": copy.deepcopy(E2E_MODE),
         "floor": copy.deepcopy(E2E_MODE),
+        "floor_patch": copy.deepcopy(E2E_MODE),  # the floor answering with a patch that changes nothing (bench/floor.py)
         "webhook_call_ms": {"taskruns": None, "pods": None},
         "handler_ms": {"taskruns": None, "pods": None},
         "floor_webhook_call_ms": {"taskruns": None, "pods": None},
+        "patch_floor_webhook_call_ms": {"taskruns": None, "pods": None},
         "added_p50_ms": None,
         "p50_ratio": None,
         "p99_ratio": None,
@@ -138,6 +140,8 @@ TEMPLATE: dict[str, Any] = {
         "floor_ratio_note": None,  # why floor_ratio is noisy: read call_latency
         "floor_call_ratio": None,
         "call_latency": {"taskrun": copy.deepcopy(CALL_LATENCY), "pod": copy.deepcopy(CALL_LATENCY)},
+        # The same against the patching floor: what is egress-placer's own, the API server's patch apart.
+        "call_latency_patch_floor": {"taskrun": copy.deepcopy(CALL_LATENCY), "pod": copy.deepcopy(CALL_LATENCY)},
         # Over the "with" blocks: the controller's reads of a pod's TaskRun ("owner_reads.found", ...) and its
         # webhook's connections ("webhook_connections.opened", ".recycled"), bench/e2e.py:controller_counts.
         "controller_counts": {},

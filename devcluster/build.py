@@ -198,10 +198,11 @@ FLOOR_WEBHOOK = Component(
     module="floor-webhook",
     pin="egress-placer/devcluster/tools/floor-webhook",
     # The benchmarks' end-to-end floor: a no-op mutating webhook on Go's standard library alone
-    # (tools/floor-webhook/main.go), registered on exactly egress-placer's hooks (bench/e2e.py).
+    # (tools/floor-webhook/main.go), registered on exactly egress-placer's hooks (bench/e2e.py); on
+    # /mutate/patch it answers with a patch that changes nothing.
     binaries={"floor-webhook": "egress-placer/devcluster/tools/floor-webhook"},
     why="a no-op webhook on Go's standard library: seconds",
-    own_version="v1",
+    own_version="v2",
 )
 
 KYVERNO = Component(

@@ -4,10 +4,14 @@ processes by pid (with pid-reuse protection)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +30,7 @@ from devcluster.cluster import (
     render_stages,
     served_storage_version_only,
 )
-from devcluster.process import ProcessRecord, is_alive, spawn, start_time_of, stop
+from devcluster.process import ProcessRecord, free_port, is_alive, spawn, start_time_of, stop
 from tests.waiting import wait_for
 
 
@@ -431,10 +435,52 @@ def test_crd_conversion_is_ready_once_it_has_the_webhooks_ca(crd: dict[str, Any]
 def test_the_floor_webhook_is_the_projects_own_source_on_the_standard_library_alone() -> None:
     """No upstream module to pin: its version is the project's own, and its go.mod requires nothing."""
     assert build.OPTIONAL_COMPONENTS["floor-webhook"] is build.FLOOR_WEBHOOK
-    assert build.pinned_version(build.FLOOR_WEBHOOK) == build.FLOOR_WEBHOOK.own_version == "v1"
+    assert build.pinned_version(build.FLOOR_WEBHOOK) == build.FLOOR_WEBHOOK.own_version == "v2"
     module = build.TOOLS_DIR / "floor-webhook"
     assert "require" not in (module / "go.mod").read_text() and (module / "go.sum").read_text() == ""
-    assert build.optional_key(build.FLOOR_WEBHOOK).startswith("floor-webhook-v1_")
+    assert build.optional_key(build.FLOOR_WEBHOOK).startswith("floor-webhook-v2_")
+
+
+@pytest.mark.cluster
+def test_the_floor_answers_with_no_patch_and_on_mutate_patch_with_one_that_changes_nothing(tmp_path: Path) -> None:
+    """The built floor (bench/floor.py) over TLS: /mutate allows with no patch; /mutate/patch allows with a
+    JSON Patch whose one operation tests the object's kind (the API server applies it, and nothing changes)."""
+    binary = build.ensure_optional("floor-webhook", lambda line: None) / "floor-webhook"
+    pki = certs.create_pki(tmp_path / "pki")
+    issued = certs.issue_serving_cert(pki, "floor-webhook")
+    cert, key = tmp_path / "floor.crt", tmp_path / "floor.key"
+    cert.write_bytes(issued.cert_pem)
+    key.write_bytes(issued.key_pem)
+    port = free_port()
+    process = subprocess.Popen([str(binary), "--listen", f"127.0.0.1:{port}", "--cert", str(cert), "--key", str(key)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    context = ssl.create_default_context(cafile=str(pki.ca_cert))
+
+    def review(path: str) -> dict[str, Any]:
+        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "object": {"kind": "Pod"}}}
+        request = urllib.request.Request(f"https://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, context=context, timeout=5) as answer:
+            return json.loads(answer.read())["response"]
+
+    try:
+        wait_for("the floor listening", lambda: _accepts(port), timeout=20)
+        assert review("/mutate") == {"uid": "u-1", "allowed": True}
+        patched = review("/mutate/patch")
+        assert patched["allowed"] is True and patched["patchType"] == "JSONPatch"
+        assert json.loads(base64.b64decode(patched["patch"])) == [{"op": "test", "path": "/kind", "value": "Pod"}]
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def test_kyverno_is_built_from_its_module_with_its_own_replace_and_crds() -> None:

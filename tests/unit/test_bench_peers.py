@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from bench.cluster import TASK_IMAGE_GLOB, policy_text
 from bench.e2e import MODES, Run, block_order, summarize
-from bench.floor import SUFFIX, floor_configuration
+from bench.floor import PATCH_FLOOR, SUFFIX, floor_configuration
 from bench.kyverno import SWITCH_LABEL, bench_pool, cluster_policy, config_map
 from controller.core.patches import pool_terms
 from devplacer.local_placer import K8S_DIR
@@ -25,7 +25,7 @@ from devplacer.local_placer import K8S_DIR
     ("blocks", "modes", "expected"),
     [
         (2, ("with", "without"), ["with", "without", "without", "with"]),  # the ABBA of two modes
-        (2, MODES, ["with", "without", "floor", "floor", "without", "with"]),
+        (2, MODES, ["with", "without", "floor", "floor_patch", "floor_patch", "floor", "without", "with"]),
         (1, ("with", "without", "floor", "kyverno"), ["with", "without", "floor", "kyverno"]),
     ],
 )
@@ -61,11 +61,30 @@ def test_floor_ratio_is_added_p50_over_the_floors(p50s: dict[str, float], added:
                                                   floor_ratio: float | None) -> None:
     calls = {"taskruns": [0.012, 2.0], "pods": [0.008, 2.0]}  # egress-placer's: 6 and 4 ms a call
     handled = {"taskruns": [0.0, 0.0], "pods": [0.0, 0.0]}
-    out = summarize(_runs(p50s), calls, handled, None, {"taskruns": [0.004, 2.0], "pods": [0.006, 2.0]})
+    out = summarize(_runs(p50s), calls, handled, None, {"taskruns": [0.004, 2.0], "pods": [0.006, 2.0]}, None,
+                    {"taskruns": [0.005, 2.0], "pods": [0.010, 2.0]})
     assert (out["added_p50_ms"], out["floor_added_p50_ms"], out["floor_ratio"]) == (added, floor_added, floor_ratio)
     assert out["floor_webhook_call_ms"] == {"taskruns": 2.0, "pods": 3.0}
+    assert out["patch_floor_webhook_call_ms"] == {"taskruns": 2.5, "pods": 5.0}
     assert out["floor_call_ratio"] == 2.0  # (6 + 4) / (2 + 3)
     assert out["floor"]["runs"] == 1 and out["floor"]["webhook_answered"] == 0
+
+
+def test_call_latency_reads_each_floors_own_blocks() -> None:
+    """`call_latency` against the floor, `call_latency_patch_floor` against the patching floor: the same
+    "with" blocks over each floor's blocks of the same rounds."""
+    ours = [{"taskruns": [0.006, 2.0], "pods": [0.012, 4.0]}] * 2  # 3 ms a call each
+    floor = [{"taskruns": [0.002, 2.0], "pods": [0.004, 4.0]}] * 2  # 1 ms
+    patching = [{"taskruns": [0.003, 2.0], "pods": [0.008, 4.0]}] * 2  # 1.5 and 2 ms
+    blocks = {"with": ours, "floor": floor, "floor_patch": patching}
+    runs = _runs({"with": 0.06, "without": 0.04, "floor": 0.05, "floor_patch": 0.05})
+    out = summarize(runs, {"taskruns": [0.0, 0.0], "pods": [0.0, 0.0]}, {"taskruns": [0.0, 0.0], "pods": [0.0, 0.0]},
+                    None, None, blocks)
+    assert (out["call_latency"]["taskrun"]["ratio"], out["call_latency"]["pod"]["ratio"]) == (3.0, 3.0)
+    latency = out["call_latency_patch_floor"]
+    assert (latency["taskrun"]["ratio"], latency["pod"]["ratio"]) == (2.0, 1.5)
+    assert latency["pod"]["floor_ms"] == 2.0 and latency["pod"]["blocks"] == latency["pod"]["floor_blocks"] == 2
+    assert out["floor_patch"]["runs"] == 1
 
 
 def _shipped_webhook_configuration() -> dict[str, Any]:
@@ -84,6 +103,12 @@ def test_the_floor_is_registered_on_exactly_egress_placers_hooks() -> None:
         assert set(same) >= {"rules", "namespaceSelector", "failurePolicy", "timeoutSeconds", "sideEffects"}
     assert any("matchConditions" in h for h in floor["webhooks"])
     assert "url" not in str(ours)  # the copy changed nothing of the original
+    patching = floor_configuration(ours, "https://127.0.0.1:4443/mutate", b"CA PEM", PATCH_FLOOR)
+    assert patching["metadata"]["name"] not in (ours["metadata"]["name"], floor["metadata"]["name"])
+    assert [h["name"] for h in patching["webhooks"]] == [h["name"] + ".floor-patch" for h in ours["webhooks"]]
+    assert {h["clientConfig"]["url"] for h in patching["webhooks"]} == {"https://127.0.0.1:4443/mutate/patch"}
+    assert [{k: v for k, v in h.items() if k not in ("name", "clientConfig")} for h in patching["webhooks"]] == [
+        {k: v for k, v in h.items() if k not in ("name", "clientConfig")} for h in floor["webhooks"]]
 
 
 def test_kyverno_policy_places_the_pools_images_in_its_namespaces() -> None:

@@ -4,9 +4,15 @@
 // caBundle and a URL on loopback) so that egress-placer's end-to-end cost can be read against the
 // cost of merely being a webhook (bench/e2e.py, `e2e.floor_ratio`).
 //
+// On a path ending in /patch it answers "allowed" with a JSON Patch that changes nothing (one `test`
+// operation on the object's kind): the cheapest webhook that mutates. The API server applies any
+// patch it gets (it encodes the object, applies the patch, decodes and defaults the result) inside the
+// call it times, and skips all that for an answer with none (bench/e2e.py, `e2e.call_latency_patch_floor`).
+//
 //	floor-webhook --listen 127.0.0.1:PORT --cert tls.crt --key tls.key
 //
-// It serves POST /mutate (any path answers the same) and GET /healthz, and stops on SIGTERM.
+// It serves POST /mutate and POST /mutate/patch (any other path answers as /mutate) and GET /healthz,
+// and stops on SIGTERM.
 package main
 
 import (
@@ -18,6 +24,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -32,12 +39,23 @@ type review struct {
 }
 
 type reviewRequest struct {
-	UID string `json:"uid"`
+	UID  string `json:"uid"`
+	Kind struct {
+		Kind string `json:"kind"`
+	} `json:"kind"`
 }
 
 type reviewResponse struct {
-	UID     string `json:"uid"`
-	Allowed bool   `json:"allowed"`
+	UID       string `json:"uid"`
+	Allowed   bool   `json:"allowed"`
+	PatchType string `json:"patchType,omitempty"`
+	Patch     []byte `json:"patch,omitempty"`
+}
+
+type testOperation struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value string `json:"value"`
 }
 
 func mutate(w http.ResponseWriter, r *http.Request) {
@@ -52,6 +70,14 @@ func mutate(w http.ResponseWriter, r *http.Request) {
 	}
 	out := review{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview",
 		Response: &reviewResponse{UID: in.Request.UID, Allowed: true}}
+	if strings.HasSuffix(r.URL.Path, "/patch") {
+		patch, err := json.Marshal([]testOperation{{Op: "test", Path: "/kind", Value: in.Request.Kind.Kind}})
+		if err != nil {
+			http.Error(w, "making the patch", http.StatusInternalServerError)
+			return
+		}
+		out.Response.PatchType, out.Response.Patch = "JSONPatch", patch
+	}
 	w.Header().Set("Content-Type", "application/json")
 	if err := json.NewEncoder(w).Encode(out); err != nil {
 		log.Printf("writing the answer: %v", err)
