@@ -136,6 +136,11 @@ def _add(total: Sums, after: Sums, before: Sums) -> Sums:
     return block
 
 
+def run_name(mode: str, block: int, index: int) -> str:
+    """The TaskRun's name: its mode (a DNS label: floor_patch as floor-patch), block and index."""
+    return f"{mode.replace('_', '-')}-{block}-{index:03d}"
+
+
 def cpu_now(bc: BenchCluster) -> dict[str, float]:
     """CPU seconds so far of each live process of the cluster (the controller included) and of this client."""
     out = {CLIENT: time.process_time()}
@@ -203,7 +208,7 @@ async def run(bc: BenchCluster, log: Log, switch: Switch, modes: tuple[str, ...]
                 for j in range(per_block):
                     await asyncio.sleep(max(0.0, next_due - time.monotonic()))
                     next_due += 1.0 / sizes.e2e_rate
-                    name = f"{mode}-{b}-{j:03d}"
+                    name = run_name(mode, b, j)
                     sent = time.monotonic()
                     created = await kube.create(path, bench_taskrun(namespace, name))
                     answered = "egress-placer.io/decision" in (created["metadata"].get("annotations") or {})

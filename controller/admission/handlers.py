@@ -688,6 +688,8 @@ class Admission:
         or Pipelines-as-Code created it pending and released it) waits for a slot: a schedulingGate that
         the queue reconciler removes when one frees (`queue.core.gates_pod`, `ungate`)."""
         pool = policy.pool(pool_name) if pool_name else None
+        if pool is None or pool.queue is None:
+            return []  # no queue: nothing gates it (gates_pod), whoever holds the run
         # The run's PipelineRun by the TaskRun's controller owner, uid to uid (never the pod's
         # `tekton.dev/pipelineRun` label: Tekton copies it from the TaskRun, whose creator wrote it).
         claim = run.pipelinerun
@@ -695,7 +697,7 @@ class Admission:
         owner = claimed_taskrun(request.owners)
         another = owner is not None and self.state.queue.other_pods(request.namespace, owner, request.name)
         ours = held_by_queue(run.entry, claim, whole.uid if whole else None, whole.entry if whole else None, another)
-        if not gates_pod(pool is not None and pool.queue is not None, ours):
+        if not gates_pod(True, ours):
             return []
         spec = request.object.get("spec") or {}
         gates = [g for g in spec.get("schedulingGates") or [] if isinstance(g, Mapping) and g.get("name") != POOL_SLOT_GATE]

@@ -5,6 +5,7 @@ ClusterPolicy for a pool of the bench policy."""
 from __future__ import annotations
 
 import base64
+import re
 from collections import Counter
 from typing import Any
 
@@ -14,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.cluster import TASK_IMAGE_GLOB, policy_text
-from bench.e2e import MODES, Run, block_order, summarize
+from bench.e2e import KYVERNO, MODES, Run, block_order, run_name, summarize
 from bench.floor import PATCH_FLOOR, SUFFIX, floor_configuration
 from bench.kyverno import SWITCH_LABEL, bench_pool, cluster_policy, config_map
 from controller.core.patches import pool_terms
@@ -40,6 +41,12 @@ def test_every_mode_gets_the_same_blocks_and_the_same_mean_position(blocks: int,
     if blocks % 2 == 0:  # whole mirrored pairs: drift over the run weighs on every mode alike
         positions = {m: sum(i for i, x in enumerate(order) if x == m) for m in modes}
         assert len(set(positions.values())) == 1
+
+
+def test_every_modes_run_names_are_dns_subdomains() -> None:
+    for mode in (*MODES, KYVERNO):
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", run_name(mode, 7, 12)), mode
+    assert run_name("floor_patch", 3, 0) == "floor-patch-3-000"
 
 
 def _runs(p50s: dict[str, float]) -> dict[str, Run]:
