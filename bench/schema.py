@@ -90,7 +90,8 @@ TEMPLATE: dict[str, Any] = {
         "floor_max_throughput_rps": None,
         "profile": copy.deepcopy(PROFILE),
         # bench/admission.py:handler_cost: the handler in-process on the same mix, without HTTP and TLS.
-        "handler": {"us_per_review": None, "us_per_review_each": [], "first_pass_us": None, "reviews": None},
+        "handler": {"us_per_review": None, "us_per_review_each": [], "first_pass_us": None, "reviews": None,
+                    "after_idle_us": {}},
         # bench/under_relist.py: p99 at 200 req/s while the pod informer relists, next to it idle.
         "under_relist": {
             "idle_p99_ms": None, "relist_p99_ms": None, "idle_p99_ms_each": [], "relist_p99_ms_each": [],

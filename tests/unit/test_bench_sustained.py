@@ -3,11 +3,12 @@ tried and none was kept (so the target reads "missed", not "not measured"), None
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from bench.admission import sustained
+from bench.admission import after_idle, sustained
 
 
 def row(rate: float, p99_ms: float | None, throughput: float | None = None, errors: int = 0, target: str = "egress-placer") -> dict[str, Any]:
@@ -28,3 +29,23 @@ def row(rate: float, p99_ms: float | None, throughput: float | None = None, erro
 )
 def test_sustained_rate(rows: list[dict[str, Any]], expected: float | None) -> None:
     assert sustained(rows, "egress-placer") == expected
+
+
+class Echo:
+    """An Admission that allows everything, counting its reviews."""
+
+    def __init__(self) -> None:
+        self.reviews: list[str] = []
+
+    def review(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.reviews.append(body["request"]["kind"]["kind"])
+        return {"response": {"uid": body["request"]["uid"], "allowed": True}}
+
+
+def test_after_idle_times_each_kind_after_a_pause_and_back_to_back() -> None:
+    bodies = [json.dumps({"request": {"uid": str(i), "kind": {"kind": kind}}}).encode()
+              for i, kind in enumerate(["TaskRun", "Pod", "DaemonSet"] * 3)]
+    admission = Echo()
+    out = after_idle(admission, bodies, idle=0.0, reviews=2)  # type: ignore[arg-type]
+    assert set(out) == {"TaskRun", "Pod", "TaskRun_hot", "Pod_hot"} and all(v >= 0 for v in out.values())
+    assert admission.reviews == ["TaskRun"] * 4 + ["Pod"] * 4  # two of each kind, back to back then after the pause
