@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ import tenacity
 import yaml
 
 from devcluster import build, certs, karpenter, kueue, kyverno, tekton_resolvers, tekton_webhook
-from devcluster.process import ProcessRecord, free_port, is_alive, spawn, start_time_of, stop
+from devcluster.process import ProcessRecord, free_port, is_alive, listens, spawn, start_time_of, stop
 
 Log = Callable[[str], None]
 
@@ -342,14 +341,6 @@ def reap_stale_clusters(log: Log = print) -> list[Path]:
         entry.unlink(missing_ok=True)
         reaped.append(directory)
     return reaped
-
-
-def _listens(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def _http_ok(url: str) -> bool:
@@ -782,7 +773,7 @@ class Cluster:
         port = ports["kyverno-webhook"]
         self.start_process(kyverno.NAME, kyverno.command_argv(bin_dir, self.kubeconfig, port, ports["kyverno-metrics"]),
                            kyverno.command_env(), port=port)
-        self._wait("Kyverno's webhook port", lambda: _listens(port), [kyverno.NAME], timeout=180)
+        self._wait("Kyverno's webhook port", lambda: listens(port), [kyverno.NAME], timeout=180)
 
     def _webhook_ca(self) -> str:
         return base64.b64encode(self.ca_file.read_bytes()).decode()

@@ -147,6 +147,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def listens(port: int) -> bool:
+    """Does something accept TCP connections on 127.0.0.1:`port` now?"""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of `pid` (0 when it is gone)."""
     try:

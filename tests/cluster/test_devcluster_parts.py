@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from devcluster.cluster import (
     render_stages,
     served_storage_version_only,
 )
-from devcluster.process import ProcessRecord, free_port, is_alive, spawn, start_time_of, stop
+from devcluster.process import ProcessRecord, free_port, is_alive, listens, spawn, start_time_of, stop
 from tests.waiting import wait_for
 
 
@@ -465,7 +464,7 @@ def test_the_floor_answers_with_no_patch_and_on_mutate_patch_with_one_that_chang
             return json.loads(answer.read())["response"]
 
     try:
-        wait_for("the floor listening", lambda: _accepts(port), timeout=20)
+        wait_for("the floor listening", lambda: listens(port), timeout=20)
         assert review("/mutate") == {"uid": "u-1", "allowed": True}
         patched = review("/mutate/patch")
         assert patched["allowed"] is True and patched["patchType"] == "JSONPatch"
@@ -473,14 +472,6 @@ def test_the_floor_answers_with_no_patch_and_on_mutate_patch_with_one_that_chang
     finally:
         process.terminate()
         process.wait(10)
-
-
-def _accepts(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_kyverno_is_built_from_its_module_with_its_own_replace_and_crds() -> None:

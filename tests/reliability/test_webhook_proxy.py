@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from devcluster.process import free_port
+from devcluster.process import free_port, listens
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.reliability]
@@ -68,21 +68,13 @@ def backends() -> Iterator[tuple[Backend, Backend]]:
         backend.close()
 
 
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def proxy(backends: tuple[Backend, Backend]) -> Iterator[int]:
     port, dead = free_port(), free_port()
     argv = [sys.executable, "-m", "devplacer.webhook_proxy", "--listen", f"127.0.0.1:{port}",
             "--backend", f"127.0.0.1:{backends[0].port}", "--backend", f"127.0.0.1:{dead}", "--backend", f"127.0.0.1:{backends[1].port}"]
     process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for("the proxy to listen", lambda: listening(port), timeout=10, interval=0.05)
+    wait_for("the proxy to listen", lambda: listens(port), timeout=10, interval=0.05)
     yield port
     process.terminate()
     process.wait(10)
