@@ -48,7 +48,6 @@ from bench.workload import catalog_task, in_namespace, tekton_pod
 PROCESS = "floor-webhook"
 CONFIG = "egress-placer-bench-floor"
 CONFIGS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
-CONFIG_PATH = f"{CONFIGS}/{CONFIG}"
 FLOOR, PATCH_FLOOR = "floor", "floor_patch"  # the modes (bench/e2e.py, bench/peers.py)
 SUFFIX = FLOOR_SUFFIXES[FLOOR]
 # mode -> (configuration name, hook name suffix, URL path)
@@ -112,10 +111,6 @@ class FloorWebhook:
     probe_namespace: str
     configurations: dict[str, dict[str, Any]]  # mode (FLOOR, PATCH_FLOOR) -> its MutatingWebhookConfiguration
     pid: int
-
-    @property
-    def configuration(self) -> dict[str, Any]:
-        return self.configurations[FLOOR]
 
     def hook_names(self, mode: str = FLOOR) -> set[str]:
         return {h["name"] for h in self.configurations[mode]["webhooks"]}
