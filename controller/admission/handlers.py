@@ -86,6 +86,7 @@ from controller.core.patches import (
     over_default,
     place,
     placement_key,
+    preferred_node,
     protection,
     tolerates,
     unplace,
@@ -100,6 +101,7 @@ from controller.queue.core import (
     POOL_SLOT_GATE,
     claimed_pipelinerun,
     claimed_taskrun,
+    decided_placement,
     gates_pod,
     held_by_queue,
     is_run_pod,
@@ -302,7 +304,9 @@ class Admission:
             placement = self._place(template, decision.pool, policy, key, request.name, request.dry_run or not assume, default)
         self._count(request.kind, decision, placement)
         patch = ops_at(request.object, ("spec", "podTemplate"), placement.template)
-        annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid}
+        # Tekton copies a TaskRun's annotations to its pod: the pod comes protected (`protection`) and, when its
+        # node stays the run's, needs nothing more written (`_carried`).
+        annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid, **protection(placement.pool)}
         # No node yet (a provisioned pool): no budget can be weighed against a node, and none is held for
         # (a coscheduled run is held in the pool its template names only while that pool has nodes: held_in).
         queued = self._enqueue(request, placement.capped or held_in, patch, annotations, budgets if placement.node or held_in else ())
@@ -530,7 +534,10 @@ class Admission:
             allowed = released  # the leader counted it there; this replica's own count may lag
         elif allowed and decision.pool:
             allowed = self._copied_to(request, policy, decision.pool, allowed)
-        placement = self._place(current, decision.pool, policy, key, request.name, request.dry_run, allowed=allowed)
+        # The node its run was given stays unless another is now less loaded: the pod then asks for nothing
+        # new, and often nothing at all (`_carried`).
+        placement = self._place(current, decision.pool, policy, key, request.name, request.dry_run, allowed=allowed,
+                                prefer=preferred_node(current))
         self._count(request.kind, decision, placement)
         template = placement.template
         # The review's uid replaces the TaskRun's, which Tekton copied into the pod with its annotations.
@@ -550,9 +557,27 @@ class Admission:
         patch = json_patch(current, template, "/spec")
         if not recorded and BUDGETS_ANNOTATION in request.annotations:  # a record admission did not write now
             patch.append({"op": "remove", "path": pointer(("metadata", "annotations", BUDGETS_ANNOTATION))})
+        patch += self._gate(request, placement.capped, policy, run)
+        carried = None if patch or recorded else self._carried(request, placement, annotations)
         if placement.pool or decision.reason in WARNING_REASONS:
-            self._emit(request, decision, placement)
-        return patch + self._gate(request, placement.capped, policy, run) + annotation_ops(request.object, annotations)
+            self._emit(request, decision, placement, token=carried)
+        if carried is not None:
+            return []  # no patch: the API server has nothing to apply (#24: most of a Pod call's cost)
+        return patch + annotation_ops(request.object, annotations)
+
+    def _carried(self, request: Request, placement: Placement, annotations: Mapping[str, str]) -> str | None:
+        """The review token the pod carries when it needs nothing written: Tekton's controller made it (the
+        request's user), and the annotations it copied from its TaskRun, which only admission writes there (the
+        run guard), already say where this review places it (pool and node) and protect it as this review
+        would. None: the pod gets this review's own record. Not the record's text: its loads are the run's."""
+        token = request.annotations.get(REVIEW_ANNOTATION)
+        if not token or not self._by_tekton(request):
+            return None
+        if decided_placement(request.annotations.get(DECISION_ANNOTATION)) != (placement.pool, placement.node):
+            return None
+        if any(request.annotations.get(k) != v for k, v in annotations.items() if k not in (DECISION_ANNOTATION, REVIEW_ANNOTATION)):
+            return None
+        return token
 
     def _released_to(self, run: RunRecord, policy: PlacementPolicy, pool_name: str) -> frozenset[str]:
         """The pool's nodes behind the egress address the leader released the run to (the run's own entry,
@@ -785,19 +810,21 @@ class Admission:
         dry_run: bool,
         default: Mapping[str, Any] | None = None,
         allowed: frozenset[str] | None = None,
+        prefer: str | None = None,
     ) -> Placement:
         """Send the template to `pool_name` and its least-loaded node (assumed under `key`), or, with no
         pool (or a pool without a ready node), strip any pool placement; a provisioned pool without a
         ready node gets the pod anyway, with no node named (its provisioner sees the demand). `default`: Tekton's default
-        pod template, merged under a run's template: what it gives is kept (see `over_default`)."""
+        pod template, merged under a run's template: what it gives is kept (see `over_default`). `prefer`: that
+        node among the equally least-loaded (a run's pod: the node its run was given)."""
         pool = policy.pool(pool_name) if pool_name else None
         if pool is None:
             return Placement(self._template(template, policy, default, None, None))
         # A dry run has no side effects: nothing is assumed.
         if dry_run:
-            choice = self.state.load.choose(pool, salt, allowed=allowed)
+            choice = self.state.load.choose(pool, salt, allowed=allowed, prefer=prefer)
         else:
-            choice = self.state.load.choose_and_assume(pool, key, salt, allowed=allowed)
+            choice = self.state.load.choose_and_assume(pool, key, salt, allowed=allowed, prefer=prefer)
         if choice.node is None:
             if pool.provisioning is not None:
                 # Sent to the pool with no node named: the pod waits Pending, Unschedulable, which is the
@@ -869,23 +896,24 @@ class Admission:
                 "{}: {} {}", decision.reason, decision.message, placement.note
             )
 
-    def _emit(self, request: Request, decision: Decision, placement: Placement) -> None:
+    def _emit(self, request: Request, decision: Decision, placement: Placement, token: str | None = None) -> None:
         if placement.pool:
             where = f"node {placement.node}{_load_note(placement)}" if placement.node else placement.note
             note = f"Pool {placement.pool}, {where}: {decision.message}"
-            self._send(request, "Normal", "Placed", note)
+            self._send(request, "Normal", "Placed", note, token)
         elif decision.reason in WARNING_REASONS:
-            self._send(request, "Warning", WARNING_REASONS[decision.reason], decision.message)
+            self._send(request, "Warning", WARNING_REASONS[decision.reason], decision.message, token)
         else:
             why = "; ".join(p for p in (decision.message, placement.note) if p)
-            self._send(request, "Warning" if placement.note else "Normal", "NotPlaced", why)
+            self._send(request, "Warning" if placement.note else "Normal", "NotPlaced", why, token)
 
-    def _send(self, request: Request, type_: str, reason: str, note: str) -> None:
-        """Hold the Event until the object exists (the patch writes the review's uid into it)."""
+    def _send(self, request: Request, type_: str, reason: str, note: str, token: str | None = None) -> None:
+        """Hold the Event until the object exists (the patch writes the review's uid into it; `token`: the
+        review token the object already carries, when nothing is written)."""
         if request.dry_run:
             return
         generate_name = "" if request.named else request.name
-        self.events.hold(request.uid, request.regarding(), type_, reason, note[:1024], "Admit", generate_name=generate_name)
+        self.events.hold(token or request.uid, request.regarding(), type_, reason, note[:1024], "Admit", generate_name=generate_name)
 
 
 # --- helpers --------------------------------------------------------------------------------------

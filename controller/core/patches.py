@@ -494,6 +494,24 @@ def placement_fields(template: Mapping[str, Any]) -> dict[str, Any]:
     return {name: template[name] for name in DEFAULTED_FIELDS if name in template}
 
 
+def preferred_node(template: Any) -> str | None:
+    """The node egress-placer's preferred-node term in `template` names (a Tekton pod carries its TaskRun's:
+    the node admission gave the run), None when there is none. Anyone can write such a term: it is a hint
+    among equally loaded nodes, never a reason to place."""
+    affinity = template.get("affinity") if isinstance(template, Mapping) else None
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    preferences = node_affinity.get(PREFERRED) if isinstance(node_affinity, Mapping) else None
+    for entry in preferences if isinstance(preferences, list) else ():
+        preference = entry.get("preference") if isinstance(entry, Mapping) else None
+        fields = preference.get("matchFields") if isinstance(preference, Mapping) else None
+        if not (isinstance(fields, list) and len(fields) == 1 and isinstance(fields[0], Mapping)):
+            continue
+        values = fields[0].get("values")
+        if isinstance(values, list) and len(values) == 1 and isinstance(values[0], str) and values[0] and _is_node_preference(entry):
+            return values[0]
+    return None
+
+
 def placement_key(template: Mapping[str, Any]) -> dict[str, Any]:
     """`placement_fields(template)` with the node of egress-placer's preferred-node term left out (its one
     value made ""): `place` and `unplace` drop that term by its shape, whatever node it names, so what they

@@ -146,19 +146,24 @@ class PoolLoads:
             heapq.heappush(self._expiry, entry)
 
     # -- choice ---------------------------------------------------------------------------------
-    def choose(self, salt: str, allowed: frozenset[str] | None = None) -> str | None:
-        """The least loaded node (None when the pool has none); among equals the one at
-        `spread_index(salt, count)` in name order. `allowed`: only among these (egress budgets: the
+    def choose(self, salt: str, allowed: frozenset[str] | None = None, prefer: str | None = None) -> str | None:
+        """The least loaded node (None when the pool has none); among equals `prefer` when it is one of
+        them (a run's pod keeps the node its run was given unless another is now less loaded), else the
+        one at `spread_index(salt, count)` in name order. `allowed`: only among these (egress budgets: the
         nodes whose address has room; O(n) then)."""
         if allowed is not None:
             keys = [key for key in self._order if key[4] in allowed]
             if not keys:
                 return None
+            if prefer is not None and prefer in allowed and self.rank(prefer) == keys[0][:4]:
+                return prefer
             tied = [key for key in keys if key[:4] == keys[0][:4]]
             return tied[0][4] if len(tied) == 1 else tied[spread_index(salt, len(tied))][4]
         if not self._order:
             return None
         first = self._order[0]
+        if prefer is not None and self.rank(prefer) == first[:4]:
+            return prefer
         tied = self._order.bisect_left((first[0], first[1], first[2], first[3] + 1))
         return first[4] if tied == 1 else self._order[spread_index(salt, tied)][4]
 

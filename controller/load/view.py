@@ -340,12 +340,15 @@ class LoadView:
                     return  # rebuilt meanwhile: the new index took the figures from self._egress
                 loads.set_figures(figures or {}, names[start:start + chunk])
 
-    def choose(self, pool: Pool, salt: str, shown: int = LOADS_SHOWN, allowed: frozenset[str] | None = None) -> Choice:
+    def choose(
+        self, pool: Pool, salt: str, shown: int = LOADS_SHOWN, allowed: frozenset[str] | None = None, prefer: str | None = None
+    ) -> Choice:
         """The least-loaded node of `pool` now, assuming nothing (a dry run). O(log n) in the pool's size."""
-        return self.choose_and_assume(pool, None, salt, shown, allowed)
+        return self.choose_and_assume(pool, None, salt, shown, allowed, prefer)
 
     def choose_and_assume(
-        self, pool: Pool, key: str | None, salt: str, shown: int = LOADS_SHOWN, allowed: frozenset[str] | None = None
+        self, pool: Pool, key: str | None, salt: str, shown: int = LOADS_SHOWN, allowed: frozenset[str] | None = None,
+        prefer: str | None = None,
     ) -> Choice:
         """Pick the least-loaded node of `pool` and count the placement at once (so a burst spreads).
 
@@ -353,7 +356,8 @@ class LoadView:
         throughput when the pool has an egress source (`core.egress`). Returns the node (None when
         the pool has no eligible node) and the loads seen before this placement: the chosen node's
         and the least loaded others', at most `shown`. O(log n) in the pool's size. `key` None: assume nothing.
-        `allowed`: choose only among these nodes (egress budgets: those whose address has room).
+        `allowed`: choose only among these nodes (egress budgets: those whose address has room). `prefer`:
+        that node among equally loaded ones (the node a run's pod was given with its run).
         """
         with self._lock:
             now = self._clock()
@@ -362,7 +366,7 @@ class LoadView:
             if loads is None:
                 return Choice(None)
             loads.refresh(now)  # egress figures judged at now
-            node = loads.choose(salt, allowed)
+            node = loads.choose(salt, allowed, prefer)
             listed = loads.least_loaded(shown, include=node) if node is not None else []
             if node is not None and key is not None:
                 self.claims.assume(key, pool.name, node, now)

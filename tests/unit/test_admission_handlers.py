@@ -105,7 +105,7 @@ class Env:
             "namespace": namespace, "name": name, "uid": uid, "annotations": annotations, **owners}, **status})
 
     def review(self, obj: dict, *, operation: str = "CREATE", dry_run: bool = False, owner_cached: bool = True,
-               user: str = "") -> tuple[dict, dict, list[dict]]:
+               user: str = "", uid: str = "uid-1") -> tuple[dict, dict, list[dict]]:
         """(response, patched object, patch) for admitting `obj`, requested by `user` (the API server's
         userInfo.username; "" none). A Tekton pod's TaskRun owner is put in the cache first (as the
         informer has it, usually), unless `owner_cached` is False."""
@@ -118,7 +118,7 @@ class Env:
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
             "request": {
-                "uid": "uid-1",
+                "uid": uid,
                 "kind": {"group": group, "version": version, "kind": obj["kind"]},
                 "resource": {"group": group, "version": version, "resource": obj["kind"].lower() + "s"},
                 "operation": operation,
@@ -131,7 +131,7 @@ class Env:
         answer = self.admission.review(json.loads(json.dumps(body)))
         response = answer["response"]
         assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
-        assert response["uid"] == "uid-1" and response["allowed"] is True
+        assert response["uid"] == uid and response["allowed"] is True
         patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
         if patch:
             assert response["patchType"] == "JSONPatch"
@@ -519,6 +519,7 @@ def test_tekton_pod_gets_its_own_review_uid_over_the_one_tekton_copied_from_its_
 
 
 DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+TEKTON_USER = "system:serviceaccount:tekton-pipelines:tekton-pipelines-controller"
 
 
 @pytest.mark.parametrize(
@@ -578,6 +579,78 @@ def test_the_pod_does_not_count_its_own_taskrun_while_choosing() -> None:
     pod = tekton_pod(annotations=run["metadata"]["annotations"], spec_extra=copy.deepcopy(run["spec"]["podTemplate"]))
     _, patched, _ = env.review(pod)
     assert decision_of(patched)["loads"][chosen_for_run] == "0/110"
+
+
+def run_and_its_pod(env: Env, **pod_kw: Any) -> tuple[dict, dict]:
+    """A TaskRun admitted (review "uid-run") and the pod Tekton makes for it: the run's annotations and pod
+    template copied, as Tekton does."""
+    _, run, _ = env.review(taskrun("kaniko"), uid="uid-run")
+    pod = tekton_pod(annotations=dict(run["metadata"]["annotations"]), spec_extra=copy.deepcopy(run["spec"]["podTemplate"]), **pod_kw)
+    return run, pod
+
+
+def test_a_pod_whose_node_stays_its_runs_gets_no_patch() -> None:
+    # The run's node is still among the least loaded: the pod Tekton made carries all the run's admission
+    # wrote (the record, the review token, the protection), so the answer has no patch for the API server
+    # to apply; the ledger moves to the pod all the same, and the Event waits for the token the pod has.
+    env = Env()
+    for name in ("egress-1", "egress-2", "egress-3"):
+        env.add_pod("team-ci", f"busy-{name}", name)  # all equal: the pod's own salt would pick another node
+    run, pod = run_and_its_pod(env)
+    assert run["metadata"]["annotations"][DO_NOT_DISRUPT] == "true"
+    response, patched, patch = env.review(pod, user=TEKTON_USER, uid="uid-pod")
+    assert patch == [] and "patch" not in response and patched == pod
+    assert ledger_key("taskrun", "team-ci", "build-1") not in env.state.load.ledger
+    assert ledger_key("pod", "team-ci", "build-1-pod") in env.state.load.ledger
+    placed = env.events.sent[-1]
+    assert placed["reason"] == "Placed" and placed["token"] == "uid-run" and placed["regarding"]["kind"] == "Pod"
+    assert decision_of(run)["node"] in placed["note"]
+
+
+@pytest.mark.parametrize(
+    ("why", "user", "change"),
+    [
+        # a pod anyone else makes: its copied annotations are not admission's word, it gets this review's
+        ("made by a tenant", "system:serviceaccount:team-ci:builder", None),
+        ("made by no one named", "", None),
+        # the record names another node than this review places it on
+        ("another node recorded", TEKTON_USER, lambda pod, node: pod["metadata"]["annotations"].__setitem__(
+            DECISION_ANNOTATION, json.dumps({**json.loads(pod["metadata"]["annotations"][DECISION_ANNOTATION]), "node": "egress-9"}))),
+        ("no review token", TEKTON_USER, lambda pod, node: pod["metadata"]["annotations"].pop(REVIEW_ANNOTATION)),
+        ("not protected", TEKTON_USER, lambda pod, node: pod["metadata"]["annotations"].pop(DO_NOT_DISRUPT)),
+        # the run's node is busier now: the pod goes elsewhere, with its own record
+        ("run's node busier now", TEKTON_USER, "busier"),
+    ],
+)
+def test_a_pod_gets_its_own_record_unless_all_it_carries_is_already_true(why: str, user: str, change: Any) -> None:
+    env = Env()
+    run, pod = run_and_its_pod(env)
+    node = decision_of(run)["node"]
+    if change == "busier":
+        env.add_pod("team-ci", "came-meanwhile", node)
+    elif change is not None:
+        change(pod, node)
+    _, patched, patch = env.review(pod, user=user, uid="uid-pod")
+    assert patch, why
+    annotations = patched["metadata"]["annotations"]
+    assert annotations[REVIEW_ANNOTATION] == "uid-pod" and annotations[DO_NOT_DISRUPT] == "true"
+    assert decision_of(patched)["node"] == preferred_node(patched["spec"])
+    assert (decision_of(patched)["node"] != node) == (change == "busier")
+    assert env.events.sent[-1]["token"] == "uid-pod"
+
+
+def test_a_pod_keeps_its_runs_node_among_equals_and_leaves_it_for_a_less_loaded_one() -> None:
+    env = Env()
+    run, pod = run_and_its_pod(env)
+    node = decision_of(run)["node"]
+    others = [n for n in ("egress-1", "egress-2", "egress-3") if n != node]
+    env.add_pod("team-ci", "came-meanwhile", others[0])  # one other node busier: the run's still least loaded
+    _, patched, _ = env.review(copy.deepcopy(pod), dry_run=True)
+    assert preferred_node(patched["spec"]) == node
+    env.add_pod("team-ci", "came-there", node)
+    env.add_pod("team-ci", "came-there-too", node)  # now busier than the last one
+    _, patched, _ = env.review(copy.deepcopy(pod), dry_run=True)
+    assert preferred_node(patched["spec"]) == others[1]
 
 
 def test_pod_of_an_unresolved_taskrun_is_placed_by_its_final_images() -> None:
@@ -667,7 +740,6 @@ def test_coscheduled_tekton_pod_is_not_moved() -> None:
     assert patch == [] and "tolerations" not in patched["spec"]
 
 
-TEKTON_USER = "system:serviceaccount:tekton-pipelines:tekton-pipelines-controller"
 WHOLE_OWNER = {"apiVersion": "tekton.dev/v1", "kind": "PipelineRun", "name": "whole-1", "uid": "uid-whole-1", "controller": True}
 
 

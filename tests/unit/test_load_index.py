@@ -84,6 +84,29 @@ def test_ties_go_to_the_node_the_salt_picks_in_name_order():
     assert set(picks) == set(names)  # every equal node is picked for some salt, the busy one never
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    loads=st.dictionaries(st.sampled_from([f"n{i}" for i in range(8)]), st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 4)),
+                          min_size=1),
+    prefer=st.one_of(st.none(), st.sampled_from([f"n{i}" for i in range(10)])),
+    allowed=st.one_of(st.none(), st.frozensets(st.sampled_from([f"n{i}" for i in range(10)]))),
+    salt=st.text(max_size=6),
+)
+def test_a_preferred_node_is_chosen_exactly_when_it_is_among_the_least_loaded(loads, prefer, allowed, salt):
+    # A run's pod keeps the node its run was given only among equals: the choice is as least loaded as
+    # without the preference; the preference decides only which of the equals.
+    index = index_of(loads)
+    plain, chosen = index.choose(salt, allowed), index.choose(salt, allowed, prefer)
+    if plain is None:
+        assert chosen is None
+        return
+    assert index.rank(chosen) == index.rank(plain)
+    may = prefer is not None and prefer in loads and (allowed is None or prefer in allowed)
+    assert (chosen == prefer) == (may and index.rank(prefer) == index.rank(plain))
+    if chosen != prefer:
+        assert chosen == plain
+
+
 def test_an_empty_pool_chooses_nothing():
     index = index_of({"a": (0, 0, 10)})
     index.remove("a")
