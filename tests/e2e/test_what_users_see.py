@@ -63,11 +63,17 @@ def test_kubectl_describe_shows_the_decision_on_a_placed_taskrun_and_its_pod(
     [event] = [e for e in runs.events(TEAM_CDN, "Placed") if e["regarding"]["name"] == name]
     assert event["regarding"]["uid"] == created["metadata"]["uid"]
     pod = runs.pods_by_taskrun(TEAM_CDN)[name]
-    wait_for(
+    text = wait_for(
         f"kubectl describe pod {pod['metadata']['name']} to show the Placed Event",
-        lambda: shows_event(described(devcluster, "pod", TEAM_CDN, pod["metadata"]["name"]), "Placed"),
+        lambda: (t := described(devcluster, "pod", TEAM_CDN, pod["metadata"]["name"])) and shows_event(t, "Placed") and t,
         timeout=30,
     )
+    # Nothing else runs on the pool: the pod keeps its run's node, and Tekton's copy of the run's annotations
+    # is all it needs (admission answered with no patch); its Event found it by the run's review token.
+    run_annotations, pod_annotations = created["metadata"]["annotations"], pod["metadata"]["annotations"]
+    assert pod_annotations["egress-placer.io/review"] == run_annotations["egress-placer.io/review"]
+    assert decision_of(pod) == decision_of(created) and node_of(pod) == decision_of(created)["node"]
+    assert run_annotations["karpenter.sh/do-not-disrupt"] == "true" and "karpenter.sh/do-not-disrupt: true" in text
 
 
 def test_kubectl_describe_shows_the_decision_on_a_pipelinerun_made_with_generate_name(
