@@ -541,7 +541,7 @@ class Admission:
         self._count(request.kind, decision, placement)
         template = placement.template
         # The review's uid replaces the TaskRun's, which Tekton copied into the pod with its annotations.
-        annotations = {DECISION_ANNOTATION: _record(decision, placement), REVIEW_ANNOTATION: request.uid, **protection(placement.pool)}
+        annotations = {REVIEW_ANNOTATION: request.uid, **protection(placement.pool)}  # and the record, unless `_carried`
         recorded = budget is not None and placement.node is not None and placement.pool == decision.pool
         if recorded:
             assert budget is not None and placement.pool is not None and placement.node is not None
@@ -563,7 +563,7 @@ class Admission:
             self._emit(request, decision, placement, token=carried)
         if carried is not None:
             return []  # no patch: the API server has nothing to apply (#24: most of a Pod call's cost)
-        return patch + annotation_ops(request.object, annotations)
+        return patch + annotation_ops(request.object, {DECISION_ANNOTATION: _record(decision, placement), **annotations})
 
     def _carried(self, request: Request, placement: Placement, annotations: Mapping[str, str]) -> str | None:
         """The review token the pod carries when it needs nothing written: Tekton's controller made it (the
@@ -575,7 +575,7 @@ class Admission:
             return None
         if decided_placement(request.annotations.get(DECISION_ANNOTATION)) != (placement.pool, placement.node):
             return None
-        if any(request.annotations.get(k) != v for k, v in annotations.items() if k not in (DECISION_ANNOTATION, REVIEW_ANNOTATION)):
+        if any(request.annotations.get(k) != v for k, v in annotations.items() if k != REVIEW_ANNOTATION):
             return None
         return token
 
