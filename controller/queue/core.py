@@ -35,6 +35,7 @@ from typing import Annotated, Any, Callable, Iterable, Literal, Mapping, Sequenc
 from pydantic import Field, PositiveInt
 
 from controller.core.egress import parse_duration
+from controller.core.json_wire import decode
 from controller.core.model import POOL_SLOT_GATE, OwnerRef, owner_refs
 from controller.core.schema import PolicyModel
 
@@ -144,8 +145,8 @@ def read_entry(value: Any, kind: str) -> EntryMark | None:
     if not isinstance(value, str) or not value:
         return None
     try:
-        data = json.loads(value)
-    except ValueError:
+        data = decode(value)
+    except (ValueError, RecursionError):  # anyone writes annotations: a deep nest is no entry, not a crash
         return None
     if not isinstance(data, dict):
         return None
@@ -169,7 +170,7 @@ def decided_placement(value: Any) -> tuple[str | None, str | None]:
     if not isinstance(value, str) or not value or len(value) > MAX_DECISION_CHARS:
         return None, None
     try:
-        data = json.loads(value)
+        data = decode(value)
     except (ValueError, RecursionError):
         return None, None
     if not isinstance(data, dict):

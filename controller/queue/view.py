@@ -10,7 +10,6 @@ read: a pod's `tekton.dev/*` labels are its TaskRun creator's to write.
 from __future__ import annotations
 
 import hashlib
-import json
 import threading
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -32,6 +31,7 @@ from controller.queue.core import (
     RunFacts,
     claimed_pipelinerun,
     claimed_taskrun,
+    decided_placement,
     is_run_pod,
     provisioned_nodes,
     slots,
@@ -108,15 +108,11 @@ def assistant_names(pipelinerun: str, workspaces: Any) -> tuple[str, ...]:
 
 
 def _record_pool(value: Any) -> str:
-    """The `pool` of a decision record (compact JSON), "" when it has none or is no record."""
+    """The `pool` of a decision record (compact JSON), "" when it has none or is no record (anything a
+    tenant writes there, a nest too deep to read included: `decided_placement`)."""
     if not isinstance(value, str) or '"pool":' not in value:
         return ""
-    try:
-        record = json.loads(value)
-    except ValueError:
-        return ""
-    pool = record.get("pool") if isinstance(record, Mapping) else None
-    return pool if isinstance(pool, str) else ""
+    return decided_placement(value)[0] or ""
 
 
 def bound_taskrun(pod: PodState) -> tuple[str, str, str] | None:

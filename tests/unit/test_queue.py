@@ -24,6 +24,7 @@ from controller.queue.core import (
     plan,
     position,
     read_any_entry,
+    decided_placement,
     read_entry,
     release_all,
     ungate,
@@ -147,7 +148,22 @@ def test_entry_round_trip_and_kind() -> None:
     assert read_any_entry({QUEUE_ANNOTATION: entry_annotation("p", "PipelineRun", NOW)}) is not None
 
 
-@pytest.mark.parametrize("value", [None, "", "x", "[]", '{"pool":"p","kind":"TaskRun"}', '{"pool":"","kind":"TaskRun","time":"2026-01-01T00:00:00Z"}', '{"pool":"p","kind":"TaskRun","time":"yesterday"}', '{"pool":"p","kind":"TaskRun","time":"2026-01-01T00:00:00"}'])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ('{"pool":"p","node":"n1"}', ("p", "n1")),
+        ('{"pool":"p","node":null}', ("p", None)),
+        ('{"pool":null,"node":"n1"}', (None, None)),  # no pool: no node either
+        ("[" * 100_000, (None, None)),  # nested past the reader's depth: anyone writes annotations
+        ("not json", (None, None)),
+        (None, (None, None)),
+    ],
+)
+def test_decided_placement(value: object, expected: tuple) -> None:
+    assert decided_placement(value) == expected
+
+
+@pytest.mark.parametrize("value", [None, "", "x", "[]", "[" * 100_000, '{"pool":' * 50_000, '{"pool":"p","kind":"TaskRun"}', '{"pool":"","kind":"TaskRun","time":"2026-01-01T00:00:00Z"}', '{"pool":"p","kind":"TaskRun","time":"yesterday"}', '{"pool":"p","kind":"TaskRun","time":"2026-01-01T00:00:00"}'])
 def test_not_an_entry(value: object) -> None:
     assert read_entry(value, "TaskRun") is None
 

@@ -64,6 +64,7 @@ FORGED = [
     entry_annotation("egress", "TaskRun", 1.0),  # an old time: first in line
     "not json",
     json.dumps({"pool": "egress", "kind": "Task", "time": "2020-01-01T00:00:00Z"}),
+    "[" * 100_000,  # nested past the JSON reader's depth: no entry (it made admission fail open, and kept it)
 ]
 
 
