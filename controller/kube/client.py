@@ -24,7 +24,7 @@ from kubernetes import config
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
-from controller.core.json_wire import decode
+from controller.core.json_wire import decode_pruned
 from controller.settings import Settings
 
 # Informers hold one long-lived watch connection each; writers, events and the lease need more.
@@ -122,7 +122,7 @@ class KubeApi:
         data = response.read()
         if not 200 <= response.status <= 299:
             raise ApiException(http_resp=response)
-        return decode(data) if data else {}
+        return decode_pruned(data) if data else {}
 
     def stream(self, path: str, *, query: Mapping[str, Any], timeout: tuple[float, float]) -> urllib3.BaseHTTPResponse:
         """A streaming GET (a watch). The caller reads it line by line and must close it."""

@@ -35,7 +35,7 @@ from controller.compat import core as compat
 from controller.core import cluster_resolver
 from controller.core.images import TASKRUN_LABEL, image_fields
 from controller.intruders.core import MIRROR_POD_ANNOTATION
-from controller.core.json_wire import decode
+from controller.core.json_wire import decode_pruned
 from controller.budgets.core import BUDGETS_ANNOTATION, STARTS_CONFIGMAP
 from controller.budgets.view import BudgetsView
 from controller.core.model import DECISION_ANNOTATION, NAMESPACE_POOLS_ANNOTATION, REVIEW_ANNOTATION
@@ -524,7 +524,7 @@ class Informer:
                 if stop.is_set() or self._relist.is_set():
                     return
                 if line:
-                    self._handle(decode(line))
+                    self._handle(decode_pruned(line))
         except Exception:
             if stop.is_set() or self._relist.is_set():
                 return  # the connection was shut down on purpose

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from devplacer.local_placer import kubectl
 from controller.kube.informer import Informer, Resource, pods, start_informers, tekton, trimmer
 from controller.retry import RetryPolicy
 from controller.metrics import Metrics
@@ -195,3 +196,29 @@ def test_stop_ends_a_long_watch_at_once(api, namespace, runner):
     wait_for("the watch request in flight", lambda: inf._response is not None, timeout=10, interval=0.02)
     runner.stop(timeout=5)
     assert not task.thread.is_alive()
+
+
+def deep_pipelinerun(name: str, nest: int) -> str:
+    """A PipelineRun whose custom task spec (stored as its creator wrote it) nests `nest` arrays: JSON text,
+    since no JSON writer here goes that deep."""
+    deep = "[" * nest + '"x"' + "]" * nest
+    return ('{"apiVersion":"tekton.dev/v1","kind":"PipelineRun","metadata":{"name":"%s"},"spec":{"pipelineSpec":{"tasks":'
+            '[{"name":"t","taskSpec":{"apiVersion":"example.dev/v1","kind":"Example","spec":{"deep":%s}}}]}}}') % (name, deep)
+
+
+def test_a_run_nested_deeper_than_the_readers_go_stops_no_list_and_no_watch(api, namespace, started, devcluster):
+    """The API server keeps JSON nested up to 10,000 deep, and anyone who may create PipelineRuns writes a
+    custom task's spec as they like: such a run, listed or watched, is read pruned (json_wire.decode_pruned),
+    and the runs beside it and after it are seen as ever."""
+    path = f"/apis/tekton.dev/v1/namespaces/{namespace}/pipelineruns"
+    kubectl(devcluster, "create", "-n", namespace, "-f", "-", stdin=deep_pipelinerun("deep-before", 5000))
+    rec = Recorder()
+    runs = tekton("PipelineRun")
+    inf = started(Informer(api, Resource(runs.name, runs.kind, path, runs.trim), rec.on_replace, rec.on_event, Metrics(), backoff=FAST))
+    assert inf.synced.wait(10)
+    [listed] = rec.replaced
+    assert [o["metadata"]["name"] for o in listed] == ["deep-before"] and listed[0]["kind"] == "PipelineRun"
+    kubectl(devcluster, "create", "-n", namespace, "-f", "-", stdin=deep_pipelinerun("deep-after", 3000))
+    kubectl(devcluster, "create", "-n", namespace, "-f", "-", stdin=deep_pipelinerun("plain", 1))
+    wait_for("the events of deep-after and plain",
+             lambda: {"deep-after", "plain"} <= {o["metadata"]["name"] for _, o in rec.events}, timeout=10)
