@@ -53,7 +53,7 @@ def test_pruning_replaces_exactly_what_opens_too_deep(document: Any, depth: int,
     assert prune(raw, 100) == raw  # nothing that deep: the same bytes
 
 
-@pytest.mark.parametrize("nest", [2_000, 100_000])
+@pytest.mark.parametrize("nest", [100_000])  # past any recursion limit the suite may run under
 def test_a_document_too_deep_for_both_readers_is_read_pruned_with_its_siblings(nest: int) -> None:
     # A PipelineRun whose custom task spec its creator nested (the API server stores up to 10,000 deep).
     raw = ('{"metadata":{"name":"deep","annotations":{"a":"[[[{"}},"spec":{"x":' + "[" * nest + '"y"' + "]" * nest + '},"n":1}').encode()
