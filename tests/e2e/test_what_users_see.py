@@ -51,6 +51,14 @@ def test_kubectl_describe_shows_the_decision_on_a_placed_taskrun_and_its_pod(
     runs: Runs, devcluster: Cluster
 ) -> None:
     name = runs.name("described")
+    # Nothing else runs on the pool (what the pod's answer below relies on): no pod of an earlier test
+    # finishes between this TaskRun and its pod, which could leave another node less loaded.
+    # (A DaemonSet's pods take no place: load.view.)
+    wait_for("no run's pod running or pending on the pool", lambda: not [
+        p for p in runs.api.items("/api/v1/pods")
+        if (p.get("spec") or {}).get("nodeName") in POOL_NODES and (p.get("status") or {}).get("phase") in ("Pending", "Running")
+        and not any(o.get("kind") in ("DaemonSet", "Node") for o in p["metadata"].get("ownerReferences") or ())
+    ], timeout=60)
     created = runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
     runs.wait_succeeded(TEAM_CDN, "taskruns", [name])
 
