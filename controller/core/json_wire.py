@@ -33,7 +33,6 @@ def encode(value: Any) -> bytes:
         return json.dumps(value, separators=(",", ":")).encode()
 
 
-
 # What a stored object may hold that no reader here reads: the API server keeps JSON nested up to 10,000
 # deep, and a custom resource with unknown fields kept (a PipelineRun's custom task spec, which Tekton stores
 # as it is) takes any value from its creator; both readers stop near 1,000 (orjson at 1,024, the standard

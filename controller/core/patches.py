@@ -494,14 +494,20 @@ def placement_fields(template: Mapping[str, Any]) -> dict[str, Any]:
     return {name: template[name] for name in DEFAULTED_FIELDS if name in template}
 
 
+def _preferences(template: Any) -> tuple[Any, Any, Any]:
+    """(affinity, nodeAffinity, its preferred terms) of `template`, each None where it is not there (or not
+    the shape it should have)."""
+    affinity = template.get("affinity") if isinstance(template, Mapping) else None
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    preferences = node_affinity.get(PREFERRED) if isinstance(node_affinity, Mapping) else None
+    return affinity, node_affinity, preferences if isinstance(preferences, list) else None
+
+
 def preferred_node(template: Any) -> str | None:
     """The node egress-placer's preferred-node term in `template` names (a Tekton pod carries its TaskRun's:
     the node admission gave the run), None when there is none. Anyone can write such a term: it is a hint
     among equally loaded nodes, never a reason to place."""
-    affinity = template.get("affinity") if isinstance(template, Mapping) else None
-    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
-    preferences = node_affinity.get(PREFERRED) if isinstance(node_affinity, Mapping) else None
-    for entry in preferences if isinstance(preferences, list) else ():
+    for entry in _preferences(template)[2] or ():
         preference = entry.get("preference") if isinstance(entry, Mapping) else None
         fields = preference.get("matchFields") if isinstance(preference, Mapping) else None
         if not (isinstance(fields, list) and len(fields) == 1 and isinstance(fields[0], Mapping)):
@@ -518,10 +524,8 @@ def placement_key(template: Mapping[str, Any]) -> dict[str, Any]:
     give is the same. A Tekton pod carries its TaskRun's term (the node admission preferred for the run), and
     the pods of a burst are then keyed alike, whichever node each TaskRun got. Copies only along that path."""
     fields = placement_fields(template)
-    affinity = fields.get("affinity")
-    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
-    preferences = node_affinity.get(PREFERRED) if isinstance(node_affinity, Mapping) else None
-    if not isinstance(preferences, list) or not any(isinstance(p, Mapping) and _is_node_preference(p) for p in preferences):
+    affinity, node_affinity, preferences = _preferences(fields)
+    if preferences is None or not any(isinstance(p, Mapping) and _is_node_preference(p) for p in preferences):
         return fields
     assert isinstance(affinity, Mapping) and isinstance(node_affinity, Mapping)
     blank = [node_preference("") if isinstance(p, Mapping) and _is_node_preference(p) else p for p in preferences]
