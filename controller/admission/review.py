@@ -54,6 +54,8 @@ class Request:
     dry_run: bool
     old_object: Mapping[str, Any] = field(default_factory=dict)  # an UPDATE's object before it ({} otherwise)
     user: str = ""  # request.userInfo.username: set by the API server from the credential (no tenant writes it)
+    # What the review leaves for after its answer is sent (its metrics and Events: `Admission.review_deferred`).
+    later: list[Callable[[], None]] = field(default_factory=list, compare=False, repr=False)
 
     @_once
     def metadata(self) -> Mapping[str, Any]:

@@ -51,7 +51,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.admission import wire
 from controller.admission.certs import ServingTLS
-from controller.admission.handlers import Admission, MalformedReview, OwnerReadNeeded, ReadOwner
+from controller.admission.handlers import Admission, MalformedReview, OwnerReadNeeded, ReadOwner, Reviewed
 from controller.admission.review import decode, encode
 from controller.admission.conversion import PoolConversion
 from controller.metrics import Metrics
@@ -341,11 +341,15 @@ class AdmissionServer:
             self.metrics.count_malformed_review()
             return wire.text(400, "the body is JSON nested too deeply")
         try:
-            answer = self.admission.review(body, owner) if owner is not None else reviewer.review(body)
+            # Admission's metrics and Events wait until the answer is written (`Admission.review_deferred`).
+            if owner is not None or reviewer is self.admission:
+                reviewed = self.admission.review_deferred(body, owner)
+            else:
+                reviewed = Reviewed(reviewer.review(body))
         except MalformedReview as error:
             logger.bind(path=path.decode("latin-1")).warning("malformed AdmissionReview: {}", error)
             return wire.text(400, f"malformed AdmissionReview: {error}")
-        return wire.Reply(200, encode(answer), wire.JSON)
+        return wire.Reply(200, encode(reviewed.response), wire.JSON, after=reviewed.finish if reviewed.later else None)
 
     async def healthz(self, request: web.Request) -> web.Response:
         return _text(200, "ok")

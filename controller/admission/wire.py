@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Callable, Protocol
 
@@ -60,13 +60,16 @@ def _status_line(status: int) -> bytes:
 @dataclass(frozen=True, slots=True)
 class Reply:
     """An answer: status, body, its type; `close`: the connection closes after it (a request refused
-    before its body was read); `headers`: more header lines (`Allow: POST`)."""
+    before its body was read); `headers`: more header lines (`Allow: POST`); `after`: the work the answer
+    does not wait for (a review's metrics and Events), called once: right after the answer is written, or
+    when it never will be (its exchange answered already, or its connection gone)."""
 
     status: int
     body: bytes
     content_type: bytes = TEXT
     close: bool = False
     headers: bytes = b""
+    after: Callable[[], None] | None = field(default=None, compare=False)
 
 
 def text(status: int, message: str, *, close: bool = False, headers: bytes = b"") -> Reply:
@@ -112,7 +115,7 @@ class Exchange:
     """One request on a connection, from its head to its answer."""
 
     __slots__ = ("connection", "method", "path", "length", "keep_alive", "says_keep_alive", "expects_continue", "route",
-                 "release", "body", "size", "reading", "read_seconds", "read_by", "complete", "reply")
+                 "release", "body", "size", "reading", "read_seconds", "read_by", "complete", "reply", "after")
 
     def __init__(self, connection: Connection, method: bytes, path: bytes, length: int | None, keep_alive: bool,
                  says_keep_alive: bool, expects_continue: bool) -> None:
@@ -132,6 +135,7 @@ class Exchange:
         self.read_by: float | None = None
         self.complete = False  # the whole body is in
         self.reply: Reply | None = None
+        self.after: Callable[[], None] | None = None  # its reply's `after`, until run
 
     def read(self, seconds: float) -> None:
         """Read the body, all of it within `seconds` (else 408); `Handler.answer` gets it."""
@@ -353,8 +357,9 @@ class Connection(asyncio.Protocol):
 
     def respond(self, exchange: Exchange, reply: Reply) -> None:
         if exchange.reply is not None or self.lost:
+            _run_after(reply.after)  # never written: done all the same
             return
-        exchange.reply = reply
+        exchange.reply, exchange.after = reply, reply.after
         if self._pending and self._pending[0] is exchange:
             self._flush()
 
@@ -488,12 +493,24 @@ class Connection(asyncio.Protocol):
 
 
 def _finish(exchange: Exchange) -> None:
+    """The exchange ends (its reply written, or never to be): its slot is released, its reply's `after` run."""
     exchange.body = b""  # a body refused half-read is not kept
     release, exchange.release = exchange.release, None
+    after, exchange.after = exchange.after, None
     if exchange.reply is None:
         exchange.reply = text(503, "the connection is gone")  # nothing is written for it any more
     if release is not None:
         release()
+    _run_after(after)
+
+
+def _run_after(after: Callable[[], None] | None) -> None:
+    if after is None:
+        return
+    try:
+        after()
+    except Exception:  # noqa: BLE001 - a bug of ours in bookkeeping: logged, the connection goes on
+        logger.exception("the work after an answer failed")
 
 
 class Listener:

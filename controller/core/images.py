@@ -630,6 +630,10 @@ class _Images:
             else:
                 self.add_image(what, image)
 
+    def fits(self, image: str) -> bool:
+        """Would `add_image` keep `image` (within the caps)? Then its cause's text need not be written."""
+        return len(image) <= MAX_IMAGE_CHARS and (len(self.images) < MAX_IMAGES or image in self.images)
+
     def add_image(self, what: str, image: str) -> None:
         """One final image (no variable left in it), within the caps."""
         if len(image) > MAX_IMAGE_CHARS:
@@ -867,10 +871,12 @@ def pod_images(pod: Mapping[str, Any]) -> ImageSet:
         name = _str(container.get("name"))
         if name.startswith(("step-", "sidecar-")):
             image = _str(container.get("image"))
-            if image:
-                out.add_image(f"container {_clip(name)}", image)
-            else:
+            if not image:
                 out.fail(f"container {_clip(name)} has no image")
+            elif not out.fits(image):
+                out.add_image(f"container {_clip(name)}", image)  # the cause, named
+            else:
+                out.images.add(image)
     return out.result()
 
 

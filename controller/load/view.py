@@ -383,6 +383,16 @@ class LoadView:
         with self._lock:
             self.claims.forget(key, self._clock())
 
+    def hand_over(self, run: str | None, pod: str) -> None:
+        """A run's pod is being made (Pod CREATE): neither the run's placement (`run`: its key, None for no
+        run) nor the pod's own from an earlier call (`pod`: reinvocation) counts while its node is chosen:
+        `forget` and `withdraw` under one hold of the lock."""
+        with self._lock:
+            now = self._clock()
+            if run is not None:
+                self.claims.forget(run, now)
+            self.claims.withdraw(pod, now)
+
 
 def _place_taken(pod: PodState | None) -> str | None:
     """The node whose place `pod` takes (as a run): it is pending or running there, not being deleted,

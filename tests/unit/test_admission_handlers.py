@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import gc
 import json
 from collections import Counter
 from pathlib import Path
@@ -23,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.admission.events import CreationEvents
-from controller.admission.handlers import Admission, MalformedReview
+from controller.admission.handlers import Admission, MalformedReview, Reviewed
 from controller.load.core import ledger_key
 from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION, REVIEW_ANNOTATION
 from controller.core.policy import load_policy
@@ -113,6 +114,20 @@ class Env:
             for ref in obj["metadata"].get("ownerReferences") or ():
                 if ref.get("kind") == "TaskRun" and ref.get("controller") and not self.state.queue.taskrun(obj["metadata"]["namespace"], ref["name"]):
                     self.add_taskrun(obj["metadata"]["namespace"], ref["name"], ref["uid"])
+        answer = self.admission.review(self.body(obj, operation=operation, dry_run=dry_run, user=user, uid=uid))
+        response = answer["response"]
+        assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
+        assert response["uid"] == uid and response["allowed"] is True
+        patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+        if patch:
+            assert response["patchType"] == "JSONPatch"
+        patched = jsonpatch.apply_patch(obj, patch)
+        json.dumps(patched)  # still plain JSON
+        return response, patched, patch
+
+    @staticmethod
+    def body(obj: dict, *, operation: str = "CREATE", dry_run: bool = False, user: str = "", uid: str = "uid-1") -> dict:
+        """The AdmissionReview the API server sends for `obj` (decoded from its JSON, as the server does)."""
         group, _, version = obj.get("apiVersion", "v1").rpartition("/")
         body = {
             "apiVersion": "admission.k8s.io/v1",
@@ -128,16 +143,7 @@ class Env:
                 **({"userInfo": {"username": user}} if user else {}),
             },
         }
-        answer = self.admission.review(json.loads(json.dumps(body)))
-        response = answer["response"]
-        assert answer["apiVersion"] == "admission.k8s.io/v1" and answer["kind"] == "AdmissionReview"
-        assert response["uid"] == uid and response["allowed"] is True
-        patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
-        if patch:
-            assert response["patchType"] == "JSONPatch"
-        patched = jsonpatch.apply_patch(obj, patch)
-        json.dumps(patched)  # still plain JSON
-        return response, patched, patch
+        return json.loads(json.dumps(body))
 
 
 def _catalog_docs(path: str, kind: str) -> list[dict]:
@@ -587,6 +593,50 @@ def run_and_its_pod(env: Env, **pod_kw: Any) -> tuple[dict, dict]:
     _, run, _ = env.review(taskrun("kaniko"), uid="uid-run")
     pod = tekton_pod(annotations=dict(run["metadata"]["annotations"]), spec_extra=copy.deepcopy(run["spec"]["podTemplate"]), **pod_kw)
     return run, pod
+
+
+def counted(metrics: Metrics, kind: str) -> float:
+    return metrics.registry.get_sample_value("egress_placer_admission_reviews_total", {"kind": kind, "outcome": "mutated"}) or 0.0
+
+
+def test_a_review_counts_and_holds_its_events_only_when_finished_after_its_answer() -> None:
+    # The server writes the answer first (review_deferred), then the review's metrics and Events (finish):
+    # the ledger counts at once all the same, for the next review to see.
+    env = Env()
+    reviewed = env.admission.review_deferred(Env.body(taskrun("kaniko"), uid="uid-run"))
+    assert "patch" in reviewed.response["response"]
+    assert env.events.sent == [] and counted(env.metrics, "TaskRun") == 0.0
+    assert ledger_key("taskrun", "team-ci", "build-1") in env.state.load.ledger
+    reviewed.finish()
+    assert [e["reason"] for e in env.events.sent] == ["Placed"] and counted(env.metrics, "TaskRun") == 1.0
+    reviewed.finish()  # once: a second call finds nothing left to do
+    assert len(env.events.sent) == 1 and counted(env.metrics, "TaskRun") == 1.0
+
+
+def test_a_failing_step_after_the_answer_is_logged_and_the_others_still_run() -> None:
+    env = Env()
+    reviewed = env.admission.review_deferred(Env.body(taskrun("kaniko"), uid="uid-run"))
+    steps = list(reviewed.later)
+    broken = Reviewed(reviewed.response, [lambda: 1 / 0, *steps])
+    broken.finish()
+    assert [e["reason"] for e in env.events.sent] == ["Placed"] and counted(env.metrics, "TaskRun") == 1.0
+
+
+def test_a_review_leaves_no_garbage_for_the_collector() -> None:
+    # A request holds the work it leaves for later, which holds the request: finished, the list is emptied,
+    # so the request and its body are freed at once. Left to the collector, its pauses were the webhook's p99.
+    env = Env()
+    run, pod = run_and_its_pod(env)
+    bodies = [Env.body(taskrun("kaniko", name=f"b-{i}"), uid=f"r-{i}") for i in range(20)]
+    bodies.append(Env.body(pod, user=TEKTON_USER, uid="uid-pod"))
+    gc.collect()
+    gc.disable()
+    try:
+        for body in bodies:
+            env.admission.review(body)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
 
 
 def test_a_pod_whose_node_stays_its_runs_gets_no_patch() -> None:

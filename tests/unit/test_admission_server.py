@@ -528,7 +528,7 @@ def test_connections_are_recycled_as_the_settings_say(running: Running) -> None:
     `webhook_connection_max_seconds` (controller/admission/wire.py; tests/unit/test_admission_wire.py)."""
     settings = running.settings
     assert (running.server.limits.max_requests, running.server.limits.max_seconds) == (
-        settings.webhook_connection_max_requests, settings.webhook_connection_max_seconds) == (200, 3.0)
+        settings.webhook_connection_max_requests, settings.webhook_connection_max_seconds) == (1000, 3.0)
     assert running.server.limits.max_body == MAX_REVIEW_BYTES
 
 

@@ -394,3 +394,50 @@ def test_the_listener_counts_the_connections_the_loop_is_working_on() -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(asyncio.wait_for(main(), TIMEOUT))
     assert seen == [1, 1, 1]
+
+
+class Afterwards(Echo):
+    """Echo whose answers leave work for after them (`Reply.after`): each records what the transport had
+    written when it ran."""
+
+    def __init__(self, transport: Transport) -> None:
+        super().__init__()
+        self.transport = transport
+        self.ran: list[tuple[bytes, int]] = []
+
+    def reply(self, body: bytes) -> wire.Reply:
+        return wire.Reply(200, body, wire.JSON, after=lambda: self.ran.append((body, len(self.transport.written))))
+
+    def answer(self, exchange: wire.Exchange, body: bytes) -> None:
+        if body.startswith(b"hold"):
+            self.held.append((exchange, body))
+            return
+        exchange.respond(self.reply(body))
+
+    def release_held(self) -> None:
+        for exchange, body in self.held:
+            exchange.respond(self.reply(body))
+        self.held.clear()
+
+
+def test_an_answers_later_work_runs_once_after_it_is_written_or_when_it_never_will_be() -> None:
+    """A review's metrics and Events wait for its answer to be written (handlers.Admission.review_deferred);
+    an answer that is never written (its connection gone) still does that work, once."""
+
+    async def main() -> tuple[list[tuple[bytes, int]], list[tuple[bytes, int]]]:
+        transport = Transport()
+        handler = Afterwards(transport)
+        connection = wire.Connection(handler, limits(), Clock(), wire.Listener())
+        connection.connection_made(transport)  # type: ignore[arg-type]
+        connection.data_received(post(b"first"))
+        written_then = list(handler.ran)
+        assert len(transport.written) == 1 and written_then == [(b"first", 1)]  # after its answer was written
+        # Pipelined: the second is held, the third answered but waits behind it; the connection goes.
+        connection.data_received(post(b"hold-second") + post(b"third"))
+        connection.data_received(b"")
+        connection.connection_lost(None)
+        handler.release_held()  # answered after the connection went: never written, done all the same
+        return written_then, handler.ran
+
+    _, ran = asyncio.run(main())
+    assert sorted(ran) == [(b"first", 1), (b"hold-second", 1), (b"third", 1)]  # each once, none written but the first

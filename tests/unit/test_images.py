@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from controller.core.cluster_resolver import TEKTON_DEFAULTS
 from controller.core.images import (
+    MAX_IMAGE_CHARS,
+    MAX_IMAGES,
     WHOLE_RUN,
     Fanout,
     Unknown,
@@ -386,6 +388,18 @@ def test_pod_images_are_step_and_sidecar_containers_only() -> None:
     assert not is_tekton_pod(pod), "step containers alone do not make a pod Tekton's"
     assert not is_tekton_pod({"spec": {"containers": [{"name": "nginx", "image": "nginx"}]}})
     assert pod_images({}) == ImageSet()
+
+
+def test_a_pods_images_past_the_caps_are_named_as_causes() -> None:
+    many = [{"name": f"step-{i}", "image": f"img-{i}:1"} for i in range(MAX_IMAGES + 2)]
+    long = {"name": "step-long", "image": "r/" + "x" * MAX_IMAGE_CHARS}
+    again = {"name": "step-again", "image": "img-0:1"}  # already kept: no cause
+    found = pod_images({"spec": {"containers": [*many, long, again]}})
+    assert len(found.images) == MAX_IMAGES and "img-0:1" in found.images
+    assert found.unresolved == (
+        f"more than {MAX_IMAGES} distinct images, the cap",
+        f"container step-long: the image is {MAX_IMAGE_CHARS + 2} characters long, over the {MAX_IMAGE_CHARS} cap",
+    )
 
 
 STEPS = {"containers": [{"name": "step-build", "image": "kaniko:1"}]}

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -153,6 +155,27 @@ def test_the_replicas_own_assumption_and_the_stored_record_are_one_entry():
     state.apply("TaskRun", "MODIFIED", taskrun("build", node))  # the run's record does not come back
     state.apply("Pod", "ADDED", pod("build-pod", pod_node, run="build"))
     assert assumed(state) == {pod_node: 1}
+
+
+@pytest.mark.parametrize("reinvoked", [False, True])
+def test_handing_a_run_over_to_its_pod_is_forgetting_the_run_and_withdrawing_the_pod(reinvoked: bool):
+    # One hold of the lock at Pod CREATE (admission): the same ledger as the two steps one after the other.
+    run, own = ledger_key("taskrun", "team-a", "build"), ledger_key("pod", "team-a", "build-pod")
+    books = []
+    for together in (True, False):
+        state = cluster(Clock())
+        pool = state.policy.pool("overseas")
+        state.load.choose_and_assume(pool, run, "build")
+        if reinvoked:  # the pod's first call assumed it already: the API server calls again
+            state.load.choose_and_assume(pool, own, "build-pod")
+        if together:
+            state.load.hand_over(run, own)
+        else:
+            state.load.forget(run)
+            state.load.withdraw(own)
+        ledger = state.load.ledger
+        books.append((assumed(state), len(ledger), run in ledger, own in ledger))
+    assert books[0] == books[1] == ({}, 0, False, False)
 
 
 def test_a_relist_leaves_what_the_events_left():
