@@ -29,7 +29,7 @@ from controller.state import ClusterState
 
 from bench import machine, profiling
 from bench.sizes import Sizes
-from bench.stats import ratio
+from bench.stats import bootstrap_percentile_ratio, percentile, ratio
 from bench.servers import ORDINARY_NODES, PODS_PER_NODE
 from bench.workload import NoEvents, RequestMix, admission_policy, fill, inventory, request_mix
 
@@ -179,13 +179,20 @@ def median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measure(servers: dict[str, Server], workdir: Path, point: dict[str, Any], repeats: int, first: int) -> dict[str, dict[str, Any]]:
-    """`repeats` runs of `point` against each server, alternating which goes first; median rows."""
+    """`repeats` runs of `point` against each server, alternating which goes first; median rows. With
+    `keep_latencies` in `point`, each row also has `latencies_ms_each`: every run's latencies, in run order."""
     runs: dict[str, list[dict[str, Any]]] = {t: [] for t in servers}
     for r in range(repeats):
         for target in _plan_order(first + r):
             if target in servers:
                 runs[target].append(run_point(servers[target], workdir, point))
-    return {t: median_row(rows) for t, rows in runs.items()}
+    out = {}
+    for target, rows in runs.items():
+        kept = [row.pop("latencies_ms") for row in rows if "latencies_ms" in row]
+        out[target] = median_row(rows)
+        if kept:
+            out[target]["latencies_ms_each"] = kept
+    return out
 
 
 def run(sizes: Sizes, workdir: Path, log: Log) -> dict[str, Any]:
@@ -225,13 +232,18 @@ def run(sizes: Sizes, workdir: Path, log: Log) -> dict[str, Any]:
                 if row["throughput_rps"] < 0.8 * rate or (row["p99_ms"] or 0) > 20 * P99_LIMIT_MS:
                     live.pop(target)  # saturated: higher rates would only queue
         rate = sizes.headline_rate
-        point = {"mode": "open", "rate": rate, "rate_rps": rate, "warmup": sizes.http_warmup, "seconds": sizes.headline_seconds}
+        point = {"mode": "open", "rate": rate, "rate_rps": rate, "warmup": sizes.http_warmup, "seconds": sizes.headline_seconds,
+                 "keep_latencies": True}
         headline = measure(servers, workdir, point, sizes.headline_repeats, 0)
         log(f"admission: headline {rate} req/s, {sizes.headline_repeats} runs each: p99 egress-placer "
             f"{headline['egress-placer']['p99_ms_each']}, floor {headline['floor']['p99_ms_each']}")
         out["profile"] = profile_server(servers["egress-placer"], workdir, sizes)
     out.update(summarize(out, headline))
     return out
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def profile_server(server: Server, workdir: Path, sizes: Sizes) -> dict[str, Any]:
@@ -263,6 +275,8 @@ def summarize(out: dict[str, Any], headline: dict[str, dict[str, Any]]) -> dict[
         return max(values) if values else None
 
     mine, floor = headline["egress-placer"], headline["floor"]
+    ours, theirs = mine.pop("latencies_ms_each", []), floor.pop("latencies_ms_each", [])
+    pooled = bootstrap_percentile_ratio(ours, theirs, 99.0) if ours and len(ours) == len(theirs) else None
     return {
         "headline": {
             "rate_rps": mine["rate_rps"],
@@ -276,6 +290,15 @@ def summarize(out: dict[str, Any], headline: dict[str, dict[str, Any]]) -> dict[
             "floor_p99_ms_each": floor["p99_ms_each"],
             "cpu_ms_per_request": mine["server_cpu_ms_per_request"],
             "floor_cpu_ms_per_request": floor["server_cpu_ms_per_request"],
+            # The steadier view: the p99 of every request of the runs pooled (a run's p99 is its 4th-slowest of
+            # 400), its ratio with a 95% bootstrap interval over paired rounds (bench.stats).
+            "pooled": {
+                "p99_ms": _rounded(percentile([x for run in ours for x in run], 99.0)),
+                "floor_p99_ms": _rounded(percentile([x for run in theirs for x in run], 99.0)),
+                "p99_ratio": round(pooled[0], 3) if pooled else None,
+                "ci_low": round(pooled[1], 3) if pooled else None,
+                "ci_high": round(pooled[2], 3) if pooled else None,
+            },
         },
         "sustained_rps": sustained(out["open_loop"], "egress-placer"),
         "floor_sustained_rps": sustained(out["open_loop"], "floor"),

@@ -1,7 +1,8 @@
 """The admission load generator, a process of its own: `python -m bench.loadgen POINT.json`.
 
 POINT.json: {"url", "ca", "bodies" (a JSON file: list of request bodies), "mode": "closed" |
-"open", "concurrency" (closed) or "rate" (open), "warmup", "seconds"}. Prints one JSON result.
+"open", "concurrency" (closed) or "rate" (open), "warmup", "seconds", and "keep_latencies" (true: the
+result lists every measured latency, `latencies_ms`)}. Prints one JSON result.
 
 One aiohttp ClientSession with keep-alive, verifying the server's certificate against `ca`.
 - closed loop: `concurrency` workers, each sends its next request when the previous answer came;
@@ -85,7 +86,7 @@ class Recorder:
 
 
 async def closed_loop(url: str, context: ssl.SSLContext, bodies: list[bytes], concurrency: int,
-                      warmup: float, seconds: float) -> dict[str, Any]:
+                      warmup: float, seconds: float) -> Recorder:
     start = time.perf_counter()
     recorder = Recorder(bodies, start + warmup)
     end = start + warmup + seconds
@@ -98,11 +99,11 @@ async def closed_loop(url: str, context: ssl.SSLContext, bodies: list[bytes], co
                 await recorder.send(session, url, next(counter))
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return recorder.result(seconds)
+    return recorder
 
 
 async def open_loop(url: str, context: ssl.SSLContext, bodies: list[bytes], rate: float,
-                    warmup: float, seconds: float) -> dict[str, Any]:
+                    warmup: float, seconds: float) -> Recorder:
     total = int((warmup + seconds) * rate)
     connector = aiohttp.TCPConnector(limit=MAX_OPEN_CONNECTIONS, ssl=context)
     async with aiohttp.ClientSession(connector=connector) as session:
@@ -119,17 +120,22 @@ async def open_loop(url: str, context: ssl.SSLContext, bodies: list[bytes], rate
             tasks.append(asyncio.create_task(recorder.send(session, url, k, due)))
             k += 1
         await asyncio.gather(*tasks)
-    result = recorder.result(seconds)
-    result["throughput_rps"] = round(min(result["throughput_rps"], rate * 1.05), 1)
-    return result
+    return recorder
 
 
 async def run(point: dict[str, Any]) -> dict[str, Any]:
     context = ssl.create_default_context(cafile=point["ca"])
     bodies = [b.encode() for b in json.loads(Path(point["bodies"]).read_text())]
     if point["mode"] == "closed":
-        return await closed_loop(point["url"], context, bodies, int(point["concurrency"]), point["warmup"], point["seconds"])
-    return await open_loop(point["url"], context, bodies, float(point["rate"]), point["warmup"], point["seconds"])
+        recorder = await closed_loop(point["url"], context, bodies, int(point["concurrency"]), point["warmup"], point["seconds"])
+    else:
+        recorder = await open_loop(point["url"], context, bodies, float(point["rate"]), point["warmup"], point["seconds"])
+    result = recorder.result(point["seconds"])
+    if point["mode"] != "closed":
+        result["throughput_rps"] = round(min(result["throughput_rps"], float(point["rate"]) * 1.05), 1)
+    if point.get("keep_latencies"):
+        result["latencies_ms"] = [round(x * 1000.0, 4) for x in recorder.latencies]
+    return result
 
 
 if __name__ == "__main__":

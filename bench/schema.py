@@ -83,6 +83,7 @@ TEMPLATE: dict[str, Any] = {
             "rate_rps": None, "runs": None, "p50_ms": None, "p99_ms": None, "floor_p50_ms": None, "floor_p99_ms": None,
             "p99_ratio": None, "p99_ms_each": [], "floor_p99_ms_each": [], "cpu_ms_per_request": None,
             "floor_cpu_ms_per_request": None,
+            "pooled": {"p99_ms": None, "floor_p99_ms": None, "p99_ratio": None, "ci_low": None, "ci_high": None},
         },
         "sustained_rps": None,
         "floor_sustained_rps": None,

@@ -1,4 +1,4 @@
-"""Small statistics helpers (nearest-rank percentiles, rounding for the JSON, a bootstrap interval of a ratio)."""
+"""Small statistics helpers (nearest-rank percentiles, rounding for the JSON, bootstrap intervals of ratios)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,34 @@ def bootstrap_ratio(ours: Sequence[tuple[float, float]], theirs: Sequence[tuple[
         else:
             a = mean_per_call(rng.choices(ours, k=len(ours)))
             b = mean_per_call(rng.choices(theirs, k=len(theirs)))
+        if a is not None and b:
+            ratios.append(a / b)
+    ratios.sort()
+    tail = (1.0 - level) / 2.0
+    low = ratios[min(len(ratios) - 1, int(math.floor(tail * len(ratios))))]
+    high = ratios[max(0, int(math.ceil((1.0 - tail) * len(ratios))) - 1)]
+    return point_ours / point_theirs, low, high
+
+
+def bootstrap_percentile_ratio(ours: Sequence[Sequence[float]], theirs: Sequence[Sequence[float]], q: float = 99.0, *,
+                               resamples: int = 1000, level: float = 0.95, seed: int = 24) -> tuple[float, float, float] | None:
+    """The `q`-th percentile of every latency of `ours` (runs of latencies) over that of `theirs`, each over
+    its runs pooled, and its percentile bootstrap interval at `level`. The runs are paired (run i of each
+    side ran in the same round, alternating) and rounds are drawn with replacement, both sides together, so
+    drift that hits a whole round cancels; within a run nothing is drawn apart (its requests share the
+    machine's state). A seeded generator: the same runs give the same interval. None without latencies."""
+    if len(ours) != len(theirs):
+        raise ValueError(f"paired runs: {len(ours)} against {len(theirs)}")
+    point_ours = percentile([x for run in ours for x in run], q)
+    point_theirs = percentile([x for run in theirs for x in run], q)
+    if point_ours is None or not point_theirs:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        rounds = rng.choices(range(len(ours)), k=len(ours))
+        a = percentile([x for i in rounds for x in ours[i]], q)
+        b = percentile([x for i in rounds for x in theirs[i]], q)
         if a is not None and b:
             ratios.append(a / b)
     ratios.sort()

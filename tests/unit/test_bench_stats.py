@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from bench.stats import bootstrap_ratio, mean_per_call
+from bench.stats import bootstrap_percentile_ratio, bootstrap_ratio, mean_per_call
 
 
 def test_the_mean_per_call_weighs_blocks_by_their_calls() -> None:
@@ -49,3 +49,22 @@ def test_paired_rounds_cancel_drift_that_hits_both_sides_of_a_round() -> None:
     assert high - low > 1.0  # drawn apart, the drift shows as noise
     with pytest.raises(ValueError):
         bootstrap_ratio(ours, floor[:-1], paired=True)
+
+
+def test_the_pooled_percentile_ratio_holds_the_true_ratio_and_cancels_a_rounds_drift() -> None:
+    rng = random.Random(3)
+    slow = [1.0, 1.4, 1.0, 2.0, 1.1, 1.0, 1.3, 1.0, 1.2]  # the machine's state, round by round
+    ours = [[1.2 * f * rng.lognormvariate(0, 0.3) for _ in range(400)] for f in slow]
+    floor = [[1.0 * f * rng.lognormvariate(0, 0.3) for _ in range(400)] for f in slow]
+    ratio, low, high = bootstrap_percentile_ratio(ours, floor)  # type: ignore[misc]
+    assert low <= ratio <= high and low < 1.2 < high and high - low < 0.3
+    assert bootstrap_percentile_ratio(ours, floor) == (ratio, low, high)  # seeded: the same runs, the same interval
+    same, same_low, same_high = bootstrap_percentile_ratio(floor, floor)  # type: ignore[misc]
+    assert same == same_low == same_high == 1.0  # each round drawn whole: the two sides move together
+
+
+def test_no_pooled_ratio_without_latencies_and_runs_must_pair() -> None:
+    assert bootstrap_percentile_ratio([[]], [[1.0]]) is None
+    assert bootstrap_percentile_ratio([[1.0]], [[]]) is None
+    with pytest.raises(ValueError):
+        bootstrap_percentile_ratio([[1.0]], [[1.0], [2.0]])
