@@ -56,11 +56,7 @@ def bootstrap_ratio(ours: Sequence[tuple[float, float]], theirs: Sequence[tuple[
             b = mean_per_call(rng.choices(theirs, k=len(theirs)))
         if a is not None and b:
             ratios.append(a / b)
-    ratios.sort()
-    tail = (1.0 - level) / 2.0
-    low = ratios[min(len(ratios) - 1, int(math.floor(tail * len(ratios))))]
-    high = ratios[max(0, int(math.ceil((1.0 - tail) * len(ratios))) - 1)]
-    return point_ours / point_theirs, low, high
+    return (point_ours / point_theirs, *_interval(ratios, level))
 
 
 def bootstrap_percentile_ratio(ours: Sequence[Sequence[float]], theirs: Sequence[Sequence[float]], q: float = 99.0, *,
@@ -84,8 +80,13 @@ def bootstrap_percentile_ratio(ours: Sequence[Sequence[float]], theirs: Sequence
         b = percentile([x for i in rounds for x in theirs[i]], q)
         if a is not None and b:
             ratios.append(a / b)
+    return (point_ours / point_theirs, *_interval(ratios, level))
+
+
+def _interval(ratios: list[float], level: float) -> tuple[float, float]:
+    """The percentile interval at `level` of the bootstrap's `ratios` (sorted here)."""
     ratios.sort()
     tail = (1.0 - level) / 2.0
     low = ratios[min(len(ratios) - 1, int(math.floor(tail * len(ratios))))]
     high = ratios[max(0, int(math.ceil((1.0 - tail) * len(ratios))) - 1)]
-    return point_ours / point_theirs, low, high
+    return low, high
