@@ -636,12 +636,12 @@ class _Images:
 
     def add_image(self, what: str, image: str) -> None:
         """One final image (no variable left in it), within the caps."""
-        if len(image) > MAX_IMAGE_CHARS:
-            self.fail(f"{what}: the image is {len(image)} characters long, over the {MAX_IMAGE_CHARS} cap")
-        elif len(self.images) >= MAX_IMAGES and image not in self.images:
-            self.fail(f"more than {MAX_IMAGES} distinct images, the cap")
-        else:
+        if self.fits(image):
             self.images.add(image)
+        elif len(image) > MAX_IMAGE_CHARS:
+            self.fail(f"{what}: the image is {len(image)} characters long, over the {MAX_IMAGE_CHARS} cap")
+        else:
+            self.fail(f"more than {MAX_IMAGES} distinct images, the cap")
 
     def result(self) -> ImageSet:
         return ImageSet(images=tuple(sorted(self.images)), unresolved=tuple(self.causes))

@@ -372,26 +372,16 @@ class LoadView:
                 self.claims.assume(key, pool.name, node, now)
             return Choice(node, {load.name: load for load in listed}, len(loads) - len(listed))
 
-    def withdraw(self, key: str) -> None:
-        """The API server calls the webhook again for the same object: its first assumption counts no
-        more while its node is chosen again (`ClaimBook.withdraw`)."""
-        with self._lock:
-            self.claims.withdraw(key, self._clock())
-
-    def forget(self, key: str) -> None:
-        """A run's pod is being made: the run's placement counts no more (the pod's does)."""
-        with self._lock:
-            self.claims.forget(key, self._clock())
-
-    def hand_over(self, run: str | None, pod: str) -> None:
-        """A run's pod is being made (Pod CREATE): neither the run's placement (`run`: its key, None for no
-        run) nor the pod's own from an earlier call (`pod`: reinvocation) counts while its node is chosen:
-        `forget` and `withdraw` under one hold of the lock."""
+    def hand_over(self, run: str | None, pod: str | None = None) -> None:
+        """A run's pod is being made (Pod CREATE): from now on the pod counts, the run's placement (`run`: its
+        key, None for no run; `ClaimBook.forget`) does not, nor, while its node is chosen, the pod's own from
+        an earlier call (`pod`: reinvocation; `ClaimBook.withdraw`). One hold of the lock."""
         with self._lock:
             now = self._clock()
             if run is not None:
                 self.claims.forget(run, now)
-            self.claims.withdraw(pod, now)
+            if pod is not None:
+                self.claims.withdraw(pod, now)
 
 
 def _place_taken(pod: PodState | None) -> str | None:

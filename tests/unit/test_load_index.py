@@ -454,7 +454,7 @@ def test_the_index_chooses_what_a_full_scan_of_the_same_facts_chooses(capacity, 
         elif op == "forget":
             key = f"{step['kind']}/ci/{'run' if step['kind'] == 'taskrun' else 'pod'}-{step['run']}"
             model.assumed.pop(key, None)
-            state.load.forget(key)
+            state.load.hand_over(key)
         elif op == "tick":
             model.now += step["seconds"]
         elif op == "relist":

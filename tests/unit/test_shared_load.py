@@ -150,7 +150,7 @@ def test_the_replicas_own_assumption_and_the_stored_record_are_one_entry():
     node = state.load.choose_and_assume(pool, ledger_key("taskrun", "team-a", "build"), "build").node
     state.apply("TaskRun", "ADDED", taskrun("build", node))
     assert assumed(state) == {node: 1}
-    state.load.forget(ledger_key("taskrun", "team-a", "build"))  # its pod is being made here
+    state.load.hand_over(ledger_key("taskrun", "team-a", "build"))  # its pod is being made here
     pod_node = state.load.choose_and_assume(pool, ledger_key("pod", "team-a", "build-pod"), "build-pod").node
     state.apply("TaskRun", "MODIFIED", taskrun("build", node))  # the run's record does not come back
     state.apply("Pod", "ADDED", pod("build-pod", pod_node, run="build"))
@@ -163,16 +163,17 @@ def test_handing_a_run_over_to_its_pod_is_forgetting_the_run_and_withdrawing_the
     run, own = ledger_key("taskrun", "team-a", "build"), ledger_key("pod", "team-a", "build-pod")
     books = []
     for together in (True, False):
-        state = cluster(Clock())
+        clock = Clock()
+        state = cluster(clock)
         pool = state.policy.pool("overseas")
         state.load.choose_and_assume(pool, run, "build")
         if reinvoked:  # the pod's first call assumed it already: the API server calls again
             state.load.choose_and_assume(pool, own, "build-pod")
         if together:
             state.load.hand_over(run, own)
-        else:
-            state.load.forget(run)
-            state.load.withdraw(own)
+        else:  # the claim book's two steps, one after the other
+            state.load.claims.forget(run, clock())
+            state.load.claims.withdraw(own, clock())
         ledger = state.load.ledger
         books.append((assumed(state), len(ledger), run in ledger, own in ledger))
     assert books[0] == books[1] == ({}, 0, False, False)

@@ -331,7 +331,7 @@ def test_admission_s_views_never_wait_on_the_lock_an_informer_holds() -> None:
         pool = state.policy.pool("overseas")
         choice = state.load.choose_and_assume(pool, ledger_key("taskrun", "team-a", "r"), salt="r")
         assert choice.node in ("pool-1", "pool-2") and len(state.load.ledger) == 1
-        state.load.forget(ledger_key("taskrun", "team-a", "r"))
+        state.load.hand_over(ledger_key("taskrun", "team-a", "r"))
         assert len(state.load.ledger) == 0 and state.missed_runs.runs_without_decision() == []
     finally:
         done.set()
