@@ -25,6 +25,9 @@ ADMISSION_CPU_RATIO_LIMIT = 1.5
 ADMISSION_MAX_THROUGHPUT = 4000.0
 # Issue 24: the API server's mean time per call to egress-placer's webhook over the floor's, per hook.
 CALL_RATIO_LIMIT = 2.0
+# Issue 24: through a per-connection split (as a Service makes), no replica answers under this share of the
+# Pod calls at 2 replicas.
+POD_CALL_SHARE_FLOOR = 0.25
 
 
 def _target(name: str, target: str, value: float | None, unit: str, limit: float, higher_is_better: bool = False) -> dict[str, Any]:
@@ -58,6 +61,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         _target("balance (egress) busy node's share / even share, egress-aware", "<= 0.5", _busy_ratio(bal["egress"]), "x", 0.5),
         *[_target(f"balance ({r} replicas) most loaded node / mean, worst pool", "<= 1.1", bal["replicas_worst_ratio"].get(r), "x", 1.1)
           for r in ("2", "3")],
+        _target("balance (2 replicas) smallest replica's share of the Pod calls, worst pool", f">= {POD_CALL_SHARE_FLOOR}",
+                _least_share(bal["replicas"], 2), "share", POD_CALL_SHARE_FLOOR, True),
         _target("controller RSS at 5,000 nodes / 20,000 pods" + scale_note, "<= 300 MB", scale["rss_mb"], "MB", 300.0),
         _target("first-sync RSS added by tenant-sized metadata" + _sync_note(scale["first_sync_memory"]),
                 f"<= {TENANT_EXTRA_LIMIT_MB:.0f} MB", scale["first_sync_memory"]["tenant_extra_mb"], "MB", TENANT_EXTRA_LIMIT_MB),
@@ -72,6 +77,12 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
           for key, kind in (("taskrun", "TaskRun"), ("pod", "Pod"))],
         *_peer_targets(results["peers"]),
     ]
+
+
+def _least_share(rows: list[dict[str, Any]], replicas: int) -> float | None:
+    """The smallest `min_pod_call_share` of the bursts at `replicas` replicas (None: none measured)."""
+    shares = [row["min_pod_call_share"] for row in rows if row["replicas"] == replicas and row["min_pod_call_share"] is not None]
+    return min(shares) if shares else None
 
 
 def _interval(target: dict[str, Any]) -> str:
