@@ -43,6 +43,7 @@ from controller.admission.review import (
     Request,
     annotation_ops,
     encode,
+    is_object,
     ops_at,
     parse_review,
     pointer,
@@ -455,7 +456,7 @@ class Admission:
         policy = self.state.policy
         pod = request.object
         spec = pod.get("spec")
-        if not isinstance(spec, Mapping):
+        if not is_object(spec):
             return []
         owners = request.owners
         node_name = text(spec.get("nodeName"))
@@ -879,7 +880,7 @@ class Admission:
         # Keyed on the fields placement reads, not the whole template: a pod's spec is each run's own (its
         # containers' args and volumes), so a whole-spec key never repeats, nor does the node its TaskRun was
         # preferred on (`placement_key`, #24). None (no podTemplate), or not an object: the whole of it.
-        whole = not isinstance(template, Mapping)
+        whole = not is_object(template)
         fields = template if whole else placement_key(template)
         text = json_key(fields)
         key = None if text is None else (text, pool.name if pool else None, node)
@@ -891,7 +892,7 @@ class Admission:
         Tekton's objects (whose generation is new after every change)."""
         tekton = self.state.tekton
         spec = request.object.get("spec")
-        spec = spec if isinstance(spec, Mapping) else {}
+        spec = spec if is_object(spec) else {}
         key = json_key([request.namespace, spec.get("taskRef"), spec.get("taskSpec"), spec.get("params")])
         return self._images.get(key, lambda: taskrun_images(with_namespace(request), tekton), (tekton, tekton.generation))
 

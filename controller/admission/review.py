@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import base64
 import functools
-from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from controller.core.json_wire import decode, encode
+from controller.core.json_wire import decode, encode, is_object
 from controller.core.model import OwnerRef, owner_refs
 from controller.core.patches import copy_json, json_patch
 
@@ -39,28 +38,36 @@ class _once:
         return value
 
 
-@dataclass(frozen=True)
 class Request:
-    """The parts of an AdmissionReview request the handlers use, checked for shape. What is read from
-    the object is read once (the object is never changed)."""
+    """The parts of an AdmissionReview request the handlers use, checked for shape (`parse_review`). What
+    is read from the object is read once (the object is never changed). A plain class: built once per
+    review on the cold path (#24), where a frozen dataclass's `object.__setattr__` per field showed."""
 
-    uid: str
-    group: str
-    version: str
-    kind: str
-    operation: str
-    namespace: str
-    object: Mapping[str, Any]
-    dry_run: bool
-    old_object: Mapping[str, Any] = field(default_factory=dict)  # an UPDATE's object before it ({} otherwise)
-    user: str = ""  # request.userInfo.username: set by the API server from the credential (no tenant writes it)
-    # What the review leaves for after its answer is sent (its metrics and Events: `Admission.review_deferred`).
-    later: list[Callable[[], None]] = field(default_factory=list, compare=False, repr=False)
+    __slots__ = ("uid", "group", "version", "kind", "operation", "namespace", "object", "dry_run", "old_object", "user",
+                 "later", "__dict__")
+
+    def __init__(self, uid: str, group: str, version: str, kind: str, operation: str, namespace: str,
+                 object: Mapping[str, Any], dry_run: bool, old_object: Mapping[str, Any] | None = None, user: str = "") -> None:  # noqa: A002
+        self.uid = uid
+        self.group = group
+        self.version = version
+        self.kind = kind
+        self.operation = operation
+        self.namespace = namespace
+        self.object = object
+        self.dry_run = dry_run
+        self.old_object = {} if old_object is None else old_object  # an UPDATE's object before it ({} otherwise)
+        self.user = user  # request.userInfo.username: set by the API server from the credential (no tenant writes it)
+        # What the review leaves for after its answer is sent (its metrics and Events: `Admission.review_deferred`).
+        self.later: list[Callable[[], None]] = []
+
+    def __repr__(self) -> str:
+        return f"Request({self.kind} {self.operation} {self.namespace}/{self.name} uid={self.uid})"
 
     @_once
     def metadata(self) -> Mapping[str, Any]:
         meta = self.object.get("metadata")
-        return meta if isinstance(meta, Mapping) else {}
+        return meta if is_object(meta) else {}
 
     @_once
     def name(self) -> str:
@@ -101,44 +108,51 @@ class Request:
 
 def parse_review(body: Any) -> Request:
     """Check the AdmissionReview envelope; raise MalformedReview with a short reason."""
-    if not isinstance(body, Mapping):
+    if not is_object(body):
         raise MalformedReview("the body is not a JSON object")
-    if body.get("apiVersion") != ADMISSION_API_VERSION or body.get("kind") != "AdmissionReview":
+    get = body.get
+    if get("apiVersion") != ADMISSION_API_VERSION or get("kind") != "AdmissionReview":
         raise MalformedReview(f"expected apiVersion {ADMISSION_API_VERSION} and kind AdmissionReview")
-    request = body.get("request")
-    if not isinstance(request, Mapping):
+    request = get("request")
+    if not is_object(request):
         raise MalformedReview("request is missing or not an object")
-    uid = request.get("uid")
-    if not isinstance(uid, str) or not uid:
+    get = request.get
+    uid = get("uid")
+    if type(uid) is not str or not uid:
         raise MalformedReview("request.uid is missing or not a string")
-    kind = request.get("kind")
-    if not isinstance(kind, Mapping) or not all(isinstance(kind.get(k, ""), str) for k in ("group", "version", "kind")):
+    kind = get("kind")
+    if not is_object(kind):
         raise MalformedReview("request.kind is missing or not a group/version/kind object")
-    operation = request.get("operation")
-    if not isinstance(operation, str):
+    group, version, kind_name = kind.get("group", ""), kind.get("version", ""), kind.get("kind", "")
+    if type(group) is not str or type(version) is not str or type(kind_name) is not str:
+        raise MalformedReview("request.kind is missing or not a group/version/kind object")
+    operation = get("operation")
+    if type(operation) is not str:
         raise MalformedReview("request.operation is missing or not a string")
-    obj = request.get("object")
-    if operation == "CREATE" and not isinstance(obj, Mapping):
-        raise MalformedReview("request.object of a CREATE is missing or not an object")
-    obj = obj if isinstance(obj, Mapping) else {}
+    obj = get("object")
+    if not is_object(obj):
+        if operation == "CREATE":
+            raise MalformedReview("request.object of a CREATE is missing or not an object")
+        obj = {}
     meta = obj.get("metadata")
-    if meta is not None and not isinstance(meta, Mapping):
+    if meta is not None and not is_object(meta):
         raise MalformedReview("request.object.metadata is not an object")
-    old = request.get("oldObject")
-    namespace = request.get("namespace")
-    if namespace is not None and not isinstance(namespace, str):
+    namespace = get("namespace")
+    if namespace is not None and type(namespace) is not str:
         raise MalformedReview("request.namespace is not a string")
+    old = get("oldObject")
+    user = get("userInfo")
     return Request(
-        uid=uid,
-        group=kind.get("group") or "",
-        version=kind.get("version") or "",
-        kind=kind.get("kind") or "",
-        operation=operation,
-        namespace=namespace or text((meta or {}).get("namespace")) or "default",
-        object=obj,
-        dry_run=request.get("dryRun") is True,
-        old_object=old if isinstance(old, Mapping) else {},
-        user=text((request.get("userInfo") or {}).get("username")) if isinstance(request.get("userInfo"), Mapping) else "",
+        uid,
+        group or "",
+        version or "",
+        kind_name or "",
+        operation,
+        namespace or text((meta or {}).get("namespace")) or "default",
+        obj,
+        get("dryRun") is True,
+        old if is_object(old) else None,
+        text(user.get("username")) if is_object(user) else "",
     )
 
 
@@ -158,7 +172,7 @@ def text(value: Any) -> str:
 
 
 def text_map(value: Any) -> dict[str, str]:
-    if not isinstance(value, Mapping):
+    if not is_object(value):
         return {}
     return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
 
@@ -166,7 +180,7 @@ def text_map(value: Any) -> dict[str, str]:
 def value_at(obj: Any, path: Sequence[str]) -> Any:
     """The value at `path` in nested mappings, or None."""
     for part in path:
-        if not isinstance(obj, Mapping):
+        if not is_object(obj):
             return None
         obj = obj.get(part)
     return obj
@@ -193,7 +207,7 @@ def ops_at(obj: Mapping[str, Any], path: Sequence[str], new: Any) -> Patch:
     `new` is empty and the path is absent)."""
     node: Any = obj
     for i, part in enumerate(path):
-        if not isinstance(node, Mapping):
+        if not is_object(node):
             raise TypeError(f"{pointer(path[:i]) or 'the object'} is not a JSON object")
         if node.get(part) is None:
             if not new:
@@ -209,6 +223,6 @@ def ops_at(obj: Mapping[str, Any], path: Sequence[str], new: Any) -> Patch:
 def annotation_ops(obj: Mapping[str, Any], annotations: Mapping[str, str]) -> Patch:
     """Set these annotations (replacing values the object came with: Tekton copies a run's
     annotations to its TaskRuns and pods, and the tenant writes any)."""
-    if not isinstance(value_at(obj, ("metadata", "annotations")), Mapping):
+    if not is_object(value_at(obj, ("metadata", "annotations"))):
         return ops_at(obj, ("metadata", "annotations"), dict(annotations))
     return [{"op": "add", "path": pointer(("metadata", "annotations", k)), "value": v} for k, v in annotations.items()]

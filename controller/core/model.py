@@ -11,6 +11,8 @@ from enum import StrEnum
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from controller.core.json_wire import is_object
+
 # Annotations and labels egress-placer reads or writes.
 PLACEMENT_ANNOTATION = "egress-placer.io/placement"  # on a run: auto | none | <pool name>
 NAMESPACE_POOLS_ANNOTATION = "egress-placer.io/pools"  # on a Namespace: "pool-a,pool-b"
@@ -180,7 +182,7 @@ class OwnerRef(NamedTuple):
 def owner_refs(meta: Any) -> tuple[OwnerRef, ...]:
     """The ownerReferences of `meta` (an object's metadata), skipping entries that are not objects;
     fields of the wrong type read as empty (admission sees whatever the tenant sent)."""
-    owners = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    owners = meta.get("ownerReferences") if is_object(meta) else None
     if not isinstance(owners, list):
         return ()
     return tuple(
@@ -192,7 +194,7 @@ def owner_refs(meta: Any) -> tuple[OwnerRef, ...]:
             controller=o.get("controller") is True,
         )
         for o in owners
-        if isinstance(o, Mapping)
+        if is_object(o)
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import yaml
 
+from controller.core.json_wire import is_object
 from controller.core.model import DO_NOT_DISRUPT_ANNOTATION, POOL_PREFERENCE_WEIGHT, PREFERRED_NODE_WEIGHT, Taint
 from controller.core.policy import PlacementPolicy, Pool
 
@@ -499,9 +500,9 @@ def placement_fields(template: Mapping[str, Any]) -> dict[str, Any]:
 def _preferences(template: Any) -> tuple[Any, Any, Any]:
     """(affinity, nodeAffinity, its preferred terms) of `template`, each None where it is not there (or not
     the shape it should have)."""
-    affinity = template.get("affinity") if isinstance(template, Mapping) else None
-    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
-    preferences = node_affinity.get(PREFERRED) if isinstance(node_affinity, Mapping) else None
+    affinity = template.get("affinity") if is_object(template) else None
+    node_affinity = affinity.get("nodeAffinity") if is_object(affinity) else None
+    preferences = node_affinity.get(PREFERRED) if is_object(node_affinity) else None
     return affinity, node_affinity, preferences if isinstance(preferences, list) else None
 
 
@@ -510,9 +511,9 @@ def preferred_node(template: Any) -> str | None:
     the node admission gave the run), None when there is none. Anyone can write such a term: it is a hint
     among equally loaded nodes, never a reason to place."""
     for entry in _preferences(template)[2] or ():
-        preference = entry.get("preference") if isinstance(entry, Mapping) else None
-        fields = preference.get("matchFields") if isinstance(preference, Mapping) else None
-        if not (isinstance(fields, list) and len(fields) == 1 and isinstance(fields[0], Mapping)):
+        preference = entry.get("preference") if is_object(entry) else None
+        fields = preference.get("matchFields") if is_object(preference) else None
+        if not (isinstance(fields, list) and len(fields) == 1 and is_object(fields[0])):
             continue
         values = fields[0].get("values")
         if isinstance(values, list) and len(values) == 1 and isinstance(values[0], str) and values[0] and _is_node_preference(entry):
@@ -527,10 +528,10 @@ def placement_key(template: Mapping[str, Any]) -> dict[str, Any]:
     the pods of a burst are then keyed alike, whichever node each TaskRun got. Copies only along that path."""
     fields = placement_fields(template)
     affinity, node_affinity, preferences = _preferences(fields)
-    if preferences is None or not any(isinstance(p, Mapping) and _is_node_preference(p) for p in preferences):
+    if preferences is None or not any(is_object(p) and _is_node_preference(p) for p in preferences):
         return fields
-    assert isinstance(affinity, Mapping) and isinstance(node_affinity, Mapping)
-    blank = [node_preference("") if isinstance(p, Mapping) and _is_node_preference(p) else p for p in preferences]
+    assert is_object(affinity) and is_object(node_affinity)
+    blank = [node_preference("") if is_object(p) and _is_node_preference(p) else p for p in preferences]
     return {**fields, "affinity": {**affinity, "nodeAffinity": {**node_affinity, PREFERRED: blank}}}
 
 

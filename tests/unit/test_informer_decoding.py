@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.core.json_wire import decode, decode_pruned, prune
+from controller.core.json_wire import decode, decode_pruned, is_object, prune
 from controller.kube import client, informer
 
 
@@ -72,3 +74,43 @@ def test_what_is_not_json_stays_refused() -> None:
         decode_pruned(b"[" * 5000 + b"oops")
     with pytest.raises(ValueError):
         decode_pruned(b"[" * 5000 + b"1" + b"]" * 4999 + b"}")
+
+
+class _Frozen(Mapping):  # a Mapping that is not a dict (a read-only view some callers pass)
+    def __init__(self, items: dict[str, Any]) -> None:
+        self._items = items
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ({}, True),
+        ({"a": 1}, True),
+        (_Frozen({"a": 1}), True),
+        (MappingProxyType({"a": 1}), True),
+        (None, False),
+        ("text", False),
+        ([], False),
+        ([{"a": 1}], False),
+        ((), False),
+        (0, False),
+        (b"{}", False),
+    ],
+)
+def test_is_object_answers_as_the_mapping_check_did(value: Any, expected: bool) -> None:
+    """`is_object`, admission's fast form of `isinstance(value, Mapping)`, answers exactly as that check."""
+    assert is_object(value) is expected is isinstance(value, Mapping)
+
+
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(), lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner)))
+def test_is_object_agrees_with_the_mapping_check_on_any_decoded_value(value: Any) -> None:
+    assert is_object(value) is isinstance(value, Mapping)
