@@ -269,13 +269,11 @@ class Admission:
         kind = request.kind if request.kind in ("TaskRun", "PipelineRun", "Pod", "DaemonSet") else "other"
         started = self.clock()
         warnings: list[str] = []
-        deferred = False
         try:
             patch = self._dispatch(request, warnings, owner)
             outcome = MUTATED if patch else UNCHANGED
         except OwnerReadNeeded:
-            deferred = True
-            raise
+            raise  # nothing counted: the review is made again once the owner is read
         except Exception as error:  # noqa: BLE001 - fail-open: never block a run because of a bug here
             outcome = ERROR
             logger.bind(kind=request.kind, namespace=request.namespace, name=request.name).opt(exception=error).error(
@@ -283,12 +281,14 @@ class Admission:
             )
             patch = []
             warnings = [f"egress-placer: internal error ({type(error).__name__}); admitted without placement"]
-        finally:
-            if not deferred:
-                seconds = max(self.clock() - started, 0.0)
-                request.later.append(partial(self._series(self.metrics.admission_seconds, kind).observe, seconds))
-        request.later.append(self._series(self.metrics.admission_reviews, kind, outcome).inc)
+        seconds = max(self.clock() - started, 0.0)
+        request.later.append(partial(self._count_review, kind, outcome, seconds))
         return Reviewed(review_response(request.uid, patch, warnings), request.later)
+
+    def _count_review(self, kind: str, outcome: str, seconds: float) -> None:
+        """A review's own metrics, once its answer is written (the series looked up then, not before it)."""
+        self._series(self.metrics.admission_seconds, kind).observe(seconds)
+        self._series(self.metrics.admission_reviews, kind, outcome).inc()
 
     def _dispatch(self, request: Request, warnings: list[str], owner: ReadOwner | None = None) -> Patch:
         if is_daemonset(request):

@@ -44,7 +44,7 @@ class Request:
     review on the cold path (#24), where a frozen dataclass's `object.__setattr__` per field showed."""
 
     __slots__ = ("uid", "group", "version", "kind", "operation", "namespace", "object", "dry_run", "old_object", "user",
-                 "later", "__dict__")
+                 "later", "metadata", "__dict__")
 
     def __init__(self, uid: str, group: str, version: str, kind: str, operation: str, namespace: str,
                  object: Mapping[str, Any], dry_run: bool, old_object: Mapping[str, Any] | None = None, user: str = "") -> None:  # noqa: A002
@@ -55,6 +55,8 @@ class Request:
         self.operation = operation
         self.namespace = namespace
         self.object = object
+        meta = object.get("metadata")
+        self.metadata: Mapping[str, Any] = meta if is_object(meta) else {}
         self.dry_run = dry_run
         self.old_object = {} if old_object is None else old_object  # an UPDATE's object before it ({} otherwise)
         self.user = user  # request.userInfo.username: set by the API server from the credential (no tenant writes it)
@@ -63,11 +65,6 @@ class Request:
 
     def __repr__(self) -> str:
         return f"Request({self.kind} {self.operation} {self.namespace}/{self.name} uid={self.uid})"
-
-    @_once
-    def metadata(self) -> Mapping[str, Any]:
-        meta = self.object.get("metadata")
-        return meta if is_object(meta) else {}
 
     @_once
     def name(self) -> str:
