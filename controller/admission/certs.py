@@ -214,6 +214,12 @@ class ServingTLS:
     def __init__(self) -> None:
         self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        # No session tickets: the API server's webhook client (client-go's transport) keeps no session cache,
+        # so it never resumes, and making the two tickets TLS 1.3 sends by default was a quarter of the
+        # server's CPU for each handshake (193 against 253 us, bench/README.md, #24). Each recycled
+        # connection is a handshake inside some call.
+        self.context.num_tickets = 0
+        self.context.options |= ssl.OP_NO_TICKET  # TLS 1.2's
         self.cert_pem: bytes | None = None
 
     @property

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import ssl
 import tempfile
 from datetime import UTC, datetime, timedelta
 from typing import Any, Callable
@@ -110,6 +111,50 @@ def test_serving_tls_swaps_on_the_same_context_and_leaves_no_files() -> None:
         tls.load(type(SERVING)(SERVING.cert_pem, other.key_pem))  # key of another certificate
     assert tls.cert_pem == other.cert_pem  # the old one stays
     assert not [d for d in os.listdir(tempfile.gettempdir()) if d.startswith("egress-placer-tls-") and d not in before]
+
+
+def _client_session(server: ssl.SSLContext, version: ssl.TLSVersion) -> ssl.SSLSession | None:
+    """A whole handshake in memory, one record of data after it (TLS 1.3 sends its tickets then); the client's
+    session. The client does not verify: SERVING is dated NOW, and tickets do not depend on it."""
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    client.check_hostname, client.verify_mode = False, ssl.CERT_NONE
+    client.minimum_version = client.maximum_version = version
+    to_server, to_client = ssl.MemoryBIO(), ssl.MemoryBIO()
+    theirs, ours = ssl.MemoryBIO(), ssl.MemoryBIO()
+    c = client.wrap_bio(theirs, to_server, server_hostname=HOSTS[0])
+    s = server.wrap_bio(to_server, ours, server_side=True)
+    for _ in range(10):
+        for side in (c, s):
+            try:
+                side.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+        theirs.write(ours.read())
+        if c.version() and s.version():
+            break
+    s.write(b"ok")
+    theirs.write(ours.read())
+    assert c.read(2) == b"ok" and c.version() == s.version()
+    return c.session
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2])
+def test_the_webhook_issues_no_session_tickets(version: ssl.TLSVersion) -> None:
+    """The API server's client never resumes a session (client-go keeps no session cache): the tickets a
+    server sends by default are work for nothing in every handshake. A context with OpenSSL's defaults
+    issues them, so the check sees one when there is one."""
+    tls = ServingTLS()
+    tls.load(SERVING)
+    session = _client_session(tls.context, version)
+    assert session is None or not session.has_ticket
+    default = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.TemporaryDirectory() as tmp:
+        cert, key = os.path.join(tmp, "c.pem"), os.path.join(tmp, "k.pem")
+        open(cert, "wb").write(SERVING.cert_pem)
+        open(key, "wb").write(SERVING.key_pem)
+        default.load_cert_chain(cert, key)
+    session = _client_session(default, version)
+    assert session is not None and session.has_ticket
 
 
 # --- the keeper ----------------------------------------------------------------------------------
