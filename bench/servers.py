@@ -6,7 +6,8 @@
 `egress-placer`: the controller's own `AdmissionServer` and `Admission`, on the controller's event loop
 (`run_event_loop`: uvloop), over a `ClusterState` filled
 in memory (pool and ordinary nodes, namespaces, the catalog's Tasks, StepActions and Pipelines,
-running pods), the interpreter tuned and the heap frozen after the fill as the controller does
+running pods), configured as one replica is (no connection recycling: nothing to re-pick with one
+endpoint), the interpreter tuned and the heap frozen after the fill as the controller does
 (`tune_interpreter` at start, `gc.freeze()` after its first sync), real `Metrics`, JSON logging at INFO as in production, and admission's Event sink as in the controller
 (`HeldEvents`: held under a lock until the object exists; no API server).
 `floor`: the same library (aiohttp, on asyncio's own loop), the same TLS context and certificate, answering every review
@@ -77,9 +78,12 @@ def serving_tls(tls_dir: Path) -> ServingTLS:
 
 
 def settings() -> Settings:
+    # One endpoint, as one replica runs (the chart with `replicas: 1`, devplacer.local_placer.ONE_ENDPOINT): its
+    # connections are not recycled, since there is no Service behind which to pick another replica.
     return Settings(
         webhook_host="127.0.0.1", webhook_port=0, health_host="127.0.0.1", health_port=0,
         tls_hosts=["127.0.0.1"], leader_election=False, log_format="json", log_level="INFO",
+        webhook_connection_max_requests=0, webhook_connection_max_seconds=0,
     )
 
 

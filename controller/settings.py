@@ -69,8 +69,9 @@ class Settings(BaseSettings):
     prometheus_ca_file: str | None = None
     # Connection recycling: the webhook's answer to a connection's Nth request, or its first after this many
     # seconds, says `Connection: close`, so the API server connects again and the Service picks a replica
-    # again (docs/architecture.md, "Replicas behind the Service"). 0: never. The request after a recycle waits for a
-    # TLS handshake: at 1,000 requests (or 3 s) that is under 0.2 % of the requests at any rate, clear of the p99.
+    # again (docs/architecture.md, "Replicas behind the Service"). 0: never (the chart's and the local cluster's
+    # choice with one replica: nothing to pick again). The request after a recycle waits for a TLS handshake: at
+    # 1,000 requests that is 0.1 % of them; the 3 s makes it one in 30 at 10 requests a second.
     webhook_connection_max_requests: int = Field(default=1000, ge=0)
     webhook_connection_max_seconds: float = Field(default=3.0, ge=0)
 

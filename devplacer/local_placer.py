@@ -320,8 +320,12 @@ def start_controller(
             docs = guarded
         kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(docs))
     kubeconfig = cluster.mint_kubeconfig(service_account_user(namespace))
+    # One endpoint (no proxy: the webhook URL is replica 0's): nothing to spread, no connection recycling, as
+    # the chart does with one replica (config/settings.md). `env` still decides.
+    one_endpoint = {} if proxy_port else ONE_ENDPOINT
     for replica in planned:
-        replica_env = {**controller_env(replica, kubeconfig), "EGRESS_PLACER_NAMESPACE": namespace, "EGRESS_PLACER_POLICY_SOURCE": policy_source, **(env or {})}
+        replica_env = {**controller_env(replica, kubeconfig), "EGRESS_PLACER_NAMESPACE": namespace, "EGRESS_PLACER_POLICY_SOURCE": policy_source,
+                       **one_endpoint, **(env or {})}
         cluster.start_process(
             replica.name,
             launch(replica, replica_env) if launch else [sys.executable, "-m", "controller", "run"],
@@ -336,6 +340,10 @@ def start_controller(
     wait_ready(cluster, planned, ready_timeout)
     return planned
 
+
+# A webhook the API server reaches at one endpoint does not recycle its connections: a recycle re-picks a replica
+# behind a Service, and with one there is nothing to pick (charts/egress-placer/templates/deployment.yaml, replicas 1).
+ONE_ENDPOINT = {"EGRESS_PLACER_WEBHOOK_CONNECTION_MAX_REQUESTS": "0", "EGRESS_PLACER_WEBHOOK_CONNECTION_MAX_SECONDS": "0"}
 
 # Short leader timings: the local cluster has no network delays to absorb.
 LEADER_TIMINGS = {

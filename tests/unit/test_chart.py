@@ -44,7 +44,7 @@ from devcluster.cluster import ClusterError
 from devplacer.chart import CHART_DIR, LOCAL_SETTINGS, RELEASE_NAMESPACE, policy_values, post_render, run_helm, settings_env, template
 from devplacer.generate import supported_range
 from devplacer.version import IMAGE_REPOSITORY, PUBLISHED_IMAGE
-from devplacer.local_placer import K8S_DIR, kustomize
+from devplacer.local_placer import K8S_DIR, ONE_ENDPOINT, kustomize
 
 HELM_ANNOTATIONS = frozenset({"helm.sh/resource-policy"})  # crds.keep: Helm's own, an instruction to Helm
 HELM_LABELS = frozenset({"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"})
@@ -269,6 +269,20 @@ def test_the_default_image_is_the_published_one_at_the_app_version(default_rende
 def test_one_replica_has_no_disruption_budget(helm: Path, default_render: list[dict[str, Any]]) -> None:
     assert by_kind(default_render, "PodDisruptionBudget")
     assert not by_kind(template(helm, {"replicas": 1}), "PodDisruptionBudget")  # it would block every drain
+
+
+def test_one_replica_does_not_recycle_its_connections(helm: Path, default_render: list[dict[str, Any]]) -> None:
+    """Recycling makes the Service pick a replica again; with one there is nothing to pick, and each recycle
+    costs the API server's next call a TLS handshake (config/settings.md). extraEnv still decides."""
+    recycling = ("EGRESS_PLACER_WEBHOOK_CONNECTION_MAX_REQUESTS", "EGRESS_PLACER_WEBHOOK_CONNECTION_MAX_SECONDS")
+    assert not set(recycling) & set(env(default_render))  # two replicas: the settings' defaults
+    assert [env(template(helm, {"replicas": 1})).get(name) for name in recycling] == ["0", "0"]
+    # the local cluster does the same with one endpoint, and the names are the settings'
+    assert {name: env(template(helm, {"replicas": 1}))[name] for name in recycling} == ONE_ENDPOINT
+    assert ONE_ENDPOINT == {env_name("webhook_connection_max_requests"): "0", env_name("webhook_connection_max_seconds"): "0"}
+    kept = template(helm, {"replicas": 1, "extraEnv": {"EGRESS_PLACER_WEBHOOK_CONNECTION_MAX_SECONDS": "3"}})
+    assert [env(kept).get(name) for name in recycling] == ["0", "3"]
+    assert [e["name"] for e in container(kept)["env"]].count(recycling[1]) == 1
 
 
 def test_where_the_controller_itself_runs(helm: Path) -> None:
