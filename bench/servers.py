@@ -36,7 +36,7 @@ from controller.admission.handlers import Admission
 from controller.admission.server import MAX_REVIEW_BYTES, AdmissionServer, run_event_loop
 from controller.app import configure_logging, tune_interpreter
 from controller.metrics import Metrics
-from controller.settings import Settings
+from controller.settings import ONE_ENDPOINT, Settings
 from controller.state import ClusterState
 
 from bench.workload import admission_policy, fill, inventory
@@ -78,12 +78,10 @@ def serving_tls(tls_dir: Path) -> ServingTLS:
 
 
 def settings() -> Settings:
-    # One endpoint, as one replica runs (the chart with `replicas: 1`, devplacer.local_placer.ONE_ENDPOINT): its
-    # connections are not recycled, since there is no Service behind which to pick another replica.
     return Settings(
         webhook_host="127.0.0.1", webhook_port=0, health_host="127.0.0.1", health_port=0,
         tls_hosts=["127.0.0.1"], leader_election=False, log_format="json", log_level="INFO",
-        webhook_connection_max_requests=0, webhook_connection_max_seconds=0,
+        **ONE_ENDPOINT,  # one server, as one replica runs: no connection recycling
     )
 
 

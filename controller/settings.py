@@ -153,6 +153,12 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
+# A webhook at one endpoint (one replica; the chart with `replicas: 1`, the local cluster without a proxy, the
+# admission benchmark's server) recycles no connections: a recycle re-picks a replica behind a Service, and with
+# one there is nothing to pick, while the API server's next call waits for a TLS handshake.
+ONE_ENDPOINT: dict[str, Any] = {"webhook_connection_max_requests": 0, "webhook_connection_max_seconds": 0}
+
+
 def load_settings(overrides: Mapping[str, Any] | None = None, options: Mapping[str, str] | None = None) -> Settings:
     """The settings from EGRESS_PLACER_* variables and `overrides` (fields given on a command line,
     named by `options`: field -> option); SettingsError, in one line naming what is wrong, when invalid."""

@@ -39,6 +39,7 @@ from controller.core.conversion import V1BETA1, to_version
 from controller.core.pools import load_any_policy, objects_from_policy
 from controller.core.rights import POD_DELETES_NAME, RIGHTS_NAME
 from controller.core.run_guard import RUN_GUARD_NAME
+from controller.settings import ONE_ENDPOINT as ONE_ENDPOINT_SETTINGS, env_name
 from devcluster.certs import ADMIN_USER
 from devcluster.cluster import Cluster, ClusterError
 from devcluster.process import free_port
@@ -341,9 +342,8 @@ def start_controller(
     return planned
 
 
-# A webhook the API server reaches at one endpoint does not recycle its connections: a recycle re-picks a replica
-# behind a Service, and with one there is nothing to pick (charts/egress-placer/templates/deployment.yaml, replicas 1).
-ONE_ENDPOINT = {"EGRESS_PLACER_WEBHOOK_CONNECTION_MAX_REQUESTS": "0", "EGRESS_PLACER_WEBHOOK_CONNECTION_MAX_SECONDS": "0"}
+# controller.settings.ONE_ENDPOINT as variables (charts/egress-placer/templates/deployment.yaml sets the same, replicas 1).
+ONE_ENDPOINT = {env_name(field): str(value) for field, value in ONE_ENDPOINT_SETTINGS.items()}
 
 # Short leader timings: the local cluster has no network delays to absorb.
 LEADER_TIMINGS = {

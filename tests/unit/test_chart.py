@@ -276,9 +276,10 @@ def test_one_replica_does_not_recycle_its_connections(helm: Path, default_render
     costs the API server's next call a TLS handshake (config/settings.md). extraEnv still decides."""
     recycling = ("EGRESS_PLACER_WEBHOOK_CONNECTION_MAX_REQUESTS", "EGRESS_PLACER_WEBHOOK_CONNECTION_MAX_SECONDS")
     assert not set(recycling) & set(env(default_render))  # two replicas: the settings' defaults
-    assert [env(template(helm, {"replicas": 1})).get(name) for name in recycling] == ["0", "0"]
+    one = env(template(helm, {"replicas": 1}))
+    assert [one.get(name) for name in recycling] == ["0", "0"]
     # the local cluster does the same with one endpoint, and the names are the settings'
-    assert {name: env(template(helm, {"replicas": 1}))[name] for name in recycling} == ONE_ENDPOINT
+    assert {name: one[name] for name in recycling} == ONE_ENDPOINT
     assert ONE_ENDPOINT == {env_name("webhook_connection_max_requests"): "0", env_name("webhook_connection_max_seconds"): "0"}
     kept = template(helm, {"replicas": 1, "extraEnv": {"EGRESS_PLACER_WEBHOOK_CONNECTION_MAX_SECONDS": "3"}})
     assert [env(kept).get(name) for name in recycling] == ["0", "3"]
