@@ -92,8 +92,8 @@ SIZES: dict[str, Sizes] = {
         scale_pods=20000,
         scale_event_pods=2000,
         scale_taskruns=20000,
-        e2e_runs=200,
-        e2e_blocks=8,
+        e2e_runs=480,
+        e2e_blocks=16,
         e2e_rate=5.0,
     ),
     "tiny": Sizes(

@@ -24,7 +24,7 @@ from loguru import logger
 from controller.budgets.core import BUDGETS_ANNOTATION
 from controller.budgets.view import BudgetsView, budgeted
 from controller.changes import NodeChanges
-from controller.core.model import DaemonSetState, NamespaceState, NodeState, PodState
+from controller.core.model import HOSTNAME_LABEL, DaemonSetState, NamespaceState, NodeState, PodState
 from controller.core.policy import PlacementPolicy
 from controller.load.view import LoadView
 from controller.missed_runs.view import MissedRuns
@@ -59,7 +59,9 @@ class ClusterState:
         self._policy = policy if policy is not None else PlacementPolicy.empty()
         self.policy_in_force = policy is not None
         self.stores: dict[str, Store[Any, Any]] = {
-            "Node": Store(lambda o: o["metadata"]["name"], NodeState.from_node),
+            # the nodes whose hostname label is not their name (absent, or told otherwise): `hostnames_are_names`
+            "Node": Store(lambda o: o["metadata"]["name"], NodeState.from_node,
+                          {"hostname": lambda node: None if node.labels.get(HOSTNAME_LABEL) == node.name else "differs"}),
             "Namespace": Store(lambda o: o["metadata"]["name"], NamespaceState.from_namespace),
             # pods by node, and the bound pods of each TaskRun by its owner's uid (the queue's has_pod; a
             # coscheduled PipelineRun's through the TaskRuns claiming it, the runs' "pipelinerun" index)
@@ -97,6 +99,14 @@ class ClusterState:
     namespaces = property(lambda self: self.stores["Namespace"].items)
     pods = property(lambda self: self.stores["Pod"].items)
     daemonsets = property(lambda self: self.stores["DaemonSet"].items)
+
+    @property
+    def hostnames_are_names(self) -> bool:
+        """Is every node's `kubernetes.io/hostname` label its name (the kubelet's default)? Then a pool's
+        listed nodes are placed by that label, in one requirement (core.patches.pool_terms, `by_hostname`),
+        and the scheduler reads the same nodes. One node that differs, or lacks the label (Karpenter's KWOK
+        provider names its nodes apart from their hostnames): one `metadata.name` term per node, as before."""
+        return not self.stores["Node"].snapshot.under("hostname", "differs")
 
     # -- change notification ------------------------------------------------------------------
     def subscribe(self, callback: Callable[[str], None]) -> None:

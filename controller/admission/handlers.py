@@ -501,13 +501,14 @@ class Admission:
             # every pool placement (issue 23: no run of its own, no queue, no pool).
             run = self._run_pod(request, owner)
             whole = self._moved_whole(request.namespace, run.pipelinerun, policy) if run is not None and self._by_tekton(request) else None
-            placement = _follow_whole(current, policy, whole, "coscheduled", place_it=True)
+            placement = _follow_whole(current, policy, whole, "coscheduled", place_it=True, by_hostname=self.state.hostnames_are_names)
             budget = self._coscheduled_budget(request, namespace, policy, placement) if run is not None else []
             return json_patch(current, placement.template, "/spec") + budget
         if labels.get(COMPONENT_LABEL) == AFFINITY_ASSISTANT_COMPONENT:
             # An affinity assistant's pod: the label is anyone's to write. It keeps (or gets back) only the
             # pool our admission moved a running PipelineRun to whole, whose assistant it is by name.
-            placement = _follow_whole(current, policy, self._assistant_of(request, policy), "coscheduled", place_it=True)
+            placement = _follow_whole(current, policy, self._assistant_of(request, policy), "coscheduled", place_it=True,
+                                      by_hostname=self.state.hostnames_are_names)
             return json_patch(current, placement.template, "/spec")
         run = self._run_pod(request, owner) if is_tekton_pod(request.object) else None
         if run is not None:
@@ -766,8 +767,8 @@ class Admission:
         of its Enforce egress budgets (`budgets`), and the user did not set spec.status (pending, cancelled)
         themselves; and, for a TaskRun, this Tekton can hold one (`TaskRunPending`, controller.compat)."""
         pool = self.state.policy.pool(pool_name) if pool_name else None
-        if pool is None or value_at(request.object, ("spec", "status")):
-            return False
+        if pool is None or (pool.queue is None and not budgets) or value_at(request.object, ("spec", "status")):
+            return False  # no pool, or nothing to hold the run for (most runs: asked first), or the user's own status
         if request.kind == "TaskRun" and not self.state.tekton.support.taskrun_pending:
             return False  # this Tekton cannot hold a TaskRun (controller.compat): its pod waits at the pool's slot gate
         return (pool.queue is not None and pool.queue.governed_by != GOVERNED_BY_KUEUE) or bool(budgets)
@@ -872,18 +873,20 @@ class Admission:
         self, template: Any, policy: PlacementPolicy, default: Mapping[str, Any] | None, pool: Pool | None, node: str | None
     ) -> dict[str, Any]:
         """The template sent to `pool` and `node` (None: stripped of pool placement), over Tekton's
-        default. Shared by the reviews that ask the same (never changed in place: patches copy it)."""
+        default. Shared by the reviews that ask the same (never changed in place: a patch holds its members).
+        A pool's listed nodes by hostname while every node's hostname is its name (`hostnames_are_names`)."""
+        by_hostname = self.state.hostnames_are_names
         if pool is None:
             change: Callable[[dict[str, Any]], dict[str, Any]] = lambda t: unplace(t, policy)  # noqa: E731
         else:
-            change = lambda t: place(unplace(t, policy, keep_pool=pool.name), pool, node)  # noqa: E731
+            change = lambda t: place(unplace(t, policy, keep_pool=pool.name), pool, node, by_hostname)  # noqa: E731
         # Keyed on the fields placement reads, not the whole template: a pod's spec is each run's own (its
         # containers' args and volumes), so a whole-spec key never repeats, nor does the node its TaskRun was
         # preferred on (`placement_key`, #24). None (no podTemplate), or not an object: the whole of it.
         whole = not is_object(template)
         fields = template if whole else placement_key(template)
         text = json_key(fields)
-        key = None if text is None else (text, pool.name if pool else None, node)
+        key = None if text is None else (text, pool.name if pool else None, node, by_hostname)
         placed = self._templates.get(key, lambda: over_default(fields, default, change), (policy, default))
         return placed if whole else with_placement(template, placed)
 
@@ -976,18 +979,19 @@ def _placed_pool(template: Any, policy: PlacementPolicy) -> Pool | None:
 
 def _follow_whole(
     template: Any, policy: PlacementPolicy, whole: Pool | None, why: str, default: Mapping[str, Any] | None = None,
-    place_it: bool = False,
+    place_it: bool = False, by_hostname: bool = False,
 ) -> Placement:
     """A coscheduled run's template: every pool placement stripped but that of `whole` (the pool its
     PipelineRun was moved to, `Admission._moved_whole`; None: strip all), which a pod gets back
-    (`place_it`: no node preferred, it follows its assistant) when Tekton lost it on the way."""
+    (`place_it`: no node preferred, it follows its assistant; its listed nodes by hostname: `by_hostname`)
+    when Tekton lost it on the way."""
     if whole is None:
         return Placement(over_default(template, default, lambda t: unplace(t, policy)), note=why)
     kept = whole.name
     placed = _placed_pool(with_default(template, default), policy)
     on_it = placed is not None and placed.name == kept
     if place_it and not on_it:
-        return Placement(place(unplace(template, policy), whole, None), pool=kept, note=why)
+        return Placement(place(unplace(template, policy), whole, None, by_hostname), pool=kept, note=why)
     change = (lambda t: unplace(t, policy, keep_pool=kept)) if on_it else (lambda t: unplace(t, policy))  # noqa: E731
     return Placement(over_default(template, default, change), pool=kept if on_it else None, note=why)
 
@@ -1007,7 +1011,7 @@ def _loads_record(placement: Placement) -> dict[str, Any]:
     `moreNodes` (the pool's other eligible nodes, when there are some)."""
     out: dict[str, Any] = {}
     if placement.loads:
-        out["loads"] = {name: f"{load.total}/{load.capacity}" for name, load in sorted(placement.loads.items())}
+        out["loads"] = {name: f"{load.placed + load.assumed}/{load.capacity}" for name, load in sorted(placement.loads.items())}
     if placement.more_nodes:
         out["moreNodes"] = placement.more_nodes
     return out

@@ -12,7 +12,7 @@ from typing import Any
 
 from controller.core.json_wire import decode, encode, is_object
 from controller.core.model import OwnerRef, owner_refs
-from controller.core.patches import copy_json, json_patch
+from controller.core.patches import json_patch
 
 ADMISSION_API_VERSION = "admission.k8s.io/v1"
 
@@ -201,7 +201,7 @@ def _pointer(path: tuple[str, ...]) -> str:
 
 def ops_at(obj: Mapping[str, Any], path: Sequence[str], new: Any) -> Patch:
     """JSON patch making the value at `path` equal to `new`, adding missing parents (nothing when
-    `new` is empty and the path is absent)."""
+    `new` is empty and the path is absent). Its values are `new`'s own (`json_patch`: never changed in place)."""
     node: Any = obj
     for i, part in enumerate(path):
         if not is_object(node):
@@ -209,7 +209,7 @@ def ops_at(obj: Mapping[str, Any], path: Sequence[str], new: Any) -> Patch:
         if node.get(part) is None:
             if not new:
                 return []
-            value = copy_json(new)  # `new` may be shared (a memoised template): the patch has its own
+            value = new
             for inner in reversed(path[i + 1 :]):
                 value = {inner: value}
             return [{"op": "add", "path": pointer(path[: i + 1]), "value": value}]

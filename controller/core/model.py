@@ -23,6 +23,9 @@ REVIEW_ANNOTATION = "egress-placer.io/review"
 # Karpenter's: a node with a pod that has it (value "true") is not voluntarily disrupted (consolidation,
 # drift, expiry) while the pod runs. Written on every pod placed on a pool (core.patches.protection).
 DO_NOT_DISRUPT_ANNOTATION = "karpenter.sh/do-not-disrupt"
+# The node label a kubelet sets to its hostname, which is the node's name unless it was told otherwise: a pool's
+# listed nodes are written as one requirement on it while every node's equals its name (core.patches.pool_terms).
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 # The one key of the taints egress-placer keeps on pool nodes (value: the pool name). Fixed: every
 # taint with this key is egress-placer's, whatever the policy says now, so the taints of a pool that
 # was removed are found and removed, and the webhook's matchConditions can name it (k8s/webhook.yaml).

@@ -532,7 +532,16 @@ class PlacementPolicy(PolicyModel):
         return cls(apiVersion="egress-placer.io/v1alpha1", kind="PlacementPolicy")
 
     def pool(self, name: str) -> Pool | None:
-        return next((p for p in self.pools if p.name == name), None)
+        """The pool named `name` (the first, in file order), by a dict kept for the pools in force: a review
+        asks three or four times (#24)."""
+        global _POOLS_BY_NAME
+        pools, by_name = _POOLS_BY_NAME
+        if pools is not self.pools:
+            by_name = {}
+            for p in self.pools:
+                by_name.setdefault(p.name, p)
+            _POOLS_BY_NAME = (self.pools, by_name)
+        return by_name.get(name)
 
     def pool_of(self, node: NodeState) -> Pool | None:
         """The pool the node belongs to: the first, in file order, that claims it.
@@ -560,6 +569,8 @@ class PlacementPolicy(PolicyModel):
 # pool_of's answers: (the pools they are for, node name -> (the node object asked about, its pool)). One
 # policy's at a time (the one in force); not in the model, whose equality counts its private attributes.
 _POOL_MEMO: tuple[tuple[Pool, ...], dict[str, tuple[NodeState, Pool | None]]] = ((), {})
+# pool's dict: (the pools it is for, name -> pool), likewise one policy's at a time.
+_POOLS_BY_NAME: tuple[tuple[Pool, ...], dict[str, Pool]] = ((), {})
 
 
 def dump_policy(policy: PlacementPolicy) -> str:

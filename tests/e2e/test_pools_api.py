@@ -402,6 +402,33 @@ def test_within_10s_the_status_shows_nodes_taints_and_load_and_kubectl_get_print
     within_10s("every pool deleted: no taint of ours", lambda: taints(api) == only({}))
 
 
+def test_a_pool_of_listed_nodes_sends_its_runs_there_by_hostname_as_kubectl_shows(
+    devcluster: Cluster, api: Api, controller: Placer
+) -> None:
+    """The local cluster's nodes carry the kubelet's hostname label, equal to their names: a pool that lists
+    its nodes is written into the run as one `kubernetes.io/hostname In [...]` requirement (docs/pools-api.md),
+    which the real scheduler reads as those nodes: the run's pod runs on one of them."""
+    runs = Runs(api)
+    listed = ["egress-2", "egress-3"]
+    try:
+        api.create(POOLS, egress_pool("listed", {"nodes": listed, "images": ["*/cdn-*"], "namespaces": [TEAM_CDN]}))
+        within_10s("the listed pool places", lambda: decision(runs, TEAM_CDN) == ("listed", "image-match"))
+        name = runs.name("listed")
+        runs.create(TEAM_CDN, "taskruns", taskrun(name, MATCHING_IMAGE))
+        runs.wait_succeeded(TEAM_CDN, "taskruns", [name])
+        assert runs.nodes_of(TEAM_CDN, [name])[name] in listed
+        path = "{.spec.podTemplate.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms}"
+        shown = kubectl(devcluster, "get", "taskrun", name, "-n", TEAM_CDN, "-o", f"jsonpath={path}")
+        assert shown.returncode == 0, shown.stderr
+        assert yaml.safe_load(shown.stdout) == [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": listed}]}
+        ]
+    finally:
+        runs.cleanup()
+        delete_every_object(api)
+    within_10s("every pool deleted: no taint of ours", lambda: taints(api) == only({}))
+
+
 def test_a_restart_with_an_object_the_loader_refuses_never_exits_and_keeps_the_last_good_policy(
     devcluster: Cluster, api: Api, controller: Placer
 ) -> None:

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from controller.admission.events import CreationEvents
 from controller.admission.handlers import Admission, MalformedReview, Reviewed
 from controller.load.core import ledger_key
-from controller.core.model import DECISION_ANNOTATION, PLACEMENT_ANNOTATION, REVIEW_ANNOTATION
+from controller.core.model import DECISION_ANNOTATION, HOSTNAME_LABEL, PLACEMENT_ANNOTATION, REVIEW_ANNOTATION
 from controller.core.policy import load_policy
 from controller.metrics import Metrics
 from controller.settings import Settings
@@ -292,6 +292,47 @@ def test_taskrun_decision_table(run: dict, pool: str | None, reason: str, event:
     assert env.metrics.decisions.labels(kind="TaskRun", reason=reason, pool=pool or "")._value.get() == 1
     # Every run gets at least its decision annotation: a patch.
     assert env.metrics.admission_reviews.labels(kind="TaskRun", outcome="mutated")._value.get() == 1
+
+
+def _required_terms(template: dict) -> list[dict]:
+    return template["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+
+
+def test_a_pool_of_listed_nodes_is_placed_by_hostname_while_every_hostname_is_the_nodes_name() -> None:
+    """The lab pool lists its nodes. While a node lacks the kubelet's hostname label (or it differs from its
+    name), each listed node is a `metadata.name` term; once every node's hostname label is its name, the
+    list is one `kubernetes.io/hostname In` requirement; one node whose hostname differs: names again. The
+    pod of a run placed in one shape and admitted in the other keeps the pool (both, ANDed)."""
+    env = Env()
+    golang = lambda name: taskrun("golang-build", name=name, params=[{"name": "package", "value": "x"}])  # noqa: E731
+    by_name = [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [n]}]} for n in ("lab-1", "lab-2")]
+    by_hostname = [{"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["lab-1", "lab-2"]}]}]
+    assert not env.state.hostnames_are_names
+    _, first, _ = env.review(golang("go-1"))
+    assert _required_terms(first["spec"]["podTemplate"]) == by_name
+
+    nodes = {name: {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": {**node.labels, HOSTNAME_LABEL: name}},
+                    "spec": {"taints": [t.to_dict() for t in node.taints]},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}], "allocatable": {"pods": "110"}}}
+             for name, node in env.state.nodes.items()}
+    for node in nodes.values():
+        env.state.apply("Node", "MODIFIED", node)
+    assert env.state.hostnames_are_names
+    _, second, _ = env.review(golang("go-2"), uid="uid-2")
+    assert _required_terms(second["spec"]["podTemplate"]) == by_hostname
+
+    template = first["spec"]["podTemplate"]  # Tekton copies it to the pod
+    _, pod, _ = env.review(tekton_pod("docker.io/library/golang:1.22", name="go-1-pod", taskrun_name="go-1",
+                                      spec_extra={"tolerations": template["tolerations"], "affinity": template["affinity"]}), uid="uid-4")
+    kept = _required_terms(pod["spec"])  # placed by name, admitted by hostname: both, ANDed
+    assert kept and all({"matchFields", "matchExpressions"} <= set(term) for term in kept)
+
+    other = nodes["lab-2"]
+    other["metadata"]["labels"][HOSTNAME_LABEL] = "lab-2.example.com"
+    env.state.apply("Node", "MODIFIED", other)
+    assert not env.state.hostnames_are_names
+    _, third, _ = env.review(golang("go-3"), uid="uid-5")
+    assert _required_terms(third["spec"]["podTemplate"]) == by_name
 
 
 def test_taskrun_keeps_the_users_own_template() -> None:

@@ -130,28 +130,26 @@ def test_a_changed_default_pod_template_is_a_new_template() -> None:
     assert gpu in second["spec"]["podTemplate"]["tolerations"]
 
 
-def test_a_shared_template_goes_into_a_patch_as_a_copy() -> None:
+def test_a_shared_template_goes_into_a_patch_as_is_and_no_review_changes_it() -> None:
+    """A patch's values are the shared template's own members (no copy: #24), so what a review answers
+    must never change it: after placing runs and their pods on that template, it is as it was, and a
+    patch made of it is the patch a copy of it makes."""
     env = Env()
     policy = env.state.policy
     template = env.admission._template(None, policy, None, policy.pool("egress"), "egress-1")
     assert env.admission._template(None, policy, None, policy.pool("egress"), "egress-1") is template  # shared
-    for ops in (ops_at({"spec": {}}, ("spec", "podTemplate"), template), ops_at({"spec": {"podTemplate": {}}}, ("spec", "podTemplate"), template)):
-        values = [op["value"] for op in ops]
-        assert all(v is not template and not _shares(v, template) for v in values)
-
-
-def _shares(value: Any, template: dict) -> bool:
-    """Does `value` hold any dict or list of `template` itself?"""
-    inner = {id(x) for x in _containers(template)}
-    return any(id(x) in inner for x in _containers(value))
-
-
-def _containers(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return [value, *(c for v in value.values() for c in _containers(v))]
-    if isinstance(value, list):
-        return [value, *(c for v in value for c in _containers(v))]
-    return []
+    before = copy.deepcopy(template)
+    for obj in ({"spec": {}}, {"spec": {"podTemplate": {}}}, {"spec": {"podTemplate": {"tolerations": []}}}):
+        assert ops_at(obj, ("spec", "podTemplate"), template) == ops_at(obj, ("spec", "podTemplate"), before)
+    placed = []
+    for i in range(3):
+        _, run, _ = env.review(curl_run(KANIKO_LIKE, name=f"fetch-{i}"), dry_run=True)
+        _, pod, _ = env.review(tekton_pod(KANIKO_LIKE, name=f"fetch-{i}-pod"), dry_run=True)
+        placed.append(preferred_node(run["spec"]["podTemplate"]))
+        run["spec"]["podTemplate"]["tolerations"].clear()  # what a caller does with the answer is its own
+    assert "egress-1" in placed  # one of them was answered with `template` (a dry run's node goes by its name)
+    assert env.admission._template(None, policy, None, policy.pool("egress"), "egress-1") is template
+    assert template == before
 
 
 def test_a_memo_is_bounded_and_starts_again_under_another_scope() -> None:

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.core.model import POOL_PREFERENCE_WEIGHT, PREFERRED_NODE_WEIGHT, NodeState
+from controller.core.model import HOSTNAME_LABEL, POOL_PREFERENCE_WEIGHT, PREFERRED_NODE_WEIGHT, NodeState
 from controller.core.patches import (
     PREFERRED,
     REQUIRED,
@@ -81,6 +81,36 @@ def test_pool_terms_one_name_per_term():
         {"matchFields": [by_name("edge-2")]},
     ]
     assert pool_terms(LAB) == [{"matchFields": [by_name("lab-1")]}]
+
+
+def by_hostname(*nodes: str) -> dict[str, Any]:
+    return {"key": HOSTNAME_LABEL, "operator": "In", "values": list(nodes)}
+
+
+def test_pool_terms_by_hostname_one_requirement_for_every_listed_node():
+    """`by_hostname`: the listed nodes in one requirement on the hostname label (the API server refuses
+    a `metadata.name In` with more than one value, not a label's); a label selector stays its own term."""
+    assert pool_terms(FAST, by_hostname=True) == [{"matchExpressions": FAST_LABELS}, {"matchExpressions": [by_hostname("edge-1", "edge-2")]}]
+    assert pool_terms(LAB, by_hostname=True) == [{"matchExpressions": [by_hostname("lab-1")]}]
+    assert pool_terms(SOFT, by_hostname=True) == pool_terms(SOFT)  # no nodes listed: nothing changes
+    placed = place(None, FAST, "edge-2", by_hostname=True)
+    assert required(placed) == pool_terms(FAST, by_hostname=True)
+    assert preferred(placed) == [node_preference("edge-2")]  # the preferred node stays one name, by field
+
+
+def test_unplace_strips_a_pools_nodes_by_hostname_and_keeps_the_kept_pools_in_either_shape():
+    """A hostname requirement naming a pool's node is a pool requirement, as a `metadata.name` field is;
+    the kept pool's own keeps both shapes (a pod placed before the shape changed keeps its pool)."""
+    users = {"matchExpressions": [expr("zone", "In", "a"), by_hostname("lab-1", "n1")]}
+    theirs = {"affinity": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [users]}}}}
+    assert required(unplace(theirs, POLICY)) == [{"matchExpressions": [expr("zone", "In", "a")]}]
+    assert unplace({"affinity": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [{"matchExpressions": [by_hostname("n1")]}]}}}}, POLICY) == {
+        "affinity": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [{"matchExpressions": [by_hostname("n1")]}]}}}
+    }  # no pool's node: the user's own
+    for shape in (False, True):
+        placed = place(None, FAST, "edge-2", by_hostname=shape)
+        assert required(unplace(placed, POLICY, keep_pool="fast")) == pool_terms(FAST, by_hostname=shape)
+        assert unplace(placed, POLICY, keep_pool="lab") == {}
 
 
 @pytest.mark.parametrize(
@@ -411,6 +441,11 @@ user_expressions = st.one_of(
     ),
     st.builds(expr, st.sampled_from(USER_KEYS), st.sampled_from(["Exists", "DoesNotExist"])),
 )
+user_hostnames = st.builds(  # the user's own pin by hostname, on nodes no pool lists
+    lambda op, n: {"key": HOSTNAME_LABEL, "operator": op, "values": [n]},
+    st.sampled_from(["In", "NotIn"]),
+    st.sampled_from(["n1", "n2"]),
+)
 user_fields = st.builds(
     lambda op, n: {"key": "metadata.name", "operator": op, "values": [n]},
     st.sampled_from(["In", "NotIn"]),
@@ -421,7 +456,7 @@ user_fields = st.builds(
 @st.composite
 def user_terms(draw) -> dict[str, Any]:
     term = {}
-    exprs = draw(st.lists(user_expressions, max_size=2, unique_by=str))
+    exprs = draw(st.lists(st.one_of(user_expressions, user_hostnames), max_size=2, unique_by=str))
     fields = draw(st.lists(user_fields, max_size=1))
     if exprs:
         term["matchExpressions"] = exprs
@@ -458,12 +493,13 @@ def user_templates(draw) -> dict[str, Any]:
 pools = st.sampled_from([FAST, LAB, SOFT])
 chosen = st.one_of(st.none(), st.sampled_from(NODE_NAMES))
 nodes = st.builds(
-    NodeState,
+    lambda name, labels: NodeState(name=name, labels={**labels, HOSTNAME_LABEL: name}),  # the kubelet's hostname label
     name=st.sampled_from(NODE_NAMES),
     labels=st.fixed_dictionaries(
         {}, optional={k: st.sampled_from(LABEL_VALUES) for k in ["egress", "net", *USER_KEYS]}
     ),
 )
+shapes = st.booleans()  # by_hostname
 
 
 def _requirement_holds(r: dict[str, Any], value: str | None) -> bool:
@@ -490,10 +526,10 @@ def schedulable(template: dict[str, Any], node: NodeState) -> bool:
     )
 
 
-@given(template=user_templates(), pool=pools, node=chosen)
-def test_place_is_idempotent(template, pool, node):
-    once = place(template, pool, node)
-    twice = place(once, pool, node)
+@given(template=user_templates(), pool=pools, node=chosen, shape=shapes)
+def test_place_is_idempotent(template, pool, node, shape):
+    once = place(template, pool, node, shape)
+    twice = place(once, pool, node, shape)
     assert twice == once
     assert json_patch(once, twice, "/spec/podTemplate") == []
 
@@ -512,19 +548,29 @@ def test_place_keeps_user_terms_and_tolerates_once(template, pool, node):
         )
 
 
-@given(template=user_templates(), pool=pools, node=chosen, candidate=nodes)
-def test_place_means_the_pool_and_what_the_user_asked(template, pool, node, candidate):
-    placed = place(template, pool, node)
+@given(template=user_templates(), pool=pools, node=chosen, candidate=nodes, shape=shapes)
+def test_place_means_the_pool_and_what_the_user_asked(template, pool, node, candidate, shape):
+    placed = place(template, pool, node, shape)
     expected = schedulable(template, candidate) and (pool.placement == "preferred" or pool.claims(candidate))
     assert schedulable(placed, candidate) == expected
 
 
-@given(template=user_templates(), pool=pools, node=chosen, other=pools)
-def test_unplace_undoes_place(template, pool, node, other):
-    assert unplace(place(template, pool, node), POLICY) == template
-    # moving to another pool: nothing of the first pool is left
-    moved = place(unplace(place(template, pool, node), POLICY, keep_pool=other.name), other, node)
-    assert moved == place(template, other, node)
+@given(template=user_templates(), pool=pools, node=chosen, other=pools, shape=shapes, then=shapes)
+def test_unplace_undoes_place(template, pool, node, other, shape, then):
+    assert unplace(place(template, pool, node, shape), POLICY) == template
+    # moving to another pool: nothing of the first pool is left, whichever shape either was written in
+    moved = place(unplace(place(template, pool, node, shape), POLICY, keep_pool=other.name), other, node, then)
+    if other is not pool or shape == then:
+        assert moved == place(template, other, node, then)
+
+
+@given(template=user_templates(), pool=pools, node=chosen, candidate=nodes, shape=shapes, then=shapes)
+def test_placed_again_in_the_other_shape_means_the_same_nodes(template, pool, node, candidate, shape, then):
+    """A run placed in one shape whose pod is placed in the other (a node with another hostname joined or
+    left in between): the pool's requirements of both are kept, ANDed, and select the same nodes."""
+    again = place(unplace(place(template, pool, node, shape), POLICY, keep_pool=pool.name), pool, node, then)
+    assert schedulable(again, candidate) == schedulable(place(template, pool, node, then), candidate)
+    assert place(unplace(again, POLICY, keep_pool=pool.name), pool, node, then) == again  # and stays put
 
 
 @given(template=user_templates(), pool=pools, node=chosen)
