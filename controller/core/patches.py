@@ -93,6 +93,11 @@ def place(template: Mapping[str, Any] | None, pool: Pool, node: str | None, by_h
     - the preferred-node term egress-placer wrote before (weight PREFERRED_NODE_WEIGHT and exactly
       one `metadata.name In [x]` field, nothing else) is dropped and, when `node` is given, replaced.
 
+    The pool's listed nodes in the other shape than `by_hostname` says (a run placed before the shape
+    changed: `unplace` keeps both) are taken out first, so the result has this shape only: while a
+    hostname label differs from its node's name the two are not the same nodes, and both ANDed could
+    match none.
+
     Constraints of OTHER pools are not removed here: call `unplace(t, policy, keep_pool=pool.name)` first.
     """
     new: dict[str, Any] = copy_json(dict(template or {}))
@@ -101,13 +106,21 @@ def place(template: Mapping[str, Any] | None, pool: Pool, node: str | None, by_h
     affinity = dict(new.get("affinity") or {})
     node_affinity = dict(affinity.get("nodeAffinity") or {})
     alternatives = pool_terms(pool, by_hostname)
+    other = _listed_identities(pool, not by_hostname)
 
     if pool.placement == "required" and alternatives:
         selector = dict(node_affinity.get(REQUIRED) or {})
-        selector["nodeSelectorTerms"] = _constrain(list(selector.get("nodeSelectorTerms") or []), alternatives)
+        stripped = [_without(term, other) for term in selector.get("nodeSelectorTerms") or []]
+        terms = _constrain([t for t in stripped if t is not None], alternatives)
+        if None in stripped:  # a term that was only one of the pool's nodes (no term of the user's): the alternatives
+            terms += [a for a in alternatives if a not in terms]
+        selector["nodeSelectorTerms"] = terms
         node_affinity[REQUIRED] = selector
 
-    preferences = [p for p in node_affinity.get(PREFERRED) or [] if not _is_node_preference(p)]
+    preferences = [
+        p for p in node_affinity.get(PREFERRED) or []
+        if not _is_node_preference(p) and not (p.get("weight") == POOL_PREFERENCE_WEIGHT and _without(p.get("preference") or {}, other) is None)
+    ]
     if pool.placement == "preferred":
         for alternative in alternatives:
             entry = {"weight": POOL_PREFERENCE_WEIGHT, "preference": alternative}
@@ -146,8 +159,7 @@ def unplace(
       one (either shape of a pool's list, `pool_terms`),
     - egress-placer's preferred-node term (recognised by weight and shape),
     except the exact requirements `place` writes for `keep_pool`, in either shape (a run placed before
-    the shape changed keeps its pool: `place` then adds the other shape's, ANDed, which selects the same
-    nodes). A term or preference emptied by this is dropped (an emptied term would match nothing, a
+    the shape changed keeps its pool; `place` then writes its own shape instead). A term or preference emptied by this is dropped (an emptied term would match nothing, a
     dropped one leaves the others), and so are containers it empties. Nodes a pool claims only by label cannot be recognised by name.
     An unknown `keep_pool` keeps nothing.
     """
@@ -339,6 +351,36 @@ def _strips_toleration(toleration: Mapping[str, Any], policy: PlacementPolicy, k
 
 
 # --- node selector terms ------------------------------------------------------------------
+
+
+def _listed_identities(pool: Pool, by_hostname: bool) -> frozenset[tuple[str, str, tuple[str, ...]]]:
+    """The identities of the requirements `pool_terms(pool, by_hostname)` writes for the pool's listed nodes."""
+    names = tuple(sorted(set(pool.nodes)))
+    if by_hostname:
+        return frozenset({(HOSTNAME_LABEL, "In", names)}) if names else frozenset()
+    return frozenset((NODE_NAME_FIELD, "In", (name,)) for name in names)
+
+
+def _without(term: Mapping[str, Any], identities: frozenset[tuple[str, str, tuple[str, ...]]]) -> Term | None:
+    """`term` without the requirements of these identities (`term` itself when it has none of them); None
+    when that leaves nothing of a term that had some (dropped: an empty term matches no node)."""
+    if not identities:
+        return term  # type: ignore[return-value]
+    out: Term = dict(term)
+    changed = False
+    for kind in _KINDS:
+        requirements = term.get(kind)
+        if requirements:
+            kept = [r for r in requirements if _requirement_identity(r) not in identities]
+            if len(kept) != len(requirements):
+                changed = True
+                if kept:
+                    out[kind] = kept
+                else:
+                    del out[kind]
+    if not changed:
+        return term  # type: ignore[return-value]
+    return out if _has_requirements(out) else None
 
 
 def _node_name_requirement(node: str) -> dict[str, Any]:
