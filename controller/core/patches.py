@@ -366,21 +366,28 @@ def _without(term: Mapping[str, Any], identities: frozenset[tuple[str, str, tupl
     when that leaves nothing of a term that had some (dropped: an empty term matches no node)."""
     if not identities:
         return term  # type: ignore[return-value]
+    out, changed = _term_without(term, lambda kind, r: _requirement_identity(r) in identities)
+    if not changed:
+        return term  # type: ignore[return-value]
+    return out if _has_requirements(out) else None
+
+
+def _term_without(term: Mapping[str, Any], drop: Callable[[str, Requirement], bool]) -> tuple[Term, bool]:
+    """`term` without the requirements `drop(kind, requirement)` says, and whether it removed any."""
     out: Term = dict(term)
     changed = False
     for kind in _KINDS:
         requirements = term.get(kind)
-        if requirements:
-            kept = [r for r in requirements if _requirement_identity(r) not in identities]
-            if len(kept) != len(requirements):
-                changed = True
-                if kept:
-                    out[kind] = kept
-                else:
-                    del out[kind]
-    if not changed:
-        return term  # type: ignore[return-value]
-    return out if _has_requirements(out) else None
+        if not requirements:
+            continue
+        kept = [r for r in requirements if not drop(kind, r)]
+        if len(kept) != len(requirements):
+            changed = True
+            if kept:
+                out[kind] = kept
+            else:
+                del out[kind]
+    return out, changed
 
 
 def _node_name_requirement(node: str) -> dict[str, Any]:
@@ -479,20 +486,7 @@ class _PoolTargets:
 
     def strip(self, term: Mapping[str, Any]) -> tuple[Term, bool]:
         """`term` without pool requirements, and whether anything was removed."""
-        out: Term = dict(term)
-        changed = False
-        for kind in _KINDS:
-            requirements = term.get(kind)
-            if not requirements:
-                continue
-            kept = [r for r in requirements if not self.targets_pool(kind, r)]
-            if len(kept) != len(requirements):
-                changed = True
-                if kept:
-                    out[kind] = kept
-                else:
-                    del out[kind]
-        return out, changed
+        return _term_without(term, self.targets_pool)
 
 
 # --- Tekton's default pod template -----------------------------------------------------------------
