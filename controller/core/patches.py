@@ -56,12 +56,15 @@ def pool_terms(pool: Pool, by_hostname: bool = False) -> list[Term]:
                 ]
             }
         )
+    return terms + _listed_terms(pool, by_hostname)
+
+
+def _listed_terms(pool: Pool, by_hostname: bool) -> list[Term]:
+    """The terms of the pool's listed nodes (`pool_terms`): one per name, or one by hostname for all."""
     names = list(dict.fromkeys(pool.nodes))
     if by_hostname and names:
-        terms.append({"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "In", "values": names}]})
-    else:
-        terms.extend({"matchFields": [_node_name_requirement(name)]} for name in names)
-    return terms
+        return [{"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "In", "values": names}]}]
+    return [{"matchFields": [_node_name_requirement(name)]} for name in names]
 
 
 def protection(pool: str | None) -> dict[str, str]:
@@ -106,7 +109,7 @@ def place(template: Mapping[str, Any] | None, pool: Pool, node: str | None, by_h
     affinity = dict(new.get("affinity") or {})
     node_affinity = dict(affinity.get("nodeAffinity") or {})
     alternatives = pool_terms(pool, by_hostname)
-    other = _listed_identities(pool, not by_hostname)
+    other = _identities(_listed_terms(pool, not by_hostname))
 
     if pool.placement == "required" and alternatives:
         selector = dict(node_affinity.get(REQUIRED) or {})
@@ -119,7 +122,8 @@ def place(template: Mapping[str, Any] | None, pool: Pool, node: str | None, by_h
 
     preferences = [
         p for p in node_affinity.get(PREFERRED) or []
-        if not _is_node_preference(p) and not (p.get("weight") == POOL_PREFERENCE_WEIGHT and _without(p.get("preference") or {}, other) is None)
+        if not _is_node_preference(p)
+        and not (p.get("weight") == POOL_PREFERENCE_WEIGHT and _without(p.get("preference") or {}, other) is None)
     ]
     if pool.placement == "preferred":
         for alternative in alternatives:
@@ -159,8 +163,9 @@ def unplace(
       one (either shape of a pool's list, `pool_terms`),
     - egress-placer's preferred-node term (recognised by weight and shape),
     except the exact requirements `place` writes for `keep_pool`, in either shape (a run placed before
-    the shape changed keeps its pool; `place` then writes its own shape instead). A term or preference emptied by this is dropped (an emptied term would match nothing, a
-    dropped one leaves the others), and so are containers it empties. Nodes a pool claims only by label cannot be recognised by name.
+    the shape changed keeps its pool; `place` then writes its own shape instead). A term or preference
+    emptied by this is dropped (an emptied term would match nothing, a dropped one leaves the others),
+    and so are containers it empties. Nodes a pool claims only by label cannot be recognised by name.
     An unknown `keep_pool` keeps nothing.
     """
     new: dict[str, Any] = copy_json(dict(template or {}))
@@ -353,12 +358,9 @@ def _strips_toleration(toleration: Mapping[str, Any], policy: PlacementPolicy, k
 # --- node selector terms ------------------------------------------------------------------
 
 
-def _listed_identities(pool: Pool, by_hostname: bool) -> frozenset[tuple[str, str, tuple[str, ...]]]:
-    """The identities of the requirements `pool_terms(pool, by_hostname)` writes for the pool's listed nodes."""
-    names = tuple(sorted(set(pool.nodes)))
-    if by_hostname:
-        return frozenset({(HOSTNAME_LABEL, "In", names)}) if names else frozenset()
-    return frozenset((NODE_NAME_FIELD, "In", (name,)) for name in names)
+def _identities(terms: list[Term]) -> frozenset[tuple[str, str, tuple[str, ...]]]:
+    """The identities of every requirement of `terms`."""
+    return frozenset(_requirement_identity(r) for term in terms for kind in _KINDS for r in term.get(kind) or ())
 
 
 def _without(term: Mapping[str, Any], identities: frozenset[tuple[str, str, tuple[str, ...]]]) -> Term | None:
@@ -462,12 +464,7 @@ class _PoolTargets:
     def __init__(self, policy: PlacementPolicy, keep: Pool | None) -> None:
         self.label_keys = {k for p in policy.pools for k in p.node_selector}
         self.node_names = {n for p in policy.pools for n in p.nodes}
-        self.kept = {
-            _requirement_identity(r)
-            for term in ([*pool_terms(keep), *pool_terms(keep, by_hostname=True)] if keep else [])
-            for kind in _KINDS
-            for r in term.get(kind) or ()
-        }
+        self.kept = _identities([*pool_terms(keep), *_listed_terms(keep, by_hostname=True)]) if keep else frozenset()
 
     def kept_node_selector(self, node_selector: Mapping[str, str], keep: Pool | None) -> dict[str, str]:
         """The entries on no pool's label key, and those the kept pool itself selects on."""
@@ -481,8 +478,11 @@ class _PoolTargets:
         if _requirement_identity(r) in self.kept:
             return False
         key = r.get("key")
-        names = key == (HOSTNAME_LABEL if kind == "matchExpressions" else NODE_NAME_FIELD)  # node names: either shape
-        return (kind == "matchExpressions" and key in self.label_keys) or (names and bool(self.node_names.intersection(r.get("values") or ())))
+        if kind == "matchExpressions" and key in self.label_keys:
+            return True
+        # A node name, in either shape of a pool's list: a field, or the hostname label (`pool_terms`).
+        by_name = key == (HOSTNAME_LABEL if kind == "matchExpressions" else NODE_NAME_FIELD)
+        return by_name and bool(self.node_names.intersection(r.get("values") or ()))
 
     def strip(self, term: Mapping[str, Any]) -> tuple[Term, bool]:
         """`term` without pool requirements, and whether anything was removed."""
